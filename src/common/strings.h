@@ -1,0 +1,40 @@
+// Small string helpers over std::string_view (Debian's absl::string_view is a distinct type).
+#pragma once
+
+#include <algorithm>
+#include <cctype>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dynmig {
+
+inline bool ContainsIgnoreCase(std::string_view haystack, std::string_view needle) {
+  auto it = std::search(haystack.begin(), haystack.end(), needle.begin(), needle.end(),
+                        [](char a, char b) {
+                          return std::tolower(static_cast<unsigned char>(a)) ==
+                                 std::tolower(static_cast<unsigned char>(b));
+                        });
+  return it != haystack.end() || needle.empty();
+}
+
+inline std::string_view Trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+// Splits on `sep`, trimming each piece and dropping empty ones.
+inline std::vector<std::string> SplitTrimmed(std::string_view s, char sep) {
+  std::vector<std::string> out;
+  while (true) {
+    const size_t pos = s.find(sep);
+    std::string_view piece = Trim(s.substr(0, pos));
+    if (!piece.empty()) out.emplace_back(piece);
+    if (pos == std::string_view::npos) break;
+    s.remove_prefix(pos + 1);
+  }
+  return out;
+}
+
+}  // namespace dynmig
