@@ -1,6 +1,10 @@
 #include <iostream>
+#include <string>
+#include <vector>
 
-int main() {
-  std::cout << "dynmig\n";
-  return 0;
+#include "cli/cli.h"
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  return dynmig::cli::RunCli(args, std::cout, std::cerr);
 }

@@ -1,0 +1,34 @@
+// The `dynmig` command line: one binary, one subcommand per job.
+//
+// Each subcommand lives in its own cmd_<name>.cc and registers itself on the root app through a
+// Register<Name>Command function listed in cli.cc. A command writes to ctx.out / ctx.err (never to
+// std::cout directly) and sets ctx.exit_code, so tests run it in-process.
+#pragma once
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace dynmig::cli {
+
+// Exit codes shared by every command.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;   // the command ran and failed (e.g. NVML refused)
+inline constexpr int kExitBadInput = 2;  // bad flags or input; nothing was changed
+
+struct CliContext {
+  std::ostream& out;
+  std::ostream& err;
+  int exit_code = kExitOk;
+};
+
+// Runs `dynmig args...` (args excludes the program name) and returns the exit code.
+int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
+// Registration functions, one per subcommand file.
+
+}  // namespace dynmig::cli
