@@ -6,20 +6,20 @@
 // not the status macros, so dynmig defines its own with the same semantics.
 #pragma once
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
-
 #include <string>
 #include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 #define DYNMIG_CONCAT_INNER_(a, b) a##b
 #define DYNMIG_CONCAT_(a, b) DYNMIG_CONCAT_INNER_(a, b)
 
 // Returns the status from the enclosing function when `expr` is not OK.
-#define DYNMIG_RETURN_IF_ERROR(expr)                      \
-  do {                                                    \
-    ::absl::Status dynmig_status_ = (expr);               \
-    if (!dynmig_status_.ok()) return dynmig_status_;      \
+#define DYNMIG_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::absl::Status dynmig_status_ = (expr);          \
+    if (!dynmig_status_.ok()) return dynmig_status_; \
   } while (false)
 
 // `lhs = value of expr` when expr (a StatusOr) is OK, else returns its status.
@@ -35,8 +35,7 @@ namespace dynmig {
 // Prefixes a status message with context, keeping its code: "create GI 3g.20gb@4: <message>".
 inline absl::Status Annotate(const absl::Status& status, std::string_view context) {
   if (status.ok()) return status;
-  return absl::Status(status.code(),
-                      std::string(context) + ": " + std::string(status.message()));
+  return absl::Status(status.code(), std::string(context) + ": " + std::string(status.message()));
 }
 
 }  // namespace dynmig

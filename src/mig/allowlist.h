@@ -20,7 +20,8 @@ struct AllowlistEntry {
 struct Allowlist {
   std::vector<AllowlistEntry> entries;
 
-  // The first entry with a model that is a substring of `nvml_name`, or nullptr ("first match wins").
+  // The first entry with a model that is a substring of `nvml_name`, or nullptr ("first match
+  // wins").
   const AllowlistEntry* Match(std::string_view nvml_name) const;
 
   // Every entry needs a model and a profile, and every profile a valid name. The error names the

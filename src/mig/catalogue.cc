@@ -26,7 +26,8 @@ absl::StatusOr<const CatalogueModel*> FindModel(std::string_view query) {
   if (query.empty()) return absl::InvalidArgumentError("GPU model is empty");
   for (const auto& m : Catalogue()) {
     for (const auto& n : m.names) {
-      if (n == query || (n.starts_with("NVIDIA ") && std::string_view(n).substr(7) == query)) return &m;
+      if (n == query || (n.starts_with("NVIDIA ") && std::string_view(n).substr(7) == query))
+        return &m;
     }
   }
   std::vector<const CatalogueModel*> hits;
@@ -46,8 +47,8 @@ absl::StatusOr<const CatalogueModel*> FindModel(std::string_view query) {
         fmt::format("unknown GPU model \"{}\"; known models: {}", query, fmt::join(names, ", ")));
   }
   for (const auto* m : hits) names.push_back(m->capability.model);
-  return absl::InvalidArgumentError(fmt::format("GPU model \"{}\" is ambiguous: it matches {}", query,
-                                                fmt::join(names, ", ")));
+  return absl::InvalidArgumentError(
+      fmt::format("GPU model \"{}\" is ambiguous: it matches {}", query, fmt::join(names, ", ")));
 }
 
 }  // namespace dynmig::mig

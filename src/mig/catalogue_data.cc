@@ -17,7 +17,10 @@ std::vector<CatalogueModel> BuildCatalogue() {
     m.architecture = "Ampere (GA100)";
     m.names = {"NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB", "NVIDIA A800 40GB Active"};
     m.pci_device_ids = {0x20B010DE, 0x20B110DE, 0x20F110DE, 0x20F610DE};
-    m.gpu_instance_id_by_placement = {{{0, 8}, 0}, {{0, 4}, 1}, {{4, 4}, 2}, {{0, 2}, 3}, {{2, 2}, 4}, {{4, 2}, 5}, {{6, 2}, 6}, {{0, 1}, 7}, {{1, 1}, 8}, {{2, 1}, 9}, {{3, 1}, 10}, {{4, 1}, 11}, {{5, 1}, 12}, {{6, 1}, 13}};
+    m.gpu_instance_id_by_placement = {{{0, 8}, 0},  {{0, 4}, 1}, {{4, 4}, 2},  {{0, 2}, 3},
+                                      {{2, 2}, 4},  {{4, 2}, 5}, {{6, 2}, 6},  {{0, 1}, 7},
+                                      {{1, 1}, 8},  {{2, 1}, 9}, {{3, 1}, 10}, {{4, 1}, 11},
+                                      {{5, 1}, 12}, {{6, 1}, 13}};
     m.capability.profiles.push_back(ProfileSpec{
         .name = "1g.5gb",
         .nvml_index = 0,
@@ -148,9 +151,13 @@ std::vector<CatalogueModel> BuildCatalogue() {
     m.capability.memory_slices = 8;
     m.capability.compute_slices = 7;
     m.architecture = "Ampere (GA100)";
-    m.names = {"NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe", "NVIDIA A800-SXM4-80GB", "NVIDIA A800 80GB PCIe"};
+    m.names = {"NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe", "NVIDIA A800-SXM4-80GB",
+               "NVIDIA A800 80GB PCIe"};
     m.pci_device_ids = {0x20B210DE, 0x20B510DE, 0x20F310DE, 0x20F510DE};
-    m.gpu_instance_id_by_placement = {{{0, 8}, 0}, {{0, 4}, 1}, {{4, 4}, 2}, {{0, 2}, 3}, {{2, 2}, 4}, {{4, 2}, 5}, {{6, 2}, 6}, {{0, 1}, 7}, {{1, 1}, 8}, {{2, 1}, 9}, {{3, 1}, 10}, {{4, 1}, 11}, {{5, 1}, 12}, {{6, 1}, 13}};
+    m.gpu_instance_id_by_placement = {{{0, 8}, 0},  {{0, 4}, 1}, {{4, 4}, 2},  {{0, 2}, 3},
+                                      {{2, 2}, 4},  {{4, 2}, 5}, {{6, 2}, 6},  {{0, 1}, 7},
+                                      {{1, 1}, 8},  {{2, 1}, 9}, {{3, 1}, 10}, {{4, 1}, 11},
+                                      {{5, 1}, 12}, {{6, 1}, 13}};
     m.capability.profiles.push_back(ProfileSpec{
         .name = "1g.10gb",
         .nvml_index = 0,
@@ -283,7 +290,8 @@ std::vector<CatalogueModel> BuildCatalogue() {
     m.architecture = "Ampere (GA100, 'reduced config': 4 slices)";
     m.names = {"NVIDIA A30"};
     m.pci_device_ids = {0x20B710DE};
-    m.gpu_instance_id_by_placement = {{{0, 4}, 0}, {{0, 2}, 1}, {{2, 2}, 2}, {{0, 1}, 3}, {{1, 1}, 4}, {{2, 1}, 5}, {{3, 1}, 6}};
+    m.gpu_instance_id_by_placement = {{{0, 4}, 0}, {{0, 2}, 1}, {{2, 2}, 2}, {{0, 1}, 3},
+                                      {{1, 1}, 4}, {{2, 1}, 5}, {{3, 1}, 6}};
     m.capability.profiles.push_back(ProfileSpec{
         .name = "1g.6gb",
         .nvml_index = 0,
@@ -382,7 +390,10 @@ std::vector<CatalogueModel> BuildCatalogue() {
     m.architecture = "Hopper (GH100)";
     m.names = {"NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H800 PCIe", "NVIDIA H800"};
     m.pci_device_ids = {0x233010DE, 0x233110DE, 0x232210DE, 0x232410DE};
-    m.gpu_instance_id_by_placement = {{{0, 8}, 0}, {{0, 4}, 1}, {{4, 4}, 2}, {{0, 2}, 3}, {{2, 2}, 4}, {{4, 2}, 5}, {{6, 2}, 6}, {{0, 1}, 7}, {{1, 1}, 8}, {{2, 1}, 9}, {{3, 1}, 10}, {{4, 1}, 11}, {{5, 1}, 12}, {{6, 1}, 13}};
+    m.gpu_instance_id_by_placement = {{{0, 8}, 0},  {{0, 4}, 1}, {{4, 4}, 2},  {{0, 2}, 3},
+                                      {{2, 2}, 4},  {{4, 2}, 5}, {{6, 2}, 6},  {{0, 1}, 7},
+                                      {{1, 1}, 8},  {{2, 1}, 9}, {{3, 1}, 10}, {{4, 1}, 11},
+                                      {{5, 1}, 12}, {{6, 1}, 13}};
     m.capability.profiles.push_back(ProfileSpec{
         .name = "1g.10gb",
         .nvml_index = 0,
@@ -515,7 +526,10 @@ std::vector<CatalogueModel> BuildCatalogue() {
     m.architecture = "Hopper (GH100)";
     m.names = {"NVIDIA H100 NVL", "NVIDIA H800 NVL"};
     m.pci_device_ids = {0x232110DE, 0x233A10DE};
-    m.gpu_instance_id_by_placement = {{{0, 8}, 0}, {{0, 4}, 1}, {{4, 4}, 2}, {{0, 2}, 3}, {{2, 2}, 4}, {{4, 2}, 5}, {{6, 2}, 6}, {{0, 1}, 7}, {{1, 1}, 8}, {{2, 1}, 9}, {{3, 1}, 10}, {{4, 1}, 11}, {{5, 1}, 12}, {{6, 1}, 13}};
+    m.gpu_instance_id_by_placement = {{{0, 8}, 0},  {{0, 4}, 1}, {{4, 4}, 2},  {{0, 2}, 3},
+                                      {{2, 2}, 4},  {{4, 2}, 5}, {{6, 2}, 6},  {{0, 1}, 7},
+                                      {{1, 1}, 8},  {{2, 1}, 9}, {{3, 1}, 10}, {{4, 1}, 11},
+                                      {{5, 1}, 12}, {{6, 1}, 13}};
     m.capability.profiles.push_back(ProfileSpec{
         .name = "1g.12gb",
         .nvml_index = 0,
@@ -648,7 +662,10 @@ std::vector<CatalogueModel> BuildCatalogue() {
     m.architecture = "Hopper (GH100)";
     m.names = {"NVIDIA H200", "NVIDIA H200 NVL"};
     m.pci_device_ids = {0x233510DE, 0x233B10DE};
-    m.gpu_instance_id_by_placement = {{{0, 8}, 0}, {{0, 4}, 1}, {{4, 4}, 2}, {{0, 2}, 3}, {{2, 2}, 4}, {{4, 2}, 5}, {{6, 2}, 6}, {{0, 1}, 7}, {{1, 1}, 8}, {{2, 1}, 9}, {{3, 1}, 10}, {{4, 1}, 11}, {{5, 1}, 12}, {{6, 1}, 13}};
+    m.gpu_instance_id_by_placement = {{{0, 8}, 0},  {{0, 4}, 1}, {{4, 4}, 2},  {{0, 2}, 3},
+                                      {{2, 2}, 4},  {{4, 2}, 5}, {{6, 2}, 6},  {{0, 1}, 7},
+                                      {{1, 1}, 8},  {{2, 1}, 9}, {{3, 1}, 10}, {{4, 1}, 11},
+                                      {{5, 1}, 12}, {{6, 1}, 13}};
     m.capability.profiles.push_back(ProfileSpec{
         .name = "1g.18gb",
         .nvml_index = 0,
@@ -781,7 +798,10 @@ std::vector<CatalogueModel> BuildCatalogue() {
     m.architecture = "Hopper (GH100)";
     m.names = {"NVIDIA GH200 120GB", "NVIDIA GH200 480GB"};
     m.pci_device_ids = {0x234210DE, 0x233D10DE};
-    m.gpu_instance_id_by_placement = {{{0, 8}, 0}, {{0, 4}, 1}, {{4, 4}, 2}, {{0, 2}, 3}, {{2, 2}, 4}, {{4, 2}, 5}, {{6, 2}, 6}, {{0, 1}, 7}, {{1, 1}, 8}, {{2, 1}, 9}, {{3, 1}, 10}, {{4, 1}, 11}, {{5, 1}, 12}, {{6, 1}, 13}};
+    m.gpu_instance_id_by_placement = {{{0, 8}, 0},  {{0, 4}, 1}, {{4, 4}, 2},  {{0, 2}, 3},
+                                      {{2, 2}, 4},  {{4, 2}, 5}, {{6, 2}, 6},  {{0, 1}, 7},
+                                      {{1, 1}, 8},  {{2, 1}, 9}, {{3, 1}, 10}, {{4, 1}, 11},
+                                      {{5, 1}, 12}, {{6, 1}, 13}};
     m.capability.profiles.push_back(ProfileSpec{
         .name = "1g.12gb",
         .nvml_index = 0,
@@ -914,7 +934,10 @@ std::vector<CatalogueModel> BuildCatalogue() {
     m.architecture = "Hopper (GH100)";
     m.names = {"NVIDIA GH200 144G HBM3e"};
     m.pci_device_ids = {0x234810DE};
-    m.gpu_instance_id_by_placement = {{{0, 8}, 0}, {{0, 4}, 1}, {{4, 4}, 2}, {{0, 2}, 3}, {{2, 2}, 4}, {{4, 2}, 5}, {{6, 2}, 6}, {{0, 1}, 7}, {{1, 1}, 8}, {{2, 1}, 9}, {{3, 1}, 10}, {{4, 1}, 11}, {{5, 1}, 12}, {{6, 1}, 13}};
+    m.gpu_instance_id_by_placement = {{{0, 8}, 0},  {{0, 4}, 1}, {{4, 4}, 2},  {{0, 2}, 3},
+                                      {{2, 2}, 4},  {{4, 2}, 5}, {{6, 2}, 6},  {{0, 1}, 7},
+                                      {{1, 1}, 8},  {{2, 1}, 9}, {{3, 1}, 10}, {{4, 1}, 11},
+                                      {{5, 1}, 12}, {{6, 1}, 13}};
     m.capability.profiles.push_back(ProfileSpec{
         .name = "1g.18gb",
         .nvml_index = 0,
@@ -1047,7 +1070,10 @@ std::vector<CatalogueModel> BuildCatalogue() {
     m.architecture = "Blackwell (GB100)";
     m.names = {"NVIDIA B200"};
     m.pci_device_ids = {0x290110DE};
-    m.gpu_instance_id_by_placement = {{{0, 8}, 0}, {{0, 4}, 1}, {{4, 4}, 2}, {{0, 2}, 3}, {{2, 2}, 4}, {{4, 2}, 5}, {{6, 2}, 6}, {{0, 1}, 7}, {{1, 1}, 8}, {{2, 1}, 9}, {{3, 1}, 10}, {{4, 1}, 11}, {{5, 1}, 12}, {{6, 1}, 13}};
+    m.gpu_instance_id_by_placement = {{{0, 8}, 0},  {{0, 4}, 1}, {{4, 4}, 2},  {{0, 2}, 3},
+                                      {{2, 2}, 4},  {{4, 2}, 5}, {{6, 2}, 6},  {{0, 1}, 7},
+                                      {{1, 1}, 8},  {{2, 1}, 9}, {{3, 1}, 10}, {{4, 1}, 11},
+                                      {{5, 1}, 12}, {{6, 1}, 13}};
     m.capability.profiles.push_back(ProfileSpec{
         .name = "1g.23gb",
         .nvml_index = 0,
@@ -1180,7 +1206,10 @@ std::vector<CatalogueModel> BuildCatalogue() {
     m.architecture = "Blackwell (GB100)";
     m.names = {"NVIDIA GB200"};
     m.pci_device_ids = {0x294110DE};
-    m.gpu_instance_id_by_placement = {{{0, 8}, 0}, {{0, 4}, 1}, {{4, 4}, 2}, {{0, 2}, 3}, {{2, 2}, 4}, {{4, 2}, 5}, {{6, 2}, 6}, {{0, 1}, 7}, {{1, 1}, 8}, {{2, 1}, 9}, {{3, 1}, 10}, {{4, 1}, 11}, {{5, 1}, 12}, {{6, 1}, 13}};
+    m.gpu_instance_id_by_placement = {{{0, 8}, 0},  {{0, 4}, 1}, {{4, 4}, 2},  {{0, 2}, 3},
+                                      {{2, 2}, 4},  {{4, 2}, 5}, {{6, 2}, 6},  {{0, 1}, 7},
+                                      {{1, 1}, 8},  {{2, 1}, 9}, {{3, 1}, 10}, {{4, 1}, 11},
+                                      {{5, 1}, 12}, {{6, 1}, 13}};
     m.capability.profiles.push_back(ProfileSpec{
         .name = "1g.23gb",
         .nvml_index = 0,
@@ -1311,9 +1340,12 @@ std::vector<CatalogueModel> BuildCatalogue() {
     m.capability.memory_slices = 4;
     m.capability.compute_slices = 4;
     m.architecture = "Blackwell (GB202)";
-    m.names = {"NVIDIA RTX PRO 6000 Blackwell Server Edition", "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition"};
+    m.names = {"NVIDIA RTX PRO 6000 Blackwell Server Edition",
+               "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+               "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition"};
     m.pci_device_ids = {0x2BB510DE, 0x2BB110DE, 0x2BB410DE};
-    m.gpu_instance_id_by_placement = {{{0, 12}, 0}, {{0, 6}, 1}, {{6, 6}, 2}, {{0, 3}, 3}, {{3, 3}, 4}, {{6, 3}, 5}, {{9, 3}, 6}};
+    m.gpu_instance_id_by_placement = {{{0, 12}, 0}, {{0, 6}, 1}, {{6, 6}, 2}, {{0, 3}, 3},
+                                      {{3, 3}, 4},  {{6, 3}, 5}, {{9, 3}, 6}};
     m.capability.profiles.push_back(ProfileSpec{
         .name = "1g.24gb",
         .nvml_index = 0,

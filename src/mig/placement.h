@@ -22,9 +22,7 @@ struct Placement {
   uint32_t size = 0;
 
   uint32_t end() const { return start + size; }
-  bool Overlaps(const Placement& other) const {
-    return start < other.end() && other.start < end();
-  }
+  bool Overlaps(const Placement& other) const { return start < other.end() && other.start < end(); }
   // Units covered, as a mask. REQUIRES: end() <= kMaxPlacementUnits.
   SliceMask Mask() const {
     if (size == 0) return 0;

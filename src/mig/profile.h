@@ -1,7 +1,7 @@
 // MIG profiles and GPU capabilities.
 //
-// A profile is identified by its exact name ("1g.10gb", "1g.10gb+me", "1g.20gb"): variants are never
-// collapsed onto their base profile. A GpuCapability is what one GPU can do, either from the
+// A profile is identified by its exact name ("1g.10gb", "1g.10gb+me", "1g.20gb"): variants are
+// never collapsed onto their base profile. A GpuCapability is what one GPU can do, either from the
 // built-in catalogue or discovered through NVML at run time. Pure value types; thread-compatible.
 #pragma once
 
@@ -31,13 +31,13 @@ std::string_view SliceClass(std::string_view name);
 
 // One GPU instance profile as NVML reports it.
 struct ProfileSpec {
-  std::string name;               // exact name, e.g. "3g.20gb"
-  uint32_t nvml_index = 0;        // NVML_GPU_INSTANCE_PROFILE_* value passed to GetProfileInfo
-  uint32_t nvml_id = 0;           // info.id, passed to every other GI call
-  uint64_t memory_mib = 0;        // info.memorySizeMB
-  uint32_t compute_slices = 0;    // info.sliceCount
-  uint32_t memory_slices = 0;     // placement size, in placement units
-  uint32_t instance_count = 0;    // info.instanceCount
+  std::string name;             // exact name, e.g. "3g.20gb"
+  uint32_t nvml_index = 0;      // NVML_GPU_INSTANCE_PROFILE_* value passed to GetProfileInfo
+  uint32_t nvml_id = 0;         // info.id, passed to every other GI call
+  uint64_t memory_mib = 0;      // info.memorySizeMB
+  uint32_t compute_slices = 0;  // info.sliceCount
+  uint32_t memory_slices = 0;   // placement size, in placement units
+  uint32_t instance_count = 0;  // info.instanceCount
   uint32_t multiprocessor_count = 0;
   uint32_t copy_engines = 0;
   uint32_t decoders = 0;

@@ -11,11 +11,11 @@ TEST(ProfileNameTest, ParsesBaseAndVariants) {
   EXPECT_EQ(base->compute_slices, 3u);
   EXPECT_EQ(base->memory_gb, 20u);
   EXPECT_EQ(base->suffix, "");
-  for (auto [name, suffix] : std::vector<std::pair<std::string, std::string>>{
-           {"1g.10gb+me", "+me"},
-           {"1g.24gb+me.all", "+me.all"},
-           {"2g.48gb-me", "-me"},
-           {"4g.96gb+gfx", "+gfx"}}) {
+  for (auto [name, suffix] :
+       std::vector<std::pair<std::string, std::string>>{{"1g.10gb+me", "+me"},
+                                                        {"1g.24gb+me.all", "+me.all"},
+                                                        {"2g.48gb-me", "-me"},
+                                                        {"4g.96gb+gfx", "+gfx"}}) {
     auto p = ParseProfileName(name);
     ASSERT_TRUE(p.ok()) << name << ": " << p.status();
     EXPECT_EQ(p->suffix, suffix) << name;
@@ -23,7 +23,8 @@ TEST(ProfileNameTest, ParsesBaseAndVariants) {
 }
 
 TEST(ProfileNameTest, RejectsMalformedNamesWithReason) {
-  for (std::string bad : {"5gb", "g.5gb", "3x.20gb", "3g.20", "3g.gb", "0g.5gb", "3g.20gb+xx", ""}) {
+  for (std::string bad :
+       {"5gb", "g.5gb", "3x.20gb", "3g.20", "3g.gb", "0g.5gb", "3g.20gb+xx", ""}) {
     auto p = ParseProfileName(bad);
     EXPECT_FALSE(p.ok()) << bad;
     EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << bad;

@@ -1,0 +1,78 @@
+// Planning a whole pod on a node, and choosing the node: GPU choice (binpack/spread, the pod's
+// GPU selection hints), containers in order (each sees the reservations of the ones before it),
+// one container's instances on one GPU when possible, spread over several otherwise.
+//
+// Init containers get slices of their own, never shared with app containers: an init container's
+// instance is only reclaimed with the pod, so sharing could overlap a live instance
+// (docs/design/0001-placement.md). Pure; thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "mig/occupancy.h"
+#include "mig/planner.h"
+#include "mig/request.h"
+
+namespace dynmig::mig {
+
+// One GPU as the scheduler sees it.
+struct GpuView {
+  std::string uuid;
+  uint32_t index = 0;
+  std::string model;         // NVML name, for nvidia.com/use-gputype
+  std::string mode = "mig";  // the registered mode
+  bool healthy = true;
+  std::string unhealthy_reason;
+  std::shared_ptr<const GpuPlanner> planner;  // null: no allowlisted MIG capability
+  GpuUsage usage;
+};
+
+struct NodeView {
+  std::string name;
+  bool healthy = true;
+  std::string unhealthy_reason;
+  std::vector<GpuView> gpus;
+};
+
+// One reserved instance of the pod.
+struct Assignment {
+  uint32_t container = 0;     // index into PodRequest::containers
+  uint32_t device_index = 0;  // index within that container's instances
+  uint32_t gpu = 0;           // index into NodeView::gpus
+  uint32_t profile_index = 0;
+  Placement placement;
+};
+
+struct GpuOutcome {
+  Verdict verdict = Verdict::kFits;
+  std::string reason;
+};
+
+struct NodePlan {
+  Verdict verdict = Verdict::kFits;
+  std::vector<Assignment> assignments;
+  std::vector<GpuOutcome> gpus;  // per GPU, filled when the node does not fit
+  double used_fraction = 0;      // slices in use before this pod, over all MIG GPUs
+  uint64_t score = 0;            // summed fragmentation score after the pod (higher is better)
+
+  bool fits() const { return verdict == Verdict::kFits; }
+  // "node-a: fragmented: GPU 0 (GPU-…): ...; GPU 1 ...".
+  std::string Reason(const NodeView& node) const;
+};
+
+NodePlan PlanPodOnNode(const NodeView& node, const PodRequest& request);
+
+struct PodPlan {
+  int chosen = -1;  // index into nodes, -1 when no node fits
+  std::vector<NodePlan> nodes;
+};
+
+// Plans on every node and picks one: node policy binpack prefers the fullest node, spread the
+// emptiest; ties go to the better fragmentation score, then to node order.
+PodPlan PlanPod(std::span<const NodeView> nodes, const PodRequest& request);
+
+}  // namespace dynmig::mig

@@ -1,0 +1,494 @@
+#include "mig/planner.h"
+
+#include <algorithm>
+#include <bit>
+#include <numeric>
+
+#include "fmt/format.h"
+#include "fmt/ranges.h"
+
+namespace dynmig::mig {
+namespace {
+
+constexpr size_t kMaxSearchNodes = 1'000'000;
+
+std::string SliceList(SliceMask free, uint32_t units) {
+  std::vector<std::string> parts;
+  uint32_t i = 0;
+  while (i < units) {
+    if ((free >> i) & 1u) {
+      uint32_t j = i;
+      while (j + 1 < units && ((free >> (j + 1)) & 1u)) ++j;
+      parts.push_back(i == j ? std::to_string(i) : fmt::format("{}-{}", i, j));
+      i = j + 1;
+    } else {
+      ++i;
+    }
+  }
+  return parts.empty() ? "none" : fmt::format("{}", fmt::join(parts, ","));
+}
+
+}  // namespace
+
+const char* VerdictName(Verdict v) {
+  switch (v) {
+    case Verdict::kFits:
+      return "fits";
+    case Verdict::kFragmented:
+      return "fragmented";
+    case Verdict::kCapacityExhausted:
+      return "capacity-exhausted";
+    case Verdict::kNoProfileBigEnough:
+      return "no-profile-big-enough";
+    case Verdict::kNotAllowlisted:
+      return "not-allowlisted";
+    case Verdict::kFiltered:
+      return "filtered";
+    case Verdict::kGpuUnhealthy:
+      return "gpu-unhealthy";
+    case Verdict::kNoMigGpu:
+      return "no-mig-gpu";
+    case Verdict::kNodeUnhealthy:
+      return "node-unhealthy";
+  }
+  return "unknown";
+}
+
+uint64_t ResolveMemory(uint64_t mib, uint32_t percent, const GpuCapability& cap) {
+  if (mib > 0) return mib;
+  const uint32_t pct = (percent == 0 || percent > 100) ? 100 : percent;
+  const uint64_t full = cap.FullProfileMemory();
+  return (full * pct + 99) / 100;
+}
+
+absl::StatusOr<std::shared_ptr<const GpuPlanner>> GpuPlanner::Create(
+    GpuCapability capability, const std::vector<std::string>& allowed_names) {
+  std::shared_ptr<GpuPlanner> planner(new GpuPlanner());
+  uint32_t units = 0;
+  for (const auto& p : capability.profiles) {
+    for (const auto& pl : p.placements) units = std::max(units, pl.end());
+  }
+  if (capability.placement_units == 0) capability.placement_units = units;
+  if (capability.placement_units < units) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: a placement ends at unit {}, beyond the {}-unit axis", capability.model,
+                    units, capability.placement_units));
+  }
+  if (capability.placement_units > kMaxPlacementUnits) {
+    return absl::InvalidArgumentError(fmt::format("{}: {} placement units (at most {} supported)",
+                                                  capability.model, capability.placement_units,
+                                                  kMaxPlacementUnits));
+  }
+  if (capability.profiles.size() > kMaxProfilesPerGpu) {
+    return absl::InvalidArgumentError(fmt::format("{}: {} profiles (at most {} supported)",
+                                                  capability.model, capability.profiles.size(),
+                                                  kMaxProfilesPerGpu));
+  }
+  for (const auto& p : capability.profiles) {
+    for (const auto& pl : p.placements) {
+      if (pl.size == 0) {
+        return absl::InvalidArgumentError(
+            fmt::format("{}: profile {} has a placement of size 0", capability.model, p.name));
+      }
+    }
+  }
+  planner->capability_ = std::move(capability);
+  const auto& profiles = planner->capability_.profiles;
+  planner->allowed_flag_.assign(profiles.size(), false);
+  for (uint32_t i = 0; i < profiles.size(); ++i) {
+    if (std::find(allowed_names.begin(), allowed_names.end(), profiles[i].name) !=
+            allowed_names.end() &&
+        !profiles[i].placements.empty()) {
+      planner->allowed_.push_back(i);
+      planner->allowed_flag_[i] = true;
+    }
+  }
+  std::sort(planner->allowed_.begin(), planner->allowed_.end(),
+            [&](uint32_t a, uint32_t b) { return DefaultProfileLess(profiles[a], profiles[b]); });
+
+  // Placement classes: allowlisted profiles with identical placement lists count once. Profiles
+  // that the default order reaches (the first of each memory size) rank above those only a
+  // preference reaches (4g.20gb behind 3g.20gb): protecting a placement nobody asks for by
+  // default costs admissions (docs/design/0001-placement.md).
+  struct ClassKey {
+    std::vector<SliceMask> masks;
+    uint32_t cap;
+    bool reachable;
+  };
+  std::vector<ClassKey> keys;
+  uint64_t prev_memory = 0;
+  bool first = true;
+  for (uint32_t idx : planner->allowed_) {
+    const auto& p = profiles[idx];
+    const bool reachable = first || p.memory_mib > prev_memory;
+    first = false;
+    prev_memory = std::max(prev_memory, p.memory_mib);
+    std::vector<SliceMask> masks;
+    for (const auto& pl : p.placements) masks.push_back(pl.Mask());
+    std::sort(masks.begin(), masks.end());
+    const uint32_t cap = std::min<uint32_t>(p.instance_count, masks.size());
+    auto it =
+        std::find_if(keys.begin(), keys.end(), [&](const ClassKey& c) { return c.masks == masks; });
+    if (it == keys.end()) {
+      keys.push_back({std::move(masks), cap, reachable});
+    } else {
+      it->cap = std::max(it->cap, cap);
+      it->reachable = it->reachable || reachable;
+    }
+  }
+  std::sort(keys.begin(), keys.end(), [](const ClassKey& a, const ClassKey& b) {
+    if (a.reachable != b.reachable) return a.reachable;
+    const int sa = std::popcount(a.masks.front());
+    const int sb = std::popcount(b.masks.front());
+    if (sa != sb) return sa > sb;
+    if (a.masks.size() != b.masks.size()) return a.masks.size() < b.masks.size();
+    return a.masks < b.masks;
+  });
+  for (auto& k : keys) planner->classes_.push_back({std::move(k.masks), k.cap, k.reachable});
+  // Within a class, masks in ascending start order for the greedy count.
+  for (auto& c : planner->classes_) {
+    std::sort(c.masks.begin(), c.masks.end(),
+              [](SliceMask a, SliceMask b) { return std::countr_zero(a) < std::countr_zero(b); });
+  }
+  const uint32_t units_axis = planner->capability_.placement_units;
+  if (units_axis <= 16) {
+    const size_t n = size_t{1} << units_axis;
+    // Ascending masks: Coverage(m) only reads smaller masks, already in the table.
+    planner->coverage_table_.reserve(n);
+    for (size_t m = 0; m < n; ++m) {
+      planner->coverage_table_.push_back(
+          static_cast<uint8_t>(planner->Coverage(static_cast<SliceMask>(m))));
+    }
+    planner->score_table_.resize(n);
+    for (size_t m = 0; m < n; ++m) {
+      planner->score_table_[m] = planner->ComputeScore(static_cast<SliceMask>(m));
+    }
+  }
+  return std::shared_ptr<const GpuPlanner>(std::move(planner));
+}
+
+bool GpuPlanner::IsAllowed(uint32_t profile_index) const {
+  return profile_index < allowed_flag_.size() && allowed_flag_[profile_index];
+}
+
+int GpuPlanner::ProfileIndex(std::string_view name) const {
+  for (size_t i = 0; i < capability_.profiles.size(); ++i) {
+    if (capability_.profiles[i].name == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+uint32_t GpuPlanner::Coverage(SliceMask free) const {
+  // The most units that placements of default-reachable profiles can still fill. Placements
+  // that start at the lowest free unit, or skipping it, cover every case.
+  if (free == 0) return 0;
+  if (!coverage_table_.empty() && free < coverage_table_.size()) return coverage_table_[free];
+  const int low = std::countr_zero(free);
+  const SliceMask rest = free & (free - 1);
+  uint32_t best = Coverage(rest);
+  for (const auto& c : classes_) {
+    if (!c.reachable) continue;
+    for (SliceMask m : c.masks) {
+      if (std::countr_zero(m) == low && (m & free) == m) {
+        best = std::max<uint32_t>(best, std::popcount(m) + Coverage(free & ~m));
+      }
+    }
+  }
+  return best;
+}
+
+uint64_t GpuPlanner::ComputeScore(SliceMask free) const {
+  // 1. coverage: units still usable by the profiles requests resolve to (wasted units count
+  //    against a choice, e.g. a 1g at slice 6 strands slice 7);
+  // 2. the longest run of free units;
+  // 3. per placement class, largest first, how many instances still fit (lexicographic).
+  // All placements of one profile have the same size, so picking the earliest-starting placement
+  // that fits is an optimal count of disjoint placements (interval scheduling).
+  const uint32_t units = capability_.placement_units;
+  uint32_t run = 0, longest = 0;
+  for (uint32_t i = 0; i < units; ++i) {
+    run = ((free >> i) & 1u) ? run + 1 : 0;
+    longest = std::max(longest, run);
+  }
+  uint64_t score = (uint64_t{std::min<uint32_t>(Coverage(free), 31)} << 5) | std::min(longest, 31u);
+  size_t used = 0;
+  for (const auto& c : classes_) {
+    if (used == 13) break;
+    SliceMask avail = free;
+    uint32_t count = 0;
+    for (SliceMask m : c.masks) {
+      if (count >= c.cap) break;
+      if ((m & avail) == m) {
+        avail &= ~m;
+        ++count;
+      }
+    }
+    score = (score << 4) | std::min<uint32_t>(count, 15);
+    ++used;
+  }
+  return score << (4 * (13 - used));
+}
+
+uint64_t GpuPlanner::FragmentationScore(SliceMask free) const {
+  free &= FullMask(capability_.placement_units);
+  if (!score_table_.empty()) return score_table_[free];
+  return ComputeScore(free);
+}
+
+void GpuPlanner::DefaultCandidates(uint64_t memory, std::vector<uint32_t>& out) const {
+  out.clear();
+  for (uint32_t idx : allowed_) {
+    if (capability_.profiles[idx].memory_mib >= memory) out.push_back(idx);
+  }
+}
+
+void GpuPlanner::PreferredCandidates(uint64_t memory, const Preference& preference,
+                                     std::vector<uint32_t>& out) const {
+  out.clear();
+  for (const auto& entry : preference.entries) {
+    for (uint32_t idx : allowed_) {
+      const auto& p = capability_.profiles[idx];
+      if (p.memory_mib < memory || !PreferenceEntryMatches(entry, p.name)) continue;
+      if (std::find(out.begin(), out.end(), idx) == out.end()) out.push_back(idx);
+    }
+  }
+}
+
+absl::StatusOr<GpuUsage> GpuPlanner::UsageOf(const std::vector<Reservation>& reservations) const {
+  GpuUsage usage;
+  for (const auto& r : reservations) {
+    const int idx = ProfileIndex(r.profile);
+    if (idx < 0) {
+      return absl::InvalidArgumentError(
+          fmt::format("{} has no MIG profile \"{}\"", capability_.model, r.profile));
+    }
+    const auto& spec = capability_.profiles[idx];
+    if (!spec.IsLegal(r.placement)) {
+      return absl::InvalidArgumentError(
+          fmt::format("{} at start {} (size {}) is not a legal placement on {}", r.profile,
+                      r.placement.start, r.placement.size, capability_.model));
+    }
+    if ((usage.occupied & r.placement.Mask()) != 0) {
+      return absl::AlreadyExistsError(fmt::format("{} at slices {} overlaps another reservation",
+                                                  r.profile, r.placement.ToString()));
+    }
+    if (usage.counts[idx] >= spec.instance_count) {
+      return absl::ResourceExhaustedError(fmt::format("{} allows at most {} instance(s) of {}",
+                                                      capability_.model, spec.instance_count,
+                                                      r.profile));
+    }
+    usage.occupied |= r.placement.Mask();
+    ++usage.counts[idx];
+  }
+  return usage;
+}
+
+// Depth-first search over one option per instance, minimizing the sum of candidate ranks, then
+// maximizing the fragmentation score of what stays free.
+struct GpuPlanner::Search {
+  const GpuPlanner& planner;
+  std::vector<std::vector<Option>> options;  // in search order
+  std::vector<bool> symmetric;               // same candidates as the previous in search order
+  std::vector<uint32_t> min_footprint_suffix;
+  SliceMask full = 0;
+  std::array<uint8_t, kMaxProfilesPerGpu> counts{};
+  std::vector<size_t> picks;
+  std::vector<size_t> best;
+  uint32_t best_rank = UINT32_MAX;
+  uint64_t best_score = 0;
+  size_t nodes = 0;
+
+  void Run(size_t depth, SliceMask occupied, uint32_t rank_sum) {
+    if (++nodes > kMaxSearchNodes) return;
+    if (rank_sum > best_rank) return;
+    if (depth == options.size()) {
+      const uint64_t score = planner.FragmentationScore(full & ~occupied);
+      if (rank_sum < best_rank || score > best_score) {
+        best_rank = rank_sum;
+        best_score = score;
+        best = picks;
+      }
+      return;
+    }
+    if (static_cast<uint32_t>(std::popcount(full & ~occupied)) < min_footprint_suffix[depth]) {
+      return;
+    }
+    const auto& opts = options[depth];
+    const size_t first = (depth > 0 && symmetric[depth]) ? picks[depth - 1] + 1 : 0;
+    for (size_t k = first; k < opts.size(); ++k) {
+      const Option& o = opts[k];
+      if ((o.mask & occupied) != 0) continue;
+      const auto& spec = planner.capability_.profiles[o.profile_index];
+      if (counts[o.profile_index] >= spec.instance_count) continue;
+      if (rank_sum + o.rank > best_rank) continue;
+      ++counts[o.profile_index];
+      picks[depth] = k;
+      Run(depth + 1, occupied | o.mask, rank_sum + o.rank);
+      --counts[o.profile_index];
+    }
+  }
+};
+
+bool GpuPlanner::SearchJoint(const GpuUsage& usage,
+                             const std::vector<std::vector<uint32_t>>& candidates,
+                             std::vector<PlannedInstance>& out) const {
+  const size_t n = candidates.size();
+  const SliceMask full = FullMask(capability_.placement_units);
+  std::vector<std::vector<Option>> opts(n);
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t r = 0; r < candidates[i].size(); ++r) {
+      const uint32_t idx = candidates[i][r];
+      const auto& spec = capability_.profiles[idx];
+      if (usage.counts[idx] >= spec.instance_count) continue;
+      for (const auto& pl : spec.placements) {
+        const SliceMask m = pl.Mask();
+        if ((m & usage.occupied) == 0) {
+          opts[i].push_back({idx, static_cast<uint8_t>(std::min<size_t>(r, 255)), pl, m});
+        }
+      }
+    }
+    if (opts[i].empty()) return false;
+  }
+
+  if (n == 1) {
+    // Fast path: the lowest rank with a free placement, then the best score, then lowest start.
+    const Option* best = nullptr;
+    uint64_t best_score = 0;
+    for (const Option& o : opts[0]) {
+      if (best != nullptr && o.rank > best->rank) break;
+      const uint64_t score = FragmentationScore(full & ~(usage.occupied | o.mask));
+      if (best == nullptr || score > best_score) {
+        best = &o;
+        best_score = score;
+      }
+    }
+    out.assign(1, {best->profile_index, best->placement});
+    return true;
+  }
+
+  // Most constrained first; identical candidate lists adjacent so symmetry can be broken.
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  auto footprint = [&](size_t i) {
+    uint32_t f = UINT32_MAX;
+    for (uint32_t idx : candidates[i]) f = std::min(f, capability_.profiles[idx].memory_slices);
+    return f;
+  };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (opts[a].size() != opts[b].size()) return opts[a].size() < opts[b].size();
+    const uint32_t fa = footprint(a), fb = footprint(b);
+    if (fa != fb) return fa > fb;
+    return candidates[a] < candidates[b];
+  });
+  Search search{*this, {}, {}, {}, full, usage.counts, {}, {}, UINT32_MAX, 0, 0};
+  search.options.reserve(n);
+  for (size_t d = 0; d < n; ++d) {
+    search.options.push_back(std::move(opts[order[d]]));
+    search.symmetric.push_back(d > 0 && candidates[order[d]] == candidates[order[d - 1]]);
+  }
+  search.min_footprint_suffix.assign(n + 1, 0);
+  for (size_t d = n; d-- > 0;) {
+    search.min_footprint_suffix[d] = search.min_footprint_suffix[d + 1] + footprint(order[d]);
+  }
+  search.picks.assign(n, 0);
+  search.Run(0, usage.occupied, 0);
+  if (search.best.empty()) return false;
+  out.assign(n, {});
+  for (size_t d = 0; d < n; ++d) {
+    const Option& o = search.options[d][search.best[d]];
+    out[order[d]] = {o.profile_index, o.placement};
+  }
+  return true;
+}
+
+GpuPlan GpuPlanner::Explain(const GpuUsage& usage, std::span<const uint64_t> memories_mib,
+                            const std::vector<std::vector<uint32_t>>& defaults) const {
+  GpuPlan plan;
+  const SliceMask full = FullMask(capability_.placement_units);
+  const SliceMask free = full & ~usage.occupied;
+  const uint32_t free_units = std::popcount(free);
+  uint32_t need = 0;
+  std::vector<std::string> smallest;
+  for (size_t i = 0; i < memories_mib.size(); ++i) {
+    const auto& p = capability_.profiles[defaults[i].front()];
+    need += p.memory_slices;
+    smallest.push_back(p.name);
+  }
+  const std::string what =
+      memories_mib.size() == 1
+          ? smallest.front()
+          : fmt::format("{} instances ({})", memories_mib.size(), fmt::join(smallest, ", "));
+  if (free_units < need) {
+    plan.verdict = Verdict::kCapacityExhausted;
+    plan.reason = fmt::format("capacity exhausted: {} needs {} free slice(s), {} free (slices {})",
+                              what, need, free_units, SliceList(free, capability_.placement_units));
+  } else {
+    // Enough slices: either fragmentation or an instance limit (e.g. one +me per GPU).
+    bool limited = false;
+    for (size_t i = 0; i < memories_mib.size() && !limited; ++i) {
+      limited = true;
+      for (uint32_t idx : defaults[i]) {
+        if (usage.counts[idx] < capability_.profiles[idx].instance_count) limited = false;
+      }
+    }
+    if (limited) {
+      plan.verdict = Verdict::kCapacityExhausted;
+      plan.reason = fmt::format("capacity exhausted: instance limit reached for {}", what);
+    } else {
+      plan.verdict = Verdict::kFragmented;
+      plan.reason = fmt::format(
+          "fragmented: {} slice(s) free (slices {}) but no legal non-overlapping placement for {}",
+          free_units, SliceList(free, capability_.placement_units), what);
+    }
+  }
+  return plan;
+}
+
+GpuPlan GpuPlanner::Plan(const GpuUsage& usage, std::span<const uint64_t> memories_mib,
+                         const Preference& preference) const {
+  GpuPlan plan;
+  const size_t n = memories_mib.size();
+  if (n == 0) return plan;
+  if (allowed_.empty()) {
+    plan.verdict = Verdict::kNotAllowlisted;
+    plan.reason = fmt::format("no allowlisted MIG profile for {}", capability_.model);
+    return plan;
+  }
+  std::vector<std::vector<uint32_t>> defaults(n);
+  for (size_t i = 0; i < n; ++i) {
+    DefaultCandidates(memories_mib[i], defaults[i]);
+    if (defaults[i].empty()) {
+      const auto& largest =
+          *std::max_element(allowed_.begin(), allowed_.end(), [&](uint32_t a, uint32_t b) {
+            return capability_.profiles[a].memory_mib < capability_.profiles[b].memory_mib;
+          });
+      plan.verdict = Verdict::kNoProfileBigEnough;
+      plan.reason =
+          fmt::format("no allowlisted profile on {} has {} MiB; the largest is {} with {} MiB",
+                      capability_.model, memories_mib[i], capability_.profiles[largest].name,
+                      capability_.profiles[largest].memory_mib);
+      return plan;
+    }
+  }
+  if (!preference.empty()) {
+    std::vector<std::vector<uint32_t>> preferred(n);
+    bool any = false;
+    for (size_t i = 0; i < n; ++i) {
+      PreferredCandidates(memories_mib[i], preference, preferred[i]);
+      if (preferred[i].empty()) {
+        preferred[i] = defaults[i];
+      } else {
+        any = true;
+      }
+    }
+    if (any && SearchJoint(usage, preferred, plan.instances)) {
+      plan.used_preference = true;
+      return plan;
+    }
+  }
+  if (SearchJoint(usage, defaults, plan.instances)) return plan;
+  plan.instances.clear();
+  return Explain(usage, memories_mib, defaults);
+}
+
+}  // namespace dynmig::mig

@@ -1,0 +1,130 @@
+// The placement planner: for one container's N MIG instances on one GPU, which profiles and which
+// legal, non-overlapping placements.
+//
+// Rules (docs/design/0001-placement.md explains them with worked examples):
+//  * profile choice: the smallest allowlisted profile whose memory covers the request (ties in
+//    memory go to fewer compute slices); if it has no free placement, the next larger one;
+//  * preference (`nvidia.com/mig-profile-preference`): preferred profiles that cover the request
+//    are tried first, jointly for all instances; if they do not fit, the default order applies. A
+//    preference never selects a smaller profile and never rejects a GPU;
+//  * joint placement of all N instances: most constrained first, exhaustive with symmetry breaking
+//    and branch-and-bound; deterministic;
+//  * among equally small choices, the one whose free slices keep the largest allowlisted profiles
+//    placeable (the fragmentation score), then the lowest start.
+//
+// A GpuPlanner is built once per (capability, allowlist) pair and shared by every GPU of that kind;
+// it is immutable after construction and safe to use from many threads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "mig/occupancy.h"
+#include "mig/placement.h"
+#include "mig/preference.h"
+#include "mig/profile.h"
+
+namespace dynmig::mig {
+
+// Why a GPU (or node) cannot take a request; ordered from "nearly fits" to "never fits" is not
+// implied. kFits means it fits.
+enum class Verdict {
+  kFits,
+  kFragmented,          // enough free slices, but no legal non-overlapping layout
+  kCapacityExhausted,   // not enough free slices (or instance limits reached)
+  kNoProfileBigEnough,  // no allowlisted profile has the requested memory
+  kNotAllowlisted,      // the GPU's model has no allowlisted profile
+  kFiltered,            // excluded by the pod's GPU selection hints (uuid, type, mode)
+  kGpuUnhealthy,        // marked unschedulable (e.g. unreadable reservation: fail closed)
+  kNoMigGpu,            // the node has no MIG GPU
+  kNodeUnhealthy,       // the node's device plugin stopped reporting
+};
+
+// A short stable name ("fragmented", "capacity-exhausted", ...), used in reasons and metrics.
+const char* VerdictName(Verdict v);
+
+struct PlannedInstance {
+  uint32_t profile_index = 0;  // into GpuCapability::profiles
+  Placement placement;
+};
+
+struct GpuPlan {
+  Verdict verdict = Verdict::kFits;
+  std::vector<PlannedInstance> instances;  // same order as the requested memories
+  bool used_preference = false;            // the preferred layout was taken
+  std::string reason;                      // human-readable, empty when it fits
+};
+
+class GpuPlanner {
+ public:
+  // `allowed_names`: the allowlisted profile names for this GPU; names the capability lacks are
+  // ignored (discovery reports them). Errors: kInvalidArgument when the capability is unusable
+  // (more than 32 placement units or profiles, a placement beyond the axis).
+  static absl::StatusOr<std::shared_ptr<const GpuPlanner>> Create(
+      GpuCapability capability, const std::vector<std::string>& allowed_names);
+
+  const GpuCapability& capability() const { return capability_; }
+  // Indices (into capability().profiles) of the allowlisted profiles, in the default order.
+  const std::vector<uint32_t>& allowed() const { return allowed_; }
+  bool IsAllowed(uint32_t profile_index) const;
+  uint32_t units() const { return capability_.placement_units; }
+
+  // Plans `memories_mib.size()` instances (each needing at least that much memory) on a GPU with
+  // `usage`. Never fails: an infeasible request yields a verdict and a reason.
+  GpuPlan Plan(const GpuUsage& usage, std::span<const uint64_t> memories_mib,
+               const Preference& preference) const;
+
+  // How well a GPU with these free units serves future requests: higher is better. Compares, in
+  // order: the units default-reachable profiles can still fill, the longest free run, and per
+  // placement class (largest first) how many instances still fit.
+  uint64_t FragmentationScore(SliceMask free) const;
+
+  // Usage of a list of reservations, validating each against the capability (see Occupancy).
+  absl::StatusOr<GpuUsage> UsageOf(const std::vector<Reservation>& reservations) const;
+
+  // The profile index with this exact name, or -1.
+  int ProfileIndex(std::string_view name) const;
+
+ private:
+  struct Option {
+    uint32_t profile_index;
+    uint8_t rank;  // position of the profile in the instance's candidate list
+    Placement placement;
+    SliceMask mask;
+  };
+  struct Search;
+
+  GpuPlanner() = default;
+  uint64_t ComputeScore(SliceMask free) const;
+  uint32_t Coverage(SliceMask free) const;
+  // Candidate profiles (indices) covering `memory`, in default or preference order.
+  void DefaultCandidates(uint64_t memory, std::vector<uint32_t>& out) const;
+  void PreferredCandidates(uint64_t memory, const Preference& preference,
+                           std::vector<uint32_t>& out) const;
+  bool SearchJoint(const GpuUsage& usage, const std::vector<std::vector<uint32_t>>& candidates,
+                   std::vector<PlannedInstance>& out) const;
+  GpuPlan Explain(const GpuUsage& usage, std::span<const uint64_t> memories_mib,
+                  const std::vector<std::vector<uint32_t>>& defaults) const;
+
+  GpuCapability capability_;
+  std::vector<uint32_t> allowed_;   // default order
+  std::vector<bool> allowed_flag_;  // by profile index
+  struct PlacementClass {
+    std::vector<SliceMask> masks;
+    uint32_t cap;
+    bool reachable;  // some request resolves to it in the default order
+  };
+  std::vector<PlacementClass> classes_;  // largest first
+  std::vector<uint64_t> score_table_;    // by free mask, when units <= 16
+  std::vector<uint8_t> coverage_table_;  // by free mask, when units <= 16
+};
+
+// Resolves a per-instance memory request on a GPU: MiB as asked, or a percentage of the GPU's
+// full-GPU profile memory (a whole-GPU request resolves to the full-GPU profile).
+uint64_t ResolveMemory(uint64_t mib, uint32_t percent, const GpuCapability& cap);
+
+}  // namespace dynmig::mig
