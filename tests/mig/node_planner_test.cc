@@ -1,1 +1,162 @@
+#include "mig/node_planner.h"
+
 #include <gtest/gtest.h>
+
+#include "test_util.h"
+
+namespace dynmig::mig {
+namespace {
+
+using testing::MakePlanner;
+using testing::UsageOf;
+
+const std::vector<std::string> kA100Base = {"1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"};
+
+GpuView Gpu(const std::string& uuid, uint32_t index,
+            const std::vector<std::pair<std::string, uint32_t>>& reserved = {},
+            const std::string& model = "A100-SXM4-40GB") {
+  GpuView g;
+  g.uuid = uuid;
+  g.index = index;
+  g.planner = MakePlanner(model, model == "A100-SXM4-40GB" ? kA100Base : std::vector<std::string>{});
+  g.model = g.planner->capability().model;
+  g.usage = UsageOf(*g.planner, reserved);
+  return g;
+}
+
+PodRequest OneContainer(uint32_t count, uint64_t mib) {
+  PodRequest r;
+  r.containers.push_back({"main", false, count, {mib, 0}});
+  return r;
+}
+
+TEST(NodePlannerTest, BinpackFillsTheFullestGpuSpreadTheEmptiest) {
+  NodeView node{"node-a", true, "", {Gpu("GPU-0", 0), Gpu("GPU-1", 1, {{"3g.20gb", 4}})}};
+  auto req = OneContainer(1, 4000);
+  req.gpu_policy = GpuPolicy::kBinpack;
+  auto binpack = PlanPodOnNode(node, req);
+  ASSERT_TRUE(binpack.fits());
+  EXPECT_EQ(binpack.assignments[0].gpu, 1u);
+  req.gpu_policy = GpuPolicy::kSpread;
+  auto spread = PlanPodOnNode(node, req);
+  ASSERT_TRUE(spread.fits());
+  EXPECT_EQ(spread.assignments[0].gpu, 0u);
+}
+
+TEST(NodePlannerTest, InstancesOfOneContainerStayOnOneGpuWhenTheyFit) {
+  NodeView node{"node-a", true, "", {Gpu("GPU-0", 0), Gpu("GPU-1", 1)}};
+  auto plan = PlanPodOnNode(node, OneContainer(3, 4000));
+  ASSERT_TRUE(plan.fits());
+  ASSERT_EQ(plan.assignments.size(), 3u);
+  for (const auto& a : plan.assignments) EXPECT_EQ(a.gpu, plan.assignments[0].gpu);
+  EXPECT_EQ(plan.assignments[2].device_index, 2u);
+}
+
+TEST(NodePlannerTest, InstancesSpreadOverGpusWhenOneGpuCannotHoldThemAll) {
+  NodeView node{"node-a", true, "", {Gpu("GPU-0", 0, {{"3g.20gb", 0}}), Gpu("GPU-1", 1)}};
+  auto plan = PlanPodOnNode(node, OneContainer(3, 19000));
+  ASSERT_TRUE(plan.fits()) << plan.Reason(node);
+  int on0 = 0, on1 = 0;
+  for (const auto& a : plan.assignments) (a.gpu == 0 ? on0 : on1)++;
+  EXPECT_EQ(on0, 1);
+  EXPECT_EQ(on1, 2);
+}
+
+TEST(NodePlannerTest, ContainersSeeEachOthersReservations) {
+  NodeView node{"node-a", true, "", {Gpu("GPU-0", 0)}};
+  PodRequest r;
+  r.containers.push_back({"init", true, 1, {19000, 0}});
+  r.containers.push_back({"a", false, 1, {19000, 0}});
+  auto plan = PlanPodOnNode(node, r);
+  ASSERT_TRUE(plan.fits());
+  ASSERT_EQ(plan.assignments.size(), 2u);
+  EXPECT_FALSE(plan.assignments[0].placement.Overlaps(plan.assignments[1].placement));
+  r.containers.push_back({"b", false, 1, {4000, 0}});
+  auto full = PlanPodOnNode(node, r);
+  EXPECT_FALSE(full.fits());
+  EXPECT_EQ(full.verdict, Verdict::kCapacityExhausted);
+}
+
+TEST(NodePlannerTest, SelectionHintsFilterGpus) {
+  NodeView node{"node-a", true, "", {Gpu("GPU-0", 0), Gpu("GPU-1", 1, {}, "H100 80GB")}};
+  auto r = OneContainer(1, 4000);
+  r.filter.use_uuids = {"GPU-1"};
+  EXPECT_EQ(PlanPodOnNode(node, r).assignments.at(0).gpu, 1u);
+  r.filter = {};
+  r.filter.nouse_uuids = {"GPU-0"};
+  EXPECT_EQ(PlanPodOnNode(node, r).assignments.at(0).gpu, 1u);
+  r.filter = {};
+  r.filter.use_types = {"H100"};
+  EXPECT_EQ(PlanPodOnNode(node, r).assignments.at(0).gpu, 1u);
+  r.filter = {};
+  r.filter.nouse_types = {"A100", "H100"};
+  auto none = PlanPodOnNode(node, r);
+  EXPECT_EQ(none.verdict, Verdict::kFiltered);
+  EXPECT_NE(none.Reason(node).find("nouse-gputype"), std::string::npos) << none.Reason(node);
+  r.filter = {};
+  r.filter.vgpu_mode = "hami-core";
+  EXPECT_EQ(PlanPodOnNode(node, r).verdict, Verdict::kFiltered);
+  r.filter.vgpu_mode = "mig";
+  EXPECT_TRUE(PlanPodOnNode(node, r).fits());
+}
+
+TEST(NodePlannerTest, UnhealthyGpusAndNodesAreSkippedWithReasons) {
+  NodeView node{"node-a", true, "", {Gpu("GPU-0", 0), Gpu("GPU-1", 1)}};
+  node.gpus[0].healthy = false;
+  node.gpus[0].unhealthy_reason = "pod ns/p has no readable MIG reservation";
+  auto plan = PlanPodOnNode(node, OneContainer(1, 4000));
+  ASSERT_TRUE(plan.fits());
+  EXPECT_EQ(plan.assignments[0].gpu, 1u);
+  node.gpus[1].healthy = false;
+  auto none = PlanPodOnNode(node, OneContainer(1, 4000));
+  EXPECT_EQ(none.verdict, Verdict::kGpuUnhealthy);
+  EXPECT_NE(none.Reason(node).find("no readable MIG reservation"), std::string::npos);
+  node.healthy = false;
+  node.unhealthy_reason = "device plugin stopped reporting";
+  auto down = PlanPodOnNode(node, OneContainer(1, 4000));
+  EXPECT_EQ(down.verdict, Verdict::kNodeUnhealthy);
+  EXPECT_NE(down.Reason(node).find("stopped reporting"), std::string::npos);
+  NodeView empty{"node-b", true, "", {}};
+  EXPECT_EQ(PlanPodOnNode(empty, OneContainer(1, 4000)).verdict, Verdict::kNoMigGpu);
+}
+
+TEST(NodePlannerTest, NodeVerdictIsTheClosestToFitting) {
+  NodeView node{"node-a", true, "",
+                {Gpu("GPU-0", 0, {{"1g.5gb", 1}, {"1g.5gb", 5}}),
+                 Gpu("GPU-1", 1, {{"3g.20gb", 0}, {"3g.20gb", 4}})}};
+  auto plan = PlanPodOnNode(node, OneContainer(1, 19000));
+  EXPECT_EQ(plan.verdict, Verdict::kFragmented);
+  const auto reason = plan.Reason(node);
+  EXPECT_NE(reason.find("GPU-0"), std::string::npos);
+  EXPECT_NE(reason.find("capacity exhausted"), std::string::npos) << reason;
+}
+
+TEST(NodePlannerTest, PodGoesToTheFullestNodeUnderBinpackAndTheEmptiestUnderSpread) {
+  std::vector<NodeView> nodes{{"empty", true, "", {Gpu("GPU-0", 0)}},
+                              {"busy", true, "", {Gpu("GPU-1", 0, {{"3g.20gb", 4}})}},
+                              {"full", true, "", {Gpu("GPU-2", 0, {{"7g.40gb", 0}})}}};
+  auto r = OneContainer(1, 4000);
+  r.node_policy = NodePolicy::kBinpack;
+  auto binpack = PlanPod(nodes, r);
+  EXPECT_EQ(binpack.chosen, 1);
+  EXPECT_FALSE(binpack.nodes[2].fits());
+  r.node_policy = NodePolicy::kSpread;
+  EXPECT_EQ(PlanPod(nodes, r).chosen, 0);
+  auto big = OneContainer(1, 30000);
+  EXPECT_EQ(PlanPod(nodes, big).chosen, 0);
+  auto huge = OneContainer(1, 90000);
+  EXPECT_EQ(PlanPod(nodes, huge).chosen, -1);
+}
+
+TEST(NodePlannerTest, PercentageResolvesPerGpuModel) {
+  NodeView node{"node-a", true, "", {Gpu("GPU-0", 0, {}, "H100 80GB")}};
+  PodRequest r;
+  r.containers.push_back({"main", false, 1, {0, 45}});
+  auto plan = PlanPodOnNode(node, r);
+  ASSERT_TRUE(plan.fits());
+  EXPECT_EQ(node.gpus[0].planner->capability().profiles[plan.assignments[0].profile_index].name,
+            "3g.40gb");
+}
+
+}  // namespace
+}  // namespace dynmig::mig
