@@ -31,4 +31,6 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
 
 // Registration functions, one per subcommand file.
 
+void RegisterPlanCommand(CLI::App& root, CliContext& ctx);
+
 }  // namespace dynmig::cli
