@@ -40,8 +40,8 @@ absl::StatusOr<std::vector<uint64_t>> ParseRequests(const std::string& text,
     uint64_t v = 0;
     if (piece.back() == '%') {
       if (!ParsePositive(std::string_view(piece).substr(0, piece.size() - 1), v) || v > 100) {
-        return absl::InvalidArgumentError(fmt::format(
-            "--request: \"{}\" is not a percentage between 1% and 100%", piece));
+        return absl::InvalidArgumentError(
+            fmt::format("--request: \"{}\" is not a percentage between 1% and 100%", piece));
       }
       out.push_back(mig::ResolveMemory(0, static_cast<uint32_t>(v), cap));
       continue;
@@ -66,14 +66,14 @@ absl::StatusOr<mig::Occupancy> ParseOccupied(const std::string& text,
     if (at == std::string::npos || at == 0 ||
         (!ParsePositive(std::string_view(piece).substr(at + 1), start) &&
          std::string_view(piece).substr(at + 1) != "0")) {
-      return absl::InvalidArgumentError(fmt::format(
-          "--occupied: \"{}\" is not PROFILE@START (e.g. 3g.20gb@4)", piece));
+      return absl::InvalidArgumentError(
+          fmt::format("--occupied: \"{}\" is not PROFILE@START (e.g. 3g.20gb@4)", piece));
     }
     const std::string name = piece.substr(0, at);
     const mig::ProfileSpec* spec = cap.FindProfile(name);
     if (spec == nullptr) {
-      return absl::InvalidArgumentError(fmt::format("--occupied: {} has no MIG profile \"{}\"",
-                                                    cap.model, name));
+      return absl::InvalidArgumentError(
+          fmt::format("--occupied: {} has no MIG profile \"{}\"", cap.model, name));
     }
     auto st = occ.Reserve(cap, name, {static_cast<uint32_t>(start), spec->memory_slices});
     if (!st.ok()) return absl::InvalidArgumentError("--occupied: " + std::string(st.message()));
@@ -169,14 +169,14 @@ int RunPlan(const PlanOptions& o, CliContext& ctx) {
   }
 
   const std::string indent = "         ";
-  ctx.out << fmt::format("{}: {} placement units, allowlisted: {}\n", cap.model, cap.placement_units,
-                         fmt::join(allowed, ", "));
+  ctx.out << fmt::format("{}: {} placement units, allowlisted: {}\n", cap.model,
+                         cap.placement_units, fmt::join(allowed, ", "));
   std::vector<std::string> asked;
   for (uint64_t m : *requests) asked.push_back(fmt::format("{} MiB", m));
-  ctx.out << fmt::format("request: {} instance(s): {}{}\n", requests->size(), fmt::join(asked, ", "),
-                         preference.empty() ? ""
-                                            : fmt::format(" (preference: {})",
-                                                          fmt::join(preference.entries, ",")));
+  ctx.out << fmt::format(
+      "request: {} instance(s): {}{}\n", requests->size(), fmt::join(asked, ", "),
+      preference.empty() ? ""
+                         : fmt::format(" (preference: {})", fmt::join(preference.entries, ",")));
   ctx.out << RenderUnitHeader(cap.placement_units, indent) << "\n";
   ctx.out << RenderRow(cap.placement_units, Drawn(*occupancy), "before   ") << "\n";
   if (plan.verdict != mig::Verdict::kFits) {
@@ -224,7 +224,8 @@ int RunDemo(CliContext& ctx) {
        "4500,4500,9500,19000", ""},
       {"fragmented: 1g at slices 1 and 5 block both 3g halves", "1g.5gb@1,1g.5gb@5", "19000", ""},
   };
-  ctx.out << "dynmig planner demo (the local mode with the whole system comes with `dynmig local`)\n";
+  ctx.out
+      << "dynmig planner demo (the local mode with the whole system comes with `dynmig local`)\n";
   for (size_t i = 0; i < steps.size(); ++i) {
     ctx.out << fmt::format("\n== step {}: {}\n", i + 1, steps[i].title);
     PlanOptions o;

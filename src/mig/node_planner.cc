@@ -39,7 +39,7 @@ int Closeness(Verdict v) {
   return 9;
 }
 
-GpuOutcome Screen(const GpuView& gpu, const GpuFilter& f) {
+GpuOutcome ScreenVerdict(const GpuView& gpu, const GpuFilter& f) {
   if (!gpu.healthy) {
     return {Verdict::kGpuUnhealthy,
             gpu.unhealthy_reason.empty() ? "unschedulable" : gpu.unhealthy_reason};
@@ -73,6 +73,21 @@ GpuOutcome Screen(const GpuView& gpu, const GpuFilter& f) {
   return {Verdict::kFits, ""};
 }
 
+// The filter's verdict for a GPU; the reason strings are only built when asked for.
+GpuOutcome Screen(const GpuView& gpu, const GpuFilter& f, bool explain) {
+  if (!explain) {
+    if (gpu.healthy && gpu.planner != nullptr && ModeAllowsMig(gpu.mode) && f.vgpu_mode.empty() &&
+        f.use_uuids.empty() && f.nouse_uuids.empty() && f.use_types.empty() &&
+        f.nouse_types.empty()) {
+      return {Verdict::kFits, {}};
+    }
+    GpuOutcome out = ScreenVerdict(gpu, f);
+    out.reason.clear();
+    return out;
+  }
+  return ScreenVerdict(gpu, f);
+}
+
 double UsedFraction(const GpuView& gpu) {
   const uint32_t units = gpu.planner->units();
   return units == 0
@@ -99,96 +114,145 @@ std::string NodePlan::Reason(const NodeView& node) const {
   return out;
 }
 
-NodePlan PlanPodOnNode(const NodeView& node, const PodRequest& request) {
-  NodePlan plan;
+namespace {
+
+// Buffers reused across the nodes of one pod, so the common path allocates nothing per node.
+struct Scratch {
+  bool explain = true;
+  bool record = true;  // fill plan.assignments (PlanPod only needs them for the chosen node)
+  std::vector<GpuOutcome> screened;
+  std::vector<GpuOutcome> tried;
+  std::vector<uint32_t> eligible;
+  std::vector<uint32_t> order;
+  std::vector<uint32_t> used_units;
+  std::vector<GpuUsage> usage;
+  std::vector<uint64_t> memories;
+};
+
+void Fail(NodePlan& plan, Scratch& s, size_t gpus) {
+  plan.assignments.clear();
+  plan.gpus.assign(s.screened.begin(), s.screened.begin() + gpus);
+  for (size_t i = 0; i < gpus; ++i) {
+    if (s.screened[i].verdict == Verdict::kFits) plan.gpus[i] = std::move(s.tried[i]);
+  }
+  plan.verdict = Verdict::kNodeUnhealthy;
+  for (const auto& o : plan.gpus) {
+    if (Closeness(o.verdict) < Closeness(plan.verdict)) plan.verdict = o.verdict;
+  }
+  if (plan.verdict == Verdict::kFits) plan.verdict = Verdict::kCapacityExhausted;
+}
+
+void PlanOnNode(const NodeView& node, const PodRequest& request, Scratch& s, NodePlan& plan) {
   if (!node.healthy) {
     plan.verdict = Verdict::kNodeUnhealthy;
-    return plan;
+    return;
   }
   if (node.gpus.empty()) {
     plan.verdict = Verdict::kNoMigGpu;
-    return plan;
+    return;
   }
   const size_t g = node.gpus.size();
-  std::vector<GpuOutcome> screened(g);
-  std::vector<uint32_t> eligible;
-  std::vector<GpuUsage> usage(g);
+  s.screened.resize(std::max(s.screened.size(), g));
+  s.tried.resize(std::max(s.tried.size(), g));
+  s.usage.resize(std::max(s.usage.size(), g));
+  s.used_units.resize(std::max(s.used_units.size(), g));
+  s.eligible.clear();
   double used = 0;
   uint32_t mig_gpus = 0;
   for (uint32_t i = 0; i < g; ++i) {
-    usage[i] = node.gpus[i].usage;
-    if (node.gpus[i].planner != nullptr) {
-      used += UsedFraction(node.gpus[i]);
+    const GpuView& gpu = node.gpus[i];
+    s.usage[i] = gpu.usage;
+    if (gpu.planner != nullptr) {
+      used += UsedFraction(gpu);
       ++mig_gpus;
     }
-    screened[i] = Screen(node.gpus[i], request.filter);
-    if (screened[i].verdict == Verdict::kFits) eligible.push_back(i);
+    s.screened[i] = Screen(gpu, request.filter, s.explain);
+    s.tried[i] = {Verdict::kFits, {}};
+    if (s.screened[i].verdict == Verdict::kFits) s.eligible.push_back(i);
   }
   plan.used_fraction = mig_gpus == 0 ? 0.0 : used / mig_gpus;
+  if (s.eligible.empty()) return Fail(plan, s, g);
 
-  auto fail = [&](std::vector<GpuOutcome> outcomes) {
-    plan.assignments.clear();
-    plan.gpus = std::move(outcomes);
-    plan.verdict = Verdict::kNodeUnhealthy;
-    for (const auto& o : plan.gpus) {
-      if (Closeness(o.verdict) < Closeness(plan.verdict)) plan.verdict = o.verdict;
-    }
-    if (plan.verdict == Verdict::kFits) plan.verdict = Verdict::kCapacityExhausted;
-    return plan;
-  };
-  if (eligible.empty()) return fail(screened);
-
-  std::vector<uint64_t> memories;
   for (uint32_t c = 0; c < request.containers.size(); ++c) {
     const auto& ctr = request.containers[c];
     if (ctr.count == 0) continue;
     // GPU order for this container: binpack fullest first, spread emptiest first.
-    std::vector<uint32_t> order = eligible;
-    std::vector<uint32_t> used_units(g, 0);
-    for (uint32_t i : order) used_units[i] = std::popcount(usage[i].occupied);
-    std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
-      const double fa = static_cast<double>(used_units[a]) / node.gpus[a].planner->units();
-      const double fb = static_cast<double>(used_units[b]) / node.gpus[b].planner->units();
-      if (fa != fb) return request.gpu_policy == GpuPolicy::kBinpack ? fa > fb : fa < fb;
+    s.order.assign(s.eligible.begin(), s.eligible.end());
+    for (uint32_t i : s.order) {
+      // Units used scaled to a common 64ths axis, so models with different axes compare.
+      s.used_units[i] =
+          std::popcount(s.usage[i].occupied) * 64 / std::max(1u, node.gpus[i].planner->units());
+    }
+    const bool binpack = request.gpu_policy == GpuPolicy::kBinpack;
+    auto before = [&](uint32_t a, uint32_t b) {
+      if (s.used_units[a] != s.used_units[b]) {
+        return binpack ? s.used_units[a] > s.used_units[b] : s.used_units[a] < s.used_units[b];
+      }
       return a < b;
-    });
+    };
+    // Insertion sort: a node has a handful of GPUs, and std::stable_sort allocates.
+    for (size_t i = 1; i < s.order.size(); ++i) {
+      const uint32_t v = s.order[i];
+      size_t j = i;
+      while (j > 0 && before(v, s.order[j - 1])) {
+        s.order[j] = s.order[j - 1];
+        --j;
+      }
+      s.order[j] = v;
+    }
 
     auto memories_for = [&](uint32_t gpu, uint32_t n) {
       const auto& cap = node.gpus[gpu].planner->capability();
-      memories.assign(n, ResolveMemory(ctr.memory.mib, ctr.memory.percent, cap));
-      return std::span<const uint64_t>(memories);
+      s.memories.assign(n, ResolveMemory(ctr.memory.mib, ctr.memory.percent, cap));
+      return std::span<const uint64_t>(s.memories);
+    };
+    auto commit_one = [&](uint32_t gpu, const PlannedInstance& inst, uint32_t device) {
+      if (s.record)
+        plan.assignments.push_back({c, device, gpu, inst.profile_index, inst.placement});
+      s.usage[gpu].occupied |= inst.placement.Mask();
+      ++s.usage[gpu].counts[inst.profile_index];
     };
     auto commit = [&](uint32_t gpu, const GpuPlan& gp, uint32_t first_device) {
       for (size_t k = 0; k < gp.instances.size(); ++k) {
-        const auto& inst = gp.instances[k];
-        plan.assignments.push_back(
-            {c, static_cast<uint32_t>(first_device + k), gpu, inst.profile_index, inst.placement});
-        usage[gpu].occupied |= inst.placement.Mask();
-        ++usage[gpu].counts[inst.profile_index];
+        commit_one(gpu, gp.instances[k], static_cast<uint32_t>(first_device + k));
       }
     };
 
     // All instances on one GPU, in policy order.
-    std::vector<GpuOutcome> outcomes = screened;
     bool placed = false;
-    for (uint32_t gpu : order) {
-      GpuPlan gp = node.gpus[gpu].planner->Plan(usage[gpu], memories_for(gpu, ctr.count),
-                                                request.preference);
+    if (ctr.count == 1 && request.preference.empty()) {
+      // The common case, allocation-free: one instance by table lookup.
+      for (uint32_t gpu : s.order) {
+        PlannedInstance inst;
+        const auto& planner = *node.gpus[gpu].planner;
+        const uint64_t mem =
+            ResolveMemory(ctr.memory.mib, ctr.memory.percent, planner.capability());
+        if (planner.PlanSingle(s.usage[gpu], mem, inst)) {
+          commit_one(gpu, inst, 0);
+          placed = true;
+          break;
+        }
+      }
+      if (placed) continue;
+    }
+    for (uint32_t gpu : s.order) {
+      GpuPlan gp = node.gpus[gpu].planner->Plan(s.usage[gpu], memories_for(gpu, ctr.count),
+                                                request.preference, s.explain);
       if (gp.verdict == Verdict::kFits) {
         commit(gpu, gp, 0);
         placed = true;
         break;
       }
-      outcomes[gpu] = {gp.verdict, std::move(gp.reason)};
+      s.tried[gpu] = {gp.verdict, std::move(gp.reason)};
     }
     if (placed) continue;
-    if (ctr.count == 1) return fail(std::move(outcomes));
+    if (ctr.count == 1) return Fail(plan, s, g);
     // Spread: as many as fit on each GPU in policy order.
     uint32_t remaining = ctr.count;
-    for (uint32_t gpu : order) {
+    for (uint32_t gpu : s.order) {
       for (uint32_t m = remaining; m >= 1; --m) {
-        GpuPlan gp =
-            node.gpus[gpu].planner->Plan(usage[gpu], memories_for(gpu, m), request.preference);
+        GpuPlan gp = node.gpus[gpu].planner->Plan(s.usage[gpu], memories_for(gpu, m),
+                                                  request.preference, false);
         if (gp.verdict == Verdict::kFits) {
           commit(gpu, gp, ctr.count - remaining);
           remaining -= m;
@@ -198,24 +262,37 @@ NodePlan PlanPodOnNode(const NodeView& node, const PodRequest& request) {
       if (remaining == 0) break;
     }
     if (remaining > 0) {
-      for (auto& o : outcomes) {
-        if (o.verdict == Verdict::kFits) o = {Verdict::kCapacityExhausted, "too few free slices"};
+      for (uint32_t i : s.eligible) {
+        if (s.tried[i].verdict == Verdict::kFits) {
+          s.tried[i] = {Verdict::kCapacityExhausted, "too few free slices"};
+        }
       }
-      return fail(std::move(outcomes));
+      return Fail(plan, s, g);
     }
   }
-  for (uint32_t i : eligible) {
-    plan.score += node.gpus[i].planner->FragmentationScore(~usage[i].occupied);
+  for (uint32_t i : s.eligible) {
+    plan.score += node.gpus[i].planner->FragmentationScore(~s.usage[i].occupied);
   }
+}
+
+}  // namespace
+
+NodePlan PlanPodOnNode(const NodeView& node, const PodRequest& request) {
+  Scratch scratch;
+  NodePlan plan;
+  PlanOnNode(node, request, scratch, plan);
   return plan;
 }
 
 PodPlan PlanPod(std::span<const NodeView> nodes, const PodRequest& request) {
   PodPlan out;
-  out.nodes.reserve(nodes.size());
+  out.nodes.resize(nodes.size());
+  Scratch scratch;
+  scratch.explain = false;
+  scratch.record = false;
   for (size_t i = 0; i < nodes.size(); ++i) {
-    out.nodes.push_back(PlanPodOnNode(nodes[i], request));
-    const NodePlan& p = out.nodes.back();
+    PlanOnNode(nodes[i], request, scratch, out.nodes[i]);
+    const NodePlan& p = out.nodes[i];
     if (!p.fits()) continue;
     if (out.chosen < 0) {
       out.chosen = static_cast<int>(i);
@@ -230,6 +307,13 @@ PodPlan PlanPod(std::span<const NodeView> nodes, const PodRequest& request) {
     } else if (p.score > best.score) {
       out.chosen = static_cast<int>(i);
     }
+  }
+  if (out.chosen >= 0) {
+    // The winner again, this time recording its assignments (same inputs, same answer).
+    scratch.record = true;
+    NodePlan chosen;
+    PlanOnNode(nodes[out.chosen], request, scratch, chosen);
+    out.nodes[out.chosen] = std::move(chosen);
   }
   return out;
 }

@@ -64,6 +64,7 @@ struct NodePlan {
   std::string Reason(const NodeView& node) const;
 };
 
+// Plans the pod on one node, with a reason for every GPU when it does not fit.
 NodePlan PlanPodOnNode(const NodeView& node, const PodRequest& request);
 
 struct PodPlan {
@@ -72,7 +73,8 @@ struct PodPlan {
 };
 
 // Plans on every node and picks one: node policy binpack prefers the fullest node, spread the
-// emptiest; ties go to the better fragmentation score, then to node order.
+// emptiest; ties go to the better fragmentation score, then to node order. Verdicts only: for the
+// reasons of a node that does not fit, call PlanPodOnNode on it (Reason needs them).
 PodPlan PlanPod(std::span<const NodeView> nodes, const PodRequest& request);
 
 }  // namespace dynmig::mig

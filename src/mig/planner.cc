@@ -164,7 +164,81 @@ absl::StatusOr<std::shared_ptr<const GpuPlanner>> GpuPlanner::Create(
       planner->score_table_[m] = planner->ComputeScore(static_cast<SliceMask>(m));
     }
   }
+  for (uint32_t idx : planner->allowed_) {
+    const auto& spec = profiles[idx];
+    planner->allowed_memory_.push_back(spec.memory_mib);
+    if (spec.instance_count < spec.placements.size()) planner->count_limited_.push_back(idx);
+  }
+  if (units_axis <= 16 && !planner->allowed_.empty()) {
+    const size_t n = size_t{1} << units_axis;
+    const size_t k = planner->allowed_.size();
+    planner->single_table_.resize(n * k);
+    const GpuUsage empty;
+    for (size_t m = 0; m < n; ++m) {
+      for (size_t lo = 0; lo < k; ++lo) {
+        PlannedInstance inst;
+        if (planner->SinglePlan(static_cast<SliceMask>(m), lo, empty, inst)) {
+          planner->single_table_[m * k + lo] = {1, static_cast<uint8_t>(inst.profile_index),
+                                                static_cast<uint8_t>(inst.placement.start),
+                                                static_cast<uint8_t>(inst.placement.size)};
+        }
+      }
+    }
+  }
   return std::shared_ptr<const GpuPlanner>(std::move(planner));
+}
+
+bool GpuPlanner::SinglePlan(SliceMask occupied, size_t first, const GpuUsage& usage,
+                            PlannedInstance& out) const {
+  // The first candidate (smallest profile) with a free placement wins; among its placements the
+  // best fragmentation score, then the lowest start (NVML's order).
+  const SliceMask full = FullMask(capability_.placement_units);
+  for (size_t j = first; j < allowed_.size(); ++j) {
+    const uint32_t idx = allowed_[j];
+    const auto& spec = capability_.profiles[idx];
+    if (usage.counts[idx] >= spec.instance_count) continue;
+    bool found = false;
+    uint64_t best_score = 0;
+    for (const auto& pl : spec.placements) {
+      const SliceMask m = pl.Mask();
+      if (m & occupied) continue;
+      const uint64_t score = FragmentationScore(full & ~(occupied | m));
+      if (!found || score > best_score) {
+        found = true;
+        best_score = score;
+        out = {idx, pl};
+      }
+    }
+    if (found) return true;
+  }
+  return false;
+}
+
+bool GpuPlanner::PlanSingle(const GpuUsage& usage, uint64_t memory_mib,
+                            PlannedInstance& out) const {
+  if (single_table_.empty()) return false;
+  for (uint32_t idx : count_limited_) {
+    if (usage.counts[idx] >= capability_.profiles[idx].instance_count) return false;
+  }
+  const size_t first = static_cast<size_t>(
+      std::lower_bound(allowed_memory_.begin(), allowed_memory_.end(), memory_mib) -
+      allowed_memory_.begin());
+  if (first >= allowed_.size()) return false;
+  const SliceMask occupied = usage.occupied & FullMask(capability_.placement_units);
+  const Single& s = single_table_[occupied * allowed_.size() + first];
+  if (!s.ok) return false;
+  out = {s.profile_index, Placement{s.start, s.size}};
+  return true;
+}
+
+GpuPlan GpuPlanner::PlanWithoutTable(const GpuUsage& usage, uint64_t memory_mib) const {
+  GpuPlan plan;
+  std::vector<std::vector<uint32_t>> defaults(1);
+  DefaultCandidates(memory_mib, defaults[0]);
+  const uint64_t m[1] = {memory_mib};
+  if (defaults[0].empty() || allowed_.empty()) return Plan(usage, m, {});
+  if (SearchJoint(usage, defaults, plan.instances)) return plan;
+  return Explain(usage, m, defaults, true);
 }
 
 bool GpuPlanner::IsAllowed(uint32_t profile_index) const {
@@ -402,62 +476,74 @@ bool GpuPlanner::SearchJoint(const GpuUsage& usage,
 }
 
 GpuPlan GpuPlanner::Explain(const GpuUsage& usage, std::span<const uint64_t> memories_mib,
-                            const std::vector<std::vector<uint32_t>>& defaults) const {
+                            const std::vector<std::vector<uint32_t>>& defaults,
+                            bool explain) const {
   GpuPlan plan;
   const SliceMask full = FullMask(capability_.placement_units);
   const SliceMask free = full & ~usage.occupied;
   const uint32_t free_units = std::popcount(free);
   uint32_t need = 0;
-  std::vector<std::string> smallest;
   for (size_t i = 0; i < memories_mib.size(); ++i) {
-    const auto& p = capability_.profiles[defaults[i].front()];
-    need += p.memory_slices;
-    smallest.push_back(p.name);
+    need += capability_.profiles[defaults[i].front()].memory_slices;
   }
-  const std::string what =
-      memories_mib.size() == 1
-          ? smallest.front()
-          : fmt::format("{} instances ({})", memories_mib.size(), fmt::join(smallest, ", "));
-  if (free_units < need) {
-    plan.verdict = Verdict::kCapacityExhausted;
-    plan.reason = fmt::format("capacity exhausted: {} needs {} free slice(s), {} free (slices {})",
-                              what, need, free_units, SliceList(free, capability_.placement_units));
-  } else {
+  bool limited = false;
+  if (free_units >= need) {
     // Enough slices: either fragmentation or an instance limit (e.g. one +me per GPU).
-    bool limited = false;
     for (size_t i = 0; i < memories_mib.size() && !limited; ++i) {
       limited = true;
       for (uint32_t idx : defaults[i]) {
         if (usage.counts[idx] < capability_.profiles[idx].instance_count) limited = false;
       }
     }
-    if (limited) {
-      plan.verdict = Verdict::kCapacityExhausted;
-      plan.reason = fmt::format("capacity exhausted: instance limit reached for {}", what);
-    } else {
-      plan.verdict = Verdict::kFragmented;
-      plan.reason = fmt::format(
-          "fragmented: {} slice(s) free (slices {}) but no legal non-overlapping placement for {}",
-          free_units, SliceList(free, capability_.placement_units), what);
-    }
+  }
+  plan.verdict =
+      (free_units < need || limited) ? Verdict::kCapacityExhausted : Verdict::kFragmented;
+  if (!explain) return plan;
+  std::vector<std::string> smallest;
+  for (size_t i = 0; i < memories_mib.size(); ++i) {
+    smallest.push_back(capability_.profiles[defaults[i].front()].name);
+  }
+  const std::string what =
+      memories_mib.size() == 1
+          ? smallest.front()
+          : fmt::format("{} instances ({})", memories_mib.size(), fmt::join(smallest, ", "));
+  if (free_units < need) {
+    plan.reason = fmt::format("capacity exhausted: {} needs {} free slice(s), {} free (slices {})",
+                              what, need, free_units, SliceList(free, capability_.placement_units));
+  } else if (limited) {
+    plan.reason = fmt::format("capacity exhausted: instance limit reached for {}", what);
+  } else {
+    plan.reason = fmt::format(
+        "fragmented: {} slice(s) free (slices {}) but no legal non-overlapping placement for {}",
+        free_units, SliceList(free, capability_.placement_units), what);
   }
   return plan;
 }
 
 GpuPlan GpuPlanner::Plan(const GpuUsage& usage, std::span<const uint64_t> memories_mib,
-                         const Preference& preference) const {
+                         const Preference& preference, bool explain) const {
   GpuPlan plan;
   const size_t n = memories_mib.size();
   if (n == 0) return plan;
+  if (n == 1 && preference.empty()) {
+    PlannedInstance inst;
+    if (PlanSingle(usage, memories_mib[0], inst)) {
+      plan.instances.push_back(inst);
+      return plan;
+    }
+    // Not in the table, no profile big enough, or nothing free: the general path decides.
+  }
   if (allowed_.empty()) {
     plan.verdict = Verdict::kNotAllowlisted;
-    plan.reason = fmt::format("no allowlisted MIG profile for {}", capability_.model);
+    if (explain) plan.reason = fmt::format("no allowlisted MIG profile for {}", capability_.model);
     return plan;
   }
   std::vector<std::vector<uint32_t>> defaults(n);
   for (size_t i = 0; i < n; ++i) {
     DefaultCandidates(memories_mib[i], defaults[i]);
     if (defaults[i].empty()) {
+      plan.verdict = Verdict::kNoProfileBigEnough;
+      if (!explain) return plan;
       const auto& largest =
           *std::max_element(allowed_.begin(), allowed_.end(), [&](uint32_t a, uint32_t b) {
             return capability_.profiles[a].memory_mib < capability_.profiles[b].memory_mib;
@@ -488,7 +574,7 @@ GpuPlan GpuPlanner::Plan(const GpuUsage& usage, std::span<const uint64_t> memori
   }
   if (SearchJoint(usage, defaults, plan.instances)) return plan;
   plan.instances.clear();
-  return Explain(usage, memories_mib, defaults);
+  return Explain(usage, memories_mib, defaults, explain);
 }
 
 }  // namespace dynmig::mig

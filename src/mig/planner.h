@@ -74,9 +74,14 @@ class GpuPlanner {
   uint32_t units() const { return capability_.placement_units; }
 
   // Plans `memories_mib.size()` instances (each needing at least that much memory) on a GPU with
-  // `usage`. Never fails: an infeasible request yields a verdict and a reason.
+  // `usage`. Never fails: an infeasible request yields a verdict and, when `explain`, a reason
+  // (hot paths that only need the verdict skip the formatting).
   GpuPlan Plan(const GpuUsage& usage, std::span<const uint64_t> memories_mib,
-               const Preference& preference) const;
+               const Preference& preference, bool explain = true) const;
+
+  // The precomputed answer for one instance without a preference: true and `out` when the table
+  // applies and the instance fits; false otherwise (then Plan gives the verdict). Allocation-free.
+  bool PlanSingle(const GpuUsage& usage, uint64_t memory_mib, PlannedInstance& out) const;
 
   // How well a GPU with these free units serves future requests: higher is better. Compares, in
   // order: the units default-reachable profiles can still fill, the longest free run, and per
@@ -88,6 +93,10 @@ class GpuPlanner {
 
   // The profile index with this exact name, or -1.
   int ProfileIndex(std::string_view name) const;
+
+  // Plans one instance by the plain search, bypassing the precomputed table (tests prove the
+  // table gives identical results on every state).
+  GpuPlan PlanWithoutTable(const GpuUsage& usage, uint64_t memory_mib) const;
 
  private:
   struct Option {
@@ -108,7 +117,22 @@ class GpuPlanner {
   bool SearchJoint(const GpuUsage& usage, const std::vector<std::vector<uint32_t>>& candidates,
                    std::vector<PlannedInstance>& out) const;
   GpuPlan Explain(const GpuUsage& usage, std::span<const uint64_t> memories_mib,
-                  const std::vector<std::vector<uint32_t>>& defaults) const;
+                  const std::vector<std::vector<uint32_t>>& defaults, bool explain) const;
+
+  // The single-instance answer for every (occupied mask, first candidate position in allowed_):
+  // requests without a preference take it by lookup. Valid while no count-limited profile
+  // (instance count below its number of placements, e.g. one +me per GPU) is at its limit.
+  struct Single {
+    uint8_t ok = 0;
+    uint8_t profile_index = 0;
+    uint8_t start = 0;
+    uint8_t size = 0;
+  };
+  bool SinglePlan(SliceMask occupied, size_t first, const GpuUsage& usage,
+                  PlannedInstance& out) const;
+  std::vector<Single> single_table_;      // [mask * allowed_.size() + first]
+  std::vector<uint32_t> count_limited_;   // allowlisted profiles with a binding count
+  std::vector<uint64_t> allowed_memory_;  // memory of allowed_[i]
 
   GpuCapability capability_;
   std::vector<uint32_t> allowed_;   // default order

@@ -9,8 +9,8 @@ namespace {
 using testing::RunDynmig;
 
 TEST(PlanCommandTest, JsonNamesProfileAndPlacement) {
-  auto r = RunDynmig({"plan", "--gpu", "A100-SXM4-40GB", "--occupied", "1g.5gb@0", "--request", "19000",
-                "-o", "json"});
+  auto r = RunDynmig({"plan", "--gpu", "A100-SXM4-40GB", "--occupied", "1g.5gb@0", "--request",
+                      "19000", "-o", "json"});
   ASSERT_EQ(r.code, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_TRUE(j["feasible"].get<bool>());
@@ -21,8 +21,8 @@ TEST(PlanCommandTest, JsonNamesProfileAndPlacement) {
 }
 
 TEST(PlanCommandTest, JsonInfeasibleCarriesTheReason) {
-  auto r = RunDynmig({"plan", "--gpu", "A100-SXM4-40GB", "--occupied", "1g.5gb@1,1g.5gb@5", "--allow",
-                "1g.5gb,3g.20gb", "--request", "19000", "-o", "json"});
+  auto r = RunDynmig({"plan", "--gpu", "A100-SXM4-40GB", "--occupied", "1g.5gb@1,1g.5gb@5",
+                      "--allow", "1g.5gb,3g.20gb", "--request", "19000", "-o", "json"});
   ASSERT_EQ(r.code, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_FALSE(j["feasible"].get<bool>());
@@ -38,8 +38,8 @@ TEST(PlanCommandTest, TextDrawsBeforeAndAfter) {
 }
 
 TEST(PlanCommandTest, NominalSizeHint) {
-  auto r = RunDynmig({"plan", "--gpu", "A100-SXM4-40GB", "--allow", "1g.5gb,2g.10gb,3g.20gb,7g.40gb",
-                "--request", "20000"});
+  auto r = RunDynmig({"plan", "--gpu", "A100-SXM4-40GB", "--allow",
+                      "1g.5gb,2g.10gb,3g.20gb,7g.40gb", "--request", "20000"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("7g.40gb"), std::string::npos);
   EXPECT_NE(r.out.find("ask for at most 19968 MiB"), std::string::npos) << r.out;

@@ -18,7 +18,8 @@ GpuView Gpu(const std::string& uuid, uint32_t index,
   GpuView g;
   g.uuid = uuid;
   g.index = index;
-  g.planner = MakePlanner(model, model == "A100-SXM4-40GB" ? kA100Base : std::vector<std::string>{});
+  g.planner =
+      MakePlanner(model, model == "A100-SXM4-40GB" ? kA100Base : std::vector<std::string>{});
   g.model = g.planner->capability().model;
   g.usage = UsageOf(*g.planner, reserved);
   return g;
@@ -121,7 +122,9 @@ TEST(NodePlannerTest, UnhealthyGpusAndNodesAreSkippedWithReasons) {
 }
 
 TEST(NodePlannerTest, NodeVerdictIsTheClosestToFitting) {
-  NodeView node{"node-a", true, "",
+  NodeView node{"node-a",
+                true,
+                "",
                 {Gpu("GPU-0", 0, {{"1g.5gb", 1}, {"1g.5gb", 5}}),
                  Gpu("GPU-1", 1, {{"3g.20gb", 0}, {"3g.20gb", 4}})}};
   auto plan = PlanPodOnNode(node, OneContainer(1, 19000));

@@ -405,3 +405,51 @@ TEST(PlannerQualityTest, AdmitsAtLeastAsManyAsFirstFitOnRandomSequences) {
 
 }  // namespace
 }  // namespace dynmig::mig
+
+namespace dynmig::mig {
+namespace {
+
+// The precomputed single-instance table answers exactly what the plain search answers, for every
+// occupied mask and every memory size, on every catalogued model.
+TEST(PlannerTableTest, IdenticalToThePlainSearchOnEveryState) {
+  size_t checked = 0;
+  for (const auto& model : Catalogue()) {
+    const auto& cap = model.capability;
+    std::vector<std::vector<std::string>> allowlists(2);
+    for (const auto& p : cap.profiles) {
+      allowlists[0].push_back(p.name);
+      if (p.name.find_first_of("+-") == std::string::npos) allowlists[1].push_back(p.name);
+    }
+    for (const auto& allow : allowlists) {
+      auto planner = GpuPlanner::Create(cap, allow);
+      ASSERT_TRUE(planner.ok());
+      const auto& p = **planner;
+      std::vector<uint64_t> mems{1};
+      for (uint32_t idx : p.allowed()) {
+        mems.push_back(cap.profiles[idx].memory_mib);
+        mems.push_back(cap.profiles[idx].memory_mib + 1);
+      }
+      for (SliceMask m = 0; m < (SliceMask{1} << p.units()); ++m) {
+        GpuUsage usage;
+        usage.occupied = m;
+        for (uint64_t mem : mems) {
+          PlannedInstance fast;
+          const bool hit = p.PlanSingle(usage, mem, fast);
+          const GpuPlan plain = p.PlanWithoutTable(usage, mem);
+          ASSERT_EQ(hit, plain.verdict == Verdict::kFits)
+              << cap.model << " mask " << m << " mem " << mem;
+          if (hit) {
+            ASSERT_EQ(fast.profile_index, plain.instances[0].profile_index)
+                << cap.model << " " << m;
+            ASSERT_EQ(fast.placement, plain.instances[0].placement) << cap.model << " " << m;
+          }
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 10000u);
+}
+
+}  // namespace
+}  // namespace dynmig::mig
