@@ -30,6 +30,7 @@ struct CliContext {
 int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 
 // Registration functions, one per subcommand file.
+void RegisterConfigCommand(CLI::App& root, CliContext& ctx);
 
 void RegisterPlanCommand(CLI::App& root, CliContext& ctx);
 

@@ -1,0 +1,77 @@
+#include "protocol/json_fields.h"
+
+#include "absl/status/status.h"
+#include "fmt/format.h"
+
+namespace dynmig::protocol::internal {
+
+const nlohmann::json* FindField(const nlohmann::json& obj, std::string_view key) {
+  auto it = obj.find(std::string(key));
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::string FieldPath(std::string_view context, std::string_view key) {
+  if (context.empty()) return std::string(key);
+  return fmt::format("{}.{}", context, key);
+}
+
+absl::StatusOr<std::optional<int64_t>> IntField(const nlohmann::json& obj, std::string_view key,
+                                                std::string_view context, int64_t min,
+                                                int64_t max) {
+  const nlohmann::json* v = FindField(obj, key);
+  if (v == nullptr) return std::optional<int64_t>();
+  if (!v->is_number_integer()) {
+    return absl::InvalidArgumentError(fmt::format(
+        "{}: must be an integer, got {} {}", FieldPath(context, key), v->type_name(), v->dump()));
+  }
+  int64_t value = 0;
+  if (v->is_number_unsigned()) {
+    const uint64_t u = v->get<uint64_t>();
+    if (u > static_cast<uint64_t>(max)) {
+      return absl::InvalidArgumentError(
+          fmt::format("{}: {} is out of range [{}, {}]", FieldPath(context, key), u, min, max));
+    }
+    value = static_cast<int64_t>(u);
+  } else {
+    value = v->get<int64_t>();
+  }
+  if (value < min || value > max) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: {} is out of range [{}, {}]", FieldPath(context, key), value, min, max));
+  }
+  return std::optional<int64_t>(value);
+}
+
+absl::StatusOr<std::optional<std::string>> StringField(const nlohmann::json& obj,
+                                                       std::string_view key,
+                                                       std::string_view context) {
+  const nlohmann::json* v = FindField(obj, key);
+  if (v == nullptr) return std::optional<std::string>();
+  if (!v->is_string()) {
+    return absl::InvalidArgumentError(fmt::format(
+        "{}: must be a string, got {} {}", FieldPath(context, key), v->type_name(), v->dump()));
+  }
+  return std::optional<std::string>(v->get<std::string>());
+}
+
+absl::StatusOr<std::optional<bool>> BoolField(const nlohmann::json& obj, std::string_view key,
+                                              std::string_view context) {
+  const nlohmann::json* v = FindField(obj, key);
+  if (v == nullptr) return std::optional<bool>();
+  if (!v->is_boolean()) {
+    return absl::InvalidArgumentError(fmt::format(
+        "{}: must be a boolean, got {} {}", FieldPath(context, key), v->type_name(), v->dump()));
+  }
+  return std::optional<bool>(v->get<bool>());
+}
+
+absl::StatusOr<nlohmann::json> ParseJson(std::string_view text, std::string_view what) {
+  try {
+    return nlohmann::json::parse(text.begin(), text.end());
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(fmt::format("{}: invalid JSON: {}", what, e.what()));
+  }
+}
+
+}  // namespace dynmig::protocol::internal
