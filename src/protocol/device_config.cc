@@ -337,9 +337,15 @@ mig::Allowlist DefaultAllowlist() {
       item.entry.models.emplace_back(name);
       item.boards.push_back(n);
     }
+    // HAMi's chart default: the base profiles (1g, 2g, 3g, 4g, 7g), without the variants and
+    // without the double-memory 1g (NVML index 9, 1_SLICE_REV2: 1g.10gb on an A100-40GB), which
+    // would otherwise take every request between 1g and 2g memory with one compute slice.
+    constexpr uint32_t kOneSliceRev2 = 9;
     for (const auto& p : m.capability.profiles) {
       auto parsed = mig::ParseProfileName(p.name);
-      if (parsed.ok() && parsed->suffix.empty()) item.entry.profiles.push_back(p.name);
+      if (parsed.ok() && parsed->suffix.empty() && p.nvml_index != kOneSliceRev2) {
+        item.entry.profiles.push_back(p.name);
+      }
     }
     mig::SortProfileNamesBySize(item.entry.profiles);
     items.push_back(std::move(item));
