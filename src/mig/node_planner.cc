@@ -285,13 +285,20 @@ NodePlan PlanPodOnNode(const NodeView& node, const PodRequest& request) {
 }
 
 PodPlan PlanPod(std::span<const NodeView> nodes, const PodRequest& request) {
+  std::vector<const NodeView*> ptrs;
+  ptrs.reserve(nodes.size());
+  for (const auto& n : nodes) ptrs.push_back(&n);
+  return PlanPod(std::span<const NodeView* const>(ptrs), request);
+}
+
+PodPlan PlanPod(std::span<const NodeView* const> nodes, const PodRequest& request) {
   PodPlan out;
   out.nodes.resize(nodes.size());
   Scratch scratch;
   scratch.explain = false;
   scratch.record = false;
   for (size_t i = 0; i < nodes.size(); ++i) {
-    PlanOnNode(nodes[i], request, scratch, out.nodes[i]);
+    PlanOnNode(*nodes[i], request, scratch, out.nodes[i]);
     const NodePlan& p = out.nodes[i];
     if (!p.fits()) continue;
     if (out.chosen < 0) {
@@ -312,7 +319,7 @@ PodPlan PlanPod(std::span<const NodeView> nodes, const PodRequest& request) {
     // The winner again, this time recording its assignments (same inputs, same answer).
     scratch.record = true;
     NodePlan chosen;
-    PlanOnNode(nodes[out.chosen], request, scratch, chosen);
+    PlanOnNode(*nodes[out.chosen], request, scratch, chosen);
     out.nodes[out.chosen] = std::move(chosen);
   }
   return out;

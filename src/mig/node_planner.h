@@ -76,5 +76,7 @@ struct PodPlan {
 // emptiest; ties go to the better fragmentation score, then to node order. Verdicts only: for the
 // reasons of a node that does not fit, call PlanPodOnNode on it (Reason needs them).
 PodPlan PlanPod(std::span<const NodeView> nodes, const PodRequest& request);
+// The same over nodes held elsewhere (the scheduler's cache).
+PodPlan PlanPod(std::span<const NodeView* const> nodes, const PodRequest& request);
 
 }  // namespace dynmig::mig

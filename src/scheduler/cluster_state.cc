@@ -1,0 +1,455 @@
+#include "scheduler/cluster_state.h"
+
+#include <algorithm>
+
+#include "common/strings.h"
+#include "fmt/format.h"
+#include "protocol/annotations.h"
+#include "protocol/node_register.h"
+
+namespace dynmig::scheduler {
+namespace {
+
+using nlohmann::json;
+
+std::string Str(const json& obj, std::initializer_list<const char*> path) {
+  const json* cur = &obj;
+  for (const char* key : path) {
+    if (!cur->is_object()) return "";
+    auto it = cur->find(key);
+    if (it == cur->end()) return "";
+    cur = &*it;
+  }
+  return cur->is_string() ? cur->get<std::string>() : "";
+}
+
+std::string Annotation(const json& obj, std::string_view key) {
+  const auto meta = obj.find("metadata");
+  if (meta == obj.end() || !meta->is_object()) return "";
+  const auto ann = meta->find("annotations");
+  if (ann == meta->end() || !ann->is_object()) return "";
+  const auto it = ann->find(std::string(key));
+  return (it != ann->end() && it->is_string()) ? it->get<std::string>() : "";
+}
+
+bool HasAnnotation(const json& obj, std::string_view key) {
+  const auto meta = obj.find("metadata");
+  if (meta == obj.end() || !meta->is_object()) return false;
+  const auto ann = meta->find("annotations");
+  return ann != meta->end() && ann->is_object() && ann->contains(std::string(key));
+}
+
+bool Terminated(const json& pod) {
+  const std::string phase = Str(pod, {"status", "phase"});
+  return phase == "Succeeded" || phase == "Failed";
+}
+
+std::string CapabilityKey(const mig::GpuCapability& cap, const std::vector<std::string>& allowed) {
+  std::string key = cap.model + "|" + std::to_string(cap.total_memory_mib) + "|" +
+                    std::to_string(cap.placement_units);
+  for (const auto& p : cap.profiles) {
+    key += fmt::format("|{}:{}:{}:{}:{}", p.name, p.memory_mib, p.compute_slices, p.instance_count,
+                       p.memory_slices);
+    for (const auto& pl : p.placements) key += fmt::format(",{}", pl.start);
+  }
+  for (const auto& a : allowed) key += "#" + a;
+  return key;
+}
+
+}  // namespace
+
+std::optional<absl::Time> ParseHandshakeReported(const std::string& value) {
+  constexpr std::string_view kPrefix = "Reported_";
+  if (!value.starts_with(kPrefix)) return std::nullopt;
+  const std::string rest = value.substr(kPrefix.size());
+  absl::Time t;
+  std::string err;
+  if (absl::ParseTime(absl::RFC3339_full, rest, &t, &err)) return t;
+  if (absl::ParseTime("%Y-%m-%d %H:%M:%S", rest, absl::UTCTimeZone(), &t, &err)) return t;
+  return std::nullopt;
+}
+
+ClusterState::ClusterState(ClusterStateOptions options) : options_(std::move(options)) {}
+
+std::shared_ptr<const mig::GpuPlanner> ClusterState::PlannerFor(const protocol::DeviceInfo& info) {
+  if (info.mode.find("mig") == std::string::npos || info.mig_profiles.empty()) return nullptr;
+  const mig::AllowlistEntry* entry = options_.allowlist.Match(info.type);
+  if (entry == nullptr) return nullptr;
+  mig::GpuCapability cap = protocol::ToCapability(info);
+  std::vector<std::string> allowed;
+  for (const auto& p : cap.profiles) {
+    if (std::find(entry->profiles.begin(), entry->profiles.end(), p.name) !=
+        entry->profiles.end()) {
+      allowed.push_back(p.name);
+    }
+  }
+  if (allowed.empty()) return nullptr;
+  const std::string key = CapabilityKey(cap, allowed);
+  auto it = planners_.find(key);
+  if (it != planners_.end()) return it->second;
+  auto planner = mig::GpuPlanner::Create(std::move(cap), allowed);
+  if (!planner.ok()) return nullptr;
+  planners_.emplace(key, *planner);
+  return *planner;
+}
+
+void ClusterState::MarkDirty(const std::string& node) {
+  auto it = nodes_.find(node);
+  if (it != nodes_.end()) it->second.dirty = true;
+}
+
+void ClusterState::UpsertNode(const json& node) {
+  const std::string name = Str(node, {"metadata", "name"});
+  if (name.empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  NodeEntry& entry = nodes_[name];
+  entry.name = name;
+  entry.dirty = true;
+  entry.gpus.clear();
+  entry.register_error.clear();
+  entry.handshake = Annotation(node, protocol::kNodeHandshakeAnnotation);
+  entry.cordoned.clear();
+  for (auto& uuid : SplitTrimmed(Annotation(node, protocol::kDeviceCordonAnnotation), ',')) {
+    entry.cordoned.insert(std::move(uuid));
+  }
+  const std::string value = Annotation(node, protocol::kNodeRegisterAnnotation);
+  if (value.empty()) return;
+  auto devices = protocol::DecodeNodeRegister(value);
+  if (!devices.ok()) {
+    entry.register_error = std::string(devices.status().message());
+    return;
+  }
+  for (auto& info : *devices) {
+    if (info.mode.find("mig") == std::string::npos || info.mig_profiles.empty()) continue;
+    GpuEntry gpu;
+    gpu.planner = PlannerFor(info);
+    gpu.info = std::move(info);
+    entry.gpus.push_back(std::move(gpu));
+  }
+}
+
+void ClusterState::RemoveNode(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  nodes_.erase(name);
+}
+
+void ClusterState::Unlink(const std::string& pod_key) {
+  auto it = pods_.find(pod_key);
+  if (it == pods_.end()) return;
+  auto node = nodes_.find(it->second.node);
+  if (node != nodes_.end()) {
+    node->second.pods.erase(pod_key);
+    node->second.dirty = true;
+  }
+  pods_.erase(it);
+}
+
+void ClusterState::UpsertPod(const json& pod) {
+  const std::string ns = Str(pod, {"metadata", "namespace"});
+  const std::string name = Str(pod, {"metadata", "name"});
+  const std::string key = ns + "/" + name;
+  std::lock_guard<std::mutex> lock(mu_);
+  Unlink(key);
+  if (Terminated(pod)) {
+    // A terminated pod releases its reservation; so does its assumption.
+    if (auto a = assumed_.find(key); a != assumed_.end()) {
+      MarkDirty(a->second.reservation.node);
+      assumed_.erase(a);
+    }
+    return;
+  }
+  PodEntry entry;
+  entry.key = key;
+  entry.node = Annotation(pod, protocol::kVgpuNodeAnnotation);
+  if (entry.node.empty()) entry.node = Str(pod, {"spec", "nodeName"});
+  entry.mig = protocol::IsMigPod(pod, options_.resources);
+  entry.has_annotation = HasAnnotation(pod, protocol::kMigAllocationsAnnotation);
+  if (entry.has_annotation) {
+    entry.allocations =
+        protocol::DecodeMigAllocations(Annotation(pod, protocol::kMigAllocationsAnnotation));
+  }
+  if (HasAnnotation(pod, protocol::kDevicesAllocatedAnnotation)) {
+    entry.devices =
+        protocol::DecodePodDevices(Annotation(pod, protocol::kDevicesAllocatedAnnotation));
+  }
+  const std::string t = Annotation(pod, protocol::kVgpuTimeAnnotation);
+  if (!t.empty()) entry.reserved_at = std::atoll(t.c_str());
+  // The pod's own annotation supersedes an assumption once it carries the reservation.
+  if (auto a = assumed_.find(key); a != assumed_.end() && entry.has_annotation &&
+                                   entry.allocations.ok() && !entry.allocations->empty()) {
+    MarkDirty(a->second.reservation.node);
+    assumed_.erase(a);
+  }
+  if (entry.node.empty() || (!entry.mig && !entry.has_annotation)) return;  // not ours to count
+  auto node = nodes_.find(entry.node);
+  if (node != nodes_.end()) {
+    node->second.pods.insert(key);
+    node->second.dirty = true;
+  } else {
+    // The node is not registered (yet): keep the pod so it counts when the node appears.
+    nodes_[entry.node].name = entry.node;
+    nodes_[entry.node].pods.insert(key);
+  }
+  pods_.emplace(key, std::move(entry));
+}
+
+void ClusterState::RemovePod(const std::string& ns, const std::string& name) {
+  const std::string key = ns + "/" + name;
+  std::lock_guard<std::mutex> lock(mu_);
+  Unlink(key);
+  if (auto a = assumed_.find(key); a != assumed_.end()) {
+    MarkDirty(a->second.reservation.node);
+    assumed_.erase(a);
+  }
+}
+
+void ClusterState::Rebuild(NodeEntry& node) const {
+  mig::NodeView& view = node.view;
+  NodeReport& report = node.report;
+  view = mig::NodeView{};
+  report = NodeReport{};
+  view.name = report.name = node.name;
+  if (!node.register_error.empty()) {
+    view.healthy = false;
+    view.unhealthy_reason = "unreadable hami.io/node-nvidia-register: " + node.register_error;
+  }
+  std::vector<std::vector<mig::Reservation>> reserved(node.gpus.size());
+  std::vector<std::string> unhealthy(node.gpus.size());
+  auto gpu_index = [&](const std::string& uuid) -> int {
+    for (size_t i = 0; i < node.gpus.size(); ++i) {
+      if (node.gpus[i].info.id == uuid) return static_cast<int>(i);
+    }
+    return -1;
+  };
+  auto fail_all = [&](const std::string& why) {
+    for (auto& u : unhealthy) {
+      if (u.empty()) u = why;
+    }
+  };
+  report.gpus.resize(node.gpus.size());
+  auto add = [&](const std::string& pod, const std::vector<protocol::MigAllocation>& allocs,
+                 bool assumed) {
+    for (const auto& a : allocs) {
+      const int g = gpu_index(a.gpu_uuid);
+      if (g < 0) {
+        fail_all(fmt::format("pod {} holds a reservation on {}, which this node does not register",
+                             pod, a.gpu_uuid));
+        continue;
+      }
+      reserved[g].push_back({a.profile, a.placement, pod});
+      report.gpus[g].reservations.push_back({pod, a.profile, a.placement, assumed, a.runtime});
+    }
+  };
+  for (const auto& key : node.pods) {
+    auto it = pods_.find(key);
+    if (it == pods_.end()) continue;
+    const PodEntry& pod = it->second;
+    if (assumed_.count(key)) continue;  // counted below from the assumption
+    if (pod.has_annotation && pod.allocations.ok() && !pod.allocations->empty()) {
+      add(key, *pod.allocations, false);
+      continue;
+    }
+    if (!pod.mig) continue;
+    // A MIG pod on this node without a readable reservation: fail closed on the GPUs it uses.
+    const std::string why =
+        pod.has_annotation && !pod.allocations.ok()
+            ? fmt::format("pod {} has an unreadable MIG reservation: {}", key,
+                          std::string(pod.allocations.status().message()))
+            : fmt::format("pod {} uses this node's GPUs without a MIG reservation", key);
+    bool marked = false;
+    if (pod.devices.ok()) {
+      for (const auto& ctr : *pod.devices) {
+        for (const auto& dev : ctr) {
+          const int g = gpu_index(dev.uuid);
+          if (g >= 0 && unhealthy[g].empty()) {
+            unhealthy[g] = why;
+            marked = true;
+          }
+        }
+      }
+    }
+    if (!marked) fail_all(why);
+  }
+  for (const auto& [key, a] : assumed_) {
+    if (a.reservation.node == node.name) add(key, a.reservation.allocations, true);
+  }
+  for (size_t i = 0; i < node.gpus.size(); ++i) {
+    const GpuEntry& gpu = node.gpus[i];
+    mig::GpuView gv;
+    gv.uuid = gpu.info.id;
+    gv.index = gpu.info.index;
+    gv.model = gpu.info.type;
+    gv.mode = gpu.info.mode;
+    gv.planner = gpu.planner;
+    GpuReport& gr = report.gpus[i];
+    gr.uuid = gv.uuid;
+    gr.index = gv.index;
+    gr.model = gv.model;
+    gr.allowlisted = gpu.planner != nullptr;
+    if (gpu.planner != nullptr) {
+      gr.units = gpu.planner->units();
+      for (uint32_t idx : gpu.planner->allowed()) {
+        gr.allowed_profiles.push_back(gpu.planner->capability().profiles[idx].name);
+      }
+    }
+    if (!gpu.info.health) unhealthy[i] = "the device plugin reports this GPU unhealthy";
+    if (node.cordoned.count(gv.uuid)) unhealthy[i] = "cordoned (hami.io/device-cordon)";
+    if (gpu.planner != nullptr && unhealthy[i].empty()) {
+      auto usage = gpu.planner->UsageOf(reserved[i]);
+      if (usage.ok()) {
+        gv.usage = *usage;
+      } else {
+        unhealthy[i] = "conflicting reservations: " + std::string(usage.status().message());
+      }
+    }
+    if (!unhealthy[i].empty()) {
+      gv.healthy = false;
+      gv.unhealthy_reason = unhealthy[i];
+      gr.healthy = false;
+      gr.unhealthy_reason = unhealthy[i];
+    }
+    view.gpus.push_back(std::move(gv));
+  }
+  node.dirty = false;
+}
+
+const mig::NodeView& ClusterState::ViewOf(NodeEntry& node, absl::Time now) const {
+  if (node.dirty) Rebuild(node);
+  // Health from the last report changes with time alone: decided on every read.
+  bool healthy = node.register_error.empty();
+  std::string reason = node.view.unhealthy_reason;
+  if (healthy) {
+    reason.clear();
+    if (node.handshake == "Deleted" || node.handshake.starts_with("Deleted_")) {
+      healthy = false;
+      reason = "the device plugin deregistered (hami.io/node-handshake Deleted)";
+    } else if (auto t = ParseHandshakeReported(node.handshake);
+               t.has_value() && now - *t > options_.report_timeout) {
+      healthy = false;
+      reason = fmt::format("the device plugin stopped reporting: last report {} ago",
+                           absl::FormatDuration(absl::Trunc(now - *t, absl::Seconds(1))));
+    }
+  }
+  node.view.healthy = node.report.healthy = healthy;
+  node.view.unhealthy_reason = node.report.unhealthy_reason = reason;
+  return node.view;
+}
+
+absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
+    const std::string& pod_key, const mig::PodRequest& request,
+    const std::vector<std::string>& candidates, absl::Time now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (assumed_.count(pod_key)) {
+    return absl::InvalidArgumentError(
+        fmt::format("pod {} already holds a reservation made by this scheduler", pod_key));
+  }
+  std::vector<const mig::NodeView*> views;
+  std::vector<std::string> names;
+  FilterDecision decision;
+  auto consider = [&](NodeEntry& n) {
+    views.push_back(&ViewOf(n, now));
+    names.push_back(n.name);
+  };
+  if (candidates.empty()) {
+    for (auto& [name, n] : nodes_) consider(n);
+  } else {
+    for (const auto& name : candidates) {
+      auto it = nodes_.find(name);
+      if (it == nodes_.end()) {
+        decision.failed[name] = "no-mig-gpu: the node registers no GPU with dynmig";
+        continue;
+      }
+      consider(it->second);
+    }
+  }
+  const mig::PodPlan plan = mig::PlanPod(std::span<const mig::NodeView* const>(views), request);
+  decision.verdict = mig::Verdict::kNodeUnhealthy;
+  for (size_t i = 0; i < views.size(); ++i) {
+    if (static_cast<int>(i) == plan.chosen) continue;
+    if (plan.nodes[i].fits()) {
+      decision.failed[names[i]] = "another node was chosen for this pod";
+      continue;
+    }
+    // Reasons only for the nodes that do not fit (PlanPod computes verdicts alone).
+    const mig::NodePlan explained = mig::PlanPodOnNode(*views[i], request);
+    decision.failed[names[i]] = explained.Reason(*views[i]);
+    if (static_cast<int>(explained.verdict) < static_cast<int>(decision.verdict)) {
+      decision.verdict = explained.verdict;
+    }
+  }
+  if (plan.chosen < 0) {
+    if (views.empty()) decision.verdict = mig::Verdict::kNoMigGpu;
+    return decision;
+  }
+  decision.verdict = mig::Verdict::kFits;
+  const mig::NodeView& node = *views[plan.chosen];
+  Reservation r;
+  r.node = names[plan.chosen];
+  r.devices.resize(request.containers.size());
+  std::vector<std::string> parts;
+  for (const auto& a : plan.nodes[plan.chosen].assignments) {
+    const mig::GpuView& gpu = node.gpus[a.gpu];
+    const auto& cap = gpu.planner->capability();
+    const auto& spec = cap.profiles[a.profile_index];
+    protocol::MigAllocation alloc;
+    alloc.container_index = static_cast<int>(a.container);
+    alloc.device_index = static_cast<int>(a.device_index);
+    alloc.gpu_uuid = gpu.uuid;
+    alloc.profile = spec.name;
+    alloc.placement = a.placement;
+    r.allocations.push_back(std::move(alloc));
+    r.devices[a.container].push_back({gpu.uuid, gpu.model.empty() ? "NVIDIA" : gpu.model,
+                                      static_cast<int32_t>(spec.memory_mib),
+                                      static_cast<int32_t>(protocol::ProfileCore(cap, spec))});
+    parts.push_back(
+        fmt::format("{} at slices {} of {}", spec.name, a.placement.ToString(), gpu.uuid));
+  }
+  r.summary = fmt::format("{} on {}", fmt::join(parts, ", "), r.node);
+  assumed_[pod_key] = {r, absl::ToUnixSeconds(now)};
+  nodes_[r.node].dirty = true;
+  decision.reservation = std::move(r);
+  return decision;
+}
+
+void ClusterState::Forget(const std::string& pod_key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = assumed_.find(pod_key);
+  if (it == assumed_.end()) return;
+  MarkDirty(it->second.reservation.node);
+  assumed_.erase(it);
+}
+
+std::vector<NodeReport> ClusterState::Report(absl::Time now) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<NodeReport> out;
+  for (auto& [name, n] : nodes_) {
+    ViewOf(n, now);
+    out.push_back(n.report);
+  }
+  return out;
+}
+
+std::optional<mig::NodeView> ClusterState::View(const std::string& node, absl::Time now) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = nodes_.find(node);
+  if (it == nodes_.end()) return std::nullopt;
+  return ViewOf(it->second, now);
+}
+
+std::vector<std::string> ClusterState::UnrealizedBefore(absl::Time deadline) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t cutoff = absl::ToUnixSeconds(deadline);
+  std::vector<std::string> out;
+  for (const auto& [key, pod] : pods_) {
+    if (!pod.has_annotation || !pod.allocations.ok() || pod.allocations->empty()) continue;
+    const bool realized = std::all_of(pod.allocations->begin(), pod.allocations->end(),
+                                      [](const auto& a) { return a.runtime.has_value(); });
+    if (!realized && pod.reserved_at > 0 && pod.reserved_at < cutoff) out.push_back(key);
+  }
+  for (const auto& [key, a] : assumed_) {
+    if (a.reserved_at < cutoff && !pods_.count(key)) out.push_back(key);
+  }
+  return out;
+}
+
+}  // namespace dynmig::scheduler

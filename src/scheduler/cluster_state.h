@@ -1,0 +1,166 @@
+// The scheduler's view of MIG capacity, rebuilt from the API objects alone: per node the GPUs its
+// device plugin registered (`hami.io/node-nvidia-register`, MIG mode with non-empty migProfiles,
+// restricted to the scheduler's allowlist) and the reservations of every pod that is not
+// terminated (`hami.io/vgpu-mig-allocations`), plus reservations this scheduler made whose
+// annotation has not come back through the watch yet ("assumed").
+//
+// Fail closed: a MIG pod on a node without a readable reservation makes the GPUs it uses (all MIG
+// GPUs of the node when that is unknown) unschedulable; so does a reservation naming a GPU the
+// node does not have, or one that is illegal or overlaps another. Each such GPU carries the reason.
+//
+// Thread-safe: informer handlers update it while filters plan on it; PlanAndReserve is atomic with
+// respect to other PlanAndReserve calls, so concurrent filters never reserve overlapping slices.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "mig/allowlist.h"
+#include "mig/node_planner.h"
+#include "nlohmann/json.hpp"
+#include "protocol/devices.h"
+#include "protocol/mig_allocations.h"
+#include "protocol/node_register.h"
+#include "protocol/pod_request.h"
+
+namespace dynmig::scheduler {
+
+struct ClusterStateOptions {
+  mig::Allowlist allowlist;
+  protocol::ResourceNames resources;
+  // A node whose device plugin last reported (hami.io/node-handshake "Reported_<time>") longer ago
+  // than this is unhealthy: its plugin stopped reporting.
+  absl::Duration report_timeout = absl::Minutes(3);
+};
+
+// One reservation as displayed (layout, metrics, explain).
+struct ReservationReport {
+  std::string pod;  // namespace/name
+  std::string profile;
+  mig::Placement placement;
+  bool assumed = false;  // made by this scheduler, annotation not seen yet
+  std::optional<protocol::RuntimeIdentity> runtime;
+};
+
+struct GpuReport {
+  std::string uuid;
+  uint32_t index = 0;
+  std::string model;
+  uint32_t units = 0;
+  bool allowlisted = false;
+  std::vector<std::string> allowed_profiles;
+  bool healthy = true;
+  std::string unhealthy_reason;
+  std::vector<ReservationReport> reservations;
+};
+
+struct NodeReport {
+  std::string name;
+  bool healthy = true;
+  std::string unhealthy_reason;
+  std::vector<GpuReport> gpus;
+};
+
+// What a successful filter decided: the node and the annotations to write on the pod.
+struct Reservation {
+  std::string node;
+  std::vector<protocol::MigAllocation> allocations;  // hami.io/vgpu-mig-allocations
+  protocol::PodDevices devices;  // hami.io/vgpu-devices-to-allocate and -allocated
+  std::string summary;           // "3g.20gb at slices 4-7 of GPU-… on node-a"
+};
+
+struct FilterDecision {
+  std::optional<Reservation> reservation;      // nullopt: no candidate fits
+  std::map<std::string, std::string> failed;   // node -> reason, for every other candidate
+  mig::Verdict verdict = mig::Verdict::kFits;  // the best verdict when nothing fits
+};
+
+class ClusterState {
+ public:
+  explicit ClusterState(ClusterStateOptions options);
+
+  // Informer events.
+  void UpsertNode(const nlohmann::json& node);
+  void RemoveNode(const std::string& name);
+  void UpsertPod(const nlohmann::json& pod);
+  void RemovePod(const std::string& ns, const std::string& name);
+
+  // Plans the pod on the candidate nodes (all known nodes when empty) and, when one fits,
+  // records the reservation as assumed for `pod_key` (namespace/name) until the pod's annotation
+  // arrives or Forget is called. Errors: kInvalidArgument when the pod already holds a reservation.
+  absl::StatusOr<FilterDecision> PlanAndReserve(const std::string& pod_key,
+                                                const mig::PodRequest& request,
+                                                const std::vector<std::string>& candidates,
+                                                absl::Time now);
+
+  // Drops an assumed reservation (the annotation write failed, or the reservation expired).
+  void Forget(const std::string& pod_key);
+
+  // Every node, GPU and reservation, for layout pages, metrics and explanations.
+  std::vector<NodeReport> Report(absl::Time now) const;
+
+  // Pods with an assumed or annotated reservation that was not realized (no runtime identity)
+  // and whose reservation time (hami.io/vgpu-time) is before `deadline`: expiry candidates.
+  std::vector<std::string> UnrealizedBefore(absl::Time deadline) const;
+
+  // The node's view for the planner (tests and explain).
+  std::optional<mig::NodeView> View(const std::string& node, absl::Time now) const;
+
+ private:
+  struct GpuEntry {
+    protocol::DeviceInfo info;
+    std::shared_ptr<const mig::GpuPlanner> planner;  // null: not allowlisted or no MIG capability
+  };
+  struct NodeEntry {
+    std::string name;
+    std::vector<GpuEntry> gpus;
+    std::string register_error;  // the register annotation could not be decoded
+    std::string handshake;       // hami.io/node-handshake value
+    std::set<std::string> cordoned;
+    std::set<std::string> pods;  // pod keys placed on this node
+    // Cache, rebuilt when dirty.
+    bool dirty = true;
+    mig::NodeView view;
+    NodeReport report;
+  };
+  struct PodEntry {
+    std::string key;
+    std::string node;  // hami.io/vgpu-node, else spec.nodeName
+    bool mig = false;  // requests managed resources in MIG mode
+    absl::StatusOr<std::vector<protocol::MigAllocation>> allocations =
+        std::vector<protocol::MigAllocation>{};
+    bool has_annotation = false;
+    absl::StatusOr<protocol::PodDevices> devices = protocol::PodDevices{};
+    int64_t reserved_at = 0;  // hami.io/vgpu-time (unix seconds)
+  };
+  struct Assumed {
+    Reservation reservation;
+    int64_t reserved_at = 0;
+  };
+
+  // All REQUIRE mu_ held.
+  std::shared_ptr<const mig::GpuPlanner> PlannerFor(const protocol::DeviceInfo& info);
+  // Rebuilds the node's cached view and report when dirty; sets its health for `now`.
+  const mig::NodeView& ViewOf(NodeEntry& node, absl::Time now) const;
+  void Rebuild(NodeEntry& node) const;
+  void Unlink(const std::string& pod_key);
+  void MarkDirty(const std::string& node);
+
+  const ClusterStateOptions options_;
+  mutable std::mutex mu_;
+  mutable std::map<std::string, NodeEntry> nodes_;
+  std::map<std::string, PodEntry> pods_;
+  std::map<std::string, Assumed> assumed_;
+  std::map<std::string, std::shared_ptr<const mig::GpuPlanner>> planners_;  // by capability key
+};
+
+// Parses hami.io/node-handshake: "Reported_<time>" (RFC 3339 or "2006-01-02 15:04:05" UTC).
+std::optional<absl::Time> ParseHandshakeReported(const std::string& value);
+
+}  // namespace dynmig::scheduler

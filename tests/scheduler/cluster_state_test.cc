@@ -1,0 +1,309 @@
+#include "scheduler/cluster_state.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "fmt/format.h"
+#include "mig/catalogue.h"
+#include "protocol/annotations.h"
+#include "protocol/node_register.h"
+
+namespace dynmig::scheduler {
+namespace {
+
+using nlohmann::json;
+
+const absl::Time kNow = absl::FromUnixSeconds(1'800'000'000);
+
+mig::Allowlist TestAllowlist() {
+  mig::Allowlist a;
+  a.entries.push_back({{"A100-SXM4-40GB"}, {"1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"}});
+  return a;
+}
+
+std::string Register(const std::vector<std::pair<std::string, std::string>>& gpus) {
+  std::vector<protocol::DeviceInfo> infos;
+  uint32_t index = 0;
+  for (const auto& [uuid, model] : gpus) {
+    const auto& cap = (*mig::FindModel(model))->capability;
+    std::vector<const mig::ProfileSpec*> all;
+    for (const auto& p : cap.profiles) {
+      if (p.name.find_first_of("+-") == std::string::npos) all.push_back(&p);
+    }
+    infos.push_back(protocol::MigDeviceInfo({uuid, index++, 0, true}, cap, all));
+  }
+  return protocol::EncodeNodeRegister(infos);
+}
+
+json Node(const std::string& name, const std::string& reg, const std::string& handshake = "") {
+  json n = {{"metadata", {{"name", name}, {"annotations", json::object()}}}};
+  n["metadata"]["annotations"][std::string(protocol::kNodeRegisterAnnotation)] = reg;
+  if (!handshake.empty()) {
+    n["metadata"]["annotations"][std::string(protocol::kNodeHandshakeAnnotation)] = handshake;
+  }
+  return n;
+}
+
+json Pod(const std::string& name, const std::string& node, const std::string& allocations,
+         bool with_annotation = true, const std::string& phase = "Running") {
+  json p = {
+      {"metadata", {{"name", name}, {"namespace", "default"}, {"annotations", json::object()}}},
+      {"spec",
+       {{"nodeName", node},
+        {"containers",
+         json::array({{{"name", "main"},
+                       {"resources",
+                        {{"limits", {{"nvidia.com/gpu", 1}, {"nvidia.com/gpumem", 4000}}}}}}})}}},
+      {"status", {{"phase", phase}}}};
+  if (with_annotation) {
+    p["metadata"]["annotations"][std::string(protocol::kMigAllocationsAnnotation)] = allocations;
+  }
+  return p;
+}
+
+std::string Alloc(const std::string& gpu, const std::string& profile, uint32_t start,
+                  uint32_t size) {
+  return fmt::format(
+      R"([{{"containerIndex":0,"deviceIndex":0,"gpuUUID":"{}","profile":"{}","placement":{{"start":{},"size":{}}}}}])",
+      gpu, profile, start, size);
+}
+
+mig::PodRequest Request(uint64_t mib, uint32_t count = 1) {
+  mig::PodRequest r;
+  r.containers.push_back({"main", false, count, {mib, 0}});
+  return r;
+}
+
+class ClusterStateTest : public ::testing::Test {
+ protected:
+  ClusterStateTest() : state_({TestAllowlist(), {}, absl::Minutes(3)}) {}
+  ClusterState state_;
+};
+
+TEST_F(ClusterStateTest, RegisteredGpusRestrictedToTheAllowlist) {
+  state_.UpsertNode(
+      Node("node-a", Register({{"GPU-a0", "A100-SXM4-40GB"}, {"GPU-h0", "H100 80GB"}})));
+  auto view = state_.View("node-a", kNow);
+  ASSERT_TRUE(view.has_value());
+  ASSERT_EQ(view->gpus.size(), 2u);
+  ASSERT_NE(view->gpus[0].planner, nullptr);
+  EXPECT_EQ(view->gpus[0].planner->allowed().size(), 4u);
+  EXPECT_EQ(view->gpus[1].planner, nullptr);  // H100 is not allowlisted here
+  auto d = state_.PlanAndReserve("default/p", Request(4000), {"node-a"}, kNow);
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE(d->reservation.has_value());
+  EXPECT_EQ(d->reservation->allocations[0].gpu_uuid, "GPU-a0");
+}
+
+TEST_F(ClusterStateTest, ReservationsOfPodsAndAssumptionsNeverOverlap) {
+  state_.UpsertNode(Node("node-a", Register({{"GPU-0", "A100-SXM4-40GB"}})));
+  state_.UpsertPod(Pod("running", "node-a", Alloc("GPU-0", "3g.20gb", 4, 4)));
+  auto first = state_.PlanAndReserve("default/a", Request(19000), {}, kNow);
+  ASSERT_TRUE(first.ok() && first->reservation);
+  EXPECT_EQ(first->reservation->allocations[0].placement, (mig::Placement{0, 4}));
+  // The first reservation is assumed: the GPU is now full for a second 3g.
+  auto second = state_.PlanAndReserve("default/b", Request(19000), {}, kNow);
+  ASSERT_TRUE(second.ok());
+  EXPECT_FALSE(second->reservation.has_value());
+  EXPECT_EQ(second->verdict, mig::Verdict::kCapacityExhausted);
+  EXPECT_NE(second->failed["node-a"].find("capacity"), std::string::npos)
+      << second->failed["node-a"];
+  // A second reservation for the same pod is refused.
+  EXPECT_EQ(state_.PlanAndReserve("default/a", Request(4000), {}, kNow).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Forgetting frees the slices.
+  state_.Forget("default/a");
+  auto third = state_.PlanAndReserve("default/b", Request(19000), {}, kNow);
+  ASSERT_TRUE(third.ok());
+  EXPECT_TRUE(third->reservation.has_value());
+}
+
+TEST_F(ClusterStateTest, TheAnnotationTakesOverFromTheAssumption) {
+  state_.UpsertNode(Node("node-a", Register({{"GPU-0", "A100-SXM4-40GB"}})));
+  auto d = state_.PlanAndReserve("default/a", Request(19000), {}, kNow);
+  ASSERT_TRUE(d.ok() && d->reservation);
+  // The watch delivers the pod before our patch: the assumption still counts.
+  state_.UpsertPod(Pod("a", "", "", false, "Pending"));
+  auto view = state_.View("node-a", kNow);
+  EXPECT_NE(view->gpus[0].usage.occupied, 0u);
+  // Then with the annotation: it takes over, same slices.
+  auto pod =
+      Pod("a", "", protocol::EncodeMigAllocations(d->reservation->allocations), true, "Pending");
+  pod["metadata"]["annotations"][std::string(protocol::kVgpuNodeAnnotation)] = "node-a";
+  state_.UpsertPod(pod);
+  EXPECT_EQ(state_.View("node-a", kNow)->gpus[0].usage.occupied,
+            d->reservation->allocations[0].placement.Mask());
+  // Terminated: released.
+  pod["status"]["phase"] = "Succeeded";
+  state_.UpsertPod(pod);
+  EXPECT_EQ(state_.View("node-a", kNow)->gpus[0].usage.occupied, 0u);
+}
+
+TEST_F(ClusterStateTest, DeletedAndTerminatedPodsReleaseTerminatingPodsHold) {
+  state_.UpsertNode(Node("node-a", Register({{"GPU-0", "A100-SXM4-40GB"}})));
+  auto p = Pod("a", "node-a", Alloc("GPU-0", "7g.40gb", 0, 8));
+  p["metadata"]["deletionTimestamp"] = "2027-01-01T00:00:00Z";
+  state_.UpsertPod(p);
+  EXPECT_EQ(state_.View("node-a", kNow)->gpus[0].usage.occupied, 0xFFu);
+  state_.RemovePod("default", "a");
+  EXPECT_EQ(state_.View("node-a", kNow)->gpus[0].usage.occupied, 0u);
+  state_.UpsertPod(Pod("b", "node-a", Alloc("GPU-0", "7g.40gb", 0, 8), true, "Failed"));
+  EXPECT_EQ(state_.View("node-a", kNow)->gpus[0].usage.occupied, 0u);
+}
+
+TEST_F(ClusterStateTest, FailClosedOnMissingUnreadableUnknownOrConflictingReservations) {
+  const std::string reg = Register({{"GPU-0", "A100-SXM4-40GB"}, {"GPU-1", "A100-SXM4-40GB"}});
+  state_.UpsertNode(Node("node-a", reg));
+  // A MIG pod bound without any reservation: both GPUs unschedulable.
+  state_.UpsertPod(Pod("bare", "node-a", "", false));
+  auto view = state_.View("node-a", kNow);
+  EXPECT_FALSE(view->gpus[0].healthy);
+  EXPECT_FALSE(view->gpus[1].healthy);
+  EXPECT_NE(view->gpus[0].unhealthy_reason.find("default/bare"), std::string::npos);
+  auto d = state_.PlanAndReserve("default/x", Request(4000), {}, kNow);
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->reservation.has_value());
+  EXPECT_EQ(d->verdict, mig::Verdict::kGpuUnhealthy);
+  EXPECT_NE(d->failed["node-a"].find("without a MIG reservation"), std::string::npos);
+  state_.RemovePod("default", "bare");
+
+  // Known devices: only the GPU the pod uses.
+  auto known = Pod("known", "node-a", "", false);
+  known["metadata"]["annotations"][std::string(protocol::kDevicesAllocatedAnnotation)] =
+      "GPU-1,NVIDIA,4864,15:;";
+  state_.UpsertPod(known);
+  view = state_.View("node-a", kNow);
+  EXPECT_TRUE(view->gpus[0].healthy);
+  EXPECT_FALSE(view->gpus[1].healthy);
+  state_.RemovePod("default", "known");
+
+  // Unreadable annotation.
+  state_.UpsertPod(Pod("garbled", "node-a", R"([{"containerIndex":0}])"));
+  view = state_.View("node-a", kNow);
+  EXPECT_FALSE(view->gpus[0].healthy);
+  EXPECT_NE(view->gpus[0].unhealthy_reason.find("unreadable"), std::string::npos);
+  state_.RemovePod("default", "garbled");
+
+  // Unknown GPU.
+  state_.UpsertPod(Pod("stray", "node-a", Alloc("GPU-9", "1g.5gb", 0, 1)));
+  view = state_.View("node-a", kNow);
+  EXPECT_FALSE(view->gpus[0].healthy);
+  EXPECT_NE(view->gpus[1].unhealthy_reason.find("GPU-9"), std::string::npos);
+  state_.RemovePod("default", "stray");
+
+  // Two pods claiming overlapping slices.
+  state_.UpsertPod(Pod("one", "node-a", Alloc("GPU-0", "3g.20gb", 0, 4)));
+  state_.UpsertPod(Pod("two", "node-a", Alloc("GPU-0", "2g.10gb", 2, 2)));
+  view = state_.View("node-a", kNow);
+  EXPECT_FALSE(view->gpus[0].healthy);
+  EXPECT_NE(view->gpus[0].unhealthy_reason.find("overlaps"), std::string::npos)
+      << view->gpus[0].unhealthy_reason;
+  EXPECT_TRUE(view->gpus[1].healthy);
+  state_.RemovePod("default", "two");
+  EXPECT_TRUE(state_.View("node-a", kNow)->gpus[0].healthy);
+}
+
+TEST_F(ClusterStateTest, NodesWhosePluginStoppedReportingDropOut) {
+  const std::string reg = Register({{"GPU-0", "A100-SXM4-40GB"}});
+  state_.UpsertNode(Node(
+      "fresh", reg,
+      "Reported_" +
+          absl::FormatTime(absl::RFC3339_full, kNow - absl::Seconds(30), absl::UTCTimeZone())));
+  state_.UpsertNode(Node("stale", reg, "Reported_2020-01-01 00:00:00"));
+  state_.UpsertNode(Node("gone", reg, "Deleted"));
+  state_.UpsertNode(Node("broken", "not json"));
+  EXPECT_TRUE(state_.View("fresh", kNow)->healthy);
+  EXPECT_FALSE(state_.View("stale", kNow)->healthy);
+  EXPECT_NE(state_.View("stale", kNow)->unhealthy_reason.find("stopped reporting"),
+            std::string::npos);
+  EXPECT_FALSE(state_.View("gone", kNow)->healthy);
+  EXPECT_FALSE(state_.View("broken", kNow)->healthy);
+  auto d = state_.PlanAndReserve("default/p", Request(4000), {"stale", "gone", "broken", "nosuch"},
+                                 kNow);
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->reservation.has_value());
+  EXPECT_EQ(d->failed.size(), 4u);
+  EXPECT_NE(d->failed["nosuch"].find("no-mig-gpu"), std::string::npos);
+  EXPECT_NE(d->failed["broken"].find("node-unhealthy"), std::string::npos) << d->failed["broken"];
+}
+
+TEST_F(ClusterStateTest, CordonedGpusAreSkipped) {
+  auto node = Node("node-a", Register({{"GPU-0", "A100-SXM4-40GB"}, {"GPU-1", "A100-SXM4-40GB"}}));
+  node["metadata"]["annotations"][std::string(protocol::kDeviceCordonAnnotation)] = "GPU-0";
+  state_.UpsertNode(node);
+  auto d = state_.PlanAndReserve("default/p", Request(4000), {}, kNow);
+  ASSERT_TRUE(d.ok() && d->reservation);
+  EXPECT_EQ(d->reservation->allocations[0].gpu_uuid, "GPU-1");
+}
+
+TEST_F(ClusterStateTest, ReservationCarriesAllocationsDevicesAndSummary) {
+  state_.UpsertNode(Node("node-a", Register({{"GPU-0", "A100-SXM4-40GB"}})));
+  mig::PodRequest r;
+  r.containers.push_back({"init", true, 1, {4000, 0}});
+  r.containers.push_back({"sidecar", false, 0, {}});
+  r.containers.push_back({"main", false, 2, {9000, 0}});
+  auto d = state_.PlanAndReserve("default/p", r, {}, kNow);
+  ASSERT_TRUE(d.ok() && d->reservation);
+  const auto& res = *d->reservation;
+  ASSERT_EQ(res.allocations.size(), 3u);
+  EXPECT_EQ(res.allocations[0].container_index, 0);
+  EXPECT_EQ(res.allocations[1].container_index, 2);
+  EXPECT_EQ(res.allocations[2].device_index, 1);
+  ASSERT_EQ(res.devices.size(), 3u);
+  EXPECT_EQ(res.devices[0].size(), 1u);
+  EXPECT_TRUE(res.devices[1].empty());
+  EXPECT_EQ(res.devices[2].size(), 2u);
+  EXPECT_EQ(res.devices[2][0].used_mem_mib, 9856);
+  EXPECT_NE(res.summary.find("2g.10gb"), std::string::npos);
+  EXPECT_NE(res.summary.find("node-a"), std::string::npos);
+}
+
+TEST_F(ClusterStateTest, UnrealizedReservationsExpire) {
+  state_.UpsertNode(Node("node-a", Register({{"GPU-0", "A100-SXM4-40GB"}})));
+  auto old = Pod("old", "", Alloc("GPU-0", "1g.5gb", 0, 1), true, "Pending");
+  old["metadata"]["annotations"][std::string(protocol::kVgpuNodeAnnotation)] = "node-a";
+  old["metadata"]["annotations"][std::string(protocol::kVgpuTimeAnnotation)] = "1000";
+  state_.UpsertPod(old);
+  auto ready = Pod(
+      "ready", "node-a",
+      R"([{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-0","profile":"1g.5gb","placement":{"start":1,"size":1},"migUUID":"MIG-x","gpuInstanceID":8,"computeInstanceID":0}])");
+  ready["metadata"]["annotations"][std::string(protocol::kVgpuTimeAnnotation)] = "1000";
+  state_.UpsertPod(ready);
+  auto expired = state_.UnrealizedBefore(absl::FromUnixSeconds(2000));
+  ASSERT_EQ(expired.size(), 1u);
+  EXPECT_EQ(expired[0], "default/old");
+  EXPECT_TRUE(state_.UnrealizedBefore(absl::FromUnixSeconds(500)).empty());
+}
+
+TEST_F(ClusterStateTest, ConcurrentFiltersNeverReserveOverlappingSlices) {
+  state_.UpsertNode(
+      Node("node-a", Register({{"GPU-0", "A100-SXM4-40GB"}, {"GPU-1", "A100-SXM4-40GB"}})));
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::vector<protocol::MigAllocation> all;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 4; ++i) {
+        auto d =
+            state_.PlanAndReserve(fmt::format("default/p{}-{}", t, i), Request(4000), {}, kNow);
+        if (d.ok() && d->reservation) {
+          std::lock_guard<std::mutex> lock(mu);
+          for (auto& a : d->reservation->allocations) all.push_back(a);
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(all.size(), 14u);  // 7 x 1g per A100-40GB
+  for (size_t i = 0; i < all.size(); ++i) {
+    for (size_t j = i + 1; j < all.size(); ++j) {
+      if (all[i].gpu_uuid == all[j].gpu_uuid) {
+        EXPECT_FALSE(all[i].placement.Overlaps(all[j].placement));
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dynmig::scheduler
