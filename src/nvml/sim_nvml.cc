@@ -213,7 +213,9 @@ absl::Status SimNvml::Save(const sim::State& state) {
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoError("cannot create", tmp, errno);
   absl::Status written = WriteAll(fd, sim::ToJson(state), tmp);
-  if (written.ok() && fsync(fd) != 0) written = ErrnoError("cannot fsync", tmp, errno);
+  if (written.ok() && options_.fsync && fsync(fd) != 0) {
+    written = ErrnoError("cannot fsync", tmp, errno);
+  }
   close(fd);
   if (written.ok() && rename(tmp.c_str(), path.c_str()) != 0) {
     written = ErrnoError("cannot rename onto", path, errno);
@@ -225,7 +227,7 @@ absl::Status SimNvml::Save(const sim::State& state) {
   }
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   const std::string dir = parent.empty() ? std::string(".") : parent.string();
-  const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const int dir_fd = options_.fsync ? open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
   if (dir_fd >= 0) {
     fsync(dir_fd);
     close(dir_fd);

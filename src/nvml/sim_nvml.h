@@ -85,6 +85,9 @@ struct SimNvmlOptions {
   std::vector<uint32_t> swapped_halves_gpus;
   // Sleeps for injected latency; default std::this_thread::sleep_for.
   std::function<void(std::chrono::milliseconds)> sleep;
+  // fsync the state file and its directory on every save (crash safety). Tests that create
+  // thousands of instances turn it off; the rename keeps every save atomic either way.
+  bool fsync = true;
 };
 
 // Parses a spec into one catalogue model per GPU, in order. InvalidArgument names a bad count,

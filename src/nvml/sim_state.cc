@@ -35,6 +35,11 @@ absl::StatusOr<std::vector<const mig::CatalogueModel*>> ParseSimSpec(std::string
       auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
       const bool numeric =
           !digits.empty() && ec == std::errc() && ptr == digits.data() + digits.size();
+      if (!numeric && mig::FindModel(piece).ok()) {
+        // A model name with an 'x' of its own ("... Max-Q ...") and no count.
+        out.push_back(*mig::FindModel(piece));
+        continue;
+      }
       if (!numeric || n == 0) {
         return absl::InvalidArgumentError(fmt::format(
             "simulator spec \"{}\": bad GPU count \"{}\" in \"{}\" (expected MODELxCOUNT with "
@@ -55,6 +60,10 @@ absl::StatusOr<std::vector<const mig::CatalogueModel*>> ParseSimSpec(std::string
           fmt::format("simulator spec \"{}\" asks for more than {} GPUs", spec, kMaxMigMinorGpus));
     }
     out.insert(out.end(), count, *found);
+  }
+  if (out.size() > kMaxMigMinorGpus) {
+    return absl::InvalidArgumentError(
+        fmt::format("simulator spec \"{}\" asks for more than {} GPUs", spec, kMaxMigMinorGpus));
   }
   return out;
 }
@@ -237,7 +246,23 @@ std::optional<uint32_t> GpuInstanceIdFor(const GpuState& g, const mig::Placement
   for (const auto& [p, id] : g.model->gpu_instance_id_by_placement) {
     if (p == physical) return id;
   }
-  return std::nullopt;
+  // Spans the NVML placement list never shows in the identity layout (slice 7 on its own, the
+  // swapped image of 3:1): RM's swizzId ranges, full 0, halves 1-2, quarters 3-6, eighths 7-14.
+  if (physical.size == 0 || units % physical.size != 0 || physical.start % physical.size != 0) {
+    return std::nullopt;
+  }
+  switch (units / physical.size) {
+    case 1:
+      return 0;
+    case 2:
+      return 1 + physical.start / physical.size;
+    case 4:
+      return 3 + physical.start / physical.size;
+    case 8:
+      return 7 + physical.start / physical.size;
+    default:
+      return std::nullopt;
+  }
 }
 
 absl::StatusOr<State> NewState(std::string_view spec, std::string_view seed,
