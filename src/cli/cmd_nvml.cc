@@ -255,8 +255,7 @@ void RunProfiles(const NvmlFlags& f, CliContext& ctx) {
       } else {
         ctx.out << fmt::format(
             "  {:<16} {:>3} {:>5} {:>10} {:>11} {:>6} {:>4} {:>3} {:>3} {:>3} {:>3} {:>3}  {}\n",
-            p.name, p.nvml_id, p.nvml_index,
-            fmt::format("{}/{}", free_text, p.instance_count),
+            p.name, p.nvml_id, p.nvml_index, fmt::format("{}/{}", free_text, p.instance_count),
             p.memory_mib, p.compute_slices, p.multiprocessor_count, p.copy_engines, p.decoders,
             p.encoders, p.jpegs, p.ofas, PlacementsText(p.placements));
       }
