@@ -15,6 +15,7 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   // One line per subcommand (declared in cli.h).
   RegisterPlanCommand(app, ctx);
   RegisterConfigCommand(app, ctx);
+  RegisterNvmlCommand(app, ctx);
 
   // CLI11 parses a reversed vector of arguments.
   std::vector<std::string> reversed(args.rbegin(), args.rend());

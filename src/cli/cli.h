@@ -33,5 +33,6 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
 void RegisterConfigCommand(CLI::App& root, CliContext& ctx);
 
 void RegisterPlanCommand(CLI::App& root, CliContext& ctx);
+void RegisterNvmlCommand(CLI::App& root, CliContext& ctx);
 
 }  // namespace dynmig::cli

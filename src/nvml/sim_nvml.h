@@ -1,0 +1,203 @@
+// SimNvml: a strict, persistent NVML simulator for every catalogued GPU model.
+//
+// Strict like hardware (mig-facts.md section 7): MIG mode must be on to create, list or destroy
+// instances; only a profile's listed placements are legal (else NVML_ERROR_INVALID_ARGUMENT); an
+// overlap or a full instanceCount is NVML_ERROR_INSUFFICIENT_RESOURCES; GI ids come from the
+// model's swizzId table (optionally the swapped-halves layout some boards report); CI ids are the
+// lowest free 0..7; destroying a GI with CIs, or a CI (GI) with an attached process, is
+// NVML_ERROR_IN_USE; MIG UUIDs are "MIG-" + a version-5 UUID derived from (GPU UUID, GI id, CI id),
+// so they are stable across destroy and re-create. Ampere GPUs keep a MIG mode change pending until
+// ResetGpu; later architectures apply it at once.
+//
+// Persistent: with a state file, the whole state (GPUs, instances, processes, faults) lives in that
+// JSON file. Every mutating call takes an exclusive flock on "<state>.lock", reloads, applies and
+// saves atomically (write "<state>.tmp.<pid>", fsync, rename, fsync the directory); reads reload
+// when the file changed. So a restarted process sees the same instances and concurrent processes
+// never lose an update. Without a state file the state is in memory.
+//
+// Fault injection: InjectFault makes the nth call of an operation (counted from injection, across
+// every process sharing the state file) fail with an NVML code; SetLatency delays every call of an
+// operation. Both are stored in the state file. Operation names are kSimOperations.
+//
+// Thread-safe: calls on one object are serialized by a mutex; objects and processes sharing a
+// state file are serialized by the file lock.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "mig/catalogue.h"
+#include "nvml/nvml.h"
+
+namespace dynmig::nvml {
+
+namespace sim {
+struct State;
+}  // namespace sim
+
+// The operations faults and latency apply to: the Nvml methods, by name.
+inline constexpr std::string_view kSimOperations[] = {
+    "DeviceCount",
+    "GetGpu",
+    "GetGpuInstanceProfileInfo",
+    "GetGpuInstancePossiblePlacements",
+    "CreateGpuInstance",
+    "ListGpuInstances",
+    "DestroyGpuInstance",
+    "CreateComputeInstance",
+    "ListComputeInstances",
+    "GetMigDeviceUuid",
+    "DestroyComputeInstance",
+    "GetComputeProcesses",
+    "GetMigDeviceProcesses",
+    "GetMigMinors",
+};
+
+// A scripted failure: calls nth .. nth+times-1 of `op` (counting from 1 at injection; only calls
+// on `gpu` when set) fail with `code` and change nothing. times == 0: every call from the nth on.
+struct SimFault {
+  std::string op;
+  uint32_t nth = 1;
+  uint32_t times = 1;
+  NvmlReturn code = NvmlReturn::kUnknown;
+  std::optional<uint32_t> gpu;
+  uint32_t calls = 0;  // calls of `op` seen since injection (kept in the state)
+};
+
+struct SimNvmlOptions {
+  // "A100-SXM4-40GBx2,H100 80GBx1": comma-separated MODEL[xCOUNT], MODEL matched with
+  // mig::FindModel, COUNT (default 1) after the last 'x'. May be empty when state_file exists.
+  std::string spec;
+  // JSON state file; empty = in memory. Created from `spec` when missing.
+  std::string state_file;
+  // Seeds the GPU UUIDs (use the node name so that nodes differ). Used when creating the state.
+  std::string seed = "dynmig-sim";
+  // GPUs (by index) that report GI ids in the swapped-halves layout. Used when creating the state.
+  std::vector<uint32_t> swapped_halves_gpus;
+  // Sleeps for injected latency; default std::this_thread::sleep_for.
+  std::function<void(std::chrono::milliseconds)> sleep;
+  // fsync the state file and its directory on every save (crash safety). Tests that create
+  // thousands of instances turn it off; the rename keeps every save atomic either way.
+  bool fsync = true;
+};
+
+// Parses a spec into one catalogue model per GPU, in order. InvalidArgument names a bad count,
+// an empty spec or more than 32 GPUs; unknown or ambiguous models keep FindModel's error.
+absl::StatusOr<std::vector<const mig::CatalogueModel*>> ParseSimSpec(std::string_view spec);
+
+// Deterministic identities of simulated GPUs.
+std::string SimGpuUuid(std::string_view seed, uint32_t index);  // "GPU-xxxxxxxx-..."
+std::string SimPciBusId(uint32_t index);                        // "00000000:07:00.0"
+// "MIG-" + version-5 UUID of (GPU UUID, GI id, CI id).
+std::string SimMigUuid(std::string_view gpu_uuid, uint32_t gi_id, uint32_t ci_id);
+
+class SimNvml final : public Nvml {
+ public:
+  // Loads the state file, or creates it (and its directory must exist) from options.spec.
+  // InvalidArgument: bad spec, or neither spec nor an existing state file; FailedPrecondition: the
+  // state file holds other GPUs than the spec, or cannot be parsed (its path and reason named).
+  static absl::StatusOr<std::unique_ptr<SimNvml>> Create(SimNvmlOptions options);
+  ~SimNvml() override;
+
+  SimNvml(const SimNvml&) = delete;
+  SimNvml& operator=(const SimNvml&) = delete;
+
+  // Nvml
+  std::string Description() const override;
+  absl::StatusOr<uint32_t> DeviceCount() override;
+  absl::StatusOr<GpuInfo> GetGpu(uint32_t gpu) override;
+  absl::StatusOr<GpuInstanceProfileInfo> GetGpuInstanceProfileInfo(uint32_t gpu,
+                                                                   uint32_t profile_index) override;
+  absl::StatusOr<std::vector<mig::Placement>> GetGpuInstancePossiblePlacements(
+      uint32_t gpu, uint32_t profile_id) override;
+  absl::StatusOr<GpuInstanceInfo> CreateGpuInstance(uint32_t gpu, uint32_t profile_id,
+                                                    const mig::Placement& placement) override;
+  absl::StatusOr<std::vector<GpuInstanceInfo>> ListGpuInstances(uint32_t gpu) override;
+  absl::Status DestroyGpuInstance(uint32_t gpu, uint32_t gi_id) override;
+  absl::StatusOr<ComputeInstanceInfo> CreateComputeInstance(uint32_t gpu, uint32_t gi_id) override;
+  absl::StatusOr<std::vector<ComputeInstanceInfo>> ListComputeInstances(uint32_t gpu,
+                                                                        uint32_t gi_id) override;
+  absl::StatusOr<std::string> GetMigDeviceUuid(uint32_t gpu, uint32_t gi_id,
+                                               uint32_t ci_id) override;
+  absl::Status DestroyComputeInstance(uint32_t gpu, uint32_t gi_id, uint32_t ci_id) override;
+  absl::StatusOr<std::vector<ProcessInfo>> GetComputeProcesses(uint32_t gpu) override;
+  absl::StatusOr<std::vector<ProcessInfo>> GetMigDeviceProcesses(uint32_t gpu, uint32_t gi_id,
+                                                                 uint32_t ci_id) override;
+  absl::StatusOr<MigMinors> GetMigMinors() override;
+
+  // Test helpers (also `dynmig nvml --sim ...` subcommands).
+
+  // nvmlDeviceSetMigMode: IN_USE while the GPU has GIs or processes. Ampere: the change stays
+  // pending until ResetGpu; Hopper and later: applied at once.
+  absl::Status SetMigMode(uint32_t gpu, bool enabled);
+  // GPU reset: applies a pending MIG mode and drops every GI. IN_USE while processes run.
+  absl::Status ResetGpu(uint32_t gpu);
+  // Attaches a process (standing for CUDA work) to a MIG device or a whole GPU, by UUID.
+  // NOT_FOUND: no such UUID. Attaching the same pid again updates its memory.
+  absl::Status AttachProcess(std::string_view uuid, uint32_t pid, uint64_t used_memory_mib = 0);
+  // NOT_FOUND: no such UUID, or the pid is not attached there.
+  absl::Status DetachProcess(std::string_view uuid, uint32_t pid);
+  // Creates a CI of `slices` compute slices (CI profile id = NVML CI profile index) in a GI:
+  // NOT_SUPPORTED for a CI size the GI does not offer, INSUFFICIENT_RESOURCES when no range of
+  // compute slices is free. Counts as a CreateComputeInstance call.
+  absl::StatusOr<ComputeInstanceInfo> CreateComputeInstanceWithSlices(uint32_t gpu, uint32_t gi_id,
+                                                                      uint32_t slices);
+  // InvalidArgument: unknown op (the message lists kSimOperations), nth == 0, or code SUCCESS.
+  absl::Status InjectFault(SimFault fault);
+  // Delays every call of `op`; zero removes the delay.
+  absl::Status SetLatency(std::string_view op, std::chrono::milliseconds latency);
+  // Removes every fault and latency.
+  absl::Status ClearFaults();
+  // Pending faults, with their call counters.
+  absl::StatusOr<std::vector<SimFault>> Faults();
+
+  // The spec this simulator was created with (from the state file when options.spec was empty).
+  std::string spec() const;
+  const std::string& state_file() const { return options_.state_file; }
+
+ private:
+  explicit SimNvml(SimNvmlOptions options);
+
+  struct FileStamp {
+    uint64_t generation = 0;
+    uint64_t inode = 0;
+    int64_t size = -1;
+    int64_t mtime_ns = 0;
+    int64_t ctime_ns = 0;
+    bool operator==(const FileStamp&) const = default;
+  };
+
+  absl::Status Init();
+  // Reloads the state file if it changed (or always, with force). REQUIRES: mu_ held.
+  absl::Status Refresh(bool force);
+  // Writes state atomically and bumps the generation. REQUIRES: mu_ and the file lock held.
+  absl::Status Save(const sim::State& state);
+  absl::StatusOr<FileStamp> CurrentStamp();
+
+  // Runs one operation: latency, fault counting, then fn on the state (a copy for mutations,
+  // committed and saved only when fn succeeds).
+  template <typename T>
+  absl::StatusOr<T> Call(std::string_view op, std::optional<uint32_t> gpu, bool mutating,
+                         std::string_view context,
+                         const std::function<absl::StatusOr<T>(sim::State&)>& fn);
+  absl::Status CallStatus(std::string_view op, std::optional<uint32_t> gpu,
+                          std::string_view context,
+                          const std::function<absl::Status(sim::State&)>& fn);
+
+  SimNvmlOptions options_;
+  mutable std::mutex mu_;
+  std::unique_ptr<sim::State> state_;  // guarded by mu_
+  FileStamp stamp_;                    // guarded by mu_; of the loaded file
+  int lock_fd_ = -1;                   // "<state>.lock", open for the object's lifetime
+};
+
+}  // namespace dynmig::nvml

@@ -1,0 +1,222 @@
+// `dynmig nvml`, run in-process against the simulator.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/cli.h"
+#include "nvml_test_util.h"
+
+namespace dynmig::cli {
+namespace {
+
+using nvml::testing::TempStateFile;
+
+struct Result {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+Result RunDynmig(std::vector<std::string> args) {
+  std::ostringstream out;
+  std::ostringstream err;
+  Result r;
+  r.code = RunCli(args, out, err);
+  r.out = out.str();
+  r.err = err.str();
+  return r;
+}
+
+class CmdNvmlTest : public ::testing::Test {
+ protected:
+  // `dynmig nvml --sim <spec> --state <file> args...`
+  Result Nvml(std::vector<std::string> args, const std::string& spec = "A100-SXM4-40GBx2") {
+    std::vector<std::string> full = {"nvml", "--sim", spec, "--state", state_.path()};
+    full.insert(full.end(), args.begin(), args.end());
+    return RunDynmig(full);
+  }
+  nlohmann::json Json(const Result& r) {
+    EXPECT_EQ(r.code, kExitOk) << r.err;
+    return nlohmann::json::parse(r.out);
+  }
+
+  TempStateFile state_;
+};
+
+TEST_F(CmdNvmlTest, ListsSimulatedGpus) {
+  const Result text = Nvml({"list"});
+  ASSERT_EQ(text.code, kExitOk) << text.err;
+  EXPECT_NE(text.out.find("GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-"), std::string::npos);
+  EXPECT_NE(text.out.find("GPU 1: NVIDIA A100-SXM4-40GB"), std::string::npos);
+  EXPECT_NE(text.out.find("MIG enabled"), std::string::npos);
+  const auto j = Json(Nvml({"list", "-o", "json"}));
+  ASSERT_EQ(j["gpus"].size(), 2u);
+  EXPECT_EQ(j["gpus"][0]["pciDeviceId"], "0x20B010DE");
+  EXPECT_EQ(j["gpus"][0]["memoryMiB"], 40960);
+  EXPECT_EQ(j["gpus"][1]["pciBusId"], "00000000:0F:00.0");
+  EXPECT_EQ(j["gpus"][0]["mig"]["current"], true);
+}
+
+TEST_F(CmdNvmlTest, ProfilesJsonHasNamesIdsMemorySlicesCountsAndPlacements) {
+  const auto j = Json(Nvml({"profiles", "-o", "json"}));
+  ASSERT_EQ(j["gpus"].size(), 2u);
+  const auto& profiles = j["gpus"][0]["profiles"];
+  ASSERT_EQ(profiles.size(), 7u);
+  std::map<std::string, nlohmann::json> by_name;
+  for (const auto& p : profiles) by_name[p["name"]] = p;
+  ASSERT_TRUE(by_name.count("1g.5gb"));
+  EXPECT_EQ(by_name["1g.5gb"]["id"], 19);
+  EXPECT_EQ(by_name["1g.5gb"]["memoryMiB"], 4864);
+  EXPECT_EQ(by_name["1g.5gb"]["sliceCount"], 1);
+  EXPECT_EQ(by_name["1g.5gb"]["instanceCount"], 7);
+  EXPECT_EQ(by_name["1g.5gb"]["placements"].size(), 7u);
+  EXPECT_EQ(by_name["3g.20gb"]["placements"],
+            nlohmann::json::parse(R"([{"start":0,"size":4},{"start":4,"size":4}])"));
+  EXPECT_EQ(by_name["1g.10gb"]["id"], 15);
+  EXPECT_EQ(by_name["1g.5gb+me"]["instanceCount"], 1);
+  EXPECT_EQ(by_name["7g.40gb"]["free"], 1);
+  const Result text = Nvml({"profiles", "--gpu", "1"});
+  ASSERT_EQ(text.code, kExitOk) << text.err;
+  EXPECT_NE(text.out.find("{0,1,2,3,4,5,6}:1"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("{0,4}:4"), std::string::npos);
+  EXPECT_EQ(text.out.find("GPU 0"), std::string::npos);
+}
+
+TEST_F(CmdNvmlTest, CreateListAndDestroyAcrossInvocations) {
+  const auto created = Json(
+      Nvml({"create", "--gpu", "1", "--profile", "3g.20gb", "--placement", "4", "-o", "json"}));
+  EXPECT_TRUE(created["migUUID"].get<std::string>().starts_with("MIG-"));
+  EXPECT_EQ(created["gpuInstanceID"], 2);
+  EXPECT_EQ(created["computeInstanceID"], 0);
+  // By profile id, text output.
+  const Result second = Nvml({"create", "--gpu", "1", "--profile", "19", "--placement", "0"});
+  ASSERT_EQ(second.code, kExitOk) << second.err;
+  EXPECT_NE(second.out.find("GPU instance 7 (1g.5gb at 0:1)"), std::string::npos) << second.out;
+
+  const auto listed = Json(Nvml({"instances", "-o", "json"}));
+  EXPECT_TRUE(listed["gpus"][0]["gpuInstances"].empty());
+  const auto& gis = listed["gpus"][1]["gpuInstances"];
+  ASSERT_EQ(gis.size(), 2u);
+  EXPECT_EQ(gis[0]["id"], 2);
+  EXPECT_EQ(gis[0]["profile"], "3g.20gb");
+  EXPECT_EQ(gis[0]["computeInstances"][0]["migUUID"], created["migUUID"]);
+  const Result text = Nvml({"instances"});
+  EXPECT_NE(text.out.find(created["migUUID"].get<std::string>()), std::string::npos);
+  EXPECT_NE(text.out.find("no GPU instances"), std::string::npos);
+
+  const auto destroyed = Json(Nvml({"destroy", "--gpu", "1", "--gi", "2", "-o", "json"}));
+  EXPECT_EQ(destroyed["gpuInstanceID"], 2);
+  EXPECT_EQ(destroyed["destroyedComputeInstanceIDs"], nlohmann::json::parse("[0]"));
+  const auto after = Json(Nvml({"instances", "--gpu", "1", "-o", "json"}));
+  ASSERT_EQ(after["gpus"][0]["gpuInstances"].size(), 1u);
+  EXPECT_EQ(after["gpus"][0]["gpuInstances"][0]["id"], 7);
+}
+
+TEST_F(CmdNvmlTest, CreateErrorsNameGpuProfilePlacementAndReasonAndChangeNothing) {
+  ASSERT_EQ(Nvml({"create", "--gpu", "0", "--profile", "4g.20gb", "--placement", "0"}).code,
+            kExitOk);
+  const Result overlap = Nvml({"create", "--gpu", "0", "--profile", "3g.20gb", "--placement", "0"});
+  EXPECT_EQ(overlap.code, kExitFailure);
+  for (const char* needle :
+       {"GPU 0", "3g.20gb", "placement 0", "NVML_ERROR_INSUFFICIENT_RESOURCES"}) {
+    EXPECT_NE(overlap.err.find(needle), std::string::npos) << needle << " in " << overlap.err;
+  }
+  const Result bad_profile =
+      Nvml({"create", "--gpu", "0", "--profile", "5g.25gb", "--placement", "0"});
+  EXPECT_EQ(bad_profile.code, kExitBadInput);
+  EXPECT_NE(bad_profile.err.find("3g.20gb (id 9)"), std::string::npos) << bad_profile.err;
+  const Result bad_placement =
+      Nvml({"create", "--gpu", "0", "--profile", "2g.10gb", "--placement", "6"});
+  EXPECT_EQ(bad_placement.code, kExitBadInput);
+  EXPECT_NE(bad_placement.err.find("legal starts: 0, 2, 4"), std::string::npos)
+      << bad_placement.err;
+  const Result bad_gpu = Nvml({"create", "--gpu", "5", "--profile", "2g.10gb", "--placement", "0"});
+  EXPECT_EQ(bad_gpu.code, kExitBadInput);
+  EXPECT_NE(bad_gpu.err.find("no GPU 5"), std::string::npos);
+  const auto listed = Json(Nvml({"instances", "--gpu", "0", "-o", "json"}));
+  EXPECT_EQ(listed["gpus"][0]["gpuInstances"].size(), 1u);
+}
+
+TEST_F(CmdNvmlTest, DestroyRefusesABusyMigDeviceAndNamesMissingInstances) {
+  const auto created =
+      Json(Nvml({"create", "--gpu", "0", "--profile", "1g.5gb", "--placement", "3", "-o", "json"}));
+  const std::string uuid = created["migUUID"];
+  ASSERT_EQ(Nvml({"attach", "--mig", uuid, "--pid", "4242"}).code, kExitOk);
+  const Result busy = Nvml({"destroy", "--gpu", "0", "--gi", "10"});
+  EXPECT_EQ(busy.code, kExitFailure);
+  EXPECT_NE(busy.err.find("in use by process 4242"), std::string::npos) << busy.err;
+  EXPECT_EQ(
+      Json(Nvml({"instances", "-o", "json"}))["gpus"][0]["gpuInstances"][0]["computeInstances"]
+          .size(),
+      1u);
+  ASSERT_EQ(Nvml({"detach", "--mig", uuid, "--pid", "4242"}).code, kExitOk);
+  EXPECT_EQ(Nvml({"destroy", "--gpu", "0", "--gi", "10"}).code, kExitOk);
+  const Result missing = Nvml({"destroy", "--gpu", "0", "--gi", "10"});
+  EXPECT_EQ(missing.code, kExitFailure);
+  EXPECT_NE(missing.err.find("GPU instance 10 on GPU 0"), std::string::npos) << missing.err;
+  EXPECT_NE(missing.err.find("NVML_ERROR_NOT_FOUND"), std::string::npos) << missing.err;
+}
+
+TEST_F(CmdNvmlTest, FaultsFromTheCommandLineHitTheNextProcess) {
+  const Result injected = Nvml(
+      {"fault", "--op", "CreateGpuInstance", "--nth", "1", "--code", "INSUFFICIENT_RESOURCES"});
+  ASSERT_EQ(injected.code, kExitOk) << injected.err;
+  const Result listed = Nvml({"fault", "--list"});
+  EXPECT_NE(listed.out.find("CreateGpuInstance call 1 x1 -> NVML_ERROR_INSUFFICIENT_RESOURCES"),
+            std::string::npos)
+      << listed.out;
+  const Result failed = Nvml({"create", "--gpu", "0", "--profile", "7g.40gb", "--placement", "0"});
+  EXPECT_EQ(failed.code, kExitFailure);
+  EXPECT_NE(failed.err.find("injected"), std::string::npos) << failed.err;
+  EXPECT_EQ(Nvml({"create", "--gpu", "0", "--profile", "7g.40gb", "--placement", "0"}).code,
+            kExitOk);
+  EXPECT_EQ(Nvml({"fault", "--op", "ListGpuInstances", "--latency-ms", "1"}).code, kExitOk);
+  EXPECT_EQ(Nvml({"instances"}).code, kExitOk);
+  EXPECT_EQ(Nvml({"fault", "--clear"}).code, kExitOk);
+  const Result bad_code = Nvml({"fault", "--op", "GetGpu", "--code", "BUSY"});
+  EXPECT_EQ(bad_code.code, kExitBadInput);
+  const Result bad_op = Nvml({"fault", "--op", "MakeCoffee", "--code", "UNKNOWN"});
+  EXPECT_EQ(bad_op.code, kExitBadInput);
+  EXPECT_NE(bad_op.err.find("CreateGpuInstance"), std::string::npos);
+}
+
+TEST_F(CmdNvmlTest, MigModeAndResetOnAmpere) {
+  ASSERT_EQ(Nvml({"mig-mode", "--gpu", "0", "--mode", "disabled"}).code, kExitOk);
+  EXPECT_NE(Nvml({"list"}).out.find("MIG enabled (disabled after reset)"), std::string::npos);
+  ASSERT_EQ(Nvml({"reset", "--gpu", "0"}).code, kExitOk);
+  const Result instances = Nvml({"instances", "--gpu", "0"});
+  EXPECT_NE(instances.out.find("MIG disabled"), std::string::npos) << instances.out;
+  const Result create = Nvml({"create", "--gpu", "0", "--profile", "7g.40gb", "--placement", "0"});
+  EXPECT_EQ(create.code, kExitFailure);
+  EXPECT_NE(create.err.find("NVML_ERROR_NOT_SUPPORTED"), std::string::npos) << create.err;
+}
+
+TEST_F(CmdNvmlTest, DeviceNodesForAMigDevice) {
+  const Result r = Nvml({"devices", "--gpu", "1", "--gi", "2", "--ci", "0"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(r.out,
+            "/dev/nvidia1\n/dev/nvidia-caps/nvidia-cap156\n/dev/nvidia-caps/nvidia-cap157\n"
+            "/dev/nvidiactl\n/dev/nvidia-uvm\n/dev/nvidia-uvm-tools\n");
+}
+
+TEST_F(CmdNvmlTest, BadSpecsAndSimulatorOnlyCommandsAreBadInput) {
+  const Result unknown = RunDynmig({"nvml", "--sim", "V100x2", "list"});
+  EXPECT_EQ(unknown.code, kExitBadInput);
+  EXPECT_NE(unknown.err.find("unknown GPU model \"V100\""), std::string::npos) << unknown.err;
+  const Result count = RunDynmig({"nvml", "--sim", "A30x0", "list"});
+  EXPECT_EQ(count.code, kExitBadInput);
+  const Result no_sim = RunDynmig({"nvml", "fault", "--op", "GetGpu", "--code", "UNKNOWN"});
+  EXPECT_EQ(no_sim.code, kExitBadInput);
+  EXPECT_NE(no_sim.err.find("--sim"), std::string::npos);
+}
+
+TEST_F(CmdNvmlTest, RealDriverMissingIsAClearFailure) {
+  const Result r = RunDynmig({"nvml", "--library", "libdynmig-no-such-nvml.so.1", "list"});
+  EXPECT_EQ(r.code, kExitFailure);
+  EXPECT_NE(r.err.find("no NVIDIA driver found (libdynmig-no-such-nvml.so.1: "), std::string::npos)
+      << r.err;
+}
+
+}  // namespace
+}  // namespace dynmig::cli

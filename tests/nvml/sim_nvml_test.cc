@@ -1,0 +1,509 @@
+// SimNvml beyond the conformance suite: specs, identities, persistence, concurrency, faults,
+// layouts and model-specific rules.
+#include "nvml/sim_nvml.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "nvml_test_util.h"
+
+namespace dynmig::nvml {
+namespace {
+
+using testing::IsNvmlError;
+using testing::TempStateFile;
+
+std::unique_ptr<SimNvml> MakeSim(const std::string& spec, const std::string& state = "",
+                                 std::vector<uint32_t> swapped = {}) {
+  SimNvmlOptions o;
+  o.spec = spec;
+  o.state_file = state;
+  o.swapped_halves_gpus = std::move(swapped);
+  auto sim = SimNvml::Create(std::move(o));
+  EXPECT_TRUE(sim.ok()) << sim.status();
+  return sim.ok() ? std::move(*sim) : nullptr;
+}
+
+const mig::ProfileSpec& Profile(const std::string& model, const std::string& name) {
+  const auto* m = *mig::FindModel(model);
+  const auto* p = m->capability.FindProfile(name);
+  EXPECT_NE(p, nullptr) << model << " " << name;
+  return *p;
+}
+
+// --- Specs and identities -------------------------------------------------------------------
+
+TEST(SimSpecTest, ParsesModelsAndCounts) {
+  ASSERT_OK_AND_ASSIGN(const auto gpus, ParseSimSpec("A100-SXM4-40GBx2, H100 80GBx1"));
+  ASSERT_EQ(gpus.size(), 3u);
+  EXPECT_EQ(gpus[0]->capability.model, "NVIDIA A100-SXM4-40GB");
+  EXPECT_EQ(gpus[1]->capability.model, "NVIDIA A100-SXM4-40GB");
+  EXPECT_EQ(gpus[2]->capability.model, "NVIDIA H100 80GB HBM3");
+  ASSERT_OK_AND_ASSIGN(const auto one, ParseSimSpec("A30"));
+  EXPECT_EQ(one.size(), 1u);
+  // A model whose own name has an 'x' ("Max-Q"), with and without a count.
+  ASSERT_OK_AND_ASSIGN(const auto maxq,
+                       ParseSimSpec("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition"));
+  EXPECT_EQ(maxq[0]->capability.placement_units, 12u);
+  ASSERT_OK_AND_ASSIGN(const auto maxq2,
+                       ParseSimSpec("RTX PRO 6000 Blackwell Max-Q Workstation Editionx2"));
+  EXPECT_EQ(maxq2.size(), 2u);
+}
+
+TEST(SimSpecTest, RejectsBadSpecsClearly) {
+  struct Case {
+    std::string spec;
+    absl::StatusCode code;
+    std::string needle;
+  };
+  for (const auto& c : std::vector<Case>{
+           {"A30x0", absl::StatusCode::kInvalidArgument, "bad GPU count \"0\""},
+           {"A30xfoo", absl::StatusCode::kInvalidArgument, "bad GPU count \"foo\""},
+           {"A30x", absl::StatusCode::kInvalidArgument, "bad GPU count \"\""},
+           {"V100x1", absl::StatusCode::kNotFound, "unknown GPU model \"V100\""},
+           {"H100x1", absl::StatusCode::kInvalidArgument, "ambiguous"},
+           {"", absl::StatusCode::kInvalidArgument, "names no GPU"},
+           {"A30x20,A30x13", absl::StatusCode::kInvalidArgument, "more than 32 GPUs"},
+       }) {
+    auto r = ParseSimSpec(c.spec);
+    ASSERT_FALSE(r.ok()) << c.spec;
+    EXPECT_EQ(r.status().code(), c.code) << c.spec << ": " << r.status();
+    EXPECT_NE(std::string(r.status().message()).find(c.needle), std::string::npos)
+        << c.spec << ": " << r.status();
+  }
+}
+
+TEST(SimIdentityTest, DeterministicPerSeedAndIndex) {
+  EXPECT_EQ(SimGpuUuid("node-a", 0), SimGpuUuid("node-a", 0));
+  EXPECT_NE(SimGpuUuid("node-a", 0), SimGpuUuid("node-a", 1));
+  EXPECT_NE(SimGpuUuid("node-a", 0), SimGpuUuid("node-b", 0));
+  EXPECT_TRUE(std::regex_match(
+      SimGpuUuid("x", 3),
+      std::regex("GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")));
+  EXPECT_EQ(SimPciBusId(0), "00000000:07:00.0");
+  EXPECT_EQ(SimPciBusId(7), "00000000:BD:00.0");
+  EXPECT_EQ(SimPciBusId(8), "00000000:C0:00.0");
+  const std::string gpu = SimGpuUuid("x", 0);
+  const std::string mig = SimMigUuid(gpu, 13, 0);
+  EXPECT_TRUE(std::regex_match(
+      mig, std::regex("MIG-[0-9a-f]{8}-[0-9a-f]{4}-5[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")))
+      << mig;
+  EXPECT_EQ(mig, SimMigUuid(gpu, 13, 0));
+  EXPECT_NE(mig, SimMigUuid(gpu, 13, 1));
+  EXPECT_NE(mig, SimMigUuid(gpu, 12, 0));
+  EXPECT_NE(mig, SimMigUuid(SimGpuUuid("x", 1), 13, 0));
+}
+
+TEST(SimIdentityTest, GpusGetSeededUuidsBusIdsAndMinors) {
+  SimNvmlOptions o = testing::SimOptions("A30x3");
+  o.seed = "worker-7";
+  ASSERT_OK_AND_ASSIGN(auto sim, SimNvml::Create(o));
+  for (uint32_t i = 0; i < 3; ++i) {
+    ASSERT_OK_AND_ASSIGN(const GpuInfo info, sim->GetGpu(i));
+    EXPECT_EQ(info.uuid, SimGpuUuid("worker-7", i));
+    EXPECT_EQ(info.pci_bus_id, SimPciBusId(i));
+    EXPECT_EQ(info.minor, i);
+    EXPECT_EQ(info.name, "NVIDIA A30");
+    EXPECT_EQ(info.pci_device_id, 0x20B710DEu);
+  }
+  EXPECT_EQ(sim->Description(), "simulator A30x3 (in memory)");
+}
+
+TEST(SimDiscoveryTest, A100FortyGigabyteNamesFromMemoryAndIndex) {
+  auto sim = MakeSim("A100-SXM4-40GBx1");
+  ASSERT_OK_AND_ASSIGN(const auto cap, DiscoverCapability(*sim, 0));
+  std::vector<std::string> names;
+  for (const auto& p : cap.profiles) names.push_back(p.name);
+  // Ordered by profile index: 0 1 2 3 4 7 9.
+  EXPECT_EQ(names, (std::vector<std::string>{"1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb",
+                                             "1g.5gb+me", "1g.10gb"}));
+  EXPECT_EQ(cap.placement_units, 8u);
+  EXPECT_EQ(cap.memory_slices, 8u);
+  EXPECT_EQ(cap.compute_slices, 7u);
+  EXPECT_EQ(cap.FindProfile("1g.10gb")->nvml_id, 15u);
+  EXPECT_EQ(cap.FindProfile("1g.10gb")->nvml_index, 9u);
+}
+
+// --- Persistence -----------------------------------------------------------------------------
+
+TEST(SimPersistenceTest, SecondObjectSeesTheFirstOnesInstances) {
+  TempStateFile state;
+  auto a = MakeSim("A100-SXM4-40GBx2", state.path());
+  const auto& p3g = Profile("A100-SXM4-40GB", "3g.20gb");
+  ASSERT_OK_AND_ASSIGN(const auto gi, a->CreateGpuInstance(1, p3g.nvml_id, {4, 4}));
+  ASSERT_OK_AND_ASSIGN(const auto ci, a->CreateComputeInstance(1, gi.id));
+  ASSERT_OK(a->AttachProcess(ci.mig_uuid, 99));
+  ASSERT_OK(a->InjectFault(testing::Fault("DestroyGpuInstance", 1, NvmlReturn::kGpuIsLost)));
+
+  // A restarted process: no spec needed, the file says what the GPUs are.
+  ASSERT_OK_AND_ASSIGN(auto b, SimNvml::Create(testing::SimOptions("", state.path())));
+  EXPECT_EQ(b->spec(), "A100-SXM4-40GBx2");
+  ASSERT_OK_AND_ASSIGN(const auto gis, b->ListGpuInstances(1));
+  ASSERT_EQ(gis.size(), 1u);
+  EXPECT_EQ(gis[0].id, 2u);
+  EXPECT_EQ(gis[0].placement, (mig::Placement{4, 4}));
+  ASSERT_OK_AND_ASSIGN(const auto uuid, b->GetMigDeviceUuid(1, gi.id, ci.id));
+  EXPECT_EQ(uuid, ci.mig_uuid);
+  ASSERT_OK_AND_ASSIGN(const auto procs, b->GetMigDeviceProcesses(1, gi.id, ci.id));
+  ASSERT_EQ(procs.size(), 1u);
+  EXPECT_EQ(procs[0].pid, 99u);
+  // The fault injected through a fires in b.
+  EXPECT_TRUE(IsNvmlError(b->DestroyGpuInstance(1, gi.id), NvmlReturn::kGpuIsLost));
+
+  // Changes through b show up in a without re-creating it.
+  ASSERT_OK(b->DetachProcess(ci.mig_uuid, 99));
+  ASSERT_OK(b->DestroyComputeInstance(1, gi.id, ci.id));
+  ASSERT_OK(b->DestroyGpuInstance(1, gi.id));
+  ASSERT_OK_AND_ASSIGN(const auto after, a->ListGpuInstances(1));
+  EXPECT_TRUE(after.empty());
+  ASSERT_OK_AND_ASSIGN(const auto faults, a->Faults());
+  EXPECT_TRUE(faults.empty());
+}
+
+TEST(SimPersistenceTest, StateFileIsVersionedJsonAndNoTemporaryFilesRemain) {
+  TempStateFile state;
+  auto sim = MakeSim("A30x1", state.path());
+  const auto& p = Profile("A30", "2g.12gb");
+  ASSERT_OK_AND_ASSIGN(const auto gi, sim->CreateGpuInstance(0, p.nvml_id, {2, 2}));
+  ASSERT_OK(sim->CreateComputeInstance(0, gi.id).status());
+  ASSERT_OK(sim->SetLatency("ListGpuInstances", std::chrono::milliseconds(5)));
+  std::ifstream in(state.path());
+  const auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["version"], 1);
+  EXPECT_EQ(j["spec"], "A30x1");
+  EXPECT_EQ(j["gpus"][0]["model"], "NVIDIA A30");
+  EXPECT_EQ(j["gpus"][0]["gpuInstances"][0]["id"], 2);
+  EXPECT_EQ(j["gpus"][0]["gpuInstances"][0]["computeInstances"][0]["id"], 0);
+  EXPECT_EQ(j["latencyMs"]["ListGpuInstances"], 5);
+  std::set<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(state.dir())) {
+    files.insert(e.path().filename().string());
+  }
+  EXPECT_EQ(files, (std::set<std::string>{"state.json", "state.json.lock"}));
+}
+
+TEST(SimPersistenceTest, MismatchedOrMissingOrCorruptStateIsAClearError) {
+  TempStateFile state;
+  ASSERT_NE(MakeSim("A30x1", state.path()), nullptr);
+  auto other = SimNvml::Create(testing::SimOptions("A30x2", state.path()));
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(std::string(other.status().message()).find(state.path()), std::string::npos);
+  // The same spec attaches to the existing state.
+  EXPECT_NE(MakeSim("A30x1", state.path()), nullptr);
+
+  TempStateFile missing;
+  auto none = SimNvml::Create(testing::SimOptions("", missing.path()));
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+
+  TempStateFile corrupt;
+  std::ofstream(corrupt.path()) << "{\"version\": 1, \"gpus\": [";
+  auto bad = SimNvml::Create(testing::SimOptions("", corrupt.path()));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(std::string(bad.status().message()).find(corrupt.path()), std::string::npos);
+}
+
+// Every worker tries to create a 1g GI at every placement, in its own order. With locking,
+// exactly one creation per placement succeeds and the file holds all seven.
+int CreateAllOneSliceGis(const std::string& path, uint32_t worker) {
+  auto sim = SimNvml::Create(testing::SimOptions("", path));
+  if (!sim.ok()) return 100;
+  const auto& p = Profile("A100-SXM4-40GB", "1g.5gb");
+  int created = 0;
+  for (uint32_t i = 0; i < 7; ++i) {
+    const uint32_t start = (i + worker * 3) % 7;
+    auto gi = (*sim)->CreateGpuInstance(0, p.nvml_id, {start, 1});
+    if (gi.ok()) {
+      ++created;
+    } else if (gi.status().code() != absl::StatusCode::kResourceExhausted) {
+      return 101;
+    }
+  }
+  return created;
+}
+
+int DestroyAllGis(const std::string& path) {
+  auto sim = SimNvml::Create(testing::SimOptions("", path));
+  if (!sim.ok()) return 100;
+  int destroyed = 0;
+  for (uint32_t id = 7; id <= 13; ++id) {
+    const absl::Status st = (*sim)->DestroyGpuInstance(0, id);
+    if (st.ok()) {
+      ++destroyed;
+    } else if (st.code() != absl::StatusCode::kNotFound) {
+      return 101;
+    }
+  }
+  return destroyed;
+}
+
+TEST(SimConcurrencyTest, ConcurrentProcessesNeverLoseAnUpdate) {
+  TempStateFile state;
+  ASSERT_NE(MakeSim("A100-SXM4-40GBx1", state.path()), nullptr);
+  constexpr int kWorkers = 4;
+  for (int phase = 0; phase < 2; ++phase) {
+    std::vector<pid_t> children;
+    for (int w = 0; w < kWorkers; ++w) {
+      const pid_t pid = fork();
+      ASSERT_GE(pid, 0);
+      if (pid == 0) {
+        _exit(phase == 0 ? CreateAllOneSliceGis(state.path(), w) : DestroyAllGis(state.path()));
+      }
+      children.push_back(pid);
+    }
+    int total = 0;
+    for (pid_t pid : children) {
+      int status = 0;
+      ASSERT_EQ(waitpid(pid, &status, 0), pid);
+      ASSERT_TRUE(WIFEXITED(status));
+      ASSERT_LT(WEXITSTATUS(status), 100) << "worker failed with " << WEXITSTATUS(status);
+      total += WEXITSTATUS(status);
+    }
+    EXPECT_EQ(total, 7) << "phase " << phase;
+    auto check = MakeSim("", state.path());
+    ASSERT_OK_AND_ASSIGN(const auto gis, check->ListGpuInstances(0));
+    EXPECT_EQ(gis.size(), phase == 0 ? 7u : 0u);
+  }
+}
+
+TEST(SimConcurrencyTest, ThreadsOnSeveralObjectsNeverLoseAnUpdate) {
+  TempStateFile state;
+  ASSERT_NE(MakeSim("A100-SXM4-40GBx1", state.path()), nullptr);
+  std::vector<int> results(4, -1);
+  std::vector<std::thread> threads;
+  for (uint32_t w = 0; w < 4; ++w) {
+    threads.emplace_back([&, w] { results[w] = CreateAllOneSliceGis(state.path(), w); });
+  }
+  for (auto& t : threads) t.join();
+  int total = 0;
+  for (int r : results) {
+    ASSERT_GE(r, 0);
+    ASSERT_LT(r, 100);
+    total += r;
+  }
+  EXPECT_EQ(total, 7);
+  // One object shared by threads.
+  auto shared = MakeSim("", state.path());
+  std::atomic<int> destroyed{0};
+  threads.clear();
+  for (int w = 0; w < 4; ++w) {
+    threads.emplace_back([&] {
+      for (uint32_t id = 7; id <= 13; ++id) {
+        if (shared->DestroyGpuInstance(0, id).ok()) ++destroyed;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(destroyed.load(), 7);
+}
+
+// --- Faults and latency ----------------------------------------------------------------------
+
+TEST(SimFaultTest, CountsCallsAcrossObjectsAndFiltersByGpu) {
+  TempStateFile state;
+  auto a = MakeSim("A30x2", state.path());
+  auto b = MakeSim("A30x2", state.path());
+  ASSERT_OK(a->InjectFault(testing::Fault("GetGpu", 2, NvmlReturn::kGpuIsLost, 2, 1)));
+  EXPECT_OK(a->GetGpu(0).status());                                // other GPU: not counted
+  EXPECT_OK(a->GetGpu(1).status());                                // call 1
+  EXPECT_TRUE(IsNvmlError(b->GetGpu(1), NvmlReturn::kGpuIsLost));  // call 2, another object
+  EXPECT_TRUE(IsNvmlError(a->GetGpu(1), NvmlReturn::kGpuIsLost));  // call 3
+  EXPECT_OK(b->GetGpu(1).status());                                // exhausted
+  ASSERT_OK_AND_ASSIGN(const auto faults, a->Faults());
+  EXPECT_TRUE(faults.empty());
+}
+
+TEST(SimFaultTest, PermanentFaultsLastUntilCleared) {
+  auto sim = MakeSim("A30x1");
+  ASSERT_OK(sim->InjectFault(testing::Fault("DeviceCount", 1, NvmlReturn::kUninitialized, 0)));
+  for (int i = 0; i < 3; ++i) {
+    auto count = sim->DeviceCount();
+    EXPECT_TRUE(IsNvmlError(count, NvmlReturn::kUninitialized));
+    EXPECT_EQ(count.status().code(), absl::StatusCode::kFailedPrecondition);
+  }
+  ASSERT_OK_AND_ASSIGN(const auto faults, sim->Faults());
+  ASSERT_EQ(faults.size(), 1u);
+  EXPECT_EQ(faults[0].calls, 3u);
+  ASSERT_OK(sim->ClearFaults());
+  EXPECT_OK(sim->DeviceCount().status());
+}
+
+TEST(SimFaultTest, RejectsBadFaults) {
+  auto sim = MakeSim("A30x1");
+  auto unknown = sim->InjectFault(testing::Fault("CreateGi", 1, NvmlReturn::kUnknown));
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(unknown.message()).find("CreateGpuInstance"), std::string::npos);
+  EXPECT_EQ(sim->InjectFault(testing::Fault("GetGpu", 0, NvmlReturn::kUnknown)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(sim->InjectFault(testing::Fault("GetGpu", 1, NvmlReturn::kSuccess)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(sim->SetLatency("Nope", std::chrono::milliseconds(1)).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SimFaultTest, LatencyDelaysOnlyItsOperationAndPersists) {
+  TempStateFile state;
+  std::vector<std::chrono::milliseconds> slept;
+  SimNvmlOptions o = testing::SimOptions("A30x1", state.path());
+  o.sleep = [&](std::chrono::milliseconds d) { slept.push_back(d); };
+  ASSERT_OK_AND_ASSIGN(auto sim, SimNvml::Create(o));
+  ASSERT_OK(sim->SetLatency("CreateGpuInstance", std::chrono::milliseconds(250)));
+  const auto& p = Profile("A30", "1g.6gb");
+  ASSERT_OK(sim->CreateGpuInstance(0, p.nvml_id, {0, 1}).status());
+  ASSERT_OK(sim->ListGpuInstances(0).status());
+  EXPECT_EQ(slept, (std::vector<std::chrono::milliseconds>{std::chrono::milliseconds(250)}));
+  // Another process sees the latency.
+  std::vector<std::chrono::milliseconds> other_slept;
+  SimNvmlOptions o2 = testing::SimOptions("", state.path());
+  o2.sleep = [&](std::chrono::milliseconds d) { other_slept.push_back(d); };
+  ASSERT_OK_AND_ASSIGN(auto other, SimNvml::Create(o2));
+  ASSERT_OK(other->CreateGpuInstance(0, p.nvml_id, {1, 1}).status());
+  EXPECT_EQ(other_slept.size(), 1u);
+  ASSERT_OK(sim->SetLatency("CreateGpuInstance", std::chrono::milliseconds(0)));
+  ASSERT_OK(other->CreateGpuInstance(0, p.nvml_id, {2, 1}).status());
+  EXPECT_EQ(other_slept.size(), 1u);
+}
+
+// --- Layouts and model rules -----------------------------------------------------------------
+
+TEST(SimLayoutTest, SwappedHalvesGpuReportsSwappedGiIds) {
+  auto sim = MakeSim("H100 80GBx2", "", {1});
+  const std::string m = "H100 80GB HBM3";
+  const uint32_t p1g = Profile(m, "1g.10gb").nvml_id;
+  const uint32_t p2g = Profile(m, "2g.20gb").nvml_id;
+  const uint32_t p3g = Profile(m, "3g.40gb").nvml_id;
+  // NVIDIA/DCGM#138, GPU1: 1g at 2:1 = GI 13, 1g at 3:1 = GI 14, 2g at 0:2 = GI 5, 3g at 4:4 =
+  // GI 1.
+  EXPECT_EQ(sim->CreateGpuInstance(1, p1g, {2, 1})->id, 13u);
+  EXPECT_EQ(sim->CreateGpuInstance(1, p1g, {3, 1})->id, 14u);
+  EXPECT_EQ(sim->CreateGpuInstance(1, p2g, {0, 2})->id, 5u);
+  EXPECT_EQ(sim->CreateGpuInstance(1, p3g, {4, 4})->id, 1u);
+  // GPU0 keeps the identity layout: 3g at 4:4 = GI 2.
+  EXPECT_EQ(sim->CreateGpuInstance(0, p3g, {4, 4})->id, 2u);
+  // Placements come back as created, never derived from the id.
+  ASSERT_OK_AND_ASSIGN(const auto gis, sim->ListGpuInstances(1));
+  ASSERT_EQ(gis.size(), 4u);
+  EXPECT_EQ(gis[0].id, 1u);
+  EXPECT_EQ(gis[0].placement, (mig::Placement{4, 4}));
+}
+
+TEST(SimLayoutTest, RtxProUsesTheTwelveUnitAxis) {
+  auto sim = MakeSim("RTX PRO 6000 Blackwell Server Editionx1");
+  const std::string m = "RTX PRO 6000 Blackwell Server Edition";
+  const uint32_t p1g = Profile(m, "1g.24gb").nvml_id;
+  const uint32_t p2g = Profile(m, "2g.48gb").nvml_id;
+  EXPECT_EQ(p1g, 14u);
+  EXPECT_EQ(p2g, 5u);
+  ASSERT_OK_AND_ASSIGN(const auto placements, sim->GetGpuInstancePossiblePlacements(0, p2g));
+  EXPECT_EQ(placements, (std::vector<mig::Placement>{{0, 6}, {6, 6}}));
+  // 1g at 3:3 and 6:3 (GI 4 and 5) leave half the card free, but no 2g fits.
+  EXPECT_EQ(sim->CreateGpuInstance(0, p1g, {3, 3})->id, 4u);
+  EXPECT_EQ(sim->CreateGpuInstance(0, p1g, {6, 3})->id, 5u);
+  EXPECT_TRUE(
+      IsNvmlError(sim->CreateGpuInstance(0, p2g, {0, 6}), NvmlReturn::kInsufficientResources));
+  EXPECT_TRUE(
+      IsNvmlError(sim->CreateGpuInstance(0, p2g, {6, 6}), NvmlReturn::kInsufficientResources));
+  EXPECT_TRUE(IsNvmlError(sim->CreateGpuInstance(0, p1g, {1, 3}), NvmlReturn::kInvalidArgument));
+  EXPECT_EQ(sim->CreateGpuInstance(0, p1g, {0, 3})->id, 3u);
+  EXPECT_EQ(sim->CreateGpuInstance(0, p1g, {9, 3})->id, 6u);
+  ASSERT_OK(sim->DestroyGpuInstance(0, 3));
+  ASSERT_OK(sim->DestroyGpuInstance(0, 4));
+  EXPECT_EQ(sim->CreateGpuInstance(0, p2g, {0, 6})->id, 1u);
+}
+
+TEST(SimRulesTest, AllMediaEnginesProfileAdmitsOnlyNoMediaProfiles) {
+  auto sim = MakeSim("RTX PRO 6000 Blackwell Server Editionx1");
+  const std::string m = "RTX PRO 6000 Blackwell Server Edition";
+  ASSERT_OK(sim->CreateGpuInstance(0, Profile(m, "1g.24gb+me.all").nvml_id, {0, 3}).status());
+  EXPECT_TRUE(IsNvmlError(sim->CreateGpuInstance(0, Profile(m, "1g.24gb").nvml_id, {3, 3}),
+                          NvmlReturn::kInsufficientResources));
+  EXPECT_OK(sim->CreateGpuInstance(0, Profile(m, "1g.24gb-me").nvml_id, {3, 3}).status());
+  EXPECT_OK(sim->CreateGpuInstance(0, Profile(m, "1g.24gb-me").nvml_id, {6, 3}).status());
+  EXPECT_TRUE(IsNvmlError(sim->CreateGpuInstance(0, Profile(m, "1g.24gb+me.all").nvml_id, {9, 3}),
+                          NvmlReturn::kInsufficientResources));
+}
+
+TEST(SimRulesTest, A100HalvesAndComputeSlices) {
+  auto sim = MakeSim("A100-SXM4-40GBx1");
+  const std::string m = "A100-SXM4-40GB";
+  // 3g at 0:4 rules out the 4g; 4g + 3g works only as 4g@0:4 + 3g@4:4.
+  ASSERT_OK_AND_ASSIGN(const auto g3,
+                       sim->CreateGpuInstance(0, Profile(m, "3g.20gb").nvml_id, {0, 4}));
+  EXPECT_EQ(g3.id, 1u);
+  EXPECT_TRUE(IsNvmlError(sim->CreateGpuInstance(0, Profile(m, "4g.20gb").nvml_id, {0, 4}),
+                          NvmlReturn::kInsufficientResources));
+  ASSERT_OK(sim->DestroyGpuInstance(0, g3.id));
+  EXPECT_EQ(sim->CreateGpuInstance(0, Profile(m, "4g.20gb").nvml_id, {0, 4})->id, 1u);
+  EXPECT_EQ(sim->CreateGpuInstance(0, Profile(m, "3g.20gb").nvml_id, {4, 4})->id, 2u);
+  // A 4g GI offers 1c, 2c and the full 4g, but no 3c.
+  EXPECT_TRUE(
+      IsNvmlError(sim->CreateComputeInstanceWithSlices(0, 1, 3), NvmlReturn::kNotSupported));
+  ASSERT_OK_AND_ASSIGN(const auto c2, sim->CreateComputeInstanceWithSlices(0, 1, 2));
+  EXPECT_EQ(c2.profile_id, 1u);
+  EXPECT_EQ(c2.placement, (mig::Placement{0, 2}));
+  ASSERT_OK_AND_ASSIGN(const auto c1, sim->CreateComputeInstanceWithSlices(0, 1, 1));
+  EXPECT_EQ(c1.placement, (mig::Placement{2, 1}));
+}
+
+TEST(SimRulesTest, ProcessesAndMigModeChanges) {
+  auto sim = MakeSim("H100 80GBx1");
+  ASSERT_OK_AND_ASSIGN(const GpuInfo gpu, sim->GetGpu(0));
+  EXPECT_TRUE(IsNvmlError(sim->AttachProcess("MIG-nope", 1), NvmlReturn::kNotFound));
+  ASSERT_OK(sim->AttachProcess(gpu.uuid, 7, 100));
+  ASSERT_OK_AND_ASSIGN(const auto procs, sim->GetComputeProcesses(0));
+  ASSERT_EQ(procs.size(), 1u);
+  EXPECT_FALSE(procs[0].gpu_instance_id.has_value());
+  EXPECT_TRUE(IsNvmlError(sim->SetMigMode(0, false), NvmlReturn::kInUse));
+  EXPECT_TRUE(IsNvmlError(sim->DetachProcess(gpu.uuid, 8), NvmlReturn::kNotFound));
+  ASSERT_OK(sim->DetachProcess(gpu.uuid, 7));
+  const auto& p = Profile("H100 80GB HBM3", "7g.80gb");
+  ASSERT_OK_AND_ASSIGN(const auto gi, sim->CreateGpuInstance(0, p.nvml_id, {0, 8}));
+  EXPECT_TRUE(IsNvmlError(sim->SetMigMode(0, false), NvmlReturn::kInUse));
+  ASSERT_OK(sim->DestroyGpuInstance(0, gi.id));
+  // Hopper applies the change at once.
+  ASSERT_OK(sim->SetMigMode(0, false));
+  ASSERT_OK_AND_ASSIGN(const GpuInfo off, sim->GetGpu(0));
+  EXPECT_FALSE(off.mig.current);
+  EXPECT_FALSE(off.mig.pending);
+}
+
+TEST(SimRulesTest, MigMinorsComeFromTheFormula) {
+  auto sim = MakeSim("A30x2");
+  ASSERT_OK_AND_ASSIGN(const MigMinors minors, sim->GetMigMinors());
+  EXPECT_EQ(*minors.GpuInstanceAccess(0, 1), 12u);
+  EXPECT_EQ(*minors.ComputeInstanceAccess(0, 1, 0), 13u);
+  EXPECT_EQ(*minors.ComputeInstanceAccess(0, 1, 2), 15u);
+  ASSERT_OK_AND_ASSIGN(const auto nodes, minors.DeviceNodes(1, 3, 0));
+  EXPECT_EQ(nodes.gpu_instance_cap, "/dev/nvidia-caps/nvidia-cap165");  // 3+135+27
+}
+
+TEST(SimRulesTest, EveryCataloguePlacementHasAGiIdInBothLayouts) {
+  for (const auto& m : mig::Catalogue()) {
+    const std::string spec = m.capability.model + "x2";
+    auto sim = MakeSim(spec, "", {1});
+    for (const auto& p : m.capability.profiles) {
+      for (const auto& pl : p.placements) {
+        for (uint32_t gpu : {0u, 1u}) {
+          auto gi = sim->CreateGpuInstance(gpu, p.nvml_id, pl);
+          ASSERT_TRUE(gi.ok()) << m.capability.model << " " << p.name << " GPU " << gpu << ": "
+                               << gi.status();
+          ASSERT_OK(sim->DestroyGpuInstance(gpu, gi->id));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dynmig::nvml
