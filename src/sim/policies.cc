@@ -4,6 +4,7 @@
 #include <array>
 #include <bit>
 #include <limits>
+#include <span>
 
 #include "common/status_macros.h"
 #include "common/strings.h"
@@ -443,6 +444,88 @@ class BestFitPolicy : public DynamicBase {
     picks_ = best;
     npicks_ = sp.count;
     DYNMIG_RETURN_IF_ERROR(Commit(pod));
+    return true;
+  }
+};
+
+// gpuplanner:best-fit: the production GpuPlanner::Plan decides profile and placement inside a GPU;
+// the GPU is the one with the fewest free slices where Plan fits (an experiment for tuning the
+// node/GPU choice, not a shipped path).
+class PlannerBestFitPolicy : public DynamicBase {
+ public:
+  using DynamicBase::DynamicBase;
+
+  absl::StatusOr<bool> Place(uint32_t pod, int32_t node) override {
+    const SimPod& sp = pods_[pod];
+    const uint32_t lo_node = node < 0 ? 0 : node;
+    const uint32_t hi_node = node < 0 ? cluster_.node_count() : node + 1;
+    if (sp.count == 1) {
+      const uint32_t lo = cluster_.node_first_gpu[lo_node];
+      const uint32_t hi = cluster_.node_first_gpu[hi_node - 1] + cluster_.node_gpus[hi_node - 1];
+      uint32_t best_free = std::numeric_limits<uint32_t>::max();
+      Pick best;
+      for (uint32_t gpu = lo; gpu < hi; ++gpu) {
+        const ModelGroup& g = cluster_.group_of_gpu(gpu);
+        const uint32_t f = FreeUnits(g, usage_[gpu]);
+        if (f == 0 || f >= best_free || g.candidates[sp.percent].empty()) continue;
+        if (PlanOn(g, usage_[gpu], sp.percent, best.profile, best.placement)) {
+          best.gpu = gpu;
+          best_free = f;
+        }
+      }
+      if (best_free == std::numeric_limits<uint32_t>::max()) return false;
+      picks_[0] = best;
+      npicks_ = 1;
+      DYNMIG_RETURN_IF_ERROR(Commit(pod));
+      return true;
+    }
+    uint64_t best_free = std::numeric_limits<uint64_t>::max();
+    std::array<Pick, kMaxInstancesPerPod> best{};
+    for (uint32_t n = lo_node; n < hi_node; ++n) {
+      const ModelGroup& g = cluster_.group_of_node(n);
+      if (g.candidates[sp.percent].empty()) continue;
+      uint64_t node_free = 0;
+      for (uint32_t i = 0; i < cluster_.node_gpus[n]; ++i) {
+        node_free += FreeUnits(g, usage_[cluster_.node_first_gpu[n] + i]);
+      }
+      if (node_free >= best_free) continue;
+      auto choose = [&](uint32_t, uint32_t m, uint32_t& profile, Placement& pl) -> int32_t {
+        int32_t pick = -1;
+        uint32_t pick_free = std::numeric_limits<uint32_t>::max();
+        for (uint32_t i = 0; i < m; ++i) {
+          const uint32_t f = FreeUnits(g, scratch_[i]);
+          if (f == 0 || f >= pick_free) continue;
+          uint32_t pr = 0;
+          Placement pp;
+          if (PlanOn(g, scratch_[i], sp.percent, pr, pp)) {
+            pick = static_cast<int32_t>(i);
+            pick_free = f;
+            profile = pr;
+            pl = pp;
+          }
+        }
+        return pick;
+      };
+      if (PlanOnNode(cluster_, n, sp.count, scratch_, usage_, picks_, npicks_, choose)) {
+        best_free = node_free;
+        best = picks_;
+      }
+    }
+    if (best_free == std::numeric_limits<uint64_t>::max()) return false;
+    picks_ = best;
+    npicks_ = sp.count;
+    DYNMIG_RETURN_IF_ERROR(Commit(pod));
+    return true;
+  }
+
+ private:
+  static bool PlanOn(const ModelGroup& g, const GpuUsage& u, uint32_t percent, uint32_t& profile,
+                     Placement& pl) {
+    const uint64_t mem = mig::ResolveMemory(0, percent, g.cap());
+    const mig::GpuPlan plan = g.planner->Plan(u, std::span<const uint64_t>(&mem, 1), {});
+    if (plan.verdict != mig::Verdict::kFits || plan.instances.size() != 1) return false;
+    profile = plan.instances[0].profile_index;
+    pl = plan.instances[0].placement;
     return true;
   }
 };
@@ -1049,6 +1132,9 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec, const 
   if (spec == "hami-v2.10" || spec == "hami") {
     return std::unique_ptr<Policy>(new HamiPolicy(name, cluster, pods));
   }
+  if (spec == "gpuplanner:best-fit") {
+    return std::unique_ptr<Policy>(new PlannerBestFitPolicy(name, cluster, pods));
+  }
   if (spec == "first-fit") return std::unique_ptr<Policy>(new FirstFitPolicy(name, cluster, pods));
   if (spec == "best-fit") return std::unique_ptr<Policy>(new BestFitPolicy(name, cluster, pods));
   if (spec == "repack") return std::unique_ptr<Policy>(new RepackPolicy(name, cluster, pods));
@@ -1065,6 +1151,7 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec, const 
   }
   return absl::InvalidArgumentError(fmt::format(
       "--policy: unknown policy \"{}\" (known: dynmig, hami-v2.10, first-fit, best-fit, repack, "
+      "gpuplanner:best-fit, "
       "static:all-balanced, static:all-1g, static:all-2g, static:all-3g, static:all-4g, "
       "static:all-7g)",
       spec));
