@@ -32,14 +32,12 @@ double Percentile(std::vector<double>& v, double q) {
 
 class Run {
  public:
-  Run(const Cluster& cluster, const std::vector<SimPod>& pods, const SimResult& res,
+  Run(const std::vector<SimPod>& pods, const SimResult& res,
       const std::vector<uint32_t>& profile_of, const SimOptions& options, uint32_t classes,
       double asked_total, Policy& policy, std::function<void(double)> progress)
-      : cluster_(cluster),
-        pods_(pods),
+      : pods_(pods),
         profile_of_(profile_of),
         res_(res),
-        options_(options),
         asked_total_(asked_total),
         policy_(policy),
         progress_(std::move(progress)),
@@ -223,11 +221,9 @@ class Run {
     return absl::OkStatus();
   }
 
-  const Cluster& cluster_;
   const std::vector<SimPod>& pods_;
   const std::vector<uint32_t>& profile_of_;
   const SimResult& res_;
-  const SimOptions& options_;
   const double asked_total_;
   Policy& policy_;
   std::function<void(double)> progress_;
@@ -380,7 +376,7 @@ absl::StatusOr<SimResult> Simulate(const Trace& trace, const Cluster& cluster,
       progress = [&, k](double f) { options.progress((k + f) / policies.size()); };
     }
     const auto t0 = std::chrono::steady_clock::now();
-    Run run(cluster, pods, res, profile_of, options, classes, asked_total, *policy, progress);
+    Run run(pods, res, profile_of, options, classes, asked_total, *policy, progress);
     DYNMIG_ASSIGN_OR_RETURN(PolicyResult r, run.Go());
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     res.policies.push_back(std::move(r));
