@@ -266,6 +266,8 @@ std::string FormatSvg(const SimResult& r) {
   const double span = x1 - x0;
   const bool days = !fill && span > 2 * 86400;
   const bool hours = !fill && !days && span > 7200;
+  const double shown_span = fill ? span : days ? span / 86400 : hours ? span / 3600 : span;
+  const int tick_decimals = shown_span < 6 ? 1 : 0;
   for (int k = 0; k <= 6; ++k) {
     const double x = x0 + span * k / 6;
     const double shown = fill ? x : days ? (x - x0) / 86400 : hours ? (x - x0) / 3600 : x - x0;
@@ -273,7 +275,7 @@ std::string FormatSvg(const SimResult& r) {
         "<line x1=\"{:.1f}\" y1=\"{}\" x2=\"{:.1f}\" y2=\"{}\" stroke=\"#999\"/>"
         "<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{:.{}f}</text>\n",
         px(x), top + chart_h, px(x), top + chart_h + 5, px(x), top + chart_h + 18, shown,
-        shown < 10 && !fill ? 1 : 0);
+        tick_decimals);
   }
   s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", left + plot_w / 2,
                    top + chart_h + 36,
