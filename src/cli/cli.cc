@@ -16,6 +16,7 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   RegisterPlanCommand(app, ctx);
   RegisterConfigCommand(app, ctx);
   RegisterNvmlCommand(app, ctx);
+  RegisterSimulateCommand(app, ctx);
 
   // CLI11 parses a reversed vector of arguments.
   std::vector<std::string> reversed(args.rbegin(), args.rend());

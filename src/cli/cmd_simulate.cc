@@ -1,0 +1,215 @@
+// `dynmig simulate`: placement policies side by side on a real trace or a generated workload.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "cli/cli.h"
+#include "common/strings.h"
+#include "fmt/format.h"
+#include "sim/cluster.h"
+#include "sim/generator.h"
+#include "sim/policies.h"
+#include "sim/report.h"
+#include "sim/simulator.h"
+#include "sim/trace.h"
+
+namespace dynmig::cli {
+namespace {
+
+struct SimulateFlags {
+  std::string trace;
+  std::string generate;
+  std::string gpus = "A100-SXM4-40GBx1000";
+  uint32_t gpus_per_node = 8;
+  std::string policy;
+  std::string mode = "reject";
+  uint64_t seed = 1;
+  std::string allow;
+  std::string output = "text";
+  std::string svg;
+};
+
+int ExitFor(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kUnimplemented:
+    case absl::StatusCode::kResourceExhausted:
+      return kExitBadInput;
+    default:
+      return kExitFailure;
+  }
+}
+
+// Directories under which ../shared/data/alibaba-gpu-v2023/ may be found.
+std::vector<std::string> SearchRoots() {
+  namespace fs = std::filesystem;
+  std::vector<std::string> roots;
+  std::error_code ec;
+  if (const char* src = std::getenv("DYNMIG_SOURCE_DIR"); src != nullptr && *src != '\0') {
+    roots.emplace_back(src);
+  }
+  auto git_root = [&](fs::path p) -> std::string {
+    for (; !p.empty(); p = p.parent_path()) {
+      if (fs::exists(p / ".git", ec)) return p.string();
+      if (p == p.parent_path()) break;
+    }
+    return "";
+  };
+  const fs::path cwd = fs::current_path(ec);
+  if (!ec) {
+    if (std::string r = git_root(cwd); !r.empty()) roots.push_back(r);
+  }
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    if (std::string r = git_root(exe.parent_path()); !r.empty()) roots.push_back(r);
+  }
+  if (!cwd.empty()) roots.push_back(cwd.string());
+  return roots;
+}
+
+// A progress bar on stderr, only when stderr is a terminal and the run takes over a second.
+class ProgressBar {
+ public:
+  explicit ProgressBar(bool enabled) : enabled_(enabled), t0_(std::chrono::steady_clock::now()) {}
+  ~ProgressBar() {
+    if (shown_) std::cerr << "\r" << std::string(60, ' ') << "\r" << std::flush;
+  }
+  void Update(double f) {
+    if (!enabled_) return;
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    if (elapsed < 1.0) return;
+    shown_ = true;
+    const int width = 40;
+    const int filled = static_cast<int>(f * width + 0.5);
+    std::cerr << "\rsimulating [" << std::string(filled, '#') << std::string(width - filled, '.')
+              << "] " << static_cast<int>(f * 100 + 0.5) << "% " << std::flush;
+  }
+
+ private:
+  bool enabled_;
+  bool shown_ = false;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+void RunSimulate(const SimulateFlags& f, CliContext& ctx) {
+  auto fail = [&](const absl::Status& s) {
+    ctx.err << "dynmig simulate: " << s.message() << "\n";
+    ctx.exit_code = ExitFor(s);
+  };
+  sim::SimOptions options;
+  if (f.mode == "reject") {
+    options.mode = sim::Mode::kReject;
+  } else if (f.mode == "queue") {
+    options.mode = sim::Mode::kQueue;
+  } else if (f.mode == "fill") {
+    options.mode = sim::Mode::kFill;
+  } else {
+    return fail(absl::InvalidArgumentError(
+        fmt::format("--mode \"{}\": expected reject, queue or fill", f.mode)));
+  }
+  if (f.output != "text" && f.output != "json" && f.output != "csv") {
+    return fail(
+        absl::InvalidArgumentError(fmt::format("-o \"{}\": expected text, json or csv", f.output)));
+  }
+  if (!f.trace.empty() && !f.generate.empty()) {
+    return fail(absl::InvalidArgumentError("--trace and --generate exclude each other"));
+  }
+  auto cluster = sim::BuildCluster(f.gpus, f.gpus_per_node, SplitTrimmed(f.allow, ','));
+  if (!cluster.ok()) return fail(cluster.status());
+
+  std::vector<std::string> policies;
+  if (f.policy.empty()) {
+    const std::vector<sim::SimPod> none;
+    for (const auto& name : sim::DefaultPolicies()) {
+      auto p = sim::MakePolicy(name, *cluster, none);
+      if (p.ok()) {
+        policies.push_back(name);
+      } else {
+        ctx.err << "dynmig simulate: skipping " << name << ": " << p.status().message() << "\n";
+      }
+    }
+  } else {
+    policies = SplitTrimmed(f.policy, ',');
+    const std::vector<sim::SimPod> none;
+    for (const auto& name : policies) {
+      auto p = sim::MakePolicy(name, *cluster, none);
+      if (!p.ok()) return fail(p.status());
+    }
+  }
+
+  absl::StatusOr<sim::Trace> trace;
+  if (!f.generate.empty()) {
+    trace = sim::GenerateTrace(f.generate, f.seed, *cluster);
+  } else {
+    sim::TraceLookup lookup;
+    lookup.flag = f.trace;
+    if (const char* dir = std::getenv("DYNMIG_TRACE_DIR"); dir != nullptr) lookup.env_dir = dir;
+    lookup.roots = SearchRoots();
+    auto path = sim::ResolveTracePath(lookup);
+    if (!path.ok()) return fail(path.status());
+    trace = sim::LoadTrace(*path);
+  }
+  if (!trace.ok()) return fail(trace.status());
+
+  ProgressBar bar(&ctx.err == &std::cerr && isatty(STDERR_FILENO) != 0);
+  options.progress = [&](double x) { bar.Update(x); };
+  auto result = sim::Simulate(*trace, *cluster, policies, options);
+  if (!result.ok()) return fail(result.status());
+
+  if (!f.svg.empty()) {
+    std::ofstream svg(f.svg, std::ios::binary | std::ios::trunc);
+    svg << sim::FormatSvg(*result);
+    svg.close();
+    if (!svg) {
+      ctx.err << "dynmig simulate: cannot write " << f.svg << "\n";
+      ctx.exit_code = kExitFailure;
+      return;
+    }
+  }
+  if (f.output == "json") {
+    ctx.out << sim::FormatJson(*result);
+  } else if (f.output == "csv") {
+    ctx.out << sim::FormatCsv(*result);
+  } else {
+    ctx.out << sim::FormatText(*result);
+  }
+}
+
+}  // namespace
+
+void RegisterSimulateCommand(CLI::App& root, CliContext& ctx) {
+  auto flags = std::make_shared<SimulateFlags>();
+  CLI::App* cmd = root.add_subcommand(
+      "simulate",
+      "Replay a trace (or a generated workload) against placement policies side by side");
+  cmd->add_option("--trace", flags->trace,
+                  "Alibaba v2023 pod list (file, directory, or short name such as gpushare100); "
+                  "default openb_pod_list_default.csv from $DYNMIG_TRACE_DIR or "
+                  "../shared/data/alibaba-gpu-v2023/");
+  cmd->add_option("--generate", flags->generate,
+                  "generated workload: pods=N,mix=1g:0.5/2g:0.2/3g:0.2/7g:0.1,"
+                  "arrival=poisson|daily|burst,rate=R|load=L,life=lognormal:MU,SIGMA,burst=B");
+  cmd->add_option("--gpus", flags->gpus,
+                  "GPU models and counts, e.g. A100-SXM4-40GBx100,H100 80GBx50")
+      ->capture_default_str();
+  cmd->add_option("--gpus-per-node", flags->gpus_per_node, "GPUs per node")->capture_default_str();
+  cmd->add_option("--policy", flags->policy,
+                  "comma-separated policies (default: dynmig, hami-v2.10, first-fit, best-fit, "
+                  "static:all-balanced/all-1g/all-2g/all-3g/all-7g, repack)");
+  cmd->add_option("--mode", flags->mode, "reject | queue | fill")->capture_default_str();
+  cmd->add_option("--seed", flags->seed, "seed of --generate")->capture_default_str();
+  cmd->add_option("--allow", flags->allow,
+                  "allowlisted profiles (default: the base profiles of each model)");
+  cmd->add_option("-o,--output", flags->output, "text | json | csv")->capture_default_str();
+  cmd->add_option("--svg", flags->svg, "write an SVG chart to this file");
+  cmd->callback([flags, &ctx] { RunSimulate(*flags, ctx); });
+}
+
+}  // namespace dynmig::cli

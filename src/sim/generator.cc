@@ -1,0 +1,251 @@
+#include "sim/generator.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <numbers>
+#include <random>
+
+#include "common/strings.h"
+#include "fmt/format.h"
+#include "mig/profile.h"
+
+namespace dynmig::sim {
+namespace {
+
+struct MixEntry {
+  uint32_t count = 1;
+  uint32_t percent = 100;
+  double weight = 0;
+};
+
+// Platform-independent variates over mt19937_64 (std:: distributions differ between libraries).
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : gen_(seed) {}
+  double Uniform() { return static_cast<double>(gen_() >> 11) * 0x1.0p-53; }
+  double Exponential(double rate) { return -std::log1p(-Uniform()) / rate; }
+  double Normal() {
+    const double u1 = 1.0 - Uniform();  // (0, 1]
+    const double u2 = Uniform();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+  }
+
+ private:
+  std::mt19937_64 gen_;
+};
+
+absl::StatusOr<double> ParseDouble(std::string_view key, std::string_view s) {
+  double v = 0;
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || ptr != s.data() + s.size() || !std::isfinite(v)) {
+    return absl::InvalidArgumentError(
+        fmt::format("--generate: {}: \"{}\" is not a number", key, s));
+  }
+  return v;
+}
+
+absl::StatusOr<std::vector<MixEntry>> ParseMix(std::string_view value, const ModelGroup& g) {
+  std::vector<MixEntry> mix;
+  for (const auto& item : SplitTrimmed(value, '/')) {
+    const size_t colon = item.rfind(':');
+    if (colon == std::string::npos) {
+      return absl::InvalidArgumentError(
+          fmt::format("--generate: mix: \"{}\" has no weight (expected CLASS:WEIGHT)", item));
+    }
+    std::string what = item.substr(0, colon);
+    MixEntry e;
+    auto weight = ParseDouble("mix", std::string_view(item).substr(colon + 1));
+    if (!weight.ok()) return weight.status();
+    if (*weight < 0) {
+      return absl::InvalidArgumentError(
+          fmt::format("--generate: mix: negative weight in \"{}\"", item));
+    }
+    e.weight = *weight;
+    const size_t x = what.rfind('x');
+    if (x != std::string::npos && x + 1 < what.size() &&
+        std::all_of(what.begin() + x + 1, what.end(),
+                    [](char c) { return c >= '0' && c <= '9'; })) {
+      e.count = static_cast<uint32_t>(std::stoul(what.substr(x + 1)));
+      what.resize(x);
+      if (e.count == 0 || e.count > kMaxInstancesPerPod) {
+        return absl::InvalidArgumentError(fmt::format(
+            "--generate: mix: \"{}\": instance count must be 1..{}", item, kMaxInstancesPerPod));
+      }
+    }
+    const mig::ProfileSpec* spec = nullptr;
+    for (uint32_t idx : g.planner->allowed()) {
+      const auto& p = g.profile(idx);
+      if (p.name == what || mig::SliceClass(p.name) == what) {
+        spec = &p;
+        break;
+      }
+    }
+    if (spec == nullptr) {
+      return absl::InvalidArgumentError(fmt::format(
+          "--generate: mix: {} has no allowlisted profile \"{}\"", g.cap().model, what));
+    }
+    // The largest percentage whose memory this profile still covers.
+    e.percent = 0;
+    for (uint32_t pct = 1; pct <= 100; ++pct) {
+      if (mig::ResolveMemory(0, pct, g.cap()) <= spec->memory_mib) e.percent = pct;
+    }
+    if (e.percent == 0) e.percent = 1;
+    mix.push_back(e);
+  }
+  double total = 0;
+  for (const auto& e : mix) total += e.weight;
+  if (mix.empty() || total <= 0) {
+    return absl::InvalidArgumentError("--generate: mix: no entry with a positive weight");
+  }
+  for (auto& e : mix) e.weight /= total;
+  return mix;
+}
+
+}  // namespace
+
+absl::StatusOr<Trace> GenerateTrace(std::string_view spec, uint64_t seed, const Cluster& cluster) {
+  if (cluster.groups.empty()) return absl::InvalidArgumentError("--generate: empty cluster");
+  const ModelGroup& ref = cluster.groups.front();
+  uint64_t pods = 5000;
+  std::string mix_spec = "1g:0.5/2g:0.2/3g:0.2/7g:0.1";
+  std::string arrival = "poisson";
+  double rate = 0, load = 1.0, mu = 6.3, sigma = 1.9, fixed_life = 0;
+  uint64_t burst = 50;
+  // Split on ',' but keep pieces without '=' with the previous value (life=lognormal:mu,sigma).
+  std::vector<std::pair<std::string, std::string>> kv;
+  for (const auto& piece : SplitTrimmed(spec, ',')) {
+    const size_t eq = piece.find('=');
+    if (eq == std::string::npos) {
+      if (kv.empty()) {
+        return absl::InvalidArgumentError(
+            fmt::format("--generate: \"{}\" is not key=value", piece));
+      }
+      kv.back().second += "," + piece;
+      continue;
+    }
+    kv.emplace_back(std::string(Trim(piece.substr(0, eq))),
+                    std::string(Trim(piece.substr(eq + 1))));
+  }
+  for (const auto& [key, value] : kv) {
+    if (key == "pods") {
+      auto v = ParseDouble(key, value);
+      if (!v.ok()) return v.status();
+      if (*v < 1 || *v > 10'000'000 || *v != std::floor(*v)) {
+        return absl::InvalidArgumentError(
+            "--generate: pods must be a whole number from 1 to 10000000");
+      }
+      pods = static_cast<uint64_t>(*v);
+    } else if (key == "mix") {
+      mix_spec = value;
+    } else if (key == "arrival") {
+      if (value != "poisson" && value != "daily" && value != "burst") {
+        return absl::InvalidArgumentError(
+            fmt::format("--generate: arrival \"{}\" is not poisson, daily or burst", value));
+      }
+      arrival = value;
+    } else if (key == "rate" || key == "load") {
+      auto v = ParseDouble(key, value);
+      if (!v.ok()) return v.status();
+      if (*v <= 0)
+        return absl::InvalidArgumentError(fmt::format("--generate: {} must be > 0", key));
+      (key == "rate" ? rate : load) = *v;
+    } else if (key == "life") {
+      if (value.starts_with("lognormal:")) {
+        const auto parts = SplitTrimmed(std::string_view(value).substr(10), ',');
+        if (parts.size() != 2) {
+          return absl::InvalidArgumentError(
+              fmt::format("--generate: life \"{}\": expected lognormal:MU,SIGMA", value));
+        }
+        auto m = ParseDouble("life", parts[0]);
+        if (!m.ok()) return m.status();
+        auto s = ParseDouble("life", parts[1]);
+        if (!s.ok()) return s.status();
+        if (*s < 0 || *s > 10) {
+          return absl::InvalidArgumentError("--generate: life: sigma must be from 0 to 10");
+        }
+        mu = *m;
+        sigma = *s;
+        fixed_life = 0;
+      } else if (value.starts_with("fixed:")) {
+        auto v = ParseDouble("life", std::string_view(value).substr(6));
+        if (!v.ok()) return v.status();
+        if (*v <= 0) return absl::InvalidArgumentError("--generate: life: fixed:S needs S > 0");
+        fixed_life = *v;
+      } else {
+        return absl::InvalidArgumentError(fmt::format(
+            "--generate: life \"{}\": expected lognormal:MU,SIGMA or fixed:SECONDS", value));
+      }
+    } else if (key == "burst") {
+      auto v = ParseDouble(key, value);
+      if (!v.ok()) return v.status();
+      if (*v < 1 || *v > 1'000'000) {
+        return absl::InvalidArgumentError("--generate: burst must be from 1 to 1000000");
+      }
+      burst = static_cast<uint64_t>(*v);
+    } else {
+      return absl::InvalidArgumentError(fmt::format(
+          "--generate: unknown key \"{}\" (known: pods, mix, arrival, rate, load, life, burst)",
+          key));
+    }
+  }
+  auto mix = ParseMix(mix_spec, ref);
+  if (!mix.ok()) return mix.status();
+
+  const double mean_life = fixed_life > 0 ? fixed_life : std::exp(mu + sigma * sigma / 2);
+  if (rate == 0) {
+    double mean_units = 0;
+    for (const auto& e : *mix) mean_units += e.weight * cluster.AskedUnits(e.count, e.percent);
+    if (mean_units <= 0) return absl::InvalidArgumentError("--generate: the mix asks for nothing");
+    rate = load * static_cast<double>(cluster.total_units) / (mean_units * mean_life);
+  }
+  Rng rng(seed);
+  Trace trace;
+  trace.source = fmt::format("generated:{} (seed {})", spec, seed);
+  trace.pods.reserve(pods);
+  constexpr double kDay = 86400;
+  constexpr double kDailyAmplitude = 0.69;
+  double t = 0;
+  while (trace.pods.size() < pods) {
+    uint64_t batch = 1;
+    if (arrival == "poisson") {
+      t += rng.Exponential(rate);
+    } else if (arrival == "daily") {
+      // Thinning: candidates at the peak rate, kept with probability rate(t) / peak.
+      const double peak = rate * (1 + kDailyAmplitude);
+      do {
+        t += rng.Exponential(peak);
+      } while (rng.Uniform() * (1 + kDailyAmplitude) >
+               1 + kDailyAmplitude * std::sin(2 * std::numbers::pi * t / kDay));
+    } else {
+      t += rng.Exponential(rate / static_cast<double>(burst));
+      batch = burst;
+    }
+    for (uint64_t b = 0; b < batch && trace.pods.size() < pods; ++b) {
+      double u = rng.Uniform();
+      const MixEntry* e = &mix->back();
+      for (const auto& m : *mix) {
+        if (u < m.weight) {
+          e = &m;
+          break;
+        }
+        u -= m.weight;
+      }
+      const double life = fixed_life > 0 ? fixed_life : std::exp(mu + sigma * rng.Normal());
+      TracePod pod;
+      pod.arrival = t;
+      pod.departure = t + life;
+      pod.count = e->count;
+      pod.percent = e->percent;
+      trace.pods.push_back(pod);
+    }
+  }
+  // The horizon is the last arrival: utilization and waits are measured while pods arrive (a
+  // heavy tail of departures would otherwise dilute them).
+  trace.end = trace.pods.empty() ? 0 : trace.pods.back().arrival;
+  trace.rows = trace.pods.size();
+  trace.start = trace.pods.empty() ? 0 : trace.pods.front().arrival;
+  return trace;
+}
+
+}  // namespace dynmig::sim

@@ -1,0 +1,96 @@
+// Placement policies compared by `dynmig simulate`, all on the same compact cluster state.
+//
+//   dynmig               the production planner: mig::PlanPod / mig::PlanPodOnNode over NodeViews,
+//                        exactly as the scheduler extender calls it (default pod annotations:
+//                        GPU spread, node binpack); "dynmig:gpu-binpack", "dynmig:node-spread"
+//                        (joined with '+') change the pod's policies;
+//   hami-v2.10           HAMi v2.10's documented order: node binpack by HAMi's node score, GPUs in
+//                        spread order, smallest covering profile with a free placement, placements
+//                        by start descending for 1g./3g. profiles and ascending otherwise, first
+//                        non-overlapping one wins;
+//   first-fit            first GPU (node order) where a covering profile fits, lowest free start;
+//   best-fit             the GPU with the fewest free slices where it fits, lowest free start;
+//   static:all-<x>       fixed geometries as NVIDIA MIG Manager applies them: a pod takes an idle
+//                        pre-made instance of a covering profile (smallest first);
+//   repack               a GPU accepts any multiset of instances with SOME legal layout (running
+//                        instances move freely inside their GPU); best-fit GPU choice.
+// Every policy checks its invariants on every change (legal placements, no overlap, instance
+// limits) and reports a violation as an error that aborts the run. Thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "sim/cluster.h"
+#include "sim/trace.h"
+
+namespace dynmig::sim {
+
+// A pod as the simulator runs it.
+struct SimPod {
+  double arrival = 0;
+  double departure = 0;
+  uint32_t count = 1;
+  uint32_t percent = 100;
+  uint32_t cls = 0;          // request class: index of (count, percent) among the trace's pods
+  uint32_t inst_offset = 0;  // first of its `count` slots in per-instance storage
+  uint32_t asked_units = 0;  // Cluster::AskedUnits(count, percent)
+  uint32_t line = 0;
+};
+
+// One live GPU instance, for checks and dumps.
+struct LiveInstance {
+  uint32_t pod = 0;
+  uint32_t gpu = 0;
+  uint32_t profile = 0;  // index into the GPU model's capability profiles
+  mig::Placement placement;
+};
+
+class Policy {
+ public:
+  virtual ~Policy() = default;
+  const std::string& name() const { return name_; }
+
+  // Places `pod` on any node (node < 0) or only on `node`. false: it does not fit. An error means
+  // an invariant broke (the simulation must stop).
+  virtual absl::StatusOr<bool> Place(uint32_t pod, int32_t node) = 0;
+  // Releases a placed pod's instances.
+  virtual absl::Status Remove(uint32_t pod) = 0;
+  // Over all GPUs: `free` placement units, and `stranded` free units that cannot host a request
+  // of `percent` (no covering profile could be placed there).
+  virtual void Fragmentation(uint32_t percent, uint64_t& free, uint64_t& stranded) const = 0;
+  // The node a placed pod runs on.
+  virtual uint32_t NodeOf(uint32_t pod) const = 0;
+  // Every live instance (slow; for tests and dumps).
+  virtual std::vector<LiveInstance> Snapshot() const = 0;
+
+  uint64_t used_units() const { return used_units_; }
+  uint64_t creates() const { return creates_; }    // GPU instances created
+  uint64_t destroys() const { return destroys_; }  // GPU instances destroyed
+
+ protected:
+  Policy(std::string name, const Cluster& cluster, const std::vector<SimPod>& pods)
+      : name_(std::move(name)), cluster_(cluster), pods_(pods) {}
+  absl::Status Violation(uint32_t pod, const std::string& what) const;
+
+  std::string name_;
+  const Cluster& cluster_;
+  const std::vector<SimPod>& pods_;
+  uint64_t used_units_ = 0;
+  uint64_t creates_ = 0;
+  uint64_t destroys_ = 0;
+};
+
+// The policy names MakePolicy knows, in the default order.
+std::vector<std::string> DefaultPolicies();
+
+// `pods` must outlive the policy; instance slots are sized from it.
+absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec, const Cluster& cluster,
+                                                   const std::vector<SimPod>& pods);
+
+}  // namespace dynmig::sim

@@ -1,0 +1,407 @@
+#include "sim/simulator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include "common/status_macros.h"
+#include "fmt/format.h"
+#include "sim/policies.h"
+
+namespace dynmig::sim {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct Departure {
+  double time;
+  uint32_t pod;
+};
+// Min-heap order: earlier first, then lower pod index (deterministic).
+bool Later(const Departure& a, const Departure& b) {
+  return a.time != b.time ? a.time > b.time : a.pod > b.pod;
+}
+
+double Percentile(std::vector<double>& v, double q) {
+  if (v.empty()) return 0;
+  const size_t k = std::min(v.size() - 1, static_cast<size_t>(std::ceil(q * v.size())) - 1);
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+  return v[k];
+}
+
+class Run {
+ public:
+  Run(const std::vector<SimPod>& pods, const SimResult& res,
+      const std::vector<uint32_t>& profile_of, const SimOptions& options, uint32_t classes,
+      double asked_total, Policy& policy, std::function<void(double)> progress)
+      : pods_(pods),
+        profile_of_(profile_of),
+        res_(res),
+        asked_total_(asked_total),
+        policy_(policy),
+        progress_(std::move(progress)),
+        failed_pass_(classes, 0) {
+    const size_t n = pods.size();
+    heap_.reserve(n);
+    queue_.reserve(n);
+    next_queue_.reserve(n);
+    start_.assign(n, -1);
+    const size_t stride_n = std::max<size_t>(options.fragmentation_samples, 1);
+    frag_stride_ = std::max<size_t>(1, n / stride_n);
+    out_.utilization.assign(res.sample_x.size(), 0.0);
+  }
+
+  absl::StatusOr<PolicyResult> Go() {
+    out_.name = policy_.name();
+    out_.pods = pods_.size();
+    if (res_.mode == Mode::kFill) {
+      DYNMIG_RETURN_IF_ERROR(Fill());
+    } else {
+      DYNMIG_RETURN_IF_ERROR(Events());
+    }
+    out_.accepted_count = pods_.empty() ? 0.0 : static_cast<double>(out_.accepted) / pods_.size();
+    out_.fragmentation = frag_n_ == 0 ? 0.0 : frag_sum_ / frag_n_;
+    out_.rejected_by_profile.assign(res_.profiles.size(), 0);
+    if (res_.mode != Mode::kFill) {
+      for (size_t k = 0; k < pods_.size(); ++k) {
+        if (start_[k] < 0) ++out_.rejected_by_profile[profile_of_[k]];
+      }
+    }
+    out_.creates = policy_.creates();
+    out_.destroys = policy_.destroys();
+    return std::move(out_);
+  }
+
+ private:
+  double Utilization() const {
+    return res_.capacity_units == 0
+               ? 0.0
+               : static_cast<double>(policy_.used_units()) / res_.capacity_units;
+  }
+
+  void Advance(double t) {
+    t = std::min(t, res_.end);
+    while (next_sample_ < res_.sample_x.size() && res_.sample_x[next_sample_] <= t) {
+      out_.utilization[next_sample_++] = Utilization();
+    }
+    if (t > last_t_) {
+      area_ += static_cast<double>(policy_.used_units()) * (t - last_t_);
+      last_t_ = t;
+    }
+  }
+
+  void MeasureFragmentation(uint32_t pod, size_t arrival_index) {
+    if (arrival_index % frag_stride_ != 0) return;
+    uint64_t free = 0, stranded = 0;
+    policy_.Fragmentation(pods_[pod].percent, free, stranded);
+    if (free > 0) {
+      frag_sum_ += static_cast<double>(stranded) / static_cast<double>(free);
+      ++frag_n_;
+    }
+  }
+
+  void Started(uint32_t pod, double t) {
+    const SimPod& p = pods_[pod];
+    start_[pod] = t;
+    ++out_.accepted;
+    accepted_asked_ += static_cast<double>(p.asked_units) * (p.departure - p.arrival);
+    heap_.push_back({t + (p.departure - p.arrival), pod});
+    std::push_heap(heap_.begin(), heap_.end(), Later);
+    out_.peak_utilization = std::max(out_.peak_utilization, Utilization());
+  }
+
+  void Tick() {
+    if (progress_ && (++ticks_ & 4095) == 0) {
+      progress_(static_cast<double>(arrivals_) / std::max<size_t>(pods_.size(), 1));
+    }
+  }
+
+  absl::Status Retry(uint32_t node, double t) {
+    ++pass_;
+    next_queue_.clear();
+    for (uint32_t pod : queue_) {
+      const uint32_t cls = pods_[pod].cls;
+      if (failed_pass_[cls] == pass_) {
+        next_queue_.push_back(pod);
+        continue;
+      }
+      DYNMIG_ASSIGN_OR_RETURN(const bool placed, policy_.Place(pod, static_cast<int32_t>(node)));
+      if (placed) {
+        Started(pod, t);
+      } else {
+        failed_pass_[cls] = pass_;
+        next_queue_.push_back(pod);
+      }
+    }
+    queue_.swap(next_queue_);
+    return absl::OkStatus();
+  }
+
+  absl::Status Events() {
+    const bool queue_mode = res_.mode == Mode::kQueue;
+    last_t_ = res_.start;
+    size_t i = 0;
+    while (true) {
+      Tick();
+      const double t_arr = i < pods_.size() ? pods_[i].arrival : kInf;
+      const double t_dep = heap_.empty() ? kInf : heap_.front().time;
+      if (t_dep == kInf && t_arr == kInf) break;
+      if (t_dep <= t_arr) {
+        if (t_dep > res_.end) break;
+        Advance(t_dep);
+        std::pop_heap(heap_.begin(), heap_.end(), Later);
+        const uint32_t pod = heap_.back().pod;
+        heap_.pop_back();
+        const uint32_t node = policy_.NodeOf(pod);
+        DYNMIG_RETURN_IF_ERROR(policy_.Remove(pod));
+        // Nothing starts at the very end of the horizon.
+        if (queue_mode && !queue_.empty() && t_dep < res_.end) {
+          DYNMIG_RETURN_IF_ERROR(Retry(node, t_dep));
+        }
+        continue;
+      }
+      Advance(t_arr);
+      const uint32_t pod = static_cast<uint32_t>(i);
+      MeasureFragmentation(pod, i);
+      DYNMIG_ASSIGN_OR_RETURN(const bool placed, policy_.Place(pod, -1));
+      if (placed) {
+        Started(pod, t_arr);
+      } else if (queue_mode) {
+        queue_.push_back(pod);
+      }
+      ++i;
+      ++arrivals_;
+    }
+    Advance(res_.end);
+    const double span = res_.end - res_.start;
+    out_.mean_utilization =
+        span > 0 && res_.capacity_units > 0 ? area_ / (span * res_.capacity_units) : Utilization();
+    out_.accepted_slice_time =
+        asked_total_ > 0
+            ? accepted_asked_ / asked_total_
+            : (pods_.empty() ? 0.0 : static_cast<double>(out_.accepted) / pods_.size());
+    if (queue_mode) {
+      std::vector<double> waits(pods_.size());
+      double sum = 0;
+      for (size_t k = 0; k < pods_.size(); ++k) {
+        waits[k] = start_[k] >= 0 ? start_[k] - pods_[k].arrival : res_.end - pods_[k].arrival;
+        if (start_[k] < 0) ++out_.never_started;
+        sum += waits[k];
+      }
+      out_.pending_mean = waits.empty() ? 0 : sum / waits.size();
+      out_.pending_p50 = Percentile(waits, 0.50);
+      out_.pending_p99 = Percentile(waits, 0.99);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Fill() {
+    uint64_t units = 0, asked_all = 0;
+    for (const auto& p : pods_) asked_all += p.asked_units;
+    const size_t n = pods_.size();
+    for (size_t i = 0; i < n; ++i) {
+      Tick();
+      const uint32_t pod = static_cast<uint32_t>(i);
+      MeasureFragmentation(pod, i);
+      DYNMIG_ASSIGN_OR_RETURN(const bool placed, policy_.Place(pod, -1));
+      if (!placed) break;
+      ++out_.accepted;
+      ++arrivals_;
+      units += pods_[i].asked_units;
+      out_.peak_utilization = std::max(out_.peak_utilization, Utilization());
+      while (next_sample_ < res_.sample_x.size() && res_.sample_x[next_sample_] <= i + 1) {
+        out_.utilization[next_sample_++] = Utilization();
+      }
+    }
+    while (next_sample_ < res_.sample_x.size()) out_.utilization[next_sample_++] = Utilization();
+    out_.filled = res_.capacity_units == 0 ? 0.0 : static_cast<double>(units) / res_.capacity_units;
+    out_.mean_utilization = Utilization();
+    out_.accepted_slice_time = asked_all == 0 ? 0.0 : static_cast<double>(units) / asked_all;
+    return absl::OkStatus();
+  }
+
+  const std::vector<SimPod>& pods_;
+  const std::vector<uint32_t>& profile_of_;
+  const SimResult& res_;
+  const double asked_total_;
+  Policy& policy_;
+  std::function<void(double)> progress_;
+  PolicyResult out_;
+  std::vector<Departure> heap_;
+  std::vector<uint32_t> queue_, next_queue_;
+  std::vector<uint64_t> failed_pass_;
+  uint64_t pass_ = 0;
+  std::vector<double> start_;
+  double accepted_asked_ = 0;
+  double area_ = 0;
+  double last_t_ = 0;
+  size_t next_sample_ = 0;
+  size_t frag_stride_ = 1;
+  double frag_sum_ = 0;
+  uint64_t frag_n_ = 0;
+  uint64_t ticks_ = 0;
+  size_t arrivals_ = 0;
+};
+
+}  // namespace
+
+const char* ModeName(Mode m) {
+  switch (m) {
+    case Mode::kReject:
+      return "reject";
+    case Mode::kQueue:
+      return "queue";
+    case Mode::kFill:
+      return "fill";
+  }
+  return "?";
+}
+
+absl::StatusOr<SimResult> Simulate(const Trace& trace, const Cluster& cluster,
+                                   const std::vector<std::string>& policies,
+                                   const SimOptions& options) {
+  if (policies.empty()) return absl::InvalidArgumentError("--policy: no policy given");
+  SimResult res;
+  res.trace = trace.source;
+  res.mode = options.mode;
+  res.gpus = cluster.gpu_count();
+  res.capacity_units = cluster.total_units;
+  res.cpu_only = trace.cpu_only;
+  res.start = trace.start;
+  res.end = trace.end;
+  for (const auto& g : cluster.groups) {
+    std::string model = g.cap().model;
+    if (model.starts_with("NVIDIA ")) model = model.substr(7);
+    res.cluster += fmt::format("{}{} x {}", res.cluster.empty() ? "" : " + ", model, g.gpus);
+  }
+
+  // Pods, their request classes and instance slots.
+  std::vector<SimPod> pods;
+  pods.reserve(trace.pods.size());
+  std::vector<std::array<int32_t, 101>> cls_of(kMaxInstancesPerPod + 1);
+  for (auto& row : cls_of) row.fill(-1);
+  uint32_t classes = 0, slots = 0;
+  std::vector<uint32_t> profile_of;
+  double asked_total = 0;
+  for (const auto& tp : trace.pods) {
+    if (tp.count == 0 || tp.count > kMaxInstancesPerPod || tp.percent == 0 || tp.percent > 100) {
+      return absl::InvalidArgumentError(
+          fmt::format("{}: pod at line {} asks for {} instance(s) of {}%", trace.source, tp.line,
+                      tp.count, tp.percent));
+    }
+    if (!cluster.Servable(tp.percent)) {
+      ++res.unservable;
+      continue;
+    }
+    SimPod sp;
+    sp.arrival = tp.arrival;
+    sp.departure = tp.departure;
+    sp.count = tp.count;
+    sp.percent = tp.percent;
+    sp.line = tp.line;
+    int32_t& cls = cls_of[tp.count][tp.percent];
+    if (cls < 0) cls = static_cast<int32_t>(classes++);
+    sp.cls = static_cast<uint32_t>(cls);
+    sp.inst_offset = slots;
+    slots += tp.count;
+    sp.asked_units = cluster.AskedUnits(tp.count, tp.percent);
+    for (const auto& g : cluster.groups) {
+      if (g.candidates[tp.percent].empty()) continue;
+      const std::string name = fmt::format("{}{}", tp.count > 1 ? fmt::format("{}x", tp.count) : "",
+                                           g.profile(g.candidates[tp.percent].front()).name);
+      auto it = std::find(res.profiles.begin(), res.profiles.end(), name);
+      if (it == res.profiles.end()) {
+        res.profiles.push_back(name);
+        res.pods_by_profile.push_back(0);
+        it = res.profiles.end() - 1;
+      }
+      const auto k = static_cast<uint32_t>(it - res.profiles.begin());
+      profile_of.push_back(k);
+      ++res.pods_by_profile[k];
+      break;
+    }
+    asked_total += static_cast<double>(sp.asked_units) * (sp.departure - sp.arrival);
+    pods.push_back(sp);
+  }
+  res.pods = pods.size();
+  {
+    // Profiles in size order: instance count, then memory of the smallest covering profile.
+    std::vector<std::pair<uint64_t, uint32_t>> keys(res.profiles.size());
+    for (size_t k = 0; k < pods.size(); ++k) {
+      const auto& g = *std::find_if(
+          cluster.groups.begin(), cluster.groups.end(),
+          [&](const ModelGroup& m) { return !m.candidates[pods[k].percent].empty(); });
+      keys[profile_of[k]] = {uint64_t{pods[k].count} << 40 |
+                                 g.profile(g.candidates[pods[k].percent].front()).memory_mib,
+                             profile_of[k]};
+    }
+    std::sort(keys.begin(), keys.end());
+    std::vector<uint32_t> rank(keys.size());
+    std::vector<std::string> names(keys.size());
+    std::vector<uint64_t> counts(keys.size());
+    for (size_t r = 0; r < keys.size(); ++r) {
+      rank[keys[r].second] = static_cast<uint32_t>(r);
+      names[r] = res.profiles[keys[r].second];
+      counts[r] = res.pods_by_profile[keys[r].second];
+    }
+    for (auto& k : profile_of) k = rank[k];
+    res.profiles = std::move(names);
+    res.pods_by_profile = std::move(counts);
+  }
+
+  const uint32_t samples = std::max<uint32_t>(options.samples, 2);
+  if (options.mode == Mode::kFill) {
+    res.sample_axis = "arrivals";
+    for (uint32_t s = 0; s < samples; ++s) {
+      res.sample_x.push_back(std::round(static_cast<double>(pods.size()) * s / (samples - 1)));
+    }
+    auto bound = ComputeFillBound(cluster, pods);
+    if (bound.ok()) {
+      res.bound = *bound;
+    } else {
+      res.bound_note = std::string(bound.status().message());
+    }
+  } else {
+    res.sample_axis = "seconds";
+    for (uint32_t s = 0; s < samples; ++s) {
+      res.sample_x.push_back(res.start + (res.end - res.start) * s / (samples - 1));
+    }
+  }
+
+  for (size_t k = 0; k < policies.size(); ++k) {
+    DYNMIG_ASSIGN_OR_RETURN(auto policy, MakePolicy(policies[k], cluster, pods));
+    std::function<void(double)> progress;
+    if (options.progress) {
+      progress = [&, k](double f) { options.progress((k + f) / policies.size()); };
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    Run run(pods, res, profile_of, options, classes, asked_total, *policy, progress);
+    DYNMIG_ASSIGN_OR_RETURN(PolicyResult r, run.Go());
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    res.policies.push_back(std::move(r));
+  }
+  if (options.progress) options.progress(1.0);
+
+  // Gap closed between hami-v2.10 and repack.
+  const PolicyResult* hami = nullptr;
+  const PolicyResult* repack = nullptr;
+  for (const auto& r : res.policies) {
+    if (r.name == "hami-v2.10" || r.name == "hami") hami = &r;
+    if (r.name == "repack") repack = &r;
+  }
+  if (hami != nullptr && repack != nullptr) {
+    auto metric = [&](const PolicyResult& r) {
+      return options.mode == Mode::kFill ? r.filled : r.accepted_slice_time;
+    };
+    const double span = metric(*repack) - metric(*hami);
+    res.has_gap = true;
+    res.gap_span = span;
+    if (span > 1e-9) {
+      for (auto& r : res.policies) r.gap_closed = (metric(r) - metric(*hami)) / span;
+    }
+  }
+  return res;
+}
+
+}  // namespace dynmig::sim

@@ -1,0 +1,118 @@
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "cli/cli.h"
+#include "nlohmann/json.hpp"
+
+namespace dynmig::cli {
+namespace {
+
+using ::testing::HasSubstr;
+
+class SimulateCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("dynmig-simulate-cli-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+    trace_ = (dir_ / "pods.csv").string();
+    std::ofstream(trace_) << "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+                             "creation_time,deletion_time,scheduled_time\n"
+                             "a,1,1,1,120,,LS,Running,0,90,0\n"
+                             "b,1,1,1,490,,LS,Running,1,100,1\n"
+                             "c,1,1,1,240,,LS,Running,2,110,2\n"
+                             "d,1,1,1,120,,LS,Running,3,120,3\n"
+                             "e,1,1,0,0,,LS,Running,3,120,3\n";
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  int Run(const std::vector<std::string>& args) {
+    out_.str("");
+    err_.str("");
+    return RunCli(args, out_, err_);
+  }
+
+  std::filesystem::path dir_;
+  std::string trace_;
+  std::ostringstream out_, err_;
+};
+
+TEST_F(SimulateCliTest, TextTable) {
+  ASSERT_EQ(Run({"simulate", "--trace", trace_, "--gpus", "A100-SXM4-40GBx1"}), kExitOk)
+      << err_.str();
+  const std::string out = out_.str();
+  EXPECT_THAT(out, HasSubstr("4 GPU pods (1 CPU-only skipped, 0 unservable)"));
+  EXPECT_THAT(out, HasSubstr("A100-SXM4-40GB x 1"));
+  for (const char* p :
+       {"dynmig", "hami-v2.10", "first-fit", "best-fit", "static:all-balanced", "static:all-1g",
+        "static:all-2g", "static:all-3g", "static:all-7g", "repack"}) {
+    EXPECT_THAT(out, HasSubstr(p));
+  }
+  EXPECT_EQ(err_.str(), "");  // no progress bar when stderr is not a terminal
+}
+
+TEST_F(SimulateCliTest, JsonAndSvg) {
+  const std::string svg = (dir_ / "chart.svg").string();
+  ASSERT_EQ(Run({"simulate", "--trace", trace_, "--gpus", "A100-SXM4-40GBx1", "--policy",
+                 "dynmig,hami-v2.10,repack", "-o", "json", "--svg", svg}),
+            kExitOk)
+      << err_.str();
+  auto j = nlohmann::json::parse(out_.str());
+  ASSERT_EQ(j["policies"].size(), 3u);
+  EXPECT_EQ(j["policies"][0]["name"], "dynmig");
+  EXPECT_DOUBLE_EQ(j["policies"][0]["acceptedCount"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(j["policies"][1]["acceptedCount"].get<double>(), 0.75);
+  EXPECT_DOUBLE_EQ(j["policies"][0]["gapClosed"].get<double>(), 1.0);
+  std::ifstream in(svg);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_THAT(ss.str(), HasSubstr("<svg"));
+}
+
+TEST_F(SimulateCliTest, CsvQueueAndFill) {
+  ASSERT_EQ(Run({"simulate", "--trace", trace_, "--gpus", "A100-SXM4-40GBx1", "--mode", "queue",
+                 "-o", "csv", "--policy", "first-fit"}),
+            kExitOk)
+      << err_.str();
+  EXPECT_THAT(out_.str(), ::testing::StartsWith("policy,accepted,"));
+  EXPECT_THAT(out_.str(), HasSubstr("\nfirst-fit,4,"));
+  ASSERT_EQ(Run({"simulate", "--trace", trace_, "--gpus", "A100-SXM4-40GBx1", "--mode", "fill"}),
+            kExitOk)
+      << err_.str();
+  EXPECT_THAT(out_.str(), HasSubstr("bound"));
+  EXPECT_THAT(out_.str(), HasSubstr("vs bound"));
+}
+
+TEST_F(SimulateCliTest, Generate) {
+  ASSERT_EQ(Run({"simulate", "--generate", "pods=300,load=1.5", "--seed", "3", "--gpus",
+                 "A100-SXM4-40GBx8", "--policy", "dynmig,repack"}),
+            kExitOk)
+      << err_.str();
+  EXPECT_THAT(out_.str(), HasSubstr("generated:pods=300,load=1.5 (seed 3)"));
+}
+
+TEST_F(SimulateCliTest, BadInput) {
+  EXPECT_EQ(Run({"simulate", "--trace", trace_, "--mode", "sometimes"}), kExitBadInput);
+  EXPECT_THAT(err_.str(), HasSubstr("--mode \"sometimes\": expected reject, queue or fill"));
+  EXPECT_EQ(Run({"simulate", "--trace", trace_, "--policy", "worst-fit"}), kExitBadInput);
+  EXPECT_THAT(err_.str(), HasSubstr("unknown policy \"worst-fit\""));
+  EXPECT_EQ(Run({"simulate", "--trace", trace_, "--gpus", "A100"}), kExitBadInput);
+  EXPECT_THAT(err_.str(), HasSubstr("has no GPU count"));
+  EXPECT_EQ(Run({"simulate", "--trace", (dir_ / "missing.csv").string()}), kExitBadInput);
+  EXPECT_THAT(err_.str(), HasSubstr("no trace file"));
+  EXPECT_EQ(Run({"simulate", "--trace", trace_, "--generate", "pods=1"}), kExitBadInput);
+  EXPECT_THAT(err_.str(), HasSubstr("exclude each other"));
+  EXPECT_EQ(Run({"simulate", "--trace", trace_, "-o", "yaml"}), kExitBadInput);
+  std::ofstream(dir_ / "bad.csv") << "name,num_gpu,gpu_milli,creation_time,deletion_time\n"
+                                     "x,1,1000,zero,5\n";
+  EXPECT_EQ(Run({"simulate", "--trace", (dir_ / "bad.csv").string()}), kExitBadInput);
+  EXPECT_THAT(err_.str(), HasSubstr("bad.csv:2: creation_time \"zero\" is not a number"));
+}
+
+}  // namespace
+}  // namespace dynmig::cli
