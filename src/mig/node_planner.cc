@@ -116,6 +116,18 @@ std::string NodePlan::Reason(const NodeView& node) const {
 
 namespace {
 
+// Node choice: binpack = best fit (fewest free slices left on the pod's GPUs), then fullest;
+// spread = emptiest. Then the better fragmentation score.
+bool Better(const NodePlan& a, const NodePlan& b, NodePolicy policy) {
+  if (policy == NodePolicy::kBinpack) {
+    if (a.leftover != b.leftover) return a.leftover < b.leftover;
+    if (a.used_fraction != b.used_fraction) return a.used_fraction > b.used_fraction;
+  } else if (a.used_fraction != b.used_fraction) {
+    return a.used_fraction < b.used_fraction;
+  }
+  return a.score > b.score;
+}
+
 // Buffers reused across the nodes of one pod, so the common path allocates nothing per node.
 struct Scratch {
   bool explain = true;
@@ -271,7 +283,12 @@ void PlanOnNode(const NodeView& node, const PodRequest& request, Scratch& s, Nod
     }
   }
   for (uint32_t i : s.eligible) {
-    plan.score += node.gpus[i].planner->FragmentationScore(~s.usage[i].occupied);
+    const auto& planner = *node.gpus[i].planner;
+    plan.score += planner.FragmentationScore(~s.usage[i].occupied);
+    if (s.usage[i].occupied != node.gpus[i].usage.occupied) {
+      const uint32_t free_units = std::popcount(~s.usage[i].occupied & FullMask(planner.units()));
+      plan.leftover += free_units * 64 / std::max(1u, planner.units());
+    }
   }
 }
 
@@ -306,14 +323,7 @@ PodPlan PlanPod(std::span<const NodeView* const> nodes, const PodRequest& reques
       continue;
     }
     const NodePlan& best = out.nodes[out.chosen];
-    if (p.used_fraction != best.used_fraction) {
-      const bool better = request.node_policy == NodePolicy::kBinpack
-                              ? p.used_fraction > best.used_fraction
-                              : p.used_fraction < best.used_fraction;
-      if (better) out.chosen = static_cast<int>(i);
-    } else if (p.score > best.score) {
-      out.chosen = static_cast<int>(i);
-    }
+    if (Better(p, best, request.node_policy)) out.chosen = static_cast<int>(i);
   }
   if (out.chosen >= 0) {
     // The winner again, this time recording its assignments (same inputs, same answer).

@@ -58,6 +58,8 @@ struct NodePlan {
   std::vector<GpuOutcome> gpus;  // per GPU, filled when the node does not fit
   double used_fraction = 0;      // slices in use before this pod, over all MIG GPUs
   uint64_t score = 0;            // summed fragmentation score after the pod (higher is better)
+  // Free units left on the GPUs the pod lands on, in 64ths of a GPU (lower is a tighter fit).
+  uint32_t leftover = 0;
 
   bool fits() const { return verdict == Verdict::kFits; }
   // "node-a: fragmented: GPU 0 (GPU-…): ...; GPU 1 ...".
@@ -72,9 +74,11 @@ struct PodPlan {
   std::vector<NodePlan> nodes;
 };
 
-// Plans on every node and picks one: node policy binpack prefers the fullest node, spread the
-// emptiest; ties go to the better fragmentation score, then to node order. Verdicts only: for the
-// reasons of a node that does not fit, call PlanPodOnNode on it (Reason needs them).
+// Plans on every node and picks one. Node policy binpack (the default) is best-fit: the node
+// where the pod's GPUs are left with the fewest free slices, then the fullest node; spread picks
+// the emptiest node. Remaining ties go to the better fragmentation score, then to node order.
+// Verdicts only: for the reasons of a node that does not fit, call PlanPodOnNode on it (Reason
+// needs them).
 PodPlan PlanPod(std::span<const NodeView> nodes, const PodRequest& request);
 // The same over nodes held elsewhere (the scheduler's cache).
 PodPlan PlanPod(std::span<const NodeView* const> nodes, const PodRequest& request);

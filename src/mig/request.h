@@ -41,7 +41,9 @@ struct PodRequest {
   std::vector<ContainerRequest> containers;  // init containers first, then app containers
   Preference preference;
   GpuFilter filter;
-  GpuPolicy gpu_policy = GpuPolicy::kSpread;
+  // Binpack by default (HAMi defaults to spread): for MIG, filling the fullest GPU that fits is
+  // best-fit, which `dynmig simulate` shows admits more than spreading (docs/design/0001).
+  GpuPolicy gpu_policy = GpuPolicy::kBinpack;
   NodePolicy node_policy = NodePolicy::kBinpack;
 
   bool WantsGpu() const {

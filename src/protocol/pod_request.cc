@@ -173,7 +173,7 @@ absl::StatusOr<mig::GpuPolicy> ParseGpuPolicy(std::string_view value,
     }
     policy = p;
   }
-  return policy.value_or(mig::GpuPolicy::kSpread);
+  return policy.value_or(mig::PodRequest{}.gpu_policy);
 }
 
 absl::StatusOr<mig::NodePolicy> ParseNodePolicy(std::string_view value) {

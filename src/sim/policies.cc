@@ -1107,8 +1107,8 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec, const 
                                                    const std::vector<SimPod>& pods) {
   const std::string name(spec);
   if (spec == "dynmig" || spec.starts_with("dynmig:")) {
-    mig::GpuPolicy gpu = mig::GpuPolicy::kSpread;
-    mig::NodePolicy node = mig::NodePolicy::kBinpack;
+    mig::GpuPolicy gpu = mig::PodRequest{}.gpu_policy;
+    mig::NodePolicy node = mig::PodRequest{}.node_policy;
     if (spec.size() > 7) {
       for (const auto& opt : SplitTrimmed(spec.substr(7), '+')) {
         if (opt == "gpu-binpack") {

@@ -51,7 +51,7 @@ TEST(PodRequestTest, ParsesTheSpecCanary) {
   EXPECT_EQ(r->containers[0].memory.mib, 8000u);
   EXPECT_EQ(r->containers[0].memory.percent, 0u);
   EXPECT_EQ(r->filter.vgpu_mode, "mig");
-  EXPECT_EQ(r->gpu_policy, mig::GpuPolicy::kSpread);
+  EXPECT_EQ(r->gpu_policy, mig::GpuPolicy::kBinpack);
   EXPECT_EQ(r->node_policy, mig::NodePolicy::kBinpack);
   EXPECT_TRUE(r->preference.empty());
   EXPECT_TRUE(r->WantsGpu());
@@ -215,7 +215,7 @@ TEST(PodRequestTest, SchedulerPolicies) {
   auto only_ignored = ParsePodRequest(
       PodWithLimits({{"nvidia.com/gpu", 1}}, {{"hami.io/gpu-scheduler-policy", "numa"}}));
   ASSERT_TRUE(only_ignored.ok()) << only_ignored.status();
-  EXPECT_EQ(only_ignored->gpu_policy, mig::GpuPolicy::kSpread);
+  EXPECT_EQ(only_ignored->gpu_policy, mig::GpuPolicy::kBinpack);
 
   absl::Status unknown = ParseError(
       PodWithLimits({{"nvidia.com/gpu", 1}}, {{"hami.io/gpu-scheduler-policy", "packed"}}));
