@@ -13,6 +13,7 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   app.fallthrough();
   app.set_version_flag("--version", "dynmig 0.1.0");
   // One line per subcommand (declared in cli.h).
+  RegisterApiserverCommand(app, ctx);
 
   // CLI11 parses a reversed vector of arguments.
   std::vector<std::string> reversed(args.rbegin(), args.rend());

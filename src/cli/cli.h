@@ -30,5 +30,6 @@ struct CliContext {
 int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 
 // Registration functions, one per subcommand file.
+void RegisterApiserverCommand(CLI::App& root, CliContext& ctx);
 
 }  // namespace dynmig::cli
