@@ -100,11 +100,11 @@ int Main(int pods) {
   {
     Counter seen;
     auto list = client->ListPods({});
-    auto watch = client->WatchPods({.resource_version = list->resource_version,
-                                    .allow_bookmarks = false},
-                                   [&](const WatchEvent& e) {
-                                     if (e.type == WatchEventType::kAdded) seen.Add();
-                                   });
+    auto watch =
+        client->WatchPods({.resource_version = list->resource_version, .allow_bookmarks = false},
+                          [&](const WatchEvent& e) {
+                            if (e.type == WatchEventType::kAdded) seen.Add();
+                          });
     if (!watch.ok()) {
       fmt::print(stderr, "watch failed: {}\n", std::string(watch.status().message()));
       return 1;
@@ -138,10 +138,11 @@ int Main(int pods) {
     });
     const bool all = watch.ok() && seen.WaitFor(pods, std::chrono::seconds(120));
     const auto done = Clock::now();
-    fmt::print("watch initial state (resourceVersion unset): {} ADDED events in {:.2f} s = {:.0f} "
-               "events/s{}\n",
-               seen.count, Seconds(done - start), seen.count / Seconds(done - start),
-               all ? "" : " [INCOMPLETE]");
+    fmt::print(
+        "watch initial state (resourceVersion unset): {} ADDED events in {:.2f} s = {:.0f} "
+        "events/s{}\n",
+        seen.count, Seconds(done - start), seen.count / Seconds(done - start),
+        all ? "" : " [INCOMPLETE]");
     if (watch.ok()) (*watch)->Stop();
   }
 
@@ -159,16 +160,18 @@ int Main(int pods) {
     for (int r = 0; r < 3; ++r) runs.push_back(time_list(limit, &items));
     std::sort(runs.begin(), runs.end());
     fmt::print("list latency, {} ({} pods): min {:.3f} s, median {:.3f} s, max {:.3f} s\n",
-               limit == 0 ? "one request" : fmt::format("limit={} ({} requests)", limit,
-                                                        (pods + limit - 1) / limit),
+               limit == 0
+                   ? "one request"
+                   : fmt::format("limit={} ({} requests)", limit, (pods + limit - 1) / limit),
                items, runs[0], runs[1], runs[2]);
   }
   {
     const auto start = Clock::now();
     auto list = client->ListPods({.field_selector = "spec.nodeName=gpu-node-007"});
-    fmt::print("list latency, field selector spec.nodeName (server filters {} pods to {}): "
-               "{:.4f} s\n",
-               pods, list.ok() ? list->items.size() : 0, Seconds(Clock::now() - start));
+    fmt::print(
+        "list latency, field selector spec.nodeName (server filters {} pods to {}): "
+        "{:.4f} s\n",
+        pods, list.ok() ? list->items.size() : 0, Seconds(Clock::now() - start));
   }
 
   // 4. Informer initial sync (paginated list + watch start).
@@ -189,15 +192,15 @@ int Main(int pods) {
     int ok = 0;
     for (int i = 0; i < kPatches; ++i) {
       Object pod = BenchPod(i % pods);
-      ok += client
-                ->PatchPodAnnotations(Namespace(pod), Name(pod),
-                                      {{"bench/seq", std::to_string(i)}})
-                .ok();
+      ok +=
+          client->PatchPodAnnotations(Namespace(pod), Name(pod), {{"bench/seq", std::to_string(i)}})
+              .ok();
     }
     const double took = Seconds(Clock::now() - start);
-    fmt::print("annotation merge-patch over HTTP (1 client thread): {} ok in {:.2f} s = {:.0f} "
-               "req/s\n",
-               ok, took, ok / took);
+    fmt::print(
+        "annotation merge-patch over HTTP (1 client thread): {} ok in {:.2f} s = {:.0f} "
+        "req/s\n",
+        ok, took, ok / took);
   }
   client.reset();
   server->Stop();

@@ -267,11 +267,26 @@ absl::StatusOr<std::unique_ptr<InMemoryApiServer>> InMemoryApiServer::Start(
 }
 
 std::string InMemoryApiServer::url() const {
-  return fmt::format("http://{}:{}", options_.host, port_);
+  const bool tls = !options_.tls_cert_file.empty();
+  return fmt::format("{}://{}:{}", tls ? "https" : "http", options_.host, port_);
 }
 
 absl::Status InMemoryApiServer::Listen() {
-  http_ = std::make_unique<httplib::Server>();
+  if (!options_.tls_cert_file.empty() || !options_.tls_key_file.empty()) {
+    if (options_.tls_cert_file.empty() || options_.tls_key_file.empty()) {
+      return absl::InvalidArgumentError("TLS needs both tls_cert_file and tls_key_file");
+    }
+    http_ = std::make_unique<httplib::SSLServer>(
+        options_.tls_cert_file.c_str(), options_.tls_key_file.c_str(),
+        options_.tls_client_ca_file.empty() ? nullptr : options_.tls_client_ca_file.c_str());
+    if (!http_->is_valid()) {
+      return absl::InvalidArgumentError(
+          fmt::format("cannot load TLS certificate '{}' / key '{}' / client CA '{}'",
+                      options_.tls_cert_file, options_.tls_key_file, options_.tls_client_ca_file));
+    }
+  } else {
+    http_ = std::make_unique<httplib::Server>();
+  }
   const int threads = std::max(4, options_.threads);
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http_->set_keep_alive_max_count(100000);

@@ -76,6 +76,11 @@ struct InMemoryApiServerOptions {
   // ERROR event (a real server does either).
   bool expired_watch_as_http_error = false;
   bool log_requests = false;  // spdlog debug line per request
+  // HTTPS when both are set (PEM files). With a client CA, clients must present a certificate
+  // signed by it (mutual TLS). Used to test the client's TLS settings.
+  std::string tls_cert_file{};
+  std::string tls_key_file{};
+  std::string tls_client_ca_file{};
   // When set, every request (admin endpoints and /healthz excepted) must carry
   // "Authorization: Bearer <token>", else 401. A test hook, not security.
   std::string bearer_token;
@@ -91,7 +96,7 @@ class InMemoryApiServer {
   InMemoryApiServer& operator=(const InMemoryApiServer&) = delete;
 
   int port() const { return port_; }
-  std::string url() const;  // "http://127.0.0.1:PORT"
+  std::string url() const;  // "http://127.0.0.1:PORT" ("https://..." with TLS)
   // Stops accepting, ends open watches and waits for in-flight requests. Idempotent.
   void Stop();
 

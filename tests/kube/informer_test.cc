@@ -113,7 +113,8 @@ TEST_F(InformerTest, DroppedConnectionsResumeWithoutMissingOrDuplicating) {
   ASSERT_TRUE(informer.WaitForSync(absl::Seconds(10)));
   for (int round = 0; round < 5; ++round) {
     ASSERT_TRUE(client_->CreatePod(MakePod(fmt::format("p{}", round))).ok());
-    ASSERT_TRUE(testing::Eventually([&] { return server_->open_watches() == 1; }));
+    // The informer's (round+1)-th watch is established: cut exactly that one.
+    ASSERT_TRUE(testing::Eventually([&] { return informer.stats().watches == round + 1; }));
     server_->CutWatches();
     // Writes while the informer is reconnecting.
     ASSERT_TRUE(client_
@@ -130,7 +131,7 @@ TEST_F(InformerTest, DroppedConnectionsResumeWithoutMissingOrDuplicating) {
   }
   EXPECT_EQ(log.log.Get(), want);
   EXPECT_EQ(informer.stats().lists, 1);  // resumed from the resourceVersion, never relisted
-  EXPECT_GE(informer.stats().watches, 6);
+  EXPECT_TRUE(testing::Eventually([&] { return informer.stats().watches == 6; }));
 }
 
 TEST_F(InformerTest, ExpiredHistoryRelistsAndEmitsExactlyTheDiff) {

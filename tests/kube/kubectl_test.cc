@@ -187,15 +187,21 @@ TEST_F(KubectlTest, CreateAndWatch) {
 
 // ---- The `dynmig apiserver` command, as a process. ----
 
+// $DYNMIG_BINARY, else `dynmig` next to this test binary (both go to build*/bin).
 std::string DynmigBinary() {
   const char* env = std::getenv("DYNMIG_BINARY");
   if (env != nullptr && access(env, X_OK) == 0) return env;
-  return "";
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "";
+  const std::string sibling = (self.parent_path() / "dynmig").string();
+  return access(sibling.c_str(), X_OK) == 0 ? sibling : "";
 }
 
 TEST(ApiserverCommandTest, ServesUntilSigterm) {
   const std::string binary = DynmigBinary();
-  if (binary.empty()) GTEST_SKIP() << "DYNMIG_BINARY not set or not built: skipping";
+  if (binary.empty())
+    GTEST_SKIP() << "the dynmig binary is not built (DYNMIG_BINARY unset): skipping";
   const auto dir = std::filesystem::temp_directory_path() / fmt::format("dynmig-cmd-{}", getpid());
   std::filesystem::create_directories(dir);
   const std::string kubeconfig = (dir / "kubeconfig").string();
@@ -242,7 +248,8 @@ TEST(ApiserverCommandTest, ServesUntilSigterm) {
 
 TEST(ApiserverCommandTest, BadListenAddressIsBadInput) {
   const std::string binary = DynmigBinary();
-  if (binary.empty()) GTEST_SKIP() << "DYNMIG_BINARY not set or not built: skipping";
+  if (binary.empty())
+    GTEST_SKIP() << "the dynmig binary is not built (DYNMIG_BINARY unset): skipping";
   CommandResult r = RunShell(binary + " apiserver --listen nonsense");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("--listen must be HOST:PORT"));
