@@ -17,6 +17,7 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   RegisterConfigCommand(app, ctx);
   RegisterNvmlCommand(app, ctx);
   RegisterSimulateCommand(app, ctx);
+  RegisterApiserverCommand(app, ctx);
 
   // CLI11 parses a reversed vector of arguments.
   std::vector<std::string> reversed(args.rbegin(), args.rend());

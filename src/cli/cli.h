@@ -35,5 +35,6 @@ void RegisterConfigCommand(CLI::App& root, CliContext& ctx);
 void RegisterPlanCommand(CLI::App& root, CliContext& ctx);
 void RegisterNvmlCommand(CLI::App& root, CliContext& ctx);
 void RegisterSimulateCommand(CLI::App& root, CliContext& ctx);
+void RegisterApiserverCommand(CLI::App& root, CliContext& ctx);
 
 }  // namespace dynmig::cli

@@ -1,0 +1,838 @@
+#include "kube/api_store.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+
+#include "kube/api_status.h"
+#include "kube/patch.h"
+
+namespace dynmig::kube {
+namespace {
+
+constexpr int64_t kDefaultGracePeriodSeconds = 30;
+
+bool IsDnsSubdomain(std::string_view name) {
+  if (name.empty() || name.size() > 253) return false;
+  auto alnum = [](char c) {
+    return std::islower(static_cast<unsigned char>(c)) ||
+           std::isdigit(static_cast<unsigned char>(c));
+  };
+  if (!alnum(name.front()) || !alnum(name.back())) return false;
+  return std::all_of(name.begin(), name.end(),
+                     [&](char c) { return alnum(c) || c == '-' || c == '.'; });
+}
+
+bool IsDnsLabel(std::string_view name) {
+  return IsDnsSubdomain(name) && name.size() <= 63 && name.find('.') == std::string_view::npos;
+}
+
+std::string QualifiedName(Resource resource, std::string_view name) {
+  const ResourceInfo& info = InfoFor(resource);
+  if (info.group.empty()) return fmt::format("{} \"{}\"", info.plural, name);
+  return fmt::format("{}.{} \"{}\"", info.plural, info.group, name);
+}
+
+absl::Status NotFound(Resource resource, std::string_view name) {
+  return ApiError(404, "NotFound", fmt::format("{} not found", QualifiedName(resource, name)));
+}
+
+absl::Status Conflict(Resource resource, std::string_view name, std::string_view why) {
+  return ApiError(
+      409, "Conflict",
+      fmt::format("Operation cannot be fulfilled on {}: {}", QualifiedName(resource, name), why));
+}
+
+absl::Status Invalid(Resource resource, std::string_view name, std::string_view detail) {
+  return ApiError(422, "Invalid",
+                  fmt::format("{} \"{}\" is invalid: {}", InfoFor(resource).kind, name, detail));
+}
+
+constexpr std::string_view kModified =
+    "the object has been modified; please apply your changes to the latest version and try again";
+
+bool ParseInt64(std::string_view s, int64_t* out) {
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return ec == std::errc() && ptr == s.data() + s.size();
+}
+
+StoredPtr MakeStored(Object obj) {
+  auto stored = std::make_shared<StoredObject>();
+  stored->json = obj.dump();
+  stored->object = std::move(obj);
+  return stored;
+}
+
+// Metadata fields the server owns; a client cannot change them with PUT or PATCH.
+void KeepSystemMetadata(const Object& old_obj, Object* obj) {
+  Object& meta = (*obj)["metadata"];
+  const Object& old_meta = old_obj["metadata"];
+  for (const char* field : {"name", "namespace", "uid", "creationTimestamp", "deletionTimestamp",
+                            "deletionGracePeriodSeconds", "generation", "selfLink"}) {
+    if (old_meta.contains(field)) {
+      meta[field] = old_meta[field];
+    } else {
+      meta.erase(field);
+    }
+  }
+}
+
+// The API server stores resource quantities as strings ("2", "500m"); so does this store, so
+// code tested here sees what a real cluster sends.
+void NormalizeQuantities(Object* map) {
+  if (map == nullptr || !map->is_object()) return;
+  for (auto& [key, value] : map->items()) {
+    if (value.is_number_integer() || value.is_number_unsigned()) {
+      value = value.dump();
+    } else if (value.is_number_float()) {
+      const double v = value.get<double>();
+      const double milli = v * 1000;
+      value = milli == static_cast<double>(static_cast<int64_t>(v)) * 1000
+                  ? std::to_string(static_cast<int64_t>(v))
+                  : fmt::format("{}m", static_cast<int64_t>(milli + (milli >= 0 ? 0.5 : -0.5)));
+    }
+  }
+}
+
+Object* Find(Object* obj, std::string_view key) {
+  if (obj == nullptr || !obj->is_object()) return nullptr;
+  auto it = obj->find(key);
+  return it == obj->end() ? nullptr : &*it;
+}
+
+void NormalizeObject(Resource resource, Object* obj) {
+  if (resource == Resource::kPods) {
+    Object* spec = Find(obj, "spec");
+    for (const char* list : {"containers", "initContainers"}) {
+      Object* containers = Find(spec, list);
+      if (containers == nullptr || !containers->is_array()) continue;
+      for (auto& c : *containers) {
+        Object* resources = Find(&c, "resources");
+        NormalizeQuantities(Find(resources, "limits"));
+        NormalizeQuantities(Find(resources, "requests"));
+      }
+    }
+  } else if (resource == Resource::kNodes) {
+    Object* status = Find(obj, "status");
+    NormalizeQuantities(Find(status, "capacity"));
+    NormalizeQuantities(Find(status, "allocatable"));
+  }
+}
+
+bool HasStatusSubresource(Resource r) {
+  return r == Resource::kPods || r == Resource::kNodes || r == Resource::kNamespaces;
+}
+
+bool IsPodTerminal(const Object& pod) {
+  const std::string phase = Phase(pod);
+  return phase == "Succeeded" || phase == "Failed";
+}
+
+}  // namespace
+
+ApiStore::ApiStore(ApiStoreOptions options)
+    : options_(std::move(options)), rng_(std::random_device{}()) {
+  if (!options_.clock) options_.clock = [] { return absl::Now(); };
+  if (options_.watch_history == 0) options_.watch_history = 1;
+  rv_ = 1000;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const char* ns : {"default", "kube-system", "kube-public", "kube-node-lease"}) {
+    (void)EnsureNamespaceLocked(ns);
+  }
+  // Namespaces existing at startup are part of the initial state, not history.
+  history_.clear();
+  min_cursor_ = rv_;
+}
+
+ApiStore::~ApiStore() { Shutdown(); }
+
+absl::Time ApiStore::Now() const { return options_.clock(); }
+
+std::string ApiStore::NewUid() {
+  const uint64_t a = rng_();
+  const uint64_t b = rng_();
+  // RFC 4122 version 4 layout.
+  return fmt::format("{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}", a >> 32, (a >> 16) & 0xffff, a & 0xfff,
+                     ((b >> 48) & 0x3fff) | 0x8000, b & 0xffffffffffffULL);
+}
+
+int64_t ApiStore::resource_version() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return rv_;
+}
+
+StoredPtr ApiStore::CommitLocked(Resource resource, const std::string& key, Object obj,
+                                 const StoredPtr& previous) {
+  ++rv_;
+  obj["metadata"]["resourceVersion"] = std::to_string(rv_);
+  StoredPtr stored = MakeStored(std::move(obj));
+  Objects(resource)[key] = stored;
+  history_.push_back({rv_, resource, previous ? WatchEventType::kModified : WatchEventType::kAdded,
+                      stored, previous});
+  while (history_.size() > options_.watch_history) {
+    min_cursor_ = history_.front().rv;
+    history_.pop_front();
+  }
+  changed_.notify_all();
+  return stored;
+}
+
+StoredPtr ApiStore::RemoveLocked(Resource resource, const std::string& key) {
+  ObjectMap& map = Objects(resource);
+  auto it = map.find(key);
+  if (it == map.end()) return nullptr;
+  ++rv_;
+  // The DELETED event carries the final state at the deletion's resourceVersion.
+  Object final_obj = it->second->object;
+  final_obj["metadata"]["resourceVersion"] = std::to_string(rv_);
+  StoredPtr stored = MakeStored(std::move(final_obj));
+  map.erase(it);
+  if (resource == Resource::kPods) pending_deletions_.erase(key);
+  history_.push_back({rv_, resource, WatchEventType::kDeleted, stored, nullptr});
+  while (history_.size() > options_.watch_history) {
+    min_cursor_ = history_.front().rv;
+    history_.pop_front();
+  }
+  changed_.notify_all();
+  return stored;
+}
+
+absl::Status ApiStore::EnsureNamespaceLocked(std::string_view ns) {
+  if (ns.empty()) return absl::OkStatus();
+  if (Objects(Resource::kNamespaces).count(std::string(ns)) > 0) return absl::OkStatus();
+  if (!IsDnsLabel(ns)) {
+    return ApiError(422, "Invalid",
+                    fmt::format("namespace \"{}\" is invalid: must be a DNS-1123 label", ns));
+  }
+  Object obj = {{"apiVersion", "v1"},
+                {"kind", "Namespace"},
+                {"metadata",
+                 {{"name", std::string(ns)},
+                  {"uid", NewUid()},
+                  {"creationTimestamp", Rfc3339(Now())},
+                  {"labels", {{"kubernetes.io/metadata.name", std::string(ns)}}}}},
+                {"spec", {{"finalizers", {"kubernetes"}}}},
+                {"status", {{"phase", "Active"}}}};
+  CommitLocked(Resource::kNamespaces, std::string(ns), std::move(obj), nullptr);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Object> ApiStore::Create(Resource resource, std::string_view ns, const Object& obj) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return CreateLocked(resource, ns, obj);
+}
+
+absl::StatusOr<Object> ApiStore::CreateLocked(Resource resource, std::string_view ns,
+                                              const Object& in) {
+  const ResourceInfo& info = InfoFor(resource);
+  if (!in.is_object()) {
+    return ApiError(400, "BadRequest",
+                    fmt::format("the body of a {} create must be a JSON object", info.kind));
+  }
+  Object obj = in;
+  if (obj.contains("kind") && obj["kind"] != info.kind) {
+    return ApiError(400, "BadRequest",
+                    fmt::format("the kind \"{}\" of the object does not match the resource {} "
+                                "(kind {})",
+                                obj["kind"].is_string() ? obj["kind"].get<std::string>() : "?",
+                                info.plural, info.kind));
+  }
+  if (obj.contains("apiVersion") && obj["apiVersion"] != info.api_version) {
+    return ApiError(
+        400, "BadRequest",
+        fmt::format("apiVersion {} does not match {}", obj["apiVersion"].dump(), info.api_version));
+  }
+  obj["kind"] = info.kind;
+  obj["apiVersion"] = info.api_version;
+  if (!obj.contains("metadata") || !obj["metadata"].is_object()) obj["metadata"] = Object::object();
+  Object& meta = obj["metadata"];
+
+  std::string name = Name(obj);
+  if (name.empty()) {
+    const std::string generate = StringAt(obj, "/metadata/generateName");
+    if (generate.empty()) {
+      return Invalid(resource, "",
+                     "metadata.name: Required value: name or generateName is required");
+    }
+    static constexpr char kAlphabet[] = "bcdfghjklmnpqrstvwxz2456789";
+    std::string suffix;
+    for (int i = 0; i < 5; ++i) suffix.push_back(kAlphabet[rng_() % (sizeof(kAlphabet) - 1)]);
+    name = generate + suffix;
+    meta["name"] = name;
+  }
+  const bool name_ok = resource == Resource::kNamespaces ? IsDnsLabel(name) : IsDnsSubdomain(name);
+  if (!name_ok) {
+    return Invalid(resource, name,
+                   fmt::format("metadata.name: Invalid value: \"{}\": a lowercase RFC 1123 {} must "
+                               "consist of lower case alphanumeric characters, '-' or '.', and "
+                               "must start and end with an alphanumeric character",
+                               name, resource == Resource::kNamespaces ? "label" : "subdomain"));
+  }
+  std::string key = name;
+  if (info.namespaced) {
+    const std::string body_ns = Namespace(obj);
+    if (!body_ns.empty() && body_ns != ns) {
+      return ApiError(400, "BadRequest",
+                      "the namespace of the provided object does not match the namespace sent "
+                      "on the request");
+    }
+    if (ns.empty()) {
+      return ApiError(400, "BadRequest",
+                      fmt::format("{} must be created in a namespace", info.plural));
+    }
+    meta["namespace"] = std::string(ns);
+    key = ObjectKey(ns, name);
+  } else {
+    meta.erase("namespace");
+  }
+  if (Objects(resource).count(key) > 0) {
+    return ApiError(409, "AlreadyExists",
+                    fmt::format("{} already exists", QualifiedName(resource, name)));
+  }
+  if (resource == Resource::kPods) {
+    const Object* containers = nullptr;
+    if (obj.contains("spec") && obj["spec"].is_object() && obj["spec"].contains("containers")) {
+      containers = &obj["spec"]["containers"];
+    }
+    if (containers == nullptr || !containers->is_array() || containers->empty()) {
+      return Invalid(resource, name, "spec.containers: Required value");
+    }
+    for (size_t i = 0; i < containers->size(); ++i) {
+      const Object& c = (*containers)[i];
+      if (!c.is_object() || StringAt(c, "/name").empty()) {
+        return Invalid(resource, name, fmt::format("spec.containers[{}].name: Required value", i));
+      }
+      if (StringAt(c, "/image").empty()) {
+        return Invalid(resource, name, fmt::format("spec.containers[{}].image: Required value", i));
+      }
+    }
+    Object& spec = obj["spec"];
+    if (!spec.contains("schedulerName")) spec["schedulerName"] = "default-scheduler";
+    if (!spec.contains("restartPolicy")) spec["restartPolicy"] = "Always";
+    if (!spec.contains("terminationGracePeriodSeconds")) {
+      spec["terminationGracePeriodSeconds"] = kDefaultGracePeriodSeconds;
+    }
+    if (!obj.contains("status") || !obj["status"].is_object()) obj["status"] = Object::object();
+    if (!obj["status"].contains("phase")) obj["status"]["phase"] = "Pending";
+  } else if (resource == Resource::kNamespaces) {
+    obj["spec"] = {{"finalizers", {"kubernetes"}}};
+    obj["status"] = {{"phase", "Active"}};
+    if (!meta.contains("labels") || !meta["labels"].is_object()) meta["labels"] = Object::object();
+    meta["labels"]["kubernetes.io/metadata.name"] = name;
+  }
+  for (const char* field :
+       {"deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion", "selfLink"}) {
+    meta.erase(field);
+  }
+  NormalizeObject(resource, &obj);
+  meta["uid"] = NewUid();
+  meta["creationTimestamp"] = Rfc3339(Now());
+  meta["generation"] = 1;
+  if (info.namespaced) {
+    absl::Status ns_status = EnsureNamespaceLocked(ns);
+    if (!ns_status.ok()) return ns_status;
+  }
+  return CommitLocked(resource, key, std::move(obj), nullptr)->object;
+}
+
+absl::StatusOr<Object> ApiStore::Get(Resource resource, std::string_view ns,
+                                     std::string_view name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string key = ObjectKey(InfoFor(resource).namespaced ? ns : "", name);
+  const ObjectMap& map = Objects(resource);
+  auto it = map.find(key);
+  if (it == map.end()) return NotFound(resource, name);
+  return it->second->object;
+}
+
+absl::StatusOr<ApiStore::ListResult> ApiStore::List(Resource resource, const ListQuery& query) {
+  auto labels = LabelSelector::Parse(query.label_selector);
+  if (!labels.ok()) return ApiError(400, "BadRequest", std::string(labels.status().message()));
+  auto fields = FieldSelector::Parse(query.field_selector, resource);
+  if (!fields.ok()) return ApiError(400, "BadRequest", std::string(fields.status().message()));
+  if (query.limit < 0) return ApiError(400, "BadRequest", "limit must not be negative");
+
+  std::lock_guard<std::mutex> lock(mu_);
+  const absl::Time now = Now();
+  // Expire old snapshots.
+  for (auto it = snapshots_.begin(); it != snapshots_.end();) {
+    if (now - it->second.created > options_.continue_ttl) {
+      it = snapshots_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+
+  uint64_t snapshot_id = 0;
+  size_t offset = 0;
+  if (!query.continue_token.empty()) {
+    const std::string& token = query.continue_token;
+    const size_t colon = token.find(':');
+    int64_t id = 0;
+    int64_t off = 0;
+    if (colon == std::string::npos || !ParseInt64(std::string_view(token).substr(0, colon), &id) ||
+        !ParseInt64(std::string_view(token).substr(colon + 1), &off) || off < 0) {
+      return ApiError(400, "BadRequest", fmt::format("invalid continue token '{}'", token));
+    }
+    if (snapshots_.count(static_cast<uint64_t>(id)) == 0) {
+      return ApiError(410, "Expired",
+                      "The provided continue parameter is too old to display a consistent list "
+                      "result. You can start a new list without the continue parameter.");
+    }
+    snapshot_id = static_cast<uint64_t>(id);
+    offset = static_cast<size_t>(off);
+  } else {
+    Snapshot snap{now, rv_, {}};
+    const ObjectMap& map = Objects(resource);
+    const bool by_ns = InfoFor(resource).namespaced && !query.ns.empty();
+    const std::string prefix = by_ns ? query.ns + "/" : "";
+    for (auto it = by_ns ? map.lower_bound(prefix) : map.begin(); it != map.end(); ++it) {
+      if (by_ns && it->first.compare(0, prefix.size(), prefix) != 0) break;
+      const Object& obj = it->second->object;
+      if (labels->Matches(obj) && fields->Matches(obj)) snap.items.push_back(it->second);
+    }
+    if (query.limit == 0 || static_cast<size_t>(query.limit) >= snap.items.size()) {
+      return ListResult{std::move(snap.items), snap.rv, "", 0};
+    }
+    snapshot_id = next_snapshot_++;
+    snapshots_.emplace(snapshot_id, std::move(snap));
+    while (snapshots_.size() > options_.max_continuations) snapshots_.erase(snapshots_.begin());
+  }
+  Snapshot& snap = snapshots_.at(snapshot_id);
+  ListResult result;
+  result.resource_version = snap.rv;
+  const size_t end =
+      query.limit == 0 ? snap.items.size() : std::min(snap.items.size(), offset + query.limit);
+  for (size_t i = std::min(offset, snap.items.size()); i < end; ++i) {
+    result.items.push_back(snap.items[i]);
+  }
+  result.remaining = static_cast<int64_t>(snap.items.size() - end);
+  if (end < snap.items.size()) {
+    result.continue_token = fmt::format("{}:{}", snapshot_id, end);
+  } else {
+    snapshots_.erase(snapshot_id);
+  }
+  return result;
+}
+
+absl::StatusOr<Object> ApiStore::Update(Resource resource, std::string_view ns,
+                                        std::string_view name, const Object& obj,
+                                        std::string_view subresource) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return UpdateLocked(resource, ns, name, obj, subresource, /*from_patch=*/false);
+}
+
+absl::StatusOr<Object> ApiStore::UpdateLocked(Resource resource, std::string_view ns,
+                                              std::string_view name, Object obj,
+                                              std::string_view subresource, bool from_patch) {
+  const ResourceInfo& info = InfoFor(resource);
+  if (!subresource.empty() && !(subresource == "status" && HasStatusSubresource(resource))) {
+    return ApiError(404, "NotFound",
+                    fmt::format("the server could not find the requested resource ({}/{})",
+                                info.plural, subresource));
+  }
+  if (!obj.is_object()) {
+    return ApiError(400, "BadRequest", "the body of an update must be a JSON object");
+  }
+  const std::string key = ObjectKey(info.namespaced ? ns : "", name);
+  ObjectMap& map = Objects(resource);
+  auto it = map.find(key);
+  if (it == map.end()) return NotFound(resource, name);
+  StoredPtr current = it->second;
+  const Object& old_obj = current->object;
+
+  if (obj.contains("kind") && obj["kind"] != info.kind) {
+    return ApiError(400, "BadRequest",
+                    fmt::format("the kind of the object does not match {}", info.kind));
+  }
+  if (!obj.contains("metadata") || !obj["metadata"].is_object()) obj["metadata"] = Object::object();
+  const std::string body_name = Name(obj);
+  if (!from_patch && !body_name.empty() && body_name != name) {
+    return ApiError(400, "BadRequest",
+                    fmt::format("the name of the object ({}) does not match the name on the URL "
+                                "({})",
+                                body_name, name));
+  }
+  if (!from_patch && info.namespaced && !Namespace(obj).empty() && Namespace(obj) != ns) {
+    return ApiError(400, "BadRequest",
+                    "the namespace of the provided object does not match the namespace sent on "
+                    "the request");
+  }
+  // Optimistic concurrency: a resourceVersion in the body must be the current one.
+  const std::string want_rv = ResourceVersion(obj);
+  if (!want_rv.empty() && want_rv != ResourceVersion(old_obj)) {
+    return Conflict(resource, name, kModified);
+  }
+
+  Object next;
+  if (subresource == "status") {
+    next = old_obj;
+    if (obj.contains("status")) {
+      next["status"] = obj["status"];
+    } else {
+      next.erase("status");
+    }
+  } else {
+    next = std::move(obj);
+    next["kind"] = info.kind;
+    next["apiVersion"] = info.api_version;
+    if (HasStatusSubresource(resource)) {
+      if (old_obj.contains("status")) {
+        next["status"] = old_obj["status"];
+      } else {
+        next.erase("status");
+      }
+    }
+    KeepSystemMetadata(old_obj, &next);
+    if (resource == Resource::kPods && NodeName(next) != NodeName(old_obj)) {
+      return Invalid(resource, name,
+                     "spec.nodeName: Forbidden: pod updates may not change spec.nodeName (use "
+                     "the pods/binding subresource)");
+    }
+    if (resource == Resource::kNamespaces) next["spec"] = old_obj.value("spec", Object::object());
+  }
+  next["metadata"]["resourceVersion"] = ResourceVersion(old_obj);
+  NormalizeObject(resource, &next);
+  if (next == old_obj) return old_obj;  // no-op: no new resourceVersion, no event
+  if (subresource.empty() && next.value("spec", Object()) != old_obj.value("spec", Object())) {
+    next["metadata"]["generation"] = old_obj["metadata"].value("generation", 1) + 1;
+  }
+  return CommitLocked(resource, key, std::move(next), current)->object;
+}
+
+absl::StatusOr<Object> ApiStore::Patch(Resource resource, std::string_view ns,
+                                       std::string_view name, const Object& patch, PatchType type,
+                                       std::string_view subresource) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string key = ObjectKey(InfoFor(resource).namespaced ? ns : "", name);
+  const ObjectMap& map = Objects(resource);
+  auto it = map.find(key);
+  if (it == map.end()) return NotFound(resource, name);
+  const Object& current = it->second->object;
+  auto patched = ApplyPatch(current, patch, type);
+  if (!patched.ok()) {
+    return ApiError(type == PatchType::kJson ? 422 : 400,
+                    type == PatchType::kJson ? "Invalid" : "BadRequest",
+                    std::string(patched.status().message()));
+  }
+  if (!patched->is_object()) {
+    return ApiError(422, "Invalid", "the patched object is not a JSON object");
+  }
+  if (Name(*patched) != Name(current) || Namespace(*patched) != Namespace(current) ||
+      Uid(*patched) != Uid(current)) {
+    return Invalid(resource, name,
+                   "metadata.name, metadata.namespace and metadata.uid cannot be changed");
+  }
+  // A resourceVersion left in the patched object by the patch is a precondition; the current one
+  // passes through unchanged.
+  return UpdateLocked(resource, ns, name, std::move(*patched), subresource, /*from_patch=*/true);
+}
+
+absl::StatusOr<Object> ApiStore::Delete(Resource resource, std::string_view ns,
+                                        std::string_view name, const DeleteOptions& options) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return DeleteLocked(resource, ns, name, options);
+}
+
+absl::StatusOr<Object> ApiStore::DeleteLocked(Resource resource, std::string_view ns,
+                                              std::string_view name, const DeleteOptions& options) {
+  const ResourceInfo& info = InfoFor(resource);
+  const std::string key = ObjectKey(info.namespaced ? ns : "", name);
+  ObjectMap& map = Objects(resource);
+  auto it = map.find(key);
+  if (it == map.end()) return NotFound(resource, name);
+  StoredPtr current = it->second;
+  const Object& obj = current->object;
+  if (!options.precondition_uid.empty() && options.precondition_uid != Uid(obj)) {
+    return Conflict(resource, name,
+                    fmt::format("Precondition failed: UID in precondition: {}, UID in object "
+                                "meta: {}",
+                                options.precondition_uid, Uid(obj)));
+  }
+  if (!options.precondition_resource_version.empty() &&
+      options.precondition_resource_version != ResourceVersion(obj)) {
+    return Conflict(resource, name,
+                    fmt::format("Precondition failed: ResourceVersion in precondition: {}, "
+                                "ResourceVersion in object meta: {}",
+                                options.precondition_resource_version, ResourceVersion(obj)));
+  }
+  if (options.grace_period_seconds && *options.grace_period_seconds < 0) {
+    return Invalid(resource, name, "gracePeriodSeconds must not be negative");
+  }
+
+  if (resource == Resource::kNamespaces) {
+    if (name == "default" || name == "kube-system" || name == "kube-public") {
+      return ApiError(403, "Forbidden",
+                      fmt::format("namespaces \"{}\" is forbidden: this namespace may not be "
+                                  "deleted",
+                                  name));
+    }
+    // Remove everything in the namespace first (the real server does this asynchronously).
+    const std::string prefix = std::string(name) + "/";
+    for (Resource r : {Resource::kPods, Resource::kEvents, Resource::kLeases}) {
+      ObjectMap& objs = Objects(r);
+      std::vector<std::string> keys;
+      for (auto o = objs.lower_bound(prefix);
+           o != objs.end() && o->first.compare(0, prefix.size(), prefix) == 0; ++o) {
+        keys.push_back(o->first);
+      }
+      for (const auto& k : keys) RemoveLocked(r, k);
+    }
+    return RemoveLocked(resource, key)->object;
+  }
+
+  if (resource == Resource::kPods) {
+    int64_t grace = kDefaultGracePeriodSeconds;
+    if (options.grace_period_seconds) {
+      grace = *options.grace_period_seconds;
+    } else if (obj.contains("spec") && obj["spec"].contains("terminationGracePeriodSeconds") &&
+               obj["spec"]["terminationGracePeriodSeconds"].is_number_integer()) {
+      grace = obj["spec"]["terminationGracePeriodSeconds"].get<int64_t>();
+    }
+    // Like the API server: a pod no kubelet runs (unbound) or that has finished goes at once.
+    if (NodeName(obj).empty() || IsPodTerminal(obj)) grace = 0;
+    if (grace > 0) {
+      const absl::Time deadline = Now() + absl::Seconds(grace);
+      auto pending = pending_deletions_.find(key);
+      if (pending != pending_deletions_.end() && pending->second <= deadline) {
+        return obj;  // already being deleted at least as soon
+      }
+      Object next = obj;
+      next["metadata"]["deletionTimestamp"] = Rfc3339(deadline);
+      next["metadata"]["deletionGracePeriodSeconds"] = grace;
+      pending_deletions_[key] = deadline;
+      return CommitLocked(resource, key, std::move(next), current)->object;
+    }
+  }
+  return RemoveLocked(resource, key)->object;
+}
+
+absl::StatusOr<Object> ApiStore::Bind(std::string_view ns, std::string_view name,
+                                      const Object& binding) {
+  if (!binding.is_object()) {
+    return ApiError(400, "BadRequest", "the body of a binding must be a JSON object");
+  }
+  const std::string body_name = Name(binding);
+  if (!body_name.empty() && body_name != name) {
+    return ApiError(400, "BadRequest",
+                    fmt::format("the name of the object ({}) does not match the name on the URL "
+                                "({})",
+                                body_name, name));
+  }
+  const std::string node = StringAt(binding, "/target/name");
+  const std::string target_kind = StringAt(binding, "/target/kind");
+  if (node.empty()) {
+    return ApiError(422, "Invalid",
+                    fmt::format("Binding \"{}\" is invalid: target.name: Required value", name));
+  }
+  if (!target_kind.empty() && target_kind != "Node") {
+    return ApiError(422, "Invalid",
+                    fmt::format("Binding \"{}\" is invalid: target.kind: Unsupported value: "
+                                "\"{}\": supported values: \"Node\"",
+                                name, target_kind));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string key = ObjectKey(ns, name);
+  ObjectMap& map = Objects(Resource::kPods);
+  auto it = map.find(key);
+  if (it == map.end()) return NotFound(Resource::kPods, name);
+  StoredPtr current = it->second;
+  const Object& pod = current->object;
+  const std::string want_uid = StringAt(binding, "/metadata/uid");
+  if (!want_uid.empty() && want_uid != Uid(pod)) {
+    return Conflict(Resource::kPods, name,
+                    fmt::format("Precondition failed: UID in precondition: {}, UID in object "
+                                "meta: {}",
+                                want_uid, Uid(pod)));
+  }
+  const std::string want_rv = StringAt(binding, "/metadata/resourceVersion");
+  if (!want_rv.empty() && want_rv != ResourceVersion(pod)) {
+    return Conflict(Resource::kPods, name, kModified);
+  }
+  if (IsBeingDeleted(pod)) {
+    return Conflict(Resource::kPods, name,
+                    fmt::format("pod {} is being deleted, cannot be assigned to a host", name));
+  }
+  if (!NodeName(pod).empty()) {
+    return Conflict(Resource::kPods, name,
+                    fmt::format("pod {} is already assigned to node \"{}\"", name, NodeName(pod)));
+  }
+  Object next = pod;
+  next["spec"]["nodeName"] = node;
+  if (binding.contains("metadata") && binding["metadata"].contains("annotations") &&
+      binding["metadata"]["annotations"].is_object()) {
+    for (const auto& [k, v] : binding["metadata"]["annotations"].items()) {
+      next["metadata"]["annotations"][k] = v;
+    }
+  }
+  Object& status = next["status"];
+  if (!status.contains("conditions") || !status["conditions"].is_array()) {
+    status["conditions"] = Object::array();
+  }
+  Object& conditions = status["conditions"];
+  Object scheduled = {{"type", "PodScheduled"},
+                      {"status", "True"},
+                      {"lastProbeTime", nullptr},
+                      {"lastTransitionTime", Rfc3339(Now())}};
+  auto cond = std::find_if(conditions.begin(), conditions.end(), [](const Object& c) {
+    return c.is_object() && c.value("type", "") == "PodScheduled";
+  });
+  if (cond == conditions.end()) {
+    conditions.push_back(scheduled);
+  } else {
+    *cond = scheduled;
+  }
+  CommitLocked(Resource::kPods, key, std::move(next), current);
+  return MakeApiStatus(201, "", "");
+}
+
+int ApiStore::CollectGarbage() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const absl::Time now = Now();
+  std::vector<std::string> due;
+  for (const auto& [key, deadline] : pending_deletions_) {
+    if (deadline <= now) due.push_back(key);
+  }
+  for (const auto& key : due) RemoveLocked(Resource::kPods, key);
+  return static_cast<int>(due.size());
+}
+
+void ApiStore::CompactHistory() {
+  std::lock_guard<std::mutex> lock(mu_);
+  history_.clear();
+  min_cursor_ = rv_;
+  changed_.notify_all();
+}
+
+absl::StatusOr<std::unique_ptr<ApiStore::Watch>> ApiStore::StartWatch(
+    Resource resource, const ListQuery& query, std::string_view resource_version) {
+  auto labels = LabelSelector::Parse(query.label_selector);
+  if (!labels.ok()) return ApiError(400, "BadRequest", std::string(labels.status().message()));
+  auto fields = FieldSelector::Parse(query.field_selector, resource);
+  if (!fields.ok()) return ApiError(400, "BadRequest", std::string(fields.status().message()));
+  int64_t from = 0;
+  const bool initial = resource_version.empty() || resource_version == "0";
+  if (!initial && (!ParseInt64(resource_version, &from) || from < 0)) {
+    return ApiError(400, "BadRequest",
+                    fmt::format("invalid resourceVersion \"{}\"", resource_version));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutdown_) return ApiError(503, "ServiceUnavailable", "the server is shutting down");
+  const std::string ns = InfoFor(resource).namespaced ? query.ns : "";
+  if (initial) {
+    from = rv_;
+  } else if (from < min_cursor_) {
+    return ApiError(410, "Expired",
+                    fmt::format("too old resource version: {} ({})", from, min_cursor_ + 1));
+  } else if (from > rv_) {
+    return ApiError(410, "Expired",
+                    fmt::format("too large resource version: {} (current {}); relist", from, rv_));
+  }
+  std::unique_ptr<Watch> watch(
+      new Watch(this, resource, ns, std::move(*labels), std::move(*fields), from, cut_generation_));
+  if (initial) {
+    const ObjectMap& map = Objects(resource);
+    for (const auto& [key, stored] : map) {
+      if (watch->Matches(stored->object)) {
+        watch->initial_.push_back({WatchEventType::kAdded, stored});
+      }
+    }
+  }
+  ++open_watches_;
+  return watch;
+}
+
+int ApiStore::CutWatches() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++cut_generation_;
+  changed_.notify_all();
+  return static_cast<int>(open_watches_);
+}
+
+void ApiStore::Shutdown() {
+  std::lock_guard<std::mutex> lock(mu_);
+  shutdown_ = true;
+  changed_.notify_all();
+}
+
+size_t ApiStore::open_watches() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return open_watches_;
+}
+
+ApiStore::Watch::Watch(ApiStore* store, Resource resource, std::string ns, LabelSelector labels,
+                       FieldSelector fields, int64_t cursor, uint64_t cut_generation)
+    : store_(store),
+      resource_(resource),
+      ns_(std::move(ns)),
+      labels_(std::move(labels)),
+      fields_(std::move(fields)),
+      cursor_(cursor),
+      cut_generation_(cut_generation) {}
+
+ApiStore::Watch::~Watch() {
+  std::lock_guard<std::mutex> lock(store_->mu_);
+  --store_->open_watches_;
+}
+
+std::vector<StoreEvent> ApiStore::Watch::TakeInitialEvents() { return std::move(initial_); }
+
+bool ApiStore::Watch::Matches(const Object& obj) const {
+  if (!ns_.empty() && Namespace(obj) != ns_) return false;
+  return labels_.Matches(obj) && fields_.Matches(obj);
+}
+
+absl::StatusOr<std::vector<StoreEvent>> ApiStore::Watch::Next(absl::Duration max_wait,
+                                                              size_t max_events) {
+  std::unique_lock<std::mutex> lock(store_->mu_);
+  auto ready = [&] {
+    return store_->shutdown_ || store_->cut_generation_ != cut_generation_ || store_->rv_ > cursor_;
+  };
+  store_->changed_.wait_for(lock, absl::ToChronoNanoseconds(max_wait), ready);
+  if (store_->shutdown_) return ApiError(503, "ServiceUnavailable", "server shutting down");
+  if (store_->cut_generation_ != cut_generation_) {
+    return absl::CancelledError("watch cut by fault injection");
+  }
+  std::vector<StoreEvent> out;
+  if (store_->rv_ <= cursor_) return out;
+  if (cursor_ < store_->min_cursor_) {
+    return ApiError(
+        410, "Expired",
+        fmt::format("too old resource version: {} ({})", cursor_, store_->min_cursor_ + 1));
+  }
+  const auto& history = store_->history_;
+  const int64_t first_rv = history.front().rv;
+  size_t index = static_cast<size_t>(cursor_ + 1 - first_rv);
+  while (index < history.size() && out.size() < max_events) {
+    const HistoryEvent& ev = history[index++];
+    cursor_ = ev.rv;
+    if (ev.resource != resource_) continue;
+    const bool now_matches = Matches(ev.object->object);
+    switch (ev.type) {
+      case WatchEventType::kAdded:
+        if (now_matches) out.push_back({WatchEventType::kAdded, ev.object});
+        break;
+      case WatchEventType::kDeleted:
+        if (now_matches) out.push_back({WatchEventType::kDeleted, ev.object});
+        break;
+      case WatchEventType::kModified: {
+        const bool was_matching = ev.previous && Matches(ev.previous->object);
+        if (now_matches && was_matching) {
+          out.push_back({WatchEventType::kModified, ev.object});
+        } else if (now_matches) {
+          out.push_back({WatchEventType::kAdded, ev.object});
+        } else if (was_matching) {
+          out.push_back({WatchEventType::kDeleted, ev.object});
+        }
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  return out;
+}
+
+}  // namespace dynmig::kube

@@ -1,0 +1,185 @@
+// ApiStore: the object store and API semantics behind InMemoryApiServer (no HTTP here).
+//
+// Holds pods, nodes, events, leases and namespaces with a global, monotonically increasing
+// resourceVersion (one per write), a bounded history of watch events, optimistic concurrency
+// (409 on a stale resourceVersion), graceful pod deletion, binding, selectors and consistent
+// paginated lists (a `continue` token pages through a snapshot taken by the first page).
+//
+// Errors are absl::Status values made by ApiError(): KubeHttpCode()/KubeReason() give the HTTP
+// code and reason the API server would send, message() is the API's message.
+// Thread-safe: all methods may be called concurrently.
+#pragma once
+
+#include <array>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kube/kube_client.h"
+#include "kube/object.h"
+#include "kube/selector.h"
+
+namespace dynmig::kube {
+
+// An immutable stored version of an object and its serialization (with kind/apiVersion).
+struct StoredObject {
+  Object object;
+  std::string json;
+};
+using StoredPtr = std::shared_ptr<const StoredObject>;
+
+struct StoreEvent {
+  WatchEventType type;
+  StoredPtr object;
+};
+
+struct ApiStoreOptions {
+  // Watch events kept for resuming watches; older resourceVersions get 410 Expired.
+  size_t watch_history = 10000;
+  // Source of "now" (creationTimestamp, deletionTimestamp, graceful deletion deadlines).
+  std::function<absl::Time()> clock;
+  absl::Duration continue_ttl = absl::Minutes(5);  // how long a list `continue` token lives
+  size_t max_continuations = 64;                   // snapshots kept for paginated lists
+};
+
+struct ListQuery {
+  std::string ns{};  // "" = all namespaces
+  std::string label_selector{};
+  std::string field_selector{};
+  int64_t limit = 0;  // 0 = everything
+  std::string continue_token{};
+};
+
+class ApiStore {
+ public:
+  explicit ApiStore(ApiStoreOptions options = {});
+  ~ApiStore();
+  ApiStore(const ApiStore&) = delete;
+  ApiStore& operator=(const ApiStore&) = delete;
+
+  // `ns` is the namespace from the URL ("" for cluster-scoped resources).
+  absl::StatusOr<Object> Create(Resource resource, std::string_view ns, const Object& obj);
+  absl::StatusOr<Object> Get(Resource resource, std::string_view ns, std::string_view name) const;
+
+  struct ListResult {
+    std::vector<StoredPtr> items;
+    int64_t resource_version = 0;
+    std::string continue_token;  // "" when this is the last page
+    int64_t remaining = 0;       // items after this page
+  };
+  absl::StatusOr<ListResult> List(Resource resource, const ListQuery& query);
+
+  // PUT. `subresource` "" or "status".
+  absl::StatusOr<Object> Update(Resource resource, std::string_view ns, std::string_view name,
+                                const Object& obj, std::string_view subresource);
+  absl::StatusOr<Object> Patch(Resource resource, std::string_view ns, std::string_view name,
+                               const Object& patch, PatchType type, std::string_view subresource);
+  absl::StatusOr<Object> Delete(Resource resource, std::string_view ns, std::string_view name,
+                                const DeleteOptions& options);
+  // POST pods/{name}/binding with a Binding object. Returns a Status (Success) object.
+  absl::StatusOr<Object> Bind(std::string_view ns, std::string_view name, const Object& binding);
+
+  // Removes pods whose graceful deletion period has passed. Returns how many were removed.
+  int CollectGarbage();
+  // Drops the watch history: every watch from an older resourceVersion now gets 410.
+  void CompactHistory();
+  int64_t resource_version() const;
+
+  // A watch cursor over the history, filtered to one resource/namespace/selectors.
+  class Watch {
+   public:
+    ~Watch();
+    // Events present when the watch started from resourceVersion ""/"0" (ADDED each).
+    std::vector<StoreEvent> TakeInitialEvents();
+    // Waits up to `max_wait` for events after the cursor and returns the matching ones (maybe
+    // none). A MODIFIED that makes an object start/stop matching becomes ADDED/DELETED.
+    // kOutOfRange (410) when the events after the cursor were evicted; kCancelled when the watch
+    // was cut (CutWatches) or the store is shutting down.
+    absl::StatusOr<std::vector<StoreEvent>> Next(absl::Duration max_wait, size_t max_events);
+    int64_t cursor() const { return cursor_; }
+    Resource resource() const { return resource_; }
+
+   private:
+    friend class ApiStore;
+    Watch(ApiStore* store, Resource resource, std::string ns, LabelSelector labels,
+          FieldSelector fields, int64_t cursor, uint64_t cut_generation);
+    bool Matches(const Object& obj) const;
+
+    ApiStore* store_;
+    Resource resource_;
+    std::string ns_;
+    LabelSelector labels_;
+    FieldSelector fields_;
+    int64_t cursor_;
+    uint64_t cut_generation_;
+    std::vector<StoreEvent> initial_;
+  };
+
+  // `resource_version` "" or "0": initial ADDED events for the current state, then changes.
+  // Otherwise changes after that version (410 when it is older than the history, or newer than
+  // the store's current version, e.g. after a restart that lost state).
+  absl::StatusOr<std::unique_ptr<Watch>> StartWatch(Resource resource, const ListQuery& query,
+                                                    std::string_view resource_version);
+  // Ends every open watch (their Next() returns kCancelled). Returns how many there were.
+  int CutWatches();
+  // Wakes and ends all watches for good (server shutdown).
+  void Shutdown();
+  size_t open_watches() const;
+
+ private:
+  struct HistoryEvent {
+    int64_t rv;
+    Resource resource;
+    WatchEventType type;
+    StoredPtr object;
+    StoredPtr previous;  // MODIFIED only
+  };
+  struct Snapshot {
+    absl::Time created;
+    int64_t rv;
+    std::vector<StoredPtr> items;
+  };
+  using ObjectMap = std::map<std::string, StoredPtr, std::less<>>;
+
+  absl::Time Now() const;
+  ObjectMap& Objects(Resource r) { return objects_[static_cast<size_t>(r)]; }
+  const ObjectMap& Objects(Resource r) const { return objects_[static_cast<size_t>(r)]; }
+  std::string NewUid();
+  // Writes `obj` (new version) under `key`; appends a history event. REQUIRES mu_.
+  StoredPtr CommitLocked(Resource resource, const std::string& key, Object obj,
+                         const StoredPtr& previous);
+  StoredPtr RemoveLocked(Resource resource, const std::string& key);
+  absl::Status EnsureNamespaceLocked(std::string_view ns);
+  absl::StatusOr<Object> CreateLocked(Resource resource, std::string_view ns, const Object& obj);
+  absl::StatusOr<Object> UpdateLocked(Resource resource, std::string_view ns, std::string_view name,
+                                      Object obj, std::string_view subresource, bool from_patch);
+  absl::StatusOr<Object> DeleteLocked(Resource resource, std::string_view ns, std::string_view name,
+                                      const DeleteOptions& options);
+
+  ApiStoreOptions options_;
+  mutable std::mutex mu_;
+  std::condition_variable changed_;
+  std::array<ObjectMap, 5> objects_;
+  int64_t rv_ = 0;
+  int64_t min_cursor_ = 0;  // watches can resume from any cursor >= this
+  std::deque<HistoryEvent> history_;
+  std::map<std::string, absl::Time> pending_deletions_;  // pod key -> deadline
+  std::map<uint64_t, Snapshot> snapshots_;
+  uint64_t next_snapshot_ = 1;
+  uint64_t cut_generation_ = 0;
+  bool shutdown_ = false;
+  size_t open_watches_ = 0;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace dynmig::kube

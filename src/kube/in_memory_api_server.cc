@@ -1,0 +1,847 @@
+#include "kube/in_memory_api_server.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fmt/format.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cstdlib>
+
+#include "kube/api_status.h"
+#include "kube/table.h"
+
+namespace dynmig::kube {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+constexpr size_t kMaxEventsPerChunk = 1000;
+constexpr auto kWatchPoll = std::chrono::milliseconds(100);
+
+constexpr std::string_view kJson = "application/json";
+constexpr std::string_view kWatchContentType = "application/json;stream=watch";
+
+int HttpCodeOf(const absl::Status& status) {
+  const int code = KubeHttpCode(status);
+  if (code != 0) return code;
+  switch (status.code()) {
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kAborted:
+      return 409;
+    case absl::StatusCode::kInvalidArgument:
+      return 400;
+    case absl::StatusCode::kOutOfRange:
+      return 410;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kCancelled:
+      return 503;
+    default:
+      return 500;
+  }
+}
+
+void SendError(httplib::Response& res, const absl::Status& status) {
+  const int code = HttpCodeOf(status);
+  std::string reason = KubeReason(status);
+  if (reason.empty()) reason = std::string(ReasonForCode(code));
+  res.status = code;
+  res.set_content(MakeApiStatus(code, reason, std::string(status.message())).dump(),
+                  std::string(kJson));
+}
+
+void SendJson(httplib::Response& res, int code, const std::string& body) {
+  res.status = code;
+  res.set_content(body, std::string(kJson));
+}
+
+std::string Param(const httplib::Request& req, const char* key) {
+  return req.has_param(key) ? req.get_param_value(key) : "";
+}
+
+bool ParamTrue(const httplib::Request& req, const char* key) {
+  const std::string v = Param(req, key);
+  return v == "true" || v == "1";
+}
+
+absl::StatusOr<int64_t> IntParam(const httplib::Request& req, const char* key) {
+  const std::string v = Param(req, key);
+  if (v.empty()) return 0;
+  char* end = nullptr;
+  const long long value = std::strtoll(v.c_str(), &end, 10);
+  if (end == nullptr || *end != '\0') {
+    return ApiError(400, "BadRequest", fmt::format("invalid {} \"{}\": not an integer", key, v));
+  }
+  return static_cast<int64_t>(value);
+}
+
+std::vector<std::string> Segments(const std::string& path) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t slash = path.find('/', start);
+    if (slash == std::string::npos) slash = path.size();
+    if (slash > start) out.push_back(path.substr(start, slash - start));
+    start = slash + 1;
+  }
+  return out;
+}
+
+// ---- Discovery documents. ----
+
+Object ResourceEntry(std::string_view name, std::string_view singular, bool namespaced,
+                     std::string_view kind, std::vector<std::string> verbs,
+                     std::string_view short_names) {
+  Object entry = {{"name", std::string(name)},
+                  {"singularName", std::string(singular)},
+                  {"namespaced", namespaced},
+                  {"kind", std::string(kind)},
+                  {"verbs", verbs}};
+  if (!short_names.empty()) entry["shortNames"] = {std::string(short_names)};
+  return entry;
+}
+
+Object ResourceList(std::string_view group_version) {
+  static const std::vector<std::string> kAll = {"create", "delete", "get",  "list",
+                                                "patch",  "update", "watch"};
+  static const std::vector<std::string> kStatusVerbs = {"get", "patch", "update"};
+  Object resources = Object::array();
+  for (Resource r : {Resource::kPods, Resource::kNodes, Resource::kEvents, Resource::kNamespaces,
+                     Resource::kLeases}) {
+    const ResourceInfo& info = InfoFor(r);
+    if (info.api_version != group_version) continue;
+    Object entry = ResourceEntry(info.plural, info.singular, info.namespaced, info.kind, kAll,
+                                 info.short_names);
+    if (r == Resource::kPods || r == Resource::kNodes) entry["categories"] = {"all"};
+    resources.push_back(entry);
+    if (r == Resource::kPods || r == Resource::kNodes || r == Resource::kNamespaces) {
+      resources.push_back(ResourceEntry(fmt::format("{}/status", info.plural), "", info.namespaced,
+                                        info.kind, kStatusVerbs, ""));
+    }
+    if (r == Resource::kPods) {
+      resources.push_back(ResourceEntry("pods/binding", "", true, "Binding", {"create"}, ""));
+    }
+  }
+  return Object{{"kind", "APIResourceList"},
+                {"apiVersion", "v1"},
+                {"groupVersion", std::string(group_version)},
+                {"resources", resources}};
+}
+
+Object CoordinationGroup() {
+  Object version = {{"groupVersion", "coordination.k8s.io/v1"}, {"version", "v1"}};
+  return Object{{"kind", "APIGroup"},
+                {"apiVersion", "v1"},
+                {"name", "coordination.k8s.io"},
+                {"versions", {version}},
+                {"preferredVersion", version}};
+}
+
+// ---- Routing. ----
+
+struct Route {
+  Resource resource;
+  std::string ns;
+  std::string name;
+  std::string subresource;
+};
+
+std::optional<Resource> ResourceByPlural(std::string_view group, std::string_view plural) {
+  for (Resource r : {Resource::kPods, Resource::kNodes, Resource::kEvents, Resource::kLeases,
+                     Resource::kNamespaces}) {
+    const ResourceInfo& info = InfoFor(r);
+    if (info.group == group && info.plural == plural) return r;
+  }
+  return std::nullopt;
+}
+
+// Parses the segments after the group-version prefix. nullopt: not a resource path we serve.
+std::optional<Route> ParseRoute(std::string_view group, const std::vector<std::string>& rest) {
+  if (rest.empty()) return std::nullopt;
+  if (rest[0] == "namespaces" && rest.size() >= 3) {
+    if (auto r = ResourceByPlural(group, rest[2]); r && InfoFor(*r).namespaced) {
+      if (rest.size() > 5) return std::nullopt;
+      Route route{*r, rest[1], rest.size() >= 4 ? rest[3] : "", rest.size() == 5 ? rest[4] : ""};
+      return route;
+    }
+  }
+  auto r = ResourceByPlural(group, rest[0]);
+  if (!r || rest.size() > 3) return std::nullopt;
+  if (InfoFor(*r).namespaced && rest.size() > 1) return std::nullopt;
+  return Route{*r, "", rest.size() >= 2 ? rest[1] : "", rest.size() == 3 ? rest[2] : ""};
+}
+
+std::string WatchLine(WatchEventType type, const std::string& object_json) {
+  std::string line;
+  line.reserve(object_json.size() + 40);
+  line += R"({"type":")";
+  line += WatchEventTypeName(type);
+  line += R"(","object":)";
+  line += object_json;
+  line += "}\n";
+  return line;
+}
+
+std::string BookmarkLine(Resource resource, int64_t rv, bool initial_events_end) {
+  const ResourceInfo& info = InfoFor(resource);
+  Object meta = {{"resourceVersion", std::to_string(rv)}, {"creationTimestamp", nullptr}};
+  if (initial_events_end) meta["annotations"] = {{"k8s.io/initial-events-end", "true"}};
+  Object obj = {{"kind", info.kind}, {"apiVersion", info.api_version}, {"metadata", meta}};
+  return WatchLine(WatchEventType::kBookmark, obj.dump());
+}
+
+std::string ErrorLine(const absl::Status& status) {
+  const int code = HttpCodeOf(status);
+  std::string reason = KubeReason(status);
+  if (reason.empty()) reason = std::string(ReasonForCode(code));
+  return WatchLine(WatchEventType::kError,
+                   MakeApiStatus(code, reason, std::string(status.message())).dump());
+}
+
+bool WantsTable(const httplib::Request& req) {
+  return req.get_header_value("Accept").find("as=Table") != std::string::npos;
+}
+
+}  // namespace
+
+absl::StatusOr<FaultSpec> FaultSpecFromJson(const Object& json) {
+  if (!json.is_object()) return absl::InvalidArgumentError("fault spec must be a JSON object");
+  FaultSpec spec;
+  try {
+    spec.method = json.value("method", "");
+    spec.path_prefix = json.value("pathPrefix", "");
+    spec.count = json.value("count", 1);
+    spec.status = json.value("status", 500);
+    spec.retry_after_seconds = json.value("retryAfterSeconds", -1);
+    spec.latency = absl::Milliseconds(json.value("latencyMs", 0));
+    spec.message = json.value("message", "");
+    const std::string action = json.value("action", "status");
+    if (action == "status") {
+      spec.action = FaultSpec::Action::kStatus;
+    } else if (action == "malformed") {
+      spec.action = FaultSpec::Action::kMalformed;
+    } else if (action == "truncate") {
+      spec.action = FaultSpec::Action::kTruncate;
+    } else if (action == "delay") {
+      spec.action = FaultSpec::Action::kDelay;
+    } else {
+      return absl::InvalidArgumentError(fmt::format(
+          "unknown fault action '{}' (want status, malformed, truncate or delay)", action));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(fmt::format("bad fault spec: {}", e.what()));
+  }
+  if (spec.count == 0 || spec.count < -1) {
+    return absl::InvalidArgumentError("fault count must be positive or -1 (until cleared)");
+  }
+  if (spec.action == FaultSpec::Action::kStatus && (spec.status < 400 || spec.status > 599)) {
+    return absl::InvalidArgumentError(
+        fmt::format("fault status {} is not an HTTP error (400-599)", spec.status));
+  }
+  return spec;
+}
+
+InMemoryApiServer::InMemoryApiServer(InMemoryApiServerOptions options)
+    : options_(std::move(options)) {
+  store_ =
+      options_.shared_store ? options_.shared_store : std::make_shared<ApiStore>(options_.store);
+  bearer_token_ = options_.bearer_token;
+}
+
+void InMemoryApiServer::SetBearerToken(std::string token) {
+  std::lock_guard<std::mutex> lock(mu_);
+  bearer_token_ = std::move(token);
+}
+
+absl::StatusOr<std::unique_ptr<InMemoryApiServer>> InMemoryApiServer::Start(
+    InMemoryApiServerOptions options) {
+  std::unique_ptr<InMemoryApiServer> server(new InMemoryApiServer(std::move(options)));
+  absl::Status st = server->Listen();
+  if (!st.ok()) return st;
+  return server;
+}
+
+std::string InMemoryApiServer::url() const {
+  const bool tls = !options_.tls_cert_file.empty();
+  return fmt::format("{}://{}:{}", tls ? "https" : "http", options_.host, port_);
+}
+
+absl::Status InMemoryApiServer::Listen() {
+  if (!options_.tls_cert_file.empty() || !options_.tls_key_file.empty()) {
+    if (options_.tls_cert_file.empty() || options_.tls_key_file.empty()) {
+      return absl::InvalidArgumentError("TLS needs both tls_cert_file and tls_key_file");
+    }
+    http_ = std::make_unique<httplib::SSLServer>(
+        options_.tls_cert_file.c_str(), options_.tls_key_file.c_str(),
+        options_.tls_client_ca_file.empty() ? nullptr : options_.tls_client_ca_file.c_str());
+    if (!http_->is_valid()) {
+      return absl::InvalidArgumentError(
+          fmt::format("cannot load TLS certificate '{}' / key '{}' / client CA '{}'",
+                      options_.tls_cert_file, options_.tls_key_file, options_.tls_client_ca_file));
+    }
+  } else {
+    http_ = std::make_unique<httplib::Server>();
+  }
+  const int threads = std::max(4, options_.threads);
+  http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  http_->set_keep_alive_max_count(100000);
+  http_->set_keep_alive_timeout(
+      std::max<time_t>(1, absl::ToInt64Seconds(options_.keep_alive_timeout)));
+  http_->set_read_timeout(30, 0);
+  http_->set_write_timeout(30, 0);
+  http_->set_tcp_nodelay(true);
+  auto handler = [this](const httplib::Request& req, httplib::Response& res) { Handle(req, res); };
+  http_->Get(".*", handler);
+  http_->Post(".*", handler);
+  http_->Put(".*", handler);
+  http_->Patch(".*", handler);
+  http_->Delete(".*", handler);
+  http_->Options(".*", handler);
+
+  if (options_.port == 0) {
+    port_ = http_->bind_to_any_port(options_.host);
+    if (port_ <= 0) {
+      return absl::UnavailableError(fmt::format("cannot bind {}:0", options_.host));
+    }
+  } else {
+    if (!http_->bind_to_port(options_.host, options_.port)) {
+      return absl::UnavailableError(
+          fmt::format("cannot bind {}:{} (in use?)", options_.host, options_.port));
+    }
+    port_ = options_.port;
+  }
+  listener_ = std::thread([this] { http_->listen_after_bind(); });
+  const auto deadline = SteadyClock::now() + std::chrono::seconds(10);
+  while (!http_->is_running() && SteadyClock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!http_->is_running()) {
+    Stop();
+    return absl::UnavailableError(fmt::format("API server on port {} did not start", port_));
+  }
+  if (options_.gc_interval > absl::ZeroDuration()) {
+    gc_thread_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!stopped_) {
+        gc_cv_.wait_for(lock, absl::ToChronoNanoseconds(options_.gc_interval));
+        if (stopped_) break;
+        lock.unlock();
+        store_->CollectGarbage();
+        lock.lock();
+      }
+    });
+  }
+  spdlog::debug("in-memory API server listening on {}", url());
+  return absl::OkStatus();
+}
+
+InMemoryApiServer::~InMemoryApiServer() { Stop(); }
+
+void InMemoryApiServer::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  stopping_ = true;
+  gc_cv_.notify_all();
+  if (gc_thread_.joinable()) gc_thread_.join();
+  // Wake the watch streams so they see stopping_ now; the store itself lives on (it may be
+  // served again by another server, as after a restart).
+  store_->CutWatches();
+  if (http_) {
+    http_->stop();
+    ShutdownAcceptedSockets();
+  }
+  if (listener_.joinable()) listener_.join();
+}
+
+// httplib 0.11 keeps idle keep-alive connections until their timeout even after stop(); shut
+// down this server's accepted sockets (local port == ours) so Stop() returns at once.
+void InMemoryApiServer::ShutdownAcceptedSockets() {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return;
+  while (dirent* entry = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || fd == dirfd(dir)) continue;
+    struct stat st;
+    if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &len) != 0) {
+      continue;
+    }
+    int local_port = -1;
+    if (local.ss_family == AF_INET) {
+      local_port = ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port);
+    } else if (local.ss_family == AF_INET6) {
+      local_port = ntohs(reinterpret_cast<sockaddr_in6*>(&local)->sin6_port);
+    }
+    if (local_port != port_) continue;
+    sockaddr_storage peer{};
+    len = sizeof(peer);
+    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &len) != 0) continue;
+    shutdown(static_cast<int>(fd), SHUT_RDWR);
+  }
+  closedir(dir);
+}
+
+void InMemoryApiServer::AddFault(FaultSpec fault) {
+  std::lock_guard<std::mutex> lock(mu_);
+  faults_.push_back(std::move(fault));
+}
+
+void InMemoryApiServer::ClearFaults() {
+  std::lock_guard<std::mutex> lock(mu_);
+  faults_.clear();
+}
+
+int InMemoryApiServer::CutWatches() { return store_->CutWatches(); }
+
+bool InMemoryApiServer::ApplyFault(const httplib::Request& req, httplib::Response& res) {
+  FaultSpec fault;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = std::find_if(faults_.begin(), faults_.end(), [&](const FaultSpec& f) {
+      return (f.method.empty() || f.method == req.method) &&
+             req.path.compare(0, f.path_prefix.size(), f.path_prefix) == 0;
+    });
+    if (it == faults_.end()) return false;
+    fault = *it;
+    if (it->count > 0 && --it->count == 0) faults_.erase(it);
+  }
+  auto remaining = absl::ToChronoNanoseconds(fault.latency);
+  while (remaining.count() > 0 && !stopping_) {
+    const auto step = std::min<std::chrono::nanoseconds>(remaining, kWatchPoll);
+    std::this_thread::sleep_for(step);
+    remaining -= step;
+  }
+  const bool watch = ParamTrue(req, "watch");
+  switch (fault.action) {
+    case FaultSpec::Action::kDelay:
+      return false;
+    case FaultSpec::Action::kStatus: {
+      const std::string message = fault.message.empty()
+                                      ? fmt::format("injected fault: HTTP {}", fault.status)
+                                      : fault.message;
+      SendError(res, ApiError(fault.status, "", message));
+      if (fault.retry_after_seconds >= 0) {
+        res.set_header("Retry-After", std::to_string(fault.retry_after_seconds));
+      }
+      return true;
+    }
+    case FaultSpec::Action::kMalformed:
+      res.status = 200;
+      if (watch) {
+        res.set_chunked_content_provider(
+            std::string(kWatchContentType), [](size_t, httplib::DataSink& sink) {
+              const std::string bad = "{\"type\":\"ADDED\",\"object\":{\"kind\":\"Pod\",oops}}\n";
+              sink.write(bad.data(), bad.size());
+              sink.done();
+              return true;
+            });
+      } else {
+        res.set_content(R"({"kind":"PodList","apiVersion":"v1","items":[{"metadata": oops)",
+                        std::string(kJson));
+      }
+      return true;
+    case FaultSpec::Action::kTruncate:
+      res.status = 200;
+      if (watch) {
+        auto sent = std::make_shared<bool>(false);
+        res.set_chunked_content_provider(std::string(kWatchContentType), [sent](size_t,
+                                                                                httplib::DataSink&
+                                                                                    sink) {
+          if (*sent) return false;  // abort: the connection closes mid-stream
+          *sent = true;
+          const std::string partial =
+              R"({"type":"ADDED","object":{"kind":"Pod","apiVersion":"v1","metadata":{"name":"trunc)";
+          return sink.write(partial.data(), partial.size());
+        });
+      } else {
+        res.set_content_provider(
+            4096, std::string(kJson), [](size_t offset, size_t, httplib::DataSink& sink) {
+              if (offset > 0) return false;
+              const std::string partial = R"({"kind":"PodList","apiVersion":"v1","items":[{"met)";
+              return sink.write(partial.data(), partial.size());
+            });
+      }
+      return true;
+  }
+  return false;
+}
+
+void InMemoryApiServer::HandleAdmin(const httplib::Request& req, httplib::Response& res) {
+  const std::string& path = req.path;
+  if (path == "/_dynmig/faults" && req.method == "POST") {
+    auto body = ParseObject(req.body, "fault spec");
+    if (!body.ok())
+      return SendError(res, ApiError(400, "BadRequest", std::string(body.status().message())));
+    auto spec = FaultSpecFromJson(*body);
+    if (!spec.ok())
+      return SendError(res, ApiError(400, "BadRequest", std::string(spec.status().message())));
+    AddFault(*spec);
+    return SendJson(res, 201, R"({"ok":true})");
+  }
+  if (path == "/_dynmig/faults" && req.method == "DELETE") {
+    ClearFaults();
+    return SendJson(res, 200, R"({"ok":true})");
+  }
+  if (path == "/_dynmig/cut-watches" && req.method == "POST") {
+    const int cut = CutWatches();
+    return SendJson(res, 200, Object{{"cut", cut}}.dump());
+  }
+  if (path == "/_dynmig/compact" && req.method == "POST") {
+    CompactHistory();
+    return SendJson(res, 200, R"({"ok":true})");
+  }
+  if (path == "/_dynmig/gc" && req.method == "POST") {
+    return SendJson(res, 200, Object{{"removed", CollectGarbage()}}.dump());
+  }
+  if (path == "/_dynmig/stats" && req.method == "GET") {
+    return SendJson(res, 200,
+                    Object{{"requests", requests_.load()},
+                           {"openWatches", open_watches()},
+                           {"resourceVersion", std::to_string(store_->resource_version())}}
+                        .dump());
+  }
+  SendError(res,
+            ApiError(404, "NotFound", fmt::format("no admin endpoint {} {}", req.method, path)));
+}
+
+void InMemoryApiServer::Handle(const httplib::Request& req, httplib::Response& res) {
+  ++requests_;
+  if (options_.log_requests) spdlog::debug("apiserver: {} {}", req.method, req.target);
+  const std::string& path = req.path;
+  if (path.rfind("/_dynmig/", 0) == 0) return HandleAdmin(req, res);
+  if (ApplyFault(req, res)) return;
+  if (path != "/healthz" && path != "/readyz" && path != "/livez") {
+    std::string want;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      want = bearer_token_;
+    }
+    if (!want.empty() && req.get_header_value("Authorization") != "Bearer " + want) {
+      return SendError(res, ApiError(401, "Unauthorized", "Unauthorized"));
+    }
+  }
+
+  const std::vector<std::string> seg = Segments(path);
+  // Non-resource endpoints.
+  if (req.method == "GET") {
+    if (seg.size() == 1 && seg[0] == "api") {
+      return SendJson(res, 200,
+                      Object{{"kind", "APIVersions"},
+                             {"versions", {"v1"}},
+                             {"serverAddressByClientCIDRs",
+                              {{{"clientCIDR", "0.0.0.0/0"},
+                                {"serverAddress", fmt::format("{}:{}", options_.host, port_)}}}}}
+                          .dump());
+    }
+    if (seg.size() == 2 && seg[0] == "api" && seg[1] == "v1") {
+      return SendJson(res, 200, ResourceList("v1").dump());
+    }
+    if (seg.size() == 1 && seg[0] == "apis") {
+      return SendJson(
+          res, 200,
+          Object{{"kind", "APIGroupList"}, {"apiVersion", "v1"}, {"groups", {CoordinationGroup()}}}
+              .dump());
+    }
+    if (seg.size() == 2 && seg[0] == "apis" && seg[1] == "coordination.k8s.io") {
+      return SendJson(res, 200, CoordinationGroup().dump());
+    }
+    if (seg.size() == 3 && seg[0] == "apis" && seg[1] == "coordination.k8s.io" && seg[2] == "v1") {
+      return SendJson(res, 200, ResourceList("coordination.k8s.io/v1").dump());
+    }
+    if (seg.size() == 1 && seg[0] == "version") {
+      return SendJson(res, 200,
+                      Object{{"major", "1"},
+                             {"minor", "32"},
+                             {"gitVersion", "v1.32.0-dynmig-inmemory"},
+                             {"gitCommit", "0000000000000000000000000000000000000000"},
+                             {"gitTreeState", "clean"},
+                             {"buildDate", "2026-01-01T00:00:00Z"},
+                             {"goVersion", "none"},
+                             {"compiler", "c++"},
+                             {"platform", "linux/amd64"}}
+                          .dump());
+    }
+    if (seg.size() == 1 && (seg[0] == "healthz" || seg[0] == "readyz" || seg[0] == "livez")) {
+      res.status = 200;
+      res.set_content("ok", "text/plain");
+      return;
+    }
+  }
+
+  std::string_view group;
+  std::vector<std::string> rest;
+  if (seg.size() >= 2 && seg[0] == "api" && seg[1] == "v1") {
+    rest.assign(seg.begin() + 2, seg.end());
+  } else if (seg.size() >= 3 && seg[0] == "apis" && seg[1] == "coordination.k8s.io" &&
+             seg[2] == "v1") {
+    group = "coordination.k8s.io";
+    rest.assign(seg.begin() + 3, seg.end());
+  }
+  std::optional<Route> route;
+  if (!rest.empty()) route = ParseRoute(group, rest);
+  if (!route) {
+    return SendError(res,
+                     ApiError(404, "NotFound", "the server could not find the requested resource"));
+  }
+  if (ParamTrue(req, "dryRun") || (req.has_param("dryRun") && Param(req, "dryRun") == "All")) {
+    return SendError(
+        res, ApiError(400, "BadRequest", "dryRun is not supported by the in-memory API server"));
+  }
+  const ResourceInfo& info = InfoFor(route->resource);
+  const bool is_collection = route->name.empty();
+
+  if (req.method == "GET") {
+    if (is_collection) {
+      ListQuery query;
+      query.ns = route->ns;
+      query.label_selector = Param(req, "labelSelector");
+      query.field_selector = Param(req, "fieldSelector");
+      query.continue_token = Param(req, "continue");
+      auto limit = IntParam(req, "limit");
+      if (!limit.ok()) return SendError(res, limit.status());
+      query.limit = *limit;
+      if (ParamTrue(req, "watch")) {
+        auto timeout = IntParam(req, "timeoutSeconds");
+        if (!timeout.ok()) return SendError(res, timeout.status());
+        const bool send_initial = ParamTrue(req, "sendInitialEvents");
+        const std::string rv = send_initial ? "" : Param(req, "resourceVersion");
+        auto watch = store_->StartWatch(route->resource, query, rv);
+        if (!watch.ok()) {
+          if (HttpCodeOf(watch.status()) != 410 || options_.expired_watch_as_http_error) {
+            return SendError(res, watch.status());
+          }
+          // What a real server usually does: 200, then one ERROR event.
+          const std::string line = ErrorLine(watch.status());
+          res.status = 200;
+          res.set_chunked_content_provider(std::string(kWatchContentType),
+                                           [line](size_t, httplib::DataSink& sink) {
+                                             sink.write(line.data(), line.size());
+                                             sink.done();
+                                             return true;
+                                           });
+          return;
+        }
+        struct WatchState {
+          std::unique_ptr<ApiStore::Watch> watch;
+          SteadyClock::time_point deadline;
+          SteadyClock::time_point next_bookmark;
+          SteadyClock::time_point next_heartbeat;
+          bool bookmarks;
+          bool send_initial;
+          bool started = false;
+          bool table = false;  // kubectl get -w: each object as a one-row Table
+          std::string include_object;
+          std::string Line(const StoreEvent& ev) const {
+            if (!table) return WatchLine(ev.type, ev.object->json);
+            return WatchLine(ev.type, MakeTable(watch->resource(), {&ev.object->object},
+                                                ResourceVersion(ev.object->object), "",
+                                                include_object, absl::Now())
+                                          .dump());
+          }
+        };
+        auto state = std::make_shared<WatchState>();
+        state->watch = std::move(*watch);
+        const auto start = SteadyClock::now();
+        state->deadline =
+            start + (*timeout > 0 ? std::chrono::seconds(*timeout)
+                                  : absl::ToChronoNanoseconds(options_.default_watch_timeout));
+        state->bookmarks = ParamTrue(req, "allowWatchBookmarks");
+        state->send_initial = send_initial;
+        state->table = WantsTable(req);
+        state->include_object = Param(req, "includeObject");
+        state->next_bookmark = start + absl::ToChronoNanoseconds(options_.bookmark_interval);
+        state->next_heartbeat = start + absl::ToChronoNanoseconds(options_.watch_heartbeat);
+        res.status = 200;
+        res.set_chunked_content_provider(
+            std::string(kWatchContentType), [this, state](size_t, httplib::DataSink& sink) {
+              if (stopping_) return false;
+              std::string buf;
+              if (!state->started) {
+                state->started = true;
+                for (const StoreEvent& ev : state->watch->TakeInitialEvents()) {
+                  buf += state->Line(ev);
+                }
+                if (state->send_initial) {
+                  buf += BookmarkLine(state->watch->resource(), state->watch->cursor(), true);
+                }
+                if (!buf.empty()) return sink.write(buf.data(), buf.size());
+              }
+              auto now = SteadyClock::now();
+              if (now >= state->deadline) {
+                sink.done();
+                return true;
+              }
+              const auto wait = std::min<SteadyClock::duration>(kWatchPoll, state->deadline - now);
+              auto events = state->watch->Next(absl::FromChrono(wait), kMaxEventsPerChunk);
+              if (!events.ok()) {
+                if (HttpCodeOf(events.status()) != 410) return false;  // cut or shutdown
+                const std::string line = ErrorLine(events.status());
+                sink.write(line.data(), line.size());
+                sink.done();
+                return true;
+              }
+              for (const StoreEvent& ev : *events) buf += state->Line(ev);
+              now = SteadyClock::now();
+              if (state->bookmarks && now >= state->next_bookmark) {
+                buf += BookmarkLine(state->watch->resource(), state->watch->cursor(), false);
+                state->next_bookmark = now + absl::ToChronoNanoseconds(options_.bookmark_interval);
+              }
+              if (buf.empty() && now >= state->next_heartbeat) buf.push_back('\n');
+              if (buf.empty()) return true;
+              state->next_heartbeat = now + absl::ToChronoNanoseconds(options_.watch_heartbeat);
+              return sink.write(buf.data(), buf.size());
+            });
+        return;
+      }
+      auto list = store_->List(route->resource, query);
+      if (!list.ok()) return SendError(res, list.status());
+      if (WantsTable(req)) {
+        std::vector<const Object*> objects;
+        for (const auto& item : list->items) objects.push_back(&item->object);
+        return SendJson(res, 200,
+                        MakeTable(route->resource, objects, std::to_string(list->resource_version),
+                                  list->continue_token, Param(req, "includeObject"), absl::Now())
+                            .dump());
+      }
+      std::string body;
+      size_t size = 256;
+      for (const auto& item : list->items) size += item->json.size() + 1;
+      body.reserve(size);
+      Object meta = {{"resourceVersion", std::to_string(list->resource_version)}};
+      if (!list->continue_token.empty()) {
+        meta["continue"] = list->continue_token;
+        meta["remainingItemCount"] = list->remaining;
+      }
+      body += fmt::format(R"({{"kind":"{}","apiVersion":"{}","metadata":{},"items":[)",
+                          info.list_kind, info.api_version, meta.dump());
+      for (size_t i = 0; i < list->items.size(); ++i) {
+        if (i > 0) body += ',';
+        body += list->items[i]->json;
+      }
+      body += "]}";
+      return SendJson(res, 200, body);
+    }
+    if (!route->subresource.empty() && route->subresource != "status") {
+      return SendError(
+          res, ApiError(404, "NotFound", "the server could not find the requested resource"));
+    }
+    auto obj = store_->Get(route->resource, route->ns, route->name);
+    if (!obj.ok()) return SendError(res, obj.status());
+    if (WantsTable(req)) {
+      return SendJson(res, 200,
+                      MakeTable(route->resource, {&*obj}, ResourceVersion(*obj), "",
+                                Param(req, "includeObject"), absl::Now())
+                          .dump());
+    }
+    return SendJson(res, 200, obj->dump());
+  }
+
+  // Writes need a JSON body (except DELETE, where it is optional).
+  std::optional<Object> body;
+  if (!req.body.empty()) {
+    const std::string content_type = req.get_header_value("Content-Type");
+    if (content_type.find("yaml") != std::string::npos ||
+        content_type.find("protobuf") != std::string::npos) {
+      return SendError(res, ApiError(415, "UnsupportedMediaType",
+                                     fmt::format("the body of the request was in an unknown "
+                                                 "format - accepted media types include: "
+                                                 "application/json (got {})",
+                                                 content_type)));
+    }
+    auto parsed = ParseObject(req.body, "request body");
+    if (!parsed.ok()) {
+      return SendError(res, ApiError(400, "BadRequest", std::string(parsed.status().message())));
+    }
+    body = std::move(*parsed);
+  }
+
+  if (req.method == "POST") {
+    if (!body) return SendError(res, ApiError(400, "BadRequest", "the request body is empty"));
+    if (is_collection) {
+      auto created = store_->Create(route->resource, route->ns, *body);
+      if (!created.ok()) return SendError(res, created.status());
+      return SendJson(res, 201, created->dump());
+    }
+    if (route->resource == Resource::kPods && route->subresource == "binding") {
+      auto bound = store_->Bind(route->ns, route->name, *body);
+      if (!bound.ok()) return SendError(res, bound.status());
+      return SendJson(res, 201, bound->dump());
+    }
+    return SendError(
+        res, ApiError(405, "MethodNotAllowed", fmt::format("POST is not supported on {}", path)));
+  }
+  if (is_collection) {
+    return SendError(
+        res, ApiError(405, "MethodNotAllowed",
+                      fmt::format("{} is not supported on a collection ({})", req.method, path)));
+  }
+  if (req.method == "PUT") {
+    if (!body) return SendError(res, ApiError(400, "BadRequest", "the request body is empty"));
+    auto updated =
+        store_->Update(route->resource, route->ns, route->name, *body, route->subresource);
+    if (!updated.ok()) return SendError(res, updated.status());
+    return SendJson(res, 200, updated->dump());
+  }
+  if (req.method == "PATCH") {
+    if (!body) return SendError(res, ApiError(400, "BadRequest", "the patch body is empty"));
+    const std::string content_type = req.get_header_value("Content-Type");
+    PatchType type;
+    if (content_type.rfind("application/merge-patch+json", 0) == 0) {
+      type = PatchType::kMerge;
+    } else if (content_type.rfind("application/strategic-merge-patch+json", 0) == 0) {
+      type = PatchType::kStrategicMerge;
+    } else if (content_type.rfind("application/json-patch+json", 0) == 0) {
+      type = PatchType::kJson;
+    } else {
+      return SendError(res, ApiError(415, "UnsupportedMediaType",
+                                     fmt::format("the body of the request was in an unknown "
+                                                 "format - accepted media types include: "
+                                                 "application/json-patch+json, "
+                                                 "application/merge-patch+json, "
+                                                 "application/strategic-merge-patch+json (got "
+                                                 "'{}')",
+                                                 content_type)));
+    }
+    auto patched =
+        store_->Patch(route->resource, route->ns, route->name, *body, type, route->subresource);
+    if (!patched.ok()) return SendError(res, patched.status());
+    return SendJson(res, 200, patched->dump());
+  }
+  if (req.method == "DELETE") {
+    if (!route->subresource.empty()) {
+      return SendError(res, ApiError(405, "MethodNotAllowed", "DELETE on a subresource"));
+    }
+    DeleteOptions options;
+    if (body && body->is_object()) {
+      if (body->contains("gracePeriodSeconds") &&
+          (*body)["gracePeriodSeconds"].is_number_integer()) {
+        options.grace_period_seconds = (*body)["gracePeriodSeconds"].get<int64_t>();
+      }
+      options.precondition_uid = StringAt(*body, "/preconditions/uid");
+      options.precondition_resource_version = StringAt(*body, "/preconditions/resourceVersion");
+    }
+    if (req.has_param("gracePeriodSeconds")) {
+      auto grace = IntParam(req, "gracePeriodSeconds");
+      if (!grace.ok()) return SendError(res, grace.status());
+      options.grace_period_seconds = *grace;
+    }
+    auto deleted = store_->Delete(route->resource, route->ns, route->name, options);
+    if (!deleted.ok()) return SendError(res, deleted.status());
+    return SendJson(res, 200, deleted->dump());
+  }
+  SendError(res, ApiError(405, "MethodNotAllowed",
+                          fmt::format("method {} is not supported", req.method)));
+}
+
+}  // namespace dynmig::kube

@@ -1,0 +1,142 @@
+// InMemoryApiServer: a small Kubernetes API server over real HTTP, for tests and the local mode.
+// Never for production.
+//
+// Serves ApiStore (pods, nodes, events, leases, namespaces) with the REST paths, discovery
+// documents, watch streams, Status error bodies and Table output (pods, nodes) that kubectl
+// v1.32 needs. Adds fault injection for tests, through the C++ API and over HTTP:
+//   POST   /_dynmig/faults        body: FaultSpec as JSON (see FaultSpecFromJson)
+//   DELETE /_dynmig/faults        clear all faults
+//   POST   /_dynmig/cut-watches   drop every open watch connection
+//   POST   /_dynmig/compact       forget the watch history (watches from older RVs get 410)
+//   GET    /_dynmig/stats         {"requests":N,"openWatches":N,"resourceVersion":"N"}
+// Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kube/api_store.h"
+
+namespace httplib {
+class Server;
+struct Request;
+struct Response;
+}  // namespace httplib
+
+namespace dynmig::kube {
+
+// One fault rule. The first rule matching a request (method and path prefix) applies to it and
+// counts down; exhausted rules are removed. Admin paths (/_dynmig/...) are never faulted.
+struct FaultSpec {
+  enum class Action {
+    kStatus,     // answer `status` with a Status body (and Retry-After if set)
+    kMalformed,  // answer 200 with a body (or watch event) that is not valid JSON
+    kTruncate,   // start a 200 response and cut the connection in the middle of the body
+    kDelay,      // only add `latency`, then serve normally
+  };
+  std::string method{};       // "GET", "POST", ...; "" = any
+  std::string path_prefix{};  // e.g. "/api/v1/namespaces/default/pods"; "" = any
+  int count = 1;              // requests to affect; -1 = until cleared
+  Action action = Action::kStatus;
+  int status = 500;
+  int retry_after_seconds = -1;                   // >= 0 adds a Retry-After header
+  absl::Duration latency = absl::ZeroDuration();  // delay before answering (any action)
+  std::string message{};  // Status message ("" = a default naming the fault)
+};
+
+// {"method":"GET","pathPrefix":"/api/v1/pods","count":2,"action":"status|malformed|truncate|delay",
+//  "status":503,"retryAfterSeconds":1,"latencyMs":200,"message":"..."}; all fields optional.
+absl::StatusOr<FaultSpec> FaultSpecFromJson(const Object& json);
+
+struct InMemoryApiServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;  // 0 = pick a free port (see port())
+  ApiStoreOptions store;
+  // Serve this store instead of a new one (e.g. to "restart" a server on the same state).
+  std::shared_ptr<ApiStore> shared_store;
+  int threads = 64;                                     // worker threads; each open watch holds one
+  absl::Duration bookmark_interval = absl::Seconds(5);  // for watches with allowWatchBookmarks
+  absl::Duration default_watch_timeout = absl::Minutes(30);
+  // Idle watch streams get a "\n" (JSON whitespace) this often, to notice clients that left.
+  absl::Duration watch_heartbeat = absl::Seconds(2);
+  absl::Duration keep_alive_timeout = absl::Seconds(5);
+  // How often pods whose graceful deletion period has passed are removed (0 = only when
+  // CollectGarbage() is called).
+  absl::Duration gc_interval = absl::Milliseconds(200);
+  // Answer a watch from an expired resourceVersion with an HTTP 410 instead of the usual 200 +
+  // ERROR event (a real server does either).
+  bool expired_watch_as_http_error = false;
+  bool log_requests = false;  // spdlog debug line per request
+  // HTTPS when both are set (PEM files). With a client CA, clients must present a certificate
+  // signed by it (mutual TLS). Used to test the client's TLS settings.
+  std::string tls_cert_file{};
+  std::string tls_key_file{};
+  std::string tls_client_ca_file{};
+  // When set, every request (admin endpoints and /healthz excepted) must carry
+  // "Authorization: Bearer <token>", else 401. A test hook, not security.
+  std::string bearer_token;
+};
+
+class InMemoryApiServer {
+ public:
+  // Binds and starts serving. kUnavailable if the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<InMemoryApiServer>> Start(
+      InMemoryApiServerOptions options = {});
+  ~InMemoryApiServer();  // Stop()
+  InMemoryApiServer(const InMemoryApiServer&) = delete;
+  InMemoryApiServer& operator=(const InMemoryApiServer&) = delete;
+
+  int port() const { return port_; }
+  std::string url() const;  // "http://127.0.0.1:PORT" ("https://..." with TLS)
+  // Stops accepting, ends open watches and waits for in-flight requests. Idempotent.
+  void Stop();
+
+  // The store, for direct (non-HTTP) setup and inspection in tests.
+  ApiStore& store() { return *store_; }
+  std::shared_ptr<ApiStore> shared_store() { return store_; }
+
+  // Fault injection.
+  void AddFault(FaultSpec fault);
+  void ClearFaults();
+  int CutWatches();  // returns the number of watches that were open
+  void CompactHistory() { store_->CompactHistory(); }
+  int CollectGarbage() { return store_->CollectGarbage(); }
+
+  int64_t request_count() const { return requests_.load(); }
+  // Changes the required bearer token (see options); "" turns the check off.
+  void SetBearerToken(std::string token);
+  size_t open_watches() const { return store_->open_watches(); }
+
+ private:
+  explicit InMemoryApiServer(InMemoryApiServerOptions options);
+  absl::Status Listen();
+  void Handle(const httplib::Request& req, httplib::Response& res);
+  bool ApplyFault(const httplib::Request& req, httplib::Response& res);
+  void HandleAdmin(const httplib::Request& req, httplib::Response& res);
+  void ShutdownAcceptedSockets();
+
+  InMemoryApiServerOptions options_;
+  std::shared_ptr<ApiStore> store_;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread listener_;
+  std::thread gc_thread_;
+  int port_ = 0;
+  std::atomic<int64_t> requests_{0};
+  std::atomic<bool> stopping_{false};
+  std::mutex mu_;
+  std::condition_variable gc_cv_;
+  std::vector<FaultSpec> faults_;
+  std::string bearer_token_;
+  bool stopped_ = false;
+};
+
+}  // namespace dynmig::kube

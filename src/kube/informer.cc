@@ -1,0 +1,274 @@
+#include "kube/informer.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+namespace dynmig::kube {
+
+Informer::Informer(KubeClient& client, Resource resource, InformerOptions options)
+    : client_(client), resource_(resource), options_(std::move(options)) {}
+
+Informer::~Informer() { Stop(); }
+
+void Informer::AddHandlers(InformerHandlers handlers) { handlers_.push_back(std::move(handlers)); }
+
+void Informer::Start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (started_) return;
+  started_ = true;
+  thread_ = std::thread([this] { Run(); });
+}
+
+void Informer::Stop() {
+  std::shared_ptr<WatchStream> watch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    watch = watch_;
+    cv_.notify_all();
+  }
+  if (watch) watch->Stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+bool Informer::HasSynced() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return synced_;
+}
+
+bool Informer::WaitForSync(absl::Duration timeout) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] { return synced_; });
+}
+
+ObjectPtr Informer::Get(std::string_view key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = cache_.find(key);
+  return it == cache_.end() ? nullptr : it->second;
+}
+
+ObjectPtr Informer::Get(std::string_view ns, std::string_view name) const {
+  return Get(ObjectKey(InfoFor(resource_).namespaced ? ns : "", name));
+}
+
+std::vector<ObjectPtr> Informer::List() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<ObjectPtr> out;
+  out.reserve(cache_.size());
+  for (const auto& [key, obj] : cache_) out.push_back(obj);
+  return out;
+}
+
+std::vector<ObjectPtr> Informer::List(const std::function<bool(const Object&)>& predicate) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<ObjectPtr> out;
+  for (const auto& [key, obj] : cache_) {
+    if (predicate(*obj)) out.push_back(obj);
+  }
+  return out;
+}
+
+size_t Informer::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cache_.size();
+}
+
+std::string Informer::resource_version() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return rv_;
+}
+
+Informer::Stats Informer::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+absl::Status Informer::last_error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_error_;
+}
+
+bool Informer::SleepBackoff(absl::Duration* backoff) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, absl::ToChronoNanoseconds(*backoff), [&] { return stopping_; });
+  *backoff = std::min(*backoff * 2, options_.max_backoff);
+  return !stopping_;
+}
+
+absl::Status Informer::Relist() {
+  ListOptions list = options_.filter;
+  list.resource_version.clear();
+  list.limit = options_.page_size;
+  auto result = client_.List(resource_, list);
+  if (!result.ok()) return result.status();
+
+  std::map<std::string, ObjectPtr, std::less<>> fresh;
+  for (auto& item : result->items) {
+    std::string key = ObjectKey(item);
+    fresh.emplace(std::move(key), std::make_shared<const Object>(std::move(item)));
+  }
+  struct Change {
+    enum { kAdd, kUpdate, kDelete } kind;
+    ObjectPtr old_obj;
+    ObjectPtr new_obj;
+  };
+  std::vector<Change> changes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return absl::CancelledError("informer stopping");
+    for (const auto& [key, obj] : fresh) {
+      auto it = cache_.find(key);
+      if (it == cache_.end()) {
+        changes.push_back({Change::kAdd, nullptr, obj});
+      } else if (ResourceVersion(*it->second) != ResourceVersion(*obj)) {
+        changes.push_back({Change::kUpdate, it->second, obj});
+      }
+    }
+    for (const auto& [key, obj] : cache_) {
+      if (fresh.find(key) == fresh.end()) changes.push_back({Change::kDelete, obj, nullptr});
+    }
+    cache_ = std::move(fresh);
+    rv_ = result->resource_version;
+    synced_ = true;
+    ++stats_.lists;
+    cv_.notify_all();
+  }
+  for (const Change& c : changes) {
+    for (const auto& h : handlers_) {
+      switch (c.kind) {
+        case Change::kAdd:
+          if (h.on_add) h.on_add(*c.new_obj);
+          break;
+        case Change::kUpdate:
+          if (h.on_update) h.on_update(*c.old_obj, *c.new_obj);
+          break;
+        case Change::kDelete:
+          if (h.on_delete) h.on_delete(*c.old_obj);
+          break;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Informer::ApplyEvent(const WatchEvent& event) {
+  if (event.type == WatchEventType::kError) return;  // the stream ends with its status
+  const std::string rv = ResourceVersion(event.object);
+  if (event.type == WatchEventType::kBookmark) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!rv.empty()) rv_ = rv;
+    return;
+  }
+  const std::string key = ObjectKey(event.object);
+  ObjectPtr old_obj;
+  ObjectPtr new_obj;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    if (!rv.empty()) rv_ = rv;
+    ++stats_.events;
+    auto it = cache_.find(key);
+    if (event.type == WatchEventType::kDeleted) {
+      if (it == cache_.end()) return;  // never seen: nothing to delete
+      old_obj = it->second;
+      cache_.erase(it);
+    } else {
+      if (it != cache_.end()) {
+        if (ResourceVersion(*it->second) == rv) return;  // already have this version
+        old_obj = it->second;
+      }
+      new_obj = std::make_shared<const Object>(event.object);
+      cache_[key] = new_obj;
+    }
+  }
+  for (const auto& h : handlers_) {
+    if (event.type == WatchEventType::kDeleted) {
+      if (h.on_delete) h.on_delete(event.object);
+    } else if (old_obj) {
+      if (h.on_update) h.on_update(*old_obj, *new_obj);
+    } else if (h.on_add) {
+      h.on_add(*new_obj);
+    }
+  }
+}
+
+void Informer::Run() {
+  bool need_list = true;
+  absl::Duration backoff = options_.min_backoff;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+    }
+    if (need_list) {
+      absl::Status st = Relist();
+      if (!st.ok()) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (stopping_) return;
+          ++stats_.errors;
+          last_error_ = st;
+        }
+        spdlog::warn("informer {}: list failed: {}", ResourceName(resource_),
+                     std::string(st.message()));
+        if (!SleepBackoff(&backoff)) return;
+        continue;
+      }
+      need_list = false;
+      backoff = options_.min_backoff;
+    }
+    ListOptions watch_options = options_.filter;
+    watch_options.resource_version = resource_version();
+    watch_options.timeout_seconds = options_.watch_timeout_seconds;
+    watch_options.allow_bookmarks = true;
+    auto stream = client_.Watch(resource_, watch_options,
+                                [this](const WatchEvent& event) { ApplyEvent(event); });
+    absl::Status end;
+    if (stream.ok()) {
+      backoff = options_.min_backoff;  // connected: a later failure starts a fresh backoff
+      std::shared_ptr<WatchStream> watch = std::move(*stream);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.watches;
+        watch_ = watch;
+        if (stopping_) watch->Stop();
+      }
+      end = watch->Wait();
+      std::lock_guard<std::mutex> lock(mu_);
+      watch_.reset();
+    } else {
+      end = stream.status();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+    }
+    if (end.ok()) {  // server closed the stream normally: re-watch from the last version
+      backoff = options_.min_backoff;
+      continue;
+    }
+    const bool relist =
+        end.code() == absl::StatusCode::kOutOfRange || end.code() == absl::StatusCode::kDataLoss;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (end.code() == absl::StatusCode::kOutOfRange) {
+        ++stats_.expired;
+      } else {
+        ++stats_.errors;
+      }
+      last_error_ = end;
+    }
+    if (relist) {
+      spdlog::info("informer {}: {}; relisting", ResourceName(resource_),
+                   std::string(end.message()));
+      need_list = true;
+      if (end.code() == absl::StatusCode::kOutOfRange) continue;  // relist at once
+    } else {
+      spdlog::debug("informer {}: watch ended: {}", ResourceName(resource_),
+                    std::string(end.message()));
+    }
+    if (!SleepBackoff(&backoff)) return;
+  }
+}
+
+}  // namespace dynmig::kube

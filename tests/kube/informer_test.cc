@@ -1,0 +1,239 @@
+// Informer against the in-memory server over HTTP: sync, handlers, resumption after dropped
+// connections and restarts, and exact relist diffs after 410.
+#include "kube/informer.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "kube_test_util.h"
+
+namespace dynmig::kube {
+namespace {
+
+using testing::MakeNode;
+using testing::MakePod;
+using testing::Recorder;
+
+// "add p1", "update p1", "delete p1" in handler order.
+struct HandlerLog {
+  Recorder<std::string> log;
+  InformerHandlers Handlers() {
+    return InformerHandlers{
+        [this](const Object& o) { log.Add("add " + Name(o)); },
+        [this](const Object&, const Object& n) { log.Add("update " + Name(n)); },
+        [this](const Object& o) { log.Add("delete " + Name(o)); }};
+  }
+};
+
+InformerOptions FastInformer() {
+  InformerOptions options;
+  options.min_backoff = absl::Milliseconds(20);
+  options.max_backoff = absl::Milliseconds(200);
+  options.page_size = 3;
+  return options;
+}
+
+class InformerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto server = InMemoryApiServer::Start(testing::FastServerOptions());
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    client_ = testing::MakeClient(server_->url());
+  }
+  void TearDown() override {
+    client_.reset();
+    server_.reset();
+  }
+
+  std::unique_ptr<InMemoryApiServer> server_;
+  std::unique_ptr<RestKubeClient> client_;
+};
+
+TEST_F(InformerTest, SyncsAndDeliversEventsInOrder) {
+  for (const char* name : {"a", "b", "c", "d"}) ASSERT_TRUE(client_->CreatePod(MakePod(name)).ok());
+  Informer informer(*client_, Resource::kPods, FastInformer());
+  HandlerLog log;
+  informer.AddHandlers(log.Handlers());
+  EXPECT_FALSE(informer.HasSynced());
+  informer.Start();
+  ASSERT_TRUE(informer.WaitForSync(absl::Seconds(10)));
+  EXPECT_EQ(informer.size(), 4u);
+  ASSERT_TRUE(log.log.WaitForSize(4));
+  ASSERT_NE(informer.Get("default/b"), nullptr);
+  EXPECT_EQ(Name(*informer.Get("default", "b")), "b");
+  EXPECT_EQ(informer.Get("default/zzz"), nullptr);
+
+  ASSERT_TRUE(client_->PatchPodAnnotations("default", "a", {{"x", "1"}}).ok());
+  ASSERT_TRUE(client_->DeletePod("default", "b").ok());
+  ASSERT_TRUE(client_->CreatePod(MakePod("e")).ok());
+  ASSERT_TRUE(log.log.WaitForSize(7));
+  EXPECT_THAT(log.log.Get(), ::testing::ElementsAre("add a", "add b", "add c", "add d", "update a",
+                                                    "delete b", "add e"));
+  EXPECT_EQ(Annotation(*informer.Get("default/a"), "x"), "1");
+  EXPECT_EQ(informer.Get("default/b"), nullptr);
+  auto unbound = informer.List([](const Object& o) { return NodeName(o).empty(); });
+  EXPECT_EQ(unbound.size(), 4u);
+  informer.Stop();
+  EXPECT_EQ(informer.stats().lists, 1);
+}
+
+TEST_F(InformerTest, HandlersSeeTheUpdatedCache) {
+  Informer informer(*client_, Resource::kNodes, FastInformer());
+  Recorder<bool> seen;
+  informer.AddHandlers(
+      {[&](const Object& o) { seen.Add(informer.Get(Name(o)) != nullptr); }, nullptr, nullptr});
+  informer.Start();
+  ASSERT_TRUE(informer.WaitForSync(absl::Seconds(10)));
+  ASSERT_TRUE(client_->CreateNode(MakeNode("n1")).ok());
+  ASSERT_TRUE(seen.WaitForSize(1));
+  EXPECT_TRUE(seen.Get()[0]);
+}
+
+TEST_F(InformerTest, FilteredInformerFollowsSelectorTransitions) {
+  InformerOptions options = FastInformer();
+  options.filter.field_selector = "spec.nodeName=gpu-1";
+  Informer informer(*client_, Resource::kPods, options);
+  HandlerLog log;
+  informer.AddHandlers(log.Handlers());
+  informer.Start();
+  ASSERT_TRUE(informer.WaitForSync(absl::Seconds(10)));
+  ASSERT_TRUE(client_->CreatePod(MakePod("p")).ok());
+  ASSERT_TRUE(client_->BindPod("default", "p", "gpu-1", "").ok());
+  ASSERT_TRUE(log.log.WaitForSize(1));
+  EXPECT_EQ(log.log.Get()[0], "add p");
+  EXPECT_EQ(NodeName(*informer.Get("default/p")), "gpu-1");
+}
+
+TEST_F(InformerTest, DroppedConnectionsResumeWithoutMissingOrDuplicating) {
+  Informer informer(*client_, Resource::kPods, FastInformer());
+  HandlerLog log;
+  informer.AddHandlers(log.Handlers());
+  informer.Start();
+  ASSERT_TRUE(informer.WaitForSync(absl::Seconds(10)));
+  for (int round = 0; round < 5; ++round) {
+    ASSERT_TRUE(client_->CreatePod(MakePod(fmt::format("p{}", round))).ok());
+    // The informer's (round+1)-th watch is established: cut exactly that one.
+    ASSERT_TRUE(testing::Eventually([&] { return informer.stats().watches == round + 1; }));
+    server_->CutWatches();
+    // Writes while the informer is reconnecting.
+    ASSERT_TRUE(client_
+                    ->PatchPodAnnotations("default", fmt::format("p{}", round),
+                                          {{"round", std::to_string(round)}})
+                    .ok());
+  }
+  ASSERT_TRUE(log.log.WaitForSize(10));
+  EXPECT_FALSE(log.log.WaitForSize(11, absl::Milliseconds(300)));
+  std::vector<std::string> want;
+  for (int round = 0; round < 5; ++round) {
+    want.push_back(fmt::format("add p{}", round));
+    want.push_back(fmt::format("update p{}", round));
+  }
+  EXPECT_EQ(log.log.Get(), want);
+  EXPECT_EQ(informer.stats().lists, 1);  // resumed from the resourceVersion, never relisted
+  EXPECT_TRUE(testing::Eventually([&] { return informer.stats().watches == 6; }));
+}
+
+TEST_F(InformerTest, ExpiredHistoryRelistsAndEmitsExactlyTheDiff) {
+  for (const char* name : {"keep", "change", "remove"}) {
+    ASSERT_TRUE(client_->CreatePod(MakePod(name)).ok());
+  }
+  Informer informer(*client_, Resource::kPods, FastInformer());
+  HandlerLog log;
+  informer.AddHandlers(log.Handlers());
+  informer.Start();
+  ASSERT_TRUE(informer.WaitForSync(absl::Seconds(10)));
+  ASSERT_TRUE(log.log.WaitForSize(3));
+  ASSERT_TRUE(testing::Eventually([&] { return server_->open_watches() == 1; }));
+
+  // Drop the watch first so the changes below are only seen by the relist, then make the
+  // informer's resourceVersion too old.
+  InMemoryApiServerOptions options = testing::FastServerOptions();
+  options.port = server_->port();
+  options.shared_store = server_->shared_store();
+  auto store = server_->shared_store();
+  server_->Stop();
+  ASSERT_TRUE(store
+                  ->Patch(Resource::kPods, "default", "change",
+                          {{"metadata", {{"labels", {{"v", "2"}}}}}}, PatchType::kMerge, "")
+                  .ok());
+  ASSERT_TRUE(store->Delete(Resource::kPods, "default", "remove", {}).ok());
+  ASSERT_TRUE(store->Create(Resource::kPods, "default", MakePod("new")).ok());
+  store->CompactHistory();
+  auto restarted = InMemoryApiServer::Start(options);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  server_ = std::move(*restarted);
+
+  ASSERT_TRUE(log.log.WaitForSize(6));
+  EXPECT_FALSE(log.log.WaitForSize(7, absl::Milliseconds(300)));
+  const auto entries = log.log.Get();
+  EXPECT_THAT(std::vector<std::string>(entries.begin() + 3, entries.end()),
+              ::testing::UnorderedElementsAre("update change", "delete remove", "add new"));
+  EXPECT_EQ(informer.size(), 3u);
+  EXPECT_EQ(Label(*informer.Get("default/change"), "v"), "2");
+  EXPECT_GE(informer.stats().expired, 1);
+  EXPECT_EQ(informer.stats().lists, 2);
+}
+
+TEST_F(InformerTest, SurvivesApiServerRestartOnTheSameState) {
+  Informer informer(*client_, Resource::kNodes, FastInformer());
+  HandlerLog log;
+  informer.AddHandlers(log.Handlers());
+  informer.Start();
+  ASSERT_TRUE(informer.WaitForSync(absl::Seconds(10)));
+  ASSERT_TRUE(client_->CreateNode(MakeNode("n1")).ok());
+  ASSERT_TRUE(log.log.WaitForSize(1));
+
+  InMemoryApiServerOptions options = testing::FastServerOptions();
+  options.port = server_->port();
+  options.shared_store = server_->shared_store();
+  auto store = server_->shared_store();
+  server_->Stop();
+  // While the API server is down: a write (as if through another replica) the informer must see.
+  ASSERT_TRUE(store->Create(Resource::kNodes, "", MakeNode("n2")).ok());
+  auto restarted = InMemoryApiServer::Start(options);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  server_ = std::move(*restarted);
+  ASSERT_TRUE(client_->CreateNode(MakeNode("n3")).ok());
+  ASSERT_TRUE(log.log.WaitForSize(3))
+      << informer.last_error() << " lists=" << informer.stats().lists
+      << " watches=" << informer.stats().watches << " errors=" << informer.stats().errors
+      << " log=" << ::testing::PrintToString(log.log.Get());
+  EXPECT_FALSE(log.log.WaitForSize(4, absl::Milliseconds(300)));
+  EXPECT_THAT(log.log.Get(), ::testing::ElementsAre("add n1", "add n2", "add n3"));
+  EXPECT_EQ(informer.stats().lists, 1);
+}
+
+TEST_F(InformerTest, FreshApiServerStateForcesARelist) {
+  Informer informer(*client_, Resource::kNodes, FastInformer());
+  HandlerLog log;
+  informer.AddHandlers(log.Handlers());
+  informer.Start();
+  ASSERT_TRUE(informer.WaitForSync(absl::Seconds(10)));
+  for (int i = 0; i < 5; ++i)
+    ASSERT_TRUE(client_->CreateNode(MakeNode(fmt::format("n{}", i))).ok());
+  ASSERT_TRUE(log.log.WaitForSize(5));
+  // A new server with empty state on the same port: its resourceVersions are behind ours.
+  InMemoryApiServerOptions options = testing::FastServerOptions();
+  options.port = server_->port();
+  server_->Stop();
+  auto fresh = InMemoryApiServer::Start(options);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  server_ = std::move(*fresh);
+  ASSERT_TRUE(log.log.WaitForSize(10));
+  EXPECT_EQ(informer.size(), 0u);
+  EXPECT_EQ(informer.stats().lists, 2);
+}
+
+TEST_F(InformerTest, StopsPromptlyEvenWhileTheServerIsDown) {
+  Informer informer(*client_, Resource::kPods, FastInformer());
+  informer.Start();
+  ASSERT_TRUE(informer.WaitForSync(absl::Seconds(10)));
+  server_->Stop();
+  const auto start = std::chrono::steady_clock::now();
+  informer.Stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+}
+
+}  // namespace
+}  // namespace dynmig::kube
