@@ -1,0 +1,285 @@
+#include "local/node_agent.h"
+
+#include <algorithm>
+#include <regex>
+#include <set>
+
+#include "common/strings.h"
+#include "fmt/format.h"
+
+namespace dynmig::local {
+namespace {
+
+using nlohmann::json;
+
+uint32_t CountOf(const json& container, const std::string& resource) {
+  for (const char* kind : {"limits", "requests"}) {
+    if (!container.contains("resources") || !container["resources"].contains(kind)) continue;
+    const json& r = container["resources"][kind];
+    if (!r.is_object() || !r.contains(resource)) continue;
+    const json& v = r[resource];
+    try {
+      if (v.is_number_integer())
+        return static_cast<uint32_t>(std::max<int64_t>(0, v.get<int64_t>()));
+      if (v.is_string()) return static_cast<uint32_t>(std::max(0, std::stoi(v.get<std::string>())));
+    } catch (const std::exception&) {
+      return 0;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::optional<int64_t> SleepSeconds(const kube::Object& container) {
+  std::string text;
+  for (const char* field : {"command", "args"}) {
+    if (!container.contains(field) || !container[field].is_array()) continue;
+    for (const auto& part : container[field]) {
+      if (part.is_string()) text += part.get<std::string>() + " ";
+    }
+  }
+  static const std::regex kSleep(R"(\bsleep\s+([0-9]+)\b)");
+  std::smatch m;
+  if (std::regex_search(text, m, kSleep)) return std::stoll(m[1].str());
+  return std::nullopt;
+}
+
+NodeAgent::NodeAgent(kube::KubeClient& client, DeviceAllocator& allocator, NodeAgentOptions options)
+    : client_(client),
+      allocator_(allocator),
+      options_(std::move(options)),
+      pods_(client, kube::Resource::kPods,
+            kube::InformerOptions{.filter = {.field_selector = "spec.nodeName=" + options_.node}}),
+      next_pid_(options_.first_pid) {
+  auto poke = [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    dirty_ = true;
+    cv_.notify_all();
+  };
+  kube::InformerHandlers h;
+  h.on_add = [poke](const kube::Object&) { poke(); };
+  h.on_update = [poke](const kube::Object&, const kube::Object&) { poke(); };
+  h.on_delete = [poke](const kube::Object&) { poke(); };
+  pods_.AddHandlers(h);
+}
+
+NodeAgent::~NodeAgent() { Stop(); }
+
+void NodeAgent::Log(const std::string& line) const {
+  if (options_.log) options_.log(line);
+}
+
+void NodeAgent::Start() {
+  pods_.Start();
+  thread_ = std::thread([this] {
+    pods_.WaitForSync(absl::Seconds(30));
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      dirty_ = false;
+      lock.unlock();
+      Reconcile();
+      lock.lock();
+      // Wake for the next pod whose sleep ends, for changes, and every second to retry.
+      absl::Duration wait = absl::Seconds(1);
+      const absl::Time now = absl::Now();
+      for (const auto& [uid, r] : running_) {
+        if (r.ends_at) wait = std::min(wait, std::max(absl::ZeroDuration(), *r.ends_at - now));
+      }
+      cv_.wait_for(lock, absl::ToChronoMilliseconds(wait) + std::chrono::milliseconds(5),
+                   [this] { return stop_ || dirty_; });
+    }
+  });
+}
+
+void NodeAgent::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    cv_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+  pods_.Stop();
+}
+
+void NodeAgent::Reconcile() {
+  std::set<std::string> present;
+  for (const auto& pod : pods_.List()) {
+    const std::string uid = kube::Uid(*pod);
+    present.insert(uid);
+    if (kube::IsBeingDeleted(*pod)) {
+      FinishPod(*pod, "");
+      // Confirm the deletion, as the kubelet does once the containers stopped.
+      kube::DeleteOptions opts;
+      opts.grace_period_seconds = 0;
+      opts.precondition_uid = uid;
+      auto st = client_.DeletePod(kube::Namespace(*pod), kube::Name(*pod), opts);
+      if (st.ok()) Log(fmt::format("{} deleted on {}", kube::ObjectKey(*pod), options_.node));
+      continue;
+    }
+    const std::string phase = kube::Phase(*pod);
+    if ((phase.empty() || phase == "Pending") && !started_uid_.count(uid)) {
+      StartPod(*pod);
+      continue;
+    }
+    auto it = running_.find(uid);
+    if (it != running_.end() && it->second.ends_at && *it->second.ends_at <= absl::Now()) {
+      FinishPod(*pod, "Succeeded");
+    }
+  }
+  // Pods removed without a graceful deletion: their processes end too.
+  for (auto it = running_.begin(); it != running_.end();) {
+    if (present.count(it->first)) {
+      ++it;
+      continue;
+    }
+    for (const auto& [uuid, pid] : it->second.processes) {
+      if (options_.processes.detach) (void)options_.processes.detach(uuid, pid);
+    }
+    started_uid_.erase(it->first);
+    it = running_.erase(it);
+  }
+}
+
+void NodeAgent::StartPod(const kube::Object& pod) {
+  const std::string key = kube::ObjectKey(pod);
+  const std::string uid = kube::Uid(pod);
+  const std::string resource = allocator_.ResourceName();
+  std::vector<const json*> containers;
+  for (const char* list : {"initContainers", "containers"}) {
+    const json* cs = nullptr;
+    if (pod.contains("spec") && pod["spec"].contains(list)) cs = &pod["spec"][list];
+    if (cs == nullptr || !cs->is_array()) continue;
+    for (const auto& c : *cs) containers.push_back(&c);
+  }
+  // Every container's device count first: a pod waits until the plugin is registered.
+  uint32_t wanted = 0;
+  for (const json* c : containers)
+    wanted += CountOf(*c, resource.empty() ? "nvidia.com/gpu" : resource);
+  if (wanted > 0 && resource.empty()) return;  // plugin not registered yet: retry later
+
+  Running running;
+  json visible = json::object();
+  std::set<std::string> used;
+  const std::vector<std::string> ids = allocator_.DeviceIds();
+  for (const json* c : containers) {
+    const uint32_t n = resource.empty() ? 0 : CountOf(*c, resource);
+    if (n == 0) continue;
+    std::vector<std::string> chosen;
+    for (const auto& id : ids) {
+      if (chosen.size() == n) break;
+      if (!used.count(id)) chosen.push_back(id);
+    }
+    absl::StatusOr<ContainerAllocation> alloc =
+        chosen.size() < n
+            ? absl::ResourceExhaustedError(fmt::format(
+                  "the node advertises {} {} devices, {} asked", ids.size(), resource, n))
+            : allocator_.Allocate(chosen);
+    if (!alloc.ok()) {
+      const std::string msg =
+          fmt::format("Allocate failed for container {}: {}", c->value("name", ""),
+                      std::string(alloc.status().message()));
+      Log(fmt::format("{} failed on {}: {}", key, options_.node, msg));
+      json status = {
+          {"status",
+           {{"phase", "Failed"}, {"reason", "UnexpectedAdmissionError"}, {"message", msg}}}};
+      (void)client_.PatchPodStatus(kube::Namespace(pod), kube::Name(pod), status);
+      (void)client_.CreateEvent(kube::NewEvent(pod, "Warning", "UnexpectedAdmissionError", msg,
+                                               "dynmig-local-kubelet", absl::Now()));
+      for (const auto& [uuid, pid] : running.processes) {
+        if (options_.processes.detach) (void)options_.processes.detach(uuid, pid);
+      }
+      started_uid_[uid] = key;
+      return;
+    }
+    for (const auto& id : chosen) used.insert(id);
+    const std::string devices = alloc->envs.count("NVIDIA_VISIBLE_DEVICES")
+                                    ? alloc->envs.at("NVIDIA_VISIBLE_DEVICES")
+                                    : fmt::format("{}", fmt::join(alloc->cdi_devices, ","));
+    visible[c->value("name", "")] = devices;
+    for (const auto& part : SplitTrimmed(devices, ',')) {
+      const std::string uuid =
+          part.substr(part.rfind('=') == std::string::npos ? 0 : part.rfind('=') + 1);
+      if (uuid.rfind("MIG-", 0) != 0) continue;
+      const uint32_t pid = next_pid_++;
+      if (options_.processes.attach) {
+        auto st = options_.processes.attach(uuid, pid);
+        if (!st.ok())
+          Log(fmt::format("{}: cannot attach a process to {}: {}", key, uuid,
+                          std::string(st.message())));
+      }
+      running.processes.push_back({uuid, pid});
+    }
+  }
+  std::optional<int64_t> longest;
+  bool forever = false;
+  if (pod.contains("spec") && pod["spec"].contains("containers")) {
+    for (const auto& c : pod["spec"]["containers"]) {
+      auto s = SleepSeconds(c);
+      if (!s)
+        forever = true;
+      else
+        longest = std::max(longest.value_or(0), *s);
+    }
+  }
+  const absl::Time now = absl::Now();
+  if (!forever && longest) running.ends_at = now + absl::Seconds(*longest);
+  if (!visible.empty()) {
+    (void)client_.PatchPodAnnotations(kube::Namespace(pod), kube::Name(pod),
+                                      {{std::string(kVisibleDevicesAnnotation), visible.dump()}});
+  }
+  json statuses = json::array();
+  if (pod["spec"].contains("containers")) {
+    for (const auto& c : pod["spec"]["containers"]) {
+      statuses.push_back({{"name", c.value("name", "")},
+                          {"ready", true},
+                          {"restartCount", 0},
+                          {"image", c.value("image", "")},
+                          {"state", {{"running", {{"startedAt", kube::Rfc3339(now)}}}}}});
+    }
+  }
+  json status = {{"status",
+                  {{"phase", "Running"},
+                   {"startTime", kube::Rfc3339(now)},
+                   {"conditions", json::array({{{"type", "Ready"}, {"status", "True"}},
+                                               {{"type", "PodScheduled"}, {"status", "True"}}})},
+                   {"containerStatuses", statuses}}}};
+  (void)client_.PatchPodStatus(kube::Namespace(pod), kube::Name(pod), status);
+  Log(fmt::format("{} running on {}{}", key, options_.node,
+                  visible.empty() ? "" : " with " + visible.dump()));
+  started_uid_[uid] = key;
+  running_[uid] = std::move(running);
+}
+
+void NodeAgent::FinishPod(const kube::Object& pod, const std::string& phase) {
+  const std::string uid = kube::Uid(pod);
+  auto it = running_.find(uid);
+  if (it != running_.end()) {
+    for (const auto& [uuid, pid] : it->second.processes) {
+      if (options_.processes.detach) (void)options_.processes.detach(uuid, pid);
+    }
+    running_.erase(it);
+  }
+  if (phase.empty()) return;
+  const std::string now = kube::Rfc3339(absl::Now());
+  json statuses = json::array();
+  if (pod.contains("spec") && pod["spec"].contains("containers")) {
+    for (const auto& c : pod["spec"]["containers"]) {
+      statuses.push_back(
+          {{"name", c.value("name", "")},
+           {"ready", false},
+           {"restartCount", 0},
+           {"image", c.value("image", "")},
+           {"state",
+            {{"terminated", {{"exitCode", 0}, {"reason", "Completed"}, {"finishedAt", now}}}}}});
+    }
+  }
+  json status = {{"status",
+                  {{"phase", phase},
+                   {"conditions", json::array({{{"type", "Ready"}, {"status", "False"}}})},
+                   {"containerStatuses", statuses}}}};
+  (void)client_.PatchPodStatus(kube::Namespace(pod), kube::Name(pod), status);
+  Log(fmt::format("{} {} on {}", kube::ObjectKey(pod), phase, options_.node));
+}
+
+}  // namespace dynmig::local

@@ -1,0 +1,99 @@
+// What the kubelet does with a node's pods, for the local mode and the end-to-end tests: for each
+// pod bound to the node, ask the device plugin to Allocate each container's GPUs (through a
+// DeviceAllocator: the test kubelet speaking the real gRPC protocol), set the pod Running and
+// record the MIG UUIDs each container got (annotation `dynmig.io/visible-devices`), stand for the
+// workload with a simulated process attached to each MIG device, and end it when the pod's
+// `sleep N` is over (Succeeded) or the pod is deleted (the process is detached, then the pod is
+// removed, as a kubelet confirms a graceful deletion). Allocate failures fail the pod
+// (UnexpectedAdmissionError), as the kubelet does.
+//
+// Thread-safe; owns one thread.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kube/informer.h"
+#include "kube/kube_client.h"
+
+namespace dynmig::local {
+
+inline constexpr std::string_view kVisibleDevicesAnnotation = "dynmig.io/visible-devices";
+
+struct ContainerAllocation {
+  std::map<std::string, std::string> envs;
+  std::vector<std::string> devices;      // host paths
+  std::vector<std::string> cdi_devices;  // fully qualified CDI names
+};
+
+// The kubelet's side of the device plugin API.
+class DeviceAllocator {
+ public:
+  virtual ~DeviceAllocator() = default;
+  // The resource name the plugin registered, e.g. "nvidia.com/gpu"; "" while not registered.
+  virtual std::string ResourceName() = 0;
+  // Device IDs the plugin advertises (ListAndWatch), healthy ones.
+  virtual std::vector<std::string> DeviceIds() = 0;
+  // Allocate for one container with the chosen device IDs.
+  virtual absl::StatusOr<ContainerAllocation> Allocate(const std::vector<std::string>& ids) = 0;
+};
+
+// The workload stand-in: processes on MIG devices (SimNvml::AttachProcess/DetachProcess).
+struct ProcessHooks {
+  std::function<absl::Status(const std::string& mig_uuid, uint32_t pid)> attach;
+  std::function<absl::Status(const std::string& mig_uuid, uint32_t pid)> detach;
+};
+
+struct NodeAgentOptions {
+  std::string node;
+  ProcessHooks processes;
+  std::function<void(const std::string&)> log;
+  uint32_t first_pid = 10000;
+};
+
+class NodeAgent {
+ public:
+  NodeAgent(kube::KubeClient& client, DeviceAllocator& allocator, NodeAgentOptions options);
+  ~NodeAgent();  // Stop()
+
+  void Start();
+  // Stops the agent; simulated processes stay attached (a kubelet restart does not kill pods).
+  void Stop();
+
+  // One pass (the thread calls it; tests may too).
+  void Reconcile();
+
+ private:
+  struct Running {
+    std::vector<std::pair<std::string, uint32_t>> processes;  // (MIG UUID, pid)
+    std::optional<absl::Time> ends_at;
+  };
+  void StartPod(const kube::Object& pod);
+  void FinishPod(const kube::Object& pod, const std::string& phase);
+  void Log(const std::string& line) const;
+
+  kube::KubeClient& client_;
+  DeviceAllocator& allocator_;
+  const NodeAgentOptions options_;
+  kube::Informer pods_;
+  std::map<std::string, Running> running_;  // by pod uid
+  std::map<std::string, std::string> started_uid_;
+  uint32_t next_pid_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  bool dirty_ = true;
+  std::thread thread_;
+};
+
+// Seconds of the first `sleep N` in a container's command and args (e.g. bash -c "sleep 3600").
+std::optional<int64_t> SleepSeconds(const kube::Object& container);
+
+}  // namespace dynmig::local

@@ -1,0 +1,257 @@
+#include "local/scheduler_loop.h"
+
+#include <httplib.h>
+
+#include "fmt/format.h"
+#include "fmt/ranges.h"
+
+namespace dynmig::local {
+namespace {
+
+using nlohmann::json;
+
+struct Url {
+  std::string scheme_host_port;
+  std::string path;
+};
+
+Url SplitUrl(const std::string& url) {
+  const size_t scheme = url.find("://");
+  const size_t path = url.find('/', scheme == std::string::npos ? 0 : scheme + 3);
+  if (path == std::string::npos) return {url, ""};
+  return {url.substr(0, path), url.substr(path)};
+}
+
+// POSTs JSON to the extender; errors name the verb and what went wrong.
+absl::StatusOr<json> Post(const std::string& base, const std::string& verb, const json& body,
+                          double timeout_seconds) {
+  const Url u = SplitUrl(base);
+  httplib::Client cli(u.scheme_host_port);
+  cli.enable_server_certificate_verification(false);
+  const auto secs = static_cast<time_t>(timeout_seconds);
+  cli.set_read_timeout(secs, 0);
+  cli.set_write_timeout(secs, 0);
+  cli.set_connection_timeout(5, 0);
+  std::string path = u.path;
+  if (path.empty() || path.back() != '/') path += '/';
+  path += verb;
+  auto res = cli.Post(path, body.dump(), "application/json");
+  if (!res) {
+    return absl::UnavailableError(
+        fmt::format("extender {}: {}", verb, httplib::to_string(res.error())));
+  }
+  if (res->status != 200) {
+    return absl::UnavailableError(
+        fmt::format("extender {}: HTTP {}: {}", verb, res->status, res->body));
+  }
+  try {
+    return json::parse(res->body);
+  } catch (const json::exception& e) {
+    return absl::DataLossError(fmt::format("extender {}: malformed response: {}", verb, e.what()));
+  }
+}
+
+bool NodeSchedulable(const kube::Object& node) {
+  const auto spec = node.find("spec");
+  if (spec != node.end() && spec->is_object()) {
+    const auto u = spec->find("unschedulable");
+    if (u != spec->end() && u->is_boolean() && u->get<bool>()) return false;
+  }
+  return true;
+}
+
+std::vector<std::pair<std::string, std::string>> Resources(const kube::Object& pod) {
+  std::vector<std::pair<std::string, std::string>> out;
+  const auto spec = pod.find("spec");
+  if (spec == pod.end()) return out;
+  for (const char* list : {"initContainers", "containers"}) {
+    const auto cs = spec->find(list);
+    if (cs == spec->end() || !cs->is_array()) continue;
+    for (const auto& c : *cs) {
+      for (const char* kind : {"limits", "requests"}) {
+        const json* r = nullptr;
+        if (c.contains("resources") && c["resources"].contains(kind)) r = &c["resources"][kind];
+        if (r == nullptr || !r->is_object()) continue;
+        for (auto it = r->begin(); it != r->end(); ++it) out.push_back({it.key(), it->dump()});
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+struct SchedulerLoop::Outcome {
+  bool bound = false;
+  std::string message;  // why not
+};
+
+SchedulerLoop::SchedulerLoop(kube::KubeClient& client, SchedulerLoopOptions options)
+    : client_(client),
+      options_(std::move(options)),
+      pods_(client, kube::Resource::kPods),
+      nodes_(client, kube::Resource::kNodes) {
+  auto poke = [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    dirty_ = true;
+    cv_.notify_all();
+  };
+  kube::InformerHandlers h;
+  h.on_add = [poke](const kube::Object&) { poke(); };
+  h.on_update = [poke](const kube::Object&, const kube::Object&) { poke(); };
+  h.on_delete = [poke](const kube::Object&) { poke(); };
+  pods_.AddHandlers(h);
+  nodes_.AddHandlers(h);
+}
+
+SchedulerLoop::~SchedulerLoop() { Stop(); }
+
+void SchedulerLoop::Log(const std::string& line) const {
+  if (options_.log) options_.log(line);
+}
+
+void SchedulerLoop::Start() {
+  pods_.Start();
+  nodes_.Start();
+  thread_ = std::thread([this] {
+    pods_.WaitForSync(absl::Seconds(30));
+    nodes_.WaitForSync(absl::Seconds(30));
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      dirty_ = false;
+      lock.unlock();
+      SchedulePending();
+      lock.lock();
+      cv_.wait_for(lock, absl::ToChronoSeconds(options_.retry_interval),
+                   [this] { return stop_ || dirty_; });
+    }
+  });
+}
+
+void SchedulerLoop::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    cv_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+  pods_.Stop();
+  nodes_.Stop();
+}
+
+bool SchedulerLoop::UsesManagedResources(const kube::Object& pod) const {
+  for (const auto& [name, value] : Resources(pod)) {
+    for (const auto& m : options_.config.extender.managed_resources) {
+      if (m.name == name) return true;
+    }
+  }
+  return false;
+}
+
+int SchedulerLoop::SchedulePending() {
+  std::vector<std::string> nodes;
+  for (const auto& n : nodes_.List()) {
+    if (NodeSchedulable(*n)) nodes.push_back(kube::Name(*n));
+  }
+  int bound = 0;
+  for (const auto& pod : pods_.List()) {
+    if (!kube::NodeName(*pod).empty() || kube::IsBeingDeleted(*pod)) continue;
+    if (kube::StringAt(*pod, "/spec/schedulerName") != options_.config.scheduler_name) continue;
+    const std::string phase = kube::Phase(*pod);
+    if (phase == "Succeeded" || phase == "Failed") continue;
+    Outcome o = ScheduleOne(*pod, nodes);
+    if (o.bound) {
+      ++bound;
+      last_message_.erase(kube::ObjectKey(*pod));
+    } else if (!o.message.empty()) {
+      MarkUnschedulable(*pod, o.message);
+    }
+  }
+  return bound;
+}
+
+SchedulerLoop::Outcome SchedulerLoop::ScheduleOne(const kube::Object& pod,
+                                                  const std::vector<std::string>& nodes) {
+  const std::string key = kube::ObjectKey(pod);
+  const ExtenderConfig& x = options_.config.extender;
+  const std::string base = options_.extender_url.empty() ? x.url_prefix : options_.extender_url;
+  if (nodes.empty()) return {false, "0/0 nodes are available: no schedulable node"};
+  std::string chosen;
+  if (UsesManagedResources(pod) && !x.filter_verb.empty()) {
+    json args = {{"Pod", pod}};
+    if (x.node_cache_capable) {
+      args["NodeNames"] = nodes;
+    } else {
+      json items = json::array();
+      for (const auto& n : nodes) {
+        auto obj = nodes_.Get(n);
+        if (obj) items.push_back(*obj);
+      }
+      args["Nodes"] = {{"items", items}};
+    }
+    auto res = Post(base, x.filter_verb, args, x.http_timeout_seconds);
+    if (!res.ok()) return {false, std::string(res.status().message())};
+    const json& r = *res;
+    if (r.contains("Error") && r["Error"].is_string() && !r["Error"].get<std::string>().empty()) {
+      return {false, "extender: " + r["Error"].get<std::string>()};
+    }
+    std::vector<std::string> passed;
+    if (r.contains("NodeNames") && r["NodeNames"].is_array()) {
+      for (const auto& n : r["NodeNames"]) passed.push_back(n.get<std::string>());
+    } else if (r.contains("Nodes") && r["Nodes"].is_object() && r["Nodes"].contains("items")) {
+      for (const auto& n : r["Nodes"]["items"]) passed.push_back(kube::Name(n));
+    }
+    if (passed.empty()) {
+      std::vector<std::string> reasons;
+      for (const char* field : {"FailedNodes", "FailedAndUnresolvableNodes"}) {
+        if (!r.contains(field) || !r[field].is_object()) continue;
+        for (auto it = r[field].begin(); it != r[field].end(); ++it) {
+          reasons.push_back(fmt::format("{}: {}", it.key(),
+                                        it->is_string() ? it->get<std::string>() : it->dump()));
+        }
+      }
+      return {false,
+              fmt::format("0/{} nodes are available: {}", nodes.size(), fmt::join(reasons, "; "))};
+    }
+    chosen = passed.front();
+  } else {
+    chosen = nodes.front();
+  }
+  if (!x.bind_verb.empty() && UsesManagedResources(pod)) {
+    json args = {{"PodName", kube::Name(pod)},
+                 {"PodNamespace", kube::Namespace(pod)},
+                 {"PodUID", kube::Uid(pod)},
+                 {"Node", chosen}};
+    auto res = Post(base, x.bind_verb, args, x.http_timeout_seconds);
+    if (!res.ok()) return {false, std::string(res.status().message())};
+    if (res->contains("Error") && (*res)["Error"].is_string() &&
+        !(*res)["Error"].get<std::string>().empty()) {
+      return {false, "bind: " + (*res)["Error"].get<std::string>()};
+    }
+  } else {
+    auto st = client_.BindPod(kube::Namespace(pod), kube::Name(pod), chosen, kube::Uid(pod));
+    if (!st.ok()) return {false, "bind: " + std::string(st.message())};
+  }
+  Log(fmt::format("scheduled {} to {}", key, chosen));
+  return {true, ""};
+}
+
+void SchedulerLoop::MarkUnschedulable(const kube::Object& pod, const std::string& message) {
+  const std::string key = kube::ObjectKey(pod);
+  auto& last = last_message_[key];
+  if (last == message) return;  // already said
+  last = message;
+  Log(fmt::format("{} stays Pending: {}", key, message));
+  json patch = {
+      {"status",
+       {{"conditions", json::array({{{"type", "PodScheduled"},
+                                     {"status", "False"},
+                                     {"reason", "Unschedulable"},
+                                     {"message", message},
+                                     {"lastTransitionTime", kube::Rfc3339(absl::Now())}}})}}}};
+  (void)client_.PatchPodStatus(kube::Namespace(pod), kube::Name(pod), patch);
+  (void)client_.CreateEvent(kube::NewEvent(pod, "Warning", "FailedScheduling", message,
+                                           "dynmig-local-scheduler", absl::Now()));
+}
+
+}  // namespace dynmig::local

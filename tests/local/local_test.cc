@@ -1,0 +1,259 @@
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <set>
+#include <thread>
+
+#include "kube/in_memory_api_server.h"
+#include "kube/rest_kube_client.h"
+#include "local/node_agent.h"
+#include "local/scheduler_loop.h"
+
+namespace dynmig::local {
+namespace {
+
+using nlohmann::json;
+
+constexpr char kConfig[] = R"(apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+profiles:
+  - schedulerName: dynmig-scheduler
+extenders:
+  - urlPrefix: "https://dynmig-scheduler.dynmig-system.svc:443"
+    filterVerb: filter
+    bindVerb: bind
+    nodeCacheCapable: true
+    enableHTTPS: true
+    httpTimeout: 30s
+    managedResources:
+      - name: nvidia.com/gpu
+        ignoredByScheduler: true
+      - name: nvidia.com/gpumem
+        ignoredByScheduler: true
+)";
+
+template <typename F>
+bool WaitUntil(F f, absl::Duration timeout = absl::Seconds(10)) {
+  const absl::Time end = absl::Now() + timeout;
+  while (absl::Now() < end) {
+    if (f()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return f();
+}
+
+json GpuPod(const std::string& name, const std::string& cmd = "sleep 3600") {
+  return {
+      {"apiVersion", "v1"},
+      {"kind", "Pod"},
+      {"metadata", {{"name", name}, {"namespace", "default"}}},
+      {"spec",
+       {{"schedulerName", "dynmig-scheduler"},
+        {"containers",
+         json::array({{{"name", "main"},
+                       {"image", "ubuntu:22.04"},
+                       {"command", json::array({"bash", "-c", cmd})},
+                       {"resources",
+                        {{"limits", {{"nvidia.com/gpu", 1}, {"nvidia.com/gpumem", 4000}}}}}}})}}}};
+}
+
+class LocalTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto server = kube::InMemoryApiServer::Start();
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    kube::RestConfig cfg;
+    cfg.server = server_->url();
+    auto client = kube::RestKubeClient::Create(cfg);
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = std::move(*client);
+    for (const char* n : {"node-a", "node-b"}) {
+      ASSERT_TRUE(
+          client_->CreateNode({{"apiVersion", "v1"}, {"kind", "Node"}, {"metadata", {{"name", n}}}})
+              .ok());
+    }
+  }
+
+  std::unique_ptr<kube::InMemoryApiServer> server_;
+  std::unique_ptr<kube::RestKubeClient> client_;
+};
+
+TEST(SchedulerConfigTest, ParsesTheExtenderStanza) {
+  auto cfg = ParseSchedulerConfig(kConfig);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->scheduler_name, "dynmig-scheduler");
+  EXPECT_EQ(cfg->extender.filter_verb, "filter");
+  EXPECT_EQ(cfg->extender.bind_verb, "bind");
+  EXPECT_TRUE(cfg->extender.node_cache_capable);
+  ASSERT_EQ(cfg->extender.managed_resources.size(), 2u);
+  EXPECT_TRUE(cfg->extender.managed_resources[0].ignored_by_scheduler);
+  EXPECT_FALSE(ParseSchedulerConfig("kind: Pod").ok());
+  EXPECT_NE(
+      std::string(ParseSchedulerConfig("kind: KubeSchedulerConfiguration\n").status().message())
+          .find("schedulerName"),
+      std::string::npos);
+}
+
+TEST_F(LocalTest, SchedulerLoopCallsFilterThenBindLikeKubeScheduler) {
+  // A fake extender: passes node-b only for pod "fits"; binds through the API.
+  httplib::Server ext;
+  std::atomic<int> filters{0}, binds{0};
+  json seen_args;
+  std::mutex mu;
+  ext.Post("/filter", [&](const httplib::Request& req, httplib::Response& res) {
+    ++filters;
+    json args = json::parse(req.body);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      seen_args = args;
+    }
+    json out;
+    if (args["Pod"]["metadata"]["name"] == "fits") {
+      out = {{"NodeNames", {"node-b"}},
+             {"FailedNodes", {{"node-a", "capacity-exhausted: full"}}},
+             {"Error", ""}};
+    } else {
+      out = {{"NodeNames", json::array()},
+             {"FailedNodes", {{"node-a", "fragmented: x"}, {"node-b", "fragmented: y"}}},
+             {"Error", ""}};
+    }
+    res.set_content(out.dump(), "application/json");
+  });
+  ext.Post("/bind", [&](const httplib::Request& req, httplib::Response& res) {
+    ++binds;
+    json args = json::parse(req.body);
+    auto st = client_->BindPod(args["PodNamespace"].get<std::string>(),
+                               args["PodName"].get<std::string>(), args["Node"].get<std::string>(),
+                               args["PodUID"].get<std::string>());
+    res.set_content(json({{"Error", st.ok() ? "" : std::string(st.message())}}).dump(),
+                    "application/json");
+  });
+  const int port = ext.bind_to_any_port("127.0.0.1");
+  std::thread t([&] { ext.listen_after_bind(); });
+
+  SchedulerLoopOptions opts;
+  opts.config = *ParseSchedulerConfig(kConfig);
+  opts.extender_url = "http://127.0.0.1:" + std::to_string(port);
+  opts.retry_interval = absl::Milliseconds(200);
+  SchedulerLoop loop(*client_, opts);
+  loop.Start();
+  ASSERT_TRUE(client_->CreatePod(GpuPod("fits")).ok());
+  ASSERT_TRUE(client_->CreatePod(GpuPod("stuck")).ok());
+  auto other = GpuPod("other-scheduler");
+  other["spec"]["schedulerName"] = "default-scheduler";
+  ASSERT_TRUE(client_->CreatePod(other).ok());
+
+  EXPECT_TRUE(WaitUntil([&] {
+    auto p = client_->GetPod("default", "fits");
+    return p.ok() && kube::NodeName(*p) == "node-b";
+  }));
+  EXPECT_TRUE(WaitUntil([&] {
+    auto p = client_->GetPod("default", "stuck");
+    return p.ok() && p->dump().find("0/2 nodes are available") != std::string::npos;
+  }));
+  auto stuck = client_->GetPod("default", "stuck");
+  EXPECT_TRUE(kube::NodeName(*stuck).empty());
+  EXPECT_NE(stuck->dump().find("fragmented: y"), std::string::npos);
+  auto foreign = client_->GetPod("default", "other-scheduler");
+  EXPECT_TRUE(kube::NodeName(*foreign).empty());
+  loop.Stop();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_TRUE(seen_args.contains("NodeNames"));
+    EXPECT_FALSE(seen_args.contains("Nodes"));
+  }
+  EXPECT_GE(binds.load(), 1);
+  ext.stop();
+  t.join();
+}
+
+class FakeAllocator : public DeviceAllocator {
+ public:
+  std::string ResourceName() override { return "nvidia.com/gpu"; }
+  std::vector<std::string> DeviceIds() override { return {"GPU-0::0", "GPU-0::1", "GPU-0::2"}; }
+  absl::StatusOr<ContainerAllocation> Allocate(const std::vector<std::string>& ids) override {
+    if (fail) return absl::ResourceExhaustedError("NVML_ERROR_INSUFFICIENT_RESOURCES");
+    ContainerAllocation a;
+    std::string uuids;
+    for (size_t i = 0; i < ids.size(); ++i)
+      uuids += (i ? "," : "") + std::string("MIG-") + std::to_string(++n);
+    a.envs["NVIDIA_VISIBLE_DEVICES"] = uuids;
+    return a;
+  }
+  std::atomic<bool> fail{false};
+  std::atomic<int> n{0};
+};
+
+TEST_F(LocalTest, NodeAgentRunsPodsAttachesProcessesAndEndsThem) {
+  FakeAllocator alloc;
+  std::mutex mu;
+  std::set<std::string> attached;
+  NodeAgentOptions opts;
+  opts.node = "node-a";
+  opts.processes.attach = [&](const std::string& uuid, uint32_t) {
+    std::lock_guard<std::mutex> lock(mu);
+    attached.insert(uuid);
+    return absl::OkStatus();
+  };
+  opts.processes.detach = [&](const std::string& uuid, uint32_t) {
+    std::lock_guard<std::mutex> lock(mu);
+    attached.erase(uuid);
+    return absl::OkStatus();
+  };
+  NodeAgent agent(*client_, alloc, opts);
+  agent.Start();
+  auto short_pod = GpuPod("short", "sleep 1");
+  short_pod["spec"]["nodeName"] = "node-a";
+  auto long_pod = GpuPod("long");
+  long_pod["spec"]["nodeName"] = "node-a";
+  ASSERT_TRUE(client_->CreatePod(short_pod).ok());
+  ASSERT_TRUE(client_->CreatePod(long_pod).ok());
+  EXPECT_TRUE(WaitUntil([&] {
+    auto p = client_->GetPod("default", "long");
+    return p.ok() && kube::Phase(*p) == "Running";
+  }));
+  auto running = client_->GetPod("default", "long");
+  auto visible = kube::Annotation(*running, kVisibleDevicesAnnotation);
+  ASSERT_TRUE(visible.has_value());
+  EXPECT_NE(visible->find("MIG-"), std::string::npos);
+  EXPECT_TRUE(WaitUntil([&] {
+    auto p = client_->GetPod("default", "short");
+    return p.ok() && kube::Phase(*p) == "Succeeded";
+  }));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(attached.size(), 1u);  // only the long pod's process remains
+  }
+  // Graceful deletion: the agent detaches and confirms.
+  ASSERT_TRUE(client_->DeletePod("default", "long", {}).ok());
+  EXPECT_TRUE(WaitUntil([&] {
+    return client_->GetPod("default", "long").status().code() == absl::StatusCode::kNotFound;
+  }));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_TRUE(attached.empty());
+  }
+  // Allocate failures fail the pod.
+  alloc.fail = true;
+  auto bad = GpuPod("bad");
+  bad["spec"]["nodeName"] = "node-a";
+  ASSERT_TRUE(client_->CreatePod(bad).ok());
+  EXPECT_TRUE(WaitUntil([&] {
+    auto p = client_->GetPod("default", "bad");
+    return p.ok() && kube::Phase(*p) == "Failed";
+  }));
+  EXPECT_NE(client_->GetPod("default", "bad")->dump().find("INSUFFICIENT_RESOURCES"),
+            std::string::npos);
+  agent.Stop();
+}
+
+TEST(SleepSecondsTest, FindsTheSleepInCommandAndArgs) {
+  EXPECT_EQ(SleepSeconds(json{{"command", {"bash", "-c", "sleep 3600"}}}), 3600);
+  EXPECT_EQ(SleepSeconds(json{{"command", {"sleep"}}, {"args", {"5"}}}), 5);
+  EXPECT_FALSE(SleepSeconds(json{{"command", {"bash", "-c", "nvidia-smi -L"}}}).has_value());
+}
+
+}  // namespace
+}  // namespace dynmig::local
