@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "mig/catalogue.h"
@@ -39,13 +40,17 @@ GpuUsage RandomUsage(const GpuPlanner& p, std::mt19937& rng, uint32_t target_uni
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // `bench_planner profile N`: only N cluster decisions, for valgrind --tool=callgrind (counts
+  // instructions, which stay comparable on a busy machine).
+  const bool profile = argc > 2 && std::string(argv[1]) == "profile";
+  const int profile_reps = profile ? std::atoi(argv[2]) : 0;
   const auto& cap = (*FindModel("A100-SXM4-40GB"))->capability;
   auto planner = *GpuPlanner::Create(cap, {"1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"});
   std::mt19937 rng(7);
 
   // 1. Single-GPU decisions: one instance, random occupancy and memory.
-  {
+  if (!profile) {
     std::vector<GpuUsage> states;
     for (int i = 0; i < 4096; ++i) states.push_back(RandomUsage(*planner, rng, rng() % 8));
     const uint64_t mems[] = {4000, 9000, 19000, 40000};
@@ -85,6 +90,14 @@ int main() {
         gpu.usage = RandomUsage(*planner, rng, 4);
         nodes[i].gpus.push_back(std::move(gpu));
       }
+    }
+    if (profile) {
+      PodRequest req;
+      req.containers.push_back({"main", false, 1, {4000, 0}});
+      int chosen = 0;
+      for (int rep = 0; rep < profile_reps; ++rep) chosen += PlanPod(nodes, req).chosen >= 0;
+      std::printf("%d decisions\n", chosen);
+      return 0;
     }
     for (uint64_t mem : {4000u, 19000u}) {
       PodRequest req;

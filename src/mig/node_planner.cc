@@ -11,6 +11,8 @@ namespace dynmig::mig {
 namespace {
 
 bool ModeAllowsMig(const std::string& mode) {
+  // The common value first, without a library call.
+  if (mode.size() == 3 && mode[0] == 'm' && mode[1] == 'i' && mode[2] == 'g') return true;
   return mode.empty() || mode.find("mig") != std::string::npos;
 }
 
@@ -154,7 +156,75 @@ void Fail(NodePlan& plan, Scratch& s, size_t gpus) {
   if (plan.verdict == Verdict::kFits) plan.verdict = Verdict::kCapacityExhausted;
 }
 
+bool NoFilters(const GpuFilter& f) {
+  return f.vgpu_mode.empty() && f.use_uuids.empty() && f.nouse_uuids.empty() &&
+         f.use_types.empty() && f.nouse_types.empty();
+}
+
+// The common request, one container with one instance, no preference and no GPU hints, in one
+// pass over the GPUs without sorting. Same answer as the general path (the first GPU in policy
+// order that fits is the best-ranked fitting GPU); false when nothing fits (the general path then
+// gives the verdicts).
+bool PlanSingleFast(const NodeView& node, const PodRequest& request, const ContainerRequest& ctr,
+                    uint32_t c, bool record, NodePlan& plan) {
+  const bool binpack = request.gpu_policy == GpuPolicy::kBinpack;
+  int best = -1;
+  uint32_t best_used = 0;
+  PlannedInstance best_inst;
+  double used = 0;
+  uint32_t mig_gpus = 0;
+  for (uint32_t i = 0; i < node.gpus.size(); ++i) {
+    const GpuView& gpu = node.gpus[i];
+    if (gpu.planner == nullptr) continue;
+    const uint32_t units = gpu.planner->units();
+    const uint32_t occupied = std::popcount(gpu.usage.occupied & FullMask(units));
+    used += static_cast<double>(occupied) / units;
+    ++mig_gpus;
+    if (!gpu.healthy || !ModeAllowsMig(gpu.mode)) continue;
+    const uint32_t used_units = occupied * 64 / std::max(1u, units);
+    if (best >= 0 && (binpack ? used_units <= best_used : used_units >= best_used)) continue;
+    PlannedInstance inst;
+    const uint64_t mem = ResolveMemory(ctr.memory.mib, ctr.memory.percent, gpu.planner->capability());
+    if (!gpu.planner->PlanSingle(gpu.usage, mem, inst)) continue;
+    best = static_cast<int>(i);
+    best_used = used_units;
+    best_inst = inst;
+  }
+  if (best < 0) return false;
+  plan.used_fraction = mig_gpus == 0 ? 0.0 : used / mig_gpus;
+  if (record) plan.assignments.push_back({c, 0, static_cast<uint32_t>(best), best_inst.profile_index,
+                                          best_inst.placement});
+  for (uint32_t i = 0; i < node.gpus.size(); ++i) {
+    const GpuView& gpu = node.gpus[i];
+    if (gpu.planner == nullptr || !gpu.healthy || !ModeAllowsMig(gpu.mode)) continue;
+    SliceMask occupied = gpu.usage.occupied;
+    // (ModeAllowsMig is cheap for "mig"; the eligible set equals the general path's.)
+    if (static_cast<int>(i) == best) {
+      occupied |= best_inst.placement.Mask();
+      const uint32_t units = gpu.planner->units();
+      plan.leftover = std::popcount(~occupied & FullMask(units)) * 64 / std::max(1u, units);
+    }
+    plan.score += gpu.planner->FragmentationScore(~occupied);
+  }
+  return true;
+}
+
 void PlanOnNode(const NodeView& node, const PodRequest& request, Scratch& s, NodePlan& plan) {
+  if (node.healthy && !node.gpus.empty() && request.preference.empty() &&
+      NoFilters(request.filter)) {
+    const ContainerRequest* only = nullptr;
+    uint32_t index = 0, with_gpu = 0;
+    for (uint32_t c = 0; c < request.containers.size(); ++c) {
+      if (request.containers[c].count == 0) continue;
+      ++with_gpu;
+      only = &request.containers[c];
+      index = c;
+    }
+    if (with_gpu == 1 && only->count == 1 &&
+        PlanSingleFast(node, request, *only, index, s.record, plan)) {
+      return;
+    }
+  }
   if (!node.healthy) {
     plan.verdict = Verdict::kNodeUnhealthy;
     return;
