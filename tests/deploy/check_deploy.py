@@ -912,19 +912,21 @@ def group_dockerfile(c):
                                                                           "libtsan"))]
     if sanitizers:
         print(f"  a sanitizer build: {', '.join(sanitizers)} not looked for (the image builds without them)")
+    candidates = {}
     for lib in (lib for lib in libs if lib not in sanitizers):
-        candidates = {lib, os.path.realpath(lib)}
-        for p in list(candidates):
-            if p.startswith("/usr/lib/"):
-                candidates.add(p[len("/usr"):])
-            elif p.startswith("/lib"):
-                candidates.add("/usr" + p)
-        owner = None
-        for p in sorted(candidates):
-            q = subprocess.run(["dpkg", "-S", p], capture_output=True, text=True)
-            if q.returncode == 0:
-                owner = q.stdout.split(":", 1)[0].split(",")[0].strip()
-                break
+        paths = {lib, os.path.realpath(lib)}
+        for p in list(paths):
+            paths.add(p[len("/usr"):] if p.startswith("/usr/lib/") else "/usr" + p if p.startswith("/lib") else p)
+        candidates[lib] = paths
+    # One dpkg -S for every path (it exits 1 when some path has no owner, which is expected for the aliases).
+    every = sorted({p for paths in candidates.values() for p in paths})
+    q = subprocess.run(["dpkg", "-S", *every], capture_output=True, text=True, timeout=120)
+    owner_of = {}
+    for line in q.stdout.splitlines():
+        pkg, _, path = line.partition(": ")
+        owner_of[path.strip()] = pkg.split(",")[0].split(":")[0].strip()
+    for lib, paths in candidates.items():
+        owner = next((owner_of[p] for p in sorted(paths) if p in owner_of), None)
         if not c.check(owner is not None, f"{lib}: no Debian package owns it"):
             continue
         c.check(owner in pkgs or owner in closure,
