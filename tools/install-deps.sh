@@ -5,7 +5,7 @@ pkgs=(build-essential cmake ninja-build pkg-config ccache
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev libcurl4-openssl-dev libssl-dev
   libspdlog-dev libfmt-dev libcli11-dev prometheus-cpp-dev
-  libgtest-dev libgmock-dev libbenchmark-dev yamllint kubectl)
+  libgtest-dev libgmock-dev libbenchmark-dev yamllint python3 kubectl)
 missing=()
 # One dpkg-query for all; a package dpkg has never heard of is absent from its output.
 installed=$(dpkg-query -W -f='${Package} ${db:Status-Status}\n' "${pkgs[@]}" 2>/dev/null | awk '$2=="installed"{print $1}')
