@@ -190,6 +190,7 @@ struct ValidateFlags {
   std::string node;
   bool canary = false;
   std::string timeout = "2m";
+  std::string poll = "500ms";
   std::string nvml_endpoint = "http://{node}:9400/nvml";
   std::string nvml_timeout = "5s";
   ops::CanaryOptions canary_options;
@@ -207,6 +208,12 @@ int RunValidateCommand(ValidateFlags f, CliContext& ctx) {
     return Fail(ctx, "validate",
                 absl::InvalidArgumentError(fmt::format(
                     "--timeout: \"{}\" is not a positive duration (e.g. 2m)", f.timeout)));
+  }
+  if (!absl::ParseDuration(f.poll, &f.canary_options.poll) ||
+      f.canary_options.poll <= absl::ZeroDuration()) {
+    return Fail(ctx, "validate",
+                absl::InvalidArgumentError(fmt::format(
+                    "--canary-poll: \"{}\" is not a positive duration (e.g. 500ms)", f.poll)));
   }
   if (f.canary_options.gpumem_mib == 0) {
     return Fail(ctx, "validate",
@@ -352,6 +359,8 @@ void RegisterOpsCommands(CLI::App& root, CliContext& ctx) {
     cmd->add_flag("--canary", f->canary,
                   "create the mig-canary pod, check it, delete it and check the release");
     cmd->add_option("--timeout", f->timeout, "bound of each canary wait")->capture_default_str();
+    cmd->add_option("--canary-poll", f->poll, "interval between the canary's API reads")
+        ->capture_default_str();
     cmd->add_option("--nvml-endpoint", f->nvml_endpoint,
                     "URL template of the device plugin's NVML view ({node}, {name}); empty = "
                     "compare with the catalogue")

@@ -42,7 +42,7 @@ absl::StatusOr<EvictionPlan> PlanEviction(const GpuPlanner& planner,
     if (any >= 0 || class_exists) {
       result.reason = fmt::format("{} is not allowlisted on {}", profile_query, cap.model);
     } else {
-      result.reason = fmt::format("{} has no MIG profile {}", cap.model, profile_query);
+      result.reason = fmt::format("{} offers no {} profile", cap.model, profile_query);
     }
     return result;
   }

@@ -28,12 +28,18 @@ void Emit(YAML::Emitter& out, const nlohmann::json& v) {
       out << YAML::DoubleQuoted << v.get<std::string>();
       break;
     case nlohmann::json::value_t::boolean:
-      out << (v.get<bool>() ? "true" : "false");
+      out << v.get<bool>();
       break;
     case nlohmann::json::value_t::null:
       out << YAML::Null;
       break;
-    default:  // numbers
+    case nlohmann::json::value_t::number_unsigned:
+      out << v.get<uint64_t>();
+      break;
+    case nlohmann::json::value_t::number_integer:
+      out << v.get<int64_t>();
+      break;
+    default:  // floating point, binary
       out << v.dump();
       break;
   }

@@ -147,20 +147,19 @@ void ValidateNodes(const ClusterSnapshot& snapshot, const std::vector<const Obje
 
     // registered-mode
     if (!gpus.devices.ok()) {
+      std::vector<std::string> evidence = protocol::DetectLegacyNodeRegister(reg);
+      evidence.push_back(std::string(gpus.devices.status().message()));
       report.Add("registered-mode", name, CheckStatus::kFail,
-                 "the node's registration cannot be read",
-                 {std::string(gpus.devices.status().message())});
-      continue;
-    }
-    if (auto legacy = protocol::DetectLegacyNodeRegister(reg); !legacy.empty()) {
-      report.Add("registered-mode", name, CheckStatus::kFail,
-                 "hami.io/node-nvidia-register is in the legacy template format", legacy);
+                 "the node's registration cannot be read", evidence);
       continue;
     }
     std::vector<const protocol::DeviceInfo*> mig_gpus;
     std::vector<std::string> not_mig;
     for (const auto& d : *gpus.devices) {
-      if (d.mode.find("mig") != std::string::npos) {
+      if (d.legacy_mig_template) {
+        not_mig.push_back(fmt::format(
+            "{}: legacy migtemplate field (pre-dynamic-MIG device plugin)", GpuName(d)));
+      } else if (d.mode.find("mig") != std::string::npos) {
         mig_gpus.push_back(&d);
       } else {
         not_mig.push_back(fmt::format("{}: mode \"{}\"", GpuName(d), d.mode));

@@ -119,10 +119,10 @@ TEST(DefragTest, ProfileNamesAndSliceClasses) {
   EXPECT_EQ(not_allowed->reason, "2g.10gb is not allowlisted on NVIDIA A100-SXM4-40GB");
   auto missing = PlanEviction(*planner, {}, "1g.24gb");
   ASSERT_TRUE(missing.ok());
-  EXPECT_EQ(missing->reason, "NVIDIA A100-SXM4-40GB has no MIG profile 1g.24gb");
+  EXPECT_EQ(missing->reason, "NVIDIA A100-SXM4-40GB offers no 1g.24gb profile");
   auto no_class = PlanEviction(*planner, {}, "5g");
   ASSERT_TRUE(no_class.ok());
-  EXPECT_EQ(no_class->reason, "NVIDIA A100-SXM4-40GB has no MIG profile 5g");
+  EXPECT_EQ(no_class->reason, "NVIDIA A100-SXM4-40GB offers no 5g profile");
 }
 
 TEST(DefragTest, InconsistentReservationsAreAnError) {
