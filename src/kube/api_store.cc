@@ -571,7 +571,8 @@ absl::StatusOr<Object> ApiStore::DeleteLocked(Resource resource, std::string_vie
     }
     // Remove everything in the namespace first (the real server does this asynchronously).
     const std::string prefix = std::string(name) + "/";
-    for (Resource r : {Resource::kPods, Resource::kEvents, Resource::kLeases}) {
+    for (Resource r :
+         {Resource::kPods, Resource::kEvents, Resource::kLeases, Resource::kConfigMaps}) {
       ObjectMap& objs = Objects(r);
       std::vector<std::string> keys;
       for (auto o = objs.lower_bound(prefix);

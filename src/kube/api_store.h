@@ -1,9 +1,9 @@
 // ApiStore: the object store and API semantics behind InMemoryApiServer (no HTTP here).
 //
-// Holds pods, nodes, events, leases and namespaces with a global, monotonically increasing
-// resourceVersion (one per write), a bounded history of watch events, optimistic concurrency
-// (409 on a stale resourceVersion), graceful pod deletion, binding, selectors and consistent
-// paginated lists (a `continue` token pages through a snapshot taken by the first page).
+// Holds pods, nodes, events, leases, namespaces and configmaps with a global, monotonically
+// increasing resourceVersion (one per write), a bounded history of watch events, optimistic
+// concurrency (409 on a stale resourceVersion), graceful pod deletion, binding, selectors and
+// consistent paginated lists (a `continue` token pages through a snapshot taken by the first page).
 //
 // Errors are absl::Status values made by ApiError(): KubeHttpCode()/KubeReason() give the HTTP
 // code and reason the API server would send, message() is the API's message.
@@ -169,7 +169,7 @@ class ApiStore {
   ApiStoreOptions options_;
   mutable std::mutex mu_;
   std::condition_variable changed_;
-  std::array<ObjectMap, 5> objects_;
+  std::array<ObjectMap, kNumResources> objects_;
   int64_t rv_ = 0;
   int64_t min_cursor_ = 0;  // watches can resume from any cursor >= this
   std::deque<HistoryEvent> history_;

@@ -112,7 +112,7 @@ Object ResourceList(std::string_view group_version) {
   static const std::vector<std::string> kStatusVerbs = {"get", "patch", "update"};
   Object resources = Object::array();
   for (Resource r : {Resource::kPods, Resource::kNodes, Resource::kEvents, Resource::kNamespaces,
-                     Resource::kLeases}) {
+                     Resource::kConfigMaps, Resource::kLeases}) {
     const ResourceInfo& info = InfoFor(r);
     if (info.api_version != group_version) continue;
     Object entry = ResourceEntry(info.plural, info.singular, info.namespaced, info.kind, kAll,
@@ -153,7 +153,7 @@ struct Route {
 
 std::optional<Resource> ResourceByPlural(std::string_view group, std::string_view plural) {
   for (Resource r : {Resource::kPods, Resource::kNodes, Resource::kEvents, Resource::kLeases,
-                     Resource::kNamespaces}) {
+                     Resource::kNamespaces, Resource::kConfigMaps}) {
     const ResourceInfo& info = InfoFor(r);
     if (info.group == group && info.plural == plural) return r;
   }

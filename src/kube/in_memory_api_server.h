@@ -1,9 +1,9 @@
 // InMemoryApiServer: a small Kubernetes API server over real HTTP, for tests and the local mode.
 // Never for production.
 //
-// Serves ApiStore (pods, nodes, events, leases, namespaces) with the REST paths, discovery
-// documents, watch streams, Status error bodies and Table output (pods, nodes) that kubectl
-// v1.32 needs. Adds fault injection for tests, through the C++ API and over HTTP:
+// Serves ApiStore (pods, nodes, events, leases, namespaces, configmaps) with the REST paths,
+// discovery documents, watch streams, Status error bodies and Table output (pods, nodes) that
+// kubectl v1.32 needs. Adds fault injection for tests, through the C++ API and over HTTP:
 //   POST   /_dynmig/faults        body: FaultSpec as JSON (see FaultSpecFromJson)
 //   DELETE /_dynmig/faults        clear all faults
 //   POST   /_dynmig/cut-watches   drop every open watch connection

@@ -9,7 +9,7 @@
 namespace dynmig::kube {
 namespace {
 
-constexpr std::array<ResourceInfo, 5> kResources = {{
+constexpr std::array<ResourceInfo, kNumResources> kResources = {{
     {Resource::kPods, "", "v1", "v1", "/api/v1", "pods", "pod", "Pod", "PodList", "po", true},
     {Resource::kNodes, "", "v1", "v1", "/api/v1", "nodes", "node", "Node", "NodeList", "no", false},
     {Resource::kEvents, "", "v1", "v1", "/api/v1", "events", "event", "Event", "EventList", "ev",
@@ -18,6 +18,8 @@ constexpr std::array<ResourceInfo, 5> kResources = {{
      "/apis/coordination.k8s.io/v1", "leases", "lease", "Lease", "LeaseList", "", true},
     {Resource::kNamespaces, "", "v1", "v1", "/api/v1", "namespaces", "namespace", "Namespace",
      "NamespaceList", "ns", false},
+    {Resource::kConfigMaps, "", "v1", "v1", "/api/v1", "configmaps", "configmap", "ConfigMap",
+     "ConfigMapList", "cm", true},
 }};
 
 const Object* Field(const Object& obj, std::string_view a) {

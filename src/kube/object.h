@@ -4,6 +4,7 @@
 // never throw: a missing or wrongly typed field reads as empty.
 #pragma once
 
+#include <cstddef>
 #include <map>
 #include <memory>
 #include <optional>
@@ -20,7 +21,8 @@ using Object = nlohmann::json;
 using ObjectPtr = std::shared_ptr<const Object>;
 
 // The resources the system uses. Each maps to one REST collection.
-enum class Resource { kPods, kNodes, kEvents, kLeases, kNamespaces };
+enum class Resource { kPods, kNodes, kEvents, kLeases, kNamespaces, kConfigMaps };
+inline constexpr size_t kNumResources = 6;
 
 struct ResourceInfo {
   Resource resource;

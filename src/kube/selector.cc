@@ -93,6 +93,7 @@ const std::set<std::string, std::less<>>& SupportedFields(Resource resource) {
     case Resource::kNamespaces:
       return *kNamespaces;
     case Resource::kLeases:
+    case Resource::kConfigMaps:
       return *kDefault;
   }
   return *kDefault;

@@ -1,0 +1,412 @@
+// The migration and operations commands: inventory, preflight, validate, explain, layout, defrag.
+// Each reads the cluster through the Kubernetes API (--kubeconfig / --in-cluster), prints a
+// readable table by default or -o json|yaml, and exits 0 when it answered, 1 when a check failed
+// (preflight, validate) or the cluster could not be read, 2 on bad input. The logic lives in
+// src/ops; this file parses flags and prints.
+#include <CLI/CLI.hpp>
+#include <fstream>
+#include <memory>
+#include <ostream>
+
+#include "absl/time/clock.h"
+#include "cli/cli.h"
+#include "cli/render.h"
+#include "fmt/format.h"
+#include "kube/rest_config.h"
+#include "kube/rest_kube_client.h"
+#include "ops/defrag_plan.h"
+#include "ops/explain.h"
+#include "ops/inventory.h"
+#include "ops/layout.h"
+#include "ops/preflight.h"
+#include "ops/validate.h"
+
+namespace dynmig::cli {
+namespace {
+
+struct CommonFlags {
+  std::string kubeconfig;
+  bool in_cluster = false;
+  std::string output = "text";
+  std::string device_config_file;
+  std::string device_config_ns;
+  std::string device_config_name;
+};
+
+void AddCommon(CLI::App* cmd, CommonFlags& f, bool config_file = true) {
+  cmd->add_option("--kubeconfig", f.kubeconfig,
+                  "kubeconfig file (default: $KUBECONFIG, in-cluster when available, "
+                  "~/.kube/config)");
+  cmd->add_flag("--in-cluster", f.in_cluster, "use the pod's service account");
+  cmd->add_option("-o,--output", f.output, "text, json or yaml")->capture_default_str();
+  if (config_file) {
+    cmd->add_option("--device-config", f.device_config_file,
+                    "device-config.yaml to use instead of the cluster's ConfigMap");
+  }
+  cmd->add_option("--device-config-namespace", f.device_config_ns,
+                  "namespace of the scheduler's device ConfigMap (default: search all)");
+  cmd->add_option("--device-config-name", f.device_config_name,
+                  "name of the scheduler's device ConfigMap (default: the one with a "
+                  "device-config.yaml key)");
+}
+
+ops::DeviceConfigQuery Query(const CommonFlags& f) {
+  return {f.device_config_file, f.device_config_ns, f.device_config_name};
+}
+
+int ExitFor(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kAlreadyExists:
+      return kExitBadInput;
+    default:
+      return kExitFailure;
+  }
+}
+
+int Fail(CliContext& ctx, const std::string& command, const absl::Status& status) {
+  ctx.err << "dynmig " << command << ": " << status.message() << "\n";
+  return ExitFor(status);
+}
+
+absl::StatusOr<std::unique_ptr<kube::KubeClient>> Connect(const CommonFlags& f) {
+  absl::StatusOr<kube::RestConfig> config =
+      f.in_cluster ? kube::InClusterConfig() : kube::DefaultConfig(f.kubeconfig);
+  if (!config.ok()) return config.status();
+  auto client = kube::RestKubeClient::Create(*config);
+  if (!client.ok()) return client.status();
+  return std::unique_ptr<kube::KubeClient>(std::move(*client));
+}
+
+ops::SlicePainter Painter() {
+  return {
+      [](uint32_t units, const std::string& indent) { return RenderUnitHeader(units, indent); },
+      [](uint32_t units, const std::vector<ops::PictureCell>& cells, const std::string& indent) {
+        std::vector<DrawnInstance> drawn;
+        for (const auto& c : cells) drawn.push_back({c.label, c.placement, c.highlight});
+        return RenderRow(units, drawn, indent);
+      }};
+}
+
+void Print(CliContext& ctx, ops::OutputFormat format, const nlohmann::json& json,
+           const std::string& text) {
+  switch (format) {
+    case ops::OutputFormat::kText:
+      ctx.out << text;
+      break;
+    case ops::OutputFormat::kJson:
+      ctx.out << json.dump(2) << "\n";
+      break;
+    case ops::OutputFormat::kYaml:
+      ctx.out << ops::JsonToYaml(json);
+      break;
+  }
+}
+
+// Parses -o, connects; on failure prints the error and returns nullopt with `code` set.
+struct Session {
+  ops::OutputFormat format = ops::OutputFormat::kText;
+  std::unique_ptr<kube::KubeClient> client;
+};
+std::optional<Session> Open(CliContext& ctx, const std::string& command, const CommonFlags& f,
+                            int& code) {
+  Session s;
+  auto format = ops::ParseOutputFormat(f.output);
+  if (!format.ok()) {
+    code = Fail(ctx, command, format.status());
+    return std::nullopt;
+  }
+  s.format = *format;
+  auto client = Connect(f);
+  if (!client.ok()) {
+    code = Fail(ctx, command, client.status());
+    return std::nullopt;
+  }
+  s.client = std::move(*client);
+  return s;
+}
+
+std::unique_ptr<ops::NvmlSource> MakeNvml(const std::string& endpoint, const std::string& timeout,
+                                          absl::Status& error) {
+  if (endpoint.empty()) return nullptr;
+  absl::Duration d;
+  if (!absl::ParseDuration(timeout, &d) || d <= absl::ZeroDuration()) {
+    error = absl::InvalidArgumentError(
+        fmt::format("--nvml-timeout: \"{}\" is not a positive duration (e.g. 5s)", timeout));
+    return nullptr;
+  }
+  return std::make_unique<ops::HttpNvmlSource>(endpoint, d);
+}
+
+// ---- inventory ----
+
+struct InventoryFlags {
+  CommonFlags common;
+  std::string out;
+  bool force = false;
+  std::string nvml_endpoint = "http://{node}:9400/nvml";
+  std::string nvml_timeout = "5s";
+};
+
+int RunInventoryCommand(const InventoryFlags& f, CliContext& ctx) {
+  int code = kExitOk;
+  auto s = Open(ctx, "inventory", f.common, code);
+  if (!s) return code;
+  absl::Status error;
+  auto nvml = MakeNvml(f.nvml_endpoint, f.nvml_timeout, error);
+  if (!error.ok()) return Fail(ctx, "inventory", error);
+  ops::InventoryOptions options{f.out, f.force, Query(f.common)};
+  auto out = ops::RunInventory(*s->client, nvml.get(), options, absl::Now());
+  if (!out.ok()) return Fail(ctx, "inventory", out.status());
+  Print(ctx, s->format, out->json, out->text);
+  return kExitOk;
+}
+
+// ---- preflight / validate ----
+
+int PrintReport(CliContext& ctx, ops::OutputFormat format, const ops::CheckReport& report) {
+  Print(ctx, format, report.ToJson(), report.ToText());
+  return report.failed() ? kExitFailure : kExitOk;
+}
+
+struct PreflightFlags {
+  CommonFlags common;
+  std::string node;
+};
+
+int RunPreflightCommand(const PreflightFlags& f, CliContext& ctx) {
+  int code = kExitOk;
+  auto s = Open(ctx, "preflight", f.common, code);
+  if (!s) return code;
+  auto report = ops::RunPreflight(*s->client, {f.node, Query(f.common)}, absl::Now());
+  if (!report.ok()) return Fail(ctx, "preflight", report.status());
+  return PrintReport(ctx, s->format, *report);
+}
+
+struct ValidateFlags {
+  CommonFlags common;
+  std::string node;
+  bool canary = false;
+  std::string timeout = "2m";
+  std::string poll = "500ms";
+  std::string nvml_endpoint = "http://{node}:9400/nvml";
+  std::string nvml_timeout = "5s";
+  ops::CanaryOptions canary_options;
+};
+
+int RunValidateCommand(ValidateFlags f, CliContext& ctx) {
+  int code = kExitOk;
+  auto s = Open(ctx, "validate", f.common, code);
+  if (!s) return code;
+  absl::Status error;
+  auto nvml = MakeNvml(f.nvml_endpoint, f.nvml_timeout, error);
+  if (!error.ok()) return Fail(ctx, "validate", error);
+  if (!absl::ParseDuration(f.timeout, &f.canary_options.timeout) ||
+      f.canary_options.timeout <= absl::ZeroDuration()) {
+    return Fail(ctx, "validate",
+                absl::InvalidArgumentError(fmt::format(
+                    "--timeout: \"{}\" is not a positive duration (e.g. 2m)", f.timeout)));
+  }
+  if (!absl::ParseDuration(f.poll, &f.canary_options.poll) ||
+      f.canary_options.poll <= absl::ZeroDuration()) {
+    return Fail(ctx, "validate",
+                absl::InvalidArgumentError(fmt::format(
+                    "--canary-poll: \"{}\" is not a positive duration (e.g. 500ms)", f.poll)));
+  }
+  if (f.canary_options.gpumem_mib == 0) {
+    return Fail(ctx, "validate",
+                absl::InvalidArgumentError("--canary-gpumem: must be a positive MiB value"));
+  }
+  ops::ValidateOptions options;
+  options.node = f.node;
+  options.config = Query(f.common);
+  options.canary = f.canary;
+  options.canary_options = f.canary_options;
+  if (s->format == ops::OutputFormat::kText) {
+    options.canary_options.progress = [&ctx](const std::string& line) {
+      ctx.err << line << std::endl;
+    };
+  }
+  auto report = ops::RunValidate(*s->client, nvml.get(), options, absl::Now());
+  if (!report.ok()) return Fail(ctx, "validate", report.status());
+  if (s->format == ops::OutputFormat::kText) report->notes.clear();  // already on stderr
+  return PrintReport(ctx, s->format, *report);
+}
+
+// ---- explain / layout / defrag ----
+
+struct ExplainFlags {
+  CommonFlags common;
+  std::string ns = "default";
+  std::string pod;
+};
+
+int RunExplainCommand(const ExplainFlags& f, CliContext& ctx) {
+  int code = kExitOk;
+  auto s = Open(ctx, "explain", f.common, code);
+  if (!s) return code;
+  ops::ExplainOptions options;
+  options.ns = f.ns;
+  options.pod = f.pod;
+  options.config = Query(f.common);
+  auto out = ops::RunExplain(*s->client, options, Painter(), absl::Now());
+  if (!out.ok()) return Fail(ctx, "explain", out.status());
+  Print(ctx, s->format, out->json, out->text);
+  return kExitOk;
+}
+
+struct LayoutFlags {
+  CommonFlags common;
+  std::string node;
+  std::string html;
+};
+
+int RunLayoutCommand(const LayoutFlags& f, CliContext& ctx) {
+  int code = kExitOk;
+  auto s = Open(ctx, "layout", f.common, code);
+  if (!s) return code;
+  const absl::Time now = absl::Now();
+  auto snap = ops::TakeSnapshot(*s->client, now);
+  if (!snap.ok()) return Fail(ctx, "layout", snap.status());
+  if (!f.node.empty() && snap->FindNode(f.node) == nullptr) {
+    return Fail(ctx, "layout", absl::NotFoundError(fmt::format("node \"{}\" not found", f.node)));
+  }
+  auto source = ops::FindDeviceConfig(*s->client, Query(f.common));
+  if (!source.ok()) return Fail(ctx, "layout", source.status());
+  auto state = ops::BuildClusterState(*snap, ops::EffectiveConfig(*source));
+  std::vector<scheduler::NodeReport> reports;
+  for (auto& r : state->Report(now)) {
+    if (f.node.empty() || r.name == f.node) reports.push_back(std::move(r));
+  }
+  if (!f.html.empty()) {
+    const std::string page = ops::RenderLayoutHtml(reports, now);
+    if (f.html == "-") {
+      ctx.out << page;
+      return kExitOk;
+    }
+    std::ofstream file(f.html, std::ios::trunc);
+    file << page;
+    file.close();
+    if (!file) {
+      return Fail(ctx, "layout",
+                  absl::PermissionDeniedError(fmt::format("--html: cannot write {}", f.html)));
+    }
+    ctx.err << "dynmig layout: wrote " << f.html << "\n";
+  }
+  Print(ctx, s->format, ops::LayoutJson(reports), ops::RenderLayoutText(reports, Painter()));
+  return kExitOk;
+}
+
+struct DefragFlags {
+  CommonFlags common;
+  std::string profile;
+  std::string node;
+  size_t alternatives = 2;
+};
+
+int RunDefragCommand(const DefragFlags& f, CliContext& ctx) {
+  int code = kExitOk;
+  auto s = Open(ctx, "defrag", f.common, code);
+  if (!s) return code;
+  ops::DefragOptions options;
+  options.profile = f.profile;
+  options.node = f.node;
+  options.config = Query(f.common);
+  options.alternatives = f.alternatives;
+  auto out = ops::RunDefrag(*s->client, options, Painter(), absl::Now());
+  if (!out.ok()) return Fail(ctx, "defrag", out.status());
+  Print(ctx, s->format, out->json, out->text);
+  return kExitOk;
+}
+
+}  // namespace
+
+void RegisterOpsCommands(CLI::App& root, CliContext& ctx) {
+  {
+    auto f = std::make_shared<InventoryFlags>();
+    CLI::App* cmd = root.add_subcommand(
+        "inventory",
+        "Back up the device ConfigMap, MIG node annotations and labels, active MIG "
+        "pods and each node's NVML view before migrating");
+    AddCommon(cmd, f->common, false);
+    cmd->add_option("--out", f->out, "directory to write (must not exist or be empty)")->required();
+    cmd->add_flag("--force", f->force, "write into a non-empty directory, overwriting files");
+    cmd->add_option("--nvml-endpoint", f->nvml_endpoint,
+                    "URL template of the device plugin's NVML view: {node} = node address, "
+                    "{name} = node name; empty = do not fetch")
+        ->capture_default_str();
+    cmd->add_option("--nvml-timeout", f->nvml_timeout, "per-node timeout")->capture_default_str();
+    cmd->callback([f, &ctx] { ctx.exit_code = RunInventoryCommand(*f, ctx); });
+  }
+  {
+    auto f = std::make_shared<PreflightFlags>();
+    CLI::App* cmd = root.add_subcommand(
+        "preflight", "Can a node be handed over to dynamic MIG? Each blocker with evidence");
+    AddCommon(cmd, f->common);
+    cmd->add_option("--node", f->node, "the node to check (default: every GPU node)");
+    cmd->callback([f, &ctx] { ctx.exit_code = RunPreflightCommand(*f, ctx); });
+  }
+  {
+    auto f = std::make_shared<ValidateFlags>();
+    CLI::App* cmd = root.add_subcommand(
+        "validate",
+        "The migration guide's validation checklist; --canary runs a MIG pod through "
+        "its lifecycle");
+    AddCommon(cmd, f->common);
+    cmd->add_option("--node", f->node, "the node to validate (default: every registered node)");
+    cmd->add_flag("--canary", f->canary,
+                  "create the mig-canary pod, check it, delete it and check the release");
+    cmd->add_option("--timeout", f->timeout, "bound of each canary wait")->capture_default_str();
+    cmd->add_option("--canary-poll", f->poll, "interval between the canary's API reads")
+        ->capture_default_str();
+    cmd->add_option("--nvml-endpoint", f->nvml_endpoint,
+                    "URL template of the device plugin's NVML view ({node}, {name}); empty = "
+                    "compare with the catalogue")
+        ->capture_default_str();
+    cmd->add_option("--nvml-timeout", f->nvml_timeout, "per-request timeout")
+        ->capture_default_str();
+    cmd->add_option("--canary-name", f->canary_options.name)->capture_default_str();
+    cmd->add_option("--canary-namespace", f->canary_options.ns)->capture_default_str();
+    cmd->add_option("--canary-image", f->canary_options.image)->capture_default_str();
+    cmd->add_option("--canary-gpumem", f->canary_options.gpumem_mib,
+                    "MiB asked by the canary (NVML memory is below the nominal profile size)")
+        ->capture_default_str();
+    cmd->add_option("--canary-scheduler-name", f->canary_options.scheduler_name,
+                    "spec.schedulerName of the canary (default: left to the webhook)");
+    cmd->callback([f, &ctx] { ctx.exit_code = RunValidateCommand(*f, ctx); });
+  }
+  {
+    auto f = std::make_shared<ExplainFlags>();
+    CLI::App* cmd = root.add_subcommand(
+        "explain", "Why a pod is pending, or where it was placed, and what would make it fit");
+    AddCommon(cmd, f->common);
+    cmd->add_option("-n,--namespace", f->ns, "the pod's namespace")->capture_default_str();
+    cmd->add_option("pod", f->pod, "the pod's name")->required();
+    cmd->callback([f, &ctx] { ctx.exit_code = RunExplainCommand(*f, ctx); });
+  }
+  {
+    auto f = std::make_shared<LayoutFlags>();
+    CLI::App* cmd = root.add_subcommand(
+        "layout", "The slices of every GPU and who holds them (terminal picture, JSON, HTML)");
+    AddCommon(cmd, f->common);
+    cmd->add_option("--node", f->node, "only this node");
+    cmd->add_option("--html", f->html,
+                    "also write a self-contained HTML page to this file ('-': print it instead)");
+    cmd->callback([f, &ctx] { ctx.exit_code = RunLayoutCommand(*f, ctx); });
+  }
+  {
+    auto f = std::make_shared<DefragFlags>();
+    CLI::App* cmd = root.add_subcommand(
+        "defrag", "The fewest pods whose move would let a profile fit (a plan; never executed)");
+    AddCommon(cmd, f->common);
+    cmd->add_option("--for", f->profile, "profile (3g.20gb) or slice class (3g)")->required();
+    cmd->add_option("--node", f->node, "only this node (default: every node not cordoned)");
+    cmd->add_option("--alternatives", f->alternatives, "further plans shown")
+        ->capture_default_str();
+    cmd->callback([f, &ctx] { ctx.exit_code = RunDefragCommand(*f, ctx); });
+  }
+}
+
+}  // namespace dynmig::cli

@@ -1,0 +1,189 @@
+#include "mig/defrag.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "fmt/format.h"
+
+namespace dynmig::mig {
+
+int ResolveDefragProfile(const GpuPlanner& planner, std::string_view query) {
+  const auto& profiles = planner.capability().profiles;
+  if (query.find('.') != std::string_view::npos) {
+    const int idx = planner.ProfileIndex(query);
+    return (idx >= 0 && planner.IsAllowed(static_cast<uint32_t>(idx))) ? idx : -1;
+  }
+  for (uint32_t idx : planner.allowed()) {  // default order: smallest of the class first
+    if (SliceClass(profiles[idx].name) == query) return static_cast<int>(idx);
+  }
+  return -1;
+}
+
+absl::StatusOr<EvictionPlan> PlanEviction(const GpuPlanner& planner,
+                                          const std::vector<Reservation>& reservations,
+                                          std::string_view profile_query) {
+  auto usage = planner.UsageOf(reservations);
+  if (!usage.ok()) {
+    return absl::InvalidArgumentError(fmt::format("the GPU's reservations are inconsistent: {}",
+                                                  std::string(usage.status().message())));
+  }
+  const GpuCapability& cap = planner.capability();
+  EvictionPlan result;
+  const int idx = ResolveDefragProfile(planner, profile_query);
+  if (idx < 0) {
+    const bool is_class = profile_query.find('.') == std::string_view::npos;
+    const int any = is_class ? -1 : planner.ProfileIndex(profile_query);
+    bool class_exists = false;
+    if (is_class) {
+      for (const auto& p : cap.profiles) class_exists |= SliceClass(p.name) == profile_query;
+    }
+    if (any >= 0 || class_exists) {
+      result.reason = fmt::format("{} is not allowlisted on {}", profile_query, cap.model);
+    } else {
+      result.reason = fmt::format("{} offers no {} profile", cap.model, profile_query);
+    }
+    return result;
+  }
+  const ProfileSpec& spec = cap.profiles[idx];
+  result.profile = spec.name;
+  const uint32_t limit =
+      spec.instance_count > 0 ? spec.instance_count : static_cast<uint32_t>(spec.placements.size());
+
+  // Per owner: its reservations on this GPU, the units they cover, its instances of the profile.
+  struct OwnerInfo {
+    std::vector<const Reservation*> held;
+    uint32_t units = 0;
+    uint32_t of_profile = 0;
+  };
+  std::map<std::string, OwnerInfo> owners;
+  uint32_t pinned_of_profile = 0;
+  for (const auto& r : reservations) {
+    if (r.owner.empty()) {
+      if (r.profile == spec.name) ++pinned_of_profile;
+      continue;
+    }
+    OwnerInfo& o = owners[r.owner];
+    o.held.push_back(&r);
+    o.units += r.placement.size;
+    if (r.profile == spec.name) ++o.of_profile;
+  }
+
+  using Cost = std::tuple<size_t, uint32_t, uint64_t, uint32_t>;  // owners, units, -score, start
+  bool found = false;
+  Cost best{};
+  std::string last_reason;
+  for (const Placement& p : spec.placements) {
+    std::set<std::string> chosen;
+    bool pinned = false;
+    for (const auto& r : reservations) {
+      if (!r.placement.Overlaps(p)) continue;
+      if (r.owner.empty()) {
+        pinned = true;
+        break;
+      }
+      chosen.insert(r.owner);
+    }
+    if (pinned) {
+      last_reason = fmt::format("reservations that cannot move cover slices {}", p.ToString());
+      continue;
+    }
+    uint32_t remaining = pinned_of_profile;
+    for (const auto& [name, o] : owners) {
+      if (!chosen.count(name)) remaining += o.of_profile;
+    }
+    if (remaining >= limit) {
+      // Relieve the instance limit: owners of other instances of the profile, most instances
+      // first, then fewest units, then name.
+      std::vector<std::pair<std::string, const OwnerInfo*>> extra;
+      for (const auto& [name, o] : owners) {
+        if (!chosen.count(name) && o.of_profile > 0) extra.emplace_back(name, &o);
+      }
+      std::sort(extra.begin(), extra.end(), [](const auto& a, const auto& b) {
+        if (a.second->of_profile != b.second->of_profile) {
+          return a.second->of_profile > b.second->of_profile;
+        }
+        if (a.second->units != b.second->units) return a.second->units < b.second->units;
+        return a.first < b.first;
+      });
+      for (const auto& [name, o] : extra) {
+        if (remaining < limit) break;
+        chosen.insert(name);
+        remaining -= o->of_profile;
+      }
+      if (remaining >= limit) {
+        last_reason = fmt::format(
+            "{} is at its limit of {} instances, held by reservations that "
+            "cannot move",
+            spec.name, limit);
+        continue;
+      }
+    }
+    uint32_t units = 0;
+    SliceMask freed = 0;
+    for (const auto& name : chosen) {
+      units += owners[name].units;
+      for (const Reservation* r : owners[name].held) freed |= r->placement.Mask();
+    }
+    const SliceMask occupied = ((usage->occupied & ~freed) | p.Mask());
+    const uint64_t score = planner.FragmentationScore(FullMask(planner.units()) & ~occupied);
+    const Cost cost{chosen.size(), units, ~score, p.start};
+    if (found && !(cost < best)) continue;
+    found = true;
+    best = cost;
+    result.placement = p;
+    result.owners.assign(chosen.begin(), chosen.end());
+  }
+  if (!found) {
+    result.reason = last_reason.empty()
+                        ? fmt::format("{} has no legal placement on {}", spec.name, cap.model)
+                        : last_reason;
+    return result;
+  }
+  result.feasible = true;
+  for (const auto& name : result.owners) {
+    for (const Reservation* r : owners[name].held) {
+      result.moved.push_back(*r);
+      result.units_moved += r->placement.size;
+    }
+  }
+  std::sort(result.moved.begin(), result.moved.end(),
+            [](const Reservation& a, const Reservation& b) { return a.placement < b.placement; });
+  return result;
+}
+
+DefragResult PlanDefrag(std::span<const DefragGpu> gpus, std::string_view profile_query) {
+  DefragResult result;
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    const DefragGpu& gpu = gpus[i];
+    if (gpu.planner == nullptr) {
+      result.skipped.emplace_back(i, "no allowlisted MIG capability");
+      continue;
+    }
+    if (!gpu.healthy) {
+      result.skipped.emplace_back(i, "unhealthy: " + gpu.unhealthy_reason);
+      continue;
+    }
+    auto plan = PlanEviction(*gpu.planner, gpu.reservations, profile_query);
+    if (!plan.ok()) {
+      result.skipped.emplace_back(i, std::string(plan.status().message()));
+      continue;
+    }
+    if (!plan->feasible) {
+      result.skipped.emplace_back(i, plan->reason);
+      continue;
+    }
+    result.ranked.push_back({i, std::move(*plan)});
+  }
+  std::stable_sort(result.ranked.begin(), result.ranked.end(),
+                   [](const DefragCandidate& a, const DefragCandidate& b) {
+                     if (a.plan.owners.size() != b.plan.owners.size()) {
+                       return a.plan.owners.size() < b.plan.owners.size();
+                     }
+                     return a.plan.units_moved < b.plan.units_moved;
+                   });
+  return result;
+}
+
+}  // namespace dynmig::mig

@@ -1,0 +1,638 @@
+#include "ops/validate.h"
+
+#include <algorithm>
+#include <set>
+
+#include "common/strings.h"
+#include "fmt/format.h"
+#include "fmt/ranges.h"
+#include "mig/catalogue.h"
+#include "mig/occupancy.h"
+#include "mig/planner.h"
+#include "protocol/annotations.h"
+#include "protocol/node_register.h"
+#include "protocol/pod_request.h"
+
+namespace dynmig::ops {
+namespace {
+
+using kube::Object;
+
+std::string PlacementsText(const std::vector<mig::Placement>& ps) {
+  std::vector<std::string> parts;
+  for (const auto& p : ps) parts.push_back(std::to_string(p.start));
+  return fmt::format("starts [{}]", fmt::join(parts, ","));
+}
+
+std::string GpuName(const protocol::DeviceInfo& d) {
+  return fmt::format("GPU {} ({})", d.index, d.id);
+}
+
+std::string AllocName(const protocol::MigAllocation& a) {
+  return fmt::format("container {} device {}: {} at {} of {}", a.container_index, a.device_index,
+                     a.profile, a.placement.ToString(), a.gpu_uuid);
+}
+
+// Compares a registered profile with a reference (NVML or catalogue); mismatch lines.
+void CompareProfile(const protocol::MigProfileInfo& reg, uint64_t memory, uint32_t slices,
+                    std::vector<mig::Placement> placements, std::vector<std::string>& out,
+                    const std::string& where, const std::string& ref) {
+  if (reg.memory_mib != memory) {
+    out.push_back(fmt::format("{} {}: memory {} MiB registered, {} MiB in {}", where, reg.name,
+                              reg.memory_mib, memory, ref));
+  }
+  if (reg.slice_count != slices) {
+    out.push_back(fmt::format("{} {}: slice count {} registered, {} in {}", where, reg.name,
+                              reg.slice_count, slices, ref));
+  }
+  std::vector<mig::Placement> mine = reg.placements;
+  std::sort(mine.begin(), mine.end());
+  std::sort(placements.begin(), placements.end());
+  if (mine != placements) {
+    out.push_back(fmt::format("{} {}: placements {} registered, {} in {}", where, reg.name,
+                              PlacementsText(mine), PlacementsText(placements), ref));
+  }
+}
+
+bool AfterAllocate(const Object& pod) {
+  const auto phase = kube::Annotation(pod, protocol::kBindPhaseAnnotation);
+  return kube::Phase(pod) == "Running" || (phase && *phase == protocol::kBindPhaseSuccess);
+}
+
+struct NodeGpus {
+  absl::StatusOr<std::vector<protocol::DeviceInfo>> devices = std::vector<protocol::DeviceInfo>{};
+  const protocol::DeviceInfo* Find(const std::string& uuid) const {
+    if (!devices.ok()) return nullptr;
+    for (const auto& d : *devices) {
+      if (d.id == uuid) return &d;
+    }
+    return nullptr;
+  }
+};
+
+NodeGpus GpusOf(const Object* node) {
+  NodeGpus out;
+  if (node == nullptr) {
+    out.devices = absl::NotFoundError("the node does not exist");
+    return out;
+  }
+  const auto reg = kube::Annotation(*node, protocol::kNodeRegisterAnnotation);
+  if (!reg) {
+    out.devices = absl::NotFoundError("the node has no hami.io/node-nvidia-register");
+    return out;
+  }
+  out.devices = protocol::DecodeNodeRegister(*reg);
+  return out;
+}
+
+size_t InitContainerCount(const Object& pod) {
+  const auto spec = pod.find("spec");
+  if (spec == pod.end() || !spec->is_object()) return 0;
+  const auto init = spec->find("initContainers");
+  return (init != spec->end() && init->is_array()) ? init->size() : 0;
+}
+
+bool IsActiveMigPod(const Object& pod, const protocol::ResourceNames& resources) {
+  if (IsTerminated(pod) || PodNode(pod).empty()) return false;
+  return protocol::IsMigPod(pod, resources) ||
+         kube::Annotation(pod, protocol::kMigAllocationsAnnotation).has_value();
+}
+
+}  // namespace
+
+absl::StatusOr<std::map<std::string, std::vector<std::string>>> ParseVisibleDevices(
+    std::string_view value) {
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(value);
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: not JSON: {}", kVisibleDevicesAnnotation, e.what()));
+  }
+  if (!doc.is_object()) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: must be a JSON object (container -> devices)", kVisibleDevicesAnnotation));
+  }
+  std::map<std::string, std::vector<std::string>> out;
+  for (const auto& [container, devices] : doc.items()) {
+    if (!devices.is_string()) {
+      return absl::InvalidArgumentError(fmt::format("{}: container \"{}\": must be a string",
+                                                    kVisibleDevicesAnnotation, container));
+    }
+    auto& list = out[container];
+    for (const auto& part : SplitTrimmed(devices.get<std::string>(), ',')) {
+      const size_t eq = part.rfind('=');
+      list.push_back(eq == std::string::npos ? part : part.substr(eq + 1));
+    }
+  }
+  return out;
+}
+
+void ValidateNodes(const ClusterSnapshot& snapshot, const std::vector<const Object*>& nodes,
+                   const protocol::DeviceConfig& config, const std::string& config_origin,
+                   NvmlSource* nvml, CheckReport& report) {
+  std::map<std::string, NodeNvml> views;
+  for (const Object* node : nodes) {
+    const std::string name = kube::Name(*node);
+    NodeNvml& nv = views[name];
+    if (nvml != nullptr) {
+      NvmlResult r = FetchNvmlView(*nvml, *node);
+      nv.url = r.url;
+      nv.view = std::move(r.view);
+    } else {
+      nv.view = absl::UnavailableError("no NVML endpoint configured");
+    }
+    const NodeGpus gpus = GpusOf(node);
+    const std::string reg = kube::Annotation(*node, protocol::kNodeRegisterAnnotation).value_or("");
+
+    // registered-mode
+    if (!gpus.devices.ok()) {
+      std::vector<std::string> evidence = protocol::DetectLegacyNodeRegister(reg);
+      evidence.push_back(std::string(gpus.devices.status().message()));
+      report.Add("registered-mode", name, CheckStatus::kFail,
+                 "the node's registration cannot be read", evidence);
+      continue;
+    }
+    std::vector<const protocol::DeviceInfo*> mig_gpus;
+    std::vector<std::string> not_mig;
+    for (const auto& d : *gpus.devices) {
+      if (d.legacy_mig_template) {
+        not_mig.push_back(fmt::format(
+            "{}: legacy migtemplate field (pre-dynamic-MIG device plugin)", GpuName(d)));
+      } else if (d.mode.find("mig") != std::string::npos) {
+        mig_gpus.push_back(&d);
+      } else {
+        not_mig.push_back(fmt::format("{}: mode \"{}\"", GpuName(d), d.mode));
+      }
+    }
+    if (gpus.devices->empty()) {
+      report.Add("registered-mode", name, CheckStatus::kFail,
+                 "the device plugin registers no GPU on this node");
+      continue;
+    }
+    if (!not_mig.empty()) {
+      report.Add("registered-mode", name, CheckStatus::kFail,
+                 fmt::format("{} of {} registered GPUs are not in mode mig", not_mig.size(),
+                             gpus.devices->size()),
+                 not_mig);
+    } else {
+      report.Add("registered-mode", name, CheckStatus::kPass,
+                 fmt::format("every registered GPU is in mode mig ({} GPUs)", mig_gpus.size()));
+    }
+
+    // mig-profiles
+    std::vector<std::string> empty, counts;
+    for (const auto* d : mig_gpus) {
+      if (d->mig_profiles.empty()) {
+        empty.push_back(GpuName(*d) + ": migProfiles is empty");
+      } else {
+        std::vector<std::string> names;
+        for (const auto& p : d->mig_profiles) names.push_back(p.name);
+        counts.push_back(fmt::format("{}: {}", GpuName(*d), fmt::join(names, ", ")));
+      }
+    }
+    if (!empty.empty()) {
+      report.Add("mig-profiles", name, CheckStatus::kFail,
+                 fmt::format("{} MIG GPUs publish no profile", empty.size()), empty);
+    } else if (!mig_gpus.empty()) {
+      report.Add("mig-profiles", name, CheckStatus::kPass,
+                 "every MIG GPU publishes a non-empty migProfiles", counts);
+    }
+
+    // capability
+    std::vector<std::string> mismatches, sources;
+    bool unverified = false;
+    for (const auto* d : mig_gpus) {
+      if (d->mig_profiles.empty()) continue;
+      const NvmlGpuView* ng = nv.view.ok() ? nv.view->FindGpu(d->id) : nullptr;
+      if (ng != nullptr) {
+        sources.push_back(fmt::format("{}: NVML view {}", GpuName(*d), nv.url));
+        if (ng->mig_enabled.has_value() && !*ng->mig_enabled) {
+          mismatches.push_back(fmt::format("{}: NVML reports MIG mode disabled", GpuName(*d)));
+        }
+        for (const auto& p : d->mig_profiles) {
+          const NvmlProfileView* np = ng->FindProfile(p.name);
+          if (np == nullptr) {
+            mismatches.push_back(fmt::format("{} {}: registered, but NVML has no such profile",
+                                             GpuName(*d), p.name));
+            continue;
+          }
+          CompareProfile(p, np->memory_mib, np->slice_count, np->placements, mismatches,
+                         GpuName(*d), "NVML");
+        }
+        continue;
+      }
+      const mig::CatalogueModel* model = mig::FindModelByNvmlName(d->type);
+      if (model == nullptr) {
+        unverified = true;
+        sources.push_back(
+            fmt::format("{}: {} is not catalogued and NVML is unreachable{}", GpuName(*d), d->type,
+                        nv.view.ok() ? " (GPU absent from the view)"
+                                     : ": " + std::string(nv.view.status().message())));
+        continue;
+      }
+      sources.push_back(fmt::format(
+          "{}: catalogue entry {} (NVML view unavailable: {})", GpuName(*d), model->names.front(),
+          nv.view.ok() ? "GPU absent from the view" : std::string(nv.view.status().message())));
+      for (const auto& p : d->mig_profiles) {
+        const mig::ProfileSpec* spec = model->capability.FindProfile(p.name);
+        if (spec == nullptr) {
+          mismatches.push_back(
+              fmt::format("{} {}: registered, but the catalogue's {} has no such "
+                          "profile",
+                          GpuName(*d), p.name, model->names.front()));
+          continue;
+        }
+        CompareProfile(p, spec->memory_mib, spec->compute_slices, spec->placements, mismatches,
+                       GpuName(*d), "the catalogue");
+      }
+    }
+    if (!mismatches.empty()) {
+      mismatches.insert(mismatches.end(), sources.begin(), sources.end());
+      report.Add("capability", name, CheckStatus::kFail,
+                 fmt::format("{} differences between the registered capability and NVML",
+                             mismatches.size() - sources.size()),
+                 mismatches);
+    } else if (unverified) {
+      report.Add("capability", name, CheckStatus::kWarn,
+                 "some GPUs could not be compared (no NVML view, model not catalogued)", sources);
+    } else if (!mig_gpus.empty()) {
+      const bool all_nvml = std::all_of(sources.begin(), sources.end(), [](const std::string& s) {
+        return s.find(": NVML view") != std::string::npos;
+      });
+      report.Add("capability", name, CheckStatus::kPass,
+                 all_nvml ? "profile memory, slice count and placements match NVML"
+                          : "profile memory, slice count and placements match the catalogue "
+                            "(NVML view not used)",
+                 sources);
+    }
+
+    // allowlist-exposure
+    std::vector<std::string> exposed;
+    for (const auto* d : mig_gpus) {
+      if (d->mig_profiles.empty()) continue;
+      const mig::AllowlistEntry* entry = config.allowlist.Match(d->type);
+      if (entry == nullptr) {
+        exposed.push_back(
+            fmt::format("{}: {} is exposed in MIG mode but no migProfileAllowlist "
+                        "entry matches it",
+                        GpuName(*d), d->type));
+        continue;
+      }
+      for (const auto& p : d->mig_profiles) {
+        if (std::find(entry->profiles.begin(), entry->profiles.end(), p.name) ==
+            entry->profiles.end()) {
+          exposed.push_back(fmt::format("{}: profile {} is exposed but not allowlisted for {}",
+                                        GpuName(*d), p.name, d->type));
+        }
+      }
+    }
+    if (!exposed.empty()) {
+      exposed.push_back("allowlist from " + config_origin);
+      report.Add("allowlist-exposure", name, CheckStatus::kFail,
+                 "the device plugin exposes models or profiles the allowlist does not permit",
+                 exposed);
+    } else if (!mig_gpus.empty()) {
+      report.Add("allowlist-exposure", name, CheckStatus::kPass,
+                 "only allowlisted models and profiles are exposed",
+                 {"allowlist from " + config_origin});
+    }
+  }
+
+  // Pods.
+  std::set<std::string> names;
+  for (const Object* n : nodes) names.insert(kube::Name(*n));
+  for (const auto& pod : snapshot.pods) {
+    if (!IsActiveMigPod(pod, config.resources) || !names.count(PodNode(pod))) continue;
+    ValidatePod(snapshot, pod, config, views, report);
+  }
+}
+
+void ValidatePod(const ClusterSnapshot& snapshot, const Object& pod,
+                 const protocol::DeviceConfig& config,
+                 const std::map<std::string, NodeNvml>& nvml_views, CheckReport& report,
+                 const std::string& prefix) {
+  const std::string key = PodKey(pod);
+  const std::string node = PodNode(pod);
+  const auto annotation = kube::Annotation(pod, protocol::kMigAllocationsAnnotation);
+  const auto legacy = LegacyIdentities(pod);
+  if (!legacy.empty()) {
+    report.AddFor(prefix + "reservation", node, key, CheckStatus::kFail,
+                  "holds legacy GPU-uuid[template-slot] identities (placed by a legacy scheduler)",
+                  legacy);
+    return;
+  }
+  if (!annotation) {
+    report.AddFor(prefix + "reservation", node, key, CheckStatus::kFail,
+                  fmt::format("no {}: the scheduler did not reserve a profile and placement",
+                              protocol::kMigAllocationsAnnotation),
+                  {fmt::format("phase {}, scheduler {}", kube::Phase(pod),
+                               kube::StringAt(pod, "/spec/schedulerName"))});
+    return;
+  }
+  auto allocs = protocol::DecodeMigAllocations(*annotation);
+  if (!allocs.ok()) {
+    const std::string msg(std::string(allocs.status().message()));
+    if (msg.find("partial runtime identity") != std::string::npos) {
+      report.AddFor(prefix + "reservation", node, key, CheckStatus::kPass,
+                    fmt::format("the scheduler wrote {}", protocol::kMigAllocationsAnnotation));
+      report.AddFor(prefix + "runtime", node, key, CheckStatus::kFail,
+                    "the runtime identity is partial (all of MIG UUID, GI ID and CI ID, or none)",
+                    {msg});
+      return;
+    }
+    report.AddFor(prefix + "reservation", node, key, CheckStatus::kFail,
+                  fmt::format("{} does not decode", protocol::kMigAllocationsAnnotation), {msg});
+    return;
+  }
+  if (allocs->empty()) {
+    report.AddFor(prefix + "reservation", node, key, CheckStatus::kFail,
+                  fmt::format("{} is empty", protocol::kMigAllocationsAnnotation));
+    return;
+  }
+  std::vector<std::string> lines;
+  for (const auto& a : *allocs) lines.push_back(AllocName(a));
+  report.AddFor(
+      prefix + "reservation", node, key, CheckStatus::kPass,
+      fmt::format("the scheduler wrote {} ({} instance{})", protocol::kMigAllocationsAnnotation,
+                  allocs->size(), allocs->size() == 1 ? "" : "s"),
+      lines);
+
+  const NodeGpus gpus = GpusOf(snapshot.FindNode(node));
+
+  // pod-profile: memory covers the request; instance counts.
+  auto request = protocol::ParsePodRequest(pod, config.resources);
+  if (!request.ok()) {
+    report.AddFor(prefix + "profile", node, key, CheckStatus::kFail,
+                  "the pod's GPU request does not parse",
+                  {std::string(request.status().message())});
+  } else {
+    std::vector<std::string> bad, good;
+    std::map<int, uint32_t> per_container;
+    for (const auto& a : *allocs) {
+      ++per_container[a.container_index];
+      if (a.container_index < 0 ||
+          static_cast<size_t>(a.container_index) >= request->containers.size()) {
+        bad.push_back(
+            fmt::format("{}: the pod has no container {}", AllocName(a), a.container_index));
+        continue;
+      }
+      const auto& c = request->containers[a.container_index];
+      const protocol::DeviceInfo* dev = gpus.Find(a.gpu_uuid);
+      if (dev == nullptr) {
+        bad.push_back(fmt::format("{}: GPU not registered on {}", AllocName(a), node));
+        continue;
+      }
+      const mig::GpuCapability cap = protocol::ToCapability(*dev);
+      const mig::ProfileSpec* spec = cap.FindProfile(a.profile);
+      if (spec == nullptr) {
+        bad.push_back(
+            fmt::format("{}: the GPU does not register profile {}", AllocName(a), a.profile));
+        continue;
+      }
+      const uint64_t want = mig::ResolveMemory(c.memory.mib, c.memory.percent, cap);
+      if (spec->memory_mib < want) {
+        bad.push_back(fmt::format("{}: {} has {} MiB, container \"{}\" asks for {} MiB",
+                                  AllocName(a), a.profile, spec->memory_mib, c.name, want));
+      } else {
+        good.push_back(fmt::format("container \"{}\": {} ({} MiB) covers {} MiB", c.name, a.profile,
+                                   spec->memory_mib, want));
+      }
+    }
+    for (size_t i = 0; i < request->containers.size(); ++i) {
+      const auto& c = request->containers[i];
+      const uint32_t got = per_container.count(static_cast<int>(i)) ? per_container[i] : 0;
+      if (c.count != got) {
+        bad.push_back(fmt::format("container \"{}\" asks for {} instance{}, {} reserved", c.name,
+                                  c.count, c.count == 1 ? "" : "s", got));
+      }
+    }
+    if (bad.empty()) {
+      report.AddFor(prefix + "profile", node, key, CheckStatus::kPass,
+                    "every reserved profile covers its container's memory request", good);
+    } else {
+      report.AddFor(prefix + "profile", node, key, CheckStatus::kFail,
+                    "reserved profiles do not match the request", bad);
+    }
+  }
+
+  // pod-overlap: against every other active reservation on the node.
+  {
+    std::vector<std::string> bad;
+    std::map<std::string, mig::Occupancy> others;  // by GPU uuid
+    for (const auto& other : snapshot.pods) {
+      if (IsTerminated(other) || PodNode(other) != node || PodKey(other) == key) continue;
+      const auto value = kube::Annotation(other, protocol::kMigAllocationsAnnotation);
+      if (!value) continue;
+      auto theirs = protocol::DecodeMigAllocations(*value);
+      if (!theirs.ok()) continue;
+      for (const auto& a : *theirs) {
+        const protocol::DeviceInfo* dev = gpus.Find(a.gpu_uuid);
+        if (dev == nullptr) continue;
+        const mig::GpuCapability cap = protocol::ToCapability(*dev);
+        // Illegal or mutually overlapping reservations of others are their own findings.
+        (void)others[a.gpu_uuid].Reserve(cap, a.profile, a.placement, PodKey(other));
+      }
+    }
+    std::map<std::string, mig::Occupancy> mine;
+    for (const auto& a : *allocs) {
+      const protocol::DeviceInfo* dev = gpus.Find(a.gpu_uuid);
+      if (dev == nullptr) {
+        bad.push_back(fmt::format("{}: the node does not register this GPU", AllocName(a)));
+        continue;
+      }
+      const mig::GpuCapability cap = protocol::ToCapability(*dev);
+      if (auto st = mine[a.gpu_uuid].Reserve(cap, a.profile, a.placement, key); !st.ok()) {
+        bad.push_back(fmt::format("{}: {}", AllocName(a), std::string(st.message())));
+        continue;
+      }
+      for (const auto& r : others[a.gpu_uuid].reservations()) {
+        if (r.placement.Overlaps(a.placement)) {
+          bad.push_back(fmt::format("{} overlaps {} of {} at {}", AllocName(a), r.profile, r.owner,
+                                    r.placement.ToString()));
+        }
+      }
+    }
+    if (bad.empty()) {
+      report.AddFor(prefix + "overlap", node, key, CheckStatus::kPass,
+                    "no reservation overlaps another active reservation");
+    } else {
+      report.AddFor(prefix + "overlap", node, key, CheckStatus::kFail,
+                    "reservations overlap or are illegal", bad);
+    }
+  }
+
+  // pod-runtime
+  std::vector<std::string> missing;
+  for (const auto& a : *allocs) {
+    if (!a.runtime) missing.push_back(AllocName(a) + ": no MIG UUID, GI ID or CI ID");
+  }
+  if (!AfterAllocate(pod)) {
+    report.AddFor(prefix + "runtime", node, key, CheckStatus::kSkip,
+                  fmt::format("not allocated yet (phase {})", kube::Phase(pod)));
+  } else if (!missing.empty()) {
+    report.AddFor(prefix + "runtime", node, key, CheckStatus::kFail,
+                  "the pod runs but the device plugin did not record the runtime identity",
+                  missing);
+  } else {
+    std::vector<std::string> ids;
+    for (const auto& a : *allocs) {
+      ids.push_back(fmt::format("{}: {} GI {} CI {}", AllocName(a), a.runtime->mig_uuid,
+                                a.runtime->gpu_instance_id, a.runtime->compute_instance_id));
+    }
+    report.AddFor(prefix + "runtime", node, key, CheckStatus::kPass,
+                  "every instance has its MIG UUID, GI ID and CI ID", ids);
+  }
+
+  // pod-visible
+  const auto visible = kube::Annotation(pod, kVisibleDevicesAnnotation);
+  if (!visible) {
+    report.AddFor(prefix + "visible", node, key, CheckStatus::kSkip,
+                  fmt::format("no {} record (only the local mode's kubelet writes it): check in "
+                              "the container with nvidia-smi -L",
+                              kVisibleDevicesAnnotation));
+  } else if (auto parsed = ParseVisibleDevices(*visible); !parsed.ok()) {
+    report.AddFor(prefix + "visible", node, key, CheckStatus::kFail,
+                  "the visible-devices record does not parse",
+                  {std::string(parsed.status().message())});
+  } else {
+    const auto containers = IndexedContainers(pod);
+    std::vector<std::string> bad, good;
+    std::map<int, std::vector<std::string>> expected;
+    for (const auto& a : *allocs) {
+      if (a.runtime) expected[a.container_index].push_back(a.runtime->mig_uuid);
+    }
+    for (auto& [index, uuids] : expected) {
+      if (index < 0 || static_cast<size_t>(index) >= containers.size()) continue;
+      const std::string cname = containers[index]->value("name", "");
+      auto it = parsed->find(cname);
+      if (it == parsed->end()) {
+        // Init containers have finished before the record is written: not in it.
+        if (static_cast<size_t>(index) >= InitContainerCount(pod)) {
+          bad.push_back(fmt::format("container \"{}\": not in the record", cname));
+        }
+        continue;
+      }
+      std::vector<std::string> got;
+      for (const auto& u : it->second) {
+        if (u.rfind("MIG-", 0) == 0) got.push_back(u);
+      }
+      std::vector<std::string> want = uuids;
+      std::sort(got.begin(), got.end());
+      std::sort(want.begin(), want.end());
+      if (got == want) {
+        good.push_back(fmt::format("container \"{}\": {}", cname, fmt::join(got, ",")));
+      } else {
+        bad.push_back(
+            fmt::format("container \"{}\" sees {}, the annotation says {}", cname,
+                        got.empty() ? "no MIG device" : fmt::format("{}", fmt::join(got, ",")),
+                        fmt::join(want, ",")));
+      }
+    }
+    if (!bad.empty()) {
+      report.AddFor(prefix + "visible", node, key, CheckStatus::kFail,
+                    "the MIG UUIDs the containers see differ from the annotation", bad);
+    } else if (good.empty()) {
+      report.AddFor(prefix + "visible", node, key, CheckStatus::kSkip,
+                    "no realized instance to compare yet");
+    } else {
+      report.AddFor(prefix + "visible", node, key, CheckStatus::kPass,
+                    "the containers see the annotated MIG UUIDs", good);
+    }
+  }
+
+  // pod-nvml
+  auto nv = nvml_views.find(node);
+  if (nv == nvml_views.end() || !nv->second.view.ok()) {
+    report.AddFor(prefix + "nvml", node, key, CheckStatus::kSkip,
+                  nv == nvml_views.end()
+                      ? "no NVML view of the node"
+                      : fmt::format("NVML view unavailable: {}",
+                                    std::string(nv->second.view.status().message())));
+  } else if (!missing.empty() || !AfterAllocate(pod)) {
+    report.AddFor(prefix + "nvml", node, key, CheckStatus::kSkip, "no runtime identity to look up");
+  } else {
+    std::vector<std::string> bad, good;
+    for (const auto& a : *allocs) {
+      const NvmlGpuView* gpu = nullptr;
+      const NvmlInstanceView* inst = nv->second.view->FindMigUuid(a.runtime->mig_uuid, &gpu);
+      if (inst == nullptr) {
+        bad.push_back(
+            fmt::format("{}: NVML has no instance {}", AllocName(a), a.runtime->mig_uuid));
+        continue;
+      }
+      std::vector<std::string> diffs;
+      if (gpu->uuid != a.gpu_uuid) diffs.push_back("on GPU " + gpu->uuid);
+      if (inst->gpu_instance_id != a.runtime->gpu_instance_id) {
+        diffs.push_back(fmt::format("GI {}", inst->gpu_instance_id));
+      }
+      if (inst->placement.size > 0 && inst->placement != a.placement) {
+        diffs.push_back("placement " + inst->placement.ToString());
+      }
+      if (!inst->profile.empty() && inst->profile != a.profile) {
+        diffs.push_back("profile " + inst->profile);
+      }
+      bool ci_ok = false;
+      for (const auto& ci : inst->compute_instances) {
+        if (ci.mig_uuid == a.runtime->mig_uuid) ci_ok = ci.id == a.runtime->compute_instance_id;
+      }
+      if (!ci_ok) diffs.push_back("another CI ID");
+      if (diffs.empty()) {
+        good.push_back(fmt::format("{}: {} is GI {} CI {} in NVML", AllocName(a),
+                                   a.runtime->mig_uuid, inst->gpu_instance_id,
+                                   a.runtime->compute_instance_id));
+      } else {
+        bad.push_back(fmt::format("{}: NVML has {} {}", AllocName(a), a.runtime->mig_uuid,
+                                  fmt::join(diffs, ", ")));
+      }
+    }
+    if (bad.empty()) {
+      report.AddFor(prefix + "nvml", node, key, CheckStatus::kPass,
+                    "NVML holds each annotated instance", good);
+    } else {
+      report.AddFor(prefix + "nvml", node, key, CheckStatus::kFail,
+                    "the annotation does not match NVML", bad);
+    }
+  }
+}
+
+absl::StatusOr<CheckReport> RunValidate(kube::KubeClient& client, NvmlSource* nvml,
+                                        const ValidateOptions& options, absl::Time now) {
+  auto snap = TakeSnapshot(client, now);
+  if (!snap.ok()) return snap.status();
+  auto source = FindDeviceConfig(client, options.config);
+  if (!source.ok()) return source.status();
+  const protocol::DeviceConfig config = EffectiveConfig(*source);
+  std::string origin = source->origin;
+  if (!source->config.ok()) {
+    origin += fmt::format(" (unreadable: {}; the built-in default was used)",
+                          std::string(source->config.status().message()));
+  }
+  std::vector<const Object*> nodes;
+  if (!options.node.empty()) {
+    const Object* n = snap->FindNode(options.node);
+    if (n == nullptr)
+      return absl::NotFoundError(fmt::format("node \"{}\" not found", options.node));
+    nodes.push_back(n);
+  } else {
+    for (const auto& n : snap->nodes) {
+      if (kube::Annotation(n, protocol::kNodeRegisterAnnotation)) nodes.push_back(&n);
+    }
+  }
+  CheckReport report;
+  report.command = "validate";
+  if (nodes.empty()) {
+    report.Add("registered-mode", "", CheckStatus::kFail,
+               "no node registers GPUs (hami.io/node-nvidia-register): is the device plugin "
+               "running?");
+  }
+  ValidateNodes(*snap, nodes, config, origin, nvml, report);
+  if (options.canary) {
+    CanaryOptions canary = options.canary_options;
+    if (canary.node.empty()) canary.node = options.node;
+    RunCanary(client, nvml, canary, config, report);
+  }
+  return report;
+}
+
+}  // namespace dynmig::ops

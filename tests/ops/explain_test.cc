@@ -1,0 +1,128 @@
+#include "ops/explain.h"
+
+#include <regex>
+
+#include "ops/ops_test_util.h"
+
+namespace dynmig::ops::testing {
+namespace {
+
+const std::vector<std::string> kProfiles = {"1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"};
+
+class ExplainTest : public OpsTest {
+ protected:
+  void SetUp() override {
+    OpsTest::SetUp();
+    AddDeviceConfig();
+    // node-a: 1g at 1 and 1g at 5, six slices free but both 3g placements cut.
+    Add(Node("node-a", Register({{"GPU-a0"}}, kProfiles)));
+    Add(PlacedPod("small-a", "node-a", 4000,
+                  {{"GPU-a0", "1g.5gb", 1, 1, Runtime{"MIG-sa", 9, 0}}}));
+    Add(PlacedPod("small-b", "node-a", 4000,
+                  {{"GPU-a0", "1g.5gb", 5, 1, Runtime{"MIG-sb", 13, 0}}}));
+    // node-b: full.
+    Add(Node("node-b", Register({{"GPU-b0"}}, kProfiles)));
+    Add(PlacedPod("big-c", "node-b", 19000, {{"GPU-b0", "3g.20gb", 0, 4, Runtime{"MIG-c", 1, 0}}}));
+    Add(PlacedPod("big-d", "node-b", 19000, {{"GPU-b0", "3g.20gb", 4, 4, Runtime{"MIG-d", 2, 0}}}));
+  }
+};
+
+TEST_F(ExplainTest, PendingPodGetsVerdictsSuggestionsAndBlockingPods) {
+  Add(Pod("wants-3g", "", 19000, "Pending"));
+  const json r = RunJson({"explain", "wants-3g"}, 0);
+  EXPECT_EQ(r["status"], "pending") << r.dump(2);
+  ASSERT_EQ(r["nodes"].size(), 2u);
+  EXPECT_EQ(r["nodes"][0]["verdict"], "fragmented");
+  EXPECT_EQ(r["nodes"][1]["verdict"], "capacity-exhausted");
+  EXPECT_NE(r["nodes"][0]["gpus"][0]["reason"].get<std::string>().find("fragmented"),
+            std::string::npos);
+  const json& s = r["suggestions"];
+  EXPECT_EQ(s["largestMemoryMiB"], 9856);
+  EXPECT_EQ(s["largestMemoryProfile"], "2g.10gb");
+  EXPECT_TRUE(s["preferences"].empty());
+  ASSERT_FALSE(s["blocking"].empty());
+  const json& b = s["blocking"][0];
+  EXPECT_EQ(b["node"], "node-a");
+  EXPECT_EQ(b["profile"], "3g.20gb");
+  ASSERT_EQ(b["pods"].size(), 1u);
+  EXPECT_EQ(b["moves"][0]["canBeReplaced"], true) << b.dump(2);
+  EXPECT_NE(b["moves"][0]["replacement"].get<std::string>().find("on node-a"), std::string::npos);
+
+  auto text = Run({"explain", "wants-3g"});
+  EXPECT_EQ(text.code, 0);
+  EXPECT_NE(text.out.find("Asks for container \"workload\": 1 x 19000 MiB"), std::string::npos)
+      << text.out;
+  EXPECT_NE(text.out.find("node-a: fragmented"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("at most 9856 MiB per instance"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("before"), std::string::npos) << text.out;
+  EXPECT_TRUE(std::regex_search(text.out, std::regex(R"(after +.*\{ +3g\.20gb +\})"))) << text.out;
+}
+
+TEST_F(ExplainTest, PlacedPodShowsItsInstances) {
+  const json r = RunJson({"explain", "small-a"}, 0);
+  EXPECT_EQ(r["status"], "placed");
+  EXPECT_EQ(r["node"], "node-a");
+  EXPECT_EQ(r["allocations"][0]["migUUID"], "MIG-sa");
+  auto text = Run({"explain", "-n", "default", "small-a"});
+  EXPECT_NE(text.out.find("Placed on node-a (bind-phase success)"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("1g.5gb at slices 1 of GPU 0 (GPU-a0), MIG-sa (GI 9, CI 0)"),
+            std::string::npos)
+      << text.out;
+  EXPECT_NE(text.out.find("{small-a}"), std::string::npos) << text.out;  // highlighted
+}
+
+TEST_F(ExplainTest, PodThatFitsNowIsWaitingOutsideTheExtender) {
+  json p = Pod("wants-1g", "", 4000, "Pending");
+  p["status"]["conditions"] = {{{"type", "PodScheduled"},
+                                {"status", "False"},
+                                {"reason", "Unschedulable"},
+                                {"message", "0/2 nodes are available"}}};
+  Add(p);
+  const json r = RunJson({"explain", "wants-1g"}, 0);
+  EXPECT_EQ(r["status"], "fits-now");
+  EXPECT_EQ(r["wouldPlaceOn"], "node-a");
+  EXPECT_EQ(r["podScheduledCondition"], "Unschedulable: 0/2 nodes are available");
+  ASSERT_FALSE(r["suggestions"]["preferences"].empty());
+  EXPECT_EQ(r["suggestions"]["preferences"][0]["preference"], "1g");
+}
+
+TEST_F(ExplainTest, CordonedNodesAreNotOffered) {
+  Add(Node("node-c", Register({{"GPU-c0"}}, kProfiles), json::object(), /*cordoned=*/true));
+  Add(Pod("wants-7g", "", 40000, "Pending"));
+  const json r = RunJson({"explain", "wants-7g"}, 0);
+  EXPECT_EQ(r["status"], "pending");
+  EXPECT_EQ(r["nodes"][2]["name"], "node-c");
+  EXPECT_EQ(r["nodes"][2]["cordoned"], true);
+  EXPECT_EQ(r["nodes"][2]["verdict"], "fits");
+  auto text = Run({"explain", "wants-7g"});
+  EXPECT_NE(text.out.find("node-c: fits (cordoned: kube-scheduler does not offer it)"),
+            std::string::npos)
+      << text.out;
+}
+
+TEST_F(ExplainTest, NoProfileBigEnough) {
+  Add(Pod("huge", "", 50000, "Pending"));
+  const json r = RunJson({"explain", "huge"}, 0);
+  EXPECT_EQ(r["nodes"][0]["verdict"], "no-profile-big-enough");
+  EXPECT_TRUE(r["suggestions"]["blocking"].empty());
+}
+
+TEST_F(ExplainTest, NotMigAndInvalidRequests) {
+  json web = Pod("web", "", 0, "Pending");
+  web["spec"]["containers"][0]["resources"] = json::object();
+  Add(web);
+  EXPECT_EQ(RunJson({"explain", "web"}, 0)["status"], "not-mig");
+  json bad = Pod("bad", "", 0, "Pending");
+  bad["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = "8Gi";
+  Add(bad);
+  const json r = RunJson({"explain", "bad"}, 0);
+  EXPECT_EQ(r["status"], "invalid-request");
+  EXPECT_NE(r["error"].get<std::string>().find("\"8Gi\" is not a plain integer"),
+            std::string::npos);
+  auto missing = Run({"explain", "-n", "other", "nope"});
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_NE(missing.err.find("pod \"nope\" not found in namespace \"other\""), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dynmig::ops::testing
