@@ -152,6 +152,7 @@ void ClusterState::UpsertPod(const json& pod) {
   Unlink(key);
   if (Terminated(pod)) {
     // A terminated pod releases its reservation; so does its assumption.
+    released_.erase(key);
     if (auto a = assumed_.find(key); a != assumed_.end()) {
       MarkDirty(a->second.reservation.node);
       assumed_.erase(a);
@@ -197,6 +198,7 @@ void ClusterState::RemovePod(const std::string& ns, const std::string& name) {
   const std::string key = ns + "/" + name;
   std::lock_guard<std::mutex> lock(mu_);
   Unlink(key);
+  released_.erase(key);
   if (auto a = assumed_.find(key); a != assumed_.end()) {
     MarkDirty(a->second.reservation.node);
     assumed_.erase(a);
@@ -246,7 +248,15 @@ void ClusterState::Rebuild(NodeEntry& node) const {
     const PodEntry& pod = it->second;
     if (assumed_.count(key)) continue;  // counted below from the assumption
     if (pod.has_annotation && pod.allocations.ok() && !pod.allocations->empty()) {
-      add(key, *pod.allocations, false);
+      if (released_.count(key)) {
+        std::vector<protocol::MigAllocation> realized;
+        for (const auto& a : *pod.allocations) {
+          if (a.runtime.has_value()) realized.push_back(a);
+        }
+        add(key, realized, false);
+      } else {
+        add(key, *pod.allocations, false);
+      }
       continue;
     }
     if (!pod.mig) continue;
@@ -444,12 +454,34 @@ std::vector<std::string> ClusterState::UnrealizedBefore(absl::Time deadline) con
     if (!pod.has_annotation || !pod.allocations.ok() || pod.allocations->empty()) continue;
     const bool realized = std::all_of(pod.allocations->begin(), pod.allocations->end(),
                                       [](const auto& a) { return a.runtime.has_value(); });
-    if (!realized && pod.reserved_at > 0 && pod.reserved_at < cutoff) out.push_back(key);
+    if (!realized && pod.reserved_at > 0 && pod.reserved_at < cutoff && !released_.count(key)) {
+      out.push_back(key);
+    }
   }
   for (const auto& [key, a] : assumed_) {
     if (a.reserved_at < cutoff && !pods_.count(key)) out.push_back(key);
   }
   return out;
+}
+
+std::optional<std::string> ClusterState::ReservedNode(const std::string& pod_key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto a = assumed_.find(pod_key); a != assumed_.end()) return a->second.reservation.node;
+  auto it = pods_.find(pod_key);
+  if (it == pods_.end()) return std::nullopt;
+  const PodEntry& pod = it->second;
+  if (!pod.has_annotation || !pod.allocations.ok() || pod.allocations->empty()) {
+    return std::nullopt;
+  }
+  return pod.node;
+}
+
+void ClusterState::ReleaseUnrealized(const std::string& pod_key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pods_.find(pod_key);
+  if (it == pods_.end()) return;
+  released_.insert(pod_key);
+  MarkDirty(it->second.node);
 }
 
 }  // namespace dynmig::scheduler

@@ -107,7 +107,18 @@ class ClusterState {
 
   // Pods with an assumed or annotated reservation that was not realized (no runtime identity)
   // and whose reservation time (hami.io/vgpu-time) is before `deadline`: expiry candidates.
+  // Pods released with ReleaseUnrealized are not listed again.
   std::vector<std::string> UnrealizedBefore(absl::Time deadline) const;
+
+  // The node of the pod's reservation: the assumed one, else the one its annotation holds
+  // (readable and non-empty). nullopt when the pod holds none.
+  std::optional<std::string> ReservedNode(const std::string& pod_key) const;
+
+  // Stops counting the pod's reservations that carry no runtime identity (the device plugin
+  // reported hami.io/bind-phase=failed: nothing was created for them), keeping the realized ones
+  // until the pod terminates. In memory only: the expiry pass re-applies it after a restart.
+  // Cleared when the pod is removed or terminates.
+  void ReleaseUnrealized(const std::string& pod_key);
 
   // The node's view for the planner (tests and explain).
   std::optional<mig::NodeView> View(const std::string& node, absl::Time now) const;
@@ -157,6 +168,7 @@ class ClusterState {
   mutable std::map<std::string, NodeEntry> nodes_;
   std::map<std::string, PodEntry> pods_;
   std::map<std::string, Assumed> assumed_;
+  std::set<std::string> released_;                                          // ReleaseUnrealized
   std::map<std::string, std::shared_ptr<const mig::GpuPlanner>> planners_;  // by capability key
 };
 
