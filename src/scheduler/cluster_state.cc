@@ -93,21 +93,34 @@ std::shared_ptr<const mig::GpuPlanner> ClusterState::PlannerFor(const protocol::
   return *planner;
 }
 
+ClusterState::NodeEntry& ClusterState::NodeFor(const std::string& name) {
+  auto [it, inserted] = nodes_.try_emplace(name);
+  if (inserted) {
+    it->second.name = name;
+    index_[name] = &it->second;
+  }
+  return it->second;
+}
+
+ClusterState::NodeEntry* ClusterState::FindNode(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : it->second;
+}
+
 void ClusterState::MarkDirty(const std::string& node) {
-  auto it = nodes_.find(node);
-  if (it != nodes_.end()) it->second.dirty = true;
+  if (NodeEntry* entry = FindNode(node)) entry->dirty = true;
 }
 
 void ClusterState::UpsertNode(const json& node) {
   const std::string name = Str(node, {"metadata", "name"});
   if (name.empty()) return;
   std::lock_guard<std::mutex> lock(mu_);
-  NodeEntry& entry = nodes_[name];
-  entry.name = name;
+  NodeEntry& entry = NodeFor(name);
   entry.dirty = true;
   entry.gpus.clear();
   entry.register_error.clear();
   entry.handshake = Annotation(node, protocol::kNodeHandshakeAnnotation);
+  entry.reported_at = ParseHandshakeReported(entry.handshake);
   entry.cordoned.clear();
   for (auto& uuid : SplitTrimmed(Annotation(node, protocol::kDeviceCordonAnnotation), ',')) {
     entry.cordoned.insert(std::move(uuid));
@@ -124,22 +137,25 @@ void ClusterState::UpsertNode(const json& node) {
     GpuEntry gpu;
     gpu.planner = PlannerFor(info);
     gpu.info = std::move(info);
+    // The capability lives in the (shared) planner now; the profile list is not needed again.
+    gpu.info.mig_profiles.clear();
+    gpu.info.mig_profiles.shrink_to_fit();
     entry.gpus.push_back(std::move(gpu));
   }
 }
 
 void ClusterState::RemoveNode(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
+  index_.erase(name);
   nodes_.erase(name);
 }
 
 void ClusterState::Unlink(const std::string& pod_key) {
   auto it = pods_.find(pod_key);
   if (it == pods_.end()) return;
-  auto node = nodes_.find(it->second.node);
-  if (node != nodes_.end()) {
-    node->second.pods.erase(pod_key);
-    node->second.dirty = true;
+  if (NodeEntry* node = FindNode(it->second.node)) {
+    node->pods.erase(pod_key);
+    node->dirty = true;
   }
   pods_.erase(it);
 }
@@ -182,15 +198,10 @@ void ClusterState::UpsertPod(const json& pod) {
     assumed_.erase(a);
   }
   if (entry.node.empty() || (!entry.mig && !entry.has_annotation)) return;  // not ours to count
-  auto node = nodes_.find(entry.node);
-  if (node != nodes_.end()) {
-    node->second.pods.insert(key);
-    node->second.dirty = true;
-  } else {
-    // The node is not registered (yet): keep the pod so it counts when the node appears.
-    nodes_[entry.node].name = entry.node;
-    nodes_[entry.node].pods.insert(key);
-  }
+  // A node that is not registered (yet) gets an entry: the pod counts when the node appears.
+  NodeEntry& node = NodeFor(entry.node);
+  node.pods.insert(key);
+  node.dirty = true;
   pods_.emplace(key, std::move(entry));
 }
 
@@ -333,7 +344,7 @@ const mig::NodeView& ClusterState::ViewOf(NodeEntry& node, absl::Time now) const
     if (node.handshake == "Deleted" || node.handshake.starts_with("Deleted_")) {
       healthy = false;
       reason = "the device plugin deregistered (hami.io/node-handshake Deleted)";
-    } else if (auto t = ParseHandshakeReported(node.handshake);
+    } else if (const auto& t = node.reported_at;
                t.has_value() && now - *t > options_.report_timeout) {
       healthy = false;
       reason = fmt::format("the device plugin stopped reporting: last report {} ago",
@@ -354,22 +365,24 @@ absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
         fmt::format("pod {} already holds a reservation made by this scheduler", pod_key));
   }
   std::vector<const mig::NodeView*> views;
-  std::vector<std::string> names;
+  std::vector<const std::string*> names;
+  views.reserve(candidates.empty() ? nodes_.size() : candidates.size());
+  names.reserve(views.capacity());
   FilterDecision decision;
   auto consider = [&](NodeEntry& n) {
     views.push_back(&ViewOf(n, now));
-    names.push_back(n.name);
+    names.push_back(&n.name);
   };
   if (candidates.empty()) {
     for (auto& [name, n] : nodes_) consider(n);
   } else {
     for (const auto& name : candidates) {
-      auto it = nodes_.find(name);
-      if (it == nodes_.end()) {
+      NodeEntry* entry = FindNode(name);
+      if (entry == nullptr) {
         decision.failed[name] = "no-mig-gpu: the node registers no GPU with dynmig";
         continue;
       }
-      consider(it->second);
+      consider(*entry);
     }
   }
   const mig::PodPlan plan = mig::PlanPod(std::span<const mig::NodeView* const>(views), request);
@@ -377,12 +390,13 @@ absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
   for (size_t i = 0; i < views.size(); ++i) {
     if (static_cast<int>(i) == plan.chosen) continue;
     if (plan.nodes[i].fits()) {
-      decision.failed[names[i]] = "another node was chosen for this pod";
+      decision.failed.emplace_hint(decision.failed.end(), *names[i],
+                                   "another node was chosen for this pod");
       continue;
     }
     // Reasons only for the nodes that do not fit (PlanPod computes verdicts alone).
     const mig::NodePlan explained = mig::PlanPodOnNode(*views[i], request);
-    decision.failed[names[i]] = explained.Reason(*views[i]);
+    decision.failed[*names[i]] = explained.Reason(*views[i]);
     if (static_cast<int>(explained.verdict) < static_cast<int>(decision.verdict)) {
       decision.verdict = explained.verdict;
     }
@@ -394,7 +408,7 @@ absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
   decision.verdict = mig::Verdict::kFits;
   const mig::NodeView& node = *views[plan.chosen];
   Reservation r;
-  r.node = names[plan.chosen];
+  r.node = *names[plan.chosen];
   r.devices.resize(request.containers.size());
   std::vector<std::string> parts;
   for (const auto& a : plan.nodes[plan.chosen].assignments) {
@@ -416,7 +430,7 @@ absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
   }
   r.summary = fmt::format("{} on {}", fmt::join(parts, ", "), r.node);
   assumed_[pod_key] = {r, absl::ToUnixSeconds(now)};
-  nodes_[r.node].dirty = true;
+  NodeFor(r.node).dirty = true;
   decision.reservation = std::move(r);
   return decision;
 }

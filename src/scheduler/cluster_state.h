@@ -17,6 +17,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -131,8 +132,9 @@ class ClusterState {
   struct NodeEntry {
     std::string name;
     std::vector<GpuEntry> gpus;
-    std::string register_error;  // the register annotation could not be decoded
-    std::string handshake;       // hami.io/node-handshake value
+    std::string register_error;             // the register annotation could not be decoded
+    std::string handshake;                  // hami.io/node-handshake value
+    std::optional<absl::Time> reported_at;  // its "Reported_<time>", parsed once
     std::set<std::string> cordoned;
     std::set<std::string> pods;  // pod keys placed on this node
     // Cache, rebuilt when dirty.
@@ -162,10 +164,15 @@ class ClusterState {
   void Rebuild(NodeEntry& node) const;
   void Unlink(const std::string& pod_key);
   void MarkDirty(const std::string& node);
+  // The entry of `name`, created when missing (kept in nodes_ and index_).
+  NodeEntry& NodeFor(const std::string& name);
+  NodeEntry* FindNode(const std::string& name) const;
 
   const ClusterStateOptions options_;
   mutable std::mutex mu_;
-  mutable std::map<std::string, NodeEntry> nodes_;
+  mutable std::map<std::string, NodeEntry> nodes_;  // sorted: reports list nodes by name
+  // Hash index over nodes_ (its entries never move): a filter looks up thousands of candidates.
+  std::unordered_map<std::string, NodeEntry*> index_;
   std::map<std::string, PodEntry> pods_;
   std::map<std::string, Assumed> assumed_;
   std::set<std::string> released_;                                          // ReleaseUnrealized

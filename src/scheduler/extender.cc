@@ -89,9 +89,9 @@ std::string Extender::HandleFilter(std::string_view body) {
     if (metrics_ != nullptr) metrics_->ObserveFilter("error", absl::ZeroDuration());
     ExtenderFilterResult result;
     result.error = std::string(args.status().message());
-    return ToJson(result).dump();
+    return ToJsonText(result);
   }
-  return ToJson(Filter(*args)).dump();
+  return ToJsonText(Filter(*args));
 }
 
 std::string Extender::HandleBind(std::string_view body) {
@@ -120,7 +120,7 @@ ExtenderFilterResult Extender::Filter(const ExtenderArgs& args) {
   if (std::string closed = Gate(); !closed.empty()) return fail(std::move(closed));
 
   const kube::Object& pod = args.pod;
-  const std::vector<std::string> candidates = args.Candidates();
+  const std::vector<std::string>& candidates = args.Candidates();
   const std::string ns = PodNamespace(pod);
   const std::string name = kube::Name(pod);
   if (name.empty()) return fail("ExtenderArgs: Pod has no metadata.name");

@@ -69,49 +69,47 @@ const json* FieldCaseInsensitive(const json& obj, std::string_view key) {
   return nullptr;
 }
 
-std::vector<std::string> ExtenderArgs::Candidates() const {
-  if (!nodes.has_value()) return node_names;
-  std::vector<std::string> out;
-  const json* items = FieldCaseInsensitive(*nodes, "items");
-  if (items == nullptr || !items->is_array()) return out;
-  for (const auto& item : *items) {
-    std::string name = NodeItemName(item);
-    if (!name.empty()) out.push_back(std::move(name));
-  }
-  return out;
-}
-
 absl::StatusOr<ExtenderArgs> ParseExtenderArgs(std::string_view body) {
   constexpr std::string_view kWhat = "ExtenderArgs";
   auto doc = ParseBody(body, kWhat);
   if (!doc.ok()) return doc.status();
   ExtenderArgs args;
-  const json* pod = FieldCaseInsensitive(*doc, "Pod");
+  // The parsed document is ours: move its parts out instead of copying them.
+  json* pod = const_cast<json*>(FieldCaseInsensitive(*doc, "Pod"));
   if (pod == nullptr || pod->is_null()) {
     return absl::InvalidArgumentError("ExtenderArgs: Pod is missing");
   }
   if (!pod->is_object()) return absl::InvalidArgumentError("ExtenderArgs: Pod must be an object");
-  args.pod = *pod;
-  const json* names = FieldCaseInsensitive(*doc, "NodeNames");
+  args.pod = std::move(*pod);
+  json* names = const_cast<json*>(FieldCaseInsensitive(*doc, "NodeNames"));
   if (names != nullptr && !names->is_null()) {
     if (!names->is_array()) {
       return absl::InvalidArgumentError("ExtenderArgs: NodeNames must be a list of node names");
     }
+    args.node_names.reserve(names->size());
     for (size_t i = 0; i < names->size(); ++i) {
-      if (!(*names)[i].is_string()) {
+      json& name = (*names)[i];
+      if (!name.is_string()) {
         return absl::InvalidArgumentError(
             fmt::format("ExtenderArgs: NodeNames[{}] must be a string", i));
       }
-      args.node_names.push_back((*names)[i].get<std::string>());
+      args.node_names.push_back(std::move(name.get_ref<std::string&>()));
     }
+    return args;
   }
-  const json* nodes = FieldCaseInsensitive(*doc, "Nodes");
-  if (nodes != nullptr && !nodes->is_null() && (names == nullptr || names->is_null())) {
+  json* nodes = const_cast<json*>(FieldCaseInsensitive(*doc, "Nodes"));
+  if (nodes != nullptr && !nodes->is_null()) {
     const json* items = FieldCaseInsensitive(*nodes, "items");
     if (!nodes->is_object() || (items != nullptr && !items->is_null() && !items->is_array())) {
       return absl::InvalidArgumentError("ExtenderArgs: Nodes must be a NodeList");
     }
-    args.nodes = *nodes;
+    if (items != nullptr && items->is_array()) {
+      for (const auto& item : *items) {
+        std::string name = NodeItemName(item);
+        if (!name.empty()) args.node_names.push_back(std::move(name));
+      }
+    }
+    args.nodes = std::move(*nodes);
   }
   return args;
 }
@@ -164,6 +162,82 @@ absl::StatusOr<ExtenderBindingArgs> ParseExtenderBindingArgs(std::string_view bo
   args.pod_uid = std::move(*uid);
   args.node = std::move(*node);
   return args;
+}
+
+namespace {
+
+void AppendQuoted(std::string& out, std::string_view s) {
+  out += '"';
+  for (const char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
+        } else {
+          out += c;
+        }
+    }
+  }
+  out += '"';
+}
+
+void AppendMap(std::string& out, const std::map<std::string, std::string>& map) {
+  out += '{';
+  bool first = true;
+  for (const auto& [k, v] : map) {
+    if (!first) out += ',';
+    first = false;
+    AppendQuoted(out, k);
+    out += ':';
+    AppendQuoted(out, v);
+  }
+  out += '}';
+}
+
+}  // namespace
+
+std::string ToJsonText(const ExtenderFilterResult& result) {
+  if (result.nodes.has_value()) return ToJson(result).dump();
+  size_t size = 128 + result.error.size();
+  for (const auto& n : result.node_names) size += n.size() + 3;
+  for (const auto& [k, v] : result.failed_nodes) size += k.size() + v.size() + 6;
+  for (const auto& [k, v] : result.failed_and_unresolvable_nodes) size += k.size() + v.size() + 6;
+  std::string out;
+  out.reserve(size);
+  out += "{\"Error\":";
+  AppendQuoted(out, result.error);
+  out += ",\"FailedAndUnresolvableNodes\":";
+  AppendMap(out, result.failed_and_unresolvable_nodes);
+  out += ",\"FailedNodes\":";
+  AppendMap(out, result.failed_nodes);
+  out += ",\"NodeNames\":[";
+  for (size_t i = 0; i < result.node_names.size(); ++i) {
+    if (i > 0) out += ',';
+    AppendQuoted(out, result.node_names[i]);
+  }
+  out += "],\"Nodes\":null}";
+  return out;
 }
 
 json ErrorResult(std::string_view error) { return json{{"Error", std::string(error)}}; }

@@ -17,13 +17,14 @@ namespace dynmig::scheduler {
 
 // POST <prefix>/filter.
 struct ExtenderArgs {
-  nlohmann::json pod;                   // "Pod"
-  std::vector<std::string> node_names;  // "NodeNames" (nodeCacheCapable: true)
+  nlohmann::json pod;  // "Pod"
+  // The candidate nodes: "NodeNames" (nodeCacheCapable: true), else the names of the "Nodes"
+  // items.
+  std::vector<std::string> node_names;
   // "Nodes" (nodeCacheCapable: false): the NodeList as sent, when it was not null.
   std::optional<nlohmann::json> nodes;
 
-  // NodeNames when sent, else the names of the Nodes items.
-  std::vector<std::string> Candidates() const;
+  const std::vector<std::string>& Candidates() const { return node_names; }
 };
 
 // Parses the request body. kInvalidArgument for text that is not JSON, a body that is not an
@@ -44,6 +45,9 @@ struct ExtenderFilterResult {
 // {"NodeNames":[...]|null,"Nodes":{...}|null,"FailedNodes":{...},
 //  "FailedAndUnresolvableNodes":{...},"Error":""}
 nlohmann::json ToJson(const ExtenderFilterResult& result);
+// The same text as ToJson(result).dump(), written directly (a filter over thousands of nodes
+// answers as many FailedNodes entries).
+std::string ToJsonText(const ExtenderFilterResult& result);
 
 // POST <prefix>/bind.
 struct ExtenderBindingArgs {

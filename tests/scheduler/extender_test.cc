@@ -61,6 +61,14 @@ TEST(ExtenderApiTest, FilterResultUsesTheGoFieldNames) {
       ToJson(r).dump(),
       R"({"Error":"","FailedAndUnresolvableNodes":{},"FailedNodes":{"b":"capacity-exhausted"},"NodeNames":["a"],"Nodes":null})");
   EXPECT_EQ(ErrorResult("boom").dump(), R"({"Error":"boom"})");
+  EXPECT_EQ(ToJsonText(r), ToJson(r).dump());
+  // The direct writer escapes as nlohmann does.
+  r.error = "a \"quoted\" \\ path\n\ttab \x01 \u00fcn";
+  r.failed_nodes["c\"d"] = "x\ry";
+  r.failed_and_unresolvable_nodes["e"] = "f";
+  EXPECT_EQ(ToJsonText(r), ToJson(r).dump());
+  r.node_names.clear();
+  EXPECT_EQ(ToJsonText(r), ToJson(r).dump());
 }
 
 TEST(NodeLockValueTest, FormatsAndParsesHamisForms) {
