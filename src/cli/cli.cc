@@ -19,6 +19,7 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   RegisterSimulateCommand(app, ctx);
   RegisterApiserverCommand(app, ctx);
   RegisterOpsCommands(app, ctx);
+  RegisterSchedulerCommand(app, ctx);
 
   // CLI11 parses a reversed vector of arguments.
   std::vector<std::string> reversed(args.rbegin(), args.rend());

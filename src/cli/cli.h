@@ -37,5 +37,6 @@ void RegisterNvmlCommand(CLI::App& root, CliContext& ctx);
 void RegisterSimulateCommand(CLI::App& root, CliContext& ctx);
 void RegisterApiserverCommand(CLI::App& root, CliContext& ctx);
 void RegisterOpsCommands(CLI::App& root, CliContext& ctx);
+void RegisterSchedulerCommand(CLI::App& root, CliContext& ctx);
 
 }  // namespace dynmig::cli

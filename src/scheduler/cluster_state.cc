@@ -93,21 +93,34 @@ std::shared_ptr<const mig::GpuPlanner> ClusterState::PlannerFor(const protocol::
   return *planner;
 }
 
+ClusterState::NodeEntry& ClusterState::NodeFor(const std::string& name) {
+  auto [it, inserted] = nodes_.try_emplace(name);
+  if (inserted) {
+    it->second.name = name;
+    index_[name] = &it->second;
+  }
+  return it->second;
+}
+
+ClusterState::NodeEntry* ClusterState::FindNode(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : it->second;
+}
+
 void ClusterState::MarkDirty(const std::string& node) {
-  auto it = nodes_.find(node);
-  if (it != nodes_.end()) it->second.dirty = true;
+  if (NodeEntry* entry = FindNode(node)) entry->dirty = true;
 }
 
 void ClusterState::UpsertNode(const json& node) {
   const std::string name = Str(node, {"metadata", "name"});
   if (name.empty()) return;
   std::lock_guard<std::mutex> lock(mu_);
-  NodeEntry& entry = nodes_[name];
-  entry.name = name;
+  NodeEntry& entry = NodeFor(name);
   entry.dirty = true;
   entry.gpus.clear();
   entry.register_error.clear();
   entry.handshake = Annotation(node, protocol::kNodeHandshakeAnnotation);
+  entry.reported_at = ParseHandshakeReported(entry.handshake);
   entry.cordoned.clear();
   for (auto& uuid : SplitTrimmed(Annotation(node, protocol::kDeviceCordonAnnotation), ',')) {
     entry.cordoned.insert(std::move(uuid));
@@ -124,22 +137,25 @@ void ClusterState::UpsertNode(const json& node) {
     GpuEntry gpu;
     gpu.planner = PlannerFor(info);
     gpu.info = std::move(info);
+    // The capability lives in the (shared) planner now; the profile list is not needed again.
+    gpu.info.mig_profiles.clear();
+    gpu.info.mig_profiles.shrink_to_fit();
     entry.gpus.push_back(std::move(gpu));
   }
 }
 
 void ClusterState::RemoveNode(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
+  index_.erase(name);
   nodes_.erase(name);
 }
 
 void ClusterState::Unlink(const std::string& pod_key) {
   auto it = pods_.find(pod_key);
   if (it == pods_.end()) return;
-  auto node = nodes_.find(it->second.node);
-  if (node != nodes_.end()) {
-    node->second.pods.erase(pod_key);
-    node->second.dirty = true;
+  if (NodeEntry* node = FindNode(it->second.node)) {
+    node->pods.erase(pod_key);
+    node->dirty = true;
   }
   pods_.erase(it);
 }
@@ -152,6 +168,7 @@ void ClusterState::UpsertPod(const json& pod) {
   Unlink(key);
   if (Terminated(pod)) {
     // A terminated pod releases its reservation; so does its assumption.
+    released_.erase(key);
     if (auto a = assumed_.find(key); a != assumed_.end()) {
       MarkDirty(a->second.reservation.node);
       assumed_.erase(a);
@@ -181,15 +198,10 @@ void ClusterState::UpsertPod(const json& pod) {
     assumed_.erase(a);
   }
   if (entry.node.empty() || (!entry.mig && !entry.has_annotation)) return;  // not ours to count
-  auto node = nodes_.find(entry.node);
-  if (node != nodes_.end()) {
-    node->second.pods.insert(key);
-    node->second.dirty = true;
-  } else {
-    // The node is not registered (yet): keep the pod so it counts when the node appears.
-    nodes_[entry.node].name = entry.node;
-    nodes_[entry.node].pods.insert(key);
-  }
+  // A node that is not registered (yet) gets an entry: the pod counts when the node appears.
+  NodeEntry& node = NodeFor(entry.node);
+  node.pods.insert(key);
+  node.dirty = true;
   pods_.emplace(key, std::move(entry));
 }
 
@@ -197,6 +209,7 @@ void ClusterState::RemovePod(const std::string& ns, const std::string& name) {
   const std::string key = ns + "/" + name;
   std::lock_guard<std::mutex> lock(mu_);
   Unlink(key);
+  released_.erase(key);
   if (auto a = assumed_.find(key); a != assumed_.end()) {
     MarkDirty(a->second.reservation.node);
     assumed_.erase(a);
@@ -246,7 +259,15 @@ void ClusterState::Rebuild(NodeEntry& node) const {
     const PodEntry& pod = it->second;
     if (assumed_.count(key)) continue;  // counted below from the assumption
     if (pod.has_annotation && pod.allocations.ok() && !pod.allocations->empty()) {
-      add(key, *pod.allocations, false);
+      if (released_.count(key)) {
+        std::vector<protocol::MigAllocation> realized;
+        for (const auto& a : *pod.allocations) {
+          if (a.runtime.has_value()) realized.push_back(a);
+        }
+        add(key, realized, false);
+      } else {
+        add(key, *pod.allocations, false);
+      }
       continue;
     }
     if (!pod.mig) continue;
@@ -323,7 +344,7 @@ const mig::NodeView& ClusterState::ViewOf(NodeEntry& node, absl::Time now) const
     if (node.handshake == "Deleted" || node.handshake.starts_with("Deleted_")) {
       healthy = false;
       reason = "the device plugin deregistered (hami.io/node-handshake Deleted)";
-    } else if (auto t = ParseHandshakeReported(node.handshake);
+    } else if (const auto& t = node.reported_at;
                t.has_value() && now - *t > options_.report_timeout) {
       healthy = false;
       reason = fmt::format("the device plugin stopped reporting: last report {} ago",
@@ -344,22 +365,24 @@ absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
         fmt::format("pod {} already holds a reservation made by this scheduler", pod_key));
   }
   std::vector<const mig::NodeView*> views;
-  std::vector<std::string> names;
+  std::vector<const std::string*> names;
+  views.reserve(candidates.empty() ? nodes_.size() : candidates.size());
+  names.reserve(views.capacity());
   FilterDecision decision;
   auto consider = [&](NodeEntry& n) {
     views.push_back(&ViewOf(n, now));
-    names.push_back(n.name);
+    names.push_back(&n.name);
   };
   if (candidates.empty()) {
     for (auto& [name, n] : nodes_) consider(n);
   } else {
     for (const auto& name : candidates) {
-      auto it = nodes_.find(name);
-      if (it == nodes_.end()) {
+      NodeEntry* entry = FindNode(name);
+      if (entry == nullptr) {
         decision.failed[name] = "no-mig-gpu: the node registers no GPU with dynmig";
         continue;
       }
-      consider(it->second);
+      consider(*entry);
     }
   }
   const mig::PodPlan plan = mig::PlanPod(std::span<const mig::NodeView* const>(views), request);
@@ -367,12 +390,13 @@ absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
   for (size_t i = 0; i < views.size(); ++i) {
     if (static_cast<int>(i) == plan.chosen) continue;
     if (plan.nodes[i].fits()) {
-      decision.failed[names[i]] = "another node was chosen for this pod";
+      decision.failed.emplace_hint(decision.failed.end(), *names[i],
+                                   "another node was chosen for this pod");
       continue;
     }
     // Reasons only for the nodes that do not fit (PlanPod computes verdicts alone).
     const mig::NodePlan explained = mig::PlanPodOnNode(*views[i], request);
-    decision.failed[names[i]] = explained.Reason(*views[i]);
+    decision.failed[*names[i]] = explained.Reason(*views[i]);
     if (static_cast<int>(explained.verdict) < static_cast<int>(decision.verdict)) {
       decision.verdict = explained.verdict;
     }
@@ -384,7 +408,7 @@ absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
   decision.verdict = mig::Verdict::kFits;
   const mig::NodeView& node = *views[plan.chosen];
   Reservation r;
-  r.node = names[plan.chosen];
+  r.node = *names[plan.chosen];
   r.devices.resize(request.containers.size());
   std::vector<std::string> parts;
   for (const auto& a : plan.nodes[plan.chosen].assignments) {
@@ -406,7 +430,7 @@ absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
   }
   r.summary = fmt::format("{} on {}", fmt::join(parts, ", "), r.node);
   assumed_[pod_key] = {r, absl::ToUnixSeconds(now)};
-  nodes_[r.node].dirty = true;
+  NodeFor(r.node).dirty = true;
   decision.reservation = std::move(r);
   return decision;
 }
@@ -444,12 +468,34 @@ std::vector<std::string> ClusterState::UnrealizedBefore(absl::Time deadline) con
     if (!pod.has_annotation || !pod.allocations.ok() || pod.allocations->empty()) continue;
     const bool realized = std::all_of(pod.allocations->begin(), pod.allocations->end(),
                                       [](const auto& a) { return a.runtime.has_value(); });
-    if (!realized && pod.reserved_at > 0 && pod.reserved_at < cutoff) out.push_back(key);
+    if (!realized && pod.reserved_at > 0 && pod.reserved_at < cutoff && !released_.count(key)) {
+      out.push_back(key);
+    }
   }
   for (const auto& [key, a] : assumed_) {
     if (a.reserved_at < cutoff && !pods_.count(key)) out.push_back(key);
   }
   return out;
+}
+
+std::optional<std::string> ClusterState::ReservedNode(const std::string& pod_key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto a = assumed_.find(pod_key); a != assumed_.end()) return a->second.reservation.node;
+  auto it = pods_.find(pod_key);
+  if (it == pods_.end()) return std::nullopt;
+  const PodEntry& pod = it->second;
+  if (!pod.has_annotation || !pod.allocations.ok() || pod.allocations->empty()) {
+    return std::nullopt;
+  }
+  return pod.node;
+}
+
+void ClusterState::ReleaseUnrealized(const std::string& pod_key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pods_.find(pod_key);
+  if (it == pods_.end()) return;
+  released_.insert(pod_key);
+  MarkDirty(it->second.node);
 }
 
 }  // namespace dynmig::scheduler

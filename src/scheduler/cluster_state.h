@@ -17,6 +17,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -107,7 +108,18 @@ class ClusterState {
 
   // Pods with an assumed or annotated reservation that was not realized (no runtime identity)
   // and whose reservation time (hami.io/vgpu-time) is before `deadline`: expiry candidates.
+  // Pods released with ReleaseUnrealized are not listed again.
   std::vector<std::string> UnrealizedBefore(absl::Time deadline) const;
+
+  // The node of the pod's reservation: the assumed one, else the one its annotation holds
+  // (readable and non-empty). nullopt when the pod holds none.
+  std::optional<std::string> ReservedNode(const std::string& pod_key) const;
+
+  // Stops counting the pod's reservations that carry no runtime identity (the device plugin
+  // reported hami.io/bind-phase=failed: nothing was created for them), keeping the realized ones
+  // until the pod terminates. In memory only: the expiry pass re-applies it after a restart.
+  // Cleared when the pod is removed or terminates.
+  void ReleaseUnrealized(const std::string& pod_key);
 
   // The node's view for the planner (tests and explain).
   std::optional<mig::NodeView> View(const std::string& node, absl::Time now) const;
@@ -120,8 +132,9 @@ class ClusterState {
   struct NodeEntry {
     std::string name;
     std::vector<GpuEntry> gpus;
-    std::string register_error;  // the register annotation could not be decoded
-    std::string handshake;       // hami.io/node-handshake value
+    std::string register_error;             // the register annotation could not be decoded
+    std::string handshake;                  // hami.io/node-handshake value
+    std::optional<absl::Time> reported_at;  // its "Reported_<time>", parsed once
     std::set<std::string> cordoned;
     std::set<std::string> pods;  // pod keys placed on this node
     // Cache, rebuilt when dirty.
@@ -151,12 +164,18 @@ class ClusterState {
   void Rebuild(NodeEntry& node) const;
   void Unlink(const std::string& pod_key);
   void MarkDirty(const std::string& node);
+  // The entry of `name`, created when missing (kept in nodes_ and index_).
+  NodeEntry& NodeFor(const std::string& name);
+  NodeEntry* FindNode(const std::string& name) const;
 
   const ClusterStateOptions options_;
   mutable std::mutex mu_;
-  mutable std::map<std::string, NodeEntry> nodes_;
+  mutable std::map<std::string, NodeEntry> nodes_;  // sorted: reports list nodes by name
+  // Hash index over nodes_ (its entries never move): a filter looks up thousands of candidates.
+  std::unordered_map<std::string, NodeEntry*> index_;
   std::map<std::string, PodEntry> pods_;
   std::map<std::string, Assumed> assumed_;
+  std::set<std::string> released_;                                          // ReleaseUnrealized
   std::map<std::string, std::shared_ptr<const mig::GpuPlanner>> planners_;  // by capability key
 };
 

@@ -1,0 +1,379 @@
+// /filter over HTTP at cluster scale: 1,000 and 5,000 nodes x 8 A100-SXM4-40GB GPUs, half of the
+// slices reserved (per node: GPUs 0-3 hold a 3g.20gb at slices 4-7, GPUs 4-5 a 7g.40gb, GPUs 6-7
+// are free: 6 pods per node). The API server (the in-memory one) runs in a forked child process,
+// filled directly through its store, so the figures for memory are the scheduler's own: informer
+// caches, cluster state and HTTP server. The scheduler lists and watches it over HTTP like in a
+// cluster; filters are sent one at a time (latency) and from 4 threads (throughput), each with
+// every node as a candidate (NodeNames) and a fresh pending pod asking 1g, 2g or 3g.
+// Prints figures; asserts nothing.
+//
+//   bench_scheduler [--nodes 1000,5000] [--filters 1000]
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/clock.h"
+#include "fmt/format.h"
+#include "kube/in_memory_api_server.h"
+#include "kube/object.h"
+#include "kube/rest_kube_client.h"
+#include "mig/catalogue.h"
+#include "protocol/device_config.h"
+#include "protocol/mig_allocations.h"
+#include "protocol/node_register.h"
+#include "scheduler/server.h"
+#include "spdlog/spdlog.h"
+
+namespace {
+
+using nlohmann::json;
+using SteadyClock = std::chrono::steady_clock;
+using namespace dynmig;
+
+constexpr int kGpusPerNode = 8;
+constexpr int kThreads = 4;
+
+double Since(SteadyClock::time_point t) {
+  return std::chrono::duration<double>(SteadyClock::now() - t).count();
+}
+
+// VmHWM and VmRSS of this process, MiB.
+std::pair<double, double> Memory() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  double hwm = 0, rss = 0;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) hwm = std::atof(line.c_str() + 6) / 1024;
+    if (line.rfind("VmRSS:", 0) == 0) rss = std::atof(line.c_str() + 6) / 1024;
+  }
+  return {hwm, rss};
+}
+
+std::string NodeName(int i) { return fmt::format("node-{:05d}", i); }
+std::string Gpu(int node, int gpu) { return fmt::format("GPU-{:05d}-{}", node, gpu); }
+
+json Pod(const std::string& ns, const std::string& name, int64_t mem) {
+  return {{"apiVersion", "v1"},
+          {"kind", "Pod"},
+          {"metadata", {{"name", name}, {"namespace", ns}, {"annotations", json::object()}}},
+          {"spec",
+           {{"schedulerName", "dynmig-scheduler"},
+            {"containers", json::array({{{"name", "main"},
+                                         {"image", "cuda"},
+                                         {"resources",
+                                          {{"limits",
+                                            {{"nvidia.com/gpu", "1"},
+                                             {"nvidia.com/gpumem", std::to_string(mem)}}}}}}})}}}};
+}
+
+// The child: an in-memory API server with the cluster in it. Writes its port to `port_fd`, then
+// serves until `control_fd` is closed by the parent.
+[[noreturn]] void RunApiServer(int nodes, int pending, int port_fd, int control_fd) {
+  spdlog::set_level(spdlog::level::warn);
+  kube::InMemoryApiServerOptions options;
+  options.threads = 32;
+  options.store.watch_history = 20000;
+  auto server = kube::InMemoryApiServer::Start(options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "api server: %s\n", std::string(server.status().message()).c_str());
+    _exit(1);
+  }
+  kube::ApiStore& store = (*server)->store();
+  const auto& cap = (*mig::FindModel("A100-SXM4-40GB"))->capability;
+  std::vector<const mig::ProfileSpec*> base;
+  for (const auto& p : cap.profiles) {
+    if (p.name.find_first_of("+-") == std::string::npos) base.push_back(&p);
+  }
+  for (int n = 0; n < nodes; ++n) {
+    std::vector<protocol::DeviceInfo> infos;
+    for (int g = 0; g < kGpusPerNode; ++g) {
+      infos.push_back(
+          protocol::MigDeviceInfo({Gpu(n, g), static_cast<uint32_t>(g), 0, true}, cap, base));
+    }
+    json node = {{"apiVersion", "v1"},
+                 {"kind", "Node"},
+                 {"metadata",
+                  {{"name", NodeName(n)},
+                   {"annotations",
+                    {{"hami.io/node-nvidia-register", protocol::EncodeNodeRegister(infos)}}}}},
+                 {"status", {{"allocatable", {{"nvidia.com/gpu", "8"}}}}}};
+    (void)store.Create(kube::Resource::kNodes, "", node);
+    for (int g = 0; g < 6; ++g) {
+      const bool full = g >= 4;
+      protocol::MigAllocation a;
+      a.gpu_uuid = Gpu(n, g);
+      a.profile = full ? "7g.40gb" : "3g.20gb";
+      a.placement = full ? mig::Placement{0, 8} : mig::Placement{4, 4};
+      a.runtime = protocol::RuntimeIdentity{fmt::format("MIG-{:05d}-{}", n, g), full ? 0u : 2u, 0};
+      json pod = Pod("running", fmt::format("run-{:05d}-{}", n, g), full ? 39000 : 19000);
+      auto& ann = pod["metadata"]["annotations"];
+      ann["hami.io/vgpu-node"] = NodeName(n);
+      ann["hami.io/vgpu-time"] = "1700000000";
+      ann["hami.io/vgpu-mig-allocations"] = protocol::EncodeMigAllocations({a});
+      const std::string dev = fmt::format("{},NVIDIA A100-SXM4-40GB,{},{}:;", a.gpu_uuid,
+                                          full ? 40192 : 19968, full ? 100 : 43);
+      ann["hami.io/vgpu-devices-allocated"] = dev;
+      ann["hami.io/bind-phase"] = "success";
+      pod["spec"]["nodeName"] = NodeName(n);
+      pod["status"] = {{"phase", "Running"}};
+      (void)store.Create(kube::Resource::kPods, "running", pod);
+    }
+  }
+  const int64_t mems[] = {4000, 9000, 19000};
+  for (int i = 0; i < pending; ++i) {
+    (void)store.Create(kube::Resource::kPods, "bench",
+                       Pod("bench", fmt::format("p-{:06d}", i), mems[i % 3]));
+  }
+  const int port = (*server)->port();
+  if (write(port_fd, &port, sizeof(port)) != sizeof(port)) _exit(1);
+  char c;
+  while (read(control_fd, &c, 1) > 0) {
+  }
+  (*server)->Stop();
+  _exit(0);
+}
+
+// A minimal keep-alive HTTP/1.1 client for POSTs to 127.0.0.1 (the benchmark measures the server,
+// not a client library).
+class HttpConnection {
+ public:
+  explicit HttpConnection(int port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+    if (connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      close(fd_);
+      fd_ = -1;
+    }
+    int one = 1;
+    if (fd_ >= 0) setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  }
+  ~HttpConnection() {
+    if (fd_ >= 0) close(fd_);
+  }
+  // Returns the status code (-1 on transport failure) and fills `body`.
+  int Post(const std::string& path, const std::string& payload, std::string& body) {
+    if (fd_ < 0) return -1;
+    const std::string request = fmt::format(
+        "POST {} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        "Content-Length: {}\r\n\r\n",
+        path, payload.size());
+    if (!WriteAll(request) || !WriteAll(payload)) return -1;
+    buffer_.clear();
+    size_t header_end;
+    while ((header_end = buffer_.find("\r\n\r\n")) == std::string::npos) {
+      if (!ReadMore()) return -1;
+    }
+    const int status = std::atoi(buffer_.c_str() + 9);
+    size_t length = 0;
+    const size_t cl = buffer_.find("Content-Length: ");
+    if (cl != std::string::npos && cl < header_end) length = std::atoll(buffer_.c_str() + cl + 16);
+    while (buffer_.size() < header_end + 4 + length) {
+      if (!ReadMore()) return -1;
+    }
+    body.assign(buffer_, header_end + 4, length);
+    return status;
+  }
+
+ private:
+  bool WriteAll(const std::string& data) {
+    size_t done = 0;
+    while (done < data.size()) {
+      const ssize_t n = write(fd_, data.data() + done, data.size() - done);
+      if (n <= 0) return false;
+      done += static_cast<size_t>(n);
+    }
+    return true;
+  }
+  bool ReadMore() {
+    char chunk[65536];
+    const ssize_t n = read(fd_, chunk, sizeof(chunk));
+    if (n <= 0) return false;
+    buffer_.append(chunk, static_cast<size_t>(n));
+    return true;
+  }
+  int fd_ = -1;
+  std::string buffer_;
+};
+
+struct Stats {
+  double p50_ms = 0, p99_ms = 0, max_ms = 0, per_second = 0;
+  int reserved = 0, pending = 0, errors = 0;
+};
+
+void Run(int nodes, int filters) {
+  const int concurrent = filters;  // as many again from kThreads threads
+  int port_pipe[2], control_pipe[2];
+  if (pipe(port_pipe) != 0 || pipe(control_pipe) != 0) return;
+  const auto t_fill = SteadyClock::now();
+  const pid_t child = fork();
+  if (child == 0) {
+    close(port_pipe[0]);
+    close(control_pipe[1]);
+    RunApiServer(nodes, filters + concurrent, port_pipe[1], control_pipe[0]);
+  }
+  close(port_pipe[1]);
+  close(control_pipe[0]);
+  int api_port = 0;
+  if (read(port_pipe[0], &api_port, sizeof(api_port)) != sizeof(api_port)) {
+    std::printf("api server failed to start\n");
+    return;
+  }
+  const double fill_s = Since(t_fill);
+
+  kube::RestConfig rest;
+  rest.server = fmt::format("http://127.0.0.1:{}", api_port);
+  auto client = kube::RestKubeClient::Create(rest);
+  SystemClock clock;
+  scheduler::SchedulerServerOptions options;
+  options.state.allowlist = protocol::DefaultAllowlist();
+  options.admission.allowlist = options.state.allowlist;
+  options.threads = 8;
+  options.expiry_interval = absl::ZeroDuration();
+  const auto t_sync = SteadyClock::now();
+  auto server = scheduler::SchedulerServer::Start(**client, clock, options);
+  if (!server.ok()) {
+    std::printf("scheduler: %s\n", std::string(server.status().message()).c_str());
+    return;
+  }
+  scheduler::SchedulerServer& s = **server;
+  s.WaitUntilReady(absl::Minutes(2));
+  const double sync_s = Since(t_sync);
+  const auto [hwm_idle, rss_idle] = Memory();
+
+  auto pending_pods = (*client)->ListPods({.ns = "bench", .limit = 500});
+  if (!pending_pods.ok()) return;
+  std::vector<std::string> names;
+  for (int i = 0; i < nodes; ++i) names.push_back(NodeName(i));
+  const std::string names_json = json(names).dump();
+  std::vector<std::string> pods;
+  for (const auto& pod : pending_pods->items) pods.push_back(pod.dump());
+  std::sort(pods.begin(), pods.end());
+  // The request body of pod i, built outside the timed part.
+  auto body_of = [&](int i) {
+    return "{\"Pod\":" + pods[i] + ",\"Nodes\":null,\"NodeNames\":" + names_json + "}";
+  };
+
+  auto filter = [&](HttpConnection& http, const std::string& body, Stats& st) -> double {
+    std::string answer;
+    const auto t = SteadyClock::now();
+    const int status = http.Post("/filter", body, answer);
+    const double ms = Since(t) * 1000;
+    if (status != 200 || answer.find("\"Error\":\"\"") == std::string::npos) {
+      ++st.errors;
+    } else if (answer.find("\"NodeNames\":[]") != std::string::npos) {
+      ++st.pending;
+    } else {
+      ++st.reserved;
+    }
+    return ms;
+  };
+
+  // One at a time: latency.
+  Stats seq;
+  std::vector<double> lat;
+  {
+    HttpConnection http(s.port());
+    const auto t = SteadyClock::now();
+    for (int i = 0; i < filters; ++i) lat.push_back(filter(http, body_of(i), seq));
+    seq.per_second = filters / Since(t);
+  }
+  std::sort(lat.begin(), lat.end());
+  seq.p50_ms = lat[lat.size() / 2];
+  seq.p99_ms = lat[std::min(lat.size() - 1, lat.size() * 99 / 100)];
+  seq.max_ms = lat.back();
+
+  // kThreads at once: throughput.
+  Stats par;
+  std::vector<Stats> per_thread(kThreads);
+  std::vector<std::vector<double>> par_lat(kThreads);
+  {
+    const auto t = SteadyClock::now();
+    std::vector<std::thread> threads;
+    for (int k = 0; k < kThreads; ++k) {
+      threads.emplace_back([&, k] {
+        HttpConnection http(s.port());
+        for (int i = filters + k; i < filters + concurrent; i += kThreads) {
+          par_lat[k].push_back(filter(http, body_of(i), per_thread[k]));
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    par.per_second = concurrent / Since(t);
+  }
+  std::vector<double> all;
+  for (int k = 0; k < kThreads; ++k) {
+    par.reserved += per_thread[k].reserved;
+    par.pending += per_thread[k].pending;
+    par.errors += per_thread[k].errors;
+    all.insert(all.end(), par_lat[k].begin(), par_lat[k].end());
+  }
+  std::sort(all.begin(), all.end());
+  par.p50_ms = all[all.size() / 2];
+  par.p99_ms = all[std::min(all.size() - 1, all.size() * 99 / 100)];
+  const auto [hwm, rss] = Memory();
+
+  std::printf("%d nodes x %d A100 (%d GPUs, %d running pods, half the slices reserved):\n", nodes,
+              kGpusPerNode, nodes * kGpusPerNode, nodes * 6);
+  std::printf("  api server filled in %.1f s (child process); scheduler synced in %.1f s\n", fill_s,
+              sync_s);
+  std::printf(
+      "  sequential: %d filters, p50 %.2f ms, p99 %.2f ms, max %.2f ms, %.0f decisions/s "
+      "(%d reserved, %d pending, %d errors)\n",
+      filters, seq.p50_ms, seq.p99_ms, seq.max_ms, seq.per_second, seq.reserved, seq.pending,
+      seq.errors);
+  std::printf(
+      "  %d threads: %d filters, p50 %.2f ms, p99 %.2f ms, %.0f decisions/s (%d reserved, "
+      "%d pending, %d errors)\n",
+      kThreads, concurrent, par.p50_ms, par.p99_ms, par.per_second, par.reserved, par.pending,
+      par.errors);
+  std::printf(
+      "  memory: VmRSS %.0f MiB after sync, VmRSS %.0f MiB / VmHWM %.0f MiB after the "
+      "filters\n",
+      rss_idle, rss, hwm);
+  (void)hwm_idle;
+  std::fflush(stdout);
+
+  s.Stop();
+  server->reset();
+  close(control_pipe[1]);
+  int status = 0;
+  waitpid(child, &status, 0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> sizes = {1000, 5000};
+  int filters = 1000;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::strcmp(argv[i], "--nodes") == 0) {
+      sizes.clear();
+      for (const char* p = argv[i + 1]; *p != '\0';) {
+        sizes.push_back(std::atoi(p));
+        while (*p != '\0' && *p != ',') ++p;
+        if (*p == ',') ++p;
+      }
+    } else if (std::strcmp(argv[i], "--filters") == 0) {
+      filters = std::max(10, std::atoi(argv[i + 1]));
+    }
+  }
+  spdlog::set_level(spdlog::level::warn);
+  for (int n : sizes) Run(n, filters);
+  return 0;
+}

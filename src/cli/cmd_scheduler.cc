@@ -1,0 +1,187 @@
+// `dynmig scheduler`: the scheduler extender and admission webhook (src/scheduler/server.h),
+// served until SIGINT/SIGTERM. docs/scheduler.md describes the flags and endpoints.
+#include <fmt/format.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <charconv>
+#include <cstdlib>
+#include <memory>
+#include <ostream>
+#include <random>
+#include <string>
+
+#include "cli/cli.h"
+#include "common/clock.h"
+#include "common/strings.h"
+#include "kube/rest_config.h"
+#include "kube/rest_kube_client.h"
+#include "protocol/device_config.h"
+#include "scheduler/server.h"
+#include "spdlog/spdlog.h"
+#include "webhook/admission.h"
+
+namespace dynmig::cli {
+namespace {
+
+struct SchedulerFlags {
+  std::string kubeconfig;
+  bool in_cluster = false;
+  std::string listen = "0.0.0.0:8443";
+  std::string device_config;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string scheduler_name = "dynmig-scheduler";
+  std::string reservation_ttl = "10m";
+  std::string expiry_interval = "30s";
+  bool leader_elect = false;
+  std::string lease_namespace;
+  std::string lease_name = "dynmig-scheduler";
+  std::string annotation_writers = std::string(webhook::kDefaultAnnotationWriters);
+  std::string log_level = "info";
+};
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : "";
+}
+
+bool ParsePositiveDuration(const std::string& text, absl::Duration* out) {
+  return absl::ParseDuration(text, out) && *out > absl::ZeroDuration();
+}
+
+int RunScheduler(const SchedulerFlags& flags, CliContext& ctx) {
+  auto bad = [&](const std::string& message) {
+    ctx.err << "dynmig scheduler: " << message << "\n";
+    return kExitBadInput;
+  };
+  if (flags.kubeconfig.empty() == !flags.in_cluster) {
+    return bad("give exactly one of --kubeconfig FILE and --in-cluster");
+  }
+  const size_t colon = flags.listen.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos)
+    return bad("--listen must be HOST:PORT, got '" + flags.listen + "'");
+  const std::string host = colon == 0 ? "0.0.0.0" : flags.listen.substr(0, colon);
+  const std::string port_text = flags.listen.substr(colon + 1);
+  auto [ptr, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (ec != std::errc() || ptr != port_text.data() + port_text.size() || port < 0 || port > 65535) {
+    return bad("bad port '" + port_text + "' in --listen");
+  }
+  if (flags.tls_cert.empty() != flags.tls_key.empty()) {
+    return bad("--tls-cert and --tls-key go together");
+  }
+  absl::Duration ttl, expiry_interval;
+  if (!ParsePositiveDuration(flags.reservation_ttl, &ttl)) {
+    return bad("--reservation-ttl: '" + flags.reservation_ttl +
+               "' is not a positive duration (e.g. 10m, 90s)");
+  }
+  if (!ParsePositiveDuration(flags.expiry_interval, &expiry_interval)) {
+    return bad("--expiry-interval: '" + flags.expiry_interval + "' is not a positive duration");
+  }
+  auto level = spdlog::level::from_str(flags.log_level);
+  if (level == spdlog::level::off && flags.log_level != "off") {
+    return bad("--log-level: unknown level '" + flags.log_level + "'");
+  }
+  spdlog::set_level(level);
+  auto config = protocol::LoadDeviceConfig(flags.device_config);
+  if (!config.ok()) return bad(std::string(config.status().message()));
+  for (const auto& w : config->warnings) ctx.err << "dynmig scheduler: warning: " << w << "\n";
+
+  auto rest = flags.in_cluster ? kube::InClusterConfig() : kube::LoadKubeconfig(flags.kubeconfig);
+  if (!rest.ok()) return bad(std::string(rest.status().message()));
+  auto client = kube::RestKubeClient::Create(*rest);
+  if (!client.ok()) return bad(std::string(client.status().message()));
+
+  scheduler::SchedulerServerOptions options;
+  options.host = host;
+  options.port = port;
+  options.tls_cert_file = flags.tls_cert;
+  options.tls_key_file = flags.tls_key;
+  options.state.allowlist = config->allowlist;
+  options.state.resources = config->resources;
+  options.extender.reservation_ttl = ttl;
+  options.expiry_interval = expiry_interval;
+  options.admission.scheduler_name = flags.scheduler_name;
+  options.admission.allowlist = config->allowlist;
+  options.admission.annotation_writers = SplitTrimmed(flags.annotation_writers, ',');
+  options.pod_name = Env("POD_NAME");
+  options.pod_namespace = Env("POD_NAMESPACE");
+  options.leader_elect = flags.leader_elect;
+  options.election.lease_name = flags.lease_name;
+  options.election.lease_namespace = !flags.lease_namespace.empty()   ? flags.lease_namespace
+                                     : !options.pod_namespace.empty() ? options.pod_namespace
+                                                                      : "dynmig-system";
+  std::string who = options.pod_name;
+  if (who.empty()) {
+    char hostname[256] = {};
+    gethostname(hostname, sizeof(hostname) - 1);
+    who = hostname;
+  }
+  options.election.identity = fmt::format("{}_{:08x}", who, std::random_device{}());
+
+  // Block the stop signals before any thread starts (threads inherit the mask), then wait.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  sigset_t previous;
+  pthread_sigmask(SIG_BLOCK, &stop_signals, &previous);
+
+  SystemClock clock;
+  auto server = scheduler::SchedulerServer::Start(**client, clock, options);
+  if (!server.ok()) {
+    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+    ctx.err << "dynmig scheduler: " << server.status().message() << "\n";
+    return server.status().code() == absl::StatusCode::kInvalidArgument ? kExitBadInput
+                                                                        : kExitFailure;
+  }
+  ctx.out << "dynmig scheduler listening on " << (*server)->url() << std::endl;
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  ctx.out << "dynmig scheduler: signal " << signal_number << ", stopping" << std::endl;
+  (*server)->Stop();
+  server->reset();
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  return kExitOk;
+}
+
+}  // namespace
+
+void RegisterSchedulerCommand(CLI::App& root, CliContext& ctx) {
+  auto flags = std::make_shared<SchedulerFlags>();
+  CLI::App* cmd = root.add_subcommand(
+      "scheduler", "Serve the kube-scheduler extender (filter, bind) and the admission webhook");
+  cmd->add_option("--kubeconfig", flags->kubeconfig, "kubeconfig file of the cluster");
+  cmd->add_flag("--in-cluster", flags->in_cluster, "use the pod's service account");
+  cmd->add_option("--listen", flags->listen, "HOST:PORT to serve on")->capture_default_str();
+  cmd->add_option("--device-config", flags->device_config,
+                  "device-config.yaml (MIG profile allowlist, resource names)")
+      ->required();
+  cmd->add_option("--tls-cert", flags->tls_cert, "serving certificate (PEM), reloaded on change");
+  cmd->add_option("--tls-key", flags->tls_key, "serving key (PEM), reloaded on change");
+  cmd->add_option("--scheduler-name", flags->scheduler_name,
+                  "schedulerName the webhook gives GPU pods")
+      ->capture_default_str();
+  cmd->add_option("--reservation-ttl", flags->reservation_ttl,
+                  "release reservations not allocated after this long")
+      ->capture_default_str();
+  cmd->add_option("--expiry-interval", flags->expiry_interval,
+                  "how often the leader looks for expired reservations")
+      ->capture_default_str();
+  cmd->add_flag("--leader-elect", flags->leader_elect,
+                "elect a leader among replicas on a coordination.k8s.io Lease");
+  cmd->add_option("--lease-namespace", flags->lease_namespace,
+                  "namespace of the Lease (default: $POD_NAMESPACE, else dynmig-system)");
+  cmd->add_option("--lease-name", flags->lease_name, "name of the Lease")->capture_default_str();
+  cmd->add_option("--allowed-annotation-writers", flags->annotation_writers,
+                  "comma list of users that may write hami.io/vgpu-mig-allocations")
+      ->capture_default_str();
+  cmd->add_option("--log-level", flags->log_level, "trace|debug|info|warn|error|off")
+      ->capture_default_str();
+  cmd->callback([flags, &ctx] { ctx.exit_code = RunScheduler(*flags, ctx); });
+}
+
+}  // namespace dynmig::cli

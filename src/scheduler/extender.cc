@@ -1,0 +1,440 @@
+#include "scheduler/extender.h"
+
+#include <algorithm>
+#include <set>
+
+#include "common/status_macros.h"
+#include "fmt/format.h"
+#include "kube/object.h"
+#include "protocol/annotations.h"
+#include "protocol/devices.h"
+#include "protocol/mig_allocations.h"
+#include "spdlog/spdlog.h"
+
+namespace dynmig::scheduler {
+namespace {
+
+using nlohmann::json;
+
+std::string PodNamespace(const kube::Object& pod) {
+  const std::string ns = kube::Namespace(pod);
+  return ns.empty() ? "default" : ns;
+}
+
+std::string AnnotationOr(const kube::Object& obj, std::string_view key) {
+  return kube::Annotation(obj, key).value_or("");
+}
+
+// The node of the reservation the pod object carries: hami.io/vgpu-node together with a
+// readable, non-empty hami.io/vgpu-mig-allocations.
+std::optional<std::string> CarriedReservation(const kube::Object& pod) {
+  const std::string node = AnnotationOr(pod, protocol::kVgpuNodeAnnotation);
+  const std::string allocations = AnnotationOr(pod, protocol::kMigAllocationsAnnotation);
+  if (node.empty() || allocations.empty()) return std::nullopt;
+  auto decoded = protocol::DecodeMigAllocations(allocations);
+  if (!decoded.ok() || decoded->empty()) return std::nullopt;
+  return node;
+}
+
+std::string PendingMessage(const FilterDecision& decision) {
+  std::string out = fmt::format("pending: no candidate node fits (best verdict: {})",
+                                mig::VerdictName(decision.verdict));
+  // The reasons closest to fitting first: those that carry the best verdict.
+  const std::string best = mig::VerdictName(decision.verdict);
+  std::vector<const std::pair<const std::string, std::string>*> ordered;
+  for (const auto& entry : decision.failed) {
+    if (entry.second.starts_with(best)) ordered.push_back(&entry);
+  }
+  for (const auto& entry : decision.failed) {
+    if (!entry.second.starts_with(best)) ordered.push_back(&entry);
+  }
+  size_t shown = 0;
+  for (const auto* entry : ordered) {
+    if (shown == 3) {
+      out += fmt::format("; and {} more nodes", ordered.size() - shown);
+      break;
+    }
+    out += fmt::format("; {}: {}", entry->first, entry->second);
+    ++shown;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> ReservationAnnotationKeys() {
+  return {std::string(protocol::kVgpuNodeAnnotation), std::string(protocol::kVgpuTimeAnnotation),
+          std::string(protocol::kDevicesToAllocateAnnotation),
+          std::string(protocol::kDevicesAllocatedAnnotation),
+          std::string(protocol::kMigAllocationsAnnotation)};
+}
+
+Extender::Extender(kube::KubeClient& client, ClusterState& state, const Clock& clock,
+                   EventRecorder* events, SchedulerMetrics* metrics, ExtenderOptions options)
+    : client_(client),
+      state_(state),
+      clock_(clock),
+      events_(events),
+      metrics_(metrics),
+      options_(std::move(options)) {}
+
+void Extender::Event(const kube::Object& pod, std::string_view type, std::string_view reason,
+                     std::string message) {
+  if (events_ != nullptr) events_->Record(pod, type, reason, std::move(message));
+}
+
+std::string Extender::HandleFilter(std::string_view body) {
+  auto args = ParseExtenderArgs(body);
+  if (!args.ok()) {
+    if (metrics_ != nullptr) metrics_->ObserveFilter("error", absl::ZeroDuration());
+    ExtenderFilterResult result;
+    result.error = std::string(args.status().message());
+    return ToJsonText(result);
+  }
+  return ToJsonText(Filter(*args));
+}
+
+std::string Extender::HandleBind(std::string_view body) {
+  auto args = ParseExtenderBindingArgs(body);
+  if (!args.ok()) {
+    if (metrics_ != nullptr) metrics_->ObserveBind(false, absl::ZeroDuration());
+    return ErrorResult(std::string(args.status().message())).dump();
+  }
+  return ErrorResult(Bind(*args)).dump();
+}
+
+ExtenderFilterResult Extender::Filter(const ExtenderArgs& args) {
+  const absl::Time started = absl::Now();
+  ExtenderFilterResult result;
+  if (args.nodes.has_value()) result.nodes = args.nodes;
+  auto finish = [&](std::string_view outcome) {
+    if (metrics_ != nullptr) metrics_->ObserveFilter(outcome, absl::Now() - started);
+    return result;
+  };
+  auto fail = [&](std::string error) {
+    result.node_names.clear();
+    result.failed_nodes.clear();
+    result.error = std::move(error);
+    return finish("error");
+  };
+  if (std::string closed = Gate(); !closed.empty()) return fail(std::move(closed));
+
+  const kube::Object& pod = args.pod;
+  const std::vector<std::string>& candidates = args.Candidates();
+  const std::string ns = PodNamespace(pod);
+  const std::string name = kube::Name(pod);
+  if (name.empty()) return fail("ExtenderArgs: Pod has no metadata.name");
+  const std::string key = ns + "/" + name;
+
+  if (!protocol::IsMigPod(pod, options_.resources)) {
+    result.node_names = candidates;
+    return finish("passthrough");
+  }
+
+  // A pod that holds a reservation already (a retried filter) gets its node back.
+  // The cluster state knows our assumptions and every reservation the watch delivered; a
+  // reservation only the request's pod carries (another replica's, not watched yet; or one we
+  // released that kube-scheduler's cache still shows) is checked against the API.
+  std::optional<std::string> reserved = state_.ReservedNode(key);
+  if (!reserved.has_value() && CarriedReservation(pod).has_value()) {
+    auto current = client_.GetPod(ns, name);
+    if (current.ok()) reserved = CarriedReservation(*current);
+  }
+  if (reserved.has_value()) {
+    const bool candidate =
+        std::find(candidates.begin(), candidates.end(), *reserved) != candidates.end();
+    if (candidate) {
+      result.node_names = {*reserved};
+      for (const auto& node : candidates) {
+        if (node != *reserved) {
+          result.failed_nodes[node] =
+              fmt::format("the pod holds a MIG reservation on node {}", *reserved);
+        }
+      }
+      return finish("already-reserved");
+    }
+    // Its node is no longer a candidate. An unbound pod that is not being bound gives the
+    // reservation back and is planned again; otherwise it waits (the reservation expires).
+    const bool unbound = kube::NodeName(pod).empty();
+    const bool binding =
+        AnnotationOr(pod, protocol::kBindPhaseAnnotation) == protocol::kBindPhaseAllocating;
+    absl::Status released = absl::FailedPreconditionError("the pod is bound or being bound");
+    if (unbound && !binding) {
+      auto current = client_.GetPod(ns, name);
+      released = current.ok() ? ClearReservation(*current) : current.status();
+    }
+    if (!released.ok()) {
+      for (const auto& node : candidates) {
+        result.failed_nodes[node] =
+            fmt::format("the pod holds a MIG reservation on node {}, which is not a candidate ({})",
+                        *reserved, std::string(released.message()));
+      }
+      return finish("pending");
+    }
+    spdlog::info("filter {}: released the reservation on {}, which is no longer a candidate", key,
+                 *reserved);
+  }
+  if (candidates.empty()) return finish("pending");
+
+  std::vector<std::string> warnings;
+  auto request = protocol::ParsePodRequest(pod, options_.resources, &warnings);
+  if (!request.ok()) {
+    return fail(fmt::format("pod {}: {}", key, std::string(request.status().message())));
+  }
+  if (!request->WantsGpu()) {
+    result.node_names = candidates;
+    return finish("passthrough");
+  }
+  const absl::Time now = clock_.Now();
+  auto decision = state_.PlanAndReserve(key, *request, candidates, now);
+  if (!decision.ok()) return fail(std::string(decision.status().message()));
+  result.failed_nodes = std::move(decision->failed);
+  if (!decision->reservation.has_value()) {
+    FilterDecision shown;
+    shown.verdict = decision->verdict;
+    shown.failed = result.failed_nodes;
+    Event(pod, "Warning", "MigPending", PendingMessage(shown));
+    return finish("pending");
+  }
+  const Reservation& r = *decision->reservation;
+  if (absl::Status written = WriteReservation(pod, r, now); !written.ok()) {
+    state_.Forget(key);
+    return fail(fmt::format("pod {}: the reservation ({}) could not be written: {}", key, r.summary,
+                            std::string(written.message())));
+  }
+  Event(pod, "Normal", "MigReserved", "reserved " + r.summary);
+  result.node_names = {r.node};
+  return finish("reserved");
+}
+
+absl::Status Extender::WriteReservation(const kube::Object& pod, const Reservation& r,
+                                        absl::Time now) {
+  const std::string ns = PodNamespace(pod);
+  const std::string name = kube::Name(pod);
+  auto devices = protocol::EncodePodDevices(r.devices);
+  if (!devices.ok()) return devices.status();
+  const std::string allocations = protocol::EncodeMigAllocations(r.allocations);
+  kube::MetadataPatch patch;
+  patch.annotations[std::string(protocol::kVgpuNodeAnnotation)] = r.node;
+  patch.annotations[std::string(protocol::kVgpuTimeAnnotation)] =
+      std::to_string(absl::ToUnixSeconds(now));
+  patch.annotations[std::string(protocol::kDevicesToAllocateAnnotation)] = *devices;
+  patch.annotations[std::string(protocol::kDevicesAllocatedAnnotation)] = *devices;
+  patch.annotations[std::string(protocol::kMigAllocationsAnnotation)] = allocations;
+  patch.labels[std::string(protocol::kVgpuNodeLabel)] = r.node;
+  patch.resource_version = kube::ResourceVersion(pod);
+  const std::string uid = kube::Uid(pod);
+
+  // Checks the pod as read from the API: can our reservation go on this version of it?
+  // OK(true) when it already carries exactly our reservation.
+  auto examine = [&](const kube::Object& current) -> absl::StatusOr<bool> {
+    if (!uid.empty() && kube::Uid(current) != uid) {
+      return absl::AbortedError(
+          fmt::format("the pod was recreated (uid {} is now {})", uid, kube::Uid(current)));
+    }
+    if (AnnotationOr(current, protocol::kMigAllocationsAnnotation) == allocations &&
+        AnnotationOr(current, protocol::kVgpuNodeAnnotation) == r.node) {
+      return true;
+    }
+    if (auto other = CarriedReservation(current); other.has_value()) {
+      return absl::AbortedError(fmt::format(
+          "the pod was changed concurrently: it now holds another reservation, on node {}",
+          *other));
+    }
+    if (!kube::NodeName(current).empty()) {
+      return absl::AbortedError(
+          fmt::format("the pod was bound to node {} meanwhile", kube::NodeName(current)));
+    }
+    return false;
+  };
+
+  if (patch.resource_version.empty()) {
+    // No version to hold the write to: read the pod first.
+    auto current = client_.GetPod(ns, name);
+    if (!current.ok()) return current.status();
+    auto done = examine(*current);
+    if (!done.ok()) return done.status();
+    if (*done) return absl::OkStatus();
+    patch.resource_version = kube::ResourceVersion(*current);
+  }
+  absl::Status last;
+  for (int attempt = 0; attempt < std::max(1, options_.patch_attempts); ++attempt) {
+    auto patched = client_.PatchPodMetadata(ns, name, patch);
+    if (patched.ok()) return absl::OkStatus();
+    last = patched.status();
+    if (last.code() != absl::StatusCode::kAborted) return last;
+    auto current = client_.GetPod(ns, name);
+    if (!current.ok()) return current.status();
+    auto done = examine(*current);
+    if (!done.ok()) return done.status();
+    if (*done) return absl::OkStatus();
+    patch.resource_version = kube::ResourceVersion(*current);
+  }
+  return absl::AbortedError(fmt::format("the pod kept changing ({} attempts): {}",
+                                        options_.patch_attempts, std::string(last.message())));
+}
+
+absl::Status Extender::ClearReservation(const kube::Object& pod) {
+  const std::string ns = PodNamespace(pod);
+  const std::string name = kube::Name(pod);
+  kube::MetadataPatch patch;
+  for (const auto& key : ReservationAnnotationKeys()) patch.annotations[key] = std::nullopt;
+  patch.annotations[std::string(protocol::kBindPhaseAnnotation)] = std::nullopt;
+  patch.annotations[std::string(protocol::kBindTimeAnnotation)] = std::nullopt;
+  patch.labels[std::string(protocol::kVgpuNodeLabel)] = std::nullopt;
+  patch.resource_version = kube::ResourceVersion(pod);
+  auto patched = client_.PatchPodMetadata(ns, name, patch);
+  if (!patched.ok()) return patched.status();
+  state_.Forget(ns + "/" + name);
+  return absl::OkStatus();
+}
+
+std::string Extender::Bind(const ExtenderBindingArgs& args) {
+  const absl::Time started = absl::Now();
+  auto finish = [&](std::string error) {
+    if (metrics_ != nullptr) metrics_->ObserveBind(error.empty(), absl::Now() - started);
+    if (!error.empty()) {
+      spdlog::info("bind {}/{} to {}: {}", args.pod_namespace, args.pod_name, args.node, error);
+    }
+    return error;
+  };
+  if (std::string closed = Gate(); !closed.empty()) return finish(std::move(closed));
+  const std::string& ns = args.pod_namespace;
+  const std::string& name = args.pod_name;
+  const std::string key = ns + "/" + name;
+  auto pod = client_.GetPod(ns, name);
+  if (!pod.ok()) {
+    return finish(fmt::format("bind {}: {}", key, std::string(pod.status().message())));
+  }
+  if (!args.pod_uid.empty() && kube::Uid(*pod) != args.pod_uid) {
+    return finish(fmt::format("bind {}: the pod has uid {}, not {} (recreated?)", key,
+                              kube::Uid(*pod), args.pod_uid));
+  }
+  if (!protocol::IsMigPod(*pod, options_.resources)) {
+    absl::Status bound = client_.BindPod(ns, name, args.node, args.pod_uid);
+    return finish(bound.ok() ? "" : fmt::format("bind {}: {}", key, std::string(bound.message())));
+  }
+  const std::optional<std::string> reserved = CarriedReservation(*pod);
+  if (!reserved.has_value()) {
+    return finish(fmt::format(
+        "bind {}: the pod holds no MIG reservation (hami.io/vgpu-mig-allocations); it must pass "
+        "this extender's filter first",
+        key));
+  }
+  if (*reserved != args.node) {
+    return finish(fmt::format("bind {}: the pod's MIG reservation is on node {}, not {}", key,
+                              *reserved, args.node));
+  }
+  const absl::Time now = clock_.Now();
+  if (absl::Status locked = AcquireNodeLock(client_, args.node, ns, name, now, options_.node_lock);
+      !locked.ok()) {
+    return finish(fmt::format("bind {}: {}", key, std::string(locked.message())));
+  }
+  auto fail = [&](std::string error) {
+    if (absl::Status st = ReleaseNodeLock(client_, args.node, ns, name, options_.node_lock);
+        !st.ok()) {
+      error +=
+          fmt::format(" (and the node lock could not be released: {})", std::string(st.message()));
+    }
+    kube::KeyPatch phase;
+    phase[std::string(protocol::kBindPhaseAnnotation)] = std::string(protocol::kBindPhaseFailed);
+    if (auto st = client_.PatchPodAnnotations(ns, name, phase); !st.ok()) {
+      spdlog::warn("bind {}: cannot mark bind-phase failed: {}", key,
+                   std::string(st.status().message()));
+    }
+    return finish(std::move(error));
+  };
+  kube::KeyPatch phase;
+  phase[std::string(protocol::kBindPhaseAnnotation)] = std::string(protocol::kBindPhaseAllocating);
+  phase[std::string(protocol::kBindTimeAnnotation)] = std::to_string(absl::ToUnixSeconds(now));
+  if (auto st = client_.PatchPodAnnotations(ns, name, phase); !st.ok()) {
+    return fail(
+        fmt::format("bind {}: cannot set bind-phase: {}", key, std::string(st.status().message())));
+  }
+  absl::Status bound = client_.BindPod(ns, name, args.node, args.pod_uid);
+  if (!bound.ok() && bound.code() == absl::StatusCode::kAlreadyExists) {
+    // A retried bind: the pod is bound already. Fine when it is bound where we reserved.
+    auto current = client_.GetPod(ns, name);
+    if (current.ok() && kube::NodeName(*current) == args.node) bound = absl::OkStatus();
+  }
+  if (!bound.ok()) return fail(fmt::format("bind {}: {}", key, std::string(bound.message())));
+  return finish("");
+}
+
+Extender::ExpiryResult Extender::ExpireReservations() {
+  ExpiryResult out;
+  if (!Gate().empty()) return out;
+  const absl::Time now = clock_.Now();
+  const absl::Time deadline = now - options_.reservation_ttl;
+  const int64_t cutoff = absl::ToUnixSeconds(deadline);
+  const std::string ttl = absl::FormatDuration(options_.reservation_ttl);
+  for (const std::string& key : state_.UnrealizedBefore(deadline)) {
+    const size_t slash = key.find('/');
+    const std::string ns = key.substr(0, slash);
+    const std::string name = key.substr(slash + 1);
+    auto pod = client_.GetPod(ns, name);
+    if (!pod.ok()) {
+      if (pod.status().code() == absl::StatusCode::kNotFound) {
+        state_.Forget(key);
+        if (metrics_ != nullptr) metrics_->CountExpiry("forgotten");
+        out.released.push_back(key);
+      } else {
+        out.errors.push_back(fmt::format("{}: {}", key, std::string(pod.status().message())));
+      }
+      continue;
+    }
+    const std::string allocations = AnnotationOr(*pod, protocol::kMigAllocationsAnnotation);
+    if (allocations.empty()) {
+      // Our assumption never reached the pod.
+      state_.Forget(key);
+      if (metrics_ != nullptr) metrics_->CountExpiry("forgotten");
+      out.released.push_back(key);
+      continue;
+    }
+    const std::string time_text = AnnotationOr(*pod, protocol::kVgpuTimeAnnotation);
+    const int64_t reserved_at = std::atoll(time_text.c_str());
+    if (reserved_at >= cutoff) {
+      out.kept.push_back(key);  // reserved again since our cache saw it
+      continue;
+    }
+    const std::string phase = AnnotationOr(*pod, protocol::kBindPhaseAnnotation);
+    if (kube::NodeName(*pod).empty()) {
+      const int64_t bind_time =
+          std::atoll(AnnotationOr(*pod, protocol::kBindTimeAnnotation).c_str());
+      if (phase == protocol::kBindPhaseAllocating && bind_time >= cutoff) {
+        out.kept.push_back(key);  // a bind is in progress
+        continue;
+      }
+      const std::string node = AnnotationOr(*pod, protocol::kVgpuNodeAnnotation);
+      if (absl::Status st = ClearReservation(*pod); !st.ok()) {
+        out.errors.push_back(fmt::format("{}: {}", key, std::string(st.message())));
+        continue;
+      }
+      if (metrics_ != nullptr) metrics_->CountExpiry("released");
+      Event(*pod, "Warning", "MigReservationExpired",
+            fmt::format("released the MIG reservation on node {}: the pod was not bound within "
+                        "the reservation TTL ({})",
+                        node, ttl));
+      out.released.push_back(key);
+      continue;
+    }
+    if (phase == protocol::kBindPhaseFailed) {
+      state_.ReleaseUnrealized(key);
+      if (metrics_ != nullptr) metrics_->CountExpiry("bind-failed");
+      Event(*pod, "Warning", "MigReservationReleased",
+            fmt::format("released the unrealized MIG reservations on node {}: the device plugin "
+                        "reported hami.io/bind-phase=failed",
+                        kube::NodeName(*pod)));
+      out.released.push_back(key);
+      continue;
+    }
+    out.kept.push_back(key);
+    spdlog::warn(
+        "pod {} is bound to {} with an unrealized MIG reservation older than {} "
+        "(bind-phase \"{}\"): kept until the device plugin finishes or the pod ends",
+        key, kube::NodeName(*pod), ttl, phase);
+  }
+  return out;
+}
+
+}  // namespace dynmig::scheduler

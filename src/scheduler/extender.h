@@ -1,0 +1,102 @@
+// Extender: the decisions behind the scheduler extender's HTTP verbs, over a KubeClient and the
+// ClusterState that informers keep current. No HTTP here (server.h serves it).
+//
+// Filter: a pod that is not a MIG pod passes (every candidate returned). A pod that already holds
+// a reservation gets its reserved node back (idempotent retries). Otherwise the pod's request is
+// parsed (errors name the container and resource), ClusterState::PlanAndReserve picks node, GPU,
+// profile and placement and records the reservation at once, and the reservation is written to
+// the pod (hami.io/vgpu-node, -time, -devices-to-allocate, -devices-allocated,
+// -mig-allocations, and the hami.io/vgpu-node label) with a merge patch that carries the pod's
+// resourceVersion. On a conflict the pod is read again: our reservation already there is success;
+// another reservation, a binding or a new uid is an error; a change of anything else is retried on
+// the new version. Any failure forgets the reservation and answers Error, so kube-scheduler
+// retries the pod.
+//
+// Bind: takes the node lock (node_lock.h), marks the pod hami.io/bind-phase=allocating with
+// hami.io/bind-time, POSTs the Binding; any failure releases the lock and marks bind-phase=failed.
+//
+// Expiry (ExpireReservations, run periodically by the leader): reservations that the device plugin
+// has not realized (no runtime identity) reservation_ttl after hami.io/vgpu-time are released:
+//   - unbound pods: the reservation annotations and label are removed (merge patch with the pod's
+//     resourceVersion) and the assumption is forgotten; kube-scheduler schedules the pod again;
+//   - reservations that never reached the pod (assumption only, or the pod is gone): forgotten;
+//   - bound pods with hami.io/bind-phase=failed: the device plugin created nothing for the
+//     unrealized entries, so they stop counting (ClusterState::ReleaseUnrealized); realized
+//     entries count until the pod terminates;
+//   - bound pods still allocating (or without a bind-phase): kept; the device plugin may be
+//     creating the instance right now, and releasing could hand out a live placement.
+//
+// Thread-safe: filters and binds for different pods run concurrently.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "kube/kube_client.h"
+#include "protocol/pod_request.h"
+#include "scheduler/cluster_state.h"
+#include "scheduler/events.h"
+#include "scheduler/extender_api.h"
+#include "scheduler/metrics.h"
+#include "scheduler/node_lock.h"
+
+namespace dynmig::scheduler {
+
+struct ExtenderOptions {
+  protocol::ResourceNames resources;
+  absl::Duration reservation_ttl = absl::Minutes(10);
+  NodeLockOptions node_lock;
+  int patch_attempts = 3;  // reservation writes retried after unrelated changes of the pod
+};
+
+// The annotation keys a reservation consists of (cleared together on release).
+std::vector<std::string> ReservationAnnotationKeys();
+
+class Extender {
+ public:
+  // `events` and `metrics` may be null.
+  Extender(kube::KubeClient& client, ClusterState& state, const Clock& clock, EventRecorder* events,
+           SchedulerMetrics* metrics, ExtenderOptions options);
+
+  // Returns "" when this replica may write, else the Error every filter and bind answers (not
+  // the leader, caches not synced). REQUIRES: set before serving.
+  void SetGate(std::function<std::string()> gate) { gate_ = std::move(gate); }
+
+  // The HTTP bodies: request JSON in, response JSON out; errors are in the "Error" field.
+  std::string HandleFilter(std::string_view body);
+  std::string HandleBind(std::string_view body);
+
+  ExtenderFilterResult Filter(const ExtenderArgs& args);
+  // "" when bound, else the error.
+  std::string Bind(const ExtenderBindingArgs& args);
+
+  struct ExpiryResult {
+    std::vector<std::string> released;  // pod keys whose reservation was released
+    std::vector<std::string> kept;      // expired but kept (bound, allocation in progress)
+    std::vector<std::string> errors;    // "ns/name: message"
+  };
+  // One expiry pass (see above). Does nothing when the gate is closed.
+  ExpiryResult ExpireReservations();
+
+ private:
+  std::string Gate() const { return gate_ ? gate_() : ""; }
+  absl::Status WriteReservation(const kube::Object& pod, const Reservation& r, absl::Time now);
+  absl::Status ClearReservation(const kube::Object& pod);
+  void Event(const kube::Object& pod, std::string_view type, std::string_view reason,
+             std::string message);
+
+  kube::KubeClient& client_;
+  ClusterState& state_;
+  const Clock& clock_;
+  EventRecorder* events_;
+  SchedulerMetrics* metrics_;
+  const ExtenderOptions options_;
+  std::function<std::string()> gate_;
+};
+
+}  // namespace dynmig::scheduler

@@ -1,0 +1,245 @@
+#include "scheduler/extender_api.h"
+
+#include <cctype>
+
+#include "fmt/format.h"
+
+namespace dynmig::scheduler {
+namespace {
+
+using nlohmann::json;
+
+bool EqualFold(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(a[i])) !=
+        std::tolower(static_cast<unsigned char>(b[i]))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+absl::StatusOr<json> ParseBody(std::string_view body, std::string_view what) {
+  json doc = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) {
+    return absl::InvalidArgumentError(fmt::format("{}: the request body is not valid JSON", what));
+  }
+  if (!doc.is_object()) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: the request body must be a JSON object", what));
+  }
+  return doc;
+}
+
+absl::StatusOr<std::string> StringField(const json& doc, std::string_view key,
+                                        std::string_view what, bool required) {
+  const json* v = FieldCaseInsensitive(doc, key);
+  if (v == nullptr || v->is_null()) {
+    if (required) return absl::InvalidArgumentError(fmt::format("{}: {} is missing", what, key));
+    return std::string();
+  }
+  if (!v->is_string()) {
+    return absl::InvalidArgumentError(fmt::format("{}: {} must be a string", what, key));
+  }
+  std::string s = v->get<std::string>();
+  if (required && s.empty()) {
+    return absl::InvalidArgumentError(fmt::format("{}: {} is empty", what, key));
+  }
+  return s;
+}
+
+std::string NodeItemName(const json& item) {
+  if (!item.is_object()) return "";
+  const auto meta = item.find("metadata");
+  if (meta == item.end() || !meta->is_object()) return "";
+  const auto name = meta->find("name");
+  return (name != meta->end() && name->is_string()) ? name->get<std::string>() : "";
+}
+
+}  // namespace
+
+const json* FieldCaseInsensitive(const json& obj, std::string_view key) {
+  if (!obj.is_object()) return nullptr;
+  auto exact = obj.find(std::string(key));
+  if (exact != obj.end()) return &*exact;
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    if (EqualFold(it.key(), key)) return &it.value();
+  }
+  return nullptr;
+}
+
+absl::StatusOr<ExtenderArgs> ParseExtenderArgs(std::string_view body) {
+  constexpr std::string_view kWhat = "ExtenderArgs";
+  auto doc = ParseBody(body, kWhat);
+  if (!doc.ok()) return doc.status();
+  ExtenderArgs args;
+  // The parsed document is ours: move its parts out instead of copying them.
+  json* pod = const_cast<json*>(FieldCaseInsensitive(*doc, "Pod"));
+  if (pod == nullptr || pod->is_null()) {
+    return absl::InvalidArgumentError("ExtenderArgs: Pod is missing");
+  }
+  if (!pod->is_object()) return absl::InvalidArgumentError("ExtenderArgs: Pod must be an object");
+  args.pod = std::move(*pod);
+  json* names = const_cast<json*>(FieldCaseInsensitive(*doc, "NodeNames"));
+  if (names != nullptr && !names->is_null()) {
+    if (!names->is_array()) {
+      return absl::InvalidArgumentError("ExtenderArgs: NodeNames must be a list of node names");
+    }
+    args.node_names.reserve(names->size());
+    for (size_t i = 0; i < names->size(); ++i) {
+      json& name = (*names)[i];
+      if (!name.is_string()) {
+        return absl::InvalidArgumentError(
+            fmt::format("ExtenderArgs: NodeNames[{}] must be a string", i));
+      }
+      args.node_names.push_back(std::move(name.get_ref<std::string&>()));
+    }
+    return args;
+  }
+  json* nodes = const_cast<json*>(FieldCaseInsensitive(*doc, "Nodes"));
+  if (nodes != nullptr && !nodes->is_null()) {
+    const json* items = FieldCaseInsensitive(*nodes, "items");
+    if (!nodes->is_object() || (items != nullptr && !items->is_null() && !items->is_array())) {
+      return absl::InvalidArgumentError("ExtenderArgs: Nodes must be a NodeList");
+    }
+    if (items != nullptr && items->is_array()) {
+      for (const auto& item : *items) {
+        std::string name = NodeItemName(item);
+        if (!name.empty()) args.node_names.push_back(std::move(name));
+      }
+    }
+    args.nodes = std::move(*nodes);
+  }
+  return args;
+}
+
+json ToJson(const ExtenderFilterResult& result) {
+  json out = json::object();
+  if (result.nodes.has_value()) {
+    json list = *result.nodes;
+    json items = json::array();
+    const json* sent = FieldCaseInsensitive(*result.nodes, "items");
+    if (sent != nullptr && sent->is_array()) {
+      for (const auto& item : *sent) {
+        const std::string name = NodeItemName(item);
+        for (const auto& keep : result.node_names) {
+          if (keep == name) {
+            items.push_back(item);
+            break;
+          }
+        }
+      }
+    }
+    list["items"] = std::move(items);
+    out["Nodes"] = std::move(list);
+    out["NodeNames"] = nullptr;
+  } else {
+    out["Nodes"] = nullptr;
+    out["NodeNames"] = result.node_names;
+  }
+  out["FailedNodes"] = result.failed_nodes;
+  out["FailedAndUnresolvableNodes"] = result.failed_and_unresolvable_nodes;
+  out["Error"] = result.error;
+  return out;
+}
+
+absl::StatusOr<ExtenderBindingArgs> ParseExtenderBindingArgs(std::string_view body) {
+  constexpr std::string_view kWhat = "ExtenderBindingArgs";
+  auto doc = ParseBody(body, kWhat);
+  if (!doc.ok()) return doc.status();
+  ExtenderBindingArgs args;
+  auto name = StringField(*doc, "PodName", kWhat, true);
+  if (!name.ok()) return name.status();
+  auto ns = StringField(*doc, "PodNamespace", kWhat, true);
+  if (!ns.ok()) return ns.status();
+  auto uid = StringField(*doc, "PodUID", kWhat, false);
+  if (!uid.ok()) return uid.status();
+  auto node = StringField(*doc, "Node", kWhat, true);
+  if (!node.ok()) return node.status();
+  args.pod_name = std::move(*name);
+  args.pod_namespace = std::move(*ns);
+  args.pod_uid = std::move(*uid);
+  args.node = std::move(*node);
+  return args;
+}
+
+namespace {
+
+void AppendQuoted(std::string& out, std::string_view s) {
+  out += '"';
+  for (const char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
+        } else {
+          out += c;
+        }
+    }
+  }
+  out += '"';
+}
+
+void AppendMap(std::string& out, const std::map<std::string, std::string>& map) {
+  out += '{';
+  bool first = true;
+  for (const auto& [k, v] : map) {
+    if (!first) out += ',';
+    first = false;
+    AppendQuoted(out, k);
+    out += ':';
+    AppendQuoted(out, v);
+  }
+  out += '}';
+}
+
+}  // namespace
+
+std::string ToJsonText(const ExtenderFilterResult& result) {
+  if (result.nodes.has_value()) return ToJson(result).dump();
+  size_t size = 128 + result.error.size();
+  for (const auto& n : result.node_names) size += n.size() + 3;
+  for (const auto& [k, v] : result.failed_nodes) size += k.size() + v.size() + 6;
+  for (const auto& [k, v] : result.failed_and_unresolvable_nodes) size += k.size() + v.size() + 6;
+  std::string out;
+  out.reserve(size);
+  out += "{\"Error\":";
+  AppendQuoted(out, result.error);
+  out += ",\"FailedAndUnresolvableNodes\":";
+  AppendMap(out, result.failed_and_unresolvable_nodes);
+  out += ",\"FailedNodes\":";
+  AppendMap(out, result.failed_nodes);
+  out += ",\"NodeNames\":[";
+  for (size_t i = 0; i < result.node_names.size(); ++i) {
+    if (i > 0) out += ',';
+    AppendQuoted(out, result.node_names[i]);
+  }
+  out += "],\"Nodes\":null}";
+  return out;
+}
+
+json ErrorResult(std::string_view error) { return json{{"Error", std::string(error)}}; }
+
+}  // namespace dynmig::scheduler

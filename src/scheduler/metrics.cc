@@ -1,0 +1,157 @@
+#include "scheduler/metrics.h"
+
+#include <map>
+#include <sstream>
+
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/histogram.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
+
+namespace dynmig::scheduler {
+namespace {
+
+const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
+  return *buckets;
+}
+
+prometheus::ClientMetric Gauge(double value,
+                               std::vector<std::pair<std::string, std::string>> labels) {
+  prometheus::ClientMetric m;
+  m.gauge.value = value;
+  for (auto& [k, v] : labels) m.label.push_back({std::move(k), std::move(v)});
+  return m;
+}
+
+prometheus::MetricFamily GaugeFamily(std::string name, std::string help) {
+  prometheus::MetricFamily f;
+  f.name = std::move(name);
+  f.help = std::move(help);
+  f.type = prometheus::MetricType::Gauge;
+  return f;
+}
+
+}  // namespace
+
+SchedulerMetrics::SchedulerMetrics() : registry_(std::make_shared<prometheus::Registry>()) {
+  filter_total_ = &prometheus::BuildCounter()
+                       .Name("dynmig_scheduler_filter_total")
+                       .Help("Filter calls by outcome")
+                       .Register(*registry_);
+  expiries_total_ = &prometheus::BuildCounter()
+                         .Name("dynmig_scheduler_reservation_expiries_total")
+                         .Help("Reservations released after the reservation TTL, by action")
+                         .Register(*registry_);
+  bind_total_ = &prometheus::BuildCounter()
+                     .Name("dynmig_scheduler_bind_total")
+                     .Help("Bind calls by outcome")
+                     .Register(*registry_);
+  reservations_total_ = &prometheus::BuildCounter()
+                             .Name("dynmig_scheduler_reservations_total")
+                             .Help("MIG reservations made (written to the pod)")
+                             .Register(*registry_)
+                             .Add({});
+  filter_latency_ = &prometheus::BuildHistogram()
+                         .Name("dynmig_scheduler_filter_duration_seconds")
+                         .Help("Time to answer a filter call")
+                         .Register(*registry_)
+                         .Add({}, LatencyBuckets());
+  bind_latency_ = &prometheus::BuildHistogram()
+                       .Name("dynmig_scheduler_bind_duration_seconds")
+                       .Help("Time to answer a bind call")
+                       .Register(*registry_)
+                       .Add({}, LatencyBuckets());
+  for (const char* o : {"reserved", "already-reserved", "pending", "passthrough", "error"}) {
+    filter_total_->Add({{"outcome", o}});
+  }
+  for (const char* o : {"bound", "error"}) bind_total_->Add({{"outcome", o}});
+  for (const char* a : {"released", "forgotten", "bind-failed"}) {
+    expiries_total_->Add({{"action", a}});
+  }
+}
+
+SchedulerMetrics::~SchedulerMetrics() = default;
+
+void SchedulerMetrics::ObserveFilter(std::string_view outcome, absl::Duration latency) {
+  filter_total_->Add({{"outcome", std::string(outcome)}}).Increment();
+  if (outcome == "reserved") reservations_total_->Increment();
+  filter_latency_->Observe(absl::ToDoubleSeconds(latency));
+}
+
+void SchedulerMetrics::ObserveBind(bool ok, absl::Duration latency) {
+  bind_total_->Add({{"outcome", ok ? "bound" : "error"}}).Increment();
+  bind_latency_->Observe(absl::ToDoubleSeconds(latency));
+}
+
+void SchedulerMetrics::CountExpiry(std::string_view action) {
+  expiries_total_->Add({{"action", std::string(action)}}).Increment();
+}
+
+std::string SchedulerMetrics::Render(const std::vector<NodeReport>& nodes, bool leader) const {
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  auto info = GaugeFamily("hami_node_gpu_mig_instance_info",
+                          "A MIG instance realized for a pod's reservation (always 1)");
+  auto fail_closed =
+      GaugeFamily("dynmig_scheduler_gpu_fail_closed",
+                  "A GPU kept out of scheduling (always 1); the reason label says why");
+  auto node_unhealthy =
+      GaugeFamily("dynmig_scheduler_node_unhealthy", "A node kept out of scheduling (always 1)");
+  auto reserved = GaugeFamily("dynmig_scheduler_reserved_instances",
+                              "Reserved MIG instances by state: assumed (annotation not seen "
+                              "yet), reserved (not created yet), ready (runtime identity known)");
+  std::map<std::string, int64_t> states = {{"assumed", 0}, {"reserved", 0}, {"ready", 0}};
+  for (const auto& node : nodes) {
+    if (!node.healthy) {
+      node_unhealthy.metric.push_back(
+          Gauge(1, {{"node", node.name}, {"reason", node.unhealthy_reason}}));
+    }
+    for (const auto& gpu : node.gpus) {
+      if (!gpu.healthy) {
+        fail_closed.metric.push_back(Gauge(1, {{"node", node.name},
+                                               {"device_uuid", gpu.uuid},
+                                               {"device_index", std::to_string(gpu.index)},
+                                               {"reason", gpu.unhealthy_reason}}));
+      }
+      for (const auto& r : gpu.reservations) {
+        if (r.assumed) {
+          ++states["assumed"];
+        } else if (r.runtime.has_value()) {
+          ++states["ready"];
+        } else {
+          ++states["reserved"];
+        }
+        if (!r.runtime.has_value()) continue;
+        info.metric.push_back(
+            Gauge(1, {{"node", node.name},
+                      {"device_uuid", gpu.uuid},
+                      {"device_index", std::to_string(gpu.index)},
+                      {"mig_uuid", r.runtime->mig_uuid},
+                      {"profile", r.profile},
+                      {"gpu_instance_id", std::to_string(r.runtime->gpu_instance_id)},
+                      {"compute_instance_id", std::to_string(r.runtime->compute_instance_id)},
+                      {"placement_start", std::to_string(r.placement.start)},
+                      {"placement_size", std::to_string(r.placement.size)}}));
+      }
+    }
+  }
+  for (const auto& [state, count] : states) {
+    reserved.metric.push_back(Gauge(static_cast<double>(count), {{"state", state}}));
+  }
+  auto leader_family = GaugeFamily("dynmig_scheduler_leader",
+                                   "1 when this replica holds the leader lease (or runs alone)");
+  leader_family.metric.push_back(Gauge(leader ? 1 : 0, {}));
+  families.push_back(std::move(info));
+  families.push_back(std::move(fail_closed));
+  families.push_back(std::move(node_unhealthy));
+  families.push_back(std::move(reserved));
+  families.push_back(std::move(leader_family));
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, families);
+  return out.str();
+}
+
+}  // namespace dynmig::scheduler

@@ -1,0 +1,321 @@
+#include "scheduler/server.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
+#include <chrono>
+
+#include "fmt/format.h"
+#include "kube/object.h"
+#include "spdlog/spdlog.h"
+
+namespace dynmig::scheduler {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+constexpr const char* kJson = "application/json";
+
+// The pod name in a lease holder identity "<pod name>_<suffix>" ("" when it has no suffix).
+std::string PodOfIdentity(const std::string& identity) {
+  const size_t underscore = identity.rfind('_');
+  if (underscore == std::string::npos || underscore == 0) return "";
+  return identity.substr(0, underscore);
+}
+
+}  // namespace
+
+SchedulerServer::SchedulerServer(kube::KubeClient& client, const Clock& clock,
+                                 SchedulerServerOptions options)
+    : client_(client), clock_(clock), options_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
+    kube::KubeClient& client, const Clock& clock, SchedulerServerOptions options) {
+  std::unique_ptr<SchedulerServer> server(new SchedulerServer(client, clock, std::move(options)));
+  absl::Status st = server->Init();
+  if (!st.ok()) {
+    server->Stop();
+    return st;
+  }
+  return server;
+}
+
+absl::Status SchedulerServer::Init() {
+  if (options_.leader_elect && options_.election.identity.empty()) {
+    return absl::InvalidArgumentError("leader election needs an identity");
+  }
+  if (options_.tls_cert_file.empty() != options_.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("TLS needs both a certificate and a key file");
+  }
+  if (!options_.tls_cert_file.empty()) {
+    auto reloader = webhook::CertReloader::Create(options_.tls_cert_file, options_.tls_key_file);
+    if (!reloader.ok()) return reloader.status();
+    cert_reloader_ = std::move(*reloader);
+  }
+  options_.extender.resources = options_.state.resources;
+  options_.admission.resources = options_.state.resources;
+  state_ = std::make_unique<ClusterState>(options_.state);
+  metrics_ = std::make_unique<SchedulerMetrics>();
+  events_ = std::make_unique<EventRecorder>(client_, clock_, options_.events);
+  extender_ = std::make_unique<Extender>(client_, *state_, clock_, events_.get(), metrics_.get(),
+                                         options_.extender);
+  extender_->SetGate([this] { return WriteGate(); });
+  admission_ = std::make_unique<webhook::AdmissionHandler>(options_.admission);
+
+  kube::InformerOptions pod_options = options_.informer;
+  // Terminated pods hold nothing: leaving the selector delivers them as deleted.
+  pod_options.filter = {};
+  pod_options.filter.field_selector = "status.phase!=Succeeded,status.phase!=Failed";
+  pods_ = std::make_unique<kube::Informer>(client_, kube::Resource::kPods, pod_options);
+  pods_->AddHandlers({
+      .on_add = [this](const kube::Object& pod) { state_->UpsertPod(pod); },
+      .on_update = [this](const kube::Object&, const kube::Object& pod) { state_->UpsertPod(pod); },
+      .on_delete =
+          [this](const kube::Object& pod) {
+            state_->RemovePod(kube::Namespace(pod), kube::Name(pod));
+          },
+  });
+  kube::InformerOptions node_options = options_.informer;
+  node_options.filter = {};
+  nodes_ = std::make_unique<kube::Informer>(client_, kube::Resource::kNodes, node_options);
+  nodes_->AddHandlers({
+      .on_add = [this](const kube::Object& node) { state_->UpsertNode(node); },
+      .on_update = [this](const kube::Object&,
+                          const kube::Object& node) { state_->UpsertNode(node); },
+      .on_delete = [this](const kube::Object& node) { state_->RemoveNode(kube::Name(node)); },
+  });
+  pods_->Start();
+  nodes_->Start();
+
+  if (options_.leader_elect) {
+    elector_ = std::make_unique<LeaderElector>(client_, clock_, options_.election);
+    elector_->OnChange(
+        [this](bool leading, const std::string& previous) { OnLeadership(leading, previous); });
+    if (options_.run_election_loop) elector_->Start();
+  }
+  if (absl::Status st = Listen(); !st.ok()) return st;
+
+  if (options_.expiry_interval > absl::ZeroDuration()) {
+    expiry_thread_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(loop_mu_);
+      while (!stopped_) {
+        loop_cv_.wait_for(lock, absl::ToChronoNanoseconds(options_.expiry_interval),
+                          [this] { return stopped_; });
+        if (stopped_) break;
+        lock.unlock();
+        auto result = extender_->ExpireReservations();
+        for (const auto& e : result.errors) spdlog::warn("reservation expiry: {}", e);
+        lock.lock();
+      }
+    });
+  }
+  return absl::OkStatus();
+}
+
+void SchedulerServer::OnLeadership(bool leading, const std::string& previous_holder) {
+  if (options_.pod_name.empty() || options_.pod_namespace.empty()) return;
+  auto label = [&](const std::string& pod, std::string_view role) {
+    kube::MetadataPatch patch;
+    patch.labels[std::string(kRoleLabel)] = std::string(role);
+    auto st = client_.PatchPodMetadata(options_.pod_namespace, pod, patch);
+    if (!st.ok() && st.status().code() != absl::StatusCode::kNotFound) {
+      spdlog::warn("cannot label pod {}/{} {}={}: {}", options_.pod_namespace, pod, kRoleLabel,
+                   role, std::string(st.status().message()));
+    }
+  };
+  label(options_.pod_name, leading ? "leader" : "follower");
+  if (leading) {
+    const std::string previous = PodOfIdentity(previous_holder);
+    if (!previous.empty() && previous != options_.pod_name) label(previous, "follower");
+  }
+}
+
+absl::Status SchedulerServer::Listen() {
+  if (cert_reloader_ != nullptr) {
+    webhook::CertReloader* reloader = cert_reloader_.get();
+    auto ssl = std::make_unique<httplib::SSLServer>(
+        [reloader](SSL_CTX& ctx) { return reloader->Install(ctx); });
+    if (!ssl->is_valid()) return absl::InternalError("cannot create the TLS context");
+    http_ = std::move(ssl);
+  } else {
+    http_ = std::make_unique<httplib::Server>();
+  }
+  const int threads = std::max(2, options_.threads);
+  http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  http_->set_payload_max_length(options_.max_body_bytes);
+  http_->set_keep_alive_max_count(100000);
+  http_->set_keep_alive_timeout(5);
+  http_->set_read_timeout(30, 0);
+  http_->set_write_timeout(30, 0);
+  http_->set_tcp_nodelay(true);
+
+  http_->Post("/filter", [this](const httplib::Request& req, httplib::Response& res) {
+    res.set_content(extender_->HandleFilter(req.body), kJson);
+  });
+  http_->Post("/bind", [this](const httplib::Request& req, httplib::Response& res) {
+    res.set_content(extender_->HandleBind(req.body), kJson);
+  });
+  http_->Post("/webhook", [this](const httplib::Request& req, httplib::Response& res) {
+    res.set_content(admission_->Review(req.body), kJson);
+  });
+  // The same checks without the mutation, for a ValidatingWebhookConfiguration.
+  http_->Post("/validate", [this](const httplib::Request& req, httplib::Response& res) {
+    res.set_content(admission_->Review(req.body, /*mutate=*/false), kJson);
+  });
+  http_->Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("ok\n", "text/plain");
+  });
+  http_->Get("/readyz", [this](const httplib::Request&, httplib::Response& res) {
+    if (Ready()) {
+      res.set_content("ok\n", "text/plain");
+    } else {
+      res.status = 503;
+      res.set_content("not ready: the pod and node caches have not synced yet\n", "text/plain");
+    }
+  });
+  http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(MetricsText(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  const size_t limit = options_.max_body_bytes;
+  http_->set_error_handler(httplib::Server::HandlerWithResponse([limit](const httplib::Request& req,
+                                                                        httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    std::string message;
+    if (res.status == 413) {
+      message =
+          fmt::format("request body too large: the limit is {} bytes ({} MiB)", limit, limit >> 20);
+    } else if (res.status == 404) {
+      message = fmt::format("no such endpoint: {} {}", req.method, req.path);
+    } else {
+      message = fmt::format("HTTP {}", res.status);
+    }
+    if (req.path == "/webhook" || req.path == "/validate") {
+      res.set_content(nlohmann::json{{"apiVersion", "admission.k8s.io/v1"},
+                                     {"kind", "AdmissionReview"},
+                                     {"response",
+                                      {{"uid", ""},
+                                       {"allowed", false},
+                                       {"status", {{"code", res.status}, {"message", message}}}}}}
+                          .dump(),
+                      kJson);
+    } else {
+      res.set_content(ErrorResult(message).dump(), kJson);
+    }
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+
+  if (options_.port == 0) {
+    port_ = http_->bind_to_any_port(options_.host);
+    if (port_ <= 0) return absl::UnavailableError(fmt::format("cannot bind {}:0", options_.host));
+  } else {
+    if (!http_->bind_to_port(options_.host, options_.port)) {
+      return absl::UnavailableError(
+          fmt::format("cannot bind {}:{} (in use?)", options_.host, options_.port));
+    }
+    port_ = options_.port;
+  }
+  listener_ = std::thread([this] { http_->listen_after_bind(); });
+  const auto deadline = SteadyClock::now() + std::chrono::seconds(10);
+  while (!http_->is_running() && SteadyClock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!http_->is_running()) {
+    return absl::UnavailableError(fmt::format("the server on port {} did not start", port_));
+  }
+  spdlog::info("dynmig scheduler listening on {}", url());
+  return absl::OkStatus();
+}
+
+std::string SchedulerServer::url() const {
+  return fmt::format("{}://{}:{}", cert_reloader_ != nullptr ? "https" : "http", options_.host,
+                     port_);
+}
+
+bool SchedulerServer::Ready() const {
+  return pods_ != nullptr && nodes_ != nullptr && pods_->HasSynced() && nodes_->HasSynced();
+}
+
+bool SchedulerServer::WaitUntilReady(absl::Duration timeout) const {
+  const absl::Time deadline = absl::Now() + timeout;
+  if (pods_ == nullptr || nodes_ == nullptr) return false;
+  return pods_->WaitForSync(timeout) &&
+         nodes_->WaitForSync(std::max(absl::ZeroDuration(), deadline - absl::Now()));
+}
+
+std::string SchedulerServer::WriteGate() const {
+  if (!Ready()) {
+    return "dynmig-scheduler is not ready: its pod and node caches have not synced yet; retry";
+  }
+  if (elector_ != nullptr && !elector_->IsLeader()) {
+    const std::string holder = elector_->holder();
+    return fmt::format(
+        "this dynmig-scheduler replica ({}) is not the leader (lease {}/{} held by {}); only the "
+        "leader reserves and binds",
+        options_.election.identity, options_.election.lease_namespace, options_.election.lease_name,
+        holder.empty() ? "nobody yet" : "\"" + holder + "\"");
+  }
+  return "";
+}
+
+std::string SchedulerServer::MetricsText() const {
+  return metrics_->Render(state_->Report(clock_.Now()),
+                          elector_ == nullptr || elector_->IsLeader());
+}
+
+SchedulerServer::~SchedulerServer() { Stop(); }
+
+void SchedulerServer::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(loop_mu_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  loop_cv_.notify_all();
+  if (expiry_thread_.joinable()) expiry_thread_.join();
+  if (elector_ != nullptr) elector_->Stop();
+  if (http_ != nullptr) {
+    http_->stop();
+    ShutdownAcceptedSockets();
+  }
+  if (listener_.joinable()) listener_.join();
+  if (pods_ != nullptr) pods_->Stop();
+  if (nodes_ != nullptr) nodes_->Stop();
+}
+
+// httplib 0.11 keeps idle keep-alive connections open until their timeout even after stop();
+// shut down the sockets accepted on our port so Stop() returns at once.
+void SchedulerServer::ShutdownAcceptedSockets() {
+  if (port_ <= 0) return;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return;
+  while (dirent* entry = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || fd == dirfd(dir)) continue;
+    struct stat st;
+    if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &len) != 0) {
+      continue;
+    }
+    int local_port = -1;
+    if (local.ss_family == AF_INET) {
+      local_port = ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port);
+    } else if (local.ss_family == AF_INET6) {
+      local_port = ntohs(reinterpret_cast<sockaddr_in6*>(&local)->sin6_port);
+    }
+    if (local_port != port_) continue;
+    sockaddr_storage peer{};
+    len = sizeof(peer);
+    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &len) != 0) continue;
+    shutdown(static_cast<int>(fd), SHUT_RDWR);
+  }
+  closedir(dir);
+}
+
+}  // namespace dynmig::scheduler

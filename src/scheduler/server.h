@@ -1,0 +1,141 @@
+// SchedulerServer: `dynmig scheduler` in-process. One HTTP(S) server (cpp-httplib) serving
+//   POST /filter   kube-scheduler extender filter (ExtenderArgs -> ExtenderFilterResult)
+//   POST /bind     kube-scheduler extender bind (ExtenderBindingArgs -> ExtenderBindingResult)
+//   POST /webhook  admission webhook (AdmissionReview v1, mutating and validating)
+//   POST /validate the same checks, never a patch (for a ValidatingWebhookConfiguration)
+//   GET  /healthz  200 "ok" while the process serves
+//   GET  /readyz   200 once the pod and node informers have synced, else 503
+//   GET  /metrics  Prometheus text (metrics.h)
+// over list+watch informers (pods that have not terminated, nodes) that feed a ClusterState.
+// Errors travel in the protocols' error fields with HTTP 200; request bodies above
+// max_body_bytes get HTTP 413 with an error body. TLS from a certificate and key that are
+// re-read when the files change (webhook/cert_reloader.h).
+//
+// With leader election, only the leader writes: a follower answers filter and bind with an Error
+// saying it is not the leader, and does not expire reservations. The leader labels its own pod
+// (pod_namespace/pod_name) dynmig.io/role=leader and the previous holder's pod
+// dynmig.io/role=follower, so a Service selecting dynmig.io/role=leader routes kube-scheduler to
+// it; a replica that stops leading labels itself follower.
+//
+// A later GET /layout can render ClusterState::Report (state()) without other changes.
+// Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "kube/informer.h"
+#include "kube/kube_client.h"
+#include "scheduler/cluster_state.h"
+#include "scheduler/events.h"
+#include "scheduler/extender.h"
+#include "scheduler/leader_election.h"
+#include "scheduler/metrics.h"
+#include "webhook/admission.h"
+#include "webhook/cert_reloader.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace dynmig::scheduler {
+
+inline constexpr std::string_view kRoleLabel = "dynmig.io/role";
+
+struct SchedulerServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;  // 0 = a free port (see port())
+  // HTTPS when both are set.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  ClusterStateOptions state;
+  ExtenderOptions extender;
+  webhook::AdmissionOptions admission;
+  EventRecorderOptions events;
+  // Leader election on a Lease; off = this replica always leads.
+  bool leader_elect = false;
+  LeaderElectionOptions election;
+  bool run_election_loop = true;  // false: tests call elector()->TryAcquireOrRenew()
+  // This replica's pod, labelled with its role (POD_NAMESPACE / POD_NAME); empty = no labels.
+  std::string pod_namespace;
+  std::string pod_name;
+  // How often the leader expires reservations; zero = never by itself (tests call
+  // ExpireReservations()).
+  absl::Duration expiry_interval = absl::Seconds(30);
+  size_t max_body_bytes = size_t{16} << 20;
+  int threads = 16;
+  kube::InformerOptions informer;  // filters are set by the server
+};
+
+class SchedulerServer {
+ public:
+  // Starts the informers, the election and the HTTP server. Errors: kInvalidArgument for unusable
+  // TLS files or options, kUnavailable when the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<SchedulerServer>> Start(kube::KubeClient& client,
+                                                                const Clock& clock,
+                                                                SchedulerServerOptions options);
+  ~SchedulerServer();  // Stop()
+  SchedulerServer(const SchedulerServer&) = delete;
+  SchedulerServer& operator=(const SchedulerServer&) = delete;
+
+  // Stops serving, the loops and the informers; a leader hands its lease back. Idempotent.
+  void Stop();
+
+  int port() const { return port_; }
+  std::string url() const;  // "http(s)://HOST:PORT"
+
+  bool Ready() const;  // informers synced
+  bool WaitUntilReady(absl::Duration timeout) const;
+  // Whether this replica may write now (leader, or no election) — "" when yes, else why not.
+  std::string WriteGate() const;
+
+  ClusterState& state() { return *state_; }
+  Extender& extender() { return *extender_; }
+  EventRecorder& events() { return *events_; }
+  SchedulerMetrics& metrics() { return *metrics_; }
+  LeaderElector* elector() { return elector_.get(); }  // null without leader election
+  webhook::CertReloader* cert_reloader() { return cert_reloader_.get(); }
+  const SchedulerServerOptions& options() const { return options_; }
+
+  std::string MetricsText() const;
+  Extender::ExpiryResult ExpireReservations() { return extender_->ExpireReservations(); }
+
+ private:
+  SchedulerServer(kube::KubeClient& client, const Clock& clock, SchedulerServerOptions options);
+  absl::Status Init();
+  absl::Status Listen();
+  void OnLeadership(bool leading, const std::string& previous_holder);
+  void ShutdownAcceptedSockets();
+
+  kube::KubeClient& client_;
+  const Clock& clock_;
+  SchedulerServerOptions options_;
+
+  std::unique_ptr<ClusterState> state_;
+  std::unique_ptr<SchedulerMetrics> metrics_;
+  std::unique_ptr<EventRecorder> events_;
+  std::unique_ptr<Extender> extender_;
+  std::unique_ptr<webhook::AdmissionHandler> admission_;
+  std::unique_ptr<webhook::CertReloader> cert_reloader_;
+  std::unique_ptr<kube::Informer> pods_;
+  std::unique_ptr<kube::Informer> nodes_;
+  std::unique_ptr<LeaderElector> elector_;
+
+  std::unique_ptr<httplib::Server> http_;
+  std::thread listener_;
+  int port_ = 0;
+
+  std::mutex loop_mu_;
+  std::condition_variable loop_cv_;
+  bool stopped_ = false;
+  std::thread expiry_thread_;
+};
+
+}  // namespace dynmig::scheduler

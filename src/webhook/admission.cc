@@ -1,0 +1,222 @@
+#include "webhook/admission.h"
+
+#include <algorithm>
+
+#include "absl/strings/escaping.h"
+#include "fmt/format.h"
+#include "fmt/ranges.h"
+#include "mig/preference.h"
+#include "protocol/annotations.h"
+
+namespace dynmig::webhook {
+namespace {
+
+using nlohmann::json;
+
+std::string SliceClass(std::string_view profile) {
+  const size_t dot = profile.find('.');
+  if (dot == std::string_view::npos || dot == 0) return std::string(profile);
+  return std::string(profile.substr(0, dot));
+}
+
+const json* Member(const json& obj, std::string_view key) {
+  if (!obj.is_object()) return nullptr;
+  auto it = obj.find(std::string(key));
+  return it == obj.end() || it->is_null() ? nullptr : &*it;
+}
+
+std::string StringMember(const json& obj, std::string_view key) {
+  const json* v = Member(obj, key);
+  return v != nullptr && v->is_string() ? v->get<std::string>() : "";
+}
+
+// The annotation value, or nullopt when absent (a non-string value reads as its JSON text).
+std::optional<std::string> PodAnnotation(const json& pod, std::string_view key) {
+  const json* meta = Member(pod, "metadata");
+  if (meta == nullptr) return std::nullopt;
+  const json* ann = Member(*meta, "annotations");
+  if (ann == nullptr) return std::nullopt;
+  const json* v = Member(*ann, key);
+  if (v == nullptr) return std::nullopt;
+  return v->is_string() ? v->get<std::string>() : v->dump();
+}
+
+void Deny(json& response, int code, std::string_view reason, std::string message) {
+  response["allowed"] = false;
+  response["status"] = {{"code", code},
+                        {"status", "Failure"},
+                        {"reason", std::string(reason)},
+                        {"message", std::move(message)}};
+}
+
+}  // namespace
+
+std::vector<std::string> PreferenceChoices(const mig::Allowlist& allowlist) {
+  std::vector<std::string> out = allowlist.AllProfileNames();
+  std::vector<std::string> classes;
+  for (const auto& name : out) {
+    std::string c = SliceClass(name);
+    if (std::find(classes.begin(), classes.end(), c) == classes.end()) {
+      classes.push_back(std::move(c));
+    }
+  }
+  for (auto& c : classes) {
+    if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(std::move(c));
+  }
+  return out;
+}
+
+absl::Status ValidatePreference(std::string_view value, const mig::Allowlist& allowlist) {
+  const std::string key(protocol::kMigProfilePreferenceAnnotation);
+  const mig::Preference preference = mig::ParsePreference(value);
+  if (preference.empty()) {
+    return absl::InvalidArgumentError(fmt::format("{}: \"{}\" lists no profile; valid choices: {}",
+                                                  key, std::string(value),
+                                                  fmt::join(PreferenceChoices(allowlist), ", ")));
+  }
+  for (const auto& entry : preference.entries) {
+    if (!allowlist.KnowsPreferenceEntry(entry)) {
+      return absl::InvalidArgumentError(fmt::format(
+          "{}: \"{}\" matches no profile of the MIG profile allowlist (exact profile names or "
+          "slice classes); valid choices: {}",
+          key, entry, fmt::join(PreferenceChoices(allowlist), ", ")));
+    }
+  }
+  return absl::OkStatus();
+}
+
+AdmissionHandler::AdmissionHandler(AdmissionOptions options) : options_(std::move(options)) {}
+
+std::string AdmissionHandler::Review(std::string_view body, bool mutate) const {
+  json review = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (review.is_discarded()) {
+    json response = {{"uid", ""}};
+    Deny(response, 400, "BadRequest", "AdmissionReview: the request body is not valid JSON");
+    return json{
+        {"apiVersion", "admission.k8s.io/v1"}, {"kind", "AdmissionReview"}, {"response", response}}
+        .dump();
+  }
+  return ReviewJson(review, mutate).dump();
+}
+
+json AdmissionHandler::ReviewJson(const json& review, bool mutate) const {
+  std::string api_version = "admission.k8s.io/v1";
+  json response = {{"uid", ""}, {"allowed", true}};
+  auto answer = [&]() {
+    return json{{"apiVersion", api_version}, {"kind", "AdmissionReview"}, {"response", response}};
+  };
+  if (!review.is_object()) {
+    Deny(response, 400, "BadRequest", "AdmissionReview: the body must be a JSON object");
+    return answer();
+  }
+  const std::string sent_version = StringMember(review, "apiVersion");
+  if (sent_version == "admission.k8s.io/v1beta1") api_version = sent_version;
+  if (StringMember(review, "kind") != "AdmissionReview" ||
+      (sent_version != "admission.k8s.io/v1" && sent_version != "admission.k8s.io/v1beta1")) {
+    Deny(response, 400, "BadRequest",
+         fmt::format("expected an admission.k8s.io/v1 AdmissionReview, got kind \"{}\" "
+                     "apiVersion \"{}\"",
+                     StringMember(review, "kind"), sent_version));
+    return answer();
+  }
+  const json* request = Member(review, "request");
+  if (request == nullptr || !request->is_object()) {
+    Deny(response, 400, "BadRequest", "AdmissionReview: request is missing");
+    return answer();
+  }
+  response["uid"] = StringMember(*request, "uid");
+  if (StringMember(*request, "uid").empty()) {
+    Deny(response, 400, "BadRequest", "AdmissionReview: request.uid is missing");
+    return answer();
+  }
+  const json* kind = Member(*request, "kind");
+  const bool pod = kind != nullptr && StringMember(*kind, "kind") == "Pod" &&
+                   StringMember(*kind, "group").empty();
+  const std::string sub = StringMember(*request, "subResource");
+  if (pod && sub.empty()) ReviewPod(*request, mutate, response);
+  return answer();
+}
+
+void AdmissionHandler::ReviewPod(const json& request, bool mutate, json& response) const {
+  const std::string operation = StringMember(request, "operation");
+  if (operation != "CREATE" && operation != "UPDATE") return;
+  const json* object = Member(request, "object");
+  if (object == nullptr || !object->is_object()) {
+    Deny(response, 400, "BadRequest", fmt::format("{} of a pod without request.object", operation));
+    return;
+  }
+  const json empty = json::object();
+  const json* old_object = Member(request, "oldObject");
+  if (old_object == nullptr) old_object = &empty;
+  const json* user = Member(request, "userInfo");
+  const std::string username = user != nullptr ? StringMember(*user, "username") : "";
+  std::string ns = StringMember(request, "namespace");
+  std::string name = StringMember(request, "name");
+  if (name.empty()) {
+    if (const json* meta = Member(*object, "metadata"); meta != nullptr) {
+      name = StringMember(*meta, "name");
+      if (name.empty()) name = StringMember(*meta, "generateName") + "*";
+    }
+  }
+  const std::string pod = fmt::format("pod {}/{}", ns.empty() ? "default" : ns, name);
+
+  // The reservation contract is written only by the system's own service accounts.
+  const std::string allocations_key(protocol::kMigAllocationsAnnotation);
+  const auto allocations = PodAnnotation(*object, allocations_key);
+  const bool writes_allocations = operation == "CREATE"
+                                      ? allocations.has_value()
+                                      : allocations != PodAnnotation(*old_object, allocations_key);
+  if (writes_allocations &&
+      std::find(options_.annotation_writers.begin(), options_.annotation_writers.end(), username) ==
+          options_.annotation_writers.end()) {
+    Deny(response, 403, "Forbidden",
+         fmt::format("{}: {} is written only by the dynmig scheduler and device plugin ({}); "
+                     "user \"{}\" may not {} it",
+                     pod, allocations_key, fmt::join(options_.annotation_writers, ", "), username,
+                     operation == "CREATE" ? "set" : "change or remove"));
+    return;
+  }
+
+  // The preference must name allowlisted profiles (typos are caught when the pod is created).
+  const std::string preference_key(protocol::kMigProfilePreferenceAnnotation);
+  const auto preference = PodAnnotation(*object, preference_key);
+  if (preference.has_value() &&
+      (operation == "CREATE" || preference != PodAnnotation(*old_object, preference_key))) {
+    if (absl::Status st = ValidatePreference(*preference, options_.allowlist); !st.ok()) {
+      Deny(response, 400, "Invalid", fmt::format("{}: {}", pod, std::string(st.message())));
+      return;
+    }
+  }
+  if (operation != "CREATE") return;
+  if (!protocol::RequestsGpuResources(*object, options_.resources)) return;
+
+  std::vector<std::string> warnings;
+  auto parsed = protocol::ParsePodRequest(*object, options_.resources, &warnings);
+  if (!parsed.ok()) {
+    Deny(response, 400, "Invalid",
+         fmt::format("{}: {}", pod, std::string(parsed.status().message())));
+    return;
+  }
+  const json* spec = Member(*object, "spec");
+  const std::string node_name = spec != nullptr ? StringMember(*spec, "nodeName") : "";
+  if (!node_name.empty() && protocol::IsMigPod(*object, options_.resources)) {
+    Deny(response, 400, "Invalid",
+         fmt::format("{}: spec.nodeName is set ({}): MIG pods must be placed by {}, which "
+                     "reserves their slices",
+                     pod, node_name, options_.scheduler_name));
+    return;
+  }
+  if (!warnings.empty()) response["warnings"] = warnings;
+  const std::string current = spec != nullptr ? StringMember(*spec, "schedulerName") : "";
+  if (!mutate || current == options_.scheduler_name) return;
+  json patch = json::array();
+  patch.push_back(
+      {{"op", current.empty() && (spec == nullptr || !spec->contains("schedulerName")) ? "add"
+                                                                                       : "replace"},
+       {"path", "/spec/schedulerName"},
+       {"value", options_.scheduler_name}});
+  response["patchType"] = "JSONPatch";
+  response["patch"] = absl::Base64Escape(patch.dump());
+}
+
+}  // namespace dynmig::webhook

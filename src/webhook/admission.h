@@ -1,0 +1,74 @@
+// The admission webhook (admission.k8s.io/v1 AdmissionReview, one endpoint, mutating and
+// validating in one answer) for pods:
+//   - mutating: a pod that requests the managed resources (protocol::RequestsGpuResources) gets
+//     spec.schedulerName = the dynmig scheduler (a base64 JSONPatch), on CREATE only (the field
+//     is immutable afterwards);
+//   - validating, on CREATE: the pod's request must parse (protocol::ParsePodRequest's error, which
+//     names the container and resource, is the rejection), a MIG pod may not set spec.nodeName
+//     (it would bypass the reservation and make the node's GPUs fail closed);
+//   - validating, on CREATE and on UPDATE when the value changed: every entry of
+//     nvidia.com/mig-profile-preference must name a profile (exact name or slice class) of some
+//     allowlist entry; the message names the bad entry and lists the valid choices;
+//   - only the system's own service accounts may create or change hami.io/vgpu-mig-allocations
+//     (CREATE with the annotation present; UPDATE where its value differs from oldObject,
+//     removal included): it is the durable reservation contract.
+// Other resources and operations are allowed unchanged. Pure; thread-safe (const after
+// construction).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "mig/allowlist.h"
+#include "nlohmann/json.hpp"
+#include "protocol/pod_request.h"
+
+namespace dynmig::webhook {
+
+inline constexpr std::string_view kDefaultAnnotationWriters =
+    "system:serviceaccount:dynmig-system:dynmig-scheduler,"
+    "system:serviceaccount:dynmig-system:dynmig-device-plugin";
+
+struct AdmissionOptions {
+  std::string scheduler_name = "dynmig-scheduler";
+  mig::Allowlist allowlist;
+  protocol::ResourceNames resources;
+  // Usernames (userInfo.username) allowed to write hami.io/vgpu-mig-allocations.
+  std::vector<std::string> annotation_writers = {
+      "system:serviceaccount:dynmig-system:dynmig-scheduler",
+      "system:serviceaccount:dynmig-system:dynmig-device-plugin"};
+};
+
+// The valid values of nvidia.com/mig-profile-preference entries: every profile name of the
+// allowlist, then every slice class ("1g", "4g", ...), in first-seen order.
+std::vector<std::string> PreferenceChoices(const mig::Allowlist& allowlist);
+
+// OK when every entry of the annotation value names a profile of some allowlist entry.
+// kInvalidArgument naming the first bad entry and listing the valid choices, or saying that the
+// value is empty.
+absl::Status ValidatePreference(std::string_view value, const mig::Allowlist& allowlist);
+
+class AdmissionHandler {
+ public:
+  explicit AdmissionHandler(AdmissionOptions options);
+
+  // The AdmissionReview answer for a request body: same apiVersion as the request (v1, or
+  // v1beta1), the request's uid, allowed, and a patch or a status. A body that is not an
+  // AdmissionReview is answered with allowed=false and status code 400 naming the problem.
+  // `mutate` false answers as a validating webhook: the same checks, never a patch (the API
+  // server refuses a patch from a validating webhook).
+  std::string Review(std::string_view body, bool mutate = true) const;
+  nlohmann::json ReviewJson(const nlohmann::json& review, bool mutate = true) const;
+
+  const AdmissionOptions& options() const { return options_; }
+
+ private:
+  // Fills response.allowed/status/patch for a pod request.
+  void ReviewPod(const nlohmann::json& request, bool mutate, nlohmann::json& response) const;
+
+  AdmissionOptions options_;
+};
+
+}  // namespace dynmig::webhook

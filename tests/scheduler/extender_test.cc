@@ -1,0 +1,218 @@
+// Unit-level tests: the extender wire types, the node lock, and the reservation write's conflict
+// handling (an Extender over a ClusterState fed by hand, so no watch interferes).
+#include "scheduler/extender.h"
+
+#include <gmock/gmock.h>
+
+#include <atomic>
+#include <thread>
+
+#include "scheduler/extender_api.h"
+#include "scheduler/node_lock.h"
+#include "scheduler_test_util.h"
+
+namespace dynmig::scheduler::testing {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+TEST(ExtenderApiTest, ParsesPascalCaseAndAnyCaseLikeGo) {
+  auto args =
+      ParseExtenderArgs(R"({"Pod":{"metadata":{"name":"p"}},"Nodes":null,"NodeNames":["a","b"]})");
+  ASSERT_TRUE(args.ok()) << args.status();
+  EXPECT_EQ(kube::Name(args->pod), "p");
+  EXPECT_THAT(args->Candidates(), ElementsAre("a", "b"));
+  EXPECT_FALSE(args->nodes.has_value());
+  args = ParseExtenderArgs(R"({"pod":{"metadata":{"name":"p"}},"nodenames":["c"]})");
+  ASSERT_TRUE(args.ok()) << args.status();
+  EXPECT_THAT(args->Candidates(), ElementsAre("c"));
+  args = ParseExtenderArgs(
+      R"({"Pod":{},"Nodes":{"metadata":{},"items":[{"metadata":{"name":"x"}},{"metadata":{"name":"y"}}]},"NodeNames":null})");
+  ASSERT_TRUE(args.ok()) << args.status();
+  EXPECT_THAT(args->Candidates(), ElementsAre("x", "y"));
+  ASSERT_TRUE(args->nodes.has_value());
+}
+
+TEST(ExtenderApiTest, MalformedArgsAreNamed) {
+  EXPECT_EQ(ParseExtenderArgs("{oops").status().message(),
+            "ExtenderArgs: the request body is not valid JSON");
+  EXPECT_EQ(ParseExtenderArgs("[]").status().message(),
+            "ExtenderArgs: the request body must be a JSON object");
+  EXPECT_EQ(ParseExtenderArgs(R"({"NodeNames":["a"]})").status().message(),
+            "ExtenderArgs: Pod is missing");
+  EXPECT_EQ(ParseExtenderArgs(R"({"Pod":{},"NodeNames":"a"})").status().message(),
+            "ExtenderArgs: NodeNames must be a list of node names");
+  EXPECT_EQ(ParseExtenderArgs(R"({"Pod":{},"NodeNames":["a",1]})").status().message(),
+            "ExtenderArgs: NodeNames[1] must be a string");
+  EXPECT_EQ(ParseExtenderBindingArgs(R"({"PodName":"p","PodNamespace":"d"})").status().message(),
+            "ExtenderBindingArgs: Node is missing");
+  auto bind =
+      ParseExtenderBindingArgs(R"({"PodName":"p","PodNamespace":"d","PodUID":"u","Node":"n"})");
+  ASSERT_TRUE(bind.ok());
+  EXPECT_EQ(bind->pod_uid, "u");
+}
+
+TEST(ExtenderApiTest, FilterResultUsesTheGoFieldNames) {
+  ExtenderFilterResult r;
+  r.node_names = {"a"};
+  r.failed_nodes = {{"b", "capacity-exhausted"}};
+  EXPECT_EQ(
+      ToJson(r).dump(),
+      R"({"Error":"","FailedAndUnresolvableNodes":{},"FailedNodes":{"b":"capacity-exhausted"},"NodeNames":["a"],"Nodes":null})");
+  EXPECT_EQ(ErrorResult("boom").dump(), R"({"Error":"boom"})");
+  EXPECT_EQ(ToJsonText(r), ToJson(r).dump());
+  // The direct writer escapes as nlohmann does.
+  r.error = "a \"quoted\" \\ path\n\ttab \x01 \u00fcn";
+  r.failed_nodes["c\"d"] = "x\ry";
+  r.failed_and_unresolvable_nodes["e"] = "f";
+  EXPECT_EQ(ToJsonText(r), ToJson(r).dump());
+  r.node_names.clear();
+  EXPECT_EQ(ToJsonText(r), ToJson(r).dump());
+}
+
+TEST(NodeLockValueTest, FormatsAndParsesHamisForms) {
+  const absl::Time t = absl::FromUnixSeconds(1'800'000'000);
+  EXPECT_EQ(FormatNodeLock({t, "ns", "pod"}), "2027-01-15T08:00:00Z,ns,pod");
+  auto v = ParseNodeLock("2027-01-15T08:00:00Z,ns,pod");
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v->time, t);
+  EXPECT_EQ(v->pod, "pod");
+  v = ParseNodeLock("2027-01-15T08:00:00+02:00");  // HAMi's older time-only form
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v->pod, "");
+  EXPECT_THAT(std::string(ParseNodeLock("yesterday,ns,pod").status().message()),
+              HasSubstr("does not start with an RFC 3339 time"));
+  EXPECT_THAT(std::string(ParseNodeLock("2027-01-15T08:00:00Z,ns").status().message()),
+              HasSubstr("is not <time>,<namespace>,<pod>"));
+}
+
+class NodeLockTest : public SchedulerTest {
+ protected:
+  void SetUp() override {
+    SchedulerTest::SetUp();
+    CreateNode(kube::testing::MakeNode("node-a"));
+  }
+  std::optional<std::string> Lock() {
+    auto node = client_->GetNode("node-a");
+    EXPECT_TRUE(node.ok());
+    return kube::Annotation(*node, protocol::kNodeLockAnnotation);
+  }
+};
+
+TEST_F(NodeLockTest, OnePodAtATimeStaleLocksAreTakenOver) {
+  const absl::Time t0 = clock_.Now();
+  ASSERT_TRUE(AcquireNodeLock(*client_, "node-a", "default", "p1", t0).ok());
+  EXPECT_EQ(Lock(), FormatNodeLock({t0, "default", "p1"}));
+  // The holder may take it again (a retried bind); another pod may not.
+  EXPECT_TRUE(AcquireNodeLock(*client_, "node-a", "default", "p1", t0).ok());
+  absl::Status other = AcquireNodeLock(*client_, "node-a", "default", "p2", t0 + absl::Minutes(4));
+  EXPECT_EQ(other.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(other.message()),
+              HasSubstr("node node-a is locked by default/p1 since 2027-01-15T08:00:00Z"));
+  // Releasing someone else's lock leaves it.
+  EXPECT_TRUE(ReleaseNodeLock(*client_, "node-a", "default", "p2").ok());
+  EXPECT_TRUE(Lock().has_value());
+  // Five minutes later the lock is stale and is taken over.
+  ASSERT_TRUE(AcquireNodeLock(*client_, "node-a", "default", "p2", t0 + absl::Minutes(5)).ok());
+  EXPECT_EQ(Lock(), FormatNodeLock({t0 + absl::Minutes(5), "default", "p2"}));
+  ASSERT_TRUE(ReleaseNodeLock(*client_, "node-a", "default", "p2").ok());
+  EXPECT_FALSE(Lock().has_value());
+  // An unreadable lock is taken over too.
+  ASSERT_TRUE(client_->PatchNodeAnnotations("node-a", {{"hami.io/mutex.lock", "garbage"}}).ok());
+  EXPECT_TRUE(AcquireNodeLock(*client_, "node-a", "default", "p3", t0).ok());
+  EXPECT_EQ(AcquireNodeLock(*client_, "node-x", "default", "p3", t0).code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(NodeLockTest, RacingBindsGetTheLockOnce) {
+  std::atomic<int> won{0}, refused{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] {
+      absl::Status st =
+          AcquireNodeLock(*client_, "node-a", "default", fmt::format("p{}", i), clock_.Now());
+      (st.ok() ? won : refused)++;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(won.load(), 1);
+  EXPECT_EQ(refused.load(), 7);
+}
+
+// The reservation write against a ClusterState that no watch updates: the conflicts are ours to
+// see.
+class ReservationWriteTest : public SchedulerTest {
+ protected:
+  void SetUp() override {
+    SchedulerTest::SetUp();
+    state_ = std::make_unique<ClusterState>(ClusterStateOptions{TestAllowlist(), {}});
+    state_->UpsertNode(MigNode("node-a", {"GPU-a0"}));
+    extender_ =
+        std::make_unique<Extender>(*client_, *state_, clock_, nullptr, nullptr, ExtenderOptions{});
+  }
+  ExtenderFilterResult Filter(const kube::Object& pod) {
+    ExtenderArgs args;
+    args.pod = pod;
+    args.node_names = {"node-a"};
+    return extender_->Filter(args);
+  }
+  std::unique_ptr<ClusterState> state_;
+  std::unique_ptr<Extender> extender_;
+};
+
+TEST_F(ReservationWriteTest, UnrelatedChangesAreRetriedOnTheNewVersion) {
+  const kube::Object pod = CreatePod(MigPod("p", 4000));
+  kube::MetadataPatch label;
+  label.labels["team"] = "a";
+  ASSERT_TRUE(client_->PatchPodMetadata("default", "p", label).ok());
+  auto r = Filter(pod);  // carries the old resourceVersion
+  ASSERT_EQ(r.error, "");
+  EXPECT_THAT(r.node_names, ElementsAre("node-a"));
+  EXPECT_EQ(AllocationsOf("p").size(), 1u);
+  EXPECT_EQ(kube::Label(GetPod("p"), "team"), "a");
+}
+
+TEST_F(ReservationWriteTest, AnotherReservationARecreatedOrMissingPodAreRefusedAndForgotten) {
+  const kube::Object q = CreatePod(MigPod("q", 4000));
+  ASSERT_TRUE(
+      client_
+          ->PatchPodAnnotations("default", "q",
+                                {{"hami.io/vgpu-node", "node-z"},
+                                 {"hami.io/vgpu-mig-allocations", Alloc("GPU-z0", "1g.5gb", 0, 1)}})
+          .ok());
+  auto r = Filter(q);
+  EXPECT_EQ(r.error,
+            "pod default/q: the reservation (1g.5gb at slices 0 of GPU-a0 on node-a) could not be "
+            "written: the pod was changed concurrently: it now holds another reservation, on node "
+            "node-z");
+  EXPECT_TRUE(r.node_names.empty());
+  EXPECT_FALSE(state_->ReservedNode("default/q").has_value());
+
+  const kube::Object old = CreatePod(MigPod("r", 4000));
+  ASSERT_TRUE(client_->DeletePod("default", "r").ok());
+  CreatePod(MigPod("r", 4000));
+  r = Filter(old);
+  EXPECT_THAT(r.error, HasSubstr("the pod was recreated"));
+  EXPECT_FALSE(state_->ReservedNode("default/r").has_value());
+
+  kube::Object ghost = MigPod("ghost", 4000);
+  ghost["metadata"]["resourceVersion"] = "12";
+  r = Filter(ghost);
+  EXPECT_THAT(r.error, HasSubstr("could not be written"));
+  EXPECT_THAT(r.error, HasSubstr("NotFound"));
+  EXPECT_FALSE(state_->ReservedNode("default/ghost").has_value());
+  // Everything was forgotten: the whole GPU is free again.
+  EXPECT_EQ(state_->View("node-a", clock_.Now())->gpus[0].usage.occupied, 0u);
+}
+
+TEST_F(ReservationWriteTest, ClosedGateAnswersTheReason) {
+  extender_->SetGate([] { return std::string("not the leader"); });
+  auto r = Filter(CreatePod(MigPod("p", 4000)));
+  EXPECT_EQ(r.error, "not the leader");
+  EXPECT_EQ(extender_->Bind({"p", "default", "", "node-a"}), "not the leader");
+  EXPECT_TRUE(extender_->ExpireReservations().released.empty());
+}
+
+}  // namespace
+}  // namespace dynmig::scheduler::testing

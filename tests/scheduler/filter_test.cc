@@ -1,0 +1,326 @@
+// /filter over HTTP against the in-memory API server: the spec's scheduling checks (the profile
+// covers the memory, no overlap with any active reservation, Pending with a reason when
+// exhausted, the preference honored and never blocking), pass-through, idempotent retries,
+// fail-closed cases and concurrent filters.
+#include <gmock/gmock.h>
+
+#include <set>
+#include <thread>
+
+#include "scheduler_test_util.h"
+
+namespace dynmig::scheduler::testing {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+TEST_F(SchedulerTest, FilterReservesAProfileThatCoversTheMemoryAndWritesTheAnnotations) {
+  CreateNode(MigNode("node-a", {"GPU-a0"}));
+  CreateNode(kube::testing::MakeNode("node-cpu"));
+  SchedulerServer* s = StartScheduler();
+  WaitForNodes(s, {"node-a"});
+  const kube::Object pod = CreatePod(MigPod("p", 8000));
+
+  HttpResult r = Filter(s, pod, {"node-a", "node-cpu"});
+  ASSERT_EQ(r.status, 200) << r.text;
+  EXPECT_EQ(r.body["Error"], "");
+  EXPECT_THAT(r.body["NodeNames"], ElementsAre("node-a"));
+  EXPECT_THAT(r.body["FailedNodes"]["node-cpu"].get<std::string>(), HasSubstr("no-mig-gpu"));
+
+  const kube::Object stored = GetPod("p");
+  const auto ann = kube::Annotations(stored);
+  EXPECT_EQ(ann.at("hami.io/vgpu-node"), "node-a");
+  EXPECT_EQ(kube::Label(stored, "hami.io/vgpu-node"), "node-a");
+  EXPECT_EQ(ann.at("hami.io/vgpu-time"), std::to_string(absl::ToUnixSeconds(clock_.Now())));
+  // 8000 MiB: 1g.5gb (4864 MiB) is too small, 2g.10gb (9856 MiB) covers it.
+  auto allocs = AllocationsOf("p");
+  ASSERT_EQ(allocs.size(), 1u);
+  EXPECT_EQ(allocs[0].profile, "2g.10gb");
+  EXPECT_EQ(allocs[0].gpu_uuid, "GPU-a0");
+  EXPECT_FALSE(allocs[0].runtime.has_value());
+  EXPECT_EQ(ann.at("hami.io/vgpu-devices-to-allocate"), ann.at("hami.io/vgpu-devices-allocated"));
+  EXPECT_EQ(ann.at("hami.io/vgpu-devices-allocated"), "GPU-a0,NVIDIA A100-SXM4-40GB,9856,29:;");
+
+  const auto events = EventMessages("p", "MigReserved");
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0], fmt::format("reserved 2g.10gb at slices {} of GPU-a0 on node-a",
+                                   allocs[0].placement.ToString()));
+  EXPECT_THAT(s->MetricsText(), HasSubstr("dynmig_scheduler_reservations_total 1"));
+}
+
+TEST_F(SchedulerTest, ReservationsNeverOverlapAndExhaustionLeavesThePodPendingWithAReason) {
+  CreateNode(MigNode("node-a", {"GPU-a0"}));
+  // A running pod holds 3g.20gb at slices 4-7.
+  kube::Object running = MigPod("running", 19000,
+                                {{"hami.io/vgpu-mig-allocations", Alloc("GPU-a0", "3g.20gb", 4, 4)},
+                                 {"hami.io/vgpu-node", "node-a"}});
+  running["spec"]["nodeName"] = "node-a";
+  CreatePod(running);
+  SchedulerServer* s = StartScheduler();
+  WaitForNodes(s, {"node-a"});
+  WaitForReservationSeen(s, "default/running");
+
+  // 1g, 2g and 1g fit into slices 0-3 around the running 3g, never overlapping it or each other.
+  std::vector<mig::Placement> taken = {{4, 4}};
+  for (auto [name, mem] : {std::pair{"small-1", 4000}, {"mid", 9000}, {"small-2", 4000}}) {
+    HttpResult r = Filter(s, CreatePod(MigPod(name, mem)), {"node-a"});
+    ASSERT_EQ(r.body["Error"], "") << r.text;
+    ASSERT_THAT(r.body["NodeNames"], ElementsAre("node-a")) << r.text;
+    auto allocs = AllocationsOf(name);
+    ASSERT_EQ(allocs.size(), 1u);
+    for (const auto& t : taken) {
+      EXPECT_FALSE(allocs[0].placement.Overlaps(t))
+          << name << " at " << allocs[0].placement.ToString() << " overlaps " << t.ToString();
+    }
+    taken.push_back(allocs[0].placement);
+  }
+  // The GPU is full: Pending, with the reason per node, and an event.
+  const kube::Object late = CreatePod(MigPod("late", 4000));
+  HttpResult r = Filter(s, late, {"node-a"});
+  EXPECT_EQ(r.body["Error"], "");
+  EXPECT_THAT(r.body["NodeNames"], IsEmpty());
+  EXPECT_THAT(r.body["FailedNodes"]["node-a"].get<std::string>(), HasSubstr("capacity-exhausted"));
+  EXPECT_FALSE(kube::Annotation(GetPod("late"), "hami.io/vgpu-mig-allocations").has_value());
+  const auto pending = EventMessages("late", "MigPending");
+  ASSERT_EQ(pending.size(), 1u);
+  EXPECT_THAT(pending[0], HasSubstr("pending: no candidate node fits (best verdict: "
+                                    "capacity-exhausted); node-a: capacity-exhausted"));
+  // Deleting a small pod frees its slice for the pending one (placement reuse).
+  ASSERT_TRUE(client_->DeletePod("default", "small-1").ok());
+  EXPECT_TRUE(kube::testing::Eventually(
+      [&] { return Filter(s, late, {"node-a"}).body["NodeNames"] == json::array({"node-a"}); }));
+}
+
+TEST_F(SchedulerTest, SeveralOneGInstancesAndMixedProfilesShareOneGpuWithoutOverlap) {
+  CreateNode(MigNode("node-a", {"GPU-a0"}));
+  SchedulerServer* s = StartScheduler();
+  WaitForNodes(s, {"node-a"});
+  // One pod, two containers: 2 x 1g and 1 x 3g (mixed), then 2 more single 1g pods.
+  const kube::Object mixed =
+      CreatePod(MigPod("mixed", std::vector<Ctr>{{"a", 2, 4000}, {"b", 1, 19000}}));
+  HttpResult r = Filter(s, mixed, {"node-a"});
+  ASSERT_EQ(r.body["Error"], "") << r.text;
+  auto allocs = AllocationsOf("mixed");
+  ASSERT_EQ(allocs.size(), 3u);
+  std::vector<mig::Placement> taken;
+  for (const auto& a : allocs) taken.push_back(a.placement);
+  for (const char* name : {"one", "two"}) {
+    ASSERT_EQ(Filter(s, CreatePod(MigPod(name, 4000)), {"node-a"}).body["Error"], "");
+    for (const auto& a : AllocationsOf(name)) {
+      EXPECT_EQ(a.profile, "1g.5gb");
+      taken.push_back(a.placement);
+    }
+  }
+  std::set<std::string> profiles;
+  for (const auto& a : allocs) profiles.insert(a.profile);
+  EXPECT_EQ(profiles, (std::set<std::string>{"1g.5gb", "3g.20gb"}));
+  for (size_t i = 0; i < taken.size(); ++i) {
+    for (size_t j = i + 1; j < taken.size(); ++j) {
+      EXPECT_FALSE(taken[i].Overlaps(taken[j]))
+          << taken[i].ToString() << " " << taken[j].ToString();
+    }
+  }
+}
+
+TEST_F(SchedulerTest, PreferenceIsHonoredAndNeverBlocks) {
+  CreateNode(MigNode("node-a", {"GPU-a0"}));
+  CreateNode(MigNode("node-b", {"GPU-b0"}));
+  CreateNode(MigNode("node-c", {"GPU-c0"}));
+  SchedulerServer* s = StartScheduler();
+  WaitForNodes(s, {"node-a", "node-b", "node-c"});
+  const json pref4g = {{"nvidia.com/mig-profile-preference", "4g"}};
+  // Without a preference 19000 MiB resolves to 3g.20gb (same memory as 4g.20gb, fewer slices).
+  ASSERT_EQ(Filter(s, CreatePod(MigPod("plain", 19000)), {"node-b"}).body["Error"], "");
+  EXPECT_EQ(AllocationsOf("plain")[0].profile, "3g.20gb");
+  // With "4g" on an empty GPU: 4g.20gb at 0-3.
+  HttpResult r = Filter(s, CreatePod(MigPod("prefers", 19000, pref4g)), {"node-c"});
+  ASSERT_EQ(r.body["Error"], "") << r.text;
+  EXPECT_EQ(AllocationsOf("prefers")[0].profile, "4g.20gb");
+  EXPECT_EQ(AllocationsOf("prefers")[0].placement, (mig::Placement{0, 4}));
+  // A 1g at slice 0 blocks 4g.20gb's only placement: the default order wins, no rejection.
+  ASSERT_EQ(Filter(s, CreatePod(MigPod("small", 4000)), {"node-a"}).body["Error"], "");
+  ASSERT_EQ(AllocationsOf("small")[0].placement, (mig::Placement{0, 1}));
+  r = Filter(s, CreatePod(MigPod("fallback", 19000, pref4g)), {"node-a"});
+  ASSERT_EQ(r.body["Error"], "") << r.text;
+  EXPECT_THAT(r.body["NodeNames"], ElementsAre("node-a"));
+  EXPECT_EQ(AllocationsOf("fallback")[0].profile, "3g.20gb");
+  EXPECT_EQ(AllocationsOf("fallback")[0].placement, (mig::Placement{4, 4}));
+  // A preference never picks a profile smaller than the request.
+  r = Filter(s, CreatePod(MigPod("no-shrink", 9000, {{"nvidia.com/mig-profile-preference", "1g"}})),
+             {"node-b"});
+  ASSERT_EQ(r.body["Error"], "") << r.text;
+  EXPECT_EQ(AllocationsOf("no-shrink")[0].profile, "2g.10gb");
+}
+
+TEST_F(SchedulerTest, PodsThatAreNotMigPodsPassThrough) {
+  CreateNode(MigNode("node-a", {"GPU-a0"}));
+  SchedulerServer* s = StartScheduler();
+  WaitForNodes(s, {"node-a"});
+  kube::Object cpu = kube::testing::MakePod("cpu");
+  cpu["spec"]["containers"][0]["resources"] = {{"limits", {{"cpu", "1"}}}};
+  HttpResult r = Filter(s, CreatePod(cpu), {"node-a", "node-x"});
+  EXPECT_THAT(r.body["NodeNames"], ElementsAre("node-a", "node-x"));
+  EXPECT_THAT(r.body["FailedNodes"], IsEmpty());
+  kube::Object core = CreatePod(MigPod("core", 4000, {{"nvidia.com/vgpu-mode", "hami-core"}}));
+  r = Filter(s, core, {"node-a", "node-x"});
+  EXPECT_THAT(r.body["NodeNames"], ElementsAre("node-a", "node-x"));
+  EXPECT_FALSE(kube::Annotation(GetPod("core"), "hami.io/vgpu-mig-allocations").has_value());
+  // The NodeList form (nodeCacheCapable: false) is answered with the passing items.
+  json nodes = {{"metadata", json::object()},
+                {"items", json::array({kube::testing::MakeNode("node-a"),
+                                       kube::testing::MakeNode("node-x")})}};
+  HttpResult listed = Post(
+      s->port(), "/filter",
+      json{{"Pod", CreatePod(MigPod("listed", 4000))}, {"Nodes", nodes}, {"NodeNames", nullptr}}
+          .dump());
+  ASSERT_EQ(listed.body["Error"], "") << listed.text;
+  EXPECT_TRUE(listed.body["NodeNames"].is_null());
+  ASSERT_EQ(listed.body["Nodes"]["items"].size(), 1u);
+  EXPECT_EQ(listed.body["Nodes"]["items"][0]["metadata"]["name"], "node-a");
+  EXPECT_THAT(listed.body["FailedNodes"]["node-x"].get<std::string>(), HasSubstr("no-mig-gpu"));
+}
+
+TEST_F(SchedulerTest, ARetriedFilterGetsTheReservedNodeBackWithoutASecondReservation) {
+  CreateNode(MigNode("node-a", {"GPU-a0"}));
+  CreateNode(MigNode("node-b", {"GPU-b0"}));
+  SchedulerServer* s = StartScheduler();
+  WaitForNodes(s, {"node-a", "node-b"});
+  const kube::Object pod = CreatePod(MigPod("p", 19000));
+  HttpResult first = Filter(s, pod, {"node-a", "node-b"});
+  ASSERT_EQ(first.body["Error"], "") << first.text;
+  const std::string node = first.body["NodeNames"][0];
+  const std::string before = *kube::Annotation(GetPod("p"), "hami.io/vgpu-mig-allocations");
+  // Retried at once with the stale pod, and later with the annotated one: same node, no change.
+  for (const kube::Object& args : {pod, GetPod("p")}) {
+    HttpResult again = Filter(s, args, {"node-a", "node-b"});
+    ASSERT_EQ(again.body["Error"], "") << again.text;
+    EXPECT_THAT(again.body["NodeNames"], ElementsAre(node));
+    EXPECT_EQ(*kube::Annotation(GetPod("p"), "hami.io/vgpu-mig-allocations"), before);
+  }
+  WaitForReservationSeen(s, "default/p");
+  int reservations = 0;
+  for (const auto& n : s->state().Report(clock_.Now())) {
+    for (const auto& g : n.gpus) reservations += static_cast<int>(g.reservations.size());
+  }
+  EXPECT_EQ(reservations, 1);
+  // When its node is no longer a candidate, the unbound pod is planned again elsewhere.
+  const std::string other = node == "node-a" ? "node-b" : "node-a";
+  HttpResult moved = Filter(s, GetPod("p"), {other});
+  ASSERT_EQ(moved.body["Error"], "") << moved.text;
+  EXPECT_THAT(moved.body["NodeNames"], ElementsAre(other));
+  EXPECT_EQ(kube::Annotation(GetPod("p"), "hami.io/vgpu-node"), other);
+}
+
+TEST_F(SchedulerTest, BadRequestsAreErrorsNamingContainerAndResource) {
+  CreateNode(MigNode("node-a", {"GPU-a0"}));
+  SchedulerServer* s = StartScheduler();
+  WaitForNodes(s, {"node-a"});
+  kube::Object pod = MigPod("bad", 0);
+  pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = "8Gi";
+  HttpResult r = Filter(s, CreatePod(pod), {"node-a"});
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body["Error"],
+            "pod default/bad: container \"workload\" (containers[0]): nvidia.com/gpumem: \"8Gi\" "
+            "is not a plain integer");
+  // Too big for any allowlisted profile: pending with the reason, not an error.
+  r = Filter(s, CreatePod(MigPod("huge", 50000)), {"node-a"});
+  EXPECT_EQ(r.body["Error"], "");
+  EXPECT_THAT(r.body["FailedNodes"]["node-a"].get<std::string>(),
+              HasSubstr("no-profile-big-enough"));
+}
+
+TEST_F(SchedulerTest, FailClosedGpusAndNodesAreNeverChosen) {
+  // node-a: a MIG pod runs there without any reservation: its GPUs fail closed.
+  CreateNode(MigNode("node-a", {"GPU-a0", "GPU-a1"}));
+  kube::Object rogue = MigPod("rogue", 4000);
+  rogue["spec"]["nodeName"] = "node-a";
+  CreatePod(rogue);
+  // node-b: its register annotation is unreadable.
+  kube::Object broken = MigNode("node-b", {"GPU-b0"});
+  broken["metadata"]["annotations"]["hami.io/node-nvidia-register"] = "[{not json";
+  CreateNode(broken);
+  // node-c: the device plugin stopped reporting an hour ago.
+  kube::Object stale = MigNode("node-c", {"GPU-c0"});
+  stale["metadata"]["annotations"]["hami.io/node-handshake"] =
+      "Reported_" + kube::Rfc3339(clock_.Now() - absl::Hours(1));
+  CreateNode(stale);
+  // node-d: one GPU holds an unreadable reservation; the other stays usable.
+  CreateNode(MigNode("node-d", {"GPU-d0", "GPU-d1"}));
+  kube::Object garbled =
+      MigPod("garbled", 4000,
+             {{"hami.io/vgpu-mig-allocations", "[{\"containerIndex\":0}]"},
+              {"hami.io/vgpu-devices-allocated", "GPU-d0,NVIDIA A100-SXM4-40GB,4864,15:;"}});
+  garbled["spec"]["nodeName"] = "node-d";
+  CreatePod(garbled);
+  SchedulerServer* s = StartScheduler();
+  WaitForNodes(s, {"node-a", "node-b", "node-c", "node-d"});
+  ASSERT_TRUE(kube::testing::Eventually([&] {
+    auto v = s->state().View("node-d", clock_.Now());
+    return v.has_value() && !v->gpus[0].healthy;
+  }));
+
+  HttpResult r = Filter(s, CreatePod(MigPod("p", 4000)), {"node-a", "node-b", "node-c"});
+  EXPECT_EQ(r.body["Error"], "");
+  EXPECT_THAT(r.body["NodeNames"], IsEmpty());
+  EXPECT_THAT(r.body["FailedNodes"]["node-a"].get<std::string>(),
+              HasSubstr("uses this node's GPUs without a MIG reservation"));
+  EXPECT_THAT(r.body["FailedNodes"]["node-b"].get<std::string>(),
+              HasSubstr("unreadable hami.io/node-nvidia-register"));
+  EXPECT_THAT(r.body["FailedNodes"]["node-c"].get<std::string>(), HasSubstr("stopped reporting"));
+  r = Filter(s, GetPod("p"), {"node-d"});
+  ASSERT_THAT(r.body["NodeNames"], ElementsAre("node-d")) << r.text;
+  EXPECT_EQ(AllocationsOf("p")[0].gpu_uuid, "GPU-d1");
+
+  const std::string metrics = s->MetricsText();
+  EXPECT_THAT(metrics, HasSubstr("dynmig_scheduler_gpu_fail_closed{node=\"node-d\","
+                                 "device_uuid=\"GPU-d0\",device_index=\"0\",reason=\"pod "
+                                 "default/garbled has an unreadable MIG reservation"));
+  EXPECT_THAT(metrics, HasSubstr("dynmig_scheduler_node_unhealthy{node=\"node-b\""));
+}
+
+TEST_F(SchedulerTest, ConcurrentFiltersFromManyThreadsNeverOverlap) {
+  CreateNode(MigNode("node-a", {"GPU-a0", "GPU-a1"}));
+  CreateNode(MigNode("node-b", {"GPU-b0", "GPU-b1"}));
+  SchedulerServer* s = StartScheduler();
+  WaitForNodes(s, {"node-a", "node-b"});
+  // 4 GPUs x 7 1g.5gb instances = 28 places for 36 pods.
+  constexpr int kPods = 36;
+  std::vector<kube::Object> pods;
+  for (int i = 0; i < kPods; ++i) pods.push_back(CreatePod(MigPod(fmt::format("p{}", i), 4000)));
+  std::vector<HttpResult> results(kPods);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = t; i < kPods; i += 8) results[i] = Filter(s, pods[i], {"node-a", "node-b"});
+    });
+  }
+  for (auto& t : threads) t.join();
+  int reserved = 0, pending = 0;
+  std::map<std::string, std::vector<mig::Placement>> by_gpu;
+  for (int i = 0; i < kPods; ++i) {
+    ASSERT_EQ(results[i].status, 200);
+    ASSERT_EQ(results[i].body["Error"], "") << results[i].text;
+    if (results[i].body["NodeNames"].empty()) {
+      ++pending;
+      continue;
+    }
+    ++reserved;
+    for (const auto& a : AllocationsOf(fmt::format("p{}", i)))
+      by_gpu[a.gpu_uuid].push_back(a.placement);
+  }
+  EXPECT_EQ(reserved, 28);
+  EXPECT_EQ(pending, 8);
+  for (const auto& [gpu, placements] : by_gpu) {
+    EXPECT_EQ(placements.size(), 7u) << gpu;
+    for (size_t i = 0; i < placements.size(); ++i) {
+      for (size_t j = i + 1; j < placements.size(); ++j) {
+        EXPECT_FALSE(placements[i].Overlaps(placements[j])) << gpu;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dynmig::scheduler::testing

@@ -1,0 +1,211 @@
+#include "webhook/admission.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/escaping.h"
+#include "protocol/annotations.h"
+
+namespace dynmig::webhook {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+constexpr const char* kScheduler = "system:serviceaccount:dynmig-system:dynmig-scheduler";
+
+mig::Allowlist TestAllowlist() {
+  mig::Allowlist a;
+  a.entries.push_back({{"A100-SXM4-40GB"}, {"1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"}});
+  a.entries.push_back({{"H100 80GB"}, {"1g.10gb", "3g.40gb", "7g.80gb"}});
+  return a;
+}
+
+AdmissionOptions Options() {
+  AdmissionOptions o;
+  o.allowlist = TestAllowlist();
+  o.annotation_writers = {kScheduler, "system:serviceaccount:dynmig-system:dynmig-device-plugin"};
+  return o;
+}
+
+json GpuPod(json limits = {{"nvidia.com/gpu", 1}, {"nvidia.com/gpumem", 8000}},
+            json annotations = json::object()) {
+  return {{"apiVersion", "v1"},
+          {"kind", "Pod"},
+          {"metadata", {{"name", "p"}, {"namespace", "jobs"}, {"annotations", annotations}}},
+          {"spec",
+           {{"containers", json::array({{{"name", "workload"},
+                                         {"image", "ubuntu"},
+                                         {"resources", {{"limits", limits}}}}})}}}};
+}
+
+json Review(json object, std::string operation = "CREATE", json old_object = nullptr,
+            std::string user = "alice") {
+  return {{"apiVersion", "admission.k8s.io/v1"},
+          {"kind", "AdmissionReview"},
+          {"request",
+           {{"uid", "705ab4f5-6393-11e8-b7cc-42010a800002"},
+            {"kind", {{"group", ""}, {"version", "v1"}, {"kind", "Pod"}}},
+            {"resource", {{"group", ""}, {"version", "v1"}, {"resource", "pods"}}},
+            {"namespace", "jobs"},
+            {"name", "p"},
+            {"operation", operation},
+            {"userInfo", {{"username", user}}},
+            {"object", object},
+            {"oldObject", old_object}}}};
+}
+
+json Patch(const json& response) {
+  std::string raw;
+  EXPECT_TRUE(absl::Base64Unescape(response.at("patch").get<std::string>(), &raw));
+  return json::parse(raw);
+}
+
+class AdmissionTest : public ::testing::Test {
+ protected:
+  AdmissionHandler handler_{Options()};
+};
+
+TEST_F(AdmissionTest, GpuPodsGetTheSchedulerNameAsABase64JsonPatch) {
+  json out = handler_.ReviewJson(Review(GpuPod()));
+  EXPECT_EQ(out["apiVersion"], "admission.k8s.io/v1");
+  EXPECT_EQ(out["kind"], "AdmissionReview");
+  const json& r = out["response"];
+  EXPECT_EQ(r["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002");
+  EXPECT_EQ(r["allowed"], true);
+  EXPECT_EQ(r["patchType"], "JSONPatch");
+  EXPECT_EQ(Patch(r), json::parse(R"([{"op":"add","path":"/spec/schedulerName",
+                                       "value":"dynmig-scheduler"}])"));
+  // Another scheduler name is replaced; ours is left alone (no patch at all).
+  json pod = GpuPod();
+  pod["spec"]["schedulerName"] = "default-scheduler";
+  EXPECT_EQ(Patch(handler_.ReviewJson(Review(pod))["response"])[0]["op"], "replace");
+  pod["spec"]["schedulerName"] = "dynmig-scheduler";
+  const json same = handler_.ReviewJson(Review(pod))["response"];
+  EXPECT_EQ(same["allowed"], true);
+  EXPECT_FALSE(same.contains("patch"));
+  EXPECT_FALSE(same.contains("patchType"));
+}
+
+TEST_F(AdmissionTest, AsAValidatingWebhookItNeverPatches) {
+  const json r = handler_.ReviewJson(Review(GpuPod()), /*mutate=*/false)["response"];
+  EXPECT_EQ(r["allowed"], true);
+  EXPECT_FALSE(r.contains("patch"));
+  EXPECT_FALSE(r.contains("patchType"));
+  json bad = GpuPod({{"nvidia.com/gpu", 1}}, {{"nvidia.com/mig-profile-preference", "9g"}});
+  EXPECT_EQ(handler_.ReviewJson(Review(bad), false)["response"]["allowed"], false);
+}
+
+TEST_F(AdmissionTest, PodsWithoutManagedResourcesPassUnchanged) {
+  json pod = GpuPod({{"cpu", "1"}});
+  const json r = handler_.ReviewJson(Review(pod))["response"];
+  EXPECT_EQ(r["allowed"], true);
+  EXPECT_FALSE(r.contains("patch"));
+  // Other kinds and operations too.
+  json review = Review(pod, "DELETE");
+  EXPECT_EQ(handler_.ReviewJson(review)["response"]["allowed"], true);
+  review = Review(pod);
+  review["request"]["kind"]["kind"] = "ConfigMap";
+  EXPECT_EQ(handler_.ReviewJson(review)["response"]["allowed"], true);
+}
+
+TEST_F(AdmissionTest, ATypoInThePreferenceIsRejectedWithTheValidChoices) {
+  json pod = GpuPod({{"nvidia.com/gpu", 1}, {"nvidia.com/gpumem", 20000}},
+                    {{"nvidia.com/mig-profile-preference", "4g, 3g.20gbb"}});
+  const json r = handler_.ReviewJson(Review(pod))["response"];
+  EXPECT_EQ(r["allowed"], false);
+  EXPECT_EQ(r["status"]["code"], 400);
+  const std::string message = r["status"]["message"];
+  EXPECT_THAT(message, HasSubstr("pod jobs/p"));
+  EXPECT_THAT(message, HasSubstr("nvidia.com/mig-profile-preference: \"3g.20gbb\" matches no "
+                                 "profile"));
+  EXPECT_THAT(message, HasSubstr("valid choices: 1g.5gb, 2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb, "
+                                 "1g.10gb, 3g.40gb, 7g.80gb, 1g, 2g, 3g, 4g, 7g"));
+  EXPECT_FALSE(r.contains("patch"));
+  // Exact names and slice classes of any entry (any model) are fine.
+  pod["metadata"]["annotations"]["nvidia.com/mig-profile-preference"] = "4g, 3g.40gb ,7g";
+  EXPECT_EQ(handler_.ReviewJson(Review(pod))["response"]["allowed"], true);
+  // An empty list is not a preference.
+  pod["metadata"]["annotations"]["nvidia.com/mig-profile-preference"] = " , ";
+  EXPECT_THAT(handler_.ReviewJson(Review(pod))["response"]["status"]["message"].get<std::string>(),
+              HasSubstr("lists no profile"));
+}
+
+TEST_F(AdmissionTest, PreferenceIsCheckedOnUpdateOnlyWhenItChanges) {
+  json old_pod = GpuPod({{"nvidia.com/gpu", 1}}, {{"nvidia.com/mig-profile-preference", "5g"}});
+  json new_pod = old_pod;
+  new_pod["metadata"]["labels"] = {{"x", "y"}};
+  // Admitted under an older allowlist: unrelated updates still pass.
+  EXPECT_EQ(handler_.ReviewJson(Review(new_pod, "UPDATE", old_pod))["response"]["allowed"], true);
+  new_pod["metadata"]["annotations"]["nvidia.com/mig-profile-preference"] = "6g";
+  EXPECT_EQ(handler_.ReviewJson(Review(new_pod, "UPDATE", old_pod))["response"]["allowed"], false);
+}
+
+TEST_F(AdmissionTest, BadRequestsAreRejectedNamingContainerAndResource) {
+  json pod = GpuPod({{"nvidia.com/gpu", 1}, {"nvidia.com/gpumem", "8Gi"}});
+  const json r = handler_.ReviewJson(Review(pod))["response"];
+  EXPECT_EQ(r["allowed"], false);
+  EXPECT_THAT(r["status"]["message"].get<std::string>(),
+              HasSubstr("container \"workload\" (containers[0]): nvidia.com/gpumem: \"8Gi\" is "
+                        "not a plain integer"));
+  // A MIG pod placed by hand would bypass the reservation.
+  pod = GpuPod();
+  pod["spec"]["nodeName"] = "node-a";
+  EXPECT_THAT(handler_.ReviewJson(Review(pod))["response"]["status"]["message"].get<std::string>(),
+              HasSubstr("spec.nodeName is set (node-a)"));
+}
+
+TEST_F(AdmissionTest, OnlyTheSystemWritesTheReservationAnnotation) {
+  const std::string key(protocol::kMigAllocationsAnnotation);
+  const std::string value =
+      R"([{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-a","profile":"1g.5gb","placement":{"start":0,"size":1}}])";
+  json pod = GpuPod({{"nvidia.com/gpu", 1}}, {{key, value}});
+  // CREATE with the annotation by a user: rejected.
+  json r = handler_.ReviewJson(Review(pod))["response"];
+  EXPECT_EQ(r["allowed"], false);
+  EXPECT_EQ(r["status"]["code"], 403);
+  EXPECT_THAT(r["status"]["message"].get<std::string>(),
+              HasSubstr("hami.io/vgpu-mig-allocations is written only by the dynmig scheduler "
+                        "and device plugin"));
+  EXPECT_THAT(r["status"]["message"].get<std::string>(), HasSubstr("user \"alice\" may not set"));
+  // UPDATE by the scheduler: fine. By a user who changes or removes it: rejected.
+  json old_pod = GpuPod({{"nvidia.com/gpu", 1}});
+  EXPECT_EQ(handler_.ReviewJson(Review(pod, "UPDATE", old_pod, kScheduler))["response"]["allowed"],
+            true);
+  json changed = pod;
+  changed["metadata"]["annotations"][key] = "[]";
+  EXPECT_EQ(handler_.ReviewJson(Review(changed, "UPDATE", pod, "alice"))["response"]["allowed"],
+            false);
+  json removed = pod;
+  removed["metadata"]["annotations"].erase(key);
+  r = handler_.ReviewJson(Review(removed, "UPDATE", pod, "alice"))["response"];
+  EXPECT_EQ(r["allowed"], false);
+  EXPECT_THAT(r["status"]["message"].get<std::string>(), HasSubstr("may not change or remove"));
+  // A user's update that leaves it as it is: fine.
+  json labelled = pod;
+  labelled["metadata"]["labels"] = {{"team", "a"}};
+  EXPECT_EQ(handler_.ReviewJson(Review(labelled, "UPDATE", pod, "alice"))["response"]["allowed"],
+            true);
+}
+
+TEST_F(AdmissionTest, MalformedReviewsGetAnErrorStatus) {
+  json out = json::parse(handler_.Review(std::string_view("{not json")));
+  EXPECT_EQ(out["response"]["allowed"], false);
+  EXPECT_EQ(out["response"]["status"]["code"], 400);
+  EXPECT_THAT(out["response"]["status"]["message"].get<std::string>(), HasSubstr("not valid JSON"));
+  out = handler_.ReviewJson(json{{"apiVersion", "v1"}, {"kind", "Pod"}});
+  EXPECT_THAT(out["response"]["status"]["message"].get<std::string>(),
+              HasSubstr("expected an admission.k8s.io/v1 AdmissionReview"));
+  json review = Review(GpuPod());
+  review["request"].erase("uid");
+  out = handler_.ReviewJson(review);
+  EXPECT_THAT(out["response"]["status"]["message"].get<std::string>(),
+              HasSubstr("request.uid is missing"));
+  // v1beta1 is answered in v1beta1.
+  review = Review(GpuPod());
+  review["apiVersion"] = "admission.k8s.io/v1beta1";
+  EXPECT_EQ(handler_.ReviewJson(review)["apiVersion"], "admission.k8s.io/v1beta1");
+}
+
+}  // namespace
+}  // namespace dynmig::webhook
