@@ -18,6 +18,7 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   RegisterNvmlCommand(app, ctx);
   RegisterSimulateCommand(app, ctx);
   RegisterApiserverCommand(app, ctx);
+  RegisterDevicePluginCommand(app, ctx);
 
   // CLI11 parses a reversed vector of arguments.
   std::vector<std::string> reversed(args.rbegin(), args.rend());

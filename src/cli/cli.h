@@ -36,5 +36,6 @@ void RegisterPlanCommand(CLI::App& root, CliContext& ctx);
 void RegisterNvmlCommand(CLI::App& root, CliContext& ctx);
 void RegisterSimulateCommand(CLI::App& root, CliContext& ctx);
 void RegisterApiserverCommand(CLI::App& root, CliContext& ctx);
+void RegisterDevicePluginCommand(CLI::App& root, CliContext& ctx);
 
 }  // namespace dynmig::cli
