@@ -35,6 +35,14 @@ using Clock = std::chrono::steady_clock;
 class TimingNvml final : public nvml::Nvml {
  public:
   explicit TimingNvml(nvml::Nvml& inner) : inner_(inner) {}
+  template <typename F>
+  auto Time(F&& f) {
+    const auto start = Clock::now();
+    auto result = f();
+    ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+    return result;
+  }
+
   double seconds() const { return static_cast<double>(ns_.load()) / 1e9; }
   void Reset() { ns_ = 0; }
 
@@ -89,13 +97,6 @@ class TimingNvml final : public nvml::Nvml {
   }
 
  private:
-  template <typename F>
-  auto Time(F&& f) {
-    const auto start = Clock::now();
-    auto result = f();
-    ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
-    return result;
-  }
   nvml::Nvml& inner_;
   std::atomic<int64_t> ns_{0};
 };
@@ -174,7 +175,7 @@ class Bench {
                           {{"annotations",
                             {{std::string(protocol::kNodeLockAnnotation),
                               fmt::format("2026-01-01T00:00:00Z,default,{}", name)}}}}}};
-    (void)api_->store().Patch(kube::Resource::kNodes, "", kNode, lock, kube::PatchType::kMerge);
+    (void)api_->store().Patch(kube::Resource::kNodes, "", kNode, lock, kube::PatchType::kMerge, "");
   }
   void SetRunning(const std::string& name) {
     (void)client_->PatchPodStatus("default", name, {{"status", {{"phase", "Running"}}}});
@@ -202,7 +203,7 @@ class Bench {
     auto core = std::move(
         *PluginCore::Create(CoreOptions("core.json"), *timed_, *client_, metrics, events));
     if (auto st = core->Start(); !st.ok()) {
-      fmt::print("start failed: {}\n", st.message());
+      fmt::print("start failed: {}\n", std::string(st.message()));
       return;
     }
     std::vector<double> total_ms;
@@ -223,7 +224,7 @@ class Bench {
       auto r = core->Allocate({ReplicaId(Gpu(gpu), 0)});
       const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
       if (!r.ok()) {
-        fmt::print("allocate {} failed: {}\n", name, r.status().message());
+        fmt::print("allocate {} failed: {}\n", name, std::string(r.status().message()));
         return;
       }
       SetRunning(name);
@@ -232,6 +233,29 @@ class Bench {
       nvml_ms.push_back(timed_->seconds() * 1000);
       no_nvml_ms.push_back(ms - timed_->seconds() * 1000);
     }
+    // The API round trips an Allocate makes, alone, for context.
+    std::vector<double> list_ms;
+    std::vector<double> get_ms;
+    std::vector<double> patch_ms;
+    kube::ListOptions on_node;
+    on_node.field_selector = std::string("spec.nodeName=") + kNode;
+    for (int i = 0; i < 200; ++i) {
+      const auto t0 = Clock::now();
+      (void)client_->ListPods(on_node);
+      const auto t1 = Clock::now();
+      (void)client_->GetNode(kNode);
+      const auto t2 = Clock::now();
+      (void)client_->PatchPodAnnotations("default", holder[0], {{"bench", std::to_string(i)}});
+      const auto t3 = Clock::now();
+      list_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      get_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+      patch_ms.push_back(std::chrono::duration<double, std::milli>(t3 - t2).count());
+    }
+    fmt::print("API round trips alone (in-memory API server over HTTP, {} pods on the node):\n",
+               kGpus * kSlots);
+    fmt::print("  list pods      {}\n", Summary(list_ms));
+    fmt::print("  get node       {}\n", Summary(get_ms));
+    fmt::print("  patch pod      {}\n", Summary(patch_ms));
     fmt::print(
         "Allocate via PluginCore (node with {} running 1g pods on {} GPUs, each Allocate\n"
         "  also reclaims the finished pod that held the slot):\n",
@@ -279,7 +303,7 @@ class Bench {
     o.kubelet_poll_interval = absl::Milliseconds(50);
     auto plugin = DevicePlugin::Start(std::move(o), *timed_, *client_);
     if (!plugin.ok()) {
-      fmt::print("plugin start failed: {}\n", plugin.status().message());
+      fmt::print("plugin start failed: {}\n", std::string(plugin.status().message()));
       return;
     }
     kubelet->WaitForRegistrations(1, absl::Seconds(10));
@@ -300,7 +324,7 @@ class Bench {
       auto r = kubelet->Allocate("default/" + name, "c0", {ReplicaId(Gpu(gpu), 0)});
       const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
       if (!r.ok()) {
-        fmt::print("grpc allocate {} failed: {}\n", name, r.status().message());
+        fmt::print("grpc allocate {} failed: {}\n", name, std::string(r.status().message()));
         return;
       }
       kubelet->ReleasePod("default/" + name);
@@ -332,13 +356,22 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--iterations") iterations = std::atoi(argv[i + 1]);
   }
   spdlog::set_level(spdlog::level::err);
-  {
+  bool grpc_first = false;
+  for (int i = 1; i < argc; ++i) grpc_first = grpc_first || std::string(argv[i]) == "--grpc-first";
+  auto core = [&] {
     dynmig::deviceplugin::Bench bench;
     bench.RunCore(iterations);
-  }
-  {
+  };
+  auto grpc = [&] {
     dynmig::deviceplugin::Bench bench;
     bench.RunGrpc(iterations / 2);
+  };
+  if (grpc_first) {
+    grpc();
+    core();
+  } else {
+    core();
+    grpc();
   }
   return 0;
 }

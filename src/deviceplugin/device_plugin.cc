@@ -36,7 +36,7 @@ absl::StatusOr<std::unique_ptr<DevicePlugin>> DevicePlugin::Start(DevicePluginOp
   DYNMIG_ASSIGN_OR_RETURN(p.core_,
                           PluginCore::Create(p.options_.core, nvml, kube, *p.metrics_, *p.events_));
   DYNMIG_RETURN_IF_ERROR(p.core_->Start());
-  if (auto st = p.core_->PublishNode(/*force=*/true); !st.ok()) {
+  if (auto st = p.core_->PublishNode(); !st.ok()) {
     spdlog::warn("{} (retried every {})", std::string(st.message()),
                  absl::FormatDuration(p.options_.register_interval));
   }

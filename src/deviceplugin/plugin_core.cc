@@ -223,16 +223,18 @@ bool PluginCore::RefreshDevices() {
   return true;
 }
 
-absl::Status PluginCore::PublishNode(bool force) {
+absl::Status PluginCore::PublishNode() {
   std::string value;
+  bool changed = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     value = protocol::EncodeNodeRegister(inventory_.RegisterDevices());
+    changed = value != last_register_;
   }
+  // Both keys every time: the register also comes back after the node object was recreated.
   kube::KeyPatch patch;
   patch[std::string(protocol::kNodeHandshakeAnnotation)] = "Reported_" + kube::Rfc3339(Now());
-  const bool changed = value != last_register_;
-  if (changed || force) patch[std::string(protocol::kNodeRegisterAnnotation)] = value;
+  patch[std::string(protocol::kNodeRegisterAnnotation)] = value;
   auto st = kube_.PatchNodeAnnotations(options_.node_name, patch);
   metrics_.NodePublished(st.ok());
   if (!st.ok()) {
@@ -428,16 +430,19 @@ void PluginCore::FailPod(const PodMig& pod) {
     spdlog::warn("cannot set {}=failed on pod {}: {}", protocol::kBindPhaseAnnotation, pod.key,
                  std::string(st.status().message()));
   }
-  ReleaseNodeLock(pod);
+  ReleaseNodeLock(pod, node_);
 }
 
-void PluginCore::ReleaseNodeLock(const PodMig& pod) {
+void PluginCore::ReleaseNodeLock(const PodMig& pod, std::optional<kube::Object> node) {
   for (int attempt = 0; attempt < options_.annotation_attempts; ++attempt) {
-    auto node = kube_.GetNode(options_.node_name);
-    if (!node.ok()) {
-      spdlog::warn("cannot read node {} to release its lock: {}", options_.node_name,
-                   std::string(node.status().message()));
-      return;
+    if (!node.has_value()) {
+      auto fresh = kube_.GetNode(options_.node_name);
+      if (!fresh.ok()) {
+        spdlog::warn("cannot read node {} to release its lock: {}", options_.node_name,
+                     std::string(fresh.status().message()));
+        return;
+      }
+      node = std::move(*fresh);
     }
     auto value = kube::Annotation(*node, protocol::kNodeLockAnnotation);
     if (!value.has_value()) return;
@@ -452,6 +457,7 @@ void PluginCore::ReleaseNodeLock(const PodMig& pod) {
                    std::string(st.status().message()));
       return;
     }
+    node.reset();  // changed meanwhile: re-read
   }
 }
 
@@ -511,8 +517,10 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> PluginCore::AllocateLocked(
   ReconcileLocked(pods);
 
   std::optional<NodeLock> lock;
+  node_.reset();
   if (auto node = kube_.GetNode(options_.node_name); node.ok()) {
     if (auto v = kube::Annotation(*node, protocol::kNodeLockAnnotation)) lock = ParseNodeLock(*v);
+    node_ = std::move(*node);
   }
   const PodMig* found = FindPendingPod(pods, options_.node_name, lock);
   if (found == nullptr) {
@@ -791,7 +799,7 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> PluginCore::AllocateLocked(
                       m.mig_uuid, m.profile, PlacementText(m.placement), m.gpu_uuid,
                       m.gpu_instance_id, m.compute_instance_id, container, m.owner.device_index));
   }
-  if (done) ReleaseNodeLock(pod);
+  if (done) ReleaseNodeLock(pod, node_);
   *result = "success";
   return answer;
 }

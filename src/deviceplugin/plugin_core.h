@@ -133,9 +133,9 @@ class PluginCore {
 
   // ---- periodic ----
   ReconcileReport Reconcile();
-  // Writes the register and handshake annotations (the register only when it changed, unless
-  // `force`).
-  absl::Status PublishNode(bool force = false);
+  // Writes hami.io/node-nvidia-register and hami.io/node-handshake ("Reported_<RFC3339 now>") in
+  // one patch.
+  absl::Status PublishNode();
   // Re-reads GPU health; updates the device list and returns whether anything changed.
   bool RefreshDevices();
 
@@ -180,7 +180,9 @@ class PluginCore {
   absl::Status Refuse(const PodMig& pod, std::string_view reason, absl::Status status,
                       std::string* result);
   void FailPod(const PodMig& pod);
-  void ReleaseNodeLock(const PodMig& pod);
+  // Removes hami.io/mutex.lock when `pod` holds it, under the node's resourceVersion. `node` is a
+  // recent read of the node (saves a GET; re-read on conflict).
+  void ReleaseNodeLock(const PodMig& pod, std::optional<kube::Object> node = std::nullopt);
   void Rollback(std::vector<Created>& created, const std::vector<uint64_t>& intents);
   // Writes the runtime identity of `entries` (device index -> identity) of container
   // `container` into the pod's annotation; with `consume`, also erases the container from
@@ -226,6 +228,7 @@ class PluginCore {
   std::string minors_error_;
   std::vector<QuarantinedSlices> quarantine_;
   std::set<std::string> reported_;
+  std::optional<kube::Object> node_;  // the node as read by the current Allocate
   bool started_ = false;
   bool recovery_pending_ = true;
   std::string last_register_;
