@@ -579,6 +579,12 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> PluginCore::AllocateLocked(
   }
 
   // Validate every reservation before touching NVML.
+  int init_containers = 0;
+  if (auto spec = pod.pod.find("spec"); spec != pod.pod.end() && spec->is_object()) {
+    if (auto init = spec->find("initContainers"); init != spec->end() && init->is_array()) {
+      init_containers = static_cast<int>(init->size());
+    }
+  }
   std::vector<Plan> plans;
   for (size_t k = 0; k < mine.size(); ++k) {
     const protocol::MigAllocation& a = mine[k];
@@ -644,18 +650,30 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> PluginCore::AllocateLocked(
     }
     for (const auto& m : state_.instances) {
       if (m.gpu_uuid != a.gpu_uuid || !m.placement.Overlaps(a.placement)) continue;
-      const bool same = m.placement == a.placement && m.profile == a.profile &&
-                        m.owner.pod_uid == pod.uid && m.owner.container_index == container &&
-                        m.owner.device_index == a.device_index;
-      if (!same) {
-        return Refuse(
-            pod, "placement_busy",
-            absl::FailedPreconditionError(fmt::format(
-                "{}: overlaps GI {} ({} at {}) of pod {}, not reclaimed yet", what,
-                m.gpu_instance_id, m.profile, PlacementText(m.placement), m.owner.PodKey())),
-            result);
+      const bool same_pod = m.owner.pod_uid == pod.uid;
+      const bool exact = m.placement == a.placement && m.profile == a.profile;
+      const bool same_device = same_pod && m.owner.container_index == container &&
+                               m.owner.device_index == a.device_index;
+      // The kubelet allocates every container at admission, init containers first, and runs
+      // init containers to completion before the app containers: an app container may share an
+      // init container's instance when it reserved exactly the same profile and placement.
+      const bool shared_init = same_pod && exact && m.owner.container_index < init_containers &&
+                               m.owner.container_index < container;
+      if (exact && (same_device || shared_init)) {
+        plan.reuse = m;
+        continue;
       }
-      plan.reuse = m;
+      const std::string hint =
+          same_pod ? fmt::format(
+                         " (container {} of the same pod: containers of one pod may "
+                         "share an instance only with the same profile and placement)",
+                         m.owner.container_index)
+                   : ", not reclaimed yet";
+      return Refuse(pod, "placement_busy",
+                    absl::FailedPreconditionError(fmt::format(
+                        "{}: overlaps GI {} ({} at {}) of pod {}{}", what, m.gpu_instance_id,
+                        m.profile, PlacementText(m.placement), m.owner.PodKey(), hint)),
+                    result);
     }
     auto gis = nvml_.ListGpuInstances(plan.gpu->info.index);
     if (!gis.ok()) {
@@ -766,8 +784,10 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> PluginCore::AllocateLocked(
 
   // The runtime identity, under the pod's resourceVersion.
   std::map<int, protocol::RuntimeIdentity> identities;
-  for (const auto& m : instances) {
-    identities[m.owner.device_index] = {m.mig_uuid, m.gpu_instance_id, m.compute_instance_id};
+  for (size_t k = 0; k < instances.size(); ++k) {  // instances[k] realizes plans[k]
+    const auto& m = instances[k];
+    identities[plans[k].allocation.device_index] = {m.mig_uuid, m.gpu_instance_id,
+                                                    m.compute_instance_id};
   }
   bool done = false;
   auto written = WriteRuntimeIdentity(pod, container, identities, /*consume=*/true, &done);

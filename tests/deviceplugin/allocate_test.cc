@@ -179,6 +179,46 @@ TEST_F(AllocateTest, AFreedPlacementIsReusedAtOnceBecauseAllocateReconcilesFirst
   EXPECT_NE(GiAt(0, 5)->id, old_gi);
 }
 
+// Moves the first container of the pod spec to initContainers.
+void FirstContainerIsInit(kube::Object& pod) {
+  auto& containers = pod["spec"]["containers"];
+  pod["spec"]["initContainers"] = kube::Object::array({containers[0]});
+  containers.erase(containers.begin());
+}
+
+TEST_F(AllocateTest, AnAppContainerSharesItsInitContainersInstanceWithTheSameReservation) {
+  StartPlugin();
+  CreatePod("p", {{0, 0, 0, "1g.5gb", 0}, {1, 0, 0, "1g.5gb", 0}, {2, 0, 0, "2g.10gb", 2}}, 3, true,
+            FirstContainerIsInit);
+  for (int c = 0; c < 3; ++c) {
+    auto a = Allocate("p", c, 1);
+    ASSERT_TRUE(a.ok()) << "container " << c << ": " << a.status();
+  }
+  EXPECT_EQ(TotalGis(), 2u);
+  auto allocations = Allocations("p");
+  ASSERT_EQ(allocations.size(), 3u);
+  ASSERT_TRUE(allocations[0].runtime.has_value());
+  EXPECT_EQ(allocations[0].runtime, allocations[1].runtime);
+  EXPECT_NE(allocations[2].runtime->mig_uuid, allocations[0].runtime->mig_uuid);
+  EXPECT_EQ(PodAnnotation("p", protocol::kBindPhaseAnnotation), "success");
+  // Reclaimed once, with the pod.
+  DeletePod("p");
+  EXPECT_EQ(plugin_->core().Reconcile().destroyed, 2);
+  EXPECT_EQ(TotalGis(), 0u);
+}
+
+TEST_F(AllocateTest, InitAndAppContainersMayNotReserveOverlappingSlicesWithOtherProfiles) {
+  StartPlugin();
+  CreatePod("p", {{0, 0, 0, "1g.5gb", 0}, {1, 0, 0, "2g.10gb", 0}}, 2, true, FirstContainerIsInit);
+  ASSERT_TRUE(Allocate("p", 0, 1).ok());
+  auto a = Allocate("p", 1, 1);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("containers of one pod may share an instance only"),
+            std::string::npos)
+      << a.status();
+  EXPECT_EQ(TotalGis(), 1u);
+}
+
 TEST_F(AllocateTest, AnOccupiedPlacementIsRefusedAndNothingOverlappingIsCreated) {
   StartPlugin();
   CreatePod("a", {{0, 0, 0, "2g.10gb", 0}});
