@@ -20,6 +20,7 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   RegisterApiserverCommand(app, ctx);
   RegisterOpsCommands(app, ctx);
   RegisterSchedulerCommand(app, ctx);
+  RegisterDevicePluginCommand(app, ctx);
 
   // CLI11 parses a reversed vector of arguments.
   std::vector<std::string> reversed(args.rbegin(), args.rend());

@@ -38,5 +38,6 @@ void RegisterSimulateCommand(CLI::App& root, CliContext& ctx);
 void RegisterApiserverCommand(CLI::App& root, CliContext& ctx);
 void RegisterOpsCommands(CLI::App& root, CliContext& ctx);
 void RegisterSchedulerCommand(CLI::App& root, CliContext& ctx);
+void RegisterDevicePluginCommand(CLI::App& root, CliContext& ctx);
 
 }  // namespace dynmig::cli

@@ -1,0 +1,170 @@
+// `dynmig device-plugin`: the node agent. Serves the kubelet device-plugin API for the MIG
+// resource, creates and reclaims MIG instances, publishes the node's capability, until SIGINT or
+// SIGTERM. See docs/device-plugin.md.
+#include <pthread.h>
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <ostream>
+#include <string>
+
+#include "absl/time/time.h"
+#include "cli/cli.h"
+#include "deviceplugin/device_plugin.h"
+#include "fmt/format.h"
+#include "kube/rest_config.h"
+#include "kube/rest_kube_client.h"
+#include "nvml/dlopen_nvml.h"
+#include "nvml/sim_nvml.h"
+#include "protocol/device_config.h"
+#include "spdlog/spdlog.h"
+
+namespace dynmig::cli {
+namespace {
+
+struct DevicePluginFlags {
+  std::string node;
+  std::string device_config;
+  std::string kubeconfig;
+  bool in_cluster = false;
+  std::string kubelet_dir = "/var/lib/kubelet/device-plugins";
+  std::string socket_name = "dynmig.sock";
+  std::string state_file;
+  std::string sim;
+  std::string sim_state;
+  std::string cdi_dir;
+  std::string reconcile_interval = "5s";
+  std::string register_interval = "30s";
+  std::string metrics_listen;
+  std::string log_level = "info";
+};
+
+int Run(const DevicePluginFlags& f, CliContext& ctx) {
+  auto bad = [&](const std::string& message) {
+    ctx.err << "dynmig device-plugin: " << message << "\n";
+    return kExitBadInput;
+  };
+  auto failed = [&](const std::string& message) {
+    ctx.err << "dynmig device-plugin: " << message << "\n";
+    return kExitFailure;
+  };
+  if (auto level = spdlog::level::from_str(f.log_level);
+      level != spdlog::level::off || f.log_level == "off") {
+    spdlog::set_level(level);
+  } else {
+    return bad(fmt::format("--log-level: unknown level \"{}\"", f.log_level));
+  }
+  absl::Duration reconcile;
+  absl::Duration register_every;
+  if (!absl::ParseDuration(f.reconcile_interval, &reconcile) || reconcile <= absl::ZeroDuration()) {
+    return bad(fmt::format("--reconcile-interval: \"{}\" is not a positive duration (e.g. 5s)",
+                           f.reconcile_interval));
+  }
+  if (!absl::ParseDuration(f.register_interval, &register_every) ||
+      register_every <= absl::ZeroDuration()) {
+    return bad(fmt::format("--register-interval: \"{}\" is not a positive duration (e.g. 30s)",
+                           f.register_interval));
+  }
+  if (f.in_cluster && !f.kubeconfig.empty()) {
+    return bad("--kubeconfig and --in-cluster exclude each other");
+  }
+  auto config = protocol::LoadDeviceConfig(f.device_config);
+  if (!config.ok()) return bad(std::string(config.status().message()));
+  for (const auto& w : config->warnings) spdlog::warn("device config: {}", w);
+
+  std::unique_ptr<nvml::Nvml> gpu;
+  if (!f.sim.empty() || !f.sim_state.empty()) {
+    nvml::SimNvmlOptions o;
+    o.spec = f.sim;
+    o.state_file = f.sim_state;
+    o.seed = f.node;
+    auto sim = nvml::SimNvml::Create(std::move(o));
+    if (!sim.ok()) return bad(std::string(sim.status().message()));
+    gpu = std::move(*sim);
+  } else {
+    auto real = nvml::DlopenNvml::Create();
+    if (!real.ok()) return failed(std::string(real.status().message()));
+    gpu = std::move(*real);
+  }
+
+  auto rest = f.in_cluster ? kube::InClusterConfig() : kube::DefaultConfig(f.kubeconfig);
+  if (!rest.ok()) return bad(std::string(rest.status().message()));
+  auto kube = kube::RestKubeClient::Create(*rest);
+  if (!kube.ok()) return bad(std::string(kube.status().message()));
+
+  deviceplugin::DevicePluginOptions options;
+  options.core.node_name = f.node;
+  options.core.resource_name = config->resources.count;
+  options.core.allowlist = config->allowlist;
+  options.core.state_file = f.state_file;
+  options.core.cdi_dir = f.cdi_dir;
+  options.kubelet_dir = f.kubelet_dir;
+  options.socket_name = f.socket_name;
+  options.reconcile_interval = reconcile;
+  options.register_interval = register_every;
+  options.metrics_listen = f.metrics_listen;
+
+  // Block the stop signals before any thread starts (they inherit the mask), then sigwait.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  sigset_t previous;
+  pthread_sigmask(SIG_BLOCK, &stop_signals, &previous);
+  auto plugin = deviceplugin::DevicePlugin::Start(std::move(options), *gpu, **kube);
+  if (!plugin.ok()) {
+    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+    const bool input = plugin.status().code() == absl::StatusCode::kInvalidArgument;
+    ctx.err << "dynmig device-plugin: " << plugin.status().message() << "\n";
+    return input ? kExitBadInput : kExitFailure;
+  }
+  ctx.out << "dynmig device-plugin serving " << (*plugin)->options().core.resource_name
+          << " for node " << f.node << " on " << (*plugin)->endpoint().socket_path();
+  if ((*plugin)->http_port() > 0) ctx.out << ", metrics on port " << (*plugin)->http_port();
+  ctx.out << std::endl;
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  ctx.out << "dynmig device-plugin: signal " << signal_number << ", stopping" << std::endl;
+  (*plugin)->Stop();
+  plugin->reset();
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  return kExitOk;
+}
+
+}  // namespace
+
+void RegisterDevicePluginCommand(CLI::App& root, CliContext& ctx) {
+  auto f = std::make_shared<DevicePluginFlags>();
+  CLI::App* cmd = root.add_subcommand(
+      "device-plugin",
+      "Run the node agent: kubelet device plugin, MIG instance lifecycle, node capability");
+  cmd->add_option("--node", f->node, "this node's name")->required();
+  cmd->add_option("--device-config", f->device_config,
+                  "device-config.yaml (migProfileAllowlist, resource names)")
+      ->required();
+  cmd->add_option("--kubeconfig", f->kubeconfig, "kubeconfig file (default: $KUBECONFIG, ...)");
+  cmd->add_flag("--in-cluster", f->in_cluster, "use the pod's service account");
+  cmd->add_option("--kubelet-dir", f->kubelet_dir, "the kubelet's device-plugin directory")
+      ->capture_default_str();
+  cmd->add_option("--socket-name", f->socket_name, "this plugin's socket in --kubelet-dir")
+      ->capture_default_str();
+  cmd->add_option("--state-file", f->state_file,
+                  "node-local state (default <kubelet-dir>/dynmig/state.json)");
+  cmd->add_option("--sim", f->sim, "simulated GPUs instead of NVML, e.g. A100-SXM4-40GBx2");
+  cmd->add_option("--sim-state", f->sim_state, "the simulator's state file");
+  cmd->add_option("--cdi-dir", f->cdi_dir,
+                  "write a CDI spec per MIG device here and answer with CDI names");
+  cmd->add_option("--reconcile-interval", f->reconcile_interval, "reclamation period")
+      ->capture_default_str();
+  cmd->add_option("--register-interval", f->register_interval,
+                  "period of the node register/handshake annotations")
+      ->capture_default_str();
+  cmd->add_option("--metrics-listen", f->metrics_listen,
+                  "HOST:PORT for /metrics, /nvml and /healthz (port 0 picks one)");
+  cmd->add_option("--log-level", f->log_level, "trace, debug, info, warn, error")
+      ->capture_default_str();
+  cmd->callback([f, &ctx] { ctx.exit_code = Run(*f, ctx); });
+}
+
+}  // namespace dynmig::cli

@@ -1,0 +1,55 @@
+#include "deviceplugin/cdi.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "deviceplugin/state_store.h"
+#include "fmt/format.h"
+#include "nlohmann/json.hpp"
+
+namespace dynmig::deviceplugin {
+
+std::string CdiWriter::QualifiedName(std::string_view mig_uuid) {
+  return fmt::format("{}={}", kCdiKind, mig_uuid);
+}
+
+std::string CdiWriter::SpecPath(std::string_view mig_uuid) const {
+  return fmt::format("{}/dynmig.io-mig_{}.json", dir_, mig_uuid);
+}
+
+std::string CdiWriter::SpecJson(std::string_view mig_uuid, const std::vector<std::string>& nodes) {
+  nlohmann::json device_nodes = nlohmann::json::array();
+  for (const auto& n : nodes) device_nodes.push_back({{"path", n}});
+  nlohmann::json spec = {{"cdiVersion", "0.5.0"},
+                         {"kind", std::string(kCdiKind)},
+                         {"devices",
+                          {{{"name", std::string(mig_uuid)},
+                            {"containerEdits",
+                             {{"env", {fmt::format("NVIDIA_VISIBLE_DEVICES={}", mig_uuid)}},
+                              {"deviceNodes", device_nodes}}}}}}};
+  return spec.dump(1) + "\n";
+}
+
+absl::Status CdiWriter::Write(std::string_view mig_uuid,
+                              const std::vector<std::string>& device_nodes) const {
+  std::error_code ec;
+  std::filesystem::create_directories(dir_, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        fmt::format("cannot create CDI directory {}: {}", dir_, std::string(ec.message())));
+  }
+  return WriteFileAtomically(SpecPath(mig_uuid), SpecJson(mig_uuid, device_nodes), fsync_);
+}
+
+absl::Status CdiWriter::Remove(std::string_view mig_uuid) const {
+  const std::string path = SpecPath(mig_uuid);
+  if (std::remove(path.c_str()) != 0 && errno != ENOENT) {
+    return absl::UnavailableError(
+        fmt::format("cannot remove CDI spec {}: {}", path, std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dynmig::deviceplugin

@@ -1,0 +1,158 @@
+#include "deviceplugin/device_plugin.h"
+
+#include <httplib.h>
+
+#include <charconv>
+#include <chrono>
+
+#include "common/status_macros.h"
+#include "fmt/format.h"
+#include "spdlog/spdlog.h"
+
+namespace dynmig::deviceplugin {
+
+DevicePlugin::DevicePlugin(DevicePluginOptions options, nvml::Nvml& nvml, kube::KubeClient& kube)
+    : options_(std::move(options)), nvml_(nvml), kube_(kube) {}
+
+absl::StatusOr<std::unique_ptr<DevicePlugin>> DevicePlugin::Start(DevicePluginOptions options,
+                                                                  nvml::Nvml& nvml,
+                                                                  kube::KubeClient& kube) {
+  if (options.kubelet_dir.empty()) {
+    return absl::InvalidArgumentError("device plugin: the kubelet directory is required");
+  }
+  if (options.core.state_file.empty()) {
+    options.core.state_file = options.kubelet_dir + "/dynmig/state.json";
+  }
+  if (!options.core.clock) options.core.clock = [] { return absl::Now(); };
+  if (options.reconcile_interval <= absl::ZeroDuration() ||
+      options.register_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("device plugin: intervals must be positive");
+  }
+  std::unique_ptr<DevicePlugin> plugin(new DevicePlugin(std::move(options), nvml, kube));
+  DevicePlugin& p = *plugin;
+  p.metrics_ = std::make_unique<Metrics>();
+  p.events_ =
+      std::make_unique<EventRecorder>(kube, p.options_.core.component, p.options_.core.clock);
+  DYNMIG_ASSIGN_OR_RETURN(p.core_,
+                          PluginCore::Create(p.options_.core, nvml, kube, *p.metrics_, *p.events_));
+  DYNMIG_RETURN_IF_ERROR(p.core_->Start());
+  if (auto st = p.core_->PublishNode(); !st.ok()) {
+    spdlog::warn("{} (retried every {})", std::string(st.message()),
+                 absl::FormatDuration(p.options_.register_interval));
+  }
+  EndpointOptions endpoint;
+  endpoint.kubelet_dir = p.options_.kubelet_dir;
+  endpoint.socket_name = p.options_.socket_name;
+  endpoint.resource_name = p.options_.core.resource_name;
+  endpoint.kubelet_poll_interval = p.options_.kubelet_poll_interval;
+  p.endpoint_ = std::make_unique<GrpcEndpoint>(endpoint, *p.core_, *p.metrics_);
+  DYNMIG_RETURN_IF_ERROR(p.endpoint_->Start());
+  if (!p.options_.metrics_listen.empty()) DYNMIG_RETURN_IF_ERROR(p.StartHttp());
+  p.loop_ = std::thread([&p] { p.Loop(); });
+  return plugin;
+}
+
+absl::Status DevicePlugin::StartHttp() {
+  const std::string& listen = options_.metrics_listen;
+  const size_t colon = listen.rfind(':');
+  int port = -1;
+  if (colon != std::string::npos) {
+    const std::string_view text(listen.data() + colon + 1, listen.size() - colon - 1);
+    auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), port);
+    if (ec != std::errc() || ptr != text.data() + text.size()) port = -1;
+  }
+  if (colon == std::string::npos || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        fmt::format("--metrics-listen must be HOST:PORT, got \"{}\"", listen));
+  }
+  std::string host = listen.substr(0, colon);
+  if (host.empty()) host = "0.0.0.0";
+  http_ = std::make_unique<httplib::Server>();
+  http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics_->Serialize(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  http_->Get("/nvml", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(core_->NvmlView().dump(1) + "\n", "application/json");
+  });
+  http_->Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("ok\n", "text/plain");
+  });
+  if (port == 0) {
+    http_port_ = http_->bind_to_any_port(host);
+  } else {
+    http_port_ = http_->bind_to_port(host, port) ? port : -1;
+  }
+  if (http_port_ <= 0) {
+    http_port_ = 0;
+    return absl::UnavailableError(fmt::format("cannot listen on {}", listen));
+  }
+  http_thread_ = std::thread([this] { http_->listen_after_bind(); });
+  for (int i = 0; i < 500 && !http_->is_running(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  spdlog::info("metrics and /nvml on http://{}:{}", host, http_port_);
+  return absl::OkStatus();
+}
+
+void DevicePlugin::Loop() {
+  using Clock = std::chrono::steady_clock;
+  auto next_publish = Clock::now() + absl::ToChronoMilliseconds(options_.register_interval);
+  while (true) {
+    uint64_t serving = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      serving = wake_requests_;
+    }
+    const bool changed = core_->RefreshDevices();
+    core_->Reconcile();
+    const auto now = Clock::now();
+    if (changed || now >= next_publish) {
+      if (auto st = core_->PublishNode(); !st.ok()) spdlog::warn("{}", std::string(st.message()));
+      next_publish = now + absl::ToChronoMilliseconds(options_.register_interval);
+    }
+    const auto next_reconcile = now + absl::ToChronoMilliseconds(options_.reconcile_interval);
+    std::unique_lock<std::mutex> lock(mu_);
+    ++cycles_;
+    completed_wakes_ = serving;
+    cv_.notify_all();
+    cv_.wait_until(lock, std::min(next_reconcile, next_publish),
+                   [&] { return stop_ || wake_requests_ != serving; });
+    if (stop_) return;
+  }
+}
+
+bool DevicePlugin::RunCycle(absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stopped_) return false;
+  const uint64_t requested = ++wake_requests_;
+  cv_.notify_all();
+  return cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout), [&] {
+    return completed_wakes_ >= requested || stop_;
+  }) && !stop_;
+}
+
+uint64_t DevicePlugin::cycles() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cycles_;
+}
+
+void DevicePlugin::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (loop_.joinable()) loop_.join();
+  if (endpoint_) endpoint_->Stop();
+  if (http_) {
+    http_->stop();
+    if (http_thread_.joinable()) http_thread_.join();
+  }
+  if (events_) events_->Flush(absl::Seconds(2));
+}
+
+DevicePlugin::~DevicePlugin() { Stop(); }
+
+}  // namespace dynmig::deviceplugin

@@ -1,0 +1,112 @@
+// DevicePlugin: the whole node agent in one object, runnable in-process (tests, the local mode)
+// and by `dynmig device-plugin`:
+//
+//   nvml::SimNvml / DlopenNvml  ─┐
+//   kube::KubeClient            ─┼─> PluginCore ──> GrpcEndpoint (kubelet socket, registration)
+//                                │                ─> HTTP listener (/metrics, /nvml, /healthz)
+//                                └─> EventRecorder, Metrics
+//   plus a loop: every reconcile interval RefreshDevices + Reconcile, every register interval
+//   (and whenever health changes) PublishNode.
+//
+//   DevicePluginOptions o;
+//   o.core.node_name = "node-a";
+//   o.core.allowlist = config.allowlist;
+//   o.kubelet_dir = "/tmp/dp";            // the test kubelet's directory
+//   o.metrics_listen = "127.0.0.1:0";
+//   auto plugin = DevicePlugin::Start(std::move(o), nvml, kube);   // serves and registers
+//   ... (*plugin)->core().Reconcile(); (*plugin)->http_port(); ...
+//   (*plugin)->Stop();
+//
+// Thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "deviceplugin/events.h"
+#include "deviceplugin/grpc_endpoint.h"
+#include "deviceplugin/metrics.h"
+#include "deviceplugin/plugin_core.h"
+#include "kube/kube_client.h"
+#include "nvml/nvml.h"
+
+namespace httplib {
+class Server;
+}  // namespace httplib
+
+namespace dynmig::deviceplugin {
+
+struct DevicePluginOptions {
+  // node_name, allowlist, resource_name, cdi_dir, ... ; state_file defaults to
+  // <kubelet_dir>/dynmig/state.json (a directory: the kubelet's restart cleanup removes sockets
+  // and, in old kubelets, every plain file of kubelet_dir, but never directories).
+  PluginCoreOptions core;
+  std::string kubelet_dir = "/var/lib/kubelet/device-plugins";
+  std::string socket_name = "dynmig.sock";
+  absl::Duration reconcile_interval = absl::Seconds(5);
+  absl::Duration register_interval = absl::Seconds(30);
+  absl::Duration kubelet_poll_interval = absl::Seconds(1);
+  // "HOST:PORT" for /metrics, /nvml and /healthz; port 0 picks a free one; "" = no listener.
+  std::string metrics_listen;
+};
+
+class DevicePlugin {
+ public:
+  // Starts everything: core (discovery, recovery), gRPC endpoint (serve + register), HTTP
+  // listener, loop. `nvml` and `kube` must outlive the plugin. Errors: bad options, NVML
+  // unreadable, the state file unwritable, the socket or the listen address unusable.
+  static absl::StatusOr<std::unique_ptr<DevicePlugin>> Start(DevicePluginOptions options,
+                                                             nvml::Nvml& nvml,
+                                                             kube::KubeClient& kube);
+  ~DevicePlugin();  // Stop()
+  DevicePlugin(const DevicePlugin&) = delete;
+  DevicePlugin& operator=(const DevicePlugin&) = delete;
+
+  // Stops the loop, the endpoint (its socket is removed) and the listener. Idempotent.
+  void Stop();
+
+  PluginCore& core() { return *core_; }
+  GrpcEndpoint& endpoint() { return *endpoint_; }
+  Metrics& metrics() { return *metrics_; }
+  EventRecorder& events() { return *events_; }
+  const DevicePluginOptions& options() const { return options_; }
+  // The HTTP listener's port (0 without one).
+  int http_port() const { return http_port_; }
+
+  // Runs a loop cycle now (refresh, reconcile, publish) and waits for it (bounded).
+  bool RunCycle(absl::Duration timeout = absl::Seconds(30));
+  uint64_t cycles() const;
+
+ private:
+  DevicePlugin(DevicePluginOptions options, nvml::Nvml& nvml, kube::KubeClient& kube);
+  absl::Status StartHttp();
+  void Loop();
+
+  DevicePluginOptions options_;
+  nvml::Nvml& nvml_;
+  kube::KubeClient& kube_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<EventRecorder> events_;
+  std::unique_ptr<PluginCore> core_;
+  std::unique_ptr<GrpcEndpoint> endpoint_;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread http_thread_;
+  int http_port_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  bool stopped_ = false;
+  uint64_t wake_requests_ = 0;
+  uint64_t completed_wakes_ = 0;
+  uint64_t cycles_ = 0;
+  std::thread loop_;
+};
+
+}  // namespace dynmig::deviceplugin

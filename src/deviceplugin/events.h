@@ -1,0 +1,84 @@
+// Kubernetes Events about MIG instances (created, destroyed, adopted, refused, ...), sent from a
+// background thread so that an API hiccup never slows Allocate. The queue is bounded: when full,
+// the oldest event is dropped (and counted). Every event is also logged. Thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "kube/kube_client.h"
+#include "kube/object.h"
+
+namespace dynmig::deviceplugin {
+
+// Event reasons.
+inline constexpr std::string_view kReasonCreated = "MigInstanceCreated";
+inline constexpr std::string_view kReasonDestroyed = "MigInstanceDestroyed";
+inline constexpr std::string_view kReasonAdopted = "MigInstanceAdopted";
+inline constexpr std::string_view kReasonRefused = "MigAllocationRefused";
+inline constexpr std::string_view kReasonFailed = "MigAllocationFailed";
+inline constexpr std::string_view kReasonAdoptionFailed = "MigAdoptionFailed";
+inline constexpr std::string_view kReasonUntracked = "MigInstanceUntracked";
+inline constexpr std::string_view kReasonGpuNotReady = "MigGpuNotReady";
+inline constexpr std::string_view kReasonGpuCleaned = "MigGpuCleaned";
+inline constexpr std::string_view kReasonReclaimDeferred = "MigReclaimDeferred";
+inline constexpr std::string_view kReasonReconcileSkipped = "MigReconcileSkipped";
+
+struct RecordedEvent {
+  std::string object;  // "Pod default/p" or "Node n"
+  std::string type;    // Normal / Warning
+  std::string reason;
+  std::string message;
+};
+
+class EventRecorder {
+ public:
+  EventRecorder(kube::KubeClient& kube, std::string component, std::function<absl::Time()> clock,
+                size_t max_queue = 1000);
+  ~EventRecorder();  // sends what is queued (bounded wait), then stops
+  EventRecorder(const EventRecorder&) = delete;
+  EventRecorder& operator=(const EventRecorder&) = delete;
+
+  // Queues an Event about `involved` (a Pod or Node object; kind, name, namespace, uid used).
+  void Record(const kube::Object& involved, std::string_view type, std::string_view reason,
+              std::string_view message);
+  // Waits until every queued event was sent (or failed); false on timeout.
+  bool Flush(absl::Duration timeout);
+  // The last events recorded (at most 512), oldest first.
+  std::vector<RecordedEvent> Recent() const;
+  // Whether some recorded event has this reason and, when given, a message containing `text`.
+  bool Has(std::string_view reason, std::string_view text = "") const;
+  uint64_t dropped() const;
+  uint64_t failed() const;
+
+ private:
+  void Run();
+
+  kube::KubeClient& kube_;
+  const std::string component_;
+  const std::function<absl::Time()> clock_;
+  const size_t max_queue_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::condition_variable idle_cv_;
+  std::deque<kube::Object> queue_;
+  std::deque<RecordedEvent> recent_;
+  bool sending_ = false;
+  bool stop_ = false;
+  uint64_t dropped_ = 0;
+  uint64_t failed_ = 0;
+  std::thread thread_;
+};
+
+// A minimal object reference for events about the node.
+kube::Object NodeRef(std::string_view node_name);
+
+}  // namespace dynmig::deviceplugin

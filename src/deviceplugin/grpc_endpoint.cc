@@ -1,0 +1,259 @@
+#include "deviceplugin/grpc_endpoint.h"
+
+#include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+
+#include "deviceplugin/v1beta1/api.grpc.pb.h"
+#include "fmt/format.h"
+#include "spdlog/spdlog.h"
+
+namespace dynmig::deviceplugin {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& st) {
+  if (st.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(st.code()), std::string(st.message()));
+}
+
+// Inode of a path, 0 when it does not exist.
+uint64_t InodeOf(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return 0;
+  return static_cast<uint64_t>(st.st_ino);
+}
+
+}  // namespace
+
+class GrpcEndpoint::Service final : public v1beta1::DevicePlugin::Service {
+ public:
+  explicit Service(PluginCore& core) : core_(core) {}
+
+  void set_stopping(bool stopping) { stopping_ = stopping; }
+
+  grpc::Status GetDevicePluginOptions(grpc::ServerContext*, const v1beta1::Empty*,
+                                      v1beta1::DevicePluginOptions* out) override {
+    *out = core_.PluginOptions();
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ListAndWatch(grpc::ServerContext* ctx, const v1beta1::Empty*,
+                            grpc::ServerWriter<v1beta1::ListAndWatchResponse>* writer) override {
+    uint64_t generation = 0;
+    auto send = [&]() {
+      v1beta1::ListAndWatchResponse response;
+      for (auto& d : core_.Devices(&generation)) *response.add_devices() = std::move(d);
+      return writer->Write(response);
+    };
+    if (!send()) return grpc::Status::OK;
+    while (!stopping_ && !ctx->IsCancelled()) {
+      const uint64_t now = core_.WaitForDeviceChange(generation, absl::Milliseconds(200));
+      if (now != generation && !send()) break;
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetPreferredAllocation(grpc::ServerContext*,
+                                      const v1beta1::PreferredAllocationRequest* request,
+                                      v1beta1::PreferredAllocationResponse* out) override {
+    for (const auto& c : request->container_requests()) {
+      *out->add_container_responses() = core_.PreferredAllocation(c);
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Allocate(grpc::ServerContext*, const v1beta1::AllocateRequest* request,
+                        v1beta1::AllocateResponse* out) override {
+    for (const auto& c : request->container_requests()) {
+      std::vector<std::string> ids(c.devices_ids().begin(), c.devices_ids().end());
+      auto response = core_.Allocate(ids);
+      if (!response.ok()) return ToGrpc(response.status());
+      *out->add_container_responses() = std::move(*response);
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status PreStartContainer(grpc::ServerContext*, const v1beta1::PreStartContainerRequest*,
+                                 v1beta1::PreStartContainerResponse*) override {
+    return grpc::Status::OK;
+  }
+
+ private:
+  PluginCore& core_;
+  std::atomic<bool> stopping_{false};
+};
+
+GrpcEndpoint::GrpcEndpoint(EndpointOptions options, PluginCore& core, Metrics& metrics)
+    : options_(std::move(options)),
+      core_(core),
+      metrics_(metrics),
+      service_(std::make_unique<Service>(core)) {}
+
+GrpcEndpoint::~GrpcEndpoint() { Stop(); }
+
+std::string GrpcEndpoint::socket_path() const {
+  return options_.kubelet_dir + "/" + options_.socket_name;
+}
+
+std::string GrpcEndpoint::kubelet_socket_path() const {
+  return options_.kubelet_dir + "/" + std::string(kKubeletSocketName);
+}
+
+absl::Status GrpcEndpoint::Serve() {
+  const std::string path = socket_path();
+  if (path.size() > 107) {
+    return absl::InvalidArgumentError(fmt::format(
+        "socket path {} is {} bytes; a unix socket path holds at most 107", path, path.size()));
+  }
+  ::unlink(path.c_str());
+  service_->set_stopping(false);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix://" + path, grpc::InsecureServerCredentials());
+  builder.RegisterService(service_.get());
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr) {
+    return absl::UnavailableError(fmt::format("cannot serve gRPC on unix://{}", path));
+  }
+  spdlog::info("device plugin serving on unix://{}", path);
+  return absl::OkStatus();
+}
+
+void GrpcEndpoint::StopServer() {
+  if (server_ == nullptr) return;
+  service_->set_stopping(true);
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server_->Wait();
+  server_.reset();
+}
+
+absl::Status GrpcEndpoint::Register() {
+  auto channel =
+      grpc::CreateChannel("unix://" + kubelet_socket_path(), grpc::InsecureChannelCredentials());
+  auto stub = v1beta1::Registration::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   absl::ToChronoMilliseconds(options_.register_timeout));
+  v1beta1::RegisterRequest request;
+  request.set_version(std::string(kDevicePluginVersion));
+  request.set_endpoint(options_.socket_name);
+  request.set_resource_name(options_.resource_name);
+  *request.mutable_options() = core_.PluginOptions();
+  v1beta1::Empty empty;
+  grpc::Status st = stub->Register(&ctx, request, &empty);
+  if (!st.ok()) {
+    return absl::UnavailableError(fmt::format("register {} with the kubelet at {}: {}",
+                                              options_.resource_name, kubelet_socket_path(),
+                                              st.error_message()));
+  }
+  metrics_.Registered();
+  spdlog::info("registered {} (endpoint {}) with the kubelet", options_.resource_name,
+               options_.socket_name);
+  return absl::OkStatus();
+}
+
+absl::Status GrpcEndpoint::Start() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (started_) return absl::FailedPreconditionError("endpoint already started");
+    started_ = true;
+    stop_ = false;
+  }
+  {
+    std::lock_guard<std::mutex> lock(server_mu_);
+    if (auto st = Serve(); !st.ok()) return st;
+  }
+  if (InodeOf(kubelet_socket_path()) != 0) {
+    auto st = Register();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (st.ok()) {
+      registered_ = true;
+      ++registrations_;
+      cv_.notify_all();
+    } else {
+      spdlog::warn("{} (retried)", std::string(st.message()));
+    }
+  }
+  watcher_ = std::thread([this] { Watch(); });
+  return absl::OkStatus();
+}
+
+void GrpcEndpoint::Watch() {
+  uint64_t kubelet_inode = InodeOf(kubelet_socket_path());
+  uint64_t own_inode = InodeOf(socket_path());
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, absl::ToChronoMilliseconds(options_.kubelet_poll_interval),
+                   [this] { return stop_; });
+      if (stop_) return;
+    }
+    const uint64_t kubelet_now = InodeOf(kubelet_socket_path());
+    const uint64_t own_now = InodeOf(socket_path());
+    bool reregister = false;
+    if (own_now == 0 || own_now != own_inode) {
+      // Our socket was removed (a kubelet restart cleans the directory): serve anew.
+      spdlog::info("device plugin socket {} is gone: serving again", socket_path());
+      std::lock_guard<std::mutex> lock(server_mu_);
+      StopServer();
+      if (auto st = Serve(); !st.ok()) {
+        spdlog::error("{}", std::string(st.message()));
+        continue;
+      }
+      own_inode = InodeOf(socket_path());
+      reregister = true;
+    }
+    if (kubelet_now != kubelet_inode) {
+      if (kubelet_now != 0) spdlog::info("kubelet.sock was re-created: the kubelet restarted");
+      kubelet_inode = kubelet_now;
+      reregister = true;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (reregister) registered_ = false;
+      if (registered_ || kubelet_now == 0) continue;
+    }
+    auto st = Register();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (st.ok()) {
+      registered_ = true;
+      ++registrations_;
+      cv_.notify_all();
+    } else {
+      spdlog::warn("{} (retried)", std::string(st.message()));
+    }
+  }
+}
+
+void GrpcEndpoint::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!started_) return;
+    stop_ = true;
+    started_ = false;
+  }
+  cv_.notify_all();
+  if (watcher_.joinable()) watcher_.join();
+  std::lock_guard<std::mutex> lock(server_mu_);
+  StopServer();
+  ::unlink(socket_path().c_str());
+}
+
+int GrpcEndpoint::registrations() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return registrations_;
+}
+
+bool GrpcEndpoint::registered() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return registered_;
+}
+
+bool GrpcEndpoint::WaitForRegistrations(int count, absl::Duration timeout) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout),
+                      [&] { return registrations_ >= count; });
+}
+
+}  // namespace dynmig::deviceplugin

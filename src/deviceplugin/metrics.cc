@@ -1,0 +1,165 @@
+#include "deviceplugin/metrics.h"
+
+#include "prometheus/text_serializer.h"
+
+namespace dynmig::deviceplugin {
+namespace {
+
+const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+  return *buckets;
+}
+
+}  // namespace
+
+Metrics::Metrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      allocations_(prometheus::BuildCounter()
+                       .Name("dynmig_deviceplugin_allocations_total")
+                       .Help("kubelet Allocate calls by result (success, failed, refused)")
+                       .Register(*registry_)),
+      allocate_duration_(prometheus::BuildHistogram()
+                             .Name("dynmig_deviceplugin_allocate_duration_seconds")
+                             .Help("Allocate call latency, NVML included")
+                             .Register(*registry_)),
+      created_(prometheus::BuildCounter()
+                   .Name("dynmig_deviceplugin_instances_created_total")
+                   .Help("MIG instances (GI + CI) created, by profile")
+                   .Register(*registry_)),
+      destroyed_(prometheus::BuildCounter()
+                     .Name("dynmig_deviceplugin_instances_destroyed_total")
+                     .Help("MIG instances destroyed, by reason")
+                     .Register(*registry_)),
+      adopted_(prometheus::BuildCounter()
+                   .Name("dynmig_deviceplugin_instances_adopted_total")
+                   .Help("live MIG instances verified against NVML and taken under management")
+                   .Register(*registry_)),
+      adoption_failures_(prometheus::BuildCounter()
+                             .Name("dynmig_deviceplugin_adoption_failures_total")
+                             .Help("allocations whose annotation could not be verified against "
+                                   "NVML (their slices are kept out of use)")
+                             .Register(*registry_)),
+      refusals_(prometheus::BuildCounter()
+                    .Name("dynmig_deviceplugin_refusals_total")
+                    .Help("Allocate calls refused, by reason")
+                    .Register(*registry_)),
+      reconcile_(prometheus::BuildCounter()
+                     .Name("dynmig_deviceplugin_reconcile_cycles_total")
+                     .Help("reconciliation cycles by result (ok, skipped_list, skipped_decode)")
+                     .Register(*registry_)),
+      reconcile_duration_(prometheus::BuildHistogram()
+                              .Name("dynmig_deviceplugin_reconcile_duration_seconds")
+                              .Help("reconciliation cycle duration")
+                              .Register(*registry_)),
+      destroy_failures_(prometheus::BuildCounter()
+                            .Name("dynmig_deviceplugin_destroy_failures_total")
+                            .Help("destroy attempts NVML refused (retried next cycle)")
+                            .Register(*registry_)),
+      registrations_(prometheus::BuildCounter()
+                         .Name("dynmig_deviceplugin_registrations_total")
+                         .Help("successful registrations with the kubelet")
+                         .Register(*registry_)),
+      publishes_(prometheus::BuildCounter()
+                     .Name("dynmig_deviceplugin_node_publish_total")
+                     .Help("node register/handshake annotation writes by result")
+                     .Register(*registry_)),
+      managed_(prometheus::BuildGauge()
+                   .Name("dynmig_deviceplugin_managed_instances")
+                   .Help("MIG instances this plugin manages (created or adopted)")
+                   .Register(*registry_)),
+      untracked_(prometheus::BuildGauge()
+                     .Name("dynmig_deviceplugin_untracked_instances")
+                     .Help("live MIG instances not managed by this plugin, kept")
+                     .Register(*registry_)),
+      busy_(prometheus::BuildGauge()
+                .Name("dynmig_deviceplugin_busy_instances")
+                .Help("reclaimable instances whose processes still run (retried)")
+                .Register(*registry_)),
+      unverified_(prometheus::BuildGauge()
+                      .Name("dynmig_deviceplugin_unverified_allocations")
+                      .Help("allocations of active pods that could not be verified")
+                      .Register(*registry_)),
+      recovery_pending_(prometheus::BuildGauge()
+                            .Name("dynmig_deviceplugin_recovery_pending")
+                            .Help("1 while startup recovery waits for the Kubernetes API")
+                            .Register(*registry_)),
+      gpu_healthy_(prometheus::BuildGauge()
+                       .Name("dynmig_deviceplugin_gpu_healthy")
+                       .Help("1 when an exposed GPU is healthy")
+                       .Register(*registry_)) {
+  for (const char* r : {"success", "failed", "refused"}) allocations_.Add({{"result", r}});
+  allocate_duration_.Add({}, LatencyBuckets());
+  reconcile_duration_.Add({}, LatencyBuckets());
+  adoption_failures_.Add({});
+  destroy_failures_.Add({});
+  registrations_.Add({});
+  managed_.Add({});
+  untracked_.Add({});
+  busy_.Add({});
+  unverified_.Add({});
+  recovery_pending_.Add({});
+}
+
+std::string Metrics::Serialize() const {
+  prometheus::TextSerializer serializer;
+  return serializer.Serialize(registry_->Collect());
+}
+
+void Metrics::AllocateDone(std::string_view result, double seconds) {
+  allocations_.Add({{"result", std::string(result)}}).Increment();
+  allocate_duration_.Add({}, LatencyBuckets()).Observe(seconds);
+}
+void Metrics::InstanceCreated(std::string_view profile) {
+  created_.Add({{"profile", std::string(profile)}}).Increment();
+}
+void Metrics::InstanceDestroyed(std::string_view reason) {
+  destroyed_.Add({{"reason", std::string(reason)}}).Increment();
+}
+void Metrics::InstanceAdopted(std::string_view origin) {
+  adopted_.Add({{"origin", std::string(origin)}}).Increment();
+}
+void Metrics::AdoptionFailed() { adoption_failures_.Add({}).Increment(); }
+void Metrics::Refused(std::string_view reason) {
+  refusals_.Add({{"reason", std::string(reason)}}).Increment();
+}
+void Metrics::ReconcileDone(std::string_view result, double seconds) {
+  reconcile_.Add({{"result", std::string(result)}}).Increment();
+  reconcile_duration_.Add({}, LatencyBuckets()).Observe(seconds);
+}
+void Metrics::DestroyFailed() { destroy_failures_.Add({}).Increment(); }
+void Metrics::Registered() { registrations_.Add({}).Increment(); }
+void Metrics::NodePublished(bool ok) {
+  publishes_.Add({{"result", ok ? "ok" : "failed"}}).Increment();
+}
+void Metrics::SetManaged(double n) { managed_.Add({}).Set(n); }
+void Metrics::SetUntracked(double n) { untracked_.Add({}).Set(n); }
+void Metrics::SetBusy(double n) { busy_.Add({}).Set(n); }
+void Metrics::SetUnverified(double n) { unverified_.Add({}).Set(n); }
+void Metrics::SetRecoveryPending(bool pending) { recovery_pending_.Add({}).Set(pending ? 1 : 0); }
+void Metrics::SetGpuHealthy(std::string_view gpu_uuid, bool healthy) {
+  gpu_healthy_.Add({{"gpu", std::string(gpu_uuid)}}).Set(healthy ? 1 : 0);
+}
+
+double Metrics::Value(std::string_view name, std::string_view label,
+                      std::string_view label_value) const {
+  double total = 0;
+  for (const auto& family : registry_->Collect()) {
+    if (family.name != name) continue;
+    for (const auto& m : family.metric) {
+      bool match = label.empty();
+      for (const auto& l : m.label) {
+        if (l.name == label && l.value == label_value) match = true;
+      }
+      if (!match) continue;
+      if (family.type == prometheus::MetricType::Counter) total += m.counter.value;
+      if (family.type == prometheus::MetricType::Gauge) total += m.gauge.value;
+      if (family.type == prometheus::MetricType::Histogram) {
+        total += static_cast<double>(m.histogram.sample_count);
+      }
+    }
+  }
+  return total;
+}
+
+}  // namespace dynmig::deviceplugin

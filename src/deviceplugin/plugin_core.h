@@ -1,0 +1,242 @@
+// PluginCore: everything the device plugin decides, without the gRPC transport. It is the only
+// code that creates or destroys MIG instances, and it must never destroy an instance a running pod
+// owns, never create an overlapping one, and never lose track of one.
+//
+//   Start()       state file, NVML discovery, then startup recovery: open intents resolved, idle
+//                 GPUs cleaned, every pod's allocation verified against NVML and adopted (a pod
+//                 that cannot be verified is reported and its slices are kept out of use; adoption
+//                 goes on with the next allocation). If the API cannot be read, recovery waits:
+//                 nothing is destroyed until it can.
+//   Allocate()    one kubelet container request: the pending pod, its next container's
+//                 reservations, GI + CI at exactly the reserved placements (an intent is persisted
+//                 first), the runtime identity written into hami.io/vgpu-mig-allocations under a
+//                 resourceVersion precondition, the answer (NVIDIA_VISIBLE_DEVICES + device nodes,
+//                 or CDI names). On failure only what this call created is destroyed.
+//   Reconcile()   destroys CI then GI of every managed instance whose owner pod is no longer active
+//                 (processes still running: retried next cycle, others go on); adopts live
+//                 instances that a pod's verified annotation describes; cleans untracked instances
+//                 only on idle GPUs. Nothing is destroyed in a cycle where pods cannot be listed or
+//                 a non-terminated pod's MIG annotations cannot be read.
+//   PublishNode() hami.io/node-nvidia-register + hami.io/node-handshake "Reported_<RFC3339>".
+//
+// Thread-safe: mutating operations are serialized by one mutex (they touch node-global state);
+// Devices()/WaitForDeviceChange() use their own lock so ListAndWatch never waits on NVML.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "deviceplugin/cdi.h"
+#include "deviceplugin/events.h"
+#include "deviceplugin/inventory.h"
+#include "deviceplugin/metrics.h"
+#include "deviceplugin/pods.h"
+#include "deviceplugin/state_store.h"
+#include "deviceplugin/v1beta1/api.pb.h"
+#include "kube/kube_client.h"
+#include "mig/allowlist.h"
+#include "nlohmann/json.hpp"
+#include "nvml/nvml.h"
+
+namespace dynmig::deviceplugin {
+
+// Crash points (testing): PluginCoreOptions::crash_point is asked at each; `true` makes Allocate
+// return kAborted at once, leaving NVML, the API and the state file exactly as they are, as a
+// crash would.
+inline constexpr std::string_view kCrashAfterIntent = "after-intent";
+inline constexpr std::string_view kCrashAfterGpuInstance = "after-gpu-instance";
+inline constexpr std::string_view kCrashAfterComputeInstance = "after-compute-instance";
+inline constexpr std::string_view kCrashBeforeRollback = "before-rollback";
+inline constexpr std::string_view kCrashAfterAnnotation = "after-annotation";
+
+struct PluginCoreOptions {
+  std::string node_name;
+  std::string resource_name = "nvidia.com/gpu";
+  mig::Allowlist allowlist;
+  // The node-local state file (managed instances, intents). Required.
+  std::string state_file;
+  // fsync the state file and CDI specs on every write (off only for benchmarks on tmpfs).
+  bool fsync = true;
+  // When set, Allocate writes a CDI spec per MIG device here and answers with CDI names.
+  std::string cdi_dir;
+  // Attempts of the optimistic-concurrency loop that writes the pod annotation.
+  int annotation_attempts = 5;
+  std::function<absl::Time()> clock;                        // default absl::Now
+  std::function<bool(std::string_view point)> crash_point;  // testing only
+  std::string component = "dynmig-device-plugin";
+};
+
+struct ReconcileReport {
+  bool listed = false;
+  std::string skipped;  // why nothing was destroyed ("" = destruction was allowed)
+  int destroyed = 0;    // managed instances of finished pods, and untracked ones on idle GPUs
+  int busy = 0;         // reclaimable, but processes still run: retried next cycle
+  int destroy_failed = 0;
+  int adopted = 0;
+  int untracked = 0;   // live instances kept without an owner (busy GPU)
+  int unverified = 0;  // allocations of non-terminated pods that could not be verified
+};
+
+// Slices kept out of use: a non-terminated pod's allocation that could not be verified.
+struct QuarantinedSlices {
+  std::string gpu_uuid;
+  mig::Placement placement;
+  std::string pod;  // namespace/name
+  std::string reason;
+};
+
+class PluginCore {
+ public:
+  // `nvml`, `kube`, `metrics` and `events` must outlive the core. kInvalidArgument: node name or
+  // state file missing, or an invalid allowlist.
+  static absl::StatusOr<std::unique_ptr<PluginCore>> Create(PluginCoreOptions options,
+                                                            nvml::Nvml& nvml,
+                                                            kube::KubeClient& kube,
+                                                            Metrics& metrics,
+                                                            EventRecorder& events);
+  PluginCore(const PluginCore&) = delete;
+  PluginCore& operator=(const PluginCore&) = delete;
+
+  // Once, before serving. Errors: NVML cannot count GPUs; the state file cannot be written. An
+  // unreadable API is not an error: recovery is deferred (recovery_pending()).
+  absl::Status Start();
+
+  // ---- kubelet ----
+  v1beta1::DevicePluginOptions PluginOptions() const;
+  // The advertised devices: per exposed GPU "<uuid>::0".."<uuid>::<n-1>", n = its largest
+  // instance count; Unhealthy while the GPU is. `generation` (optional) receives the list's
+  // generation.
+  std::vector<v1beta1::Device> Devices(uint64_t* generation = nullptr) const;
+  // Waits until the device list's generation differs from `seen` (or timeout); returns the current
+  // generation.
+  uint64_t WaitForDeviceChange(uint64_t seen, absl::Duration timeout) const;
+  // One container's Allocate. Errors: kInvalidArgument (unknown device ids), kUnavailable (pods
+  // cannot be listed), kFailedPrecondition (no pending pod; refused reservation, legacy pod,
+  // placement busy), NVML's codes when creation fails, kAborted (annotation conflicts persisted).
+  absl::StatusOr<v1beta1::ContainerAllocateResponse> Allocate(
+      const std::vector<std::string>& device_ids);
+  // Prefers replicas of the GPUs the pending pod's next container reserved.
+  v1beta1::ContainerPreferredAllocationResponse PreferredAllocation(
+      const v1beta1::ContainerPreferredAllocationRequest& request);
+
+  // ---- periodic ----
+  ReconcileReport Reconcile();
+  // Writes hami.io/node-nvidia-register and hami.io/node-handshake ("Reported_<RFC3339 now>") in
+  // one patch.
+  absl::Status PublishNode();
+  // Re-reads GPU health; updates the device list and returns whether anything changed.
+  bool RefreshDevices();
+
+  // ---- observers ----
+  // The node's NVML view as JSON (GET /nvml): GPUs, profiles, instances with their owners, intents,
+  // quarantined slices.
+  nlohmann::json NvmlView();
+  std::vector<ManagedInstance> Managed() const;
+  std::vector<Intent> OpenIntents() const;
+  std::vector<QuarantinedSlices> Quarantined() const;
+  bool recovery_pending() const;
+  Inventory inventory() const;
+  const PluginCoreOptions& options() const { return options_; }
+
+ private:
+  PluginCore(PluginCoreOptions options, nvml::Nvml& nvml, kube::KubeClient& kube, Metrics& metrics,
+             EventRecorder& events);
+
+  struct Plan;
+  struct Created;
+
+  absl::Time Now() const { return options_.clock(); }
+  int64_t NowUnix() const { return absl::ToUnixSeconds(Now()); }
+  bool Crash(std::string_view point) const;
+
+  // All below REQUIRE mu_ held.
+  absl::StatusOr<std::vector<PodMig>> ListPods();
+  absl::Status Persist();
+  void UpdateDevices();
+  void UpdateGauges();
+  void RecoverLocked(const std::vector<PodMig>& pods);
+  // Completes or destroys (only when `destructive`) instances of intents left open.
+  void ResolveIntents(const std::vector<PodMig>& pods, bool destructive);
+  void CleanIdleGpus(const std::vector<PodMig>& pods);
+  ReconcileReport ReconcileLocked(const std::vector<PodMig>& pods);
+  // The non-terminated pods whose MIG annotations cannot be read ("ns/name: why"), each reported
+  // once (event and log). Non-empty: nothing may be destroyed.
+  std::vector<std::string> Unreadable(const std::vector<PodMig>& pods);
+  void AdoptUntracked(const std::vector<PodMig>& pods, bool destructive, ReconcileReport& report);
+  absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateLocked(
+      const std::vector<std::string>& device_ids, std::string* result);
+  absl::Status Refuse(const PodMig& pod, std::string_view reason, absl::Status status,
+                      std::string* result);
+  void FailPod(const PodMig& pod);
+  // Removes hami.io/mutex.lock when `pod` holds it, under the node's resourceVersion. `node` is a
+  // recent read of the node (saves a GET; re-read on conflict).
+  void ReleaseNodeLock(const PodMig& pod, std::optional<kube::Object> node = std::nullopt);
+  void Rollback(std::vector<Created>& created, const std::vector<uint64_t>& intents);
+  // Writes the runtime identity of `entries` (device index -> identity) of container
+  // `container` into the pod's annotation; with `consume`, also erases the container from
+  // hami.io/vgpu-devices-to-allocate and sets bind-phase success when none is left (`done`).
+  absl::Status WriteRuntimeIdentity(const PodMig& pod, int container,
+                                    const std::map<int, protocol::RuntimeIdentity>& entries,
+                                    bool consume, bool* done);
+  absl::StatusOr<v1beta1::ContainerAllocateResponse> Answer(
+      const std::vector<ManagedInstance>& instances);
+
+  // NVML helpers.
+  // Destroys every CI of GI `gi`, then the GI. A GI that is already gone is OK.
+  absl::Status DestroyGi(const GpuEntry& gpu, uint32_t gi);
+  // Whether processes run on GI `gi`; a failing query counts as busy (`why` says which).
+  bool GiBusy(const GpuEntry& gpu, uint32_t gi, std::string* why);
+  // Whether the GPU runs processes (a failing query counts as busy).
+  bool GpuHasProcesses(const GpuEntry& gpu, std::string* why);
+  // Verifies a complete allocation against a live GI: profile, placement, GI id, CI id, MIG UUID.
+  absl::Status Verify(const GpuEntry& gpu, const nvml::GpuInstanceInfo& gi,
+                      const protocol::MigAllocation& allocation);
+
+  ManagedInstance* FindManaged(std::string_view gpu_uuid, const mig::Placement& placement);
+  ManagedInstance* FindManagedGi(std::string_view gpu_uuid, uint32_t gi);
+  void RemoveManaged(std::string_view gpu_uuid, uint32_t gi);
+  void Manage(ManagedInstance instance);
+  // Reports once per key (events and warnings that would repeat every cycle).
+  bool FirstReport(const std::string& key);
+  void Event(const PodMig* pod, std::string_view type, std::string_view reason,
+             const std::string& message);
+
+  const PluginCoreOptions options_;
+  nvml::Nvml& nvml_;
+  kube::KubeClient& kube_;
+  Metrics& metrics_;
+  EventRecorder& events_;
+  const StateStore store_;
+  const CdiWriter cdi_;
+
+  mutable std::mutex mu_;  // serializes every mutating operation
+  PluginState state_;
+  Inventory inventory_;
+  std::optional<nvml::MigMinors> minors_;
+  std::string minors_error_;
+  std::vector<QuarantinedSlices> quarantine_;
+  std::set<std::string> reported_;
+  std::optional<kube::Object> node_;  // the node as read by the current Allocate
+  bool started_ = false;
+  bool recovery_pending_ = true;
+  std::string last_register_;
+
+  mutable std::mutex devices_mu_;
+  mutable std::condition_variable devices_cv_;
+  std::vector<v1beta1::Device> devices_;
+  uint64_t devices_generation_ = 0;
+};
+
+}  // namespace dynmig::deviceplugin

@@ -1,0 +1,295 @@
+// Startup recovery: open intents, idle GPU cleaning, adoption. See plugin_core.h.
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "common/status_macros.h"
+#include "deviceplugin/plugin_core.h"
+#include "fmt/format.h"
+#include "fmt/ranges.h"
+#include "protocol/annotations.h"
+#include "spdlog/spdlog.h"
+
+namespace dynmig::deviceplugin {
+namespace {
+
+std::string Where(const mig::Placement& p) {
+  return fmt::format("slices {} (start {}, size {})", p.ToString(), p.start, p.size);
+}
+
+}  // namespace
+
+void PluginCore::RecoverLocked(const std::vector<PodMig>& pods) {
+  spdlog::info("recovery: {} pod(s) on node {}, {} managed instance(s), {} open intent(s)",
+               pods.size(), options_.node_name, state_.instances.size(), state_.intents.size());
+  const bool readable = Unreadable(pods).empty();
+  ResolveIntents(pods, readable);
+  if (readable) {
+    CleanIdleGpus(pods);
+  } else {
+    spdlog::warn("recovery: some pods' MIG annotations cannot be read: no GPU is cleaned");
+  }
+  recovery_pending_ = false;
+  ReconcileReport report;
+  // Adoption of every verified allocation; untracked instances on busy GPUs are kept.
+  AdoptUntracked(pods, readable, report);
+  if (auto st = Persist(); !st.ok())
+    spdlog::error("recovery: cannot save state: {}", std::string(st.message()));
+  UpdateGauges();
+  spdlog::info(
+      "recovery done: {} managed, {} adopted, {} unverified allocation(s), {} untracked "
+      "instance(s), {} open intent(s)",
+      state_.instances.size(), report.adopted, report.unverified, report.untracked,
+      state_.intents.size());
+}
+
+void PluginCore::ResolveIntents(const std::vector<PodMig>& pods, bool destructive) {
+  std::map<std::string, const PodMig*> by_uid;
+  for (const auto& p : pods) by_uid[p.uid] = &p;
+  const std::vector<Intent> intents = state_.intents;
+  std::set<uint64_t> closed;
+  for (const auto& intent : intents) {
+    const std::string what =
+        fmt::format("intent {} ({} at {} of GPU {} for pod {} container {} device {})", intent.id,
+                    intent.profile, Where(intent.placement), intent.gpu_uuid, intent.owner.PodKey(),
+                    intent.owner.container_index, intent.owner.device_index);
+    const GpuEntry* gpu = inventory_.FindByUuid(intent.gpu_uuid);
+    const mig::ProfileSpec* profile =
+        gpu == nullptr ? nullptr : gpu->capability.FindProfile(intent.profile);
+    if (gpu == nullptr || profile == nullptr) {
+      spdlog::warn("recovery: {}: the GPU or profile is gone; closed", what);
+      closed.insert(intent.id);
+      continue;
+    }
+    auto gis = nvml_.ListGpuInstances(gpu->info.index);
+    if (!gis.ok()) {
+      spdlog::warn("recovery: {}: cannot list GIs ({}); kept open", what,
+                   std::string(gis.status().message()));
+      continue;
+    }
+    const nvml::GpuInstanceInfo* gi = nullptr;
+    for (const auto& g : *gis) {
+      if (g.profile_id == profile->nvml_id && g.placement == intent.placement) gi = &g;
+    }
+    if (gi == nullptr) {
+      spdlog::info("recovery: {}: no instance was created; closed", what);
+      closed.insert(intent.id);
+      continue;
+    }
+    auto it = by_uid.find(intent.owner.pod_uid);
+    const PodMig* pod = it == by_uid.end() ? nullptr : it->second;
+    if (pod != nullptr && !pod->unreadable.empty() && !pod->terminated) {
+      if (FirstReport(fmt::format("intent-unreadable/{}", intent.id))) {
+        Event(pod, "Warning", kReasonAdoptionFailed,
+              fmt::format("{}: GI {} exists but the pod's annotations cannot be read ({}); kept "
+                          "until they can",
+                          what, gi->id, pod->unreadable));
+      }
+      continue;
+    }
+    const protocol::MigAllocation* entry = nullptr;
+    if (pod != nullptr && pod->allocations.ok()) {
+      for (const auto& a : *pod->allocations) {
+        if (a.container_index == intent.owner.container_index &&
+            a.device_index == intent.owner.device_index) {
+          entry = &a;
+        }
+      }
+    }
+    const bool unchanged = entry != nullptr && entry->gpu_uuid == intent.gpu_uuid &&
+                           entry->profile == intent.profile && entry->placement == intent.placement;
+    if (pod != nullptr && pod->active && unchanged) {
+      // Complete: the pod still wants exactly this instance.
+      auto cis = nvml_.ListComputeInstances(gpu->info.index, gi->id);
+      if (!cis.ok()) {
+        spdlog::warn("recovery: {}: cannot list CIs ({}); kept open", what,
+                     std::string(cis.status().message()));
+        continue;
+      }
+      uint32_t ci_id = 0;
+      if (cis->empty()) {
+        auto ci = nvml_.CreateComputeInstance(gpu->info.index, gi->id);
+        if (!ci.ok()) {
+          spdlog::warn("recovery: {}: cannot create the missing CI ({}); kept open", what,
+                       std::string(ci.status().message()));
+          continue;
+        }
+        ci_id = ci->id;
+      } else {
+        ci_id = cis->front().id;
+      }
+      auto uuid = nvml_.GetMigDeviceUuid(gpu->info.index, gi->id, ci_id);
+      if (!uuid.ok()) {
+        spdlog::warn("recovery: {}: cannot read the MIG UUID ({}); kept open", what,
+                     std::string(uuid.status().message()));
+        continue;
+      }
+      const protocol::RuntimeIdentity identity{*uuid, gi->id, ci_id};
+      if (entry->runtime.has_value() && *entry->runtime != identity) {
+        // Someone else's identity: keep the instance, never guess.
+        if (FirstReport(fmt::format("intent-conflict/{}", intent.id))) {
+          metrics_.AdoptionFailed();
+          Event(pod, "Warning", kReasonAdoptionFailed,
+                fmt::format("{}: GI {} exists but the annotation names {} (GI {}, CI {}); kept, "
+                            "not adopted",
+                            what, gi->id, entry->runtime->mig_uuid, entry->runtime->gpu_instance_id,
+                            entry->runtime->compute_instance_id));
+        }
+        closed.insert(intent.id);
+        continue;
+      }
+      if (!entry->runtime.has_value()) {
+        std::map<int, protocol::RuntimeIdentity> identities{{intent.owner.device_index, identity}};
+        auto st = WriteRuntimeIdentity(*pod, intent.owner.container_index, identities,
+                                       /*consume=*/false, nullptr);
+        if (!st.ok()) {
+          spdlog::warn("recovery: {}: cannot write the runtime identity ({}); kept open", what,
+                       std::string(st.message()));
+          continue;
+        }
+      }
+      ManagedInstance m;
+      m.gpu_uuid = intent.gpu_uuid;
+      m.profile = intent.profile;
+      m.profile_id = profile->nvml_id;
+      m.placement = intent.placement;
+      m.gpu_instance_id = gi->id;
+      m.compute_instance_id = ci_id;
+      m.mig_uuid = *uuid;
+      m.owner = intent.owner;
+      m.origin = "completed";
+      m.since = NowUnix();
+      Manage(m);
+      closed.insert(intent.id);
+      metrics_.InstanceAdopted("intent");
+      Event(pod, "Normal", kReasonAdopted,
+            fmt::format("completed {} after an interrupted Allocate: MIG device {} (GI {}, CI {}) "
+                        "written to {}",
+                        what, m.mig_uuid, m.gpu_instance_id, m.compute_instance_id,
+                        protocol::kMigAllocationsAnnotation));
+      continue;
+    }
+    // The pod is gone, finished or deleting, or no longer reserves this: nobody owns the instance.
+    const std::string why = pod == nullptr    ? "the pod is gone"
+                            : pod->terminated ? "the pod finished"
+                            : pod->deleting   ? "the pod is being deleted"
+                                              : "the pod's reservation changed";
+    if (!destructive) {
+      spdlog::info("recovery: {}: {}, kept open while some pod's annotations cannot be read", what,
+                   why);
+      continue;
+    }
+    std::string busy;
+    if (GiBusy(*gpu, gi->id, &busy)) {
+      // Track it under the intent's owner: the reconciler reclaims it once the processes stop.
+      ManagedInstance m;
+      m.gpu_uuid = intent.gpu_uuid;
+      m.profile = intent.profile;
+      m.profile_id = profile->nvml_id;
+      m.placement = intent.placement;
+      m.gpu_instance_id = gi->id;
+      auto cis = nvml_.ListComputeInstances(gpu->info.index, gi->id);
+      if (cis.ok() && !cis->empty()) {
+        m.compute_instance_id = cis->front().id;
+        m.mig_uuid = cis->front().mig_uuid;
+      }
+      m.owner = intent.owner;
+      m.origin = "intent";
+      m.since = NowUnix();
+      // An active pod whose reservation changed does not own it: no uid, so it is reclaimed.
+      if (pod != nullptr && pod->active) m.owner.pod_uid.clear();
+      Manage(m);
+      closed.insert(intent.id);
+      spdlog::warn("recovery: {}: {}, but {}; tracked and reclaimed once idle", what, why, busy);
+      continue;
+    }
+    auto st = DestroyGi(*gpu, gi->id);
+    if (!st.ok()) {
+      metrics_.DestroyFailed();
+      spdlog::warn("recovery: {}: {}, destroy failed ({}); kept open", what, why,
+                   std::string(st.message()));
+      continue;
+    }
+    RemoveManaged(intent.gpu_uuid, gi->id);
+    closed.insert(intent.id);
+    metrics_.InstanceDestroyed("intent");
+    Event(pod, "Normal", kReasonDestroyed,
+          fmt::format("destroyed GI {} of an interrupted Allocate ({}): {}", gi->id, what, why));
+  }
+  if (closed.empty()) return;
+  std::erase_if(state_.intents, [&](const Intent& i) { return closed.count(i.id) > 0; });
+  if (auto st = Persist(); !st.ok())
+    spdlog::error("recovery: cannot save state: {}", std::string(st.message()));
+}
+
+void PluginCore::CleanIdleGpus(const std::vector<PodMig>& pods) {
+  // Busy: named by a non-terminated pod's annotations, running processes, or an open intent.
+  std::set<std::string> referenced;
+  bool all_busy = false;
+  std::string all_busy_reason;
+  for (const auto& p : pods) {
+    if (p.terminated) continue;
+    if (p.gpus_unknown) {
+      all_busy = true;
+      all_busy_reason = fmt::format("pod {} has annotations that name no readable GPU", p.key);
+    }
+    referenced.insert(p.referenced_gpus.begin(), p.referenced_gpus.end());
+  }
+  for (const auto& i : state_.intents) referenced.insert(i.gpu_uuid);
+  for (const auto& gpu : inventory_.gpus) {
+    if (!gpu.exposed) continue;
+    if (!gpu.info.mig.current) {
+      spdlog::warn("recovery: GPU {} ({}) is not cleaned: {}", gpu.info.index, gpu.info.uuid,
+                   gpu.unhealthy_reason);
+      continue;
+    }
+    std::string why;
+    if (all_busy) {
+      why = all_busy_reason;
+    } else if (referenced.count(gpu.info.uuid)) {
+      why = "a pod references it";
+    } else {
+      GpuHasProcesses(gpu, &why);
+    }
+    if (!why.empty()) {
+      spdlog::info("recovery: GPU {} ({}) is busy ({}): not cleaned", gpu.info.index, gpu.info.uuid,
+                   why);
+      continue;
+    }
+    auto gis = nvml_.ListGpuInstances(gpu.info.index);
+    if (!gis.ok()) {
+      spdlog::warn("recovery: cannot list the GIs of idle GPU {}: {}", gpu.info.uuid,
+                   std::string(gis.status().message()));
+      continue;
+    }
+    int destroyed = 0;
+    std::vector<std::string> failures;
+    for (const auto& gi : *gis) {
+      auto st = DestroyGi(gpu, gi.id);
+      if (!st.ok()) {
+        metrics_.DestroyFailed();
+        failures.push_back(std::string(st.message()));
+        continue;
+      }
+      ++destroyed;
+      metrics_.InstanceDestroyed("startup_cleanup");
+      if (const ManagedInstance* m = FindManagedGi(gpu.info.uuid, gi.id);
+          m != nullptr && cdi_.enabled()) {
+        (void)cdi_.Remove(m->mig_uuid);
+      }
+      RemoveManaged(gpu.info.uuid, gi.id);
+    }
+    if (destroyed > 0) {
+      Event(nullptr, "Normal", kReasonGpuCleaned,
+            fmt::format("GPU {} ({}) is idle: destroyed its {} MIG instance(s) to start clean",
+                        gpu.info.index, gpu.info.uuid, destroyed));
+    }
+    if (!failures.empty()) {
+      Event(nullptr, "Warning", kReasonGpuCleaned,
+            fmt::format("GPU {} ({}): {} instance(s) could not be destroyed: {}", gpu.info.index,
+                        gpu.info.uuid, failures.size(), fmt::join(failures, "; ")));
+    }
+  }
+}
+
+}  // namespace dynmig::deviceplugin

@@ -1,0 +1,159 @@
+#include "deviceplugin/pods.h"
+
+#include <charconv>
+#include <limits>
+
+#include "common/strings.h"
+#include "nlohmann/json.hpp"
+#include "protocol/annotations.h"
+
+namespace dynmig::deviceplugin {
+namespace {
+
+int64_t ParseUnix(const std::optional<std::string>& text) {
+  if (!text.has_value()) return 0;
+  const std::string_view t = Trim(*text);
+  int64_t v = 0;
+  auto [ptr, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+  if (ec != std::errc() || ptr != t.data() + t.size()) return 0;
+  return v;
+}
+
+// Adds the GPUs of a device annotation, leniently.
+void AddDeviceGpus(std::string_view value, PodMig& out) {
+  auto devices = protocol::DecodePodDevices(value);
+  if (!devices.ok()) {
+    out.gpus_unknown = true;
+    return;
+  }
+  for (const auto& container : *devices) {
+    for (const auto& d : container) {
+      if (auto legacy = protocol::ParseLegacyMigIdentity(d.uuid)) {
+        out.legacy = true;
+        out.referenced_gpus.insert(legacy->gpu_uuid);
+      } else {
+        out.referenced_gpus.insert(d.uuid);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool IsTerminated(const kube::Object& pod) {
+  const std::string phase = kube::Phase(pod);
+  return phase == "Succeeded" || phase == "Failed";
+}
+
+bool IsActive(const kube::Object& pod) { return !IsTerminated(pod) && !kube::IsBeingDeleted(pod); }
+
+std::optional<NodeLock> ParseNodeLock(std::string_view value) {
+  const size_t a = value.find(',');
+  if (a == std::string_view::npos) return std::nullopt;
+  const size_t b = value.find(',', a + 1);
+  if (b == std::string_view::npos) return std::nullopt;
+  NodeLock lock{std::string(value.substr(0, a)), std::string(value.substr(a + 1, b - a - 1)),
+                std::string(value.substr(b + 1))};
+  if (lock.ns.empty() || lock.name.empty()) return std::nullopt;
+  return lock;
+}
+
+bool PodMig::ContainerAllocated(int index) const {
+  if (bind_phase == protocol::kBindPhaseSuccess) return true;
+  // A failed bind leaves the container's devices in place: it was never realized.
+  if (!has_to_allocate || !to_allocate.ok()) return false;
+  return index < 0 || static_cast<size_t>(index) >= to_allocate->size() ||
+         (*to_allocate)[index].empty();
+}
+
+int PodMig::NextContainer() const {
+  if (!has_to_allocate || !to_allocate.ok()) return -1;
+  for (size_t i = 0; i < to_allocate->size(); ++i) {
+    if (!(*to_allocate)[i].empty()) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+PodMig AnalyzePod(const kube::Object& pod) {
+  PodMig m;
+  m.pod = pod;
+  m.uid = kube::Uid(pod);
+  m.ns = kube::Namespace(pod);
+  m.name = kube::Name(pod);
+  m.key = m.ns + "/" + m.name;
+  m.terminated = IsTerminated(pod);
+  m.deleting = kube::IsBeingDeleted(pod);
+  m.active = !m.terminated && !m.deleting;
+  m.bind_phase = kube::Annotation(pod, protocol::kBindPhaseAnnotation).value_or("");
+  m.bind_time = ParseUnix(kube::Annotation(pod, protocol::kBindTimeAnnotation));
+  m.vgpu_node = kube::Annotation(pod, protocol::kVgpuNodeAnnotation).value_or("");
+
+  if (auto v = kube::Annotation(pod, protocol::kMigAllocationsAnnotation)) {
+    m.relevant = true;
+    m.has_allocations = true;
+    m.allocations = protocol::DecodeMigAllocations(*v);
+    if (m.allocations.ok()) {
+      for (const auto& a : *m.allocations) m.referenced_gpus.insert(a.gpu_uuid);
+    } else {
+      m.unreadable = std::string(m.allocations.status().message());
+      // The strict decoder refused it; still learn which GPUs it names, if it is JSON at all.
+      const nlohmann::json j = nlohmann::json::parse(*v, nullptr, /*allow_exceptions=*/false);
+      if (j.is_array()) {
+        for (const auto& e : j) {
+          if (e.is_object() && e.contains("gpuUUID") && e["gpuUUID"].is_string()) {
+            m.referenced_gpus.insert(e["gpuUUID"].get<std::string>());
+          } else {
+            m.gpus_unknown = true;
+          }
+        }
+      } else {
+        m.gpus_unknown = true;
+      }
+    }
+  }
+  if (auto v = kube::Annotation(pod, protocol::kDevicesToAllocateAnnotation)) {
+    m.relevant = true;
+    m.has_to_allocate = true;
+    m.to_allocate = protocol::DecodePodDevices(*v);
+    AddDeviceGpus(*v, m);
+  }
+  if (auto v = kube::Annotation(pod, protocol::kDevicesAllocatedAnnotation)) {
+    m.relevant = true;
+    AddDeviceGpus(*v, m);
+    if (!m.has_allocations && !m.referenced_gpus.empty() && !m.legacy) {
+      m.unreadable =
+          "hami.io/vgpu-mig-allocations is missing although hami.io/vgpu-devices-allocated names "
+          "GPUs";
+    }
+  }
+  if (m.unreadable.empty() && m.has_to_allocate && !m.to_allocate.ok()) {
+    m.unreadable = std::string(m.to_allocate.status().message());
+  }
+  return m;
+}
+
+const PodMig* FindPendingPod(const std::vector<PodMig>& pods, std::string_view node,
+                             const std::optional<NodeLock>& lock) {
+  auto eligible = [](const PodMig& p) {
+    return !p.deleting && !p.terminated && p.NextContainer() >= 0;
+  };
+  if (lock.has_value()) {
+    for (const auto& p : pods) {
+      if (p.ns == lock->ns && p.name == lock->name && eligible(p)) return &p;
+    }
+  }
+  const PodMig* best = nullptr;
+  for (const auto& p : pods) {
+    if (!eligible(p) || p.bind_phase != protocol::kBindPhaseAllocating || p.vgpu_node != node) {
+      continue;
+    }
+    const int64_t t = p.bind_time == 0 ? std::numeric_limits<int64_t>::max() : p.bind_time;
+    const int64_t best_t = best == nullptr        ? 0
+                           : best->bind_time == 0 ? std::numeric_limits<int64_t>::max()
+                                                  : best->bind_time;
+    if (best == nullptr || t < best_t || (t == best_t && p.key < best->key)) best = &p;
+  }
+  return best;
+}
+
+}  // namespace dynmig::deviceplugin

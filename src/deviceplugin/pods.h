@@ -1,0 +1,78 @@
+// What the pods of a node say about MIG: their phase, reservations, runtime identities, which
+// container is allocated next, and which pod the kubelet is allocating. Pure functions over API
+// objects; thread-compatible.
+#pragma once
+
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kube/object.h"
+#include "protocol/devices.h"
+#include "protocol/mig_allocations.h"
+
+namespace dynmig::deviceplugin {
+
+// Succeeded or Failed: the pod's containers will not run again.
+bool IsTerminated(const kube::Object& pod);
+// Not terminated and not being deleted. A pod being deleted may still run processes: its instances
+// are reclaimed once the processes are gone.
+bool IsActive(const kube::Object& pod);
+
+// `hami.io/mutex.lock`: "<RFC3339 time>,<namespace>,<pod>".
+struct NodeLock {
+  std::string time;
+  std::string ns;
+  std::string name;
+};
+std::optional<NodeLock> ParseNodeLock(std::string_view value);
+
+// One pod, analysed once per cycle.
+struct PodMig {
+  kube::Object pod;
+  std::string uid;
+  std::string ns;
+  std::string name;
+  std::string key;  // namespace/name
+  bool terminated = false;
+  bool deleting = false;
+  bool active = false;
+  // The pod carries any of HAMi's device annotations (it is a vGPU/MIG pod).
+  bool relevant = false;
+  bool has_allocations = false;  // hami.io/vgpu-mig-allocations present
+  absl::StatusOr<std::vector<protocol::MigAllocation>> allocations =
+      std::vector<protocol::MigAllocation>{};
+  bool has_to_allocate = false;
+  absl::StatusOr<protocol::PodDevices> to_allocate = protocol::PodDevices{};
+  std::string bind_phase;
+  int64_t bind_time = 0;  // hami.io/bind-time, 0 when absent or not a number
+  std::string vgpu_node;  // hami.io/vgpu-node
+  // GPUs the pod's annotations name, read leniently (also from an annotation that fails the
+  // strict decoder, and from legacy "GPU-…[t-s]" device ids). `gpus_unknown`: an annotation could
+  // not be read at all, so the pod may use any GPU.
+  std::set<std::string> referenced_gpus;
+  bool gpus_unknown = false;
+  bool legacy = false;  // some device id has the legacy "GPU-…[t-s]" form
+  // Why the pod's MIG state cannot be read ("" when it can): the reservation does not decode, or
+  // a vGPU pod has device annotations but no hami.io/vgpu-mig-allocations.
+  std::string unreadable;
+
+  // Whether the kubelet's Allocate for container `index` has completed: its device list was
+  // consumed from hami.io/vgpu-devices-to-allocate, or the pod reached bind-phase success.
+  bool ContainerAllocated(int index) const;
+  // The next container with devices left in hami.io/vgpu-devices-to-allocate, or -1.
+  int NextContainer() const;
+};
+
+PodMig AnalyzePod(const kube::Object& pod);
+
+// The pod the kubelet is allocating on `node`: the node lock's owner when it is on this node and
+// still has a container to allocate, else the pod with hami.io/bind-phase=allocating and
+// hami.io/vgpu-node=node with the oldest hami.io/bind-time (then name). nullptr when none.
+const PodMig* FindPendingPod(const std::vector<PodMig>& pods, std::string_view node,
+                             const std::optional<NodeLock>& lock);
+
+}  // namespace dynmig::deviceplugin

@@ -1,0 +1,256 @@
+#include "deviceplugin/state_store.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <system_error>
+
+#include "fmt/format.h"
+#include "nlohmann/json.hpp"
+
+namespace dynmig::deviceplugin {
+namespace {
+
+using Json = nlohmann::json;
+
+Json OwnerJson(const InstanceOwner& o) {
+  return Json{{"podUID", o.pod_uid},
+              {"namespace", o.ns},
+              {"name", o.name},
+              {"containerIndex", o.container_index},
+              {"deviceIndex", o.device_index}};
+}
+
+Json PlacementJson(const mig::Placement& p) { return Json{{"start", p.start}, {"size", p.size}}; }
+
+// Field readers that throw nothing: they record the first error.
+class Reader {
+ public:
+  explicit Reader(std::string* error) : error_(error) {}
+
+  const Json* Field(const Json& obj, const std::string& key, const std::string& path) {
+    if (!obj.is_object() || !obj.contains(key)) {
+      Fail(fmt::format("{}.{}: missing", path, key));
+      return nullptr;
+    }
+    return &obj.at(key);
+  }
+  std::string String(const Json& obj, const std::string& key, const std::string& path) {
+    const Json* v = Field(obj, key, path);
+    if (v == nullptr) return "";
+    if (!v->is_string()) {
+      Fail(fmt::format("{}.{}: must be a string", path, key));
+      return "";
+    }
+    return v->get<std::string>();
+  }
+  int64_t Int(const Json& obj, const std::string& key, const std::string& path) {
+    const Json* v = Field(obj, key, path);
+    if (v == nullptr) return 0;
+    if (!v->is_number_integer()) {
+      Fail(fmt::format("{}.{}: must be an integer", path, key));
+      return 0;
+    }
+    return v->get<int64_t>();
+  }
+  uint32_t U32(const Json& obj, const std::string& key, const std::string& path) {
+    const int64_t v = Int(obj, key, path);
+    if (v < 0 || v > 0xFFFFFFFFLL) {
+      Fail(fmt::format("{}.{}: out of range", path, key));
+      return 0;
+    }
+    return static_cast<uint32_t>(v);
+  }
+  mig::Placement Placement(const Json& obj, const std::string& path) {
+    const Json* v = Field(obj, "placement", path);
+    if (v == nullptr) return {};
+    return {U32(*v, "start", path + ".placement"), U32(*v, "size", path + ".placement")};
+  }
+  InstanceOwner Owner(const Json& obj, const std::string& path) {
+    const Json* v = Field(obj, "owner", path);
+    if (v == nullptr) return {};
+    const std::string p = path + ".owner";
+    return {String(*v, "podUID", p), String(*v, "namespace", p), String(*v, "name", p),
+            static_cast<int>(U32(*v, "containerIndex", p)),
+            static_cast<int>(U32(*v, "deviceIndex", p))};
+  }
+  void Fail(std::string message) {
+    if (error_->empty()) *error_ = std::move(message);
+  }
+
+ private:
+  std::string* error_;
+};
+
+absl::Status ErrnoStatus(int err, const std::string& what) {
+  const std::string message = fmt::format("{}: {}", what, std::strerror(err));
+  if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(message);
+  if (err == ENOENT) return absl::NotFoundError(message);
+  return absl::UnavailableError(message);
+}
+
+}  // namespace
+
+std::string EncodeState(const PluginState& state) {
+  Json instances = Json::array();
+  for (const auto& i : state.instances) {
+    instances.push_back(Json{{"gpuUUID", i.gpu_uuid},
+                             {"profile", i.profile},
+                             {"profileId", i.profile_id},
+                             {"placement", PlacementJson(i.placement)},
+                             {"gpuInstanceID", i.gpu_instance_id},
+                             {"computeInstanceID", i.compute_instance_id},
+                             {"migUUID", i.mig_uuid},
+                             {"origin", i.origin},
+                             {"since", i.since},
+                             {"owner", OwnerJson(i.owner)}});
+  }
+  Json intents = Json::array();
+  for (const auto& i : state.intents) {
+    intents.push_back(Json{{"id", i.id},
+                           {"gpuUUID", i.gpu_uuid},
+                           {"profile", i.profile},
+                           {"placement", PlacementJson(i.placement)},
+                           {"created", i.created},
+                           {"owner", OwnerJson(i.owner)}});
+  }
+  Json doc = {{"version", 1},
+              {"nextIntentId", state.next_intent_id},
+              {"instances", instances},
+              {"intents", intents}};
+  return doc.dump(1) + "\n";
+}
+
+absl::StatusOr<PluginState> DecodeState(std::string_view text) {
+  Json doc = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return absl::DataLossError("state file: not valid JSON");
+  if (!doc.is_object()) return absl::DataLossError("state file: not a JSON object");
+  std::string error;
+  Reader r(&error);
+  PluginState state;
+  const int64_t version = r.Int(doc, "version", "state");
+  if (error.empty() && version != 1) {
+    return absl::DataLossError(fmt::format("state.version: {} is not supported (want 1)", version));
+  }
+  state.next_intent_id = static_cast<uint64_t>(r.Int(doc, "nextIntentId", "state"));
+  const Json* instances = r.Field(doc, "instances", "state");
+  if (instances != nullptr && !instances->is_array()) r.Fail("state.instances: must be an array");
+  const Json* intents = r.Field(doc, "intents", "state");
+  if (intents != nullptr && !intents->is_array()) r.Fail("state.intents: must be an array");
+  if (!error.empty()) return absl::DataLossError(error);
+  for (size_t k = 0; k < instances->size(); ++k) {
+    const Json& j = (*instances)[k];
+    const std::string path = fmt::format("state.instances[{}]", k);
+    ManagedInstance i;
+    i.gpu_uuid = r.String(j, "gpuUUID", path);
+    i.profile = r.String(j, "profile", path);
+    i.profile_id = r.U32(j, "profileId", path);
+    i.placement = r.Placement(j, path);
+    i.gpu_instance_id = r.U32(j, "gpuInstanceID", path);
+    i.compute_instance_id = r.U32(j, "computeInstanceID", path);
+    i.mig_uuid = r.String(j, "migUUID", path);
+    i.origin = r.String(j, "origin", path);
+    i.since = r.Int(j, "since", path);
+    i.owner = r.Owner(j, path);
+    state.instances.push_back(std::move(i));
+  }
+  for (size_t k = 0; k < intents->size(); ++k) {
+    const Json& j = (*intents)[k];
+    const std::string path = fmt::format("state.intents[{}]", k);
+    Intent i;
+    i.id = static_cast<uint64_t>(r.Int(j, "id", path));
+    i.gpu_uuid = r.String(j, "gpuUUID", path);
+    i.profile = r.String(j, "profile", path);
+    i.placement = r.Placement(j, path);
+    i.created = r.Int(j, "created", path);
+    i.owner = r.Owner(j, path);
+    state.intents.push_back(std::move(i));
+  }
+  if (!error.empty()) return absl::DataLossError(error);
+  return state;
+}
+
+absl::StatusOr<PluginState> StateStore::Load() const {
+  std::ifstream in(path_);
+  if (!in) {
+    std::error_code ec;
+    if (!std::filesystem::exists(path_, ec)) return PluginState{};
+    return ErrnoStatus(errno, "cannot read state file " + path_);
+  }
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  auto state = DecodeState(buffer.str());
+  if (!state.ok()) {
+    return absl::DataLossError(
+        fmt::format("state file {}: {}", path_, std::string(state.status().message())));
+  }
+  return state;
+}
+
+absl::Status StateStore::Save(const PluginState& state) const {
+  const std::filesystem::path dir = std::filesystem::path(path_).parent_path();
+  if (!dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) {
+      return absl::UnavailableError(fmt::format("cannot create state directory {}: {}",
+                                                dir.string(), std::string(ec.message())));
+    }
+  }
+  return WriteFileAtomically(path_, EncodeState(state), fsync_);
+}
+
+absl::StatusOr<std::string> StateStore::MoveAside(int64_t now_unix) const {
+  const std::string target = fmt::format("{}.corrupt-{}", path_, now_unix);
+  if (::rename(path_.c_str(), target.c_str()) != 0) {
+    return ErrnoStatus(errno, fmt::format("cannot move {} to {}", path_, target));
+  }
+  return target;
+}
+
+absl::Status WriteFileAtomically(const std::string& path, std::string_view content, bool fsync) {
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoStatus(errno, "cannot create " + tmp);
+  size_t written = 0;
+  while (written < content.size()) {
+    const ssize_t n = ::write(fd, content.data() + written, content.size() - written);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return ErrnoStatus(err, "cannot write " + tmp);
+    }
+    written += static_cast<size_t>(n);
+  }
+  if (fsync && ::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return ErrnoStatus(err, "cannot fsync " + tmp);
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return ErrnoStatus(err, fmt::format("cannot rename {} to {}", tmp, path));
+  }
+  if (fsync) {
+    std::string dir = std::filesystem::path(path).parent_path().string();
+    if (dir.empty()) dir = ".";
+    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+      ::fsync(dfd);
+      ::close(dfd);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dynmig::deviceplugin

@@ -1,0 +1,106 @@
+// The device plugin's node-local state: the MIG instances it manages (created or adopted) and the
+// intents it records before creating one, persisted in a small JSON file so that a crash never
+// loses track of an instance.
+//
+// File format (version 1), replaced atomically (write "<file>.tmp", fsync, rename, fsync the
+// directory):
+//   {"version":1,"nextIntentId":3,
+//    "instances":[{"gpuUUID":"GPU-…","profile":"1g.5gb","profileId":19,
+//                  "placement":{"start":6,"size":1},"gpuInstanceID":13,"computeInstanceID":0,
+//                  "migUUID":"MIG-…","origin":"created","since":1800000000,
+//                  "owner":{"podUID":"…","namespace":"default","name":"p","containerIndex":0,
+//                           "deviceIndex":0}}],
+//    "intents":[{"id":2,"gpuUUID":"GPU-…","profile":"1g.5gb","placement":{"start":5,"size":1},
+//                "created":1800000000,"owner":{…}}]}
+// Value types are thread-compatible; StateStore is thread-compatible (callers serialize).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "mig/placement.h"
+
+namespace dynmig::deviceplugin {
+
+// The pod container device an instance belongs to.
+struct InstanceOwner {
+  std::string pod_uid;
+  std::string ns;
+  std::string name;
+  int container_index = 0;
+  int device_index = 0;
+
+  std::string PodKey() const { return ns + "/" + name; }
+  friend bool operator==(const InstanceOwner&, const InstanceOwner&) = default;
+};
+
+// A MIG instance (one GI with its full CI) this plugin created or adopted.
+struct ManagedInstance {
+  std::string gpu_uuid;
+  std::string profile;  // exact profile name
+  uint32_t profile_id = 0;
+  mig::Placement placement;
+  uint32_t gpu_instance_id = 0;
+  uint32_t compute_instance_id = 0;
+  std::string mig_uuid;
+  InstanceOwner owner;
+  std::string origin;  // "created", "adopted" or "completed" (an intent finished after a crash)
+  int64_t since = 0;   // unix seconds
+
+  friend bool operator==(const ManagedInstance&, const ManagedInstance&) = default;
+};
+
+// Recorded before creating a GI, closed once the pod's annotation carries its identity (or the
+// instance is gone). An open intent at startup means a crash happened in between.
+struct Intent {
+  uint64_t id = 0;
+  InstanceOwner owner;
+  std::string gpu_uuid;
+  std::string profile;
+  mig::Placement placement;
+  int64_t created = 0;  // unix seconds
+
+  friend bool operator==(const Intent&, const Intent&) = default;
+};
+
+struct PluginState {
+  std::vector<ManagedInstance> instances;
+  std::vector<Intent> intents;
+  uint64_t next_intent_id = 1;
+
+  friend bool operator==(const PluginState&, const PluginState&) = default;
+};
+
+std::string EncodeState(const PluginState& state);
+// kDataLoss naming the field when the text is not a valid version-1 state.
+absl::StatusOr<PluginState> DecodeState(std::string_view text);
+
+class StateStore {
+ public:
+  // `fsync` = false skips the fsyncs (benchmarks on tmpfs); the rename keeps saves atomic.
+  StateStore(std::string path, bool fsync) : path_(std::move(path)), fsync_(fsync) {}
+
+  // The saved state; an empty state when the file does not exist. kDataLoss when it cannot be
+  // parsed (the caller decides: the plugin moves it aside and recovers from NVML and the API).
+  absl::StatusOr<PluginState> Load() const;
+  // Creates the directory when missing. kUnavailable/kPermissionDenied naming the path.
+  absl::Status Save(const PluginState& state) const;
+  // Renames a corrupt file to "<file>.corrupt-<unix time>" and returns the new name.
+  absl::StatusOr<std::string> MoveAside(int64_t now_unix) const;
+
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  bool fsync_;
+};
+
+// Writes `content` to `path` atomically: "<path>.tmp.<pid>", optional fsync, rename, optional
+// fsync of the directory. Errors name the path and errno text.
+absl::Status WriteFileAtomically(const std::string& path, std::string_view content, bool fsync);
+
+}  // namespace dynmig::deviceplugin

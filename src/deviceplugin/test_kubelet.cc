@@ -1,0 +1,365 @@
+#include "deviceplugin/test_kubelet.h"
+
+#include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <set>
+
+#include "deviceplugin/v1beta1/api.grpc.pb.h"
+#include "fmt/format.h"
+#include "spdlog/spdlog.h"
+
+namespace dynmig::deviceplugin {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& st, std::string_view what) {
+  if (st.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
+                      fmt::format("{}: {}", what, st.error_message()));
+}
+
+std::chrono::system_clock::time_point Deadline(absl::Duration d) {
+  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
+}
+
+// Extended resource names: "domain/name", not in the kubernetes.io domain.
+bool IsExtendedResourceName(std::string_view name) {
+  const size_t slash = name.find('/');
+  if (slash == std::string_view::npos || slash == 0 || slash + 1 >= name.size()) return false;
+  const std::string_view domain = name.substr(0, slash);
+  return domain != "kubernetes.io" && !domain.ends_with(".kubernetes.io");
+}
+
+}  // namespace
+
+struct TestKubelet::Plugin {
+  KubeletPluginInfo info;  // guarded by TestKubelet::mu_
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1beta1::DevicePlugin::Stub> stub;
+  std::shared_ptr<grpc::ClientContext> stream;
+  std::thread thread;
+};
+
+class TestKubelet::RegistrationService final : public v1beta1::Registration::Service {
+ public:
+  explicit RegistrationService(TestKubelet& kubelet) : kubelet_(kubelet) {}
+  grpc::Status Register(grpc::ServerContext*, const v1beta1::RegisterRequest* request,
+                        v1beta1::Empty*) override {
+    absl::Status st = kubelet_.OnRegister(*request);
+    if (st.ok()) return grpc::Status::OK;
+    return grpc::Status(static_cast<grpc::StatusCode>(st.code()), std::string(st.message()));
+  }
+
+ private:
+  TestKubelet& kubelet_;
+};
+
+TestKubelet::TestKubelet(std::string dir)
+    : dir_(std::move(dir)), service_(std::make_unique<RegistrationService>(*this)) {}
+
+absl::StatusOr<std::unique_ptr<TestKubelet>> TestKubelet::Start(std::string dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        fmt::format("cannot create {}: {}", dir, std::string(ec.message())));
+  }
+  std::unique_ptr<TestKubelet> kubelet(new TestKubelet(std::move(dir)));
+  if (auto st = kubelet->Serve(); !st.ok()) return st;
+  return kubelet;
+}
+
+TestKubelet::~TestKubelet() { Stop(); }
+
+absl::Status TestKubelet::Serve() {
+  std::lock_guard<std::mutex> lock(server_mu_);
+  const std::string path = socket_path();
+  if (path.size() > 107) {
+    return absl::InvalidArgumentError(fmt::format(
+        "socket path {} is {} bytes; a unix socket path holds at most 107", path, path.size()));
+  }
+  ::unlink(path.c_str());
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix://" + path, grpc::InsecureServerCredentials());
+  builder.RegisterService(service_.get());
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr) {
+    return absl::UnavailableError(fmt::format("cannot serve gRPC on unix://{}", path));
+  }
+  return absl::OkStatus();
+}
+
+void TestKubelet::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(server_mu_);
+    if (server_ != nullptr) {
+      server_->Shutdown(Deadline(absl::Seconds(1)));
+      server_->Wait();
+      server_.reset();
+      ::unlink(socket_path().c_str());
+    }
+  }
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [name, plugin] : plugins_) {
+      if (plugin->stream) plugin->stream->TryCancel();
+      if (plugin->thread.joinable()) threads.push_back(std::move(plugin->thread));
+    }
+    for (auto& t : retired_) threads.push_back(std::move(t));
+    retired_.clear();
+  }
+  for (auto& t : threads) t.join();
+}
+
+absl::Status TestKubelet::Restart() {
+  Stop();
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
+    if (entry.is_socket(ec)) std::filesystem::remove(entry.path(), ec);
+  }
+  return Serve();
+}
+
+absl::Status TestKubelet::OnRegister(const v1beta1::RegisterRequest& request) {
+  if (request.version() != "v1beta1") {
+    return absl::InvalidArgumentError(
+        fmt::format("unsupported device plugin API version \"{}\"", request.version()));
+  }
+  if (!IsExtendedResourceName(request.resource_name())) {
+    return absl::InvalidArgumentError(
+        fmt::format("invalid extended resource name \"{}\"", request.resource_name()));
+  }
+  if (request.endpoint().empty() || request.endpoint().find('/') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        fmt::format("endpoint \"{}\" must be a file name in {}", request.endpoint(), dir_));
+  }
+  auto plugin = std::make_shared<Plugin>();
+  const std::string path = dir_ + "/" + request.endpoint();
+  plugin->channel = grpc::CreateChannel("unix://" + path, grpc::InsecureChannelCredentials());
+  if (!plugin->channel->WaitForConnected(Deadline(absl::Seconds(10)))) {
+    return absl::UnavailableError(fmt::format("cannot dial the plugin at {}", path));
+  }
+  plugin->stub = v1beta1::DevicePlugin::NewStub(plugin->channel);
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline(absl::Seconds(10)));
+    v1beta1::Empty empty;
+    grpc::Status st = plugin->stub->GetDevicePluginOptions(&ctx, empty, &plugin->info.options);
+    if (!st.ok()) return FromGrpc(st, "GetDevicePluginOptions");
+  }
+  plugin->info.resource_name = request.resource_name();
+  plugin->info.endpoint = request.endpoint();
+  plugin->stream = std::make_shared<grpc::ClientContext>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = plugins_.find(request.resource_name());
+    if (it != plugins_.end()) {
+      if (it->second->stream) it->second->stream->TryCancel();
+      if (it->second->thread.joinable()) retired_.push_back(std::move(it->second->thread));
+    }
+    plugin->info.registrations = ++registrations_[request.resource_name()];
+    plugins_[request.resource_name()] = plugin;
+    plugin->thread = std::thread([this, plugin] { WatchDevices(plugin); });
+  }
+  cv_.notify_all();
+  spdlog::debug("test kubelet: registered {} at {}", request.resource_name(), path);
+  return absl::OkStatus();
+}
+
+void TestKubelet::WatchDevices(std::shared_ptr<Plugin> plugin) {
+  v1beta1::Empty empty;
+  auto reader = plugin->stub->ListAndWatch(plugin->stream.get(), empty);
+  v1beta1::ListAndWatchResponse response;
+  while (reader->Read(&response)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    plugin->info.devices.assign(response.devices().begin(), response.devices().end());
+    plugin->info.stream_open = true;
+    ++plugin->info.updates;
+    cv_.notify_all();
+  }
+  reader->Finish();
+  std::lock_guard<std::mutex> lock(mu_);
+  plugin->info.stream_open = false;
+  for (auto& d : plugin->info.devices) d.set_health("Unhealthy");
+  cv_.notify_all();
+}
+
+std::shared_ptr<TestKubelet::Plugin> TestKubelet::Find(std::string_view resource) const {
+  if (resource.empty()) return plugins_.empty() ? nullptr : plugins_.begin()->second;
+  auto it = plugins_.find(std::string(resource));
+  return it == plugins_.end() ? nullptr : it->second;
+}
+
+absl::StatusOr<std::shared_ptr<TestKubelet::Plugin>> TestKubelet::Get(
+    std::string_view resource) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto plugin = Find(resource);
+  if (plugin == nullptr) {
+    return absl::NotFoundError(fmt::format(
+        "no device plugin registered{}", resource.empty() ? "" : fmt::format(" for {}", resource)));
+  }
+  return plugin;
+}
+
+int TestKubelet::registrations(std::string_view resource) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (resource.empty()) {
+    int total = 0;
+    for (const auto& [name, n] : registrations_) total += n;
+    return total;
+  }
+  auto it = registrations_.find(std::string(resource));
+  return it == registrations_.end() ? 0 : it->second;
+}
+
+bool TestKubelet::WaitForRegistrations(int count, absl::Duration timeout,
+                                       std::string_view resource) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout), [&] {
+    int total = 0;
+    for (const auto& [name, n] : registrations_) {
+      if (resource.empty() || name == resource) total += n;
+    }
+    return total >= count;
+  });
+}
+
+std::optional<KubeletPluginInfo> TestKubelet::plugin(std::string_view resource) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto p = Find(resource);
+  if (p == nullptr) return std::nullopt;
+  return p->info;
+}
+
+std::vector<v1beta1::Device> TestKubelet::devices(std::string_view resource) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto p = Find(resource);
+  return p == nullptr ? std::vector<v1beta1::Device>{} : p->info.devices;
+}
+
+bool TestKubelet::WaitForDevices(
+    const std::function<bool(const std::vector<v1beta1::Device>&)>& pred, absl::Duration timeout,
+    std::string_view resource) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout), [&] {
+    auto p = Find(resource);
+    return p != nullptr && pred(p->info.devices);
+  });
+}
+
+std::vector<std::string> TestKubelet::FreeDevices(std::string_view resource) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto p = Find(resource);
+  if (p == nullptr) return {};
+  std::set<std::string> used;
+  for (const auto& a : allocations_) {
+    if (a.resource_name == p->info.resource_name)
+      used.insert(a.device_ids.begin(), a.device_ids.end());
+  }
+  std::vector<std::string> out;
+  for (const auto& d : p->info.devices) {
+    if (d.health() == "Healthy" && !used.count(d.id())) out.push_back(d.id());
+  }
+  return out;
+}
+
+absl::StatusOr<v1beta1::ContainerAllocateResponse> TestKubelet::Allocate(
+    const std::string& pod, const std::string& container,
+    const std::vector<std::string>& device_ids, std::string_view resource) {
+  auto plugin = Get(resource);
+  if (!plugin.ok()) return plugin.status();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline(absl::Seconds(60)));
+  v1beta1::AllocateRequest request;
+  auto* c = request.add_container_requests();
+  for (const auto& id : device_ids) c->add_devices_ids(id);
+  v1beta1::AllocateResponse response;
+  grpc::Status st = (*plugin)->stub->Allocate(&ctx, request, &response);
+  if (!st.ok()) return FromGrpc(st, fmt::format("Allocate for {} container {}", pod, container));
+  if (response.container_responses_size() != 1) {
+    return absl::InternalError(fmt::format("Allocate answered {} container responses, want 1",
+                                           response.container_responses_size()));
+  }
+  KubeletAllocation a{pod, container, (*plugin)->info.resource_name, device_ids,
+                      response.container_responses(0)};
+  std::lock_guard<std::mutex> lock(mu_);
+  allocations_.push_back(a);
+  return a.response;
+}
+
+absl::StatusOr<KubeletAllocation> TestKubelet::AllocateCount(const std::string& pod,
+                                                             const std::string& container,
+                                                             int count, std::string_view resource) {
+  auto plugin = Get(resource);
+  if (!plugin.ok()) return plugin.status();
+  const std::vector<std::string> free = FreeDevices(resource);
+  if (count <= 0 || free.size() < static_cast<size_t>(count)) {
+    return absl::ResourceExhaustedError(fmt::format("{} container {} wants {} device(s), {} free",
+                                                    pod, container, count, free.size()));
+  }
+  std::vector<std::string> ids(free.begin(), free.begin() + count);
+  bool preferred = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    preferred = (*plugin)->info.options.get_preferred_allocation_available();
+  }
+  if (preferred) {
+    auto chosen = PreferredAllocation(free, {}, count, resource);
+    if (chosen.ok() && chosen->size() == static_cast<size_t>(count)) ids = *chosen;
+  }
+  auto response = Allocate(pod, container, ids, resource);
+  if (!response.ok()) return response.status();
+  return KubeletAllocation{pod, container, (*plugin)->info.resource_name, ids, *response};
+}
+
+absl::StatusOr<std::vector<std::string>> TestKubelet::PreferredAllocation(
+    const std::vector<std::string>& available, const std::vector<std::string>& must_include,
+    int size, std::string_view resource) {
+  auto plugin = Get(resource);
+  if (!plugin.ok()) return plugin.status();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline(absl::Seconds(30)));
+  v1beta1::PreferredAllocationRequest request;
+  auto* c = request.add_container_requests();
+  for (const auto& id : available) c->add_available_deviceids(id);
+  for (const auto& id : must_include) c->add_must_include_deviceids(id);
+  c->set_allocation_size(size);
+  v1beta1::PreferredAllocationResponse response;
+  grpc::Status st = (*plugin)->stub->GetPreferredAllocation(&ctx, request, &response);
+  if (!st.ok()) return FromGrpc(st, "GetPreferredAllocation");
+  if (response.container_responses_size() != 1) {
+    return absl::InternalError("GetPreferredAllocation answered no container response");
+  }
+  const auto& ids = response.container_responses(0).deviceids();
+  return std::vector<std::string>(ids.begin(), ids.end());
+}
+
+absl::Status TestKubelet::PreStartContainer(const std::vector<std::string>& device_ids,
+                                            std::string_view resource) {
+  auto plugin = Get(resource);
+  if (!plugin.ok()) return plugin.status();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline(absl::Seconds(30)));
+  v1beta1::PreStartContainerRequest request;
+  for (const auto& id : device_ids) request.add_devices_ids(id);
+  v1beta1::PreStartContainerResponse response;
+  return FromGrpc((*plugin)->stub->PreStartContainer(&ctx, request, &response),
+                  "PreStartContainer");
+}
+
+void TestKubelet::ReleasePod(const std::string& pod) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::erase_if(allocations_, [&](const KubeletAllocation& a) { return a.pod == pod; });
+}
+
+std::vector<KubeletAllocation> TestKubelet::allocations() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return allocations_;
+}
+
+}  // namespace dynmig::deviceplugin

@@ -1,0 +1,244 @@
+// Pure parts: the state file, pod analysis, replica ids, CDI specs, metrics, the CLI's input
+// checks.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "cli/cli.h"
+#include "deviceplugin/cdi.h"
+#include "deviceplugin/inventory.h"
+#include "deviceplugin/metrics.h"
+#include "deviceplugin/pods.h"
+#include "deviceplugin/state_store.h"
+#include "dp_test_util.h"
+#include "nlohmann/json.hpp"
+#include "protocol/annotations.h"
+
+namespace dynmig::deviceplugin::testing {
+namespace {
+
+PluginState SampleState() {
+  PluginState s;
+  ManagedInstance m;
+  m.gpu_uuid = "GPU-a";
+  m.profile = "1g.5gb";
+  m.profile_id = 19;
+  m.placement = {6, 1};
+  m.gpu_instance_id = 13;
+  m.compute_instance_id = 0;
+  m.mig_uuid = "MIG-x";
+  m.owner = {"uid-1", "default", "p", 1, 2};
+  m.origin = "created";
+  m.since = 1800000000;
+  s.instances.push_back(m);
+  Intent i;
+  i.id = 7;
+  i.owner = {"uid-2", "ns", "q", 0, 0};
+  i.gpu_uuid = "GPU-b";
+  i.profile = "3g.20gb";
+  i.placement = {4, 4};
+  i.created = 1800000001;
+  s.intents.push_back(i);
+  s.next_intent_id = 8;
+  return s;
+}
+
+TEST(StateStoreTest, RoundTripsThroughTheFileAtomically) {
+  TempDir dir;
+  StateStore store(dir.path() + "/sub/state.json", /*fsync=*/true);
+  auto empty = store.Load();
+  ASSERT_TRUE(empty.ok());
+  EXPECT_TRUE(empty->instances.empty());
+  ASSERT_TRUE(store.Save(SampleState()).ok());
+  auto loaded = store.Load();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(*loaded, SampleState());
+  size_t files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path() + "/sub")) {
+    ++files;
+    EXPECT_EQ(e.path().filename(), "state.json");
+  }
+  EXPECT_EQ(files, 1u);
+}
+
+TEST(StateStoreTest, ACorruptFileIsDataLossNamingTheField) {
+  auto bad =
+      DecodeState(R"({"version":1,"nextIntentId":1,"instances":[{"gpuUUID":3}],"intents":[]})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(bad.status().message().find("state.instances[0].gpuUUID: must be a string"),
+            std::string::npos)
+      << bad.status();
+  EXPECT_EQ(DecodeState("nope").status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(DecodeState(R"({"version":2,"nextIntentId":1,"instances":[],"intents":[]})")
+                .status()
+                .message()
+                .find("version: 2 is not supported"),
+            std::string::npos);
+}
+
+kube::Object Pod(const std::string& name, std::map<std::string, std::string> annotations,
+                 const std::string& phase = "Pending") {
+  kube::Object pod = {{"metadata",
+                       {{"name", name},
+                        {"namespace", "default"},
+                        {"uid", "uid-" + name},
+                        {"annotations", kube::Object::object()}}},
+                      {"status", {{"phase", phase}}}};
+  for (const auto& [k, v] : annotations) pod["metadata"]["annotations"][k] = v;
+  return pod;
+}
+
+TEST(PodsTest, ParsesTheNodeLock) {
+  auto lock = ParseNodeLock("2026-01-02T03:04:05Z,team-a,pod-1");
+  ASSERT_TRUE(lock.has_value());
+  EXPECT_EQ(lock->ns, "team-a");
+  EXPECT_EQ(lock->name, "pod-1");
+  EXPECT_FALSE(ParseNodeLock("2026-01-02T03:04:05Z").has_value());
+  EXPECT_FALSE(ParseNodeLock("t,,p").has_value());
+}
+
+TEST(PodsTest, ThePendingPodIsTheLockOwnerElseTheOldestAllocatingOne) {
+  const std::string devices = "GPU-a,NVIDIA A100-SXM4-40GB,4864,15:;";
+  auto make = [&](const std::string& name, const std::string& bind_time) {
+    return AnalyzePod(Pod(name, {{"hami.io/vgpu-devices-to-allocate", devices},
+                                 {"hami.io/bind-phase", "allocating"},
+                                 {"hami.io/vgpu-node", "n"},
+                                 {"hami.io/bind-time", bind_time}}));
+  };
+  std::vector<PodMig> pods = {make("late", "200"), make("early", "100"), make("none", "")};
+  EXPECT_EQ(FindPendingPod(pods, "n", std::nullopt)->name, "early");
+  EXPECT_EQ(FindPendingPod(pods, "n", NodeLock{"t", "default", "late"})->name, "late");
+  // A lock on a pod with nothing left falls back to the oldest.
+  EXPECT_EQ(FindPendingPod(pods, "n", NodeLock{"t", "default", "gone"})->name, "early");
+  EXPECT_EQ(FindPendingPod(pods, "other-node", std::nullopt), nullptr);
+  EXPECT_EQ(pods[0].NextContainer(), 0);
+}
+
+TEST(PodsTest, UnreadableAnnotationsStillNameTheirGpus) {
+  auto partial = AnalyzePod(Pod(
+      "p",
+      {{"hami.io/vgpu-mig-allocations",
+        R"([{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-a","profile":"1g.5gb","placement":{"start":0,"size":1},"migUUID":"MIG-x"}])"}}));
+  EXPECT_NE(partial.unreadable.find("partial runtime identity"), std::string::npos)
+      << partial.unreadable;
+  EXPECT_EQ(partial.referenced_gpus, (std::set<std::string>{"GPU-a"}));
+  EXPECT_FALSE(partial.gpus_unknown);
+
+  auto garbage = AnalyzePod(Pod("p", {{"hami.io/vgpu-mig-allocations", "{{{"}}));
+  EXPECT_FALSE(garbage.unreadable.empty());
+  EXPECT_TRUE(garbage.gpus_unknown);
+
+  auto missing = AnalyzePod(
+      Pod("p", {{"hami.io/vgpu-devices-allocated", "GPU-b,NVIDIA A100-SXM4-40GB,4864,15:;"}}));
+  EXPECT_NE(missing.unreadable.find("is missing"), std::string::npos);
+  EXPECT_EQ(missing.referenced_gpus, (std::set<std::string>{"GPU-b"}));
+
+  auto legacy = AnalyzePod(
+      Pod("p", {{"hami.io/vgpu-devices-allocated", "GPU-c[1-2],NVIDIA A100-SXM4-40GB,4864,15:;"}}));
+  EXPECT_TRUE(legacy.legacy);
+  EXPECT_EQ(legacy.referenced_gpus, (std::set<std::string>{"GPU-c"}));
+  EXPECT_TRUE(legacy.unreadable.empty());
+
+  auto plain = AnalyzePod(Pod("p", {}, "Succeeded"));
+  EXPECT_FALSE(plain.relevant);
+  EXPECT_TRUE(plain.terminated);
+  EXPECT_FALSE(plain.active);
+}
+
+TEST(InventoryTest, ReplicaIdsRoundTrip) {
+  EXPECT_EQ(ReplicaId("GPU-a", 3), "GPU-a::3");
+  EXPECT_EQ(GpuOfReplicaId("GPU-a::3"), "GPU-a");
+  EXPECT_EQ(GpuOfReplicaId("GPU-a"), "");
+  EXPECT_EQ(GpuOfReplicaId("GPU-a::x"), "");
+  EXPECT_EQ(GpuOfReplicaId("::1"), "");
+}
+
+TEST(InventoryTest, DiscoveryExposesOnlyAllowlistedModelsWithExactProfiles) {
+  nvml::SimNvmlOptions o;
+  o.spec = "H100 80GB HBM3x1,A30x1";
+  auto sim = nvml::SimNvml::Create(o);
+  ASSERT_TRUE(sim.ok());
+  mig::Allowlist allowlist;
+  // "1g.20gb" is H100's double-memory 1-slice profile: its own NVML profile, not 1g.10gb.
+  allowlist.entries.push_back({{"H100 80GB"}, {"1g.10gb", "1g.20gb", "7g.80gb", "5g.99gb"}});
+  auto inv = DiscoverInventory(**sim, allowlist);
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  ASSERT_EQ(inv->gpus.size(), 2u);
+  const GpuEntry& h100 = inv->gpus[0];
+  EXPECT_TRUE(h100.exposed);
+  ASSERT_NE(h100.FindAllowed("1g.20gb"), nullptr);
+  ASSERT_NE(h100.FindAllowed("1g.10gb"), nullptr);
+  EXPECT_NE(h100.FindAllowed("1g.20gb")->nvml_id, h100.FindAllowed("1g.10gb")->nvml_id);
+  EXPECT_GT(h100.FindAllowed("1g.20gb")->memory_mib, h100.FindAllowed("1g.10gb")->memory_mib);
+  EXPECT_EQ(h100.missing_profiles, (std::vector<std::string>{"5g.99gb"}));
+  EXPECT_EQ(h100.replicas, 7u);
+  EXPECT_FALSE(inv->gpus[1].exposed);
+  EXPECT_NE(inv->gpus[1].not_exposed_reason.find("matches no migProfileAllowlist entry"),
+            std::string::npos);
+  EXPECT_EQ(inv->RegisterDevices().size(), 1u);
+}
+
+TEST(CdiTest, SpecNamesTheDeviceByItsMigUuid) {
+  EXPECT_EQ(CdiWriter::QualifiedName("MIG-1"), "dynmig.io/mig=MIG-1");
+  auto spec = nlohmann::json::parse(CdiWriter::SpecJson("MIG-1", {"/dev/nvidia0", "/dev/x"}));
+  EXPECT_EQ(spec["cdiVersion"], "0.5.0");
+  EXPECT_EQ(spec["kind"], "dynmig.io/mig");
+  EXPECT_EQ(spec["devices"][0]["containerEdits"]["deviceNodes"][1]["path"], "/dev/x");
+  TempDir dir;
+  CdiWriter writer(dir.path() + "/cdi", false);
+  ASSERT_TRUE(writer.Write("MIG-1", {"/dev/nvidia0"}).ok());
+  EXPECT_TRUE(std::filesystem::exists(writer.SpecPath("MIG-1")));
+  ASSERT_TRUE(writer.Remove("MIG-1").ok());
+  EXPECT_FALSE(std::filesystem::exists(writer.SpecPath("MIG-1")));
+  EXPECT_TRUE(writer.Remove("MIG-1").ok());
+}
+
+TEST(MetricsTest, SerializesInTheTextFormat) {
+  Metrics m;
+  m.AllocateDone("success", 0.002);
+  m.InstanceCreated("1g.5gb");
+  m.SetGpuHealthy("GPU-a", true);
+  const std::string text = m.Serialize();
+  EXPECT_NE(text.find("dynmig_deviceplugin_allocations_total{result=\"success\"} 1"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("dynmig_deviceplugin_gpu_healthy{gpu=\"GPU-a\"} 1"), std::string::npos);
+  EXPECT_EQ(m.Value("dynmig_deviceplugin_instances_created_total", "profile", "1g.5gb"), 1);
+  EXPECT_EQ(m.Value("dynmig_deviceplugin_allocate_duration_seconds"), 1);
+}
+
+TEST(DevicePluginCliTest, BadInputExitsTwoBeforeTouchingAnything) {
+  std::ostringstream out;
+  std::ostringstream err;
+  EXPECT_EQ(cli::RunCli({"device-plugin", "--node", "n"}, out, err), cli::kExitBadInput);
+  EXPECT_NE(err.str().find("--device-config"), std::string::npos) << err.str();
+
+  TempDir dir;
+  const std::string config = dir.path() + "/dc.yaml";
+  {
+    std::ofstream f(config);
+    f << "nvidia:\n  migProfileAllowlist:\n    - models: [\"A100\"]\n      profiles: [\"5gb\"]\n";
+  }
+  std::ostringstream err2;
+  EXPECT_EQ(cli::RunCli({"device-plugin", "--node", "n", "--device-config", config}, out, err2),
+            cli::kExitBadInput);
+  EXPECT_NE(err2.str().find("profiles[0]"), std::string::npos) << err2.str();
+
+  {
+    std::ofstream f(config);
+    f << "nvidia:\n  migProfileAllowlist:\n    - models: [\"A100\"]\n      profiles: "
+         "[\"1g.5gb\"]\n";
+  }
+  std::ostringstream err3;
+  EXPECT_EQ(cli::RunCli({"device-plugin", "--node", "n", "--device-config", config,
+                         "--reconcile-interval", "soon"},
+                        out, err3),
+            cli::kExitBadInput);
+  EXPECT_NE(err3.str().find("--reconcile-interval"), std::string::npos) << err3.str();
+}
+
+}  // namespace
+}  // namespace dynmig::deviceplugin::testing
