@@ -184,7 +184,8 @@ bool PlanSingleFast(const NodeView& node, const PodRequest& request, const Conta
     const uint32_t used_units = occupied * 64 / std::max(1u, units);
     if (best >= 0 && (binpack ? used_units <= best_used : used_units >= best_used)) continue;
     PlannedInstance inst;
-    const uint64_t mem = ResolveMemory(ctr.memory.mib, ctr.memory.percent, gpu.planner->capability());
+    const uint64_t mem =
+        ResolveMemory(ctr.memory.mib, ctr.memory.percent, gpu.planner->capability());
     if (!gpu.planner->PlanSingle(gpu.usage, mem, inst)) continue;
     best = static_cast<int>(i);
     best_used = used_units;
@@ -192,8 +193,9 @@ bool PlanSingleFast(const NodeView& node, const PodRequest& request, const Conta
   }
   if (best < 0) return false;
   plan.used_fraction = mig_gpus == 0 ? 0.0 : used / mig_gpus;
-  if (record) plan.assignments.push_back({c, 0, static_cast<uint32_t>(best), best_inst.profile_index,
-                                          best_inst.placement});
+  if (record)
+    plan.assignments.push_back(
+        {c, 0, static_cast<uint32_t>(best), best_inst.profile_index, best_inst.placement});
   for (uint32_t i = 0; i < node.gpus.size(); ++i) {
     const GpuView& gpu = node.gpus[i];
     if (gpu.planner == nullptr || !gpu.healthy || !ModeAllowsMig(gpu.mode)) continue;

@@ -39,13 +39,13 @@ struct ResourceNames {
 //   - memory and percentage together: memory wins (HAMi), both are kept in MemoryRequest.
 // Annotations: nvidia.com/mig-profile-preference (ParsePreference; validated against the
 // allowlist by the webhook, not here); hami.io/gpu-scheduler-policy: a comma chain of at most one
-// of binpack/spread (default binpack: best fit for MIG; HAMi defaults to spread) plus HAMi policies dynmig does not implement for MIG
-// (topology-aware, mutex, numa), which are ignored with a warning; anything else is an error;
-// hami.io/node-scheduler-policy: binpack (default) or spread, anything else is an error;
-// use/nouse GPU UUID and type: comma lists, trimmed; nvidia.com/vgpu-mode: trimmed.
-// Errors are kInvalidArgument and name the container and resource, e.g.
-// `container "workload" (containers[0]): nvidia.com/gpumem: "8Gi" is not a plain integer`, or the
-// annotation. `warnings`, when not null, receives the ignored-policy notes.
+// of binpack/spread (default binpack: best fit for MIG; HAMi defaults to spread) plus HAMi policies
+// dynmig does not implement for MIG (topology-aware, mutex, numa), which are ignored with a
+// warning; anything else is an error; hami.io/node-scheduler-policy: binpack (default) or spread,
+// anything else is an error; use/nouse GPU UUID and type: comma lists, trimmed;
+// nvidia.com/vgpu-mode: trimmed. Errors are kInvalidArgument and name the container and resource,
+// e.g. `container "workload" (containers[0]): nvidia.com/gpumem: "8Gi" is not a plain integer`, or
+// the annotation. `warnings`, when not null, receives the ignored-policy notes.
 absl::StatusOr<mig::PodRequest> ParsePodRequest(const nlohmann::json& pod,
                                                 const ResourceNames& names = {},
                                                 std::vector<std::string>* warnings = nullptr);

@@ -237,8 +237,7 @@ TEST(DeviceConfigTest, DefaultAllowlistListsBaseProfilesBySize) {
   ASSERT_NE(a100, nullptr);
   EXPECT_THAT(a100->models, Contains("A100-SXM4-40GB"));
   EXPECT_THAT(a100->models, Contains("A100-PCIE-40GB"));
-  EXPECT_THAT(a100->profiles,
-              ElementsAre("1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"));
+  EXPECT_THAT(a100->profiles, ElementsAre("1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"));
   const mig::AllowlistEntry* rtx = allowlist.Match("NVIDIA RTX PRO 6000 Blackwell Server Edition");
   ASSERT_NE(rtx, nullptr);
   EXPECT_THAT(rtx->profiles, ElementsAre("1g.24gb", "2g.48gb", "4g.96gb"));
