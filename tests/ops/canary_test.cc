@@ -7,6 +7,7 @@
 // CanaryCluster backed by the local mode (real scheduler extender, device plugin on SimNvml and the
 // local kubelet) and run the same end-to-end test against it: see LocalModeCanary below.
 #include "ops/canary.h"
+#include "ops/cluster.h"
 
 #include <atomic>
 #include <condition_variable>
