@@ -8,7 +8,9 @@ pkgs=(build-essential cmake ninja-build pkg-config ccache
   libgtest-dev libgmock-dev libbenchmark-dev yamllint python3 kubectl)
 missing=()
 # One dpkg-query for all; a package dpkg has never heard of is absent from its output.
-installed=$(dpkg-query -W -f='${Package} ${db:Status-Status}\n' "${pkgs[@]}" 2>/dev/null | awk '$2=="installed"{print $1}')
+# dpkg-query exits 1 when it knows none of some names: that is an answer, not a failure.
+installed=$( (dpkg-query -W -f='${Package} ${db:Status-Status}\n' "${pkgs[@]}" 2>/dev/null || true) |
+  awk '$2=="installed"{print $1}')
 for p in "${pkgs[@]}"; do
   grep -qx "$p" <<<"$installed" || missing+=("$p")
 done
