@@ -219,13 +219,14 @@ absl::Status ApiStore::EnsureNamespaceLocked(std::string_view ns) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Object> ApiStore::Create(Resource resource, std::string_view ns, const Object& obj) {
+absl::StatusOr<Object> ApiStore::Create(Resource resource, std::string_view ns, const Object& obj,
+                                        bool dry_run) {
   std::lock_guard<std::mutex> lock(mu_);
-  return CreateLocked(resource, ns, obj);
+  return CreateLocked(resource, ns, obj, dry_run);
 }
 
 absl::StatusOr<Object> ApiStore::CreateLocked(Resource resource, std::string_view ns,
-                                              const Object& in) {
+                                              const Object& in, bool dry_run) {
   const ResourceInfo& info = InfoFor(resource);
   if (!in.is_object()) {
     return ApiError(400, "BadRequest",
@@ -330,6 +331,7 @@ absl::StatusOr<Object> ApiStore::CreateLocked(Resource resource, std::string_vie
   meta["uid"] = NewUid();
   meta["creationTimestamp"] = Rfc3339(Now());
   meta["generation"] = 1;
+  if (dry_run) return obj;
   if (info.namespaced) {
     absl::Status ns_status = EnsureNamespaceLocked(ns);
     if (!ns_status.ok()) return ns_status;
@@ -419,14 +421,15 @@ absl::StatusOr<ApiStore::ListResult> ApiStore::List(Resource resource, const Lis
 
 absl::StatusOr<Object> ApiStore::Update(Resource resource, std::string_view ns,
                                         std::string_view name, const Object& obj,
-                                        std::string_view subresource) {
+                                        std::string_view subresource, bool dry_run) {
   std::lock_guard<std::mutex> lock(mu_);
-  return UpdateLocked(resource, ns, name, obj, subresource, /*from_patch=*/false);
+  return UpdateLocked(resource, ns, name, obj, subresource, /*from_patch=*/false, dry_run);
 }
 
 absl::StatusOr<Object> ApiStore::UpdateLocked(Resource resource, std::string_view ns,
                                               std::string_view name, Object obj,
-                                              std::string_view subresource, bool from_patch) {
+                                              std::string_view subresource, bool from_patch,
+                                              bool dry_run) {
   const ResourceInfo& info = InfoFor(resource);
   if (!subresource.empty() && !(subresource == "status" && HasStatusSubresource(resource))) {
     return ApiError(404, "NotFound",
@@ -499,13 +502,15 @@ absl::StatusOr<Object> ApiStore::UpdateLocked(Resource resource, std::string_vie
   if (subresource.empty() && next.value("spec", Object()) != old_obj.value("spec", Object())) {
     next["metadata"]["generation"] = old_obj["metadata"].value("generation", 1) + 1;
   }
+  if (dry_run) return next;
   return CommitLocked(resource, key, std::move(next), current)->object;
 }
 
-absl::StatusOr<Object> ApiStore::Patch(Resource resource, std::string_view ns,
-                                       std::string_view name, const Object& patch, PatchType type,
-                                       std::string_view subresource) {
-  std::lock_guard<std::mutex> lock(mu_);
+absl::StatusOr<std::pair<Object, Object>> ApiStore::PatchedLocked(Resource resource,
+                                                                  std::string_view ns,
+                                                                  std::string_view name,
+                                                                  const Object& patch,
+                                                                  PatchType type) {
   const std::string key = ObjectKey(InfoFor(resource).namespaced ? ns : "", name);
   const ObjectMap& map = Objects(resource);
   auto it = map.find(key);
@@ -525,19 +530,63 @@ absl::StatusOr<Object> ApiStore::Patch(Resource resource, std::string_view ns,
     return Invalid(resource, name,
                    "metadata.name, metadata.namespace and metadata.uid cannot be changed");
   }
+  return std::make_pair(current, std::move(*patched));
+}
+
+absl::StatusOr<Object> ApiStore::Patch(Resource resource, std::string_view ns,
+                                       std::string_view name, const Object& patch, PatchType type,
+                                       std::string_view subresource, bool dry_run) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto patched = PatchedLocked(resource, ns, name, patch, type);
+  if (!patched.ok()) return patched.status();
   // A resourceVersion left in the patched object by the patch is a precondition; the current one
   // passes through unchanged.
-  return UpdateLocked(resource, ns, name, std::move(*patched), subresource, /*from_patch=*/true);
+  return UpdateLocked(resource, ns, name, std::move(patched->second), subresource,
+                      /*from_patch=*/true, dry_run);
+}
+
+absl::StatusOr<Object> ApiStore::PatchWithAdmission(Resource resource, std::string_view ns,
+                                                    std::string_view name, const Object& patch,
+                                                    PatchType type, std::string_view subresource,
+                                                    const AdmitFn& admit, bool dry_run) {
+  constexpr int kMaxAttempts = 5;
+  for (int attempt = 1;; ++attempt) {
+    std::pair<Object, Object> versions;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto patched = PatchedLocked(resource, ns, name, patch, type);
+      if (!patched.ok()) return patched.status();
+      versions = std::move(*patched);
+    }
+    const auto& [current, patched] = versions;
+    auto admitted = admit(current, patched);
+    if (!admitted.ok()) return admitted.status();
+    if (!admitted->is_object() || Name(*admitted) != Name(current) ||
+        Namespace(*admitted) != Namespace(current) || Uid(*admitted) != Uid(current)) {
+      return Invalid(resource, name,
+                     "metadata.name, metadata.namespace and metadata.uid cannot be changed");
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = Objects(resource).find(ObjectKey(InfoFor(resource).namespaced ? ns : "", name));
+    if (it == Objects(resource).end()) return NotFound(resource, name);
+    const bool changed = ResourceVersion(it->second->object) != ResourceVersion(current);
+    const bool pinned = ResourceVersion(patched) != ResourceVersion(current);
+    if (changed && !pinned && attempt < kMaxAttempts) continue;
+    return UpdateLocked(resource, ns, name, std::move(*admitted), subresource, /*from_patch=*/true,
+                        dry_run);
+  }
 }
 
 absl::StatusOr<Object> ApiStore::Delete(Resource resource, std::string_view ns,
-                                        std::string_view name, const DeleteOptions& options) {
+                                        std::string_view name, const DeleteOptions& options,
+                                        bool dry_run) {
   std::lock_guard<std::mutex> lock(mu_);
-  return DeleteLocked(resource, ns, name, options);
+  return DeleteLocked(resource, ns, name, options, dry_run);
 }
 
 absl::StatusOr<Object> ApiStore::DeleteLocked(Resource resource, std::string_view ns,
-                                              std::string_view name, const DeleteOptions& options) {
+                                              std::string_view name, const DeleteOptions& options,
+                                              bool dry_run) {
   const ResourceInfo& info = InfoFor(resource);
   const std::string key = ObjectKey(info.namespaced ? ns : "", name);
   ObjectMap& map = Objects(resource);
@@ -569,6 +618,7 @@ absl::StatusOr<Object> ApiStore::DeleteLocked(Resource resource, std::string_vie
                                   "deleted",
                                   name));
     }
+    if (dry_run) return obj;
     // Remove everything in the namespace first (the real server does this asynchronously).
     const std::string prefix = std::string(name) + "/";
     for (Resource r :
@@ -603,10 +653,12 @@ absl::StatusOr<Object> ApiStore::DeleteLocked(Resource resource, std::string_vie
       Object next = obj;
       next["metadata"]["deletionTimestamp"] = Rfc3339(deadline);
       next["metadata"]["deletionGracePeriodSeconds"] = grace;
+      if (dry_run) return next;
       pending_deletions_[key] = deadline;
       return CommitLocked(resource, key, std::move(next), current)->object;
     }
   }
+  if (dry_run) return obj;
   return RemoveLocked(resource, key)->object;
 }
 

@@ -67,8 +67,10 @@ class ApiStore {
   ApiStore(const ApiStore&) = delete;
   ApiStore& operator=(const ApiStore&) = delete;
 
-  // `ns` is the namespace from the URL ("" for cluster-scoped resources).
-  absl::StatusOr<Object> Create(Resource resource, std::string_view ns, const Object& obj);
+  // `ns` is the namespace from the URL ("" for cluster-scoped resources). With `dry_run` the
+  // writes below are checked and return what they would store, but change nothing (dryRun=All).
+  absl::StatusOr<Object> Create(Resource resource, std::string_view ns, const Object& obj,
+                                bool dry_run = false);
   absl::StatusOr<Object> Get(Resource resource, std::string_view ns, std::string_view name) const;
 
   struct ListResult {
@@ -81,11 +83,24 @@ class ApiStore {
 
   // PUT. `subresource` "" or "status".
   absl::StatusOr<Object> Update(Resource resource, std::string_view ns, std::string_view name,
-                                const Object& obj, std::string_view subresource);
+                                const Object& obj, std::string_view subresource,
+                                bool dry_run = false);
   absl::StatusOr<Object> Patch(Resource resource, std::string_view ns, std::string_view name,
-                               const Object& patch, PatchType type, std::string_view subresource);
+                               const Object& patch, PatchType type, std::string_view subresource,
+                               bool dry_run = false);
+  // Patch with an admission step between computing the patched object and storing it:
+  // `admit(current, patched)` returns the object to store (or an error, returned as is). It runs
+  // without the store lock. If the object changed meanwhile and the patch did not pin a
+  // resourceVersion, the patch is recomputed on the new version and admitted again (up to 5
+  // times, as the API server's patch retry loop does).
+  using AdmitFn =
+      std::function<absl::StatusOr<Object>(const Object& current, const Object& patched)>;
+  absl::StatusOr<Object> PatchWithAdmission(Resource resource, std::string_view ns,
+                                            std::string_view name, const Object& patch,
+                                            PatchType type, std::string_view subresource,
+                                            const AdmitFn& admit, bool dry_run = false);
   absl::StatusOr<Object> Delete(Resource resource, std::string_view ns, std::string_view name,
-                                const DeleteOptions& options);
+                                const DeleteOptions& options, bool dry_run = false);
   // POST pods/{name}/binding with a Binding object. Returns a Status (Success) object.
   absl::StatusOr<Object> Bind(std::string_view ns, std::string_view name, const Object& binding);
 
@@ -160,11 +175,17 @@ class ApiStore {
                          const StoredPtr& previous);
   StoredPtr RemoveLocked(Resource resource, const std::string& key);
   absl::Status EnsureNamespaceLocked(std::string_view ns);
-  absl::StatusOr<Object> CreateLocked(Resource resource, std::string_view ns, const Object& obj);
+  absl::StatusOr<Object> CreateLocked(Resource resource, std::string_view ns, const Object& obj,
+                                      bool dry_run = false);
   absl::StatusOr<Object> UpdateLocked(Resource resource, std::string_view ns, std::string_view name,
-                                      Object obj, std::string_view subresource, bool from_patch);
+                                      Object obj, std::string_view subresource, bool from_patch,
+                                      bool dry_run = false);
+  // The current object (a copy) and the patch applied to it. REQUIRES mu_.
+  absl::StatusOr<std::pair<Object, Object>> PatchedLocked(Resource resource, std::string_view ns,
+                                                          std::string_view name,
+                                                          const Object& patch, PatchType type);
   absl::StatusOr<Object> DeleteLocked(Resource resource, std::string_view ns, std::string_view name,
-                                      const DeleteOptions& options);
+                                      const DeleteOptions& options, bool dry_run = false);
 
   ApiStoreOptions options_;
   mutable std::mutex mu_;

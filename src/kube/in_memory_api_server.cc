@@ -11,8 +11,13 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <map>
+#include <utility>
 
+#include "absl/strings/match.h"
+#include "common/strings.h"
 #include "kube/api_status.h"
+#include "kube/patch.h"
 #include "kube/table.h"
 
 namespace dynmig::kube {
@@ -142,6 +147,130 @@ Object CoordinationGroup() {
                 {"preferredVersion", version}};
 }
 
+// ---- OpenAPI v3: only the paths and their query parameters. ----
+//
+// kubectl (v1.24+) validates manifests on the server when the group-version's OpenAPI v3 document
+// lists `fieldValidation` among the parameters of the kind's PATCH operation; it then sends
+// `fieldValidation=Strict` instead of downloading /openapi/v2 for client-side validation. The
+// PATCH operations declare no request body, so `kubectl apply` computes its strategic merge
+// patches from its built-in types as it does without OpenAPI.
+
+Object OpenApiQueryParam(std::string_view name, std::string_view type, std::string_view text) {
+  return Object{{"name", std::string(name)},
+                {"in", "query"},
+                {"description", std::string(text)},
+                {"schema", {{"type", std::string(type)}, {"uniqueItems", true}}}};
+}
+
+Object OpenApiOperation(const ResourceInfo& info, std::string_view action, std::string_view verb,
+                        std::string_view scope) {
+  Object params = Object::array();
+  const bool write = action == "post" || action == "put" || action == "patch" || action == "delete";
+  if (write) {
+    params.push_back(OpenApiQueryParam(
+        "dryRun", "string", "When present, indicates that modifications should not be persisted."));
+  }
+  if (action == "post" || action == "put" || action == "patch") {
+    params.push_back(OpenApiQueryParam("fieldManager", "string",
+                                       "a name associated with the actor making these changes"));
+    params.push_back(OpenApiQueryParam(
+        "fieldValidation", "string",
+        "how the server handles unknown or duplicate fields: Ignore, Warn or Strict (accepted; "
+        "the in-memory API server does not check fields)"));
+  }
+  if (action == "patch") {
+    params.push_back(OpenApiQueryParam("force", "boolean", "force apply (server-side apply)"));
+  }
+  if (action == "get" && verb == "list") {
+    for (const char* p : {"labelSelector", "fieldSelector", "continue", "resourceVersion"}) {
+      params.push_back(OpenApiQueryParam(p, "string", p));
+    }
+    params.push_back(OpenApiQueryParam("limit", "integer", "limit"));
+    params.push_back(OpenApiQueryParam("watch", "boolean", "watch"));
+  }
+  return Object{{"operationId", fmt::format("{}{}{}", verb, scope, info.kind)},
+                {"parameters", params},
+                {"responses", {{"200", {{"description", "OK"}}}}},
+                {"x-kubernetes-action", std::string(verb)},
+                {"x-kubernetes-group-version-kind",
+                 {{"group", std::string(info.group)},
+                  {"version", std::string(info.version)},
+                  {"kind", std::string(info.kind)}}}};
+}
+
+Object OpenApiPathParams(bool namespaced, bool named) {
+  Object params = Object::array();
+  auto path_param = [](const char* name) {
+    return Object{{"name", name},
+                  {"in", "path"},
+                  {"required", true},
+                  {"description", name},
+                  {"schema", {{"type", "string"}, {"uniqueItems", true}}}};
+  };
+  if (named) params.push_back(path_param("name"));
+  if (namespaced) params.push_back(path_param("namespace"));
+  return params;
+}
+
+Object OpenApiV3Document(std::string_view group_version) {
+  Object paths = Object::object();
+  for (Resource r : {Resource::kPods, Resource::kNodes, Resource::kEvents, Resource::kNamespaces,
+                     Resource::kConfigMaps, Resource::kLeases}) {
+    const ResourceInfo& info = InfoFor(r);
+    if (info.api_version != group_version) continue;
+    const std::string scope = info.namespaced ? "Namespaced" : "";
+    const std::string collection =
+        info.namespaced ? fmt::format("{}/namespaces/{{namespace}}/{}", info.prefix, info.plural)
+                        : fmt::format("{}/{}", info.prefix, info.plural);
+    paths[collection] = {{"parameters", OpenApiPathParams(info.namespaced, false)},
+                         {"get", OpenApiOperation(info, "get", "list", scope)},
+                         {"post", OpenApiOperation(info, "post", "create", scope)}};
+    const std::string item = collection + "/{name}";
+    paths[item] = {{"parameters", OpenApiPathParams(info.namespaced, true)},
+                   {"get", OpenApiOperation(info, "get", "get", scope)},
+                   {"put", OpenApiOperation(info, "put", "update", scope)},
+                   {"patch", OpenApiOperation(info, "patch", "patch", scope)},
+                   {"delete", OpenApiOperation(info, "delete", "delete", scope)}};
+    if (r == Resource::kPods || r == Resource::kNodes || r == Resource::kNamespaces) {
+      const std::string status_scope = scope + "Status";
+      Object get = OpenApiOperation(info, "get", "get", status_scope);
+      Object put = OpenApiOperation(info, "put", "update", status_scope);
+      Object patch = OpenApiOperation(info, "patch", "patch", status_scope);
+      paths[item + "/status"] = {{"parameters", OpenApiPathParams(info.namespaced, true)},
+                                 {"get", get},
+                                 {"put", put},
+                                 {"patch", patch}};
+    }
+  }
+  return Object{
+      {"openapi", "3.0.0"},
+      {"info", {{"title", "Kubernetes (dynmig in-memory API server)"}, {"version", "v1.32.0"}}},
+      {"paths", paths},
+      {"components", {{"schemas", Object::object()}}}};
+}
+
+struct OpenApiV3 {
+  std::string index;                        // GET /openapi/v3
+  std::map<std::string, std::string> docs;  // "api/v1" -> document
+};
+
+const OpenApiV3& OpenApi() {
+  static const OpenApiV3 kOpenApi = [] {
+    OpenApiV3 out;
+    Object index_paths = Object::object();
+    for (const auto& [path, gv] : {std::pair<std::string, std::string>{"api/v1", "v1"},
+                                   {"apis/coordination.k8s.io/v1", "coordination.k8s.io/v1"}}) {
+      const std::string doc = OpenApiV3Document(gv).dump();
+      out.docs[path] = doc;
+      index_paths[path] = {{"serverRelativeURL", fmt::format("/openapi/v3/{}?hash={:016X}", path,
+                                                             std::hash<std::string>{}(doc))}};
+    }
+    out.index = Object{{"paths", index_paths}}.dump();
+    return out;
+  }();
+  return kOpenApi;
+}
+
 // ---- Routing. ----
 
 struct Route {
@@ -251,11 +380,58 @@ InMemoryApiServer::InMemoryApiServer(InMemoryApiServerOptions options)
   store_ =
       options_.shared_store ? options_.shared_store : std::make_shared<ApiStore>(options_.store);
   bearer_token_ = options_.bearer_token;
+  token_users_ = options_.token_users;
+  webhooks_ = options_.admission_webhooks;
 }
 
 void InMemoryApiServer::SetBearerToken(std::string token) {
   std::lock_guard<std::mutex> lock(mu_);
   bearer_token_ = std::move(token);
+}
+
+void InMemoryApiServer::SetTokenUsers(std::map<std::string, std::string> token_users) {
+  std::lock_guard<std::mutex> lock(mu_);
+  token_users_ = std::move(token_users);
+}
+
+void InMemoryApiServer::SetAdmissionWebhooks(std::vector<AdmissionWebhook> webhooks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  webhooks_ = std::move(webhooks);
+}
+
+std::vector<AdmissionWebhook> InMemoryApiServer::admission_webhooks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return webhooks_;
+}
+
+absl::StatusOr<UserInfo> InMemoryApiServer::Authenticate(const httplib::Request& req) const {
+  const std::string header = req.get_header_value("Authorization");
+  std::string token;
+  if (header.size() > 7 && absl::EqualsIgnoreCase(header.substr(0, 7), "bearer ")) {
+    token = std::string(Trim(std::string_view(header).substr(7)));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool checking = !bearer_token_.empty() || !token_users_.empty();
+  if (!token.empty()) {
+    if (auto it = token_users_.find(token); it != token_users_.end()) {
+      return UserInfo{it->second, {"system:authenticated"}};
+    }
+    if (token == bearer_token_) return UserInfo{"system:admin", {"system:authenticated"}};
+    if (checking) return ApiError(401, "Unauthorized", "Unauthorized");
+  } else if (!bearer_token_.empty()) {
+    return ApiError(401, "Unauthorized", "Unauthorized");
+  }
+  return UserInfo{std::string(kAnonymousUser), {"system:unauthenticated"}};
+}
+
+std::vector<AdmissionWebhook> InMemoryApiServer::MatchingWebhooks(
+    const AdmissionAttributes& attrs) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<AdmissionWebhook> out;
+  for (const AdmissionWebhook& hook : webhooks_) {
+    if (WebhookMatches(hook, attrs)) out.push_back(hook);
+  }
+  return out;
 }
 
 absl::StatusOr<std::unique_ptr<InMemoryApiServer>> InMemoryApiServer::Start(
@@ -521,15 +697,11 @@ void InMemoryApiServer::Handle(const httplib::Request& req, httplib::Response& r
   const std::string& path = req.path;
   if (path.rfind("/_dynmig/", 0) == 0) return HandleAdmin(req, res);
   if (ApplyFault(req, res)) return;
+  UserInfo user{std::string(kAnonymousUser), {"system:unauthenticated"}};
   if (path != "/healthz" && path != "/readyz" && path != "/livez") {
-    std::string want;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      want = bearer_token_;
-    }
-    if (!want.empty() && req.get_header_value("Authorization") != "Bearer " + want) {
-      return SendError(res, ApiError(401, "Unauthorized", "Unauthorized"));
-    }
+    auto who = Authenticate(req);
+    if (!who.ok()) return SendError(res, who.status());
+    user = std::move(*who);
   }
 
   const std::vector<std::string> seg = Segments(path);
@@ -572,6 +744,18 @@ void InMemoryApiServer::Handle(const httplib::Request& req, httplib::Response& r
                              {"platform", "linux/amd64"}}
                           .dump());
     }
+    if (seg.size() >= 2 && seg[0] == "openapi" && seg[1] == "v3") {
+      const OpenApiV3& openapi = OpenApi();
+      if (seg.size() == 2) return SendJson(res, 200, openapi.index);
+      std::string gv_path = seg[2];
+      for (size_t i = 3; i < seg.size(); ++i) gv_path += "/" + seg[i];
+      if (auto it = openapi.docs.find(gv_path); it != openapi.docs.end()) {
+        if (req.has_param("hash")) res.set_header("Cache-Control", "public, immutable");
+        return SendJson(res, 200, it->second);
+      }
+      return SendError(
+          res, ApiError(404, "NotFound", fmt::format("no OpenAPI v3 document for {}", gv_path)));
+    }
     if (seg.size() == 1 && (seg[0] == "healthz" || seg[0] == "readyz" || seg[0] == "livez")) {
       res.status = 200;
       res.set_content("ok", "text/plain");
@@ -593,10 +777,6 @@ void InMemoryApiServer::Handle(const httplib::Request& req, httplib::Response& r
   if (!route) {
     return SendError(res,
                      ApiError(404, "NotFound", "the server could not find the requested resource"));
-  }
-  if (ParamTrue(req, "dryRun") || (req.has_param("dryRun") && Param(req, "dryRun") == "All")) {
-    return SendError(
-        res, ApiError(400, "BadRequest", "dryRun is not supported by the in-memory API server"));
   }
   const ResourceInfo& info = InfoFor(route->resource);
   const bool is_collection = route->name.empty();
@@ -766,14 +946,89 @@ void InMemoryApiServer::Handle(const httplib::Request& req, httplib::Response& r
     body = std::move(*parsed);
   }
 
+  // dryRun=All: check and admit, store nothing. fieldValidation: accepted, fields not checked.
+  bool dry_run = false;
+  if (req.has_param("dryRun")) {
+    for (size_t i = 0; i < req.get_param_value_count("dryRun"); ++i) {
+      const std::string v = req.get_param_value("dryRun", i);
+      if (v != "All") {
+        return SendError(res, ApiError(400, "BadRequest",
+                                       fmt::format("Invalid value: \"{}\": supported values: "
+                                                   "\"All\"",
+                                                   v)));
+      }
+      dry_run = true;
+    }
+  }
+  if (req.has_param("fieldValidation")) {
+    const std::string v = Param(req, "fieldValidation");
+    if (v != "Ignore" && v != "Warn" && v != "Strict") {
+      return SendError(res,
+                       ApiError(400, "BadRequest",
+                                fmt::format("fieldValidation: Invalid value: \"{}\": must be one "
+                                            "of Ignore, Warn or Strict",
+                                            v)));
+    }
+  }
+  if (dry_run && route->subresource == "binding") {
+    return SendError(res, ApiError(400, "BadRequest",
+                                   "dryRun is not supported on pods/binding by the in-memory API "
+                                   "server"));
+  }
+
+  // Admission: the matching webhooks for this request (none: the plain store call).
+  AdmissionAttributes attrs;
+  attrs.resource = route->resource;
+  attrs.subresource = route->subresource;
+  attrs.ns = route->ns;
+  attrs.name = route->name;
+  attrs.user = user;
+  attrs.dry_run = dry_run;
+  const auto options_object = [&](std::string_view kind) {
+    Object options = {{"kind", std::string(kind)}, {"apiVersion", "meta.k8s.io/v1"}};
+    if (dry_run) options["dryRun"] = {"All"};
+    if (req.has_param("fieldManager")) options["fieldManager"] = Param(req, "fieldManager");
+    return options;
+  };
+  // The object as admission sees it: kind, apiVersion and namespace filled in.
+  const auto complete = [&](Object obj) {
+    if (!obj.is_object()) return obj;
+    if (!obj.contains("kind")) obj["kind"] = info.kind;
+    if (!obj.contains("apiVersion")) obj["apiVersion"] = info.api_version;
+    if (info.namespaced && !route->ns.empty()) {
+      if (!obj.contains("metadata")) obj["metadata"] = Object::object();
+      if (obj["metadata"].is_object() && !obj["metadata"].contains("namespace")) {
+        obj["metadata"]["namespace"] = route->ns;
+      }
+    }
+    return obj;
+  };
+  std::vector<std::string> warnings;
+  const auto send = [&](int code, const absl::StatusOr<Object>& result) {
+    for (const std::string& w : warnings) {
+      res.set_header("Warning", fmt::format("299 - {}", Object(w).dump()));
+    }
+    if (!result.ok()) return SendError(res, result.status());
+    SendJson(res, code, result->dump());
+  };
+
   if (req.method == "POST") {
     if (!body) return SendError(res, ApiError(400, "BadRequest", "the request body is empty"));
     if (is_collection) {
-      auto created = store_->Create(route->resource, route->ns, *body);
-      if (!created.ok()) return SendError(res, created.status());
-      return SendJson(res, 201, created->dump());
+      attrs.operation = "CREATE";
+      attrs.name = body->is_object() ? Name(*body) : "";
+      std::vector<AdmissionWebhook> hooks = MatchingWebhooks(attrs);
+      if (!hooks.empty()) {
+        attrs.object = complete(*body);
+        attrs.options = options_object("CreateOptions");
+        auto admitted = RunAdmission(hooks, attrs, &warnings);
+        if (!admitted.ok()) return send(0, admitted.status());
+        body = std::move(*admitted);
+      }
+      return send(201, store_->Create(route->resource, route->ns, *body, dry_run));
     }
     if (route->resource == Resource::kPods && route->subresource == "binding") {
+      // Not admitted (a webhook would have to name pods/binding; see kube/admission.h).
       auto bound = store_->Bind(route->ns, route->name, *body);
       if (!bound.ok()) return SendError(res, bound.status());
       return SendJson(res, 201, bound->dump());
@@ -788,10 +1043,20 @@ void InMemoryApiServer::Handle(const httplib::Request& req, httplib::Response& r
   }
   if (req.method == "PUT") {
     if (!body) return SendError(res, ApiError(400, "BadRequest", "the request body is empty"));
-    auto updated =
-        store_->Update(route->resource, route->ns, route->name, *body, route->subresource);
-    if (!updated.ok()) return SendError(res, updated.status());
-    return SendJson(res, 200, updated->dump());
+    attrs.operation = "UPDATE";
+    std::vector<AdmissionWebhook> hooks = MatchingWebhooks(attrs);
+    if (!hooks.empty()) {
+      auto old = store_->Get(route->resource, route->ns, route->name);
+      if (!old.ok()) return SendError(res, old.status());
+      attrs.old_object = std::move(*old);
+      attrs.object = complete(*body);
+      attrs.options = options_object("UpdateOptions");
+      auto admitted = RunAdmission(hooks, attrs, &warnings);
+      if (!admitted.ok()) return send(0, admitted.status());
+      body = std::move(*admitted);
+    }
+    return send(200, store_->Update(route->resource, route->ns, route->name, *body,
+                                    route->subresource, dry_run));
   }
   if (req.method == "PATCH") {
     if (!body) return SendError(res, ApiError(400, "BadRequest", "the patch body is empty"));
@@ -813,10 +1078,23 @@ void InMemoryApiServer::Handle(const httplib::Request& req, httplib::Response& r
                                                  "'{}')",
                                                  content_type)));
     }
-    auto patched =
-        store_->Patch(route->resource, route->ns, route->name, *body, type, route->subresource);
-    if (!patched.ok()) return SendError(res, patched.status());
-    return SendJson(res, 200, patched->dump());
+    attrs.operation = "UPDATE";  // admission sees a patch as an UPDATE of the patched object
+    std::vector<AdmissionWebhook> hooks = MatchingWebhooks(attrs);
+    if (hooks.empty()) {
+      return send(200, store_->Patch(route->resource, route->ns, route->name, *body, type,
+                                     route->subresource, dry_run));
+    }
+    attrs.options = options_object("PatchOptions");
+    auto patched = store_->PatchWithAdmission(
+        route->resource, route->ns, route->name, *body, type, route->subresource,
+        [&](const Object& current, const Object& next) {
+          attrs.old_object = current;
+          attrs.object = next;
+          warnings.clear();
+          return RunAdmission(hooks, attrs, &warnings);
+        },
+        dry_run);
+    return send(200, patched);
   }
   if (req.method == "DELETE") {
     if (!route->subresource.empty()) {
@@ -836,9 +1114,20 @@ void InMemoryApiServer::Handle(const httplib::Request& req, httplib::Response& r
       if (!grace.ok()) return SendError(res, grace.status());
       options.grace_period_seconds = *grace;
     }
-    auto deleted = store_->Delete(route->resource, route->ns, route->name, options);
-    if (!deleted.ok()) return SendError(res, deleted.status());
-    return SendJson(res, 200, deleted->dump());
+    attrs.operation = "DELETE";
+    std::vector<AdmissionWebhook> hooks = MatchingWebhooks(attrs);
+    if (!hooks.empty()) {
+      auto old = store_->Get(route->resource, route->ns, route->name);
+      if (!old.ok()) return SendError(res, old.status());
+      attrs.old_object = std::move(*old);
+      attrs.options = options_object("DeleteOptions");
+      if (options.grace_period_seconds) {
+        attrs.options["gracePeriodSeconds"] = *options.grace_period_seconds;
+      }
+      auto admitted = RunAdmission(hooks, attrs, &warnings);
+      if (!admitted.ok()) return send(0, admitted.status());
+    }
+    return send(200, store_->Delete(route->resource, route->ns, route->name, options, dry_run));
   }
   SendError(res, ApiError(405, "MethodNotAllowed",
                           fmt::format("method {} is not supported", req.method)));

@@ -9,6 +9,9 @@
 //   POST   /_dynmig/cut-watches   drop every open watch connection
 //   POST   /_dynmig/compact       forget the watch history (watches from older RVs get 410)
 //   GET    /_dynmig/stats         {"requests":N,"openWatches":N,"resourceVersion":"N"}
+// Knows who calls (bearer tokens -> usernames, see token_users) and calls admission webhooks on
+// the writes that arrive over HTTP (see admission_webhooks and kube/admission.h); the C++ store()
+// is a backdoor that neither authenticates nor admits.
 // Thread-safe.
 #pragma once
 
@@ -16,6 +19,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -24,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "kube/admission.h"
 #include "kube/api_store.h"
 
 namespace httplib {
@@ -82,8 +87,18 @@ struct InMemoryApiServerOptions {
   std::string tls_key_file{};
   std::string tls_client_ca_file{};
   // When set, every request (admin endpoints and /healthz excepted) must carry
-  // "Authorization: Bearer <token>", else 401. A test hook, not security.
+  // "Authorization: Bearer <token>" with this token (user "system:admin") or one of token_users,
+  // else 401. A test hook, not security.
   std::string bearer_token;
+  // Bearer token -> username (groups: system:authenticated). A request with a known token is that
+  // user. A token that is neither here nor bearer_token is refused (401) when this map or
+  // bearer_token is set; with neither set any token is accepted as anonymous (no auth). A request
+  // without a token is "system:anonymous" (groups: system:unauthenticated) unless bearer_token
+  // is set. No authorization (RBAC) follows: every user may do everything.
+  std::map<std::string, std::string> token_users;
+  // Called, in kube-apiserver's order, on creates, updates, patches and deletes that arrive over
+  // HTTP (see kube/admission.h). Change at runtime with SetAdmissionWebhooks.
+  std::vector<AdmissionWebhook> admission_webhooks;
 };
 
 class InMemoryApiServer {
@@ -114,6 +129,12 @@ class InMemoryApiServer {
   int64_t request_count() const { return requests_.load(); }
   // Changes the required bearer token (see options); "" turns the check off.
   void SetBearerToken(std::string token);
+  // Replaces token_users (see options).
+  void SetTokenUsers(std::map<std::string, std::string> token_users);
+  // Replaces the admission webhooks (e.g. once a webhook server has its port). Requests already
+  // being admitted finish with the old list.
+  void SetAdmissionWebhooks(std::vector<AdmissionWebhook> webhooks);
+  std::vector<AdmissionWebhook> admission_webhooks() const;
   size_t open_watches() const { return store_->open_watches(); }
 
  private:
@@ -122,6 +143,10 @@ class InMemoryApiServer {
   void Handle(const httplib::Request& req, httplib::Response& res);
   bool ApplyFault(const httplib::Request& req, httplib::Response& res);
   void HandleAdmin(const httplib::Request& req, httplib::Response& res);
+  // The caller, or 401.
+  absl::StatusOr<UserInfo> Authenticate(const httplib::Request& req) const;
+  // The webhooks matching a request, or an empty list (then no admission step at all).
+  std::vector<AdmissionWebhook> MatchingWebhooks(const AdmissionAttributes& attrs) const;
   void ShutdownAcceptedSockets();
 
   InMemoryApiServerOptions options_;
@@ -132,10 +157,12 @@ class InMemoryApiServer {
   int port_ = 0;
   std::atomic<int64_t> requests_{0};
   std::atomic<bool> stopping_{false};
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable gc_cv_;
   std::vector<FaultSpec> faults_;
   std::string bearer_token_;
+  std::map<std::string, std::string> token_users_;
+  std::vector<AdmissionWebhook> webhooks_;
   bool stopped_ = false;
 };
 

@@ -13,6 +13,7 @@
 
 #include "common/strings.h"
 #include "kube_test_util.h"
+#include "test_webhook_server.h"
 
 namespace dynmig::kube {
 namespace {
@@ -107,13 +108,14 @@ spec:
     resources:
       limits: {nvidia.com/gpu: "1"}  # a string, as the API stores it: re-apply is a no-op
 )";
-  CommandResult applied = Kubectl(fmt::format("apply --validate=false -f {}", manifest));
+  CommandResult applied = Kubectl(fmt::format("apply -f {}", manifest));
   ASSERT_EQ(applied.exit_code, 0) << applied.output;
   EXPECT_THAT(applied.output, HasSubstr("pod/gpu-job created"));
   // Applying again is a no-op (GET + strategic merge patch with nothing to change).
-  CommandResult again = Kubectl(fmt::format("apply --validate=false -f {}", manifest));
+  CommandResult again = Kubectl(fmt::format("apply -f {}", manifest));
   ASSERT_EQ(again.exit_code, 0) << again.output;
   EXPECT_THAT(again.output, HasSubstr("pod/gpu-job unchanged"));
+  EXPECT_THAT(applied.output + again.output, ::testing::Not(HasSubstr("arning")));
 
   CommandResult json = Kubectl("get pods -o json");
   ASSERT_EQ(json.exit_code, 0) << json.output;
@@ -167,7 +169,7 @@ spec:
 TEST_F(KubectlTest, CreateAndWatch) {
   const std::string manifest = (dir_ / "node.json").string();
   std::ofstream(manifest) << testing::MakeNode("n1").dump();
-  CommandResult created = Kubectl(fmt::format("create --validate=false -f {}", manifest));
+  CommandResult created = Kubectl(fmt::format("create -f {}", manifest));
   ASSERT_EQ(created.exit_code, 0) << created.output;
   EXPECT_THAT(created.output, HasSubstr("node/n1 created"));
 
@@ -183,6 +185,73 @@ TEST_F(KubectlTest, CreateAndWatch) {
   EXPECT_THAT(watched.output, HasSubstr("NAME"));
   EXPECT_THAT(watched.output, HasSubstr("n1 "));
   EXPECT_THAT(watched.output, HasSubstr("gpu"));  // the role column of the watched change
+}
+
+// Plain `kubectl apply/create -f` validate on the server: kubectl finds `fieldValidation` in the
+// OpenAPI v3 document of api/v1 and sends fieldValidation=Strict instead of downloading
+// /openapi/v2. --validate=false and --dry-run=server work too.
+TEST_F(KubectlTest, ServerSideFieldValidationAndDryRun) {
+  const std::string manifest = (dir_ / "pod.yaml").string();
+  std::ofstream(manifest) << R"(apiVersion: v1
+kind: Pod
+metadata: {name: checked}
+spec:
+  containers: [{name: main, image: busybox}]
+)";
+  CommandResult created = Kubectl(fmt::format("create -v=6 -f {}", manifest));
+  ASSERT_EQ(created.exit_code, 0) << created.output;
+  EXPECT_THAT(created.output, HasSubstr("pod/checked created"));
+  EXPECT_THAT(created.output, HasSubstr("/openapi/v3/api/v1?hash="));
+  EXPECT_THAT(created.output, HasSubstr("fieldValidation=Strict"));
+  EXPECT_THAT(created.output, ::testing::Not(HasSubstr("/openapi/v2")));
+
+  CommandResult warn = Kubectl(fmt::format("apply --validate=warn -f {}", manifest));
+  ASSERT_EQ(warn.exit_code, 0) << warn.output;
+  CommandResult off = Kubectl(fmt::format("apply --validate=false -f {}", manifest));
+  ASSERT_EQ(off.exit_code, 0) << off.output;
+  EXPECT_THAT(off.output, HasSubstr("pod/checked"));
+
+  const std::string other = (dir_ / "dry.yaml").string();
+  std::ofstream(other) << R"(apiVersion: v1
+kind: Pod
+metadata: {name: dry}
+spec:
+  containers: [{name: main, image: busybox}]
+)";
+  CommandResult dry = Kubectl(fmt::format("apply --dry-run=server -f {}", other));
+  ASSERT_EQ(dry.exit_code, 0) << dry.output;
+  EXPECT_THAT(dry.output, HasSubstr("pod/dry created (server dry run)"));
+  EXPECT_EQ(client_->GetPod("default", "dry").status().code(), absl::StatusCode::kNotFound);
+}
+
+// A validating webhook's denial as kubectl users see it.
+TEST_F(KubectlTest, WebhookDenialReachesKubectl) {
+  testing::TestWebhookServer hooks;
+  ASSERT_TRUE(hooks.ok());
+  hooks.On("/validate", [](const Object& request) {
+    if (Annotation(request["object"], "deny")) {
+      return Object{{"allowed", false}, {"status", {{"code", 403}, {"message", "no GPUs today"}}}};
+    }
+    return Object{{"allowed", true}};
+  });
+  AdmissionWebhook hook;
+  hook.name = "validate.dynmig.test";
+  hook.url = hooks.url("/validate");
+  server_->SetAdmissionWebhooks({hook});
+  const std::string manifest = (dir_ / "denied.yaml").string();
+  std::ofstream(manifest) << R"(apiVersion: v1
+kind: Pod
+metadata: {name: denied, annotations: {deny: "yes"}}
+spec:
+  containers: [{name: main, image: busybox}]
+)";
+  CommandResult applied = Kubectl(fmt::format("apply -f {}", manifest));
+  EXPECT_NE(applied.exit_code, 0);
+  EXPECT_THAT(applied.output,
+              HasSubstr("admission webhook \"validate.dynmig.test\" denied the request: no GPUs "
+                        "today"));
+  EXPECT_EQ(hooks.RequestsTo("/validate").size(), 1u);
+  server_->SetAdmissionWebhooks({});
 }
 
 // ---- The `dynmig apiserver` command, as a process. ----
