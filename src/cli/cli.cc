@@ -21,6 +21,7 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   RegisterOpsCommands(app, ctx);
   RegisterSchedulerCommand(app, ctx);
   RegisterDevicePluginCommand(app, ctx);
+  RegisterLocalCommand(app, ctx);
 
   // CLI11 parses a reversed vector of arguments.
   std::vector<std::string> reversed(args.rbegin(), args.rend());

@@ -12,6 +12,9 @@
 namespace CLI {
 class App;
 }
+namespace dynmig::scheduler {
+struct NodeReport;
+}
 
 namespace dynmig::cli {
 
@@ -39,5 +42,9 @@ void RegisterApiserverCommand(CLI::App& root, CliContext& ctx);
 void RegisterOpsCommands(CLI::App& root, CliContext& ctx);
 void RegisterSchedulerCommand(CLI::App& root, CliContext& ctx);
 void RegisterDevicePluginCommand(CLI::App& root, CliContext& ctx);
+void RegisterLocalCommand(CLI::App& root, CliContext& ctx);
+
+// `dynmig layout`'s terminal picture of these nodes (cmd_ops.cc), for other commands.
+std::string RenderLayoutText(const std::vector<scheduler::NodeReport>& nodes);
 
 }  // namespace dynmig::cli

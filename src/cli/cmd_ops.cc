@@ -323,6 +323,10 @@ int RunDefragCommand(const DefragFlags& f, CliContext& ctx) {
 
 }  // namespace
 
+std::string RenderLayoutText(const std::vector<scheduler::NodeReport>& nodes) {
+  return ops::RenderLayoutText(nodes, Painter());
+}
+
 void RegisterOpsCommands(CLI::App& root, CliContext& ctx) {
   {
     auto f = std::make_shared<InventoryFlags>();

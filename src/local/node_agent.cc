@@ -136,6 +136,9 @@ void NodeAgent::Reconcile() {
     for (const auto& [uuid, pid] : it->second.processes) {
       if (options_.processes.detach) (void)options_.processes.detach(uuid, pid);
     }
+    if (auto key = started_uid_.find(it->first); key != started_uid_.end()) {
+      allocator_.Release(key->second);
+    }
     started_uid_.erase(it->first);
     it = running_.erase(it);
   }
@@ -174,7 +177,7 @@ void NodeAgent::StartPod(const kube::Object& pod) {
         chosen.size() < n
             ? absl::ResourceExhaustedError(fmt::format(
                   "the node advertises {} {} devices, {} asked", ids.size(), resource, n))
-            : allocator_.Allocate(chosen);
+            : allocator_.Allocate(key, c->value("name", ""), chosen);
     if (!alloc.ok()) {
       const std::string msg =
           fmt::format("Allocate failed for container {}: {}", c->value("name", ""),
@@ -189,6 +192,7 @@ void NodeAgent::StartPod(const kube::Object& pod) {
       for (const auto& [uuid, pid] : running.processes) {
         if (options_.processes.detach) (void)options_.processes.detach(uuid, pid);
       }
+      allocator_.Release(key);
       started_uid_[uid] = key;
       return;
     }
@@ -259,6 +263,7 @@ void NodeAgent::FinishPod(const kube::Object& pod, const std::string& phase) {
       if (options_.processes.detach) (void)options_.processes.detach(uuid, pid);
     }
     running_.erase(it);
+    allocator_.Release(kube::ObjectKey(pod));
   }
   if (phase.empty()) return;
   const std::string now = kube::Rfc3339(absl::Now());

@@ -41,8 +41,12 @@ class DeviceAllocator {
   virtual std::string ResourceName() = 0;
   // Device IDs the plugin advertises (ListAndWatch), healthy ones.
   virtual std::vector<std::string> DeviceIds() = 0;
-  // Allocate for one container with the chosen device IDs.
-  virtual absl::StatusOr<ContainerAllocation> Allocate(const std::vector<std::string>& ids) = 0;
+  // Allocate for one container of a pod ("namespace/name") with the chosen device IDs.
+  virtual absl::StatusOr<ContainerAllocation> Allocate(const std::string& pod,
+                                                       const std::string& container,
+                                                       const std::vector<std::string>& ids) = 0;
+  // The pod's containers ended: its devices are free again (the kubelet's checkpoint forgets it).
+  virtual void Release(const std::string& pod) { (void)pod; }
 };
 
 // The workload stand-in: processes on MIG devices (SimNvml::AttachProcess/DetachProcess).

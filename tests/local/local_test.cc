@@ -173,7 +173,8 @@ class FakeAllocator : public DeviceAllocator {
  public:
   std::string ResourceName() override { return "nvidia.com/gpu"; }
   std::vector<std::string> DeviceIds() override { return {"GPU-0::0", "GPU-0::1", "GPU-0::2"}; }
-  absl::StatusOr<ContainerAllocation> Allocate(const std::vector<std::string>& ids) override {
+  absl::StatusOr<ContainerAllocation> Allocate(const std::string&, const std::string&,
+                                               const std::vector<std::string>& ids) override {
     if (fail) return absl::ResourceExhaustedError("NVML_ERROR_INSUFFICIENT_RESOURCES");
     ContainerAllocation a;
     std::string uuids;

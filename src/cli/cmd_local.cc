@@ -1,0 +1,285 @@
+// `dynmig local`: the whole system on one machine (src/local/local_cluster.h), served until
+// SIGINT/SIGTERM, with a small control endpoint to restart its parts and, with --demo, the
+// migration guide's walk-through (src/local/demo.h). See docs/local.md.
+#include <httplib.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <charconv>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "cli/cli.h"
+#include "fmt/format.h"
+#include "kube/informer.h"
+#include "local/demo.h"
+#include "local/local_cluster.h"
+#include "spdlog/spdlog.h"
+
+namespace dynmig::cli {
+namespace {
+
+struct LocalFlags {
+  std::string listen = "127.0.0.1:6443";
+  std::string nodes = "node-a=A100-SXM4-40GBx2,node-b=H100 80GBx1";
+  std::string state_dir = "/tmp/dynmig-local";
+  std::string device_config;
+  std::string control = "127.0.0.1:6444";
+  int nvml_port = 9400;
+  bool demo = false;
+  bool quiet = false;
+  std::string log_level = "warn";
+};
+
+bool SplitHostPort(const std::string& text, std::string* host, int* port) {
+  const size_t colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  *host = text.substr(0, colon);
+  const std::string p = text.substr(colon + 1);
+  auto [ptr, ec] = std::from_chars(p.data(), p.data() + p.size(), *port);
+  return ec == std::errc() && ptr == p.data() + p.size() && *port >= 0 && *port <= 65535;
+}
+
+// Serialized output: components log from their own threads.
+class Printer {
+ public:
+  explicit Printer(std::ostream& out) : out_(out) {}
+  void Line(const std::string& line) {
+    std::lock_guard<std::mutex> lock(mu_);
+    out_ << line << "\n";
+    out_.flush();
+  }
+  void Block(const std::string& text) {
+    std::lock_guard<std::mutex> lock(mu_);
+    out_ << text;
+    out_.flush();
+  }
+
+ private:
+  std::mutex mu_;
+  std::ostream& out_;
+};
+
+// A stream that hands complete chunks to the printer (the demo writes through it).
+class PrinterBuf : public std::stringbuf {
+ public:
+  explicit PrinterBuf(Printer& p) : printer_(p) {}
+  int sync() override {
+    printer_.Block(str());
+    str("");
+    return 0;
+  }
+
+ private:
+  Printer& printer_;
+};
+
+int RunLocal(const LocalFlags& f, CliContext& ctx) {
+  auto bad = [&](const std::string& message) {
+    ctx.err << "dynmig local: " << message << "\n";
+    return kExitBadInput;
+  };
+  local::LocalClusterOptions o;
+  if (!SplitHostPort(f.listen, &o.api_host, &o.api_port)) {
+    return bad("--listen must be HOST:PORT, got '" + f.listen + "'");
+  }
+  std::string control_host;
+  int control_port = 0;
+  if (!f.control.empty() && !SplitHostPort(f.control, &control_host, &control_port)) {
+    return bad("--control must be HOST:PORT or empty, got '" + f.control + "'");
+  }
+  if (f.nvml_port <= 0 || f.nvml_port > 65535) return bad("--nvml-port must be 1-65535");
+  auto nodes = local::ParseNodes(f.nodes);
+  if (!nodes.ok()) return bad(std::string(nodes.status().message()));
+  o.nodes = *nodes;
+  o.state_dir = f.state_dir;
+  o.nvml_port = f.nvml_port;
+  if (!f.device_config.empty()) {
+    std::ifstream in(f.device_config);
+    if (!in) return bad("--device-config: cannot read " + f.device_config);
+    std::stringstream text;
+    text << in.rdbuf();
+    o.device_config_yaml = text.str();
+  }
+  auto level = spdlog::level::from_str(f.log_level);
+  if (level == spdlog::level::off && f.log_level != "off") {
+    return bad("--log-level: unknown level '" + f.log_level + "'");
+  }
+  spdlog::set_level(level);
+
+  Printer printer(ctx.out);
+  if (!f.quiet) o.log = [&printer](const std::string& line) { printer.Line(line); };
+
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  sigset_t previous;
+  pthread_sigmask(SIG_BLOCK, &stop_signals, &previous);
+  auto restore = [&] { pthread_sigmask(SIG_SETMASK, &previous, nullptr); };
+
+  auto cluster = local::LocalCluster::Start(std::move(o));
+  if (!cluster.ok()) {
+    restore();
+    ctx.err << "dynmig local: " << std::string(cluster.status().message()) << "\n";
+    return cluster.status().code() == absl::StatusCode::kInvalidArgument ? kExitBadInput
+                                                                         : kExitFailure;
+  }
+  local::LocalCluster& c = **cluster;
+
+  // The control endpoint: restart parts as a supervisor would restart their processes.
+  httplib::Server control;
+  std::thread control_thread;
+  int bound_control = 0;
+  if (!f.control.empty()) {
+    auto part = [&c](const std::string& verb, const std::string& what,
+                     const std::string& node) -> absl::Status {
+      if (what == "scheduler") {
+        if (verb == "stop") return c.StopScheduler();
+        if (verb == "start") return c.StartScheduler();
+        if (auto st = c.StopScheduler(); !st.ok()) return st;
+        return c.StartScheduler();
+      }
+      if (verb == "stop") return c.StopDevicePlugin(node);
+      if (verb == "start") return c.StartDevicePlugin(node);
+      return c.RestartDevicePlugin(node);
+    };
+    control.Post(R"(/(restart|stop|start)/(device-plugin)/([a-z0-9.-]+))",
+                 [&](const httplib::Request& req, httplib::Response& res) {
+                   auto st = part(req.matches[1], req.matches[2], req.matches[3]);
+                   res.status = st.ok() ? 200 : absl::IsNotFound(st) ? 404 : 500;
+                   res.set_content(st.ok() ? "ok\n" : std::string(st.message()) + "\n",
+                                   "text/plain");
+                 });
+    control.Post(R"(/(restart|stop|start)/scheduler)", [&](const httplib::Request& req,
+                                                           httplib::Response& res) {
+      auto st = part(req.matches[1], "scheduler", "");
+      res.status = st.ok() ? 200 : 500;
+      res.set_content(st.ok() ? "ok\n" : std::string(st.message()) + "\n", "text/plain");
+    });
+    bound_control = control_port == 0
+                        ? control.bind_to_any_port(control_host)
+                        : (control.bind_to_port(control_host, control_port) ? control_port : -1);
+    if (bound_control < 0) {
+      restore();
+      ctx.err << "dynmig local: --control: cannot listen on " << f.control << "\n";
+      return kExitFailure;
+    }
+    control_thread = std::thread([&control] { control.listen_after_bind(); });
+  }
+
+  const std::string k = c.kubeconfig_path();
+  std::string intro = fmt::format(
+      "\ndynmig local is up: {} node(s), API server {}\n"
+      "  kubeconfig      {}\n"
+      "  scheduler       {} (extender /filter /bind, webhooks /webhook /validate, /metrics)\n",
+      c.nodes().size(), c.api_url(), k, c.scheduler_url());
+  for (const auto& n : c.nodes()) {
+    intro += fmt::format("  node {:<10} {} at {}, device plugin http://{}:{}/nvml\n", n.name,
+                         n.gpus, c.node_address(n.name), c.node_address(n.name), f.nvml_port);
+  }
+  intro += fmt::format(
+      "Try:\n"
+      "  kubectl --kubeconfig {0} apply -f examples/mig-canary.yaml\n"
+      "  kubectl --kubeconfig {0} get pods -o wide\n"
+      "  build/bin/dynmig layout --kubeconfig {0}\n"
+      "  kubectl --kubeconfig {0} delete pod mig-canary\n",
+      k);
+  if (bound_control > 0) {
+    intro += fmt::format(
+        "  curl -X POST http://{}:{}/restart/device-plugin/{}   # restart one part (also: stop, "
+        "start, /restart/scheduler)\n",
+        control_host, bound_control, c.nodes().front().name);
+  }
+  intro += "Events follow; Ctrl-C stops.\n";
+  printer.Block(intro);
+
+  // Kubernetes Events as they happen.
+  std::unique_ptr<kube::KubeClient> events_client;
+  std::unique_ptr<kube::Informer> events;
+  if (!f.quiet) {
+    auto client = c.Client(local::kAdminUser);
+    if (client.ok()) {
+      events_client = std::move(*client);
+      events = std::make_unique<kube::Informer>(*events_client, kube::Resource::kEvents);
+      kube::InformerHandlers h;
+      h.on_add = [&printer](const kube::Object& e) {
+        const kube::Object& inv =
+            e.contains("involvedObject") ? e["involvedObject"] : kube::Object{};
+        const std::string ns = inv.value("namespace", "");
+        printer.Line(fmt::format("event: {} {} {} {}{}: {}", e.value("type", ""),
+                                 e.value("reason", ""), inv.value("kind", ""),
+                                 ns.empty() ? "" : ns + "/", inv.value("name", ""),
+                                 e.value("message", "")));
+      };
+      events->AddHandlers(h);
+      events->Start();
+    }
+  }
+
+  int rc = kExitOk;
+  if (f.demo) {
+    PrinterBuf buf(printer);
+    std::ostream demo_out(&buf);
+    local::DemoOptions d;
+    d.layout = [&c] { return RenderLayoutText(c.Layout()); };
+    auto st = local::RunDemo(c, demo_out, d);
+    demo_out.flush();
+    if (!st.ok()) {
+      printer.Line(fmt::format("dynmig local: the demo failed: {}", std::string(st.message())));
+      rc = kExitFailure;
+    }
+  }
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  printer.Line(fmt::format("dynmig local: signal {}, stopping", signal_number));
+  if (events) events->Stop();
+  if (control_thread.joinable()) {
+    control.stop();
+    control_thread.join();
+  }
+  c.Stop();
+  cluster->reset();
+  restore();
+  return rc;
+}
+
+}  // namespace
+
+void RegisterLocalCommand(CLI::App& root, CliContext& ctx) {
+  auto f = std::make_shared<LocalFlags>();
+  CLI::App* cmd = root.add_subcommand(
+      "local",
+      "Run the whole system on this machine: API server, scheduler and webhooks, device plugins on "
+      "simulated GPUs, kubelet and kube-scheduler stand-ins");
+  cmd->add_option("--listen", f->listen, "HOST:PORT of the API server (port 0 picks one)")
+      ->capture_default_str();
+  cmd->add_option("--nodes", f->nodes,
+                  "nodes and their simulated GPUs: NAME=MODELxCOUNT[,MODELxCOUNT][,NAME=...]")
+      ->capture_default_str();
+  cmd->add_option("--state-dir", f->state_dir,
+                  "simulated GPU state, device-plugin state, kubeconfig (kept across runs)")
+      ->capture_default_str();
+  cmd->add_option("--device-config", f->device_config,
+                  "device-config.yaml (default: an allowlist of every catalogued model)");
+  cmd->add_option("--control", f->control,
+                  "HOST:PORT of the restart endpoint (empty: none; port 0 picks one)")
+      ->capture_default_str();
+  cmd->add_option("--nvml-port", f->nvml_port,
+                  "port of each device plugin's /metrics and /nvml on its node address")
+      ->capture_default_str();
+  cmd->add_flag("--demo", f->demo,
+                "play the migration guide's canary and mixed-profile walk-through, then serve");
+  cmd->add_flag("--quiet", f->quiet, "print only the summary (and the demo)");
+  cmd->add_option("--log-level", f->log_level, "components' log level: debug, info, warn, error")
+      ->capture_default_str();
+  cmd->callback([f, &ctx] { ctx.exit_code = RunLocal(*f, ctx); });
+}
+
+}  // namespace dynmig::cli

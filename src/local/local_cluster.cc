@@ -1,0 +1,692 @@
+#include "local/local_cluster.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+
+#include "deviceplugin/device_plugin.h"
+#include "deviceplugin/test_kubelet.h"
+#include "fmt/format.h"
+#include "kube/rest_kube_client.h"
+#include "local/embedded_config.h"
+#include "local/node_agent.h"
+#include "local/scheduler_loop.h"
+#include "protocol/annotations.h"
+#include "protocol/device_config.h"
+#include "scheduler/server.h"
+
+namespace dynmig::local {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr size_t kMaxSocketPath = 100;  // sun_path holds 108 bytes; keep a margin
+
+std::string RandomToken() {
+  std::random_device rd;
+  std::string out;
+  for (int i = 0; i < 4; ++i) out += fmt::format("{:08x}", rd());
+  return out;
+}
+
+bool IsDns1123Label(std::string_view s) {
+  if (s.empty() || s.size() > 63) return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    const bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+    if (!alnum && !(c == '-' && i > 0 && i + 1 < s.size())) return false;
+  }
+  return true;
+}
+
+bool IsDns1123Subdomain(std::string_view s) {
+  if (s.empty() || s.size() > 253) return false;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = s.find('.', start);
+    if (!IsDns1123Label(s.substr(start, dot == std::string_view::npos ? s.npos : dot - start)))
+      return false;
+    if (dot == std::string_view::npos) return true;
+    start = dot + 1;
+  }
+}
+
+std::string Trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return std::string(s);
+}
+
+std::string Kubeconfig(const std::string& url, const std::string& token) {
+  return fmt::format(
+      "# Written by `dynmig local`: the cluster admin of the local mode's API server.\n"
+      "apiVersion: v1\n"
+      "kind: Config\n"
+      "clusters:\n"
+      "- name: dynmig-local\n"
+      "  cluster:\n"
+      "    server: {}\n"
+      "contexts:\n"
+      "- name: dynmig-local\n"
+      "  context:\n"
+      "    cluster: dynmig-local\n"
+      "    user: {}\n"
+      "    namespace: default\n"
+      "current-context: dynmig-local\n"
+      "users:\n"
+      "- name: {}\n"
+      "  user:\n"
+      "    token: {}\n",
+      url, kAdminUser, kAdminUser, token);
+}
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& text, mode_t mode) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    out.close();
+    if (!out) return absl::PermissionDeniedError(fmt::format("cannot write {}", tmp));
+  }
+  ::chmod(tmp.c_str(), mode);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::PermissionDeniedError(
+        fmt::format("cannot rename {} to {}: {}", tmp, path, std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+// The kubelet's side of the device-plugin API, over the test kubelet's real gRPC client.
+class KubeletAllocator : public DeviceAllocator {
+ public:
+  explicit KubeletAllocator(deviceplugin::TestKubelet& kubelet) : kubelet_(kubelet) {}
+
+  std::string ResourceName() override {
+    auto info = kubelet_.plugin();
+    return info && info->stream_open ? info->resource_name : "";
+  }
+  std::vector<std::string> DeviceIds() override { return kubelet_.FreeDevices(); }
+  absl::StatusOr<ContainerAllocation> Allocate(const std::string& pod, const std::string& container,
+                                               const std::vector<std::string>& ids) override {
+    auto response = kubelet_.Allocate(pod, container, ids);
+    if (!response.ok()) return response.status();
+    ContainerAllocation out;
+    for (const auto& [k, v] : response->envs()) out.envs[k] = v;
+    for (const auto& d : response->devices()) out.devices.push_back(d.host_path());
+    for (const auto& d : response->cdi_devices()) out.cdi_devices.push_back(d.name());
+    return out;
+  }
+  void Release(const std::string& pod) override { kubelet_.ReleasePod(pod); }
+
+ private:
+  deviceplugin::TestKubelet& kubelet_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<LocalNode>> ParseNodes(std::string_view text) {
+  std::vector<LocalNode> nodes;
+  std::set<std::string> names;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = text.find(',', start);
+    const std::string item =
+        Trim(text.substr(start, comma == std::string_view::npos ? text.npos : comma - start));
+    start = comma == std::string_view::npos ? text.size() + 1 : comma + 1;
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) {
+      if (nodes.empty()) {
+        return absl::InvalidArgumentError(
+            fmt::format("--nodes: \"{}\" has no node name: write NAME=MODELxCOUNT (e.g. "
+                        "node-a=A100-SXM4-40GBx2)",
+                        item));
+      }
+      nodes.back().gpus += "," + item;
+      continue;
+    }
+    LocalNode node{Trim(item.substr(0, eq)), Trim(item.substr(eq + 1))};
+    if (!IsDns1123Subdomain(node.name)) {
+      return absl::InvalidArgumentError(fmt::format(
+          "--nodes: node name \"{}\" is not a valid Kubernetes name (lower-case letters, digits, "
+          "'-' and '.')",
+          node.name));
+    }
+    if (!names.insert(node.name).second) {
+      return absl::InvalidArgumentError(
+          fmt::format("--nodes: node \"{}\" is given twice", node.name));
+    }
+    if (node.gpus.empty()) {
+      return absl::InvalidArgumentError(fmt::format(
+          "--nodes: node \"{}\" has no GPUs (e.g. {}=A100-SXM4-40GBx2)", node.name, node.name));
+    }
+    nodes.push_back(std::move(node));
+  }
+  if (nodes.empty()) return absl::InvalidArgumentError("--nodes: no node given");
+  for (const auto& n : nodes) {
+    auto models = nvml::ParseSimSpec(n.gpus);
+    if (!models.ok()) {
+      return absl::InvalidArgumentError(
+          fmt::format("--nodes: node \"{}\": {}", n.name, std::string(models.status().message())));
+    }
+  }
+  return nodes;
+}
+
+struct LocalCluster::Node {
+  LocalNode spec;
+  int index = 0;
+  std::string address;
+  std::string dir;          // <state_dir>/nodes/<name>
+  std::string kubelet_dir;  // the device-plugin socket directory
+  std::unique_ptr<deviceplugin::TestKubelet> kubelet;
+  std::unique_ptr<KubeletAllocator> allocator;
+  std::unique_ptr<kube::KubeClient> agent_client;
+  std::unique_ptr<nvml::SimNvml> workload_nvml;  // the workloads' processes attach through it
+  std::unique_ptr<NodeAgent> agent;
+  // The device plugin "process": everything it owns goes away on stop.
+  std::unique_ptr<kube::KubeClient> plugin_client;
+  std::unique_ptr<nvml::SimNvml> plugin_nvml;
+  std::unique_ptr<deviceplugin::DevicePlugin> plugin;
+};
+
+LocalCluster::LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {}
+
+LocalCluster::~LocalCluster() { Stop(); }
+
+void LocalCluster::Log(const std::string& line) const {
+  if (options_.log) options_.log(line);
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(LocalClusterOptions options) {
+  if (options.state_dir.empty())
+    return absl::InvalidArgumentError("the state directory is required");
+  if (options.nodes.empty()) return absl::InvalidArgumentError("at least one node is required");
+  std::unique_ptr<LocalCluster> cluster(new LocalCluster(std::move(options)));
+  if (auto st = cluster->Init(); !st.ok()) {
+    cluster->Stop();
+    return st;
+  }
+  return cluster;
+}
+
+absl::Status LocalCluster::Init() {
+  std::error_code ec;
+  fs::create_directories(options_.state_dir, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(fmt::format("cannot create the state directory {}: {}",
+                                                   options_.state_dir, std::string(ec.message())));
+  }
+  options_.state_dir = fs::absolute(options_.state_dir).lexically_normal().string();
+  while (options_.state_dir.size() > 1 && options_.state_dir.back() == '/')
+    options_.state_dir.pop_back();
+
+  // Configurations first: bad input is reported before anything listens.
+  device_config_yaml_ = options_.device_config_yaml.empty() ? protocol::DefaultDeviceConfigYaml()
+                                                            : options_.device_config_yaml;
+  auto device_config = protocol::ParseDeviceConfig(device_config_yaml_);
+  if (!device_config.ok()) return device_config.status();
+  auto sched_config = ParseSchedulerConfig(options_.scheduler_config_yaml.empty()
+                                               ? std::string(kEmbeddedSchedulerConfig)
+                                               : options_.scheduler_config_yaml);
+  if (!sched_config.ok()) return sched_config.status();
+
+  // Identities.
+  admin_token_ = RandomToken();
+  tokens_[std::string(kAdminUser)] = admin_token_;
+  tokens_[std::string(kSchedulerUser)] = RandomToken();
+  tokens_[std::string(kDevicePluginUser)] = RandomToken();
+  tokens_[std::string(kKubeSchedulerUser)] = RandomToken();
+  for (const auto& n : options_.nodes) tokens_["system:node:" + n.name] = RandomToken();
+
+  kube::InMemoryApiServerOptions api;
+  api.host = options_.api_host;
+  api.port = options_.api_port;
+  for (const auto& [user, token] : tokens_) api.token_users[token] = user;
+  auto server = kube::InMemoryApiServer::Start(api);
+  if (!server.ok()) {
+    return absl::UnavailableError(fmt::format("the API server cannot listen on {}:{}: {}",
+                                              options_.api_host, options_.api_port,
+                                              std::string(server.status().message())));
+  }
+  api_ = std::move(*server);
+  kubeconfig_path_ = options_.state_dir + "/kubeconfig";
+  if (auto st = WriteFileAtomically(kubeconfig_path_, Kubeconfig(api_url(), admin_token_), 0600);
+      !st.ok()) {
+    return st;
+  }
+  Log(fmt::format("apiserver: serving {} (kubeconfig {})", api_url(), kubeconfig_path_));
+
+  // What an operator creates before installing: namespaces, the device ConfigMap, the nodes.
+  auto admin = Client(kAdminUser);
+  if (!admin.ok()) return admin.status();
+  for (const char* ns : {"default", "kube-system", "dynmig-system"}) {
+    auto created = (*admin)->Create(
+        kube::Resource::kNamespaces,
+        {{"apiVersion", "v1"},
+         {"kind", "Namespace"},
+         {"metadata", {{"name", ns}, {"labels", {{"kubernetes.io/metadata.name", ns}}}}}});
+    if (!created.ok() && !absl::IsAlreadyExists(created.status())) return created.status();
+  }
+  {
+    auto created = (*admin)->Create(
+        kube::Resource::kConfigMaps,
+        {{"apiVersion", "v1"},
+         {"kind", "ConfigMap"},
+         {"metadata", {{"name", kDeviceConfigMap}, {"namespace", kSystemNamespace}}},
+         {"data", {{"device-config.yaml", device_config_yaml_}}}});
+    if (!created.ok() && !absl::IsAlreadyExists(created.status())) return created.status();
+  }
+
+  // Per node: the Node object, the kubelet and its agent.
+  for (size_t i = 0; i < options_.nodes.size(); ++i) {
+    auto node = std::make_unique<Node>();
+    node->spec = options_.nodes[i];
+    node->index = static_cast<int>(i);
+    node->address = options_.node_address_prefix +
+                    std::to_string(options_.node_address_first + static_cast<int>(i));
+    node->dir = options_.state_dir + "/nodes/" + node->spec.name;
+    fs::create_directories(node->dir, ec);
+    if (ec) {
+      return absl::PermissionDeniedError(
+          fmt::format("cannot create {}: {}", node->dir, std::string(ec.message())));
+    }
+    node->kubelet_dir = node->dir + "/kubelet";
+    if (node->kubelet_dir.size() + std::string_view("/kubelet.sock").size() > kMaxSocketPath) {
+      std::string tmpl = "/tmp/dynmig-local-XXXXXX";
+      if (::mkdtemp(tmpl.data()) == nullptr) {
+        return absl::PermissionDeniedError(fmt::format("mkdtemp: {}", std::strerror(errno)));
+      }
+      node->kubelet_dir = tmpl;
+    }
+    // The GPUs exist before anything runs (the simulated hardware).
+    {
+      nvml::SimNvmlOptions o;
+      o.spec = node->spec.gpus;
+      o.state_file = nvml_state_file(node->spec.name);
+      o.seed = node->spec.name;
+      auto sim = nvml::SimNvml::Create(std::move(o));
+      if (!sim.ok()) {
+        return absl::FailedPreconditionError(
+            fmt::format("node {}: {} (remove {} to start from new GPUs)", node->spec.name,
+                        std::string(sim.status().message()), node->dir));
+      }
+      node->workload_nvml = std::move(*sim);
+    }
+    json obj = {
+        {"apiVersion", "v1"},
+        {"kind", "Node"},
+        {"metadata",
+         {{"name", node->spec.name},
+          {"labels",
+           {{"kubernetes.io/hostname", node->spec.name},
+            {"kubernetes.io/os", "linux"},
+            {"dynmig.io/mig", "enabled"}}}}},
+        {"status",
+         {{"addresses", json::array({{{"type", "InternalIP"}, {"address", node->address}},
+                                     {{"type", "Hostname"}, {"address", node->spec.name}}})},
+          {"capacity", {{"cpu", "64"}, {"memory", "512Gi"}, {"pods", "110"}}},
+          {"allocatable", {{"cpu", "64"}, {"memory", "512Gi"}, {"pods", "110"}}},
+          {"conditions", json::array({{{"type", "Ready"},
+                                       {"status", "True"},
+                                       {"reason", "KubeletReady"},
+                                       {"message", "dynmig local kubelet stand-in"}}})}}}};
+    auto created = (*admin)->CreateNode(obj);
+    if (!created.ok() && !absl::IsAlreadyExists(created.status())) return created.status();
+
+    auto kubelet = deviceplugin::TestKubelet::Start(node->kubelet_dir);
+    if (!kubelet.ok()) {
+      return absl::UnavailableError(fmt::format("node {}: kubelet: {}", node->spec.name,
+                                                std::string(kubelet.status().message())));
+    }
+    node->kubelet = std::move(*kubelet);
+    node->allocator = std::make_unique<KubeletAllocator>(*node->kubelet);
+    auto agent_client = Client("system:node:" + node->spec.name);
+    if (!agent_client.ok()) return agent_client.status();
+    node->agent_client = std::move(*agent_client);
+    NodeAgentOptions ao;
+    ao.node = node->spec.name;
+    nvml::SimNvml* workload = node->workload_nvml.get();
+    ao.processes.attach = [workload](const std::string& uuid, uint32_t pid) {
+      return workload->AttachProcess(uuid, pid, 1024);
+    };
+    ao.processes.detach = [workload](const std::string& uuid, uint32_t pid) {
+      return workload->DetachProcess(uuid, pid);
+    };
+    const std::string prefix = node->spec.name + "/kubelet: ";
+    ao.log = [this, prefix](const std::string& line) { Log(prefix + line); };
+    ao.first_pid = 10000 + 1000 * static_cast<uint32_t>(i);
+    node->agent = std::make_unique<NodeAgent>(*node->agent_client, *node->allocator, std::move(ao));
+    nodes_.push_back(std::move(node));
+  }
+
+  std::lock_guard<std::mutex> lock(mu_);
+  // The control plane: the extender and webhooks, then kube-scheduler.
+  if (auto st = StartSchedulerLocked(); !st.ok()) return st;
+  auto loop_client = Client(kKubeSchedulerUser);
+  if (!loop_client.ok()) return loop_client.status();
+  loop_client_ = std::move(*loop_client);
+  SchedulerLoopOptions lo;
+  lo.config = *sched_config;
+  lo.extender_url = scheduler_->url();
+  lo.retry_interval = options_.scheduler_retry;
+  lo.log = [this](const std::string& line) { Log("kube-scheduler: " + line); };
+  loop_ = std::make_unique<SchedulerLoop>(*loop_client_, std::move(lo));
+  loop_->Start();
+
+  // The nodes: device plugins, then the kubelets' pod loops.
+  for (auto& node : nodes_) {
+    if (auto st = StartDevicePluginLocked(*node); !st.ok()) return st;
+    node->agent->Start();
+  }
+  // Ready when every node published its GPUs and every plugin registered.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  for (auto& node : nodes_) {
+    if (!node->kubelet->WaitForRegistrations(1, deadline - absl::Now())) {
+      return absl::DeadlineExceededError(fmt::format(
+          "node {}: the device plugin did not register with the kubelet", node->spec.name));
+    }
+    while (true) {
+      auto obj = (*admin)->GetNode(node->spec.name);
+      if (obj.ok() && kube::Annotation(*obj, protocol::kNodeRegisterAnnotation)) break;
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(
+            fmt::format("node {}: the device plugin did not publish {}", node->spec.name,
+                        protocol::kNodeRegisterAnnotation));
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    // The kubelet reports the plugin's devices in the node's capacity.
+    const std::string count = std::to_string(node->kubelet->devices().size());
+    const std::string resource = node->allocator->ResourceName().empty()
+                                     ? std::string("nvidia.com/gpu")
+                                     : node->allocator->ResourceName();
+    (void)node->agent_client->PatchNodeStatus(
+        node->spec.name,
+        {{"status", {{"capacity", {{resource, count}}}, {"allocatable", {{resource, count}}}}}});
+  }
+  if (!scheduler_->WaitUntilReady(deadline - absl::Now())) {
+    return absl::DeadlineExceededError("the scheduler's caches did not sync");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<kube::KubeClient>> LocalCluster::Client(
+    std::string_view user) const {
+  auto it = tokens_.find(user);
+  if (it == tokens_.end()) return absl::NotFoundError(fmt::format("no identity {}", user));
+  kube::RestConfig cfg;
+  cfg.server = api_url();
+  cfg.token = it->second;
+  cfg.user_agent = fmt::format("dynmig-local/{}", user);
+  auto client = kube::RestKubeClient::Create(cfg);
+  if (!client.ok()) return client.status();
+  return std::unique_ptr<kube::KubeClient>(std::move(*client));
+}
+
+absl::Status LocalCluster::StartSchedulerLocked() {
+  auto config = protocol::ParseDeviceConfig(device_config_yaml_);
+  if (!config.ok()) return config.status();
+  auto client = Client(kSchedulerUser);
+  if (!client.ok()) return client.status();
+  scheduler_client_ = std::move(*client);
+  scheduler::SchedulerServerOptions o;
+  o.host = "127.0.0.1";
+  o.port = scheduler_port_;  // a restarted scheduler keeps its address (webhooks, kube-scheduler)
+  o.state.allowlist = config->allowlist;
+  o.state.resources = config->resources;
+  o.extender.resources = config->resources;
+  o.extender.reservation_ttl = options_.reservation_ttl;
+  o.expiry_interval = options_.expiry_interval;
+  o.admission.allowlist = config->allowlist;
+  o.admission.resources = config->resources;
+  o.admission.annotation_writers = {std::string(kSchedulerUser), std::string(kDevicePluginUser)};
+  o.threads = 8;
+  auto server = scheduler::SchedulerServer::Start(*scheduler_client_, clock_, std::move(o));
+  if (!server.ok()) return server.status();
+  scheduler_ = std::move(*server);
+  scheduler_port_ = scheduler_->port();
+  // The webhook configurations of deploy/base/webhook/webhooks.yaml, pointed at this scheduler.
+  std::vector<kube::AdmissionWebhook> hooks(2);
+  hooks[0].name = "mutate.dynmig.io";
+  hooks[0].url = scheduler_->url() + "/webhook";
+  hooks[0].mutating = true;
+  hooks[0].operations = {"CREATE"};
+  hooks[1].name = "validate.dynmig.io";
+  hooks[1].url = scheduler_->url() + "/validate";
+  hooks[1].mutating = false;
+  hooks[1].operations = {"CREATE", "UPDATE"};
+  hooks[1].excluded_users = {std::string(kSchedulerUser), std::string(kDevicePluginUser)};
+  for (auto& h : hooks) {
+    h.resources = {"pods"};
+    h.excluded_namespaces = {"dynmig-system", "kube-system"};
+    h.failure_policy_fail = true;
+    h.timeout = absl::Seconds(10);
+  }
+  api_->SetAdmissionWebhooks(std::move(hooks));
+  Log(fmt::format("scheduler: extender and webhooks serving {}", scheduler_->url()));
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::StartDevicePluginLocked(Node& node) {
+  if (node.plugin != nullptr) return absl::OkStatus();
+  auto config = protocol::ParseDeviceConfig(device_config_yaml_);
+  if (!config.ok()) return config.status();
+  nvml::SimNvmlOptions so;
+  so.state_file = nvml_state_file(node.spec.name);
+  so.seed = node.spec.name;
+  auto sim = nvml::SimNvml::Create(std::move(so));
+  if (!sim.ok()) return sim.status();
+  auto client = Client(kDevicePluginUser);
+  if (!client.ok()) return client.status();
+  node.plugin_nvml = std::move(*sim);
+  node.plugin_client = std::move(*client);
+  deviceplugin::DevicePluginOptions o;
+  o.core.node_name = node.spec.name;
+  o.core.resource_name = config->resources.count;
+  o.core.allowlist = config->allowlist;
+  o.core.state_file = node.dir + "/device-plugin-state.json";
+  o.kubelet_dir = node.kubelet_dir;
+  o.reconcile_interval = options_.reconcile_interval;
+  o.register_interval = options_.register_interval;
+  o.kubelet_poll_interval = absl::Milliseconds(200);
+  o.metrics_listen = fmt::format("{}:{}", node.address, options_.nvml_port);
+  auto plugin =
+      deviceplugin::DevicePlugin::Start(std::move(o), *node.plugin_nvml, *node.plugin_client);
+  if (!plugin.ok()) {
+    node.plugin_client.reset();
+    node.plugin_nvml.reset();
+    return absl::Status(plugin.status().code(),
+                        fmt::format("node {}: device plugin: {}", node.spec.name,
+                                    std::string(plugin.status().message())));
+  }
+  node.plugin = std::move(*plugin);
+  Log(fmt::format("{}/device-plugin: serving {} on {}, metrics and NVML view on http://{}:{}",
+                  node.spec.name, node.plugin->options().core.resource_name,
+                  node.plugin->endpoint().socket_path(), node.address, options_.nvml_port));
+  return absl::OkStatus();
+}
+
+void LocalCluster::Stop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopped_) return;
+  stopped_ = true;
+  if (loop_) loop_->Stop();
+  for (auto& node : nodes_) {
+    if (node->agent) node->agent->Stop();
+  }
+  for (auto& node : nodes_) {
+    if (node->plugin) node->plugin->Stop();
+    node->plugin.reset();
+    node->plugin_client.reset();
+    node->plugin_nvml.reset();
+    if (node->kubelet) node->kubelet->Stop();
+  }
+  if (scheduler_) scheduler_->Stop();
+  if (api_) api_->Stop();
+  for (auto& node : nodes_) {
+    if (node->kubelet_dir.rfind("/tmp/dynmig-local-", 0) == 0) {
+      std::error_code ec;
+      fs::remove_all(node->kubelet_dir, ec);
+    }
+  }
+}
+
+std::string LocalCluster::api_url() const { return api_ ? api_->url() : ""; }
+
+std::string LocalCluster::scheduler_url() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return scheduler_ ? scheduler_->url() : "";
+}
+
+std::string LocalCluster::node_address(std::string_view node) const {
+  const Node* n = FindNode(node);
+  return n != nullptr ? n->address : "";
+}
+
+std::string LocalCluster::nvml_endpoint_template() const {
+  return fmt::format("http://{{node}}:{}/nvml", options_.nvml_port);
+}
+
+std::string LocalCluster::nvml_state_file(std::string_view node) const {
+  return fmt::format("{}/nodes/{}/nvml.json", options_.state_dir, node);
+}
+
+LocalCluster::Node* LocalCluster::FindNode(std::string_view name) const {
+  for (const auto& n : nodes_) {
+    if (n->spec.name == name) return n.get();
+  }
+  return nullptr;
+}
+
+std::vector<scheduler::NodeReport> LocalCluster::Layout() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!scheduler_) return {};
+  return scheduler_->state().Report(absl::Now());
+}
+
+scheduler::SchedulerServer* LocalCluster::scheduler() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return scheduler_.get();
+}
+
+absl::Status LocalCluster::StopDevicePlugin(std::string_view name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Node* node = FindNode(name);
+  if (node == nullptr) return absl::NotFoundError(fmt::format("no node {}", name));
+  if (node->plugin == nullptr) return absl::OkStatus();
+  node->plugin->Stop();
+  node->plugin.reset();
+  node->plugin_client.reset();
+  node->plugin_nvml.reset();
+  Log(fmt::format("{}/device-plugin: stopped", name));
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::StartDevicePlugin(std::string_view name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopped_) return absl::FailedPreconditionError("the local cluster is stopped");
+  Node* node = FindNode(name);
+  if (node == nullptr) return absl::NotFoundError(fmt::format("no node {}", name));
+  const int before = node->kubelet->registrations();
+  if (auto st = StartDevicePluginLocked(*node); !st.ok()) return st;
+  if (!node->kubelet->WaitForRegistrations(before + 1, absl::Seconds(30))) {
+    return absl::DeadlineExceededError(
+        fmt::format("node {}: the restarted device plugin did not register", name));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::RestartDevicePlugin(std::string_view name) {
+  if (auto st = StopDevicePlugin(name); !st.ok()) return st;
+  return StartDevicePlugin(name);
+}
+
+bool LocalCluster::DevicePluginRunning(std::string_view name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Node* node = FindNode(name);
+  return node != nullptr && node->plugin != nullptr;
+}
+
+deviceplugin::DevicePlugin* LocalCluster::device_plugin(std::string_view name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Node* node = FindNode(name);
+  return node != nullptr ? node->plugin.get() : nullptr;
+}
+
+deviceplugin::TestKubelet* LocalCluster::kubelet(std::string_view name) {
+  Node* node = FindNode(name);
+  return node != nullptr ? node->kubelet.get() : nullptr;
+}
+
+absl::Status LocalCluster::StopScheduler() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!scheduler_) return absl::OkStatus();
+  scheduler_->Stop();
+  scheduler_.reset();
+  scheduler_client_.reset();
+  Log("scheduler: stopped");
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::StartScheduler() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopped_) return absl::FailedPreconditionError("the local cluster is stopped");
+  if (scheduler_) return absl::OkStatus();
+  if (auto st = StartSchedulerLocked(); !st.ok()) return st;
+  if (!scheduler_->WaitUntilReady(absl::Seconds(30))) {
+    return absl::DeadlineExceededError("the restarted scheduler's caches did not sync");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<nvml::SimNvml>> LocalCluster::OpenNvml(std::string_view node) const {
+  if (FindNode(node) == nullptr) return absl::NotFoundError(fmt::format("no node {}", node));
+  nvml::SimNvmlOptions o;
+  o.state_file = nvml_state_file(node);
+  o.seed = std::string(node);
+  return nvml::SimNvml::Create(std::move(o));
+}
+
+absl::StatusOr<std::vector<LiveInstance>> LocalCluster::Instances(std::string_view node) const {
+  auto sim = OpenNvml(node);
+  if (!sim.ok()) return sim.status();
+  nvml::Nvml& n = **sim;
+  auto count = n.DeviceCount();
+  if (!count.ok()) return count.status();
+  std::vector<LiveInstance> out;
+  for (uint32_t g = 0; g < *count; ++g) {
+    auto gpu = n.GetGpu(g);
+    if (!gpu.ok()) return gpu.status();
+    auto gis = n.ListGpuInstances(g);
+    if (!gis.ok()) return gis.status();
+    for (const auto& gi : *gis) {
+      auto cis = n.ListComputeInstances(g, gi.id);
+      if (!cis.ok()) return cis.status();
+      for (const auto& ci : *cis) {
+        LiveInstance li;
+        li.gpu_uuid = gpu->uuid;
+        li.gpu_index = g;
+        li.gi_id = gi.id;
+        li.ci_id = ci.id;
+        li.gi_profile_id = gi.profile_id;
+        li.placement = gi.placement;
+        li.mig_uuid = ci.mig_uuid;
+        auto procs = n.GetMigDeviceProcesses(g, gi.id, ci.id);
+        if (procs.ok()) li.processes = procs->size();
+        out.push_back(std::move(li));
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace dynmig::local

@@ -1,0 +1,195 @@
+// LocalCluster: the whole system on one machine, every part speaking the protocol it speaks in a
+// cluster (`dynmig local`, the end-to-end tests, the ops tests):
+//
+//   kubectl / ops commands ──HTTP──> InMemoryApiServer ──AdmissionReview──> /webhook, /validate
+//                                        ^   ^   ^                               │
+//   SchedulerLoop (kube-scheduler) ─HTTP─┼───┼───┼── /filter, /bind ──> SchedulerServer
+//   per node:                            │   │   │
+//     NodeAgent (kubelet) ── gRPC ──> TestKubelet <── gRPC ── DevicePlugin ──> SimNvml (file)
+//         └── attaches a simulated process to each MIG device while the pod runs ──┘
+//
+// Each component has its own API client and its own identity (bearer token): the scheduler and
+// the device plugins are the service accounts deploy/ gives them, so the validating webhook treats
+// their writes of hami.io/vgpu-mig-allocations as a cluster does; kubectl is a cluster admin.
+// The kube-scheduler stand-in reads the KubeSchedulerConfiguration shipped in
+// deploy/scheduler/kube-scheduler-config.yaml (compiled in), so it calls the extender exactly as
+// the deployed kube-scheduler does. Nodes get the addresses 127.0.0.<10+i> (configurable) and
+// each device plugin serves /metrics and /nvml at <address>:<nvml_port>, so the ops commands'
+// default `http://{node}:9400/nvml` reaches them.
+//
+// A device plugin or the scheduler can be stopped and started again on its own, standing for a
+// process restart: the new one shares nothing in memory with the old (new SimNvml object over the
+// same state file, new API client, new state-file reader).
+//
+// The simulated GPUs' state lives under state_dir and survives a restart of the whole local mode
+// (the API server's objects do not: the device plugins then find idle GPUs and clean them).
+// Thread-safe.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "kube/in_memory_api_server.h"
+#include "kube/kube_client.h"
+#include "nvml/sim_nvml.h"
+#include "scheduler/cluster_state.h"
+
+namespace dynmig::scheduler {
+class SchedulerServer;
+}
+namespace dynmig::deviceplugin {
+class DevicePlugin;
+class TestKubelet;
+}  // namespace dynmig::deviceplugin
+
+namespace dynmig::local {
+
+class NodeAgent;
+class SchedulerLoop;
+
+// Identities of the components (userInfo.username the webhooks see).
+inline constexpr std::string_view kSchedulerUser =
+    "system:serviceaccount:dynmig-system:dynmig-scheduler";
+inline constexpr std::string_view kDevicePluginUser =
+    "system:serviceaccount:dynmig-system:dynmig-device-plugin";
+inline constexpr std::string_view kKubeSchedulerUser = "system:kube-scheduler";
+inline constexpr std::string_view kAdminUser = "kubernetes-admin";
+// The scheduler device ConfigMap the ops commands find (HAMi's `<release>-scheduler-device`).
+inline constexpr std::string_view kSystemNamespace = "dynmig-system";
+inline constexpr std::string_view kDeviceConfigMap = "dynmig-scheduler-device";
+
+struct LocalNode {
+  std::string name;
+  std::string gpus;  // SimNvml spec: "A100-SXM4-40GBx2" or "A100-SXM4-40GBx1,H100 80GBx1"
+};
+
+// "node-a=A100-SXM4-40GBx2,node-b=H100 80GBx1". An item without '=' adds GPUs to the previous
+// node ("node-a=A30,A100-SXM4-40GB"). kInvalidArgument names the bad item: an empty name or
+// spec, a duplicate node, a name that is not a DNS-1123 subdomain, a model the catalogue does not
+// know (ParseSimSpec's message).
+absl::StatusOr<std::vector<LocalNode>> ParseNodes(std::string_view text);
+
+// A MIG device as NVML reports it.
+struct LiveInstance {
+  std::string gpu_uuid;
+  uint32_t gpu_index = 0;
+  uint32_t gi_id = 0;
+  uint32_t ci_id = 0;
+  uint32_t gi_profile_id = 0;
+  mig::Placement placement;
+  std::string mig_uuid;
+  size_t processes = 0;
+};
+
+struct LocalClusterOptions {
+  std::string api_host = "127.0.0.1";
+  int api_port = 6443;  // 0 = a free port
+  std::vector<LocalNode> nodes = {{"node-a", "A100-SXM4-40GBx2"}, {"node-b", "H100 80GBx1"}};
+  // Simulated GPU state, node-local device-plugin state, kubelet sockets (when the path is short
+  // enough for a unix socket; else under /tmp), the kubeconfig. Created when missing. Required.
+  std::string state_dir;
+  std::string device_config_yaml;     // "" = protocol::DefaultDeviceConfigYaml()
+  std::string scheduler_config_yaml;  // "" = deploy/scheduler/kube-scheduler-config.yaml
+  // Node i gets the address node_address_prefix + (node_address_first + i).
+  std::string node_address_prefix = "127.0.0.";
+  int node_address_first = 10;
+  int nvml_port = 9400;  // each device plugin's /metrics, /nvml, /healthz
+  absl::Duration reconcile_interval = absl::Seconds(2);
+  absl::Duration register_interval = absl::Seconds(5);
+  absl::Duration reservation_ttl = absl::Minutes(2);
+  absl::Duration expiry_interval = absl::Seconds(10);
+  absl::Duration scheduler_retry = absl::Seconds(2);
+  // One line per event of every component ("scheduler: ...", "node-a/kubelet: ..."). May be empty.
+  std::function<void(const std::string&)> log;
+};
+
+class LocalCluster {
+ public:
+  // Starts everything and waits (bounded) until the scheduler's caches synced, every device
+  // plugin registered with its kubelet and every node published its GPUs. Errors name the part
+  // that did not start (an address in use, a bad node spec or device config).
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(LocalClusterOptions options);
+  ~LocalCluster();  // Stop()
+  LocalCluster(const LocalCluster&) = delete;
+  LocalCluster& operator=(const LocalCluster&) = delete;
+
+  // Stops every part, the API server last. Simulated processes stay attached (their state is on
+  // disk). Idempotent.
+  void Stop();
+
+  std::string api_url() const;
+  // A kubeconfig for the cluster admin (written to <state_dir>/kubeconfig).
+  const std::string& kubeconfig_path() const { return kubeconfig_path_; }
+  std::string scheduler_url() const;
+  const std::vector<LocalNode>& nodes() const { return options_.nodes; }
+  const LocalClusterOptions& options() const { return options_; }
+  std::string node_address(std::string_view node) const;
+  // "http://{node}:<nvml_port>/nvml", for --nvml-endpoint.
+  std::string nvml_endpoint_template() const;
+  const std::string& admin_token() const { return admin_token_; }
+
+  kube::InMemoryApiServer& api() { return *api_; }
+  // A new API client acting as `user` (one of the identities above; kAdminUser by default).
+  absl::StatusOr<std::unique_ptr<kube::KubeClient>> Client(
+      std::string_view user = kAdminUser) const;
+
+  // The scheduler's view, as `dynmig layout` shows it.
+  std::vector<scheduler::NodeReport> Layout() const;
+  // The scheduler, while it runs (null between StopScheduler and StartScheduler).
+  scheduler::SchedulerServer* scheduler();
+
+  // A device plugin process: stop (its socket goes away; instances and processes stay), start
+  // again (recovery: verify and adopt, clean idle GPUs). kNotFound for an unknown node.
+  absl::Status StopDevicePlugin(std::string_view node);
+  absl::Status StartDevicePlugin(std::string_view node);
+  absl::Status RestartDevicePlugin(std::string_view node);
+  bool DevicePluginRunning(std::string_view node) const;
+  // The running plugin of a node, or null.
+  deviceplugin::DevicePlugin* device_plugin(std::string_view node);
+  deviceplugin::TestKubelet* kubelet(std::string_view node);
+
+  absl::Status StopScheduler();
+  absl::Status StartScheduler();
+
+  // A new simulator object over the node's GPU state file (what `dynmig nvml --sim-state` opens).
+  absl::StatusOr<std::unique_ptr<nvml::SimNvml>> OpenNvml(std::string_view node) const;
+  std::string nvml_state_file(std::string_view node) const;
+  // Every GI/CI on the node's GPUs, read through a new simulator object (as nvidia-smi would).
+  absl::StatusOr<std::vector<LiveInstance>> Instances(std::string_view node) const;
+
+ private:
+  struct Node;
+  explicit LocalCluster(LocalClusterOptions options);
+  absl::Status Init();
+  absl::Status StartDevicePluginLocked(Node& node);
+  absl::Status StartSchedulerLocked();
+  Node* FindNode(std::string_view name) const;
+  void Log(const std::string& line) const;
+
+  LocalClusterOptions options_;
+  std::string device_config_yaml_;
+  std::string kubeconfig_path_;
+  std::string admin_token_;
+  std::map<std::string, std::string, std::less<>> tokens_;  // user -> token
+  std::unique_ptr<kube::InMemoryApiServer> api_;
+  SystemClock clock_;
+
+  mutable std::mutex mu_;  // guards the components below against concurrent stop/start
+  std::unique_ptr<kube::KubeClient> scheduler_client_;
+  std::unique_ptr<scheduler::SchedulerServer> scheduler_;
+  int scheduler_port_ = 0;
+  std::unique_ptr<kube::KubeClient> loop_client_;
+  std::unique_ptr<SchedulerLoop> loop_;
+  std::vector<std::unique_ptr<Node>> nodes_;
+  bool stopped_ = false;
+};
+
+}  // namespace dynmig::local
