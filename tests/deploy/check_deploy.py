@@ -369,15 +369,15 @@ def group_objects(c):
 
     # Webhook configurations.
     names = {}
-    for kind, ops in (("MutatingWebhookConfiguration", ["CREATE"]),
-                      ("ValidatingWebhookConfiguration", ["CREATE", "UPDATE"])):
+    for kind, ops, path in (("MutatingWebhookConfiguration", ["CREATE"], "/webhook"),
+                            ("ValidatingWebhookConfiguration", ["CREATE", "UPDATE"], "/validate")):
         cfg = get(base, kind, "dynmig-webhook", ns="")
         c.equal(len(cfg["webhooks"]), 1, f"{kind} webhooks")
         for w in cfg["webhooks"]:
             names[kind] = w["name"]
             what = f"{kind} {w['name']}"
             c.equal(w["clientConfig"].get("service"),
-                    {"name": "dynmig-webhook", "namespace": NS, "path": "/webhook", "port": 443},
+                    {"name": "dynmig-webhook", "namespace": NS, "path": path, "port": 443},
                     f"{what} service")
             c.check("caBundle" not in w["clientConfig"], f"{what}: caBundle is set by certgen, not in the manifest")
             c.equal(w["admissionReviewVersions"], ["v1"], f"{what} admissionReviewVersions")
