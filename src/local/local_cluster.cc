@@ -130,6 +130,32 @@ class KubeletAllocator : public DeviceAllocator {
   deviceplugin::TestKubelet& kubelet_;
 };
 
+// Detaches every simulated process from the GPUs and MIG devices; returns how many.
+int EndLeftoverProcesses(nvml::SimNvml& sim) {
+  int ended = 0;
+  auto count = sim.DeviceCount();
+  if (!count.ok()) return 0;
+  for (uint32_t g = 0; g < *count; ++g) {
+    auto gpu = sim.GetGpu(g);
+    if (!gpu.ok()) continue;
+    if (auto procs = sim.GetComputeProcesses(g); procs.ok()) {
+      for (const auto& p : *procs) ended += sim.DetachProcess(gpu->uuid, p.pid).ok() ? 1 : 0;
+    }
+    auto gis = sim.ListGpuInstances(g);
+    if (!gis.ok()) continue;
+    for (const auto& gi : *gis) {
+      auto cis = sim.ListComputeInstances(g, gi.id);
+      if (!cis.ok()) continue;
+      for (const auto& ci : *cis) {
+        auto procs = sim.GetMigDeviceProcesses(g, gi.id, ci.id);
+        if (!procs.ok()) continue;
+        for (const auto& p : *procs) ended += sim.DetachProcess(ci.mig_uuid, p.pid).ok() ? 1 : 0;
+      }
+    }
+  }
+  return ended;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<LocalNode>> ParseNodes(std::string_view text) {
@@ -320,6 +346,11 @@ absl::Status LocalCluster::Init() {
                         std::string(sim.status().message()), node->dir));
       }
       node->workload_nvml = std::move(*sim);
+    }
+    // The workloads of an earlier run ended with it (its API objects are gone too): as after a node
+    // reboot, no process is left on the GPUs. The device plugin then finds idle GPUs.
+    if (int ended = EndLeftoverProcesses(*node->workload_nvml); ended > 0) {
+      Log(fmt::format("{}: {} simulated process(es) of an earlier run ended", node->spec.name, ended));
     }
     json obj = {
         {"apiVersion", "v1"},

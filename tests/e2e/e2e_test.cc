@@ -441,6 +441,26 @@ TEST_F(E2eTest, TwoNodesServeTogether) {
   ExpectRealized("whole-b", b, nb);
 }
 
+// `dynmig local` run again on the same state directory: the earlier run's workloads ended with it,
+// so its leftover instances are cleaned and the GPUs serve again.
+TEST_F(E2eTest, WholeLocalModeRestartStartsClean) {
+  Scenario("local mode restarted on its state");
+  StartCluster();
+  Step("first run: a 3g and a 1g pod");
+  auto a = RunPod(MigPod("first-3g", 19000));
+  RunPod(MigPod("first-1g", 4000));
+  ASSERT_EQ(Live().size(), 2u) << Where();
+  Step("second run on the same state directory");
+  RestartWholeCluster();
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(Plugin().RunCycle()) << Where();
+  EXPECT_TRUE(WaitUntil([&] { return Live().empty(); }))
+      << Where() << Live().size() << " instance(s) of the first run left";
+  Step("the freed slices serve a new pod");
+  auto b = RunPod(MigPod("second-3g", 19000));
+  ExpectRealized("second-3g", b);
+  (void)a;
+}
+
 // `dynmig local`'s demo itself passes on the default nodes.
 TEST_F(E2eTest, DemoRunsToTheEnd) {
   Scenario("the demo");

@@ -94,7 +94,21 @@ class E2eTest : public ::testing::Test {
       std::lock_guard<std::mutex> lock(log_mu_);
       log_.push_back(line);
     };
-    auto cluster = local::LocalCluster::Start(std::move(o));
+    options_ = o;
+    Launch();
+  }
+
+  // Stops the whole local cluster and starts it again on the same state directory (the API
+  // objects are gone, the GPUs' state is kept), as `dynmig local` run twice.
+  void RestartWholeCluster() {
+    kube_.reset();
+    cluster_->Stop();
+    cluster_.reset();
+    Launch();
+  }
+
+  void Launch() {
+    auto cluster = local::LocalCluster::Start(options_);
     ASSERT_TRUE(cluster.ok()) << Where() << cluster.status();
     cluster_ = std::move(*cluster);
     auto client = cluster_->Client(local::kAdminUser);
@@ -236,6 +250,7 @@ class E2eTest : public ::testing::Test {
   }
 
   std::filesystem::path dir_;
+  local::LocalClusterOptions options_;
   std::unique_ptr<local::LocalCluster> cluster_;
   std::unique_ptr<kube::KubeClient> kube_;
   std::string scenario_ = "setup";
