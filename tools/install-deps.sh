@@ -5,7 +5,7 @@ pkgs=(build-essential cmake ninja-build pkg-config ccache
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev libcurl4-openssl-dev libssl-dev
   libspdlog-dev libfmt-dev libcli11-dev prometheus-cpp-dev
-  libgtest-dev libgmock-dev libbenchmark-dev yamllint python3 kubectl)
+  libgtest-dev libgmock-dev libbenchmark-dev yamllint python3 curl kubectl)
 missing=()
 # One dpkg-query for all; a package dpkg has never heard of is absent from its output.
 # dpkg-query exits 1 when it knows none of some names: that is an answer, not a failure.

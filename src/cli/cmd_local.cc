@@ -193,7 +193,7 @@ int RunLocal(const LocalFlags& f, CliContext& ctx) {
       k);
   if (bound_control > 0) {
     intro += fmt::format(
-        "  curl -X POST http://{}:{}/restart/device-plugin/{}   # restart one part (also: stop, "
+        "  curl -d '' http://{}:{}/restart/device-plugin/{}   # restart one part (also: stop, "
         "start, /restart/scheduler)\n",
         control_host, bound_control, c.nodes().front().name);
   }
