@@ -18,6 +18,7 @@
 #include "common/strings.h"
 #include "kube/rest_config.h"
 #include "kube/rest_kube_client.h"
+#include "ops/layout.h"
 #include "protocol/device_config.h"
 #include "scheduler/server.h"
 #include "spdlog/spdlog.h"
@@ -109,6 +110,10 @@ int RunScheduler(const SchedulerFlags& flags, CliContext& ctx) {
   options.admission.annotation_writers = SplitTrimmed(flags.annotation_writers, ',');
   options.pod_name = Env("POD_NAME");
   options.pod_namespace = Env("POD_NAMESPACE");
+  options.layout_html = ops::RenderLayoutHtml;  // GET /layout: `dynmig layout --html`'s page
+  options.layout_json = [](const std::vector<scheduler::NodeReport>& nodes) {
+    return ops::LayoutJson(nodes).dump(2);
+  };
   options.leader_elect = flags.leader_elect;
   options.election.lease_name = flags.lease_name;
   options.election.lease_namespace = !flags.lease_namespace.empty()   ? flags.lease_namespace

@@ -18,6 +18,7 @@
 #include "local/embedded_config.h"
 #include "local/node_agent.h"
 #include "local/scheduler_loop.h"
+#include "ops/layout.h"
 #include "protocol/annotations.h"
 #include "protocol/device_config.h"
 #include "scheduler/server.h"
@@ -481,6 +482,10 @@ absl::Status LocalCluster::StartSchedulerLocked() {
   o.admission.resources = config->resources;
   o.admission.annotation_writers = {std::string(kSchedulerUser), std::string(kDevicePluginUser)};
   o.threads = 8;
+  o.layout_html = ops::RenderLayoutHtml;  // GET /layout, as `dynmig scheduler` serves it
+  o.layout_json = [](const std::vector<scheduler::NodeReport>& n) {
+    return ops::LayoutJson(n).dump(2);
+  };
   auto server = scheduler::SchedulerServer::Start(*scheduler_client_, clock_, std::move(o));
   if (!server.ok()) return server.status();
   scheduler_ = std::move(*server);

@@ -180,6 +180,16 @@ void RunCanary(kube::KubeClient& client, NvmlSource* nvml, const CanaryOptions& 
       }
       sleep(options.poll);
     }
+    if (!options.node.empty() && PodNode(pod) != options.node) {
+      // The node affinity was not honoured: what runs says nothing about the node validated.
+      report.AddFor("canary-running", node_label, key, CheckStatus::kFail,
+                    fmt::format("Running on {}, not on {} where it was pinned",
+                                PodNode(pod).empty() ? "no node" : PodNode(pod), options.node),
+                    StatusEvidence(pod));
+      log("running on the wrong node " + PodNode(pod));
+      cleanup("it ran elsewhere");
+      return;
+    }
     report.AddFor("canary-running", node_label, key, CheckStatus::kPass,
                   fmt::format("Running on {} after {}", PodNode(pod), Seconds(clock() - t0)));
     log("running on " + PodNode(pod));

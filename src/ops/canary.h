@@ -7,7 +7,7 @@
 //                     by node affinity on metadata.name). A pod of that name that already exists is
 //                     never touched: FAIL.
 //   canary-running    wait (bounded) until Running; Failed or timeout: FAIL with the pod's
-//                     conditions and status message
+//                     conditions and status message; Running on another node than --node: FAIL
 //   canary-reservation / -profile / -overlap / -runtime / -visible / -nvml
 //                     validate's per-pod checks on the canary
 //   canary-delete     delete it and wait until it is gone

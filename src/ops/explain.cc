@@ -279,8 +279,12 @@ absl::StatusOr<CommandOutput> RunExplain(kube::KubeClient& client, const Explain
                        {"model", gr.model},
                        {"verdict", verdict},
                        {"reason", reason}});
+      // The planner's reasons usually start with their verdict ("fragmented: ..."): once.
+      const bool prefixed = !verdict.empty() && reason.starts_with(verdict + ":");
       text += fmt::format("    GPU {} ({}, {}){}\n", gr.index, gr.uuid, gr.model,
-                          reason.empty() ? "" : ": " + verdict + ": " + reason);
+                          reason.empty() ? ""
+                          : prefixed     ? ": " + reason
+                                         : ": " + verdict + ": " + reason);
       if (gr.allowlisted) {
         text += painter.header(DrawnUnits(gr), "      ") + "\n";
         text += painter.row(DrawnUnits(gr), Cells(gr, ""), "      ") + "\n";

@@ -98,6 +98,78 @@ bool IsActiveMigPod(const Object& pod, const protocol::ResourceNames& resources)
          kube::Annotation(pod, protocol::kMigAllocationsAnnotation).has_value();
 }
 
+// device-plugin: the node's device plugin is alive: it serves its NVML view (when an endpoint is
+// configured) and its last hami.io/node-handshake report is recent (the scheduler's own
+// report_timeout). A registration alone proves nothing: it outlives a stopped plugin.
+void CheckDevicePlugin(const Object& node, const NodeNvml& nv, bool nvml_configured, absl::Time now,
+                       CheckReport& report) {
+  const std::string name = kube::Name(node);
+  std::vector<std::string> evidence;
+  std::vector<std::string> failures;
+  const std::string handshake =
+      kube::Annotation(node, protocol::kNodeHandshakeAnnotation).value_or("");
+  const absl::Duration timeout = scheduler::ClusterStateOptions{}.report_timeout;
+  bool reported = false;
+  if (!handshake.empty()) {
+    if (handshake == "Deleted" || handshake.starts_with("Deleted_")) {
+      failures.push_back(fmt::format("the device plugin deregistered ({}={})",
+                                     protocol::kNodeHandshakeAnnotation, handshake));
+    } else if (auto t = scheduler::ParseHandshakeReported(handshake); t.has_value()) {
+      const absl::Duration age = std::max(absl::ZeroDuration(), now - *t);
+      const absl::Duration whole = absl::Trunc(age, absl::Seconds(1));
+      const std::string age_text =
+          whole == absl::ZeroDuration() ? "0s" : absl::FormatDuration(whole);
+      if (age > timeout) {
+        failures.push_back(fmt::format(
+            "the device plugin stopped reporting: last {} {} ago "
+            "(the scheduler marks the node unhealthy after {})",
+            protocol::kNodeHandshakeAnnotation, age_text, absl::FormatDuration(timeout)));
+      } else {
+        reported = true;
+        evidence.push_back(
+            fmt::format("{}: last report {} ago", protocol::kNodeHandshakeAnnotation, age_text));
+      }
+    } else {
+      evidence.push_back(
+          fmt::format("{}={} (not a report time)", protocol::kNodeHandshakeAnnotation, handshake));
+    }
+  }
+  bool served = false;
+  if (nvml_configured) {
+    if (nv.view.ok()) {
+      served = true;
+      evidence.push_back(
+          fmt::format("NVML view served at {} ({} GPUs)", nv.url, nv.view->gpus.size()));
+    } else {
+      failures.push_back(fmt::format("the device plugin's NVML view is not served: {}",
+                                     std::string(nv.view.status().message())));
+    }
+  }
+  if (!failures.empty()) {
+    const std::string summary = failures.front();
+    failures.erase(failures.begin());
+    failures.insert(failures.end(), evidence.begin(), evidence.end());
+    if (nvml_configured && !nv.view.ok()) {
+      failures.push_back(
+          "is the device plugin running on the node? If its port is not reachable from where "
+          "validate runs, pass --nvml-endpoint '' (capability is then compared with the "
+          "catalogue and liveness judged by hami.io/node-handshake alone)");
+    }
+    report.Add("device-plugin", name, CheckStatus::kFail, summary, std::move(failures));
+  } else if (served || reported) {
+    report.Add("device-plugin", name, CheckStatus::kPass,
+               served && reported ? "the device plugin serves its NVML view and reports"
+               : served           ? "the device plugin serves its NVML view"
+                                  : "the device plugin reports (NVML view not checked)",
+               std::move(evidence));
+  } else {
+    evidence.push_back(fmt::format("no NVML endpoint configured and no {} report",
+                                   protocol::kNodeHandshakeAnnotation));
+    report.Add("device-plugin", name, CheckStatus::kWarn,
+               "cannot tell whether the device plugin runs", std::move(evidence));
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::map<std::string, std::vector<std::string>>> ParseVisibleDevices(
@@ -142,6 +214,7 @@ void ValidateNodes(const ClusterSnapshot& snapshot, const std::vector<const Obje
     } else {
       nv.view = absl::UnavailableError("no NVML endpoint configured");
     }
+    CheckDevicePlugin(*node, nv, nvml != nullptr, snapshot.taken, report);
     const NodeGpus gpus = GpusOf(node);
     const std::string reg = kube::Annotation(*node, protocol::kNodeRegisterAnnotation).value_or("");
 

@@ -1,6 +1,11 @@
 // `dynmig validate`: the migration guide's validation checklist, each item PASS/FAIL with evidence.
 //
 // Node capability (every node with hami.io/node-nvidia-register, or --node):
+//   device-plugin        the plugin is alive: its NVML view endpoint answers (when configured)
+//                        and its hami.io/node-handshake report is younger than the scheduler's
+//                        report timeout (3m); a stale or Deleted handshake or an unreachable
+//                        endpoint: FAIL (the registration outlives a stopped plugin); neither an
+//                        endpoint nor a handshake: WARN
 //   registered-mode      every registered GPU is in mode "mig" (legacy format: FAIL)
 //   mig-profiles         every MIG GPU has a non-empty migProfiles
 //   capability           each registered profile's memory, slice count and placements equal

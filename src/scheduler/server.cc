@@ -180,6 +180,9 @@ absl::Status SchedulerServer::Listen() {
   http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(MetricsText(), "text/plain; version=0.0.4; charset=utf-8");
   });
+  http_->Get("/layout", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleLayout(req.get_param_value("node"), req.get_param_value("format"), res);
+  });
   const size_t limit = options_.max_body_bytes;
   http_->set_error_handler(httplib::Server::HandlerWithResponse([limit](const httplib::Request& req,
                                                                         httplib::Response& res) {
@@ -259,6 +262,39 @@ std::string SchedulerServer::WriteGate() const {
         holder.empty() ? "nobody yet" : "\"" + holder + "\"");
   }
   return "";
+}
+
+void SchedulerServer::HandleLayout(const std::string& node, const std::string& format,
+                                   httplib::Response& res) const {
+  auto plain = [&res](int status, const std::string& message) {
+    res.status = status;
+    res.set_content(message + "\n", "text/plain; charset=utf-8");
+  };
+  const bool json = format == "json";
+  if (!json && !format.empty() && format != "html") {
+    return plain(400, fmt::format("format \"{}\": give html (the default) or json", format));
+  }
+  if (json ? !options_.layout_json : !options_.layout_html) {
+    return plain(404, fmt::format("this scheduler serves no {} layout (no renderer configured)",
+                                  json ? "JSON" : "HTML"));
+  }
+  const absl::Time now = clock_.Now();
+  std::vector<NodeReport> reports = state_->Report(now);
+  if (!node.empty()) {
+    std::vector<NodeReport> one;
+    for (auto& r : reports) {
+      if (r.name == node) one.push_back(std::move(r));
+    }
+    if (one.empty()) {
+      return plain(404, fmt::format("node \"{}\" is not in the scheduler's view", node));
+    }
+    reports = std::move(one);
+  }
+  if (json) {
+    res.set_content(options_.layout_json(reports), kJson);
+  } else {
+    res.set_content(options_.layout_html(reports, now), "text/html; charset=utf-8");
+  }
 }
 
 std::string SchedulerServer::MetricsText() const {

@@ -6,6 +6,9 @@
 //   GET  /healthz  200 "ok" while the process serves
 //   GET  /readyz   200 once the pod and node informers have synced, else 503
 //   GET  /metrics  Prometheus text (metrics.h)
+//   GET  /layout   the slices of every GPU and who holds them (ClusterState::Report rendered by
+//                  the injected layout_html, `dynmig layout --html`'s page); ?node=NAME for one
+//                  node, ?format=json for layout_json's document. 404 when no renderer is set.
 // over list+watch informers (pods that have not terminated, nodes) that feed a ClusterState.
 // Errors travel in the protocols' error fields with HTTP 200; request bodies above
 // max_body_bytes get HTTP 413 with an error body. TLS from a certificate and key that are
@@ -17,16 +20,17 @@
 // dynmig.io/role=follower, so a Service selecting dynmig.io/role=leader routes kube-scheduler to
 // it; a replica that stops leading labels itself follower.
 //
-// A later GET /layout can render ClusterState::Report (state()) without other changes.
 // Thread-safe.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -43,7 +47,8 @@
 
 namespace httplib {
 class Server;
-}
+struct Response;
+}  // namespace httplib
 
 namespace dynmig::scheduler {
 
@@ -72,6 +77,10 @@ struct SchedulerServerOptions {
   size_t max_body_bytes = size_t{16} << 20;
   int threads = 16;
   kube::InformerOptions informer;  // filters are set by the server
+  // GET /layout's renderers (ops::RenderLayoutHtml and ops::LayoutJson; injected because the ops
+  // library builds on this one). Unset: GET /layout answers 404 (?format=json: 404 too).
+  std::function<std::string(const std::vector<NodeReport>&, absl::Time)> layout_html;
+  std::function<std::string(const std::vector<NodeReport>&)> layout_json;
 };
 
 class SchedulerServer {
@@ -113,6 +122,8 @@ class SchedulerServer {
   absl::Status Listen();
   void OnLeadership(bool leading, const std::string& previous_holder);
   void ShutdownAcceptedSockets();
+  void HandleLayout(const std::string& node, const std::string& format,
+                    httplib::Response& res) const;
 
   kube::KubeClient& client_;
   const Clock& clock_;

@@ -49,7 +49,11 @@ TEST_F(ValidateTest, HealthyNodeAndPodPassEveryCheck) {
 TEST_F(ValidateTest, WithoutNvmlTheCatalogueIsTheReference) {
   Healthy(false);
   nvml_.Remove("node-a");  // unreachable (404)
-  const json r = Validate(0);
+  // The plugin does not serve its view: that alone fails (a registration outlives its plugin).
+  const json r = Validate(1);
+  EXPECT_EQ(Result(r, "device-plugin", "node-a"), "FAIL");
+  EXPECT_NE(Evidence(r, "device-plugin", "node-a").find("HTTP 404"), std::string::npos)
+      << Evidence(r, "device-plugin", "node-a");
   EXPECT_EQ(Result(r, "capability", "node-a"), "PASS");
   const std::string ev = Evidence(r, "capability", "node-a");
   EXPECT_NE(ev.find("match the catalogue"), std::string::npos) << ev;
@@ -58,6 +62,7 @@ TEST_F(ValidateTest, WithoutNvmlTheCatalogueIsTheReference) {
   EXPECT_EQ(Result(r, "pod-visible", "default/train"), "SKIP");
   // No endpoint at all.
   const json none = RunJson({"validate", "--node", "node-a", "--nvml-endpoint", ""}, 0);
+  EXPECT_EQ(Result(none, "device-plugin", "node-a"), "WARN");  // no endpoint, no handshake
   EXPECT_NE(Evidence(none, "capability", "node-a").find("no NVML endpoint configured"),
             std::string::npos);
 }

@@ -13,6 +13,7 @@
 
 #include "absl/strings/escaping.h"
 #include "cli/cli.h"
+#include "ops/layout.h"
 #include "protocol/device_config.h"
 #include "scheduler_test_util.h"
 #include "webhook/test_certs.h"
@@ -82,6 +83,62 @@ TEST_F(SchedulerTest, ReadinessFollowsTheInformersAndGatesWrites) {
   EXPECT_EQ(Get(s->port(), "/readyz").status, 200);
   WaitForNodes(s, {"node-a"});
   EXPECT_EQ(Filter(s, pod, {"node-a"}).body["Error"], "");
+}
+
+// GET /layout answers with the injected renderer (the CLI and the local mode inject
+// ops::RenderLayoutHtml / ops::LayoutJson), 404 without one.
+TEST_F(SchedulerTest, LayoutIsServedOnlyWithAnInjectedRenderer) {
+  CreateNode(MigNode("node-a", {"GPU-a0"}));
+  CreateNode(MigNode("node-b", {"GPU-b0"}));
+  SchedulerServer* bare = StartScheduler();
+  HttpResult r = Get(bare->port(), "/layout");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_THAT(r.text, HasSubstr("serves no HTML layout"));
+  EXPECT_EQ(Get(bare->port(), "/layout?format=json").status, 404);
+
+  SchedulerServerOptions o = DefaultOptions();
+  o.layout_html = ops::RenderLayoutHtml;
+  o.layout_json = [](const std::vector<NodeReport>& n) { return ops::LayoutJson(n).dump(); };
+  SchedulerServer* s = StartScheduler(o);
+  WaitForNodes(s, {"node-a", "node-b"});
+  const kube::Object pod = CreatePod(MigPod("train-1", 19000));
+  ASSERT_EQ(Filter(s, pod, {"node-a"}).body["NodeNames"], json::array({"node-a"}));
+
+  httplib::Client client("127.0.0.1", s->port());
+  auto page = client.Get("/layout");
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->status, 200);
+  EXPECT_THAT(page->get_header_value("Content-Type"), HasSubstr("text/html"));
+  EXPECT_THAT(page->body, HasSubstr("<!DOCTYPE html>"));
+  EXPECT_THAT(page->body, HasSubstr("data-gpu=\"GPU-a0\""));
+  EXPECT_THAT(page->body, HasSubstr("data-gpu=\"GPU-b0\""));
+  EXPECT_THAT(page->body, HasSubstr("train-1"));
+  EXPECT_THAT(page->body, HasSubstr("3g.20gb"));
+
+  auto one = client.Get("/layout?node=node-b");
+  ASSERT_TRUE(one);
+  EXPECT_EQ(one->status, 200);
+  EXPECT_THAT(one->body, HasSubstr("data-gpu=\"GPU-b0\""));
+  EXPECT_THAT(one->body, ::testing::Not(HasSubstr("GPU-a0")));
+  EXPECT_THAT(one->body, ::testing::Not(HasSubstr("train-1")));
+
+  auto doc = client.Get("/layout?format=json&node=node-a");
+  ASSERT_TRUE(doc);
+  EXPECT_EQ(doc->status, 200);
+  EXPECT_THAT(doc->get_header_value("Content-Type"), HasSubstr("application/json"));
+  const json layout = json::parse(doc->body, nullptr, false);
+  ASSERT_EQ(layout["nodes"].size(), 1u) << doc->body;
+  EXPECT_EQ(layout["nodes"][0]["name"], "node-a");
+  ASSERT_EQ(layout["nodes"][0]["gpus"][0]["reservations"].size(), 1u) << doc->body;
+  EXPECT_EQ(layout["nodes"][0]["gpus"][0]["reservations"][0]["pod"], "default/train-1");
+  EXPECT_EQ(layout["nodes"][0]["gpus"][0]["reservations"][0]["profile"], "3g.20gb");
+
+  r = Get(s->port(), "/layout?node=node-z");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(r.text, "node \"node-z\" is not in the scheduler's view\n");
+  r = Get(s->port(), "/layout?format=xml");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_THAT(r.text, HasSubstr("give html (the default) or json"));
 }
 
 class TlsSchedulerTest : public SchedulerTest {
@@ -241,6 +298,11 @@ TEST_F(TlsSchedulerTest, CommandServesUntilSigterm) {
            json::array({"node-a"});
   }));
   EXPECT_EQ(kube::Annotation(GetPod("p"), "hami.io/vgpu-node"), "node-a");
+  // The command injects the layout page (GET /layout), with the pod it just reserved.
+  HttpResult layout = Get(port, "/layout");
+  EXPECT_EQ(layout.status, 200);
+  EXPECT_THAT(layout.text, HasSubstr("data-node=\"node-a\""));
+  EXPECT_THAT(layout.text, HasSubstr("default/p"));
   kill(pid, SIGTERM);
   int status = 0;
   waitpid(pid, &status, 0);
