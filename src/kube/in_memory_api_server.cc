@@ -344,6 +344,7 @@ absl::StatusOr<FaultSpec> FaultSpecFromJson(const Object& json) {
   try {
     spec.method = json.value("method", "");
     spec.path_prefix = json.value("pathPrefix", "");
+    spec.user = json.value("user", "");
     spec.count = json.value("count", 1);
     spec.status = json.value("status", 500);
     spec.retry_after_seconds = json.value("retryAfterSeconds", -1);
@@ -376,7 +377,7 @@ absl::StatusOr<FaultSpec> FaultSpecFromJson(const Object& json) {
 }
 
 InMemoryApiServer::InMemoryApiServer(InMemoryApiServerOptions options)
-    : options_(std::move(options)) {
+    : options_(std::move(options)), audit_(options_.audit_max_records, options_.audit_max_names) {
   store_ =
       options_.shared_store ? options_.shared_store : std::make_shared<ApiStore>(options_.store);
   bearer_token_ = options_.bearer_token;
@@ -580,12 +581,13 @@ void InMemoryApiServer::ClearFaults() {
 
 int InMemoryApiServer::CutWatches() { return store_->CutWatches(); }
 
-bool InMemoryApiServer::ApplyFault(const httplib::Request& req, httplib::Response& res) {
+bool InMemoryApiServer::ApplyFault(const httplib::Request& req, httplib::Response& res,
+                                   const std::string& user) {
   FaultSpec fault;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = std::find_if(faults_.begin(), faults_.end(), [&](const FaultSpec& f) {
-      return (f.method.empty() || f.method == req.method) &&
+      return (f.method.empty() || f.method == req.method) && (f.user.empty() || f.user == user) &&
              req.path.compare(0, f.path_prefix.size(), f.path_prefix) == 0;
     });
     if (it == faults_.end()) return false;
@@ -696,14 +698,31 @@ void InMemoryApiServer::Handle(const httplib::Request& req, httplib::Response& r
   if (options_.log_requests) spdlog::debug("apiserver: {} {}", req.method, req.target);
   const std::string& path = req.path;
   if (path.rfind("/_dynmig/", 0) == 0) return HandleAdmin(req, res);
-  if (ApplyFault(req, res)) return;
-  UserInfo user{std::string(kAnonymousUser), {"system:unauthenticated"}};
-  if (path != "/healthz" && path != "/readyz" && path != "/livez") {
-    auto who = Authenticate(req);
-    if (!who.ok()) return SendError(res, who.status());
-    user = std::move(*who);
+  const bool probe = path == "/healthz" || path == "/readyz" || path == "/livez";
+  // Authenticated before a fault applies (a faulted request is still audited); a bad token is
+  // still answered after the fault, as before.
+  absl::StatusOr<UserInfo> who = probe
+                                     ? absl::StatusOr<UserInfo>(UserInfo{
+                                           std::string(kAnonymousUser), {"system:unauthenticated"}})
+                                     : Authenticate(req);
+  if (!ApplyFault(req, res, who.ok() ? who->username : std::string())) {
+    if (who.ok()) {
+      Serve(req, res, *who);
+    } else {
+      SendError(res, who.status());
+    }
   }
+  if (options_.audit && !probe && who.ok()) {
+    audit_.Record(
+        who->username,
+        ParseRequestAttributes(req.method, path, Param(req, "watch"), Param(req, "fieldSelector")),
+        res.status);
+  }
+}
 
+void InMemoryApiServer::Serve(const httplib::Request& req, httplib::Response& res,
+                              const UserInfo& user) {
+  const std::string& path = req.path;
   const std::vector<std::string> seg = Segments(path);
   // Non-resource endpoints.
   if (req.method == "GET") {

@@ -11,7 +11,9 @@
 //   GET    /_dynmig/stats         {"requests":N,"openWatches":N,"resourceVersion":"N"}
 // Knows who calls (bearer tokens -> usernames, see token_users) and calls admission webhooks on
 // the writes that arrive over HTTP (see admission_webhooks and kube/admission.h); the C++ store()
-// is a backdoor that neither authenticates nor admits.
+// is a backdoor that neither authenticates nor admits. Keeps an audit table of the authenticated
+// requests (see kube/audit.h): who called which RBAC verb on which resource, as an authorizer
+// would see it (AuditLog()), to compare the calls of each identity with the RBAC it is given.
 // Thread-safe.
 #pragma once
 
@@ -30,6 +32,7 @@
 #include "absl/time/time.h"
 #include "kube/admission.h"
 #include "kube/api_store.h"
+#include "kube/audit.h"
 
 namespace httplib {
 class Server;
@@ -39,7 +42,7 @@ struct Response;
 
 namespace dynmig::kube {
 
-// One fault rule. The first rule matching a request (method and path prefix) applies to it and
+// One fault rule. The first rule matching a request (method, path prefix, user) applies to it and
 // counts down; exhausted rules are removed. Admin paths (/_dynmig/...) are never faulted.
 struct FaultSpec {
   enum class Action {
@@ -50,6 +53,7 @@ struct FaultSpec {
   };
   std::string method{};       // "GET", "POST", ...; "" = any
   std::string path_prefix{};  // e.g. "/api/v1/namespaces/default/pods"; "" = any
+  std::string user{};         // only requests of this user (see token_users); "" = anyone's
   int count = 1;              // requests to affect; -1 = until cleared
   Action action = Action::kStatus;
   int status = 500;
@@ -58,7 +62,7 @@ struct FaultSpec {
   std::string message{};  // Status message ("" = a default naming the fault)
 };
 
-// {"method":"GET","pathPrefix":"/api/v1/pods","count":2,"action":"status|malformed|truncate|delay",
+// {"method":"GET","pathPrefix":"/api/v1/pods","user":"alice","count":2,"action":"status|malformed|truncate|delay",
 //  "status":503,"retryAfterSeconds":1,"latencyMs":200,"message":"..."}; all fields optional.
 absl::StatusOr<FaultSpec> FaultSpecFromJson(const Object& json);
 
@@ -99,6 +103,11 @@ struct InMemoryApiServerOptions {
   // Called, in kube-apiserver's order, on creates, updates, patches and deletes that arrive over
   // HTTP (see kube/admission.h). Change at runtime with SetAdmissionWebhooks.
   std::vector<AdmissionWebhook> admission_webhooks;
+  // The audit table (AuditLog()): every request that passed authentication (faulted ones too:
+  // the client made the call), probes (/healthz, /readyz, /livez) and admin paths excepted.
+  bool audit = true;
+  size_t audit_max_records = 4096;  // distinct (user, verb, resource, ...) records kept
+  size_t audit_max_names = 64;      // distinct object names kept per record
 };
 
 class InMemoryApiServer {
@@ -137,11 +146,20 @@ class InMemoryApiServer {
   std::vector<AdmissionWebhook> admission_webhooks() const;
   size_t open_watches() const { return store_->open_watches(); }
 
+  // One record per distinct (user, verb, API group, resource, subresource, namespace) seen since
+  // the start or the last ClearAuditLog(), with counts and the object names (see kube/audit.h).
+  std::vector<AuditRecord> AuditLog() const { return audit_.Records(); }
+  void ClearAuditLog() { audit_.Clear(); }
+  int64_t audit_dropped() const { return audit_.dropped(); }  // requests beyond the record limit
+
  private:
   explicit InMemoryApiServer(InMemoryApiServerOptions options);
   absl::Status Listen();
   void Handle(const httplib::Request& req, httplib::Response& res);
-  bool ApplyFault(const httplib::Request& req, httplib::Response& res);
+  // Everything after authentication and fault injection.
+  void Serve(const httplib::Request& req, httplib::Response& res, const UserInfo& user);
+  // `user`: the caller's username ("" when not authenticated).
+  bool ApplyFault(const httplib::Request& req, httplib::Response& res, const std::string& user);
   void HandleAdmin(const httplib::Request& req, httplib::Response& res);
   // The caller, or 401.
   absl::StatusOr<UserInfo> Authenticate(const httplib::Request& req) const;
@@ -164,6 +182,7 @@ class InMemoryApiServer {
   std::map<std::string, std::string> token_users_;
   std::vector<AdmissionWebhook> webhooks_;
   bool stopped_ = false;
+  AuditTrail audit_;
 };
 
 }  // namespace dynmig::kube
