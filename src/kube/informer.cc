@@ -3,7 +3,25 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <unordered_set>
+
 namespace dynmig::kube {
+
+Object MetadataOnly(const Object& obj) {
+  Object out = Object::object();
+  if (!obj.is_object()) return out;
+  for (const char* field : {"apiVersion", "kind"}) {
+    if (auto it = obj.find(field); it != obj.end()) out[field] = *it;
+  }
+  Object meta = Object::object();
+  if (auto m = obj.find("metadata"); m != obj.end() && m->is_object()) {
+    for (const char* field : {"name", "namespace", "uid", "resourceVersion"}) {
+      if (auto it = m->find(field); it != m->end()) meta[field] = *it;
+    }
+  }
+  out["metadata"] = std::move(meta);
+  return out;
+}
 
 Informer::Informer(KubeClient& client, Resource resource, InformerOptions options)
     : client_(client), resource_(resource), options_(std::move(options)) {}
@@ -95,7 +113,80 @@ bool Informer::SleepBackoff(absl::Duration* backoff) {
   return !stopping_;
 }
 
+ObjectPtr Informer::Cached(const Object& obj) const {
+  return std::make_shared<const Object>(options_.cache_transform ? options_.cache_transform(obj)
+                                                                 : obj);
+}
+
+absl::Status Informer::RelistByPage() {
+  ListOptions list = options_.filter;
+  list.resource_version.clear();
+  list.limit = options_.page_size;
+  std::unordered_set<std::string> seen;
+  auto rv = client_.ListPages(resource_, list, [&](std::vector<Object>& items) -> absl::Status {
+    struct Change {
+      const Object* obj;  // the full object, for the handlers
+      std::string key;
+      ObjectPtr cached;
+      ObjectPtr old_obj;
+    };
+    std::vector<Change> changes;
+    changes.reserve(items.size());
+    for (const Object& item : items) changes.push_back({&item, ObjectKey(item), nullptr, nullptr});
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return absl::CancelledError("informer stopping");
+      for (Change& c : changes) {
+        seen.insert(c.key);
+        auto it = cache_.find(c.key);
+        if (it != cache_.end()) {
+          if (ResourceVersion(*it->second) == ResourceVersion(*c.obj)) continue;  // unchanged
+          c.old_obj = it->second;
+        }
+        c.cached = Cached(*c.obj);
+        cache_.insert_or_assign(c.key, c.cached);
+      }
+    }
+    for (const Change& c : changes) {
+      if (c.cached == nullptr) continue;
+      for (const auto& h : handlers_) {
+        if (c.old_obj != nullptr) {
+          if (h.on_update) h.on_update(*c.old_obj, *c.obj);
+        } else if (h.on_add) {
+          h.on_add(*c.obj);
+        }
+      }
+    }
+    return absl::OkStatus();
+  });
+  if (!rv.ok()) return rv.status();
+  std::vector<ObjectPtr> deleted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return absl::CancelledError("informer stopping");
+    for (auto it = cache_.begin(); it != cache_.end();) {
+      if (seen.count(it->first)) {
+        ++it;
+        continue;
+      }
+      deleted.push_back(std::move(it->second));
+      it = cache_.erase(it);
+    }
+    rv_ = std::move(*rv);
+    synced_ = true;
+    ++stats_.lists;
+    cv_.notify_all();
+  }
+  for (const ObjectPtr& obj : deleted) {
+    for (const auto& h : handlers_) {
+      if (h.on_delete) h.on_delete(*obj);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Informer::Relist() {
+  if (options_.cache_transform) return RelistByPage();
   ListOptions list = options_.filter;
   list.resource_version.clear();
   list.limit = options_.page_size;
@@ -177,17 +268,20 @@ void Informer::ApplyEvent(const WatchEvent& event) {
         if (ResourceVersion(*it->second) == rv) return;  // already have this version
         old_obj = it->second;
       }
-      new_obj = std::make_shared<const Object>(event.object);
+      new_obj = Cached(event.object);
       cache_[key] = new_obj;
     }
   }
+  // With a cache transform the handlers get the object as received, not the cached copy.
+  const Object& delivered =
+      options_.cache_transform || new_obj == nullptr ? event.object : *new_obj;
   for (const auto& h : handlers_) {
     if (event.type == WatchEventType::kDeleted) {
       if (h.on_delete) h.on_delete(event.object);
     } else if (old_obj) {
-      if (h.on_update) h.on_update(*old_obj, *new_obj);
+      if (h.on_update) h.on_update(*old_obj, delivered);
     } else if (h.on_add) {
-      h.on_add(*new_obj);
+      h.on_add(delivered);
     }
   }
 }

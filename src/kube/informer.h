@@ -42,7 +42,23 @@ struct InformerOptions {
   int64_t watch_timeout_seconds = 300;
   absl::Duration min_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(30);
+  // What the cache keeps of each object (client-go's SetTransform, for the cached copy only).
+  // Unset: the objects as received. Set, the informer caches cache_transform(obj) while
+  // handlers still receive the full object on add and as on_update's new object; Get/List,
+  // on_update's old object and a relist's on_delete see the transformed copy (a watch's DELETED
+  // event hands on_delete the object the server sent). The result must keep metadata.name,
+  // .namespace and .resourceVersion: keys and relist diffs use them (MetadataOnly keeps just
+  // those, uid and the kind). With a transform a relist also applies the list page by page, as
+  // client-go's DeltaFIFO does: each page's adds and updates go into the cache and to the
+  // handlers as the page arrives (a Get() from a handler sees its object's new state, but until
+  // the relist ends the cache may mix the old list with the new), then the deletes of what the
+  // list no longer holds. So a large list is never held in full.
+  std::function<Object(const Object& obj)> cache_transform{};
 };
+
+// apiVersion, kind and metadata.{name, namespace, uid, resourceVersion} of `obj`: a cache
+// transform for informers whose handlers keep what they need themselves.
+Object MetadataOnly(const Object& obj);
 
 class Informer {
  public:
@@ -86,6 +102,8 @@ class Informer {
  private:
   void Run();
   absl::Status Relist();
+  absl::Status RelistByPage();                // with a cache_transform
+  ObjectPtr Cached(const Object& obj) const;  // the copy the cache keeps
   void ApplyEvent(const WatchEvent& event);
   bool SleepBackoff(absl::Duration* backoff);  // false when stopping
 

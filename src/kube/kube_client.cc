@@ -32,6 +32,15 @@ Object MetadataMergePatch(const MetadataPatch& patch) {
   return Object{{"metadata", std::move(metadata)}};
 }
 
+absl::StatusOr<std::string> KubeClient::ListPages(
+    Resource resource, const ListOptions& options,
+    const std::function<absl::Status(std::vector<Object>& items)>& page) {
+  auto list = List(resource, options);
+  if (!list.ok()) return list.status();
+  if (absl::Status st = page(list->items); !st.ok()) return st;
+  return std::move(list->resource_version);
+}
+
 absl::StatusOr<Object> KubeClient::GetPod(std::string_view ns, std::string_view name) {
   return Get(Resource::kPods, ns, name);
 }

@@ -127,6 +127,13 @@ class KubeClient {
   virtual absl::StatusOr<Object> Get(Resource resource, std::string_view ns,
                                      std::string_view name) = 0;
   virtual absl::StatusOr<ObjectList> List(Resource resource, const ListOptions& options) = 0;
+  // List, handing the items to `page` one page (options.limit items; 0 = one request) at a time
+  // as they arrive, so that a large list is never held in full; `page` may move the items out.
+  // An error from `page` ends the list with that error. Returns the list's resourceVersion. The
+  // default calls List and hands over all its items as one page.
+  virtual absl::StatusOr<std::string> ListPages(
+      Resource resource, const ListOptions& options,
+      const std::function<absl::Status(std::vector<Object>& items)>& page);
   // The HTTP response status is checked before returning: a 410 on the request itself gives
   // kOutOfRange here; later failures end the stream (see WatchStream::Wait).
   virtual absl::StatusOr<std::unique_ptr<WatchStream>> Watch(Resource resource,

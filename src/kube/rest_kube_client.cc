@@ -642,12 +642,31 @@ absl::StatusOr<Object> RestKubeClient::Get(Resource resource, std::string_view n
 }
 
 absl::StatusOr<ObjectList> RestKubeClient::List(Resource resource, const ListOptions& options) {
+  ObjectList out;
+  auto rv = ListPages(resource, options, [&out](std::vector<Object>& items) {
+    if (out.items.empty()) {
+      out.items = std::move(items);
+    } else {
+      out.items.reserve(out.items.size() + items.size());
+      for (auto& item : items) out.items.push_back(std::move(item));
+    }
+    return absl::OkStatus();
+  });
+  if (!rv.ok()) return rv.status();
+  out.resource_version = std::move(*rv);
+  return out;
+}
+
+absl::StatusOr<std::string> RestKubeClient::ListPages(
+    Resource resource, const ListOptions& options,
+    const std::function<absl::Status(std::vector<Object>& items)>& page) {
   DYNMIG_RETURN_IF_ERROR(CheckName("namespace", options.ns));
   const std::string base =
       ResourcePath(resource, options.ns, "", "") + ListQueryString(options, /*watch=*/false);
-  ObjectList out;
+  std::string resource_version;
   std::string continue_token;
   bool first = true;
+  std::vector<Object> items;
   while (first || !continue_token.empty()) {
     std::string path = base;
     if (options.limit > 0) {
@@ -657,22 +676,25 @@ absl::StatusOr<ObjectList> RestKubeClient::List(Resource resource, const ListOpt
     }
     auto list = Call("GET", path, nullptr, "", resource);
     if (!list.ok()) return list.status();
-    if (first) out.resource_version = StringAt(*list, "/metadata/resourceVersion");
+    if (first) resource_version = StringAt(*list, "/metadata/resourceVersion");
     first = false;
     continue_token = StringAt(*list, "/metadata/continue");
-    auto items = list->find("items");
-    if (items != list->end() && items->is_array()) {
-      out.items.reserve(out.items.size() + items->size());
-      for (auto& item : *items) {
+    auto found = list->find("items");
+    items.clear();
+    if (found != list->end() && found->is_array()) {
+      items.reserve(found->size());
+      for (auto& item : *found) {
         FillKind(resource, &item);
-        out.items.push_back(std::move(item));
+        items.push_back(std::move(item));
       }
-    } else if (items != list->end() && !items->is_null()) {
+    } else if (found != list->end() && !found->is_null()) {
       return absl::DataLossError(fmt::format("GET {}: list 'items' is not an array", path));
     }
+    *list = Object();  // free the moved-from page before reading the next one
+    DYNMIG_RETURN_IF_ERROR(page(items));
     if (options.limit <= 0) break;
   }
-  return out;
+  return resource_version;
 }
 
 absl::StatusOr<std::unique_ptr<WatchStream>> RestKubeClient::Watch(Resource resource,

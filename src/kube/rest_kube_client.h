@@ -32,6 +32,9 @@ class RestKubeClient : public KubeClient {
   absl::StatusOr<Object> Get(Resource resource, std::string_view ns,
                              std::string_view name) override;
   absl::StatusOr<ObjectList> List(Resource resource, const ListOptions& options) override;
+  absl::StatusOr<std::string> ListPages(
+      Resource resource, const ListOptions& options,
+      const std::function<absl::Status(std::vector<Object>& items)>& page) override;
   absl::StatusOr<std::unique_ptr<WatchStream>> Watch(Resource resource, const ListOptions& options,
                                                      WatchHandler handler) override;
   absl::StatusOr<Object> Create(Resource resource, const Object& obj) override;

@@ -98,8 +98,22 @@ ClusterState::NodeEntry& ClusterState::NodeFor(const std::string& name) {
   if (inserted) {
     it->second.name = name;
     index_[name] = &it->second;
+    ++nodes_generation_;
   }
   return it->second;
+}
+
+const std::vector<ClusterState::NodeEntry*>& ClusterState::Resolve(
+    const std::vector<std::string>& candidates) {
+  if (resolved_generation_ == nodes_generation_ && candidates == resolved_names_) {
+    return resolved_entries_;
+  }
+  resolved_entries_.clear();
+  resolved_entries_.reserve(candidates.size());
+  for (const auto& name : candidates) resolved_entries_.push_back(FindNode(name));
+  resolved_names_ = candidates;
+  resolved_generation_ = nodes_generation_;
+  return resolved_entries_;
 }
 
 ClusterState::NodeEntry* ClusterState::FindNode(const std::string& name) const {
@@ -147,7 +161,7 @@ void ClusterState::UpsertNode(const json& node) {
 void ClusterState::RemoveNode(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
   index_.erase(name);
-  nodes_.erase(name);
+  if (nodes_.erase(name) > 0) ++nodes_generation_;
 }
 
 void ClusterState::Unlink(const std::string& pod_key) {
@@ -294,6 +308,7 @@ void ClusterState::Rebuild(NodeEntry& node) const {
   for (const auto& [key, a] : assumed_) {
     if (a.reservation.node == node.name) add(key, a.reservation.allocations, true);
   }
+  view.gpus.reserve(node.gpus.size());
   for (size_t i = 0; i < node.gpus.size(); ++i) {
     const GpuEntry& gpu = node.gpus[i];
     mig::GpuView gv;
@@ -336,23 +351,30 @@ void ClusterState::Rebuild(NodeEntry& node) const {
 
 const mig::NodeView& ClusterState::ViewOf(NodeEntry& node, absl::Time now) const {
   if (node.dirty) Rebuild(node);
-  // Health from the last report changes with time alone: decided on every read.
-  bool healthy = node.register_error.empty();
-  std::string reason = node.view.unhealthy_reason;
-  if (healthy) {
-    reason.clear();
-    if (node.handshake == "Deleted" || node.handshake.starts_with("Deleted_")) {
-      healthy = false;
-      reason = "the device plugin deregistered (hami.io/node-handshake Deleted)";
-    } else if (const auto& t = node.reported_at;
-               t.has_value() && now - *t > options_.report_timeout) {
-      healthy = false;
-      reason = fmt::format("the device plugin stopped reporting: last report {} ago",
-                           absl::FormatDuration(absl::Trunc(now - *t, absl::Seconds(1))));
+  // Health from the last report changes with time alone: decided on every read. Written only
+  // when it changed (a filter reads thousands of nodes; most are healthy and stay so).
+  auto set = [&node](bool healthy, std::string_view reason) {
+    if (node.view.healthy != healthy || node.report.healthy != healthy) {
+      node.view.healthy = node.report.healthy = healthy;
     }
+    if (node.view.unhealthy_reason != reason) node.view.unhealthy_reason = reason;
+    if (node.report.unhealthy_reason != reason) node.report.unhealthy_reason = reason;
+  };
+  if (!node.register_error.empty()) {
+    // Rebuild gave the view its reason.
+    const std::string reason = node.view.unhealthy_reason;
+    set(false, reason);
+  } else if (node.handshake.empty()) {
+    set(true, "");
+  } else if (node.handshake == "Deleted" || node.handshake.starts_with("Deleted_")) {
+    set(false, "the device plugin deregistered (hami.io/node-handshake Deleted)");
+  } else if (const auto& t = node.reported_at;
+             t.has_value() && now - *t > options_.report_timeout) {
+    set(false, fmt::format("the device plugin stopped reporting: last report {} ago",
+                           absl::FormatDuration(absl::Trunc(now - *t, absl::Seconds(1)))));
+  } else {
+    set(true, "");
   }
-  node.view.healthy = node.report.healthy = healthy;
-  node.view.unhealthy_reason = node.report.unhealthy_reason = reason;
   return node.view;
 }
 
@@ -376,13 +398,13 @@ absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
   if (candidates.empty()) {
     for (auto& [name, n] : nodes_) consider(n);
   } else {
-    for (const auto& name : candidates) {
-      NodeEntry* entry = FindNode(name);
-      if (entry == nullptr) {
-        decision.failed[name] = "no-mig-gpu: the node registers no GPU with dynmig";
+    const std::vector<NodeEntry*>& entries = Resolve(candidates);
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      if (entries[i] == nullptr) {
+        decision.failed[candidates[i]] = "no-mig-gpu: the node registers no GPU with dynmig";
         continue;
       }
-      consider(*entry);
+      consider(*entries[i]);
     }
   }
   const mig::PodPlan plan = mig::PlanPod(std::span<const mig::NodeView* const>(views), request);

@@ -130,17 +130,17 @@ class ClusterState {
     std::shared_ptr<const mig::GpuPlanner> planner;  // null: not allowlisted or no MIG capability
   };
   struct NodeEntry {
+    // What every filter reads first, together (a filter reads thousands of entries).
     std::string name;
-    std::vector<GpuEntry> gpus;
+    bool dirty = true;                      // view and report need a Rebuild
+    std::optional<absl::Time> reported_at;  // hami.io/node-handshake's "Reported_<time>"
+    mig::NodeView view;                     // cache, rebuilt when dirty
     std::string register_error;             // the register annotation could not be decoded
     std::string handshake;                  // hami.io/node-handshake value
-    std::optional<absl::Time> reported_at;  // its "Reported_<time>", parsed once
+    std::vector<GpuEntry> gpus;
     std::set<std::string> cordoned;
     std::set<std::string> pods;  // pod keys placed on this node
-    // Cache, rebuilt when dirty.
-    bool dirty = true;
-    mig::NodeView view;
-    NodeReport report;
+    NodeReport report;           // cache, rebuilt when dirty
   };
   struct PodEntry {
     std::string key;
@@ -167,12 +167,20 @@ class ClusterState {
   // The entry of `name`, created when missing (kept in nodes_ and index_).
   NodeEntry& NodeFor(const std::string& name);
   NodeEntry* FindNode(const std::string& name) const;
+  // The entries of the candidates (null: unknown), in their order. kube-scheduler sends the same
+  // NodeNames filter after filter: the last answer is kept and reused while the list and the set
+  // of nodes are unchanged (one pass of string compares instead of thousands of hash lookups).
+  const std::vector<NodeEntry*>& Resolve(const std::vector<std::string>& candidates);
 
   const ClusterStateOptions options_;
   mutable std::mutex mu_;
   mutable std::map<std::string, NodeEntry> nodes_;  // sorted: reports list nodes by name
   // Hash index over nodes_ (its entries never move): a filter looks up thousands of candidates.
   std::unordered_map<std::string, NodeEntry*> index_;
+  uint64_t nodes_generation_ = 0;            // bumped whenever nodes_ gains or loses an entry
+  std::vector<std::string> resolved_names_;  // Resolve's memo
+  std::vector<NodeEntry*> resolved_entries_;
+  uint64_t resolved_generation_ = ~uint64_t{0};
   std::map<std::string, PodEntry> pods_;
   std::map<std::string, Assumed> assumed_;
   std::set<std::string> released_;                                          // ReleaseUnrealized

@@ -36,16 +36,16 @@ std::optional<std::string> CarriedReservation(const kube::Object& pod) {
   return node;
 }
 
-std::string PendingMessage(const FilterDecision& decision) {
-  std::string out = fmt::format("pending: no candidate node fits (best verdict: {})",
-                                mig::VerdictName(decision.verdict));
+std::string PendingMessage(mig::Verdict verdict, const std::map<std::string, std::string>& failed) {
+  std::string out =
+      fmt::format("pending: no candidate node fits (best verdict: {})", mig::VerdictName(verdict));
   // The reasons closest to fitting first: those that carry the best verdict.
-  const std::string best = mig::VerdictName(decision.verdict);
+  const std::string best = mig::VerdictName(verdict);
   std::vector<const std::pair<const std::string, std::string>*> ordered;
-  for (const auto& entry : decision.failed) {
+  for (const auto& entry : failed) {
     if (entry.second.starts_with(best)) ordered.push_back(&entry);
   }
-  for (const auto& entry : decision.failed) {
+  for (const auto& entry : failed) {
     if (!entry.second.starts_with(best)) ordered.push_back(&entry);
   }
   size_t shown = 0;
@@ -109,7 +109,7 @@ ExtenderFilterResult Extender::Filter(const ExtenderArgs& args) {
   if (args.nodes.has_value()) result.nodes = args.nodes;
   auto finish = [&](std::string_view outcome) {
     if (metrics_ != nullptr) metrics_->ObserveFilter(outcome, absl::Now() - started);
-    return result;
+    return std::move(result);  // once per filter; a copy of thousands of FailedNodes is not free
   };
   auto fail = [&](std::string error) {
     result.node_names.clear();
@@ -190,10 +190,7 @@ ExtenderFilterResult Extender::Filter(const ExtenderArgs& args) {
   if (!decision.ok()) return fail(std::string(decision.status().message()));
   result.failed_nodes = std::move(decision->failed);
   if (!decision->reservation.has_value()) {
-    FilterDecision shown;
-    shown.verdict = decision->verdict;
-    shown.failed = result.failed_nodes;
-    Event(pod, "Warning", "MigPending", PendingMessage(shown));
+    Event(pod, "Warning", "MigPending", PendingMessage(decision->verdict, result.failed_nodes));
     return finish("pending");
   }
   const Reservation& r = *decision->reservation;

@@ -168,7 +168,14 @@ namespace {
 
 void AppendQuoted(std::string& out, std::string_view s) {
   out += '"';
-  for (const char c : s) {
+  // Runs of characters that need no escape are appended at once (node names and reasons are
+  // plain text).
+  size_t run = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c != '"' && c != '\\') continue;
+    out.append(s.data() + run, i - run);
+    run = i + 1;
     switch (c) {
       case '"':
         out += "\\\"";
@@ -192,25 +199,34 @@ void AppendQuoted(std::string& out, std::string_view s) {
         out += "\\f";
         break;
       default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
-        } else {
-          out += c;
-        }
+        out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
     }
   }
+  out.append(s.data() + run, s.size() - run);
   out += '"';
 }
 
 void AppendMap(std::string& out, const std::map<std::string, std::string>& map) {
   out += '{';
   bool first = true;
+  // Thousands of failed nodes share a reason ("another node was chosen for this pod"): a value
+  // equal to the previous one copies its quoted form.
+  const std::string* prev = nullptr;
+  size_t prev_at = 0, prev_len = 0;
   for (const auto& [k, v] : map) {
     if (!first) out += ',';
     first = false;
     AppendQuoted(out, k);
     out += ':';
+    if (prev != nullptr && v == *prev) {
+      out.reserve(out.size() + prev_len);  // no reallocation: the source stays valid
+      out.append(out.data() + prev_at, prev_len);
+      continue;
+    }
+    prev = &v;
+    prev_at = out.size();
     AppendQuoted(out, v);
+    prev_len = out.size() - prev_at;
   }
   out += '}';
 }

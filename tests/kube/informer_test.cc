@@ -225,6 +225,135 @@ TEST_F(InformerTest, FreshApiServerStateForcesARelist) {
   EXPECT_EQ(informer.stats().lists, 2);
 }
 
+// With a cache transform: handlers get full objects on add and update, the cache keeps the
+// reduced copy, a relist (page by page) emits exactly the diff, and deletes are still delivered.
+TEST_F(InformerTest, CacheTransformKeepsReducedCopiesAndExactRelistDiffs) {
+  for (const char* name : {"keep", "change", "remove", "gone", "a", "b", "c"}) {
+    Object pod = MakePod(name);
+    pod["metadata"]["annotations"] = {{"big", std::string(1000, 'x')}};
+    ASSERT_TRUE(client_->CreatePod(pod).ok());
+  }
+  InformerOptions options = FastInformer();  // page_size 3: the relists take several pages
+  options.cache_transform = MetadataOnly;
+  Informer informer(*client_, Resource::kPods, options);
+  Recorder<std::string> log;
+  Recorder<std::string> bad;  // handler arguments that were not as documented
+  informer.AddHandlers(InformerHandlers{[&](const Object& o) {
+                                          log.Add("add " + Name(o));
+                                          if (Annotation(o, "big").value_or("").size() != 1000)
+                                            bad.Add("add " + Name(o));
+                                          // The cache already holds the (reduced) new state.
+                                          auto cached = informer.Get(ObjectKey(o));
+                                          if (cached == nullptr ||
+                                              ResourceVersion(*cached) != ResourceVersion(o)) {
+                                            bad.Add("cache " + Name(o));
+                                          }
+                                        },
+                                        [&](const Object& old_obj, const Object& n) {
+                                          log.Add("update " + Name(n));
+                                          if (Annotation(n, "big").value_or("").size() != 1000)
+                                            bad.Add("update " + Name(n));
+                                          if (old_obj.contains("spec") || Name(old_obj) != Name(n))
+                                            bad.Add("old " + Name(n));
+                                        },
+                                        [&](const Object& o) {
+                                          log.Add("delete " + Name(o));
+                                          if (Name(o).empty() || Namespace(o) != "default")
+                                            bad.Add("delete " + Name(o));
+                                        }});
+  informer.Start();
+  ASSERT_TRUE(informer.WaitForSync(absl::Seconds(10)));
+  // Synced means the first list's adds were delivered.
+  EXPECT_EQ(log.Get().size(), 7u);
+  ASSERT_TRUE(log.WaitForSize(7));
+  ObjectPtr cached = informer.Get("default/keep");
+  ASSERT_NE(cached, nullptr);
+  EXPECT_EQ(*cached, MetadataOnly(*cached));
+  EXPECT_FALSE(cached->contains("spec"));
+  EXPECT_FALSE(cached->at("metadata").contains("annotations"));
+  EXPECT_FALSE(Uid(*cached).empty());
+  EXPECT_FALSE(ResourceVersion(*cached).empty());
+
+  // Watch events: full objects to the handlers, reduced ones in the cache; a watch delete.
+  ASSERT_TRUE(client_->PatchPodAnnotations("default", "a", {{"x", "1"}}).ok());
+  ASSERT_TRUE(client_->DeletePod("default", "gone").ok());
+  ASSERT_TRUE(log.WaitForSize(9));
+  EXPECT_FALSE(informer.Get("default/a")->at("metadata").contains("annotations"));
+  EXPECT_EQ(informer.Get("default/gone"), nullptr);
+  ASSERT_TRUE(testing::Eventually([&] { return server_->open_watches() == 1; }));
+
+  // Changes only a relist sees, then a relist forced by expired history.
+  InMemoryApiServerOptions server_options = testing::FastServerOptions();
+  server_options.port = server_->port();
+  server_options.shared_store = server_->shared_store();
+  auto store = server_->shared_store();
+  server_->Stop();
+  ASSERT_TRUE(store
+                  ->Patch(Resource::kPods, "default", "change",
+                          {{"metadata", {{"labels", {{"v", "2"}}}}}}, PatchType::kMerge, "")
+                  .ok());
+  ASSERT_TRUE(store->Delete(Resource::kPods, "default", "remove", {}).ok());
+  Object added = MakePod("new");
+  added["metadata"]["annotations"] = {{"big", std::string(1000, 'y')}};
+  ASSERT_TRUE(store->Create(Resource::kPods, "default", added).ok());
+  store->CompactHistory();
+  auto restarted = InMemoryApiServer::Start(server_options);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  server_ = std::move(*restarted);
+
+  ASSERT_TRUE(log.WaitForSize(12));
+  EXPECT_FALSE(log.WaitForSize(13, absl::Milliseconds(300)));
+  const auto entries = log.Get();
+  EXPECT_THAT(std::vector<std::string>(entries.begin(), entries.begin() + 7),
+              ::testing::ElementsAre("add a", "add b", "add c", "add change", "add gone",
+                                     "add keep", "add remove"));
+  EXPECT_THAT(std::vector<std::string>(entries.begin() + 7, entries.begin() + 9),
+              ::testing::ElementsAre("update a", "delete gone"));
+  EXPECT_THAT(std::vector<std::string>(entries.begin() + 9, entries.end()),
+              ::testing::UnorderedElementsAre("update change", "delete remove", "add new"));
+  EXPECT_THAT(bad.Get(), ::testing::IsEmpty());
+  EXPECT_EQ(informer.size(), 6u);
+  EXPECT_EQ(informer.Get("default/remove"), nullptr);
+  ASSERT_NE(informer.Get("default/new"), nullptr);
+  EXPECT_FALSE(informer.Get("default/change")->at("metadata").contains("labels"));
+  EXPECT_GE(informer.stats().expired, 1);
+  EXPECT_EQ(informer.stats().lists, 2);
+}
+
+// Without a transform the cache keeps the objects as received (the default, unchanged).
+TEST_F(InformerTest, WithoutATransformTheCacheKeepsFullObjects) {
+  Object pod = MakePod("p");
+  pod["metadata"]["annotations"] = {{"k", "v"}};
+  ASSERT_TRUE(client_->CreatePod(pod).ok());
+  Informer informer(*client_, Resource::kPods, FastInformer());
+  informer.Start();
+  ASSERT_TRUE(informer.WaitForSync(absl::Seconds(10)));
+  ASSERT_NE(informer.Get("default/p"), nullptr);
+  EXPECT_EQ(Annotation(*informer.Get("default/p"), "k"), "v");
+  EXPECT_TRUE(informer.Get("default/p")->contains("spec"));
+}
+
+TEST(MetadataOnlyTest, KeepsKindAndIdentity) {
+  const Object pod = {{"apiVersion", "v1"},
+                      {"kind", "Pod"},
+                      {"metadata",
+                       {{"name", "p"},
+                        {"namespace", "ns"},
+                        {"uid", "u1"},
+                        {"resourceVersion", "7"},
+                        {"labels", {{"a", "b"}}}}},
+                      {"spec", {{"nodeName", "n"}}}};
+  EXPECT_EQ(
+      MetadataOnly(pod),
+      (Object{{"apiVersion", "v1"},
+              {"kind", "Pod"},
+              {"metadata",
+               {{"name", "p"}, {"namespace", "ns"}, {"uid", "u1"}, {"resourceVersion", "7"}}}}));
+  EXPECT_EQ(MetadataOnly(Object{{"metadata", {{"name", "n"}}}}),
+            (Object{{"metadata", {{"name", "n"}}}}));
+  EXPECT_EQ(MetadataOnly(Object::array()), Object::object());
+}
+
 TEST_F(InformerTest, StopsPromptlyEvenWhileTheServerIsDown) {
   Informer informer(*client_, Resource::kPods, FastInformer());
   informer.Start();

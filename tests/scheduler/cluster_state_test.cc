@@ -228,6 +228,53 @@ TEST_F(ClusterStateTest, NodesWhosePluginStoppedReportingDropOut) {
   EXPECT_NE(d->failed["broken"].find("node-unhealthy"), std::string::npos) << d->failed["broken"];
 }
 
+// The same candidate list filter after filter (resolved once, then reused) stays right when
+// nodes appear, disappear and come back between the filters.
+TEST_F(ClusterStateTest, RepeatedCandidateListsFollowNodesAddedAndRemoved) {
+  const std::string reg = Register({{"GPU-0", "A100-SXM4-40GB"}});
+  const std::vector<std::string> candidates = {"node-b", "node-a", "node-c"};
+  state_.UpsertNode(Node("node-a", reg));
+  int pods = 0;
+  auto plan = [&] {
+    auto d =
+        state_.PlanAndReserve(fmt::format("default/p{}", pods++), Request(39000), candidates, kNow);
+    EXPECT_TRUE(d.ok());
+    return d.ok() ? *d : FilterDecision{};
+  };
+  auto first = plan();
+  ASSERT_TRUE(first.reservation.has_value());
+  EXPECT_EQ(first.reservation->node, "node-a");
+  EXPECT_NE(first.failed["node-b"].find("no-mig-gpu"), std::string::npos);
+  // node-a is full now; node-b appears.
+  state_.UpsertNode(Node("node-b", reg));
+  auto second = plan();
+  ASSERT_TRUE(second.reservation.has_value());
+  EXPECT_EQ(second.reservation->node, "node-b");
+  EXPECT_NE(second.failed["node-c"].find("no-mig-gpu"), std::string::npos);
+  // node-c appears, node-a goes away (its reservation with it).
+  state_.UpsertNode(Node("node-c", reg));
+  state_.RemoveNode("node-a");
+  auto third = plan();
+  ASSERT_TRUE(third.reservation.has_value());
+  EXPECT_EQ(third.reservation->node, "node-c");
+  EXPECT_NE(third.failed["node-a"].find("no-mig-gpu"), std::string::npos);
+  EXPECT_NE(third.failed["node-b"].find("capacity"), std::string::npos) << third.failed["node-b"];
+  // node-a is back (its assumption counts again until forgotten).
+  state_.UpsertNode(Node("node-a", reg));
+  EXPECT_FALSE(plan().reservation.has_value());
+  state_.Forget("default/p0");
+  auto fourth = plan();
+  ASSERT_TRUE(fourth.reservation.has_value());
+  EXPECT_EQ(fourth.reservation->node, "node-a");
+  // Another list, then the first one again.
+  auto other = state_.PlanAndReserve("default/q", Request(4000), {"node-c"}, kNow);
+  ASSERT_TRUE(other.ok());
+  EXPECT_FALSE(other->reservation.has_value());
+  auto fifth = plan();
+  EXPECT_FALSE(fifth.reservation.has_value());
+  EXPECT_EQ(fifth.failed.size(), 3u);
+}
+
 TEST_F(ClusterStateTest, CordonedGpusAreSkipped) {
   auto node = Node("node-a", Register({{"GPU-0", "A100-SXM4-40GB"}, {"GPU-1", "A100-SXM4-40GB"}}));
   node["metadata"]["annotations"][std::string(protocol::kDeviceCordonAnnotation)] = "GPU-0";

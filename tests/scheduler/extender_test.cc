@@ -69,6 +69,13 @@ TEST(ExtenderApiTest, FilterResultUsesTheGoFieldNames) {
   EXPECT_EQ(ToJsonText(r), ToJson(r).dump());
   r.node_names.clear();
   EXPECT_EQ(ToJsonText(r), ToJson(r).dump());
+  // Many nodes sharing a reason (copied from the previous entry), escapes included.
+  r.failed_nodes.clear();
+  for (int i = 0; i < 300; ++i) {
+    r.failed_nodes[fmt::format("node-{:04d}", i)] =
+        i % 100 == 7 ? "other" : (i < 150 ? "another node was chosen" : "a \"b\"\n");
+  }
+  EXPECT_EQ(ToJsonText(r), ToJson(r).dump());
 }
 
 TEST(NodeLockValueTest, FormatsAndParsesHamisForms) {
