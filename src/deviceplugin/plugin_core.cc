@@ -225,16 +225,21 @@ bool PluginCore::RefreshDevices() {
 
 absl::Status PluginCore::PublishNode() {
   std::string value;
+  std::string held_value;
   bool changed = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     value = protocol::EncodeNodeRegister(inventory_.RegisterDevices());
     changed = value != last_register_;
+    std::vector<protocol::HeldSlices> held = ended_held_;
+    held.insert(held.end(), untracked_held_.begin(), untracked_held_.end());
+    held_value = protocol::EncodeHeldSlices(std::move(held));
   }
   // Both keys every time: the register also comes back after the node object was recreated.
   kube::KeyPatch patch;
   patch[std::string(protocol::kNodeHandshakeAnnotation)] = "Reported_" + kube::Rfc3339(Now());
   patch[std::string(protocol::kNodeRegisterAnnotation)] = value;
+  patch[std::string(protocol::kNodeHeldSlicesAnnotation)] = held_value;
   auto st = kube_.PatchNodeAnnotations(options_.node_name, patch);
   metrics_.NodePublished(st.ok());
   if (!st.ok()) {
@@ -1089,15 +1094,28 @@ ReconcileReport PluginCore::ReconcileLocked(const std::vector<PodMig>& pods) {
   for (const auto& p : pods) by_uid[p.uid] = &p;
   bool changed = false;
   const std::vector<ManagedInstance> managed = state_.instances;
+  ended_held_.clear();
   for (const auto& m : managed) {
     auto it = by_uid.find(m.owner.pod_uid);
     const PodMig* owner = it == by_uid.end() ? nullptr : it->second;
     if (owner != nullptr && owner->active) continue;
-    if (!destructive) continue;
+    const std::string ended = owner == nullptr    ? "deleted"
+                              : owner->terminated ? "finished"
+                                                  : "deleting";
+    auto hold = [&](const std::string& why) {
+      ended_held_.push_back({m.gpu_uuid, m.placement, m.profile,
+                             fmt::format("{} of pod {} ({}), not reclaimed yet: {}", m.mig_uuid,
+                                         m.owner.PodKey(), ended, why)});
+    };
+    if (!destructive) {
+      hold("reclamation is paused while a pod's MIG annotation cannot be read");
+      continue;
+    }
     const GpuEntry* gpu = inventory_.FindByUuid(m.gpu_uuid);
     if (gpu == nullptr) continue;
     std::string why;
     if (GiBusy(*gpu, m.gpu_instance_id, &why)) {
+      hold(why);
       ++report.busy;
       if (FirstReport(fmt::format("busy/{}/{}", m.gpu_uuid, m.gpu_instance_id))) {
         Event(owner, "Normal", kReasonReclaimDeferred,
@@ -1109,6 +1127,7 @@ ReconcileReport PluginCore::ReconcileLocked(const std::vector<PodMig>& pods) {
     }
     auto st = DestroyGi(*gpu, m.gpu_instance_id);
     if (!st.ok()) {
+      hold("destroying it failed: " + std::string(st.message()));
       ++report.destroy_failed;
       metrics_.DestroyFailed();
       spdlog::warn("reclaim of {} (pod {}) failed, retried next cycle: {}", m.mig_uuid,
@@ -1127,10 +1146,7 @@ ReconcileReport PluginCore::ReconcileLocked(const std::vector<PodMig>& pods) {
     Event(owner, "Normal", kReasonDestroyed,
           fmt::format("destroyed MIG device {} ({} at {} of GPU {}, GI {}) of pod {} ({})",
                       m.mig_uuid, m.profile, PlacementText(m.placement), m.gpu_uuid,
-                      m.gpu_instance_id, m.owner.PodKey(),
-                      owner == nullptr    ? "deleted"
-                      : owner->terminated ? "finished"
-                                          : "deleting"));
+                      m.gpu_instance_id, m.owner.PodKey(), ended));
   }
   if (changed) {
     if (auto st = Persist(); !st.ok())
@@ -1146,6 +1162,7 @@ ReconcileReport PluginCore::ReconcileLocked(const std::vector<PodMig>& pods) {
 void PluginCore::AdoptUntracked(const std::vector<PodMig>& pods, bool destructive,
                                 ReconcileReport& report) {
   quarantine_.clear();
+  untracked_held_.clear();
   // Complete annotations by GPU and placement, and allocations that cannot be verified.
   struct Candidate {
     const PodMig* pod;
@@ -1307,6 +1324,11 @@ void PluginCore::AdoptUntracked(const std::vector<PodMig>& pods, bool destructiv
                      std::string(st.message()));
       }
       ++untracked;
+      untracked_held_.push_back(
+          {gpu.info.uuid, gi.placement, profile != nullptr ? profile->name : "",
+           fmt::format("untracked GI {} ({}): no pod annotation describes it; kept while the GPU "
+                       "is busy{}",
+                       gi.id, name, why.empty() ? "" : " (" + why + ")")});
       if (FirstReport(
               fmt::format("untracked/{}/{}/{}", gpu.info.uuid, gi.id, gi.placement.start))) {
         Event(nullptr, "Warning", kReasonUntracked,
@@ -1365,6 +1387,13 @@ std::vector<Intent> PluginCore::OpenIntents() const {
 std::vector<QuarantinedSlices> PluginCore::Quarantined() const {
   std::lock_guard<std::mutex> lock(mu_);
   return quarantine_;
+}
+
+std::vector<protocol::HeldSlices> PluginCore::Held() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<protocol::HeldSlices> held = ended_held_;
+  held.insert(held.end(), untracked_held_.begin(), untracked_held_.end());
+  return held;
 }
 
 bool PluginCore::recovery_pending() const {

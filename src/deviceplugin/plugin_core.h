@@ -49,6 +49,7 @@
 #include "mig/allowlist.h"
 #include "nlohmann/json.hpp"
 #include "nvml/nvml.h"
+#include "protocol/held_slices.h"
 
 namespace dynmig::deviceplugin {
 
@@ -146,6 +147,10 @@ class PluginCore {
   std::vector<ManagedInstance> Managed() const;
   std::vector<Intent> OpenIntents() const;
   std::vector<QuarantinedSlices> Quarantined() const;
+  // Slices live instances hold that no active pod's reservation names (published as
+  // dynmig.io/mig-held so the scheduler does not reserve them): instances of ended pods not
+  // reclaimed yet, and untracked instances kept on busy GPUs.
+  std::vector<protocol::HeldSlices> Held() const;
   bool recovery_pending() const;
   Inventory inventory() const;
   const PluginCoreOptions& options() const { return options_; }
@@ -227,6 +232,8 @@ class PluginCore {
   std::optional<nvml::MigMinors> minors_;
   std::string minors_error_;
   std::vector<QuarantinedSlices> quarantine_;
+  std::vector<protocol::HeldSlices> ended_held_;      // ReconcileLocked: managed, owner not active
+  std::vector<protocol::HeldSlices> untracked_held_;  // AdoptUntracked: untracked, kept
   std::set<std::string> reported_;
   std::optional<kube::Object> node_;  // the node as read by the current Allocate
   bool started_ = false;

@@ -139,6 +139,16 @@ void ClusterState::UpsertNode(const json& node) {
   for (auto& uuid : SplitTrimmed(Annotation(node, protocol::kDeviceCordonAnnotation), ',')) {
     entry.cordoned.insert(std::move(uuid));
   }
+  entry.held.clear();
+  entry.held_error.clear();
+  if (HasAnnotation(node, protocol::kNodeHeldSlicesAnnotation)) {
+    auto held = protocol::DecodeHeldSlices(Annotation(node, protocol::kNodeHeldSlicesAnnotation));
+    if (held.ok()) {
+      entry.held = std::move(*held);
+    } else {
+      entry.held_error = std::string(held.status().message());
+    }
+  }
   const std::string value = Annotation(node, protocol::kNodeRegisterAnnotation);
   if (value.empty()) return;
   auto devices = protocol::DecodeNodeRegister(value);
@@ -308,6 +318,31 @@ void ClusterState::Rebuild(NodeEntry& node) const {
   for (const auto& [key, a] : assumed_) {
     if (a.reservation.node == node.name) add(key, a.reservation.allocations, true);
   }
+  // Slices the node's live instances hold without an active reservation: occupied as well.
+  if (!node.held_error.empty()) {
+    fail_all(
+        fmt::format("unreadable {}: {}", protocol::kNodeHeldSlicesAnnotation, node.held_error));
+  }
+  std::vector<mig::SliceMask> held_mask(node.gpus.size(), 0);
+  std::vector<std::vector<int>> held_profiles(node.gpus.size());
+  for (const auto& h : node.held) {
+    const int g = gpu_index(h.gpu_uuid);
+    if (g < 0 || node.gpus[g].planner == nullptr) continue;
+    if (h.placement.end() > node.gpus[g].planner->units()) {
+      if (unhealthy[g].empty()) {
+        unhealthy[g] = fmt::format("{} names slices {} beyond the GPU's {} units",
+                                   protocol::kNodeHeldSlicesAnnotation, h.placement.ToString(),
+                                   node.gpus[g].planner->units());
+      }
+      continue;
+    }
+    held_mask[g] |= h.placement.Mask();
+    held_profiles[g].push_back(h.profile.empty() ? -1
+                                                 : node.gpus[g].planner->ProfileIndex(h.profile));
+    report.gpus[g].reservations.push_back({"(held by the node)",
+                                           h.profile.empty() ? "held" : h.profile, h.placement,
+                                           false, std::nullopt});
+  }
   view.gpus.reserve(node.gpus.size());
   for (size_t i = 0; i < node.gpus.size(); ++i) {
     const GpuEntry& gpu = node.gpus[i];
@@ -334,6 +369,10 @@ void ClusterState::Rebuild(NodeEntry& node) const {
       auto usage = gpu.planner->UsageOf(reserved[i]);
       if (usage.ok()) {
         gv.usage = *usage;
+        gv.usage.occupied |= held_mask[i];
+        for (int idx : held_profiles[i]) {
+          if (idx >= 0 && static_cast<size_t>(idx) < gv.usage.counts.size()) ++gv.usage.counts[idx];
+        }
       } else {
         unhealthy[i] = "conflicting reservations: " + std::string(usage.status().message());
       }

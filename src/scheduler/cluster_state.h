@@ -27,6 +27,7 @@
 #include "nlohmann/json.hpp"
 #include "protocol/devices.h"
 #include "protocol/mig_allocations.h"
+#include "protocol/held_slices.h"
 #include "protocol/node_register.h"
 #include "protocol/pod_request.h"
 
@@ -136,6 +137,9 @@ class ClusterState {
     std::optional<absl::Time> reported_at;  // hami.io/node-handshake's "Reported_<time>"
     mig::NodeView view;                     // cache, rebuilt when dirty
     std::string register_error;             // the register annotation could not be decoded
+    // dynmig.io/mig-held: slices live instances hold without an active reservation.
+    std::vector<protocol::HeldSlices> held;
+    std::string held_error;  // the annotation could not be decoded
     std::string handshake;                  // hami.io/node-handshake value
     std::vector<GpuEntry> gpus;
     std::set<std::string> cordoned;

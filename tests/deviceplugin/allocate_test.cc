@@ -422,12 +422,28 @@ TEST_F(AllocateTest, ATerminatingPodKeepsItsBusyInstanceWithoutBlockingOthers) {
   EXPECT_FALSE(GiAt(0, 1).has_value());
   EXPECT_TRUE(HasEvent(kReasonReclaimDeferred, "4242"));
   EXPECT_EQ(plugin_->metrics().Value("dynmig_deviceplugin_busy_instances"), 1);
+  // Its slices are published as held, so that the scheduler does not reserve them meanwhile.
+  auto held = plugin_->core().Held();
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_EQ(held[0].gpu_uuid, Allocations("busy")[0].gpu_uuid);
+  EXPECT_EQ(held[0].placement, (mig::Placement{0, 1}));
+  EXPECT_NE(held[0].reason.find("default/busy"), std::string::npos) << held[0].reason;
+  ASSERT_TRUE(plugin_->core().PublishNode().ok());
+  auto node = kube_->GetNode(kNode);
+  ASSERT_TRUE(node.ok());
+  auto published = protocol::DecodeHeldSlices(
+      kube::Annotation(*node, protocol::kNodeHeldSlicesAnnotation).value_or("missing"));
+  ASSERT_TRUE(published.ok()) << published.status();
+  EXPECT_EQ(*published, held);
 
-  // The process ends: the next cycle reclaims it.
+  // The process ends: the next cycle reclaims it, and nothing is held any more.
   ASSERT_TRUE(sim_->DetachProcess(busy_uuid, 4242).ok());
   report = plugin_->core().Reconcile();
   EXPECT_EQ(report.destroyed, 1);
   EXPECT_EQ(TotalGis(), 0u);
+  EXPECT_TRUE(plugin_->core().Held().empty());
+  ASSERT_TRUE(plugin_->core().PublishNode().ok());
+  EXPECT_EQ(kube::Annotation(*kube_->GetNode(kNode), protocol::kNodeHeldSlicesAnnotation), "[]");
 }
 
 }  // namespace

@@ -95,6 +95,12 @@ TEST_F(RecoveryTest, StartupCleansIdleGpusAndKeepsBusyOnes) {
   EXPECT_TRUE(GiAt(0, 2).has_value());
   ASSERT_EQ(plugin_->core().Managed().size(), 1u);
   EXPECT_EQ(plugin_->core().Managed()[0].mig_uuid, uuid);
+  // Its slices are held (the scheduler must not reserve them), the pod's own are not.
+  auto held = plugin_->core().Held();
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_EQ(held[0].gpu_uuid, GpuUuid(0));
+  EXPECT_EQ(held[0].placement, (mig::Placement{2, 2}));
+  EXPECT_NE(held[0].reason.find("untracked"), std::string::npos) << held[0].reason;
 
   // Once the GPU is idle (pod gone, no process), the untracked instance is cleaned too.
   ASSERT_TRUE(sim_->DetachProcess(uuid, 1000).ok());
@@ -102,6 +108,7 @@ TEST_F(RecoveryTest, StartupCleansIdleGpusAndKeepsBusyOnes) {
   auto report = plugin_->core().Reconcile();
   EXPECT_EQ(report.destroyed, 2);
   EXPECT_EQ(TotalGis(), 0u);
+  EXPECT_TRUE(plugin_->core().Held().empty());
 }
 
 TEST_F(RecoveryTest, PartialRuntimeIdentityDestroysNothingAndIsReported) {

@@ -7,6 +7,7 @@
 #include "fmt/format.h"
 #include "mig/catalogue.h"
 #include "protocol/annotations.h"
+#include "protocol/held_slices.h"
 #include "protocol/node_register.h"
 
 namespace dynmig::scheduler {
@@ -117,6 +118,45 @@ TEST_F(ClusterStateTest, ReservationsOfPodsAndAssumptionsNeverOverlap) {
   auto third = state_.PlanAndReserve("default/b", Request(19000), {}, kNow);
   ASSERT_TRUE(third.ok());
   EXPECT_TRUE(third->reservation.has_value());
+}
+
+TEST_F(ClusterStateTest, SlicesTheNodeHoldsAreNeverReserved) {
+  // The device plugin holds slices 4-7 (a deleted pod's 3g whose processes still run) and 0
+  // (an untracked 1g): only 2-3 stay for a 2g, and a 3g does not fit at all.
+  json node = Node("node-a", Register({{"GPU-0", "A100-SXM4-40GB"}}));
+  node["metadata"]["annotations"][std::string(protocol::kNodeHeldSlicesAnnotation)] =
+      protocol::EncodeHeldSlices(
+          {{"GPU-0", {4, 4}, "3g.20gb", "pod default/gone (deleted)"},
+           {"GPU-0", {0, 1}, "", "untracked GI 7"},
+           {"GPU-unknown", {0, 8}, "", "a GPU this node does not register"}});
+  state_.UpsertNode(node);
+  auto big = state_.PlanAndReserve("default/big", Request(19000), {}, kNow);
+  ASSERT_TRUE(big.ok());
+  EXPECT_FALSE(big->reservation.has_value()) << "a 3g was placed over held slices";
+  auto two = state_.PlanAndReserve("default/two", Request(9000), {}, kNow);
+  ASSERT_TRUE(two.ok() && two->reservation);
+  EXPECT_EQ(two->reservation->allocations[0].placement, (mig::Placement{2, 2}));
+  // The layout shows them.
+  auto report = state_.Report(kNow);
+  ASSERT_EQ(report.size(), 1u);
+  int held = 0;
+  for (const auto& r : report[0].gpus[0].reservations) held += r.pod == "(held by the node)";
+  EXPECT_EQ(held, 2);
+  // Released by the node: the 3g fits again.
+  node["metadata"]["annotations"][std::string(protocol::kNodeHeldSlicesAnnotation)] = "[]";
+  state_.UpsertNode(node);
+  state_.Forget("default/two");
+  auto again = state_.PlanAndReserve("default/big", Request(19000), {}, kNow);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->reservation.has_value());
+  // An unreadable value fails the node closed.
+  node["metadata"]["annotations"][std::string(protocol::kNodeHeldSlicesAnnotation)] = "{";
+  state_.UpsertNode(node);
+  auto closed = state_.PlanAndReserve("default/small", Request(4000), {}, kNow);
+  ASSERT_TRUE(closed.ok());
+  EXPECT_FALSE(closed->reservation.has_value());
+  EXPECT_NE(closed->failed["node-a"].find("dynmig.io/mig-held"), std::string::npos)
+      << closed->failed["node-a"];
 }
 
 TEST_F(ClusterStateTest, TheAnnotationTakesOverFromTheAssumption) {

@@ -1,0 +1,90 @@
+#include "protocol/held_slices.h"
+
+#include <algorithm>
+
+#include "fmt/format.h"
+#include "nlohmann/json.hpp"
+#include "protocol/json_fields.h"
+
+namespace dynmig::protocol {
+namespace {
+
+using internal::IntField;
+using internal::StringField;
+using nlohmann::json;
+
+constexpr int64_t kMaxUnits = 64;
+
+}  // namespace
+
+absl::StatusOr<std::vector<HeldSlices>> DecodeHeldSlices(std::string_view value) {
+  auto doc = internal::ParseJson(value, kNodeHeldSlicesAnnotation);
+  if (!doc.ok()) return doc.status();
+  if (!doc->is_array()) {
+    return absl::InvalidArgumentError(fmt::format("{}: must be a JSON array, got {}",
+                                                  kNodeHeldSlicesAnnotation, doc->type_name()));
+  }
+  std::vector<HeldSlices> out;
+  for (size_t i = 0; i < doc->size(); ++i) {
+    const json& e = (*doc)[i];
+    const std::string ctx = fmt::format("{}[{}]", kNodeHeldSlicesAnnotation, i);
+    if (!e.is_object()) {
+      return absl::InvalidArgumentError(fmt::format("{}: must be an object", ctx));
+    }
+    HeldSlices h;
+    auto gpu = StringField(e, "gpuUUID", ctx);
+    if (!gpu.ok()) return gpu.status();
+    if (!gpu->has_value() || (*gpu)->empty()) {
+      return absl::InvalidArgumentError(fmt::format("{}.gpuUUID: missing", ctx));
+    }
+    h.gpu_uuid = **gpu;
+    const json* placement = internal::FindField(e, "placement");
+    const std::string pctx = ctx + ".placement";
+    if (placement == nullptr || !placement->is_object()) {
+      return absl::InvalidArgumentError(fmt::format("{}: must be an object {{start, size}}", pctx));
+    }
+    auto start = IntField(*placement, "start", pctx, 0, kMaxUnits - 1);
+    if (!start.ok()) return start.status();
+    auto size = IntField(*placement, "size", pctx, 1, kMaxUnits);
+    if (!size.ok()) return size.status();
+    if (!start->has_value() || !size->has_value()) {
+      return absl::InvalidArgumentError(fmt::format("{}: start and size are required", pctx));
+    }
+    if (**start + **size > kMaxUnits) {
+      return absl::InvalidArgumentError(
+          fmt::format("{}: ends at {}, beyond {} units", pctx, **start + **size, kMaxUnits));
+    }
+    h.placement = {static_cast<uint32_t>(**start), static_cast<uint32_t>(**size)};
+    auto profile = StringField(e, "profile", ctx);
+    if (!profile.ok()) return profile.status();
+    h.profile = profile->value_or("");
+    auto reason = StringField(e, "reason", ctx);
+    if (!reason.ok()) return reason.status();
+    h.reason = reason->value_or("");
+    out.push_back(std::move(h));
+  }
+  return out;
+}
+
+std::string EncodeHeldSlices(std::vector<HeldSlices> held) {
+  std::sort(held.begin(), held.end(), [](const HeldSlices& a, const HeldSlices& b) {
+    return std::tie(a.gpu_uuid, a.placement.start, a.placement.size) <
+           std::tie(b.gpu_uuid, b.placement.start, b.placement.size);
+  });
+  held.erase(std::unique(held.begin(), held.end(),
+                         [](const HeldSlices& a, const HeldSlices& b) {
+                           return a.gpu_uuid == b.gpu_uuid && a.placement == b.placement;
+                         }),
+             held.end());
+  json out = json::array();
+  for (const auto& h : held) {
+    json e = {{"gpuUUID", h.gpu_uuid},
+              {"placement", {{"start", h.placement.start}, {"size", h.placement.size}}},
+              {"reason", h.reason}};
+    if (!h.profile.empty()) e["profile"] = h.profile;
+    out.push_back(std::move(e));
+  }
+  return out.dump();
+}
+
+}  // namespace dynmig::protocol
