@@ -3,9 +3,8 @@
 // The canary only talks to the Kubernetes API and the NVML view endpoint, so the tests run it
 // against a CanaryCluster. FakeCanaryCluster plays the scheduler, the kubelet and the device plugin
 // on the in-memory API server (reserve 1g.5gb, bind, write the runtime identity, run, record the
-// visible devices, reclaim on delete), with faults to exercise each failure. The lead can add a
-// CanaryCluster backed by the local mode (real scheduler extender, device plugin on SimNvml and the
-// local kubelet) and run the same end-to-end test against it: see LocalModeCanary below.
+// visible devices, reclaim on delete), with faults to exercise each failure. The same command runs
+// against the real system (the local mode) in tests/e2e/ops_e2e_test.cc.
 #include "ops/canary.h"
 #include "ops/cluster.h"
 
@@ -303,41 +302,7 @@ TEST_F(CanaryTest, ExistingPodOfThatNameIsNeverTouched) {
   EXPECT_EQ((*still)["metadata"]["labels"]["owner"], "someone");
 }
 
-// End to end against the local mode: set DYNMIG_CANARY_KUBECONFIG (a cluster where a MIG pod is
-// really scheduled, allocated and run, e.g. `dynmig local`), DYNMIG_CANARY_NODE and optionally
-// DYNMIG_CANARY_NVML (the NVML view URL template).
-class EnvCanaryCluster : public CanaryCluster {
- public:
-  std::string Kubeconfig() const override { return Env("DYNMIG_CANARY_KUBECONFIG"); }
-  std::string NvmlEndpointTemplate() const override { return Env("DYNMIG_CANARY_NVML"); }
-  std::string Node() const override { return Env("DYNMIG_CANARY_NODE"); }
-  static std::string Env(const char* name) {
-    const char* v = std::getenv(name);
-    return v == nullptr ? "" : v;
-  }
-};
-
-TEST(LocalModeCanary, FullLifecycle) {
-  EnvCanaryCluster cluster;
-  if (cluster.Kubeconfig().empty()) {
-    GTEST_SKIP() << "set DYNMIG_CANARY_KUBECONFIG (and DYNMIG_CANARY_NODE) to run the canary "
-                    "against a running local mode";
-  }
-  std::vector<std::string> args = {"validate",
-                                   "--canary",
-                                   "--kubeconfig",
-                                   cluster.Kubeconfig(),
-                                   "--nvml-endpoint",
-                                   cluster.NvmlEndpointTemplate(),
-                                   "-o",
-                                   "json"};
-  if (!cluster.Node().empty()) {
-    args.push_back("--node");
-    args.push_back(cluster.Node());
-  }
-  auto r = cli::testing::RunDynmig(args);
-  EXPECT_EQ(r.code, 0) << r.out << r.err;
-}
+// End to end against the local mode: tests/e2e/ops_e2e_test.cc (OpsE2eTest.Validate*).
 
 }  // namespace
 }  // namespace dynmig::ops::testing

@@ -263,8 +263,9 @@ TEST_F(TlsSchedulerTest, CommandRefusesBadFlags) {
 }
 
 TEST_F(TlsSchedulerTest, CommandServesUntilSigterm) {
-  const char* binary = std::getenv("DYNMIG_BINARY");
-  if (binary == nullptr || !std::filesystem::exists(binary)) GTEST_SKIP() << "no dynmig binary";
+  const char* env = std::getenv("DYNMIG_BINARY");
+  const std::string binary = env != nullptr ? env : DYNMIG_BIN;  // the build's, by default
+  ASSERT_TRUE(std::filesystem::exists(binary)) << binary;
   CreateNode(MigNode("node-a", {"GPU-a0"}));
   const std::string config = Put("device-config.yaml", protocol::DefaultDeviceConfigYaml());
   const std::string kubeconfig =
@@ -280,8 +281,9 @@ TEST_F(TlsSchedulerTest, CommandServesUntilSigterm) {
   if (pid == 0) {
     dup2(out_pipe[1], STDOUT_FILENO);
     close(out_pipe[0]);
-    execl(binary, binary, "scheduler", "--kubeconfig", kubeconfig.c_str(), "--device-config",
-          config.c_str(), "--listen", "127.0.0.1:0", "--log-level", "warn", nullptr);
+    execl(binary.c_str(), binary.c_str(), "scheduler", "--kubeconfig", kubeconfig.c_str(),
+          "--device-config", config.c_str(), "--listen", "127.0.0.1:0", "--log-level", "warn",
+          nullptr);
     _exit(127);
   }
   close(out_pipe[1]);
