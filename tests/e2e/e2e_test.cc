@@ -415,6 +415,47 @@ TEST_F(E2eTest, ChecklistPreferenceAndAdmission) {
   EXPECT_EQ(Allocations(Get("prefer-4g")).front(), p) << Where() << "the reservation changed";
 }
 
+// A deleted pod whose process goes on holds its slices: the scheduler does not hand them out (a pod
+// reserved there would fail at Allocate) until the instance is reclaimed.
+TEST_F(E2eTest, SlicesOfADeletedPodStillRunningAreNotHandedOut) {
+  Scenario("held slices");
+  StartCluster();
+  Step("two 3g pods fill the GPU; one is deleted while a process of it goes on");
+  auto keep = RunPod(MigPod("keep", 19000));
+  auto gone = RunPod(MigPod("gone", 19000));
+  ASSERT_TRUE(gone.runtime) << Where();
+  auto sim = cluster_->OpenNvml("node-a");
+  ASSERT_TRUE(sim.ok());
+  ASSERT_TRUE((*sim)->AttachProcess(gone.runtime->mig_uuid, 777).ok()) << Where();
+  DeletePod("gone");
+  ASSERT_TRUE(Plugin().RunCycle()) << Where();
+  ASSERT_NE(FindLive(Live(), gone.runtime->mig_uuid), nullptr) << Where() << "reclaimed while busy";
+  ASSERT_TRUE(WaitUntil([&] {
+    for (const auto& n : cluster_->Layout()) {
+      for (const auto& g : n.gpus) {
+        for (const auto& r : g.reservations) {
+          if (r.pod == "(held by the node)" && r.placement == gone.placement) return true;
+        }
+      }
+    }
+    return false;
+  })) << Where() << "the scheduler does not show the held slices";
+
+  Step("a new 3g pod waits instead of being sent to the held slices");
+  Create(MigPod("next", 19000));
+  std::string reason;
+  ASSERT_TRUE(WaitUntil([&] { return !(reason = Unschedulable("next")).empty(); }))
+      << Where() << Get("next").dump();
+  EXPECT_EQ(Phase("next"), "Pending") << Where();
+
+  Step("the process ends: the instance is reclaimed and the pod runs there");
+  ASSERT_TRUE((*sim)->DetachProcess(gone.runtime->mig_uuid, 777).ok());
+  auto next = WaitRunning("next");
+  EXPECT_EQ(next.placement, gone.placement) << Where();
+  ExpectRealized("next", next);
+  (void)keep;
+}
+
 // A pod that ends by itself: Succeeded, its instance reclaimed.
 TEST_F(E2eTest, ShortJobSucceedsAndIsReclaimed) {
   Scenario("lifecycle (a job that ends)");
