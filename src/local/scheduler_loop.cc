@@ -2,6 +2,9 @@
 
 #include <httplib.h>
 
+#include <algorithm>
+#include <optional>
+
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 
@@ -51,13 +54,87 @@ absl::StatusOr<json> Post(const std::string& base, const std::string& verb, cons
   }
 }
 
-bool NodeSchedulable(const kube::Object& node) {
+bool NodeCordoned(const kube::Object& node) {
   const auto spec = node.find("spec");
   if (spec != node.end() && spec->is_object()) {
     const auto u = spec->find("unschedulable");
-    if (u != spec->end() && u->is_boolean() && u->get<bool>()) return false;
+    if (u != spec->end() && u->is_boolean() && u->get<bool>()) return true;
   }
-  return true;
+  return false;
+}
+
+// Whether the pod tolerates the taint a cordoned node carries
+// (node.kubernetes.io/unschedulable:NoSchedule), as kube-scheduler's TaintToleration plugin.
+bool ToleratesCordon(const kube::Object& pod) {
+  const json* ts = nullptr;
+  if (pod.contains("spec") && pod["spec"].contains("tolerations")) ts = &pod["spec"]["tolerations"];
+  if (ts == nullptr || !ts->is_array()) return false;
+  for (const auto& t : *ts) {
+    if (!t.is_object()) continue;
+    const std::string key = t.value("key", "");
+    const std::string op = t.value("operator", "Equal");
+    const std::string effect = t.value("effect", "");
+    if (!effect.empty() && effect != "NoSchedule") continue;
+    if (op == "Exists" && (key.empty() || key == "node.kubernetes.io/unschedulable")) return true;
+    if (op == "Equal" && key == "node.kubernetes.io/unschedulable" && t.value("value", "").empty())
+      return true;
+  }
+  return false;
+}
+
+// One node selector requirement against a value (absent: nullopt).
+bool Matches(const json& req, const std::optional<std::string>& value) {
+  const std::string op = req.value("operator", "");
+  std::vector<std::string> values;
+  if (req.contains("values") && req["values"].is_array()) {
+    for (const auto& v : req["values"]) {
+      if (v.is_string()) values.push_back(v.get<std::string>());
+    }
+  }
+  const bool in = value && std::find(values.begin(), values.end(), *value) != values.end();
+  if (op == "In") return in;
+  if (op == "NotIn") return !in;
+  if (op == "Exists") return value.has_value();
+  if (op == "DoesNotExist") return !value.has_value();
+  return false;  // Gt/Lt and unknown operators: not supported by the stand-in, never match
+}
+
+// spec.nodeSelector and requiredDuringSchedulingIgnoredDuringExecution node affinity.
+bool PodFitsNode(const kube::Object& pod, const kube::Object& node) {
+  const auto labels = kube::Labels(node);
+  auto label = [&](const std::string& k) -> std::optional<std::string> {
+    auto it = labels.find(k);
+    return it == labels.end() ? std::nullopt : std::optional<std::string>(it->second);
+  };
+  if (!pod.contains("spec") || !pod["spec"].is_object()) return true;
+  const json& spec = pod["spec"];
+  if (spec.contains("nodeSelector") && spec["nodeSelector"].is_object()) {
+    for (auto it = spec["nodeSelector"].begin(); it != spec["nodeSelector"].end(); ++it) {
+      if (!it->is_string() || label(it.key()) != it->get<std::string>()) return false;
+    }
+  }
+  const json* terms = nullptr;
+  if (spec.contains("affinity") && spec["affinity"].contains("nodeAffinity") &&
+      spec["affinity"]["nodeAffinity"].contains("requiredDuringSchedulingIgnoredDuringExecution")) {
+    const json& r =
+        spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
+    if (r.contains("nodeSelectorTerms")) terms = &r["nodeSelectorTerms"];
+  }
+  if (terms == nullptr || !terms->is_array() || terms->empty()) return true;
+  for (const auto& term : *terms) {  // terms are ORed, requirements within a term ANDed
+    bool ok = true;
+    if (term.contains("matchExpressions") && term["matchExpressions"].is_array()) {
+      for (const auto& req : term["matchExpressions"])
+        ok = ok && Matches(req, label(req.value("key", "")));
+    }
+    if (term.contains("matchFields") && term["matchFields"].is_array()) {
+      for (const auto& req : term["matchFields"]) {
+        ok = ok && req.value("key", "") == "metadata.name" && Matches(req, kube::Name(node));
+      }
+    }
+    if (ok) return true;
+  }
+  return false;
 }
 
 std::vector<std::pair<std::string, std::string>> Resources(const kube::Object& pod) {
@@ -149,16 +226,22 @@ bool SchedulerLoop::UsesManagedResources(const kube::Object& pod) const {
 }
 
 int SchedulerLoop::SchedulePending() {
-  std::vector<std::string> nodes;
-  for (const auto& n : nodes_.List()) {
-    if (NodeSchedulable(*n)) nodes.push_back(kube::Name(*n));
-  }
+  const std::vector<kube::ObjectPtr> all_nodes = nodes_.List();
   int bound = 0;
   for (const auto& pod : pods_.List()) {
     if (!kube::NodeName(*pod).empty() || kube::IsBeingDeleted(*pod)) continue;
     if (kube::StringAt(*pod, "/spec/schedulerName") != options_.config.scheduler_name) continue;
     const std::string phase = kube::Phase(*pod);
     if (phase == "Succeeded" || phase == "Failed") continue;
+    // kube-scheduler's own filters before the extender: cordon (unless tolerated), node
+    // selector and required node affinity.
+    const bool tolerates_cordon = ToleratesCordon(*pod);
+    std::vector<std::string> nodes;
+    for (const auto& n : all_nodes) {
+      if (NodeCordoned(*n) && !tolerates_cordon) continue;
+      if (!PodFitsNode(*pod, *n)) continue;
+      nodes.push_back(kube::Name(*n));
+    }
     Outcome o = ScheduleOne(*pod, nodes);
     if (o.bound) {
       ++bound;
@@ -175,7 +258,11 @@ SchedulerLoop::Outcome SchedulerLoop::ScheduleOne(const kube::Object& pod,
   const std::string key = kube::ObjectKey(pod);
   const ExtenderConfig& x = options_.config.extender;
   const std::string base = options_.extender_url.empty() ? x.url_prefix : options_.extender_url;
-  if (nodes.empty()) return {false, "0/0 nodes are available: no schedulable node"};
+  if (nodes.empty()) {
+    return {false,
+            "no node passes kube-scheduler's own filters (cordoned without a toleration, "
+            "nodeSelector, required node affinity)"};
+  }
   std::string chosen;
   if (UsesManagedResources(pod) && !x.filter_verb.empty()) {
     json args = {{"Pod", pod}};

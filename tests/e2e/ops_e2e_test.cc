@@ -473,6 +473,24 @@ TEST_F(OpsE2eTest, ValidatePassesOnAHealthyClusterAndTheCanaryRunsItsWholeLifecy
   EXPECT_THAT(text.err, HasSubstr("running on node-a")) << Where() << text.err;
 }
 
+// Step 8 of the guide as it is done: the node stays cordoned while its canary runs (the canary
+// tolerates the cordon and is pinned to the node); other pods are kept off it.
+TEST_F(OpsE2eTest, TheCanaryRunsOnTheCordonedNodeUnderValidation) {
+  Scenario("validate --canary on a cordoned node");
+  StartCluster("node-a=A100-SXM4-40GBx1,node-b=A100-SXM4-40GBx1");
+  Cordon("node-a");
+  Step("an ordinary pod goes to node-b");
+  RunPod(MigPod("ordinary", 4000));
+  EXPECT_EQ(kube::NodeName(Get("ordinary")), "node-b") << Where();
+  Step("validate --node node-a --canary");
+  json r = CliJson(
+      "validate", {"--node", "node-a", "--canary", "--timeout", "20s", "--canary-poll", "50ms"}, 0);
+  EXPECT_EQ(Result(r, "canary-running", "default/mig-canary"), "PASS") << Where() << r.dump(2);
+  EXPECT_THAT(Evidence(r, "canary-running", "default/mig-canary"), HasSubstr("Running on node-a"))
+      << Where();
+  EXPECT_EQ(Result(r, "canary-reclaimed", "default/mig-canary"), "PASS") << Where();
+}
+
 TEST_F(OpsE2eTest, ValidateFailsWithEvidenceWhenTheDevicePluginIsStopped) {
   Scenario("validate (device plugin stopped)");
   StartCluster("node-a=A100-SXM4-40GBx1");

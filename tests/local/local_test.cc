@@ -2,6 +2,7 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -165,6 +166,74 @@ TEST_F(LocalTest, SchedulerLoopCallsFilterThenBindLikeKubeScheduler) {
     EXPECT_FALSE(seen_args.contains("Nodes"));
   }
   EXPECT_GE(binds.load(), 1);
+  ext.stop();
+  t.join();
+}
+
+// kube-scheduler's own filters run before the extender: cordoned nodes only for pods that
+// tolerate it, nodeSelector and required node affinity.
+TEST_F(LocalTest, SchedulerLoopFiltersNodesLikeKubeSchedulerBeforeTheExtender) {
+  httplib::Server ext;
+  std::mutex mu;
+  std::map<std::string, json> seen;  // pod -> NodeNames
+  ext.Post("/filter", [&](const httplib::Request& req, httplib::Response& res) {
+    json args = json::parse(req.body);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      seen[args["Pod"]["metadata"]["name"].get<std::string>()] = args["NodeNames"];
+    }
+    res.set_content(
+        json({{"NodeNames", json::array()}, {"FailedNodes", json::object()}, {"Error", ""}}).dump(),
+        "application/json");
+  });
+  const int port = ext.bind_to_any_port("127.0.0.1");
+  std::thread t([&] { ext.listen_after_bind(); });
+  // node-a cordoned, node-b labelled zone=x.
+  ASSERT_TRUE(client_->PatchNodeMetadata("node-b", {.labels = {{"zone", "x"}}}).ok());
+  auto node_a = client_->GetNode("node-a");
+  ASSERT_TRUE(node_a.ok());
+  (*node_a)["spec"]["unschedulable"] = true;
+  ASSERT_TRUE(client_->UpdateNode(*node_a).ok());
+
+  auto plain = GpuPod("plain");
+  auto pinned = GpuPod("pinned");  // the canary's shape: tolerates the cordon, pinned by name
+  pinned["spec"]["tolerations"] = json::array({{{"key", "node.kubernetes.io/unschedulable"},
+                                                {"operator", "Exists"},
+                                                {"effect", "NoSchedule"}}});
+  pinned["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"] = json::array(
+            {{{"matchFields",
+               json::array(
+                   {{{"key", "metadata.name"}, {"operator", "In"}, {"values", {"node-a"}}}})}}});
+  auto zoned = GpuPod("zoned");
+  zoned["spec"]["nodeSelector"] = {{"zone", "y"}};
+  auto expr = GpuPod("expr");
+  expr["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+      ["nodeSelectorTerms"] = json::array(
+          {{{"matchExpressions",
+             json::array({{{"key", "zone"}, {"operator", "In"}, {"values", {"x"}}}})}}});
+  for (const auto& p : {plain, pinned, zoned, expr}) ASSERT_TRUE(client_->CreatePod(p).ok());
+
+  SchedulerLoopOptions opts;
+  opts.config = *ParseSchedulerConfig(kConfig);
+  opts.extender_url = "http://127.0.0.1:" + std::to_string(port);
+  opts.retry_interval = absl::Milliseconds(200);
+  SchedulerLoop loop(*client_, opts);
+  loop.Start();
+  EXPECT_TRUE(WaitUntil([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return seen.count("plain") && seen.count("pinned") && seen.count("expr");
+  }));
+  EXPECT_TRUE(WaitUntil([&] {
+    auto p = client_->GetPod("default", "zoned");
+    return p.ok() && p->dump().find("nodeSelector") != std::string::npos;
+  }));
+  loop.Stop();
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(seen["plain"], json::array({"node-b"}));
+  EXPECT_EQ(seen["pinned"], json::array({"node-a"}));
+  EXPECT_EQ(seen["expr"], json::array({"node-b"}));
+  EXPECT_FALSE(seen.count("zoned")) << "no node fits: the extender is not asked";
   ext.stop();
   t.join();
 }
