@@ -62,9 +62,9 @@ inline constexpr std::string_view kDevicePluginUser =
     "system:serviceaccount:dynmig-system:dynmig-device-plugin";
 inline constexpr std::string_view kKubeSchedulerUser = "system:kube-scheduler";
 inline constexpr std::string_view kAdminUser = "kubernetes-admin";
-// The scheduler device ConfigMap the ops commands find (HAMi's `<release>-scheduler-device`).
+// The device ConfigMap, named as deploy/ names it (the ops commands find it by its key).
 inline constexpr std::string_view kSystemNamespace = "dynmig-system";
-inline constexpr std::string_view kDeviceConfigMap = "dynmig-scheduler-device";
+inline constexpr std::string_view kDeviceConfigMap = "dynmig-device-config";
 
 struct LocalNode {
   std::string name;

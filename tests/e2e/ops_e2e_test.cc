@@ -204,11 +204,11 @@ TEST_F(OpsE2eTest, InventorySavesConfigMapNodesPodsAndEachNodesNvmlView) {
   EXPECT_EQ(summary["legacyPods"], 0) << Where();
   EXPECT_EQ(summary["nvmlReachable"], 1) << Where();
   EXPECT_EQ(summary["nvmlUnreachable"], json::array()) << Where();
-  EXPECT_EQ(summary["configMaps"], json::array({"dynmig-system/dynmig-scheduler-device"}))
+  EXPECT_EQ(summary["configMaps"], json::array({"dynmig-system/dynmig-device-config"}))
       << Where();
 
   Step("the device ConfigMap");
-  const json cm = ReadJson(dir / "configmaps" / "dynmig-system_dynmig-scheduler-device.json");
+  const json cm = ReadJson(dir / "configmaps" / "dynmig-system_dynmig-device-config.json");
   EXPECT_THAT(cm["data"].value("device-config.yaml", ""), HasSubstr("migProfileAllowlist"))
       << Where();
 
@@ -252,7 +252,7 @@ TEST_F(OpsE2eTest, InventorySavesConfigMapNodesPodsAndEachNodesNvmlView) {
   const std::string text = ReadText(dir / "summary.txt");
   EXPECT_THAT(text, HasSubstr("default/train on node-a (Running)")) << Where() << text;
   EXPECT_THAT(text, HasSubstr("nvidia.com/mig.config=all-1g.5gb")) << Where() << text;
-  EXPECT_THAT(text, HasSubstr("ConfigMap dynmig-system/dynmig-scheduler-device")) << Where();
+  EXPECT_THAT(text, HasSubstr("ConfigMap dynmig-system/dynmig-device-config")) << Where();
 
   Step("a second backup into the same directory is refused");
   CliResult again = Cli("inventory", {"--out", dir.string()});
@@ -291,7 +291,7 @@ TEST_F(OpsE2eTest, PreflightPassesOnlyOnADrainedCordonedNodeAndNamesEachBlocker)
   EXPECT_EQ(Result(r, "legacy-scheduler"), "PASS") << Where();
   EXPECT_EQ(Result(r, "device-config"), "PASS") << Where();
   EXPECT_THAT(Evidence(r, "device-config"),
-              HasSubstr("ConfigMap dynmig-system/dynmig-scheduler-device has a "
+              HasSubstr("ConfigMap dynmig-system/dynmig-device-config has a "
                         "migProfileAllowlist"))
       << Where();
 
@@ -380,7 +380,7 @@ TEST_F(OpsE2eTest, PreflightPassesOnlyOnADrainedCordonedNodeAndNamesEachBlocker)
   r = CliJson("preflight", node_a, 1);
   EXPECT_EQ(Failed(r), (std::set<std::string>{"device-config"})) << Where() << r.dump(2);
   EXPECT_THAT(Evidence(r, "device-config"),
-              HasSubstr("ConfigMap dynmig-system/dynmig-scheduler-device still holds "
+              HasSubstr("ConfigMap dynmig-system/dynmig-device-config still holds "
                         "knownMigGeometries (1 entries)"))
       << Where() << Evidence(r, "device-config");
   EXPECT_THAT(Evidence(r, "device-config"), HasSubstr("dynmig config migrate")) << Where();
