@@ -1,8 +1,10 @@
 // Device plugin figures: Allocate latency without NVML time (in-memory SimNvml behind a timing
-// decorator, in-memory API server over HTTP), through the core and through gRPC from the test
-// kubelet, and a reconcile cycle for 8 GPUs x 7 instances. Prints figures; asserts nothing.
+// decorator, in-memory API server over HTTP in a forked child process, as the API server of a
+// cluster is another process), through the core and through gRPC from the test kubelet, and a
+// reconcile cycle for 8 GPUs x 7 instances. Prints figures; asserts nothing.
 //
 //   build/bin/bench_deviceplugin [--iterations N]
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -121,11 +123,30 @@ std::string Summary(const std::vector<double>& ms) {
 class Bench {
  public:
   Bench() {
-    kube::InMemoryApiServerOptions server;
-    server.gc_interval = absl::Milliseconds(50);
-    api_ = std::move(*kube::InMemoryApiServer::Start(server));
+    // The API server in a child process: its JSON work is not the plugin's latency.
+    int port_pipe[2];
+    if (::pipe(port_pipe) != 0 || ::pipe(control_) != 0) std::abort();
+    child_ = ::fork();
+    if (child_ == 0) {
+      ::close(port_pipe[0]);
+      ::close(control_[1]);
+      kube::InMemoryApiServerOptions server;
+      server.gc_interval = absl::Milliseconds(50);
+      auto api = kube::InMemoryApiServer::Start(server);
+      int port = api.ok() ? (*api)->port() : -1;
+      if (::write(port_pipe[1], &port, sizeof(port)) != sizeof(port)) ::_exit(1);
+      char c;
+      while (::read(control_[0], &c, 1) > 0) {
+      }  // until the parent closes its end
+      ::_exit(0);
+    }
+    ::close(port_pipe[1]);
+    ::close(control_[0]);
+    int port = -1;
+    if (::read(port_pipe[0], &port, sizeof(port)) != sizeof(port) || port <= 0) std::abort();
+    ::close(port_pipe[0]);
     kube::RestConfig config;
-    config.server = api_->url();
+    config.server = fmt::format("http://127.0.0.1:{}", port);
     client_ = std::move(*kube::RestKubeClient::Create(config));
     (void)client_->CreateNode({{"metadata", {{"name", kNode}}}});
     nvml::SimNvmlOptions o;
@@ -140,6 +161,8 @@ class Bench {
   ~Bench() {
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
+    ::close(control_[1]);
+    ::waitpid(child_, nullptr, 0);
   }
 
   std::string Gpu(int i) const { return nvml::SimGpuUuid(kNode, i); }
@@ -170,12 +193,12 @@ class Bench {
              {"image", "cuda"},
              {"resources", {{"limits", {{"nvidia.com/gpu", "1"}}}}}}}}}},
         {"status", {{"phase", "Pending"}}}};
-    (void)api_->store().Create(kube::Resource::kPods, "default", pod);
+    (void)client_->CreatePod(pod);
     kube::Object lock = {{"metadata",
                           {{"annotations",
                             {{std::string(protocol::kNodeLockAnnotation),
                               fmt::format("2026-01-01T00:00:00Z,default,{}", name)}}}}}};
-    (void)api_->store().Patch(kube::Resource::kNodes, "", kNode, lock, kube::PatchType::kMerge, "");
+    (void)client_->Patch(kube::Resource::kNodes, "", kNode, lock, kube::PatchType::kMerge, "");
   }
   void SetRunning(const std::string& name) {
     (void)client_->PatchPodStatus("default", name, {{"status", {{"phase", "Running"}}}});
@@ -340,7 +363,8 @@ class Bench {
   }
 
  private:
-  std::unique_ptr<kube::InMemoryApiServer> api_;
+  pid_t child_ = -1;
+  int control_[2] = {-1, -1};
   std::unique_ptr<kube::RestKubeClient> client_;
   std::unique_ptr<nvml::SimNvml> sim_;
   std::unique_ptr<TimingNvml> timed_;
