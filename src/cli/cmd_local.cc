@@ -151,14 +151,14 @@ int RunLocal(const LocalFlags& f, CliContext& ctx) {
       return c.RestartDevicePlugin(node);
     };
     control.Post(R"(/(restart|stop|start)/(device-plugin)/([a-z0-9.-]+))",
-                 [&](const httplib::Request& req, httplib::Response& res) {
+                 [part](const httplib::Request& req, httplib::Response& res) {
                    auto st = part(req.matches[1], req.matches[2], req.matches[3]);
                    res.status = st.ok() ? 200 : absl::IsNotFound(st) ? 404 : 500;
                    res.set_content(st.ok() ? "ok\n" : std::string(st.message()) + "\n",
                                    "text/plain");
                  });
-    control.Post(R"(/(restart|stop|start)/scheduler)", [&](const httplib::Request& req,
-                                                           httplib::Response& res) {
+    control.Post(R"(/(restart|stop|start)/scheduler)", [part](const httplib::Request& req,
+                                                              httplib::Response& res) {
       auto st = part(req.matches[1], "scheduler", "");
       res.status = st.ok() ? 200 : 500;
       res.set_content(st.ok() ? "ok\n" : std::string(st.message()) + "\n", "text/plain");
