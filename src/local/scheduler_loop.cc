@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <set>
 
 #include "fmt/format.h"
 #include "fmt/ranges.h"
@@ -227,9 +228,19 @@ bool SchedulerLoop::UsesManagedResources(const kube::Object& pod) const {
 
 int SchedulerLoop::SchedulePending() {
   const std::vector<kube::ObjectPtr> all_nodes = nodes_.List();
+  const std::vector<kube::ObjectPtr> pods = pods_.List();
+  // Assumed bindings (kube-scheduler's assume cache): a pod bound in an earlier pass may still look
+  // unbound in the cache; it is not scheduled again. Forgotten once the cache shows it bound or
+  // gone.
+  std::set<std::string> unbound;
+  for (const auto& pod : pods) {
+    if (kube::NodeName(*pod).empty()) unbound.insert(kube::Uid(*pod));
+  }
+  std::erase_if(assumed_bound_, [&](const std::string& uid) { return !unbound.count(uid); });
   int bound = 0;
-  for (const auto& pod : pods_.List()) {
+  for (const auto& pod : pods) {
     if (!kube::NodeName(*pod).empty() || kube::IsBeingDeleted(*pod)) continue;
+    if (assumed_bound_.count(kube::Uid(*pod))) continue;
     if (kube::StringAt(*pod, "/spec/schedulerName") != options_.config.scheduler_name) continue;
     const std::string phase = kube::Phase(*pod);
     if (phase == "Succeeded" || phase == "Failed") continue;
@@ -245,6 +256,7 @@ int SchedulerLoop::SchedulePending() {
     Outcome o = ScheduleOne(*pod, nodes);
     if (o.bound) {
       ++bound;
+      assumed_bound_.insert(kube::Uid(*pod));
       last_message_.erase(kube::ObjectKey(*pod));
     } else if (!o.message.empty()) {
       MarkUnschedulable(*pod, o.message);

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -54,6 +55,7 @@ class SchedulerLoop {
   kube::Informer pods_;
   kube::Informer nodes_;
   std::map<std::string, std::string> last_message_;  // pod key -> last unschedulable message
+  std::set<std::string> assumed_bound_;              // uids bound but not yet seen bound
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

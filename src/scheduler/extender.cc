@@ -307,6 +307,12 @@ std::string Extender::Bind(const ExtenderBindingArgs& args) {
     return finish(fmt::format("bind {}: the pod has uid {}, not {} (recreated?)", key,
                               kube::Uid(*pod), args.pod_uid));
   }
+  // Already bound (a retried bind whose answer was lost, or a second scheduler loop): never touch
+  // the lock or bind-phase of a pod the device plugin may be allocating or has allocated.
+  if (const std::string bound_to = kube::NodeName(*pod); !bound_to.empty()) {
+    if (bound_to == args.node) return finish("");
+    return finish(fmt::format("bind {}: the pod is already bound to node {}", key, bound_to));
+  }
   if (!protocol::IsMigPod(*pod, options_.resources)) {
     absl::Status bound = client_.BindPod(ns, name, args.node, args.pod_uid);
     return finish(bound.ok() ? "" : fmt::format("bind {}: {}", key, std::string(bound.message())));

@@ -64,6 +64,23 @@ TEST_F(BindTest, BindTakesTheNodeLockMarksAllocatingAndBinds) {
   EXPECT_EQ(Lock(), FormatNodeLock({clock_.Now(), "default", "w"}));
 }
 
+// A second bind of a pod already bound (a retry whose answer was lost, a lagging scheduler cache)
+// touches nothing: the device plugin may be allocating it or have set bind-phase=success.
+TEST_F(BindTest, ABoundPodIsNeverBoundAgain) {
+  const kube::Object pod = Reserved("p");
+  ASSERT_EQ(Bind(s_, pod, "node-a").body["Error"], "");
+  // The device plugin allocated it: success, lock released.
+  ASSERT_TRUE(
+      client_->PatchPodAnnotations("default", "p", {{"hami.io/bind-phase", "success"}}).ok());
+  ASSERT_TRUE(ReleaseNodeLock(*client_, "node-a", "default", "p").ok());
+  EXPECT_EQ(Bind(s_, pod, "node-a").body["Error"], "") << "the same node: already done";
+  EXPECT_EQ(kube::Annotation(GetPod("p"), "hami.io/bind-phase"), "success");
+  EXPECT_FALSE(Lock().has_value()) << "the lock was taken again";
+  EXPECT_EQ(Bind(s_, pod, "node-b").body["Error"],
+            "bind default/p: the pod is already bound to node node-a");
+  EXPECT_EQ(kube::Annotation(GetPod("p"), "hami.io/bind-phase"), "success");
+}
+
 TEST_F(BindTest, BindRefusesPodsWithoutAMatchingReservation) {
   const kube::Object pod = Reserved("p");
   EXPECT_EQ(Bind(s_, pod, "node-b").body["Error"],
