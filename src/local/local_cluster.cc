@@ -351,7 +351,8 @@ absl::Status LocalCluster::Init() {
     // The workloads of an earlier run ended with it (its API objects are gone too): as after a node
     // reboot, no process is left on the GPUs. The device plugin then finds idle GPUs.
     if (int ended = EndLeftoverProcesses(*node->workload_nvml); ended > 0) {
-      Log(fmt::format("{}: {} simulated process(es) of an earlier run ended", node->spec.name, ended));
+      Log(fmt::format("{}: {} simulated process(es) of an earlier run ended", node->spec.name,
+                      ended));
     }
     json obj = {
         {"apiVersion", "v1"},

@@ -26,8 +26,8 @@
 #include "mig/node_planner.h"
 #include "nlohmann/json.hpp"
 #include "protocol/devices.h"
-#include "protocol/mig_allocations.h"
 #include "protocol/held_slices.h"
+#include "protocol/mig_allocations.h"
 #include "protocol/node_register.h"
 #include "protocol/pod_request.h"
 
@@ -140,7 +140,7 @@ class ClusterState {
     // dynmig.io/mig-held: slices live instances hold without an active reservation.
     std::vector<protocol::HeldSlices> held;
     std::string held_error;  // the annotation could not be decoded
-    std::string handshake;                  // hami.io/node-handshake value
+    std::string handshake;   // hami.io/node-handshake value
     std::vector<GpuEntry> gpus;
     std::set<std::string> cordoned;
     std::set<std::string> pods;  // pod keys placed on this node

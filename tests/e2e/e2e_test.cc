@@ -439,7 +439,8 @@ TEST_F(E2eTest, SlicesOfADeletedPodStillRunningAreNotHandedOut) {
       }
     }
     return false;
-  })) << Where() << "the scheduler does not show the held slices";
+  })) << Where()
+      << "the scheduler does not show the held slices";
 
   Step("a new 3g pod waits instead of being sent to the held slices");
   Create(MigPod("next", 19000));

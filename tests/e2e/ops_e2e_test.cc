@@ -204,8 +204,7 @@ TEST_F(OpsE2eTest, InventorySavesConfigMapNodesPodsAndEachNodesNvmlView) {
   EXPECT_EQ(summary["legacyPods"], 0) << Where();
   EXPECT_EQ(summary["nvmlReachable"], 1) << Where();
   EXPECT_EQ(summary["nvmlUnreachable"], json::array()) << Where();
-  EXPECT_EQ(summary["configMaps"], json::array({"dynmig-system/dynmig-device-config"}))
-      << Where();
+  EXPECT_EQ(summary["configMaps"], json::array({"dynmig-system/dynmig-device-config"})) << Where();
 
   Step("the device ConfigMap");
   const json cm = ReadJson(dir / "configmaps" / "dynmig-system_dynmig-device-config.json");

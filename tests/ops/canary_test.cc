@@ -6,11 +6,11 @@
 // visible devices, reclaim on delete), with faults to exercise each failure. The same command runs
 // against the real system (the local mode) in tests/e2e/ops_e2e_test.cc.
 #include "ops/canary.h"
-#include "ops/cluster.h"
 
 #include <atomic>
 #include <condition_variable>
 
+#include "ops/cluster.h"
 #include "ops/ops_test_util.h"
 
 namespace dynmig::ops::testing {
