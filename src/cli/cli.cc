@@ -1,10 +1,46 @@
 #include "cli/cli.h"
 
+#include <pthread.h>
+
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <exception>
 #include <ostream>
 
 namespace dynmig::cli {
+
+absl::Status ParseHostPort(std::string_view flag, const std::string& text,
+                           std::string_view default_host, std::string* host, int* port) {
+  const size_t colon = text.rfind(':');
+  if (colon == std::string::npos || (colon == 0 && default_host.empty())) {
+    return absl::InvalidArgumentError(std::string(flag) + " must be HOST:PORT, got '" + text + "'");
+  }
+  *host = colon == 0 ? std::string(default_host) : text.substr(0, colon);
+  const std::string port_text = text.substr(colon + 1);
+  int value = -1;
+  auto [ptr, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), value);
+  if (ec != std::errc() || ptr != port_text.data() + port_text.size() || value < 0 ||
+      value > 65535) {
+    return absl::InvalidArgumentError("bad port '" + port_text + "' in " + std::string(flag));
+  }
+  *port = value;
+  return absl::OkStatus();
+}
+
+StopSignals::StopSignals() {
+  sigemptyset(&signals_);
+  sigaddset(&signals_, SIGINT);
+  sigaddset(&signals_, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals_, &previous_);
+}
+
+StopSignals::~StopSignals() { pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
+
+int StopSignals::Wait() {
+  int signal_number = 0;
+  sigwait(&signals_, &signal_number);
+  return signal_number;
+}
 
 int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   CliContext ctx{out, err};

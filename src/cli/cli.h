@@ -5,9 +5,14 @@
 // std::cout directly) and sets ctx.exit_code, so tests run it in-process.
 #pragma once
 
+#include <signal.h>
+
 #include <iosfwd>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "absl/status/status.h"
 
 namespace CLI {
 class App;
@@ -43,6 +48,27 @@ void RegisterOpsCommands(CLI::App& root, CliContext& ctx);
 void RegisterSchedulerCommand(CLI::App& root, CliContext& ctx);
 void RegisterDevicePluginCommand(CLI::App& root, CliContext& ctx);
 void RegisterLocalCommand(CLI::App& root, CliContext& ctx);
+
+// HOST:PORT of a listen flag (port 0..65535). ":PORT" takes `default_host`, or is an error when
+// it is empty. kInvalidArgument: "FLAG must be HOST:PORT, got 'TEXT'", "bad port 'P' in FLAG".
+absl::Status ParseHostPort(std::string_view flag, const std::string& text,
+                           std::string_view default_host, std::string* host, int* port);
+
+// SIGINT and SIGTERM, blocked from construction in the calling thread (threads started later
+// inherit the mask, so none of them takes the signal) until destruction; Wait() returns the signal
+// that came. The serving commands make one before starting any thread.
+class StopSignals {
+ public:
+  StopSignals();
+  ~StopSignals();  // restores the previous mask
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  int Wait();
+
+ private:
+  sigset_t signals_;
+  sigset_t previous_;
+};
 
 // `dynmig layout`'s terminal picture of these nodes (cmd_ops.cc), for other commands.
 std::string RenderLayoutText(const std::vector<scheduler::NodeReport>& nodes);

@@ -1,11 +1,8 @@
 // `dynmig apiserver`: serves the in-memory Kubernetes API server until SIGINT/SIGTERM.
 // For tests and the local mode only; it keeps everything in memory and has no authentication.
 #include <fmt/format.h>
-#include <pthread.h>
-#include <signal.h>
 
 #include <CLI/CLI.hpp>
-#include <charconv>
 #include <fstream>
 #include <memory>
 #include <ostream>
@@ -47,17 +44,10 @@ std::string KubeconfigFor(const std::string& url) {
 }
 
 int RunApiserver(const ApiserverFlags& flags, CliContext& ctx) {
-  const size_t colon = flags.listen.rfind(':');
+  std::string host;
   int port = -1;
-  if (colon == std::string::npos || colon == 0) {
-    ctx.err << "dynmig apiserver: --listen must be HOST:PORT, got '" << flags.listen << "'\n";
-    return kExitBadInput;
-  }
-  const std::string host = flags.listen.substr(0, colon);
-  const std::string port_text = flags.listen.substr(colon + 1);
-  auto [ptr, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-  if (ec != std::errc() || ptr != port_text.data() + port_text.size() || port < 0 || port > 65535) {
-    ctx.err << "dynmig apiserver: bad port '" << port_text << "' in --listen\n";
+  if (auto st = ParseHostPort("--listen", flags.listen, "", &host, &port); !st.ok()) {
+    ctx.err << "dynmig apiserver: " << st.message() << "\n";
     return kExitBadInput;
   }
   if (flags.bookmark_interval_s <= 0) {
@@ -65,14 +55,8 @@ int RunApiserver(const ApiserverFlags& flags, CliContext& ctx) {
     return kExitBadInput;
   }
 
-  // Block the stop signals before the server starts its threads (they inherit the mask), then
-  // wait for one synchronously: no signal handler, no global state.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  sigset_t previous;
-  pthread_sigmask(SIG_BLOCK, &stop_signals, &previous);
+  // Blocked before the server starts its threads, then waited for: no handler, no global state.
+  StopSignals stop;
 
   kube::InMemoryApiServerOptions options;
   options.host = host;
@@ -82,7 +66,6 @@ int RunApiserver(const ApiserverFlags& flags, CliContext& ctx) {
   options.log_requests = flags.log_requests;
   auto server = kube::InMemoryApiServer::Start(options);
   if (!server.ok()) {
-    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
     ctx.err << "dynmig apiserver: " << server.status().message() << "\n";
     return kExitFailure;
   }
@@ -90,19 +73,15 @@ int RunApiserver(const ApiserverFlags& flags, CliContext& ctx) {
     std::ofstream out(flags.kubeconfig_out);
     out << KubeconfigFor((*server)->url());
     if (!out) {
-      pthread_sigmask(SIG_SETMASK, &previous, nullptr);
       ctx.err << "dynmig apiserver: cannot write " << flags.kubeconfig_out << "\n";
       return kExitFailure;
     }
   }
   ctx.out << "dynmig apiserver listening on " << (*server)->url() << std::endl;
 
-  int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
+  const int signal_number = stop.Wait();
   ctx.out << "dynmig apiserver: signal " << signal_number << ", stopping" << std::endl;
   (*server)->Stop();
-  server->reset();
-  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   return kExitOk;
 }
 

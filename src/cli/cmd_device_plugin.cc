@@ -1,9 +1,6 @@
 // `dynmig device-plugin`: the node agent. Serves the kubelet device-plugin API for the MIG
 // resource, creates and reclaims MIG instances, publishes the node's capability, until SIGINT or
 // SIGTERM. See docs/device-plugin.md.
-#include <pthread.h>
-#include <signal.h>
-
 #include <CLI/CLI.hpp>
 #include <memory>
 #include <ostream>
@@ -105,16 +102,10 @@ int Run(const DevicePluginFlags& f, CliContext& ctx) {
   options.register_interval = register_every;
   options.metrics_listen = f.metrics_listen;
 
-  // Block the stop signals before any thread starts (they inherit the mask), then sigwait.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  sigset_t previous;
-  pthread_sigmask(SIG_BLOCK, &stop_signals, &previous);
+  // Blocked before any thread starts (they inherit the mask), then waited for.
+  StopSignals stop;
   auto plugin = deviceplugin::DevicePlugin::Start(std::move(options), *gpu, **kube);
   if (!plugin.ok()) {
-    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
     const bool input = plugin.status().code() == absl::StatusCode::kInvalidArgument;
     ctx.err << "dynmig device-plugin: " << plugin.status().message() << "\n";
     return input ? kExitBadInput : kExitFailure;
@@ -123,12 +114,9 @@ int Run(const DevicePluginFlags& f, CliContext& ctx) {
           << " for node " << f.node << " on " << (*plugin)->endpoint().socket_path();
   if ((*plugin)->http_port() > 0) ctx.out << ", metrics on port " << (*plugin)->http_port();
   ctx.out << std::endl;
-  int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
+  const int signal_number = stop.Wait();
   ctx.out << "dynmig device-plugin: signal " << signal_number << ", stopping" << std::endl;
   (*plugin)->Stop();
-  plugin->reset();
-  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   return kExitOk;
 }
 

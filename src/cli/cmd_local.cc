@@ -2,11 +2,8 @@
 // SIGINT/SIGTERM, with a small control endpoint to restart its parts and, with --demo, the
 // migration guide's walk-through (src/local/demo.h). See docs/local.md.
 #include <httplib.h>
-#include <pthread.h>
-#include <signal.h>
 
 #include <CLI/CLI.hpp>
-#include <charconv>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -36,15 +33,6 @@ struct LocalFlags {
   bool quiet = false;
   std::string log_level = "warn";
 };
-
-bool SplitHostPort(const std::string& text, std::string* host, int* port) {
-  const size_t colon = text.rfind(':');
-  if (colon == std::string::npos || colon == 0) return false;
-  *host = text.substr(0, colon);
-  const std::string p = text.substr(colon + 1);
-  auto [ptr, ec] = std::from_chars(p.data(), p.data() + p.size(), *port);
-  return ec == std::errc() && ptr == p.data() + p.size() && *port >= 0 && *port <= 65535;
-}
 
 // Serialized output: components log from their own threads.
 class Printer {
@@ -86,13 +74,16 @@ int RunLocal(const LocalFlags& f, CliContext& ctx) {
     return kExitBadInput;
   };
   local::LocalClusterOptions o;
-  if (!SplitHostPort(f.listen, &o.api_host, &o.api_port)) {
-    return bad("--listen must be HOST:PORT, got '" + f.listen + "'");
+  if (auto st = ParseHostPort("--listen", f.listen, "", &o.api_host, &o.api_port); !st.ok()) {
+    return bad(std::string(st.message()));
   }
   std::string control_host;
   int control_port = 0;
-  if (!f.control.empty() && !SplitHostPort(f.control, &control_host, &control_port)) {
-    return bad("--control must be HOST:PORT or empty, got '" + f.control + "'");
+  if (!f.control.empty()) {
+    if (auto st = ParseHostPort("--control", f.control, "", &control_host, &control_port);
+        !st.ok()) {
+      return bad(std::string(st.message()) + " (or empty for no control endpoint)");
+    }
   }
   if (f.nvml_port <= 0 || f.nvml_port > 65535) return bad("--nvml-port must be 1-65535");
   auto nodes = local::ParseNodes(f.nodes);
@@ -116,17 +107,10 @@ int RunLocal(const LocalFlags& f, CliContext& ctx) {
   Printer printer(ctx.out);
   if (!f.quiet) o.log = [&printer](const std::string& line) { printer.Line(line); };
 
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  sigset_t previous;
-  pthread_sigmask(SIG_BLOCK, &stop_signals, &previous);
-  auto restore = [&] { pthread_sigmask(SIG_SETMASK, &previous, nullptr); };
+  StopSignals stop;  // before any part starts a thread
 
   auto cluster = local::LocalCluster::Start(std::move(o));
   if (!cluster.ok()) {
-    restore();
     ctx.err << "dynmig local: " << std::string(cluster.status().message()) << "\n";
     return cluster.status().code() == absl::StatusCode::kInvalidArgument ? kExitBadInput
                                                                          : kExitFailure;
@@ -167,7 +151,6 @@ int RunLocal(const LocalFlags& f, CliContext& ctx) {
                         ? control.bind_to_any_port(control_host)
                         : (control.bind_to_port(control_host, control_port) ? control_port : -1);
     if (bound_control < 0) {
-      restore();
       ctx.err << "dynmig local: --control: cannot listen on " << f.control << "\n";
       return kExitFailure;
     }
@@ -236,8 +219,7 @@ int RunLocal(const LocalFlags& f, CliContext& ctx) {
       rc = kExitFailure;
     }
   }
-  int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
+  const int signal_number = stop.Wait();
   printer.Line(fmt::format("dynmig local: signal {}, stopping", signal_number));
   if (events) events->Stop();
   if (control_thread.joinable()) {
@@ -245,8 +227,6 @@ int RunLocal(const LocalFlags& f, CliContext& ctx) {
     control_thread.join();
   }
   c.Stop();
-  cluster->reset();
-  restore();
   return rc;
 }
 

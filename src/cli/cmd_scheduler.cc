@@ -1,12 +1,9 @@
 // `dynmig scheduler`: the scheduler extender and admission webhook (src/scheduler/server.h),
 // served until SIGINT/SIGTERM. docs/scheduler.md describes the flags and endpoints.
 #include <fmt/format.h>
-#include <pthread.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <charconv>
 #include <cstdlib>
 #include <memory>
 #include <ostream>
@@ -61,15 +58,10 @@ int RunScheduler(const SchedulerFlags& flags, CliContext& ctx) {
   if (flags.kubeconfig.empty() == !flags.in_cluster) {
     return bad("give exactly one of --kubeconfig FILE and --in-cluster");
   }
-  const size_t colon = flags.listen.rfind(':');
+  std::string host;
   int port = -1;
-  if (colon == std::string::npos)
-    return bad("--listen must be HOST:PORT, got '" + flags.listen + "'");
-  const std::string host = colon == 0 ? "0.0.0.0" : flags.listen.substr(0, colon);
-  const std::string port_text = flags.listen.substr(colon + 1);
-  auto [ptr, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-  if (ec != std::errc() || ptr != port_text.data() + port_text.size() || port < 0 || port > 65535) {
-    return bad("bad port '" + port_text + "' in --listen");
+  if (auto st = ParseHostPort("--listen", flags.listen, "0.0.0.0", &host, &port); !st.ok()) {
+    return bad(std::string(st.message()));
   }
   if (flags.tls_cert.empty() != flags.tls_key.empty()) {
     return bad("--tls-cert and --tls-key go together");
@@ -127,29 +119,20 @@ int RunScheduler(const SchedulerFlags& flags, CliContext& ctx) {
   }
   options.election.identity = fmt::format("{}_{:08x}", who, std::random_device{}());
 
-  // Block the stop signals before any thread starts (threads inherit the mask), then wait.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  sigset_t previous;
-  pthread_sigmask(SIG_BLOCK, &stop_signals, &previous);
+  // Blocked before any thread starts (threads inherit the mask), then waited for.
+  StopSignals stop;
 
   SystemClock clock;
   auto server = scheduler::SchedulerServer::Start(**client, clock, options);
   if (!server.ok()) {
-    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
     ctx.err << "dynmig scheduler: " << server.status().message() << "\n";
     return server.status().code() == absl::StatusCode::kInvalidArgument ? kExitBadInput
                                                                         : kExitFailure;
   }
   ctx.out << "dynmig scheduler listening on " << (*server)->url() << std::endl;
-  int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
+  const int signal_number = stop.Wait();
   ctx.out << "dynmig scheduler: signal " << signal_number << ", stopping" << std::endl;
   (*server)->Stop();
-  server->reset();
-  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   return kExitOk;
 }
 

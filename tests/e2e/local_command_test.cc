@@ -147,7 +147,10 @@ TEST(LocalCommandTest, BadFlagsExit2AndNameTheFlag) {
   EXPECT_NE(out.find("--nodes"), std::string::npos) << out;
   auto [rc2, out2] = Shell(bin + " local --listen nowhere");
   EXPECT_EQ(WEXITSTATUS(rc2), 2) << out2;
-  EXPECT_NE(out2.find("--listen"), std::string::npos) << out2;
+  EXPECT_NE(out2.find("--listen must be HOST:PORT, got 'nowhere'"), std::string::npos) << out2;
+  auto [rc3, out3] = Shell(bin + " local --control 127.0.0.1:99999");
+  EXPECT_EQ(WEXITSTATUS(rc3), 2) << out3;
+  EXPECT_NE(out3.find("bad port '99999' in --control"), std::string::npos) << out3;
 }
 
 }  // namespace

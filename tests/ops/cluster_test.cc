@@ -70,9 +70,9 @@ TEST_F(ClusterTest, FindsTheDeviceConfig) {
   Add(ConfigMap("test", "other-scheduler-device", kLegacyConfig));
   auto ambiguous = FindDeviceConfig(*client_, {});
   EXPECT_EQ(ambiguous.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(
-      ambiguous.status().message().find("several ConfigMaps hold a device-config.yaml key (hami/hami-scheduler-device"),
-      std::string::npos)
+  EXPECT_NE(ambiguous.status().message().find(
+                "several ConfigMaps hold a device-config.yaml key (hami/hami-scheduler-device"),
+            std::string::npos)
       << ambiguous.status();
   auto named = FindDeviceConfig(*client_, {"", "test", "copy"});
   ASSERT_TRUE(named.ok());
