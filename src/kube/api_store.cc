@@ -14,21 +14,6 @@ namespace {
 
 constexpr int64_t kDefaultGracePeriodSeconds = 30;
 
-bool IsDnsSubdomain(std::string_view name) {
-  if (name.empty() || name.size() > 253) return false;
-  auto alnum = [](char c) {
-    return std::islower(static_cast<unsigned char>(c)) ||
-           std::isdigit(static_cast<unsigned char>(c));
-  };
-  if (!alnum(name.front()) || !alnum(name.back())) return false;
-  return std::all_of(name.begin(), name.end(),
-                     [&](char c) { return alnum(c) || c == '-' || c == '.'; });
-}
-
-bool IsDnsLabel(std::string_view name) {
-  return IsDnsSubdomain(name) && name.size() <= 63 && name.find('.') == std::string_view::npos;
-}
-
 std::string QualifiedName(Resource resource, std::string_view name) {
   const ResourceInfo& info = InfoFor(resource);
   if (info.group.empty()) return fmt::format("{} \"{}\"", info.plural, name);

@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
+#include <cctype>
 #include <charconv>
 #include <random>
 
@@ -95,6 +97,21 @@ bool IsBeingDeleted(const Object& obj) { return DeletionTimestamp(obj).has_value
 
 std::string NodeName(const Object& pod) { return StringOf(Field(pod, "spec", "nodeName")); }
 std::string Phase(const Object& pod) { return StringOf(Field(pod, "status", "phase")); }
+
+bool IsDnsSubdomain(std::string_view name) {
+  if (name.empty() || name.size() > 253) return false;
+  auto alnum = [](char c) {
+    return std::islower(static_cast<unsigned char>(c)) ||
+           std::isdigit(static_cast<unsigned char>(c));
+  };
+  if (!alnum(name.front()) || !alnum(name.back())) return false;
+  return std::all_of(name.begin(), name.end(),
+                     [&](char c) { return alnum(c) || c == '-' || c == '.'; });
+}
+
+bool IsDnsLabel(std::string_view name) {
+  return IsDnsSubdomain(name) && name.size() <= 63 && name.find('.') == std::string_view::npos;
+}
 
 std::string ObjectKey(std::string_view ns, std::string_view name) {
   if (ns.empty()) return std::string(name);

@@ -63,6 +63,11 @@ std::string Phase(const Object& pod);     // status.phase
 std::string ObjectKey(const Object& obj);
 std::string ObjectKey(std::string_view ns, std::string_view name);
 
+// Kubernetes object names: a lowercase RFC 1123 subdomain (most objects: at most 253 characters
+// of [a-z0-9.-], alphanumeric at both ends) and label (namespaces: at most 63, no '.').
+bool IsDnsSubdomain(std::string_view name);
+bool IsDnsLabel(std::string_view name);
+
 // Reads a nested string field by JSON pointer ("/spec/nodeName"); "" when absent or not a string.
 std::string StringAt(const Object& obj, std::string_view json_pointer);
 

@@ -11,9 +11,11 @@
 #include <random>
 #include <set>
 
+#include "common/strings.h"
 #include "deviceplugin/device_plugin.h"
 #include "deviceplugin/test_kubelet.h"
 #include "fmt/format.h"
+#include "kube/object.h"
 #include "kube/rest_kube_client.h"
 #include "local/embedded_config.h"
 #include "local/node_agent.h"
@@ -36,34 +38,6 @@ std::string RandomToken() {
   std::string out;
   for (int i = 0; i < 4; ++i) out += fmt::format("{:08x}", rd());
   return out;
-}
-
-bool IsDns1123Label(std::string_view s) {
-  if (s.empty() || s.size() > 63) return false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    const bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
-    if (!alnum && !(c == '-' && i > 0 && i + 1 < s.size())) return false;
-  }
-  return true;
-}
-
-bool IsDns1123Subdomain(std::string_view s) {
-  if (s.empty() || s.size() > 253) return false;
-  size_t start = 0;
-  while (true) {
-    const size_t dot = s.find('.', start);
-    if (!IsDns1123Label(s.substr(start, dot == std::string_view::npos ? s.npos : dot - start)))
-      return false;
-    if (dot == std::string_view::npos) return true;
-    start = dot + 1;
-  }
-}
-
-std::string Trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return std::string(s);
 }
 
 std::string Kubeconfig(const std::string& url, const std::string& token) {
@@ -131,15 +105,16 @@ class KubeletAllocator : public DeviceAllocator {
   deviceplugin::TestKubelet& kubelet_;
 };
 
-// Detaches every simulated process from the GPUs and MIG devices; returns how many.
-int EndLeftoverProcesses(nvml::SimNvml& sim) {
+// Detaches the simulated processes from the GPUs and MIG devices (only from the MIG device
+// `mig_uuid` when given); returns how many.
+int EndProcessesOn(nvml::SimNvml& sim, std::string_view mig_uuid = "") {
   int ended = 0;
   auto count = sim.DeviceCount();
   if (!count.ok()) return 0;
   for (uint32_t g = 0; g < *count; ++g) {
     auto gpu = sim.GetGpu(g);
     if (!gpu.ok()) continue;
-    if (auto procs = sim.GetComputeProcesses(g); procs.ok()) {
+    if (auto procs = sim.GetComputeProcesses(g); procs.ok() && mig_uuid.empty()) {
       for (const auto& p : *procs) ended += sim.DetachProcess(gpu->uuid, p.pid).ok() ? 1 : 0;
     }
     auto gis = sim.ListGpuInstances(g);
@@ -148,6 +123,7 @@ int EndLeftoverProcesses(nvml::SimNvml& sim) {
       auto cis = sim.ListComputeInstances(g, gi.id);
       if (!cis.ok()) continue;
       for (const auto& ci : *cis) {
+        if (!mig_uuid.empty() && ci.mig_uuid != mig_uuid) continue;
         auto procs = sim.GetMigDeviceProcesses(g, gi.id, ci.id);
         if (!procs.ok()) continue;
         for (const auto& p : *procs) ended += sim.DetachProcess(ci.mig_uuid, p.pid).ok() ? 1 : 0;
@@ -162,13 +138,7 @@ int EndLeftoverProcesses(nvml::SimNvml& sim) {
 absl::StatusOr<std::vector<LocalNode>> ParseNodes(std::string_view text) {
   std::vector<LocalNode> nodes;
   std::set<std::string> names;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t comma = text.find(',', start);
-    const std::string item =
-        Trim(text.substr(start, comma == std::string_view::npos ? text.npos : comma - start));
-    start = comma == std::string_view::npos ? text.size() + 1 : comma + 1;
-    if (item.empty()) continue;
+  for (const std::string& item : SplitTrimmed(text, ',')) {
     const size_t eq = item.find('=');
     if (eq == std::string::npos) {
       if (nodes.empty()) {
@@ -180,8 +150,9 @@ absl::StatusOr<std::vector<LocalNode>> ParseNodes(std::string_view text) {
       nodes.back().gpus += "," + item;
       continue;
     }
-    LocalNode node{Trim(item.substr(0, eq)), Trim(item.substr(eq + 1))};
-    if (!IsDns1123Subdomain(node.name)) {
+    LocalNode node{std::string(Trim(std::string_view(item).substr(0, eq))),
+                   std::string(Trim(std::string_view(item).substr(eq + 1)))};
+    if (!kube::IsDnsSubdomain(node.name)) {
       return absl::InvalidArgumentError(fmt::format(
           "--nodes: node name \"{}\" is not a valid Kubernetes name (lower-case letters, digits, "
           "'-' and '.')",
@@ -261,6 +232,7 @@ absl::Status LocalCluster::Init() {
                                                             : options_.device_config_yaml;
   auto device_config = protocol::ParseDeviceConfig(device_config_yaml_);
   if (!device_config.ok()) return device_config.status();
+  device_config_ = *std::move(device_config);
   auto sched_config = ParseSchedulerConfig(options_.scheduler_config_yaml.empty()
                                                ? std::string(kEmbeddedSchedulerConfig)
                                                : options_.scheduler_config_yaml);
@@ -350,7 +322,7 @@ absl::Status LocalCluster::Init() {
     }
     // The workloads of an earlier run ended with it (its API objects are gone too): as after a node
     // reboot, no process is left on the GPUs. The device plugin then finds idle GPUs.
-    if (int ended = EndLeftoverProcesses(*node->workload_nvml); ended > 0) {
+    if (int ended = EndProcessesOn(*node->workload_nvml); ended > 0) {
       Log(fmt::format("{}: {} simulated process(es) of an earlier run ended", node->spec.name,
                       ended));
     }
@@ -466,8 +438,7 @@ absl::StatusOr<std::unique_ptr<kube::KubeClient>> LocalCluster::Client(
 }
 
 absl::Status LocalCluster::StartSchedulerLocked() {
-  auto config = protocol::ParseDeviceConfig(device_config_yaml_);
-  if (!config.ok()) return config.status();
+  const protocol::DeviceConfig* config = &device_config_;
   auto client = Client(kSchedulerUser);
   if (!client.ok()) return client.status();
   scheduler_client_ = std::move(*client);
@@ -515,8 +486,7 @@ absl::Status LocalCluster::StartSchedulerLocked() {
 
 absl::Status LocalCluster::StartDevicePluginLocked(Node& node) {
   if (node.plugin != nullptr) return absl::OkStatus();
-  auto config = protocol::ParseDeviceConfig(device_config_yaml_);
-  if (!config.ok()) return config.status();
+  const protocol::DeviceConfig* config = &device_config_;
   nvml::SimNvmlOptions so;
   so.state_file = nvml_state_file(node.spec.name);
   so.seed = node.spec.name;
@@ -724,6 +694,13 @@ absl::StatusOr<std::vector<LiveInstance>> LocalCluster::Instances(std::string_vi
     }
   }
   return out;
+}
+
+absl::StatusOr<int> LocalCluster::EndProcesses(std::string_view node,
+                                               std::string_view mig_uuid) const {
+  auto sim = OpenNvml(node);
+  if (!sim.ok()) return sim.status();
+  return EndProcessesOn(**sim, mig_uuid);
 }
 
 }  // namespace dynmig::local

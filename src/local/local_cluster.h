@@ -40,6 +40,7 @@
 #include "kube/in_memory_api_server.h"
 #include "kube/kube_client.h"
 #include "nvml/sim_nvml.h"
+#include "protocol/device_config.h"
 #include "scheduler/cluster_state.h"
 
 namespace dynmig::scheduler {
@@ -162,6 +163,9 @@ class LocalCluster {
   // A new simulator object over the node's GPU state file (what `dynmig nvml --sim-state` opens).
   absl::StatusOr<std::unique_ptr<nvml::SimNvml>> OpenNvml(std::string_view node) const;
   std::string nvml_state_file(std::string_view node) const;
+  // The workloads' simulated processes end: every one on the node, or only those on the MIG device
+  // `mig_uuid`. Returns how many. kNotFound for an unknown node.
+  absl::StatusOr<int> EndProcesses(std::string_view node, std::string_view mig_uuid = "") const;
   // Every GI/CI on the node's GPUs, read through a new simulator object (as nvidia-smi would).
   absl::StatusOr<std::vector<LiveInstance>> Instances(std::string_view node) const;
 
@@ -175,7 +179,8 @@ class LocalCluster {
   void Log(const std::string& line) const;
 
   LocalClusterOptions options_;
-  std::string device_config_yaml_;
+  std::string device_config_yaml_;        // what the ConfigMap holds
+  protocol::DeviceConfig device_config_;  // parsed once
   std::string kubeconfig_path_;
   std::string admin_token_;
   std::map<std::string, std::string, std::less<>> tokens_;  // user -> token

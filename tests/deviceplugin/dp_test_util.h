@@ -148,6 +148,11 @@ class PluginTest : public ::testing::Test {
     EXPECT_TRUE(plugin.ok()) << plugin.status();
     if (!plugin.ok()) return nullptr;
     plugin_ = std::move(*plugin);
+    // The background loop runs one cycle at start, then sleeps for reconcile_interval (an hour
+    // here). Wait for that first cycle, so that it cannot race a test's own Reconcile() calls.
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (plugin_->cycles() < 1 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+    EXPECT_GE(plugin_->cycles(), 1u) << "the plugin's first background cycle did not complete";
     EXPECT_TRUE(kubelet_->WaitForRegistrations(++expected_registrations_, absl::Seconds(10)));
     EXPECT_TRUE(kubelet_->WaitForDevices(
         [](const auto& devices) {

@@ -203,19 +203,12 @@ TEST_F(E2eTest, Scenario6_DevicePluginRestartAdoptsRunningWorkloads) {
   EXPECT_NE(FindLive(Live(), b.runtime->mig_uuid), nullptr) << Where() << "keep-b was touched";
 }
 
-// Detaches every simulated process from a MIG device, so that only the plugin's own rules (not
-// NVML's IN_USE) keep the instance alive.
+// Ends the workload on a MIG device, so that only the plugin's own rules (not NVML's IN_USE) keep
+// the instance alive.
 void DetachAll(local::LocalCluster& cluster, const std::string& node, const std::string& mig_uuid) {
-  auto sim = cluster.OpenNvml(node);
-  ASSERT_TRUE(sim.ok()) << sim.status();
-  auto live = cluster.Instances(node);
-  ASSERT_TRUE(live.ok());
-  for (const auto& li : *live) {
-    if (li.mig_uuid != mig_uuid) continue;
-    auto procs = (*sim)->GetMigDeviceProcesses(li.gpu_index, li.gi_id, li.ci_id);
-    ASSERT_TRUE(procs.ok()) << procs.status();
-    for (const auto& p : *procs) ASSERT_TRUE((*sim)->DetachProcess(mig_uuid, p.pid).ok());
-  }
+  auto ended = cluster.EndProcesses(node, mig_uuid);
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  ASSERT_GE(*ended, 1) << "no process ran on " << mig_uuid;
 }
 
 // Scenario 7: an annotation missing or holding only part of its runtime identity fails safe:

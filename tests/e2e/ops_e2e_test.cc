@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "cli/cli.h"
+#include "cli/cli_test_util.h"
 #include "e2e/e2e_test_util.h"
 #include "fmt/format.h"
 #include "kube/api_store.h"
@@ -24,11 +25,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-struct CliResult {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
+using cli::testing::CliResult;
 
 // What HAMi's legacy scheduler writes: a template/slot identity instead of a reservation.
 constexpr const char* kLegacyConfig = R"(nvidia:
@@ -55,12 +52,7 @@ class OpsE2eTest : public E2eTest {
       argv.push_back(cluster_->nvml_endpoint_template());
     }
     argv.insert(argv.end(), args.begin(), args.end());
-    std::ostringstream out, err;
-    CliResult r;
-    r.code = cli::RunCli(argv, out, err);
-    r.out = out.str();
-    r.err = err.str();
-    return r;
+    return cli::testing::RunDynmig(argv);
   }
   // The same with -o json, checking the exit code.
   json CliJson(const std::string& command, std::vector<std::string> args, int want_code) {

@@ -13,6 +13,8 @@
 #include <memory>
 #include <string>
 
+#include "webhook/test_certs.h"
+
 namespace dynmig::kube::testing {
 
 struct KeyAndCert {
@@ -21,16 +23,6 @@ struct KeyAndCert {
   std::string key_pem;
   std::string cert_pem;
 };
-
-inline std::string ToPem(const std::function<int(BIO*)>& write) {
-  BIO* bio = BIO_new(BIO_s_mem());
-  write(bio);
-  char* data = nullptr;
-  const long len = BIO_get_mem_data(bio, &data);
-  std::string out(data, static_cast<size_t>(len));
-  BIO_free(bio);
-  return out;
-}
 
 inline void AddExtension(X509* cert, X509* issuer, int nid, const char* value) {
   X509V3_CTX ctx;
@@ -63,8 +55,8 @@ inline KeyAndCert MakeCert(const std::string& cn, const KeyAndCert* issuer, bool
   if (san != nullptr) AddExtension(cert, issuer_cert, NID_subject_alt_name, san);
   if (usage != nullptr) AddExtension(cert, issuer_cert, NID_ext_key_usage, usage);
   X509_sign(cert, issuer != nullptr ? issuer->key.get() : out.key.get(), EVP_sha256());
-  out.cert_pem = ToPem([&](BIO* b) { return PEM_write_bio_X509(b, cert); });
-  out.key_pem = ToPem([&](BIO* b) {
+  out.cert_pem = dynmig::testing::PemOf([&](BIO* b) { return PEM_write_bio_X509(b, cert); });
+  out.key_pem = dynmig::testing::PemOf([&](BIO* b) {
     return PEM_write_bio_PrivateKey(b, out.key.get(), nullptr, nullptr, 0, nullptr, nullptr);
   });
   return out;

@@ -8,6 +8,7 @@
 
 #include "kube/in_memory_api_server.h"
 #include "kube/rest_kube_client.h"
+#include "local/local_cluster.h"
 #include "local/node_agent.h"
 #include "local/scheduler_loop.h"
 
@@ -80,6 +81,32 @@ class LocalTest : public ::testing::Test {
   std::unique_ptr<kube::InMemoryApiServer> server_;
   std::unique_ptr<kube::RestKubeClient> client_;
 };
+
+TEST(ParseNodesTest, NodesWithTheirGpusAndItemsThatAddGpus) {
+  auto nodes = ParseNodes(" node-a=A100-SXM4-40GBx2 , node-b=H100 80GBx1,A30 ");
+  ASSERT_TRUE(nodes.ok()) << nodes.status();
+  ASSERT_EQ(nodes->size(), 2u);
+  EXPECT_EQ((*nodes)[0].name, "node-a");
+  EXPECT_EQ((*nodes)[0].gpus, "A100-SXM4-40GBx2");
+  EXPECT_EQ((*nodes)[1].name, "node-b");
+  EXPECT_EQ((*nodes)[1].gpus, "H100 80GBx1,A30");
+}
+
+TEST(ParseNodesTest, BadInputNamesTheItem) {
+  auto message = [](std::string_view text) {
+    return std::string(ParseNodes(text).status().message());
+  };
+  EXPECT_EQ(message("A30"),
+            "--nodes: \"A30\" has no node name: write NAME=MODELxCOUNT (e.g. "
+            "node-a=A100-SXM4-40GBx2)");
+  EXPECT_NE(message("Node_A=A30").find("node name \"Node_A\" is not a valid Kubernetes name"),
+            std::string::npos);
+  EXPECT_EQ(message("a=A30,a=A30"), "--nodes: node \"a\" is given twice");
+  EXPECT_EQ(message("a="), "--nodes: node \"a\" has no GPUs (e.g. a=A100-SXM4-40GBx2)");
+  EXPECT_EQ(message(" , "), "--nodes: no node given");
+  EXPECT_NE(message("a=NoSuchGPUx1").find("--nodes: node \"a\": "), std::string::npos)
+      << message("a=NoSuchGPUx1");
+}
 
 TEST(SchedulerConfigTest, ParsesTheExtenderStanza) {
   auto cfg = ParseSchedulerConfig(kConfig);
