@@ -9,6 +9,7 @@
 #include "fmt/format.h"
 #include "mig/catalogue.h"
 #include "mig/planner.h"
+#include "mig/sizing.h"
 #include "nlohmann/json.hpp"
 
 namespace dynmig::cli {
@@ -17,6 +18,7 @@ namespace {
 struct PlanOptions {
   std::string gpu;
   std::string allow;
+  std::string memory_match = "nominal";
   std::string occupied;
   std::string request;
   std::string prefer;
@@ -87,29 +89,23 @@ std::vector<DrawnInstance> Drawn(const mig::Occupancy& occ) {
   return out;
 }
 
-// A hint when a request just misses a profile by its nominal size (20000 MiB vs 3g.20gb's 19968).
-std::string NominalHint(const mig::GpuPlanner& planner, uint64_t mib) {
-  for (uint32_t idx : planner.allowed()) {
-    const auto& p = planner.capability().profiles[idx];
-    auto parsed = mig::ParseProfileName(p.name);
-    if (!parsed.ok()) continue;
-    if (p.memory_mib < mib && uint64_t{parsed->memory_gb} * 1024 >= mib) {
-      return fmt::format(
-          "note: {} has {} MiB (NVML), less than the {} MiB asked; ask for at most {} MiB to get "
-          "it",
-          p.name, p.memory_mib, mib, p.memory_mib);
-    }
-  }
-  return "";
-}
-
 int RunPlan(const PlanOptions& o, CliContext& ctx) {
   auto model = mig::FindModel(o.gpu);
   if (!model.ok()) {
     ctx.err << "dynmig plan: " << model.status().message() << "\n";
     return kExitBadInput;
   }
-  const mig::GpuCapability& cap = (*model)->capability;
+  mig::MemoryMatch match = mig::MemoryMatch::kNominal;
+  if (o.memory_match == "nvml") {
+    match = mig::MemoryMatch::kNvml;
+  } else if (o.memory_match != "nominal") {
+    ctx.err << fmt::format(
+        "dynmig plan: --memory-match: must be \"nominal\" or \"nvml\", got \"{}\"\n",
+        o.memory_match);
+    return kExitBadInput;
+  }
+  mig::GpuCapability cap = (*model)->capability;
+  mig::ApplyMemoryMatch(cap, match);
   std::vector<std::string> allowed;
   if (o.allow.empty()) {
     for (const auto& p : cap.profiles) allowed.push_back(p.name);
@@ -190,14 +186,15 @@ int RunPlan(const PlanOptions& o, CliContext& ctx) {
     for (size_t i = 0; i < plan.instances.size(); ++i) {
       const auto& inst = plan.instances[i];
       const auto& spec = cap.profiles[inst.profile_index];
-      ctx.out << fmt::format("instance {}: {} ({} MiB) at slices {}\n", i, spec.name,
-                             spec.memory_mib, inst.placement.ToString());
+      ctx.out << fmt::format("instance {}: {} ({} MiB in NVML, covers {} MiB) at slices {}\n", i,
+                             spec.name, spec.memory_mib, spec.SizingMib(),
+                             inst.placement.ToString());
     }
     if (plan.used_preference) ctx.out << "the preferred profile was used\n";
   }
   for (uint64_t m : *requests) {
-    const std::string hint = NominalHint(p, m);
-    if (!hint.empty()) ctx.out << hint << "\n";
+    const auto note = mig::SizingNote(cap, allowed, m, preference, match, "the request of");
+    if (note.has_value()) ctx.out << "note: " << *note << "\n";
   }
   return kExitOk;
 }
@@ -248,6 +245,10 @@ void RegisterPlanCommand(CLI::App& root, CliContext& ctx) {
       "plan", "Show which MIG profile and placement the planner picks for one container on a GPU");
   cmd->add_option("--gpu", opts->gpu, "GPU model, matched like the allowlist (A100-SXM4-40GB)");
   cmd->add_option("--allow", opts->allow, "Allowlisted profiles, comma-separated (default: all)");
+  cmd->add_option("--memory-match", opts->memory_match,
+                  "How a request is sized: nominal (a profile covers the GB of its name x 1024) or "
+                  "nvml (the memory NVML reports); device-config.yaml nvidia.migMemoryMatch")
+      ->capture_default_str();
   cmd->add_option("--occupied", opts->occupied,
                   "Reserved instances, comma-separated PROFILE@START (3g.20gb@4)");
   cmd->add_option("--request", opts->request,

@@ -94,11 +94,13 @@ int RunScheduler(const SchedulerFlags& flags, CliContext& ctx) {
   options.tls_cert_file = flags.tls_cert;
   options.tls_key_file = flags.tls_key;
   options.state.allowlist = config->allowlist;
+  options.state.memory_match = config->memory_match;
   options.state.resources = config->resources;
   options.extender.reservation_ttl = ttl;
   options.expiry_interval = expiry_interval;
   options.admission.scheduler_name = flags.scheduler_name;
   options.admission.allowlist = config->allowlist;
+  options.admission.memory_match = config->memory_match;
   options.admission.annotation_writers = SplitTrimmed(flags.annotation_writers, ',');
   options.pod_name = Env("POD_NAME");
   options.pod_namespace = Env("POD_NAMESPACE");

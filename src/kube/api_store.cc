@@ -6,6 +6,8 @@
 #include <cctype>
 #include <charconv>
 
+#include "common/quantity.h"
+#include "common/status_macros.h"
 #include "kube/api_status.h"
 #include "kube/patch.h"
 
@@ -64,21 +66,36 @@ void KeepSystemMetadata(const Object& old_obj, Object* obj) {
   }
 }
 
-// The API server stores resource quantities as strings ("2", "500m"); so does this store, so
-// code tested here sees what a real cluster sends.
-void NormalizeQuantities(Object* map) {
-  if (map == nullptr || !map->is_object()) return;
+// The API server decodes every resource quantity and serves it canonically ("8000" and 8000 as
+// "8k", 0.5 as "500m", "1024Mi" as "1Gi"); so does this store, so code tested here sees what a
+// real cluster sends. A value that is not a quantity fails the request, as there.
+absl::Status CanonicalizeQuantityMap(Object* map, std::string_view kind) {
+  if (map == nullptr || !map->is_object()) return absl::OkStatus();
   for (auto& [key, value] : map->items()) {
+    std::string text;
     if (value.is_number_integer() || value.is_number_unsigned()) {
-      value = value.dump();
+      text = value.dump();
     } else if (value.is_number_float()) {
-      const double v = value.get<double>();
-      const double milli = v * 1000;
-      value = milli == static_cast<double>(static_cast<int64_t>(v)) * 1000
-                  ? std::to_string(static_cast<int64_t>(v))
-                  : fmt::format("{}m", static_cast<int64_t>(milli + (milli >= 0 ? 0.5 : -0.5)));
+      text = fmt::format("{}", value.get<double>());
+    } else if (value.is_string()) {
+      text = value.get<std::string>();
+    } else {
+      return ApiError(400, "BadRequest",
+                      fmt::format("{} in version \"v1\" cannot be handled as a {}: {}: {} is not "
+                                  "a quantity",
+                                  kind, kind, key, value.dump()));
     }
+    auto canonical = CanonicalizeQuantity(text);
+    if (!canonical.ok()) {
+      return ApiError(400, "BadRequest",
+                      fmt::format("{} in version \"v1\" cannot be handled as a {}: {}: quantities "
+                                  "must match the regular expression "
+                                  "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$' ({})",
+                                  kind, kind, key, std::string(canonical.status().message())));
+    }
+    value = *std::move(canonical);
   }
+  return absl::OkStatus();
 }
 
 Object* Find(Object* obj, std::string_view key) {
@@ -87,7 +104,9 @@ Object* Find(Object* obj, std::string_view key) {
   return it == obj->end() ? nullptr : &*it;
 }
 
-void NormalizeObject(Resource resource, Object* obj) {
+}  // namespace
+
+absl::Status CanonicalizeQuantities(Resource resource, Object* obj) {
   if (resource == Resource::kPods) {
     Object* spec = Find(obj, "spec");
     for (const char* list : {"containers", "initContainers"}) {
@@ -95,16 +114,20 @@ void NormalizeObject(Resource resource, Object* obj) {
       if (containers == nullptr || !containers->is_array()) continue;
       for (auto& c : *containers) {
         Object* resources = Find(&c, "resources");
-        NormalizeQuantities(Find(resources, "limits"));
-        NormalizeQuantities(Find(resources, "requests"));
+        DYNMIG_RETURN_IF_ERROR(CanonicalizeQuantityMap(Find(resources, "limits"), "Pod"));
+        DYNMIG_RETURN_IF_ERROR(CanonicalizeQuantityMap(Find(resources, "requests"), "Pod"));
       }
     }
+    DYNMIG_RETURN_IF_ERROR(CanonicalizeQuantityMap(Find(spec, "overhead"), "Pod"));
   } else if (resource == Resource::kNodes) {
     Object* status = Find(obj, "status");
-    NormalizeQuantities(Find(status, "capacity"));
-    NormalizeQuantities(Find(status, "allocatable"));
+    DYNMIG_RETURN_IF_ERROR(CanonicalizeQuantityMap(Find(status, "capacity"), "Node"));
+    DYNMIG_RETURN_IF_ERROR(CanonicalizeQuantityMap(Find(status, "allocatable"), "Node"));
   }
+  return absl::OkStatus();
 }
+
+namespace {
 
 bool HasStatusSubresource(Resource r) {
   return r == Resource::kPods || r == Resource::kNodes || r == Resource::kNamespaces;
@@ -312,7 +335,7 @@ absl::StatusOr<Object> ApiStore::CreateLocked(Resource resource, std::string_vie
        {"deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion", "selfLink"}) {
     meta.erase(field);
   }
-  NormalizeObject(resource, &obj);
+  if (auto st = CanonicalizeQuantities(resource, &obj); !st.ok()) return st;
   meta["uid"] = NewUid();
   meta["creationTimestamp"] = Rfc3339(Now());
   meta["generation"] = 1;
@@ -482,7 +505,7 @@ absl::StatusOr<Object> ApiStore::UpdateLocked(Resource resource, std::string_vie
     if (resource == Resource::kNamespaces) next["spec"] = old_obj.value("spec", Object::object());
   }
   next["metadata"]["resourceVersion"] = ResourceVersion(old_obj);
-  NormalizeObject(resource, &next);
+  if (auto st = CanonicalizeQuantities(resource, &next); !st.ok()) return st;
   if (next == old_obj) return old_obj;  // no-op: no new resourceVersion, no event
   if (subresource.empty() && next.value("spec", Object()) != old_obj.value("spec", Object())) {
     next["metadata"]["generation"] = old_obj["metadata"].value("generation", 1) + 1;

@@ -52,6 +52,12 @@ struct ApiStoreOptions {
   size_t max_continuations = 64;                   // snapshots kept for paginated lists
 };
 
+// Decodes every resource quantity of a Pod (containers' and init containers' limits and requests,
+// overhead) or Node (capacity, allocatable) and writes it in the API server's canonical form
+// (8000 -> "8k"), as kube-apiserver does before admission and storage. A value that is not a
+// quantity is a 400 BadRequest naming it. Other resources are left as they are.
+absl::Status CanonicalizeQuantities(Resource resource, Object* obj);
+
 struct ListQuery {
   std::string ns{};  // "" = all namespaces
   std::string label_selector{};

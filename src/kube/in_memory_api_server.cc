@@ -1009,7 +1009,8 @@ void InMemoryApiServer::Serve(const httplib::Request& req, httplib::Response& re
     if (req.has_param("fieldManager")) options["fieldManager"] = Param(req, "fieldManager");
     return options;
   };
-  // The object as admission sees it: kind, apiVersion and namespace filled in.
+  // The object as admission sees it: kind, apiVersion and namespace filled in (quantities are
+  // canonical already: the real server decodes the body first, so webhooks get "8k" for 8000).
   const auto complete = [&](Object obj) {
     if (!obj.is_object()) return obj;
     if (!obj.contains("kind")) obj["kind"] = info.kind;
@@ -1033,6 +1034,9 @@ void InMemoryApiServer::Serve(const httplib::Request& req, httplib::Response& re
 
   if (req.method == "POST") {
     if (!body) return SendError(res, ApiError(400, "BadRequest", "the request body is empty"));
+    if (auto st = CanonicalizeQuantities(route->resource, &*body); !st.ok()) {
+      return SendError(res, st);
+    }
     if (is_collection) {
       attrs.operation = "CREATE";
       attrs.name = body->is_object() ? Name(*body) : "";
@@ -1062,6 +1066,9 @@ void InMemoryApiServer::Serve(const httplib::Request& req, httplib::Response& re
   }
   if (req.method == "PUT") {
     if (!body) return SendError(res, ApiError(400, "BadRequest", "the request body is empty"));
+    if (auto st = CanonicalizeQuantities(route->resource, &*body); !st.ok()) {
+      return SendError(res, st);
+    }
     attrs.operation = "UPDATE";
     std::vector<AdmissionWebhook> hooks = MatchingWebhooks(attrs);
     if (!hooks.empty()) {
@@ -1109,6 +1116,7 @@ void InMemoryApiServer::Serve(const httplib::Request& req, httplib::Response& re
         [&](const Object& current, const Object& next) {
           attrs.old_object = current;
           attrs.object = next;
+          (void)CanonicalizeQuantities(route->resource, &attrs.object);
           warnings.clear();
           return RunAdmission(hooks, attrs, &warnings);
         },

@@ -65,9 +65,9 @@ class Demo {
     Layout();
 
     // 3. Mixed profiles, side by side.
-    Step("3. mixed profiles: 1g (4000 MiB), 2g (9000 MiB) and 3g (19000 MiB) pods");
+    Step("3. mixed profiles: 1g (5000 MiB), 2g (10000 MiB) and 3g (20000 MiB) pods");
     for (const auto& [name, mib] : std::vector<std::pair<std::string, int64_t>>{
-             {"small-1g", 4000}, {"medium-2g", 9000}, {"large-3g", 19000}}) {
+             {"small-1g", 5000}, {"medium-2g", 10000}, {"large-3g", 20000}}) {
       if (auto st = Create(MigPod(ns, name, mib)); !st.ok()) return st;
     }
     for (const char* name : {"small-1g", "medium-2g", "large-3g"}) {
@@ -80,8 +80,8 @@ class Demo {
     Layout();
 
     // 4. Preference: honored, and a typo refused at admission.
-    Step("4. nvidia.com/mig-profile-preference: \"4g\" on a 19000 MiB pod; then a typo");
-    if (auto st = Create(MigPod(ns, "prefer-4g", 19000, "4g")); !st.ok()) return st;
+    Step("4. nvidia.com/mig-profile-preference: \"4g\" on a 20000 MiB pod; then a typo");
+    if (auto st = Create(MigPod(ns, "prefer-4g", 20000, "4g")); !st.ok()) return st;
     auto prefer = WaitRunning("prefer-4g");
     if (!prefer.ok()) return prefer.status();
     auto prefer_id = CheckIdentity(*prefer);
@@ -93,7 +93,7 @@ class Demo {
       Ok("got " + prefer_id->profile + ", not the default smallest profile");
     }
     running_["prefer-4g"] = *prefer_id;
-    auto typo = client_->CreatePod(MigPod(ns, "prefer-typo", 19000, "4gg"));
+    auto typo = client_->CreatePod(MigPod(ns, "prefer-typo", 20000, "4gg"));
     if (typo.ok()) return Failed("the webhook accepted the preference \"4gg\"");
     Ok(fmt::format("refused at creation: {}", std::string(typo.status().message())));
     Layout();

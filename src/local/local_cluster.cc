@@ -446,11 +446,13 @@ absl::Status LocalCluster::StartSchedulerLocked() {
   o.host = "127.0.0.1";
   o.port = scheduler_port_;  // a restarted scheduler keeps its address (webhooks, kube-scheduler)
   o.state.allowlist = config->allowlist;
+  o.state.memory_match = config->memory_match;
   o.state.resources = config->resources;
   o.extender.resources = config->resources;
   o.extender.reservation_ttl = options_.reservation_ttl;
   o.expiry_interval = options_.expiry_interval;
   o.admission.allowlist = config->allowlist;
+  o.admission.memory_match = config->memory_match;
   o.admission.resources = config->resources;
   o.admission.annotation_writers = {std::string(kSchedulerUser), std::string(kDevicePluginUser)};
   o.threads = 8;

@@ -120,9 +120,9 @@ absl::StatusOr<std::shared_ptr<const GpuPlanner>> GpuPlanner::Create(
   bool first = true;
   for (uint32_t idx : planner->allowed_) {
     const auto& p = profiles[idx];
-    const bool reachable = first || p.memory_mib > prev_memory;
+    const bool reachable = first || p.SizingMib() > prev_memory;
     first = false;
-    prev_memory = std::max(prev_memory, p.memory_mib);
+    prev_memory = std::max(prev_memory, p.SizingMib());
     std::vector<SliceMask> masks;
     for (const auto& pl : p.placements) masks.push_back(pl.Mask());
     std::sort(masks.begin(), masks.end());
@@ -166,7 +166,7 @@ absl::StatusOr<std::shared_ptr<const GpuPlanner>> GpuPlanner::Create(
   }
   for (uint32_t idx : planner->allowed_) {
     const auto& spec = profiles[idx];
-    planner->allowed_memory_.push_back(spec.memory_mib);
+    planner->allowed_memory_.push_back(spec.SizingMib());
     if (spec.instance_count < spec.placements.size()) planner->count_limited_.push_back(idx);
   }
   if (units_axis <= 16 && !planner->allowed_.empty()) {
@@ -312,7 +312,7 @@ uint64_t GpuPlanner::FragmentationScore(SliceMask free) const {
 void GpuPlanner::DefaultCandidates(uint64_t memory, std::vector<uint32_t>& out) const {
   out.clear();
   for (uint32_t idx : allowed_) {
-    if (capability_.profiles[idx].memory_mib >= memory) out.push_back(idx);
+    if (capability_.profiles[idx].SizingMib() >= memory) out.push_back(idx);
   }
 }
 
@@ -322,7 +322,7 @@ void GpuPlanner::PreferredCandidates(uint64_t memory, const Preference& preferen
   for (const auto& entry : preference.entries) {
     for (uint32_t idx : allowed_) {
       const auto& p = capability_.profiles[idx];
-      if (p.memory_mib < memory || !PreferenceEntryMatches(entry, p.name)) continue;
+      if (p.SizingMib() < memory || !PreferenceEntryMatches(entry, p.name)) continue;
       if (std::find(out.begin(), out.end(), idx) == out.end()) out.push_back(idx);
     }
   }
@@ -546,13 +546,14 @@ GpuPlan GpuPlanner::Plan(const GpuUsage& usage, std::span<const uint64_t> memori
       if (!explain) return plan;
       const auto& largest =
           *std::max_element(allowed_.begin(), allowed_.end(), [&](uint32_t a, uint32_t b) {
-            return capability_.profiles[a].memory_mib < capability_.profiles[b].memory_mib;
+            return capability_.profiles[a].SizingMib() < capability_.profiles[b].SizingMib();
           });
+      const auto& big = capability_.profiles[largest];
       plan.verdict = Verdict::kNoProfileBigEnough;
-      plan.reason =
-          fmt::format("no allowlisted profile on {} has {} MiB; the largest is {} with {} MiB",
-                      capability_.model, memories_mib[i], capability_.profiles[largest].name,
-                      capability_.profiles[largest].memory_mib);
+      plan.reason = fmt::format(
+          "no allowlisted profile on {} covers {} MiB; the largest is {} ({} MiB{})",
+          capability_.model, memories_mib[i], big.name, big.SizingMib(),
+          big.SizingMib() == big.memory_mib ? "" : fmt::format(", {} MiB in NVML", big.memory_mib));
       return plan;
     }
   }

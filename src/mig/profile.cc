@@ -59,6 +59,25 @@ std::string_view SliceClass(std::string_view name) {
   return name.substr(0, dot);
 }
 
+std::string_view MemoryMatchName(MemoryMatch m) {
+  return m == MemoryMatch::kNvml ? "nvml" : "nominal";
+}
+
+uint64_t NominalMemoryMib(std::string_view profile_name) {
+  auto parsed = ParseProfileName(profile_name);
+  return parsed.ok() ? uint64_t{parsed->memory_gb} * 1024 : 0;
+}
+
+uint64_t ProfileSpec::SizingMib() const {
+  if (sizing_mib != 0) return sizing_mib;
+  const uint64_t nominal = NominalMemoryMib(name);
+  return nominal != 0 ? nominal : memory_mib;
+}
+
+void ApplyMemoryMatch(GpuCapability& cap, MemoryMatch match) {
+  for (auto& p : cap.profiles) p.sizing_mib = match == MemoryMatch::kNvml ? p.memory_mib : 0;
+}
+
 bool ProfileSpec::IsLegal(const Placement& p) const {
   return std::find(placements.begin(), placements.end(), p) != placements.end();
 }
@@ -77,6 +96,7 @@ uint64_t GpuCapability::FullProfileMemory() const {
 }
 
 bool DefaultProfileLess(const ProfileSpec& a, const ProfileSpec& b) {
+  if (a.SizingMib() != b.SizingMib()) return a.SizingMib() < b.SizingMib();
   if (a.memory_mib != b.memory_mib) return a.memory_mib < b.memory_mib;
   if (a.compute_slices != b.compute_slices) return a.compute_slices < b.compute_slices;
   if (a.memory_slices != b.memory_slices) return a.memory_slices < b.memory_slices;

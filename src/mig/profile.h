@@ -29,6 +29,23 @@ absl::StatusOr<ProfileName> ParseProfileName(std::string_view name);
 // without '.' is its own class.
 std::string_view SliceClass(std::string_view name);
 
+// How a memory request (nvidia.com/gpumem, MiB) is matched against a profile
+// (device-config.yaml `nvidia.migMemoryMatch`).
+enum class MemoryMatch {
+  // A profile covers up to its nominal memory: the GB of its name x 1024 MiB (3g.20gb: 20480),
+  // as HAMi's geometry tables and the migration guide size profiles. The default.
+  kNominal,
+  // A profile covers up to the memory NVML reports for it (3g.20gb on an A100-40GB: 19968 MiB):
+  // a pod never gets less than it asked, at the price of larger profiles for round requests.
+  kNvml,
+};
+
+// "nominal" / "nvml".
+std::string_view MemoryMatchName(MemoryMatch m);
+
+// The nominal memory of a profile name in MiB (the <m> of "<m>gb" x 1024); 0 when unparsable.
+uint64_t NominalMemoryMib(std::string_view profile_name);
+
 // One GPU instance profile as NVML reports it.
 struct ProfileSpec {
   std::string name;             // exact name, e.g. "3g.20gb"
@@ -46,8 +63,14 @@ struct ProfileSpec {
   uint32_t ofas = 0;
   std::vector<Placement> placements;  // legal placements, as NVML lists them
   bool memory_derived = false;        // catalogue only: memory not observed, derived
+  // The most memory a request may ask of this profile (see MemoryMatch); 0 = nominal (the
+  // default). Set by ApplyMemoryMatch.
+  uint64_t sizing_mib = 0;
 
   bool IsLegal(const Placement& p) const;
+  // What sizing compares a request with: sizing_mib, else the nominal memory (memory_mib when the
+  // name has none).
+  uint64_t SizingMib() const;
 };
 
 // What one GPU can do.
@@ -65,7 +88,11 @@ struct GpuCapability {
   uint64_t FullProfileMemory() const;
 };
 
-// The default order among profiles that cover a request: less memory first, then fewer compute
+// Sets every profile's sizing memory for `match`.
+void ApplyMemoryMatch(GpuCapability& cap, MemoryMatch match);
+
+// The default order among profiles that cover a request: less memory first (sizing memory, then
+// NVML's), then fewer compute
 // slices (so 20 GB on an A100-40GB is 3g.20gb, not 4g.20gb), then base profiles before variants
 // (1g.5gb before 1g.5gb+me), then by name.
 bool DefaultProfileLess(const ProfileSpec& a, const ProfileSpec& b);

@@ -76,7 +76,7 @@ std::string ScheduledCondition(const Object& pod) {
 int CoveringProfile(const mig::GpuPlanner& planner, const mig::MemoryRequest& m) {
   const uint64_t want = mig::ResolveMemory(m.mib, m.percent, planner.capability());
   for (uint32_t idx : planner.allowed()) {
-    if (planner.capability().profiles[idx].memory_mib >= want) return static_cast<int>(idx);
+    if (planner.capability().profiles[idx].SizingMib() >= want) return static_cast<int>(idx);
   }
   return -1;
 }
@@ -323,7 +323,7 @@ absl::StatusOr<CommandOutput> RunExplain(kube::KubeClient& client, const Explain
       for (const auto& g : v->gpus) {
         if (g.planner == nullptr) continue;
         for (uint32_t idx : g.planner->allowed()) {
-          sizes.insert(g.planner->capability().profiles[idx].memory_mib);
+          sizes.insert(g.planner->capability().profiles[idx].SizingMib());
         }
       }
     }
@@ -367,7 +367,7 @@ absl::StatusOr<CommandOutput> RunExplain(kube::KubeClient& client, const Explain
           for (uint32_t idx : g.planner->allowed()) {
             const auto& spec = g.planner->capability().profiles[idx];
             mig::Placement where;
-            if (spec.memory_mib < want || !HasFreePlacement(*g.planner, g.usage, idx, &where)) {
+            if (spec.SizingMib() < want || !HasFreePlacement(*g.planner, g.usage, idx, &where)) {
               continue;
             }
             const std::string cls(mig::SliceClass(spec.name));

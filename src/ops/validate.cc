@@ -464,12 +464,12 @@ void ValidatePod(const ClusterSnapshot& snapshot, const Object& pod,
         continue;
       }
       const uint64_t want = mig::ResolveMemory(c.memory.mib, c.memory.percent, cap);
-      if (spec->memory_mib < want) {
-        bad.push_back(fmt::format("{}: {} has {} MiB, container \"{}\" asks for {} MiB",
-                                  AllocName(a), a.profile, spec->memory_mib, c.name, want));
+      if (spec->SizingMib() < want) {
+        bad.push_back(fmt::format("{}: {} covers {} MiB, container \"{}\" asks for {} MiB",
+                                  AllocName(a), a.profile, spec->SizingMib(), c.name, want));
       } else {
-        good.push_back(fmt::format("container \"{}\": {} ({} MiB) covers {} MiB", c.name, a.profile,
-                                   spec->memory_mib, want));
+        good.push_back(fmt::format("container \"{}\": {} ({} MiB in NVML) covers {} MiB", c.name,
+                                   a.profile, spec->memory_mib, want));
       }
     }
     for (size_t i = 0; i < request->containers.size(); ++i) {

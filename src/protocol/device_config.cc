@@ -174,6 +174,17 @@ absl::StatusOr<DeviceConfig> ParseNvidia(const YAML::Node& root) {
                           UintValue(Child(nvidia, "defaultGPUNum"), "nvidia.defaultGPUNum",
                                     cfg.resources.default_count));
 
+  std::string match;
+  DYNMIG_RETURN_IF_ERROR(ParseResourceName(nvidia, "migMemoryMatch", match));
+  if (match == "nvml") {
+    cfg.memory_match = mig::MemoryMatch::kNvml;
+  } else if (!match.empty() && match != "nominal") {
+    return FieldError("nvidia.migMemoryMatch",
+                      fmt::format("must be \"nominal\" (a profile covers the GB of its name) or "
+                                  "\"nvml\" (the memory NVML reports), got \"{}\"",
+                                  match));
+  }
+
   const YAML::Node allowlist = Child(nvidia, "migProfileAllowlist");
   DYNMIG_ASSIGN_OR_RETURN(auto entries, SequenceItems(allowlist, kAllowlistPath));
   for (size_t i = 0; i < entries.size(); ++i) {
@@ -395,6 +406,7 @@ std::string DefaultDeviceConfigYaml() {
   e << YAML::Key << "resourceMemoryPercentageName" << YAML::Value << names.memory_percentage;
   e << YAML::Key << "resourceCoreName" << YAML::Value << names.cores;
   e << YAML::Key << "defaultGPUNum" << YAML::Value << names.default_count;
+  e << YAML::Key << "migMemoryMatch" << YAML::Value << "nominal";
   e << YAML::Key << "migProfileAllowlist" << YAML::Value << YAML::BeginSeq;
   for (const auto& entry : DefaultAllowlist().entries) {
     e << YAML::BeginMap;

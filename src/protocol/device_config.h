@@ -4,6 +4,7 @@
 //
 //   nvidia:
 //     resourceCountName: nvidia.com/gpu
+//     migMemoryMatch: nominal            # or nvml
 //     migProfileAllowlist:
 //       - models: ["A100-SXM4-40GB", "A100-PCIE-40GB"]
 //         profiles: ["1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"]
@@ -25,6 +26,10 @@ struct DeviceConfig {
   std::vector<mig::LegacyGeometryEntry> legacy_geometries;  // nvidia.knownMigGeometries
   ResourceNames
       resources;  // nvidia.resource{Count,Memory,MemoryPercentage,Core}Name, defaultGPUNum
+  // nvidia.migMemoryMatch: "nominal" (default: 20000 MiB fits 3g.20gb, 20 GB x 1024) or "nvml"
+  // (never less than NVML's memory: 20000 MiB needs 7g.40gb on an A100-40GB, whose 3g.20gb has
+  // 19968 MiB).
+  mig::MemoryMatch memory_match = mig::MemoryMatch::kNominal;
   // Notes that do not make the file invalid: legacy geometries present (not used: run
   // `dynmig config migrate`), no allowlist (no MIG profile will be offered).
   std::vector<std::string> warnings;

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "absl/status/status.h"
+#include "common/quantity.h"
 #include "common/status_macros.h"
 #include "common/strings.h"
 #include "fmt/format.h"
@@ -24,48 +25,77 @@ const json* Member(const json& obj, const char* key) {
   return &*it;
 }
 
-// A resource quantity as a plain integer.
-absl::StatusOr<int64_t> QuantityValue(const json& v, std::string_view where) {
-  if (v.is_number_integer()) {
-    if (v.is_number_unsigned()) {
-      const uint64_t u = v.get<uint64_t>();
-      if (u > static_cast<uint64_t>(kMaxValue)) {
-        return absl::InvalidArgumentError(fmt::format("{}: {} is too large", where, u));
-      }
-      return static_cast<int64_t>(u);
+// What to write instead of a binary-suffixed quantity: for the memory resource (MiB), the same
+// size in MiB when it is whole ("8Gi" -> 8192); otherwise a plain count.
+std::string BinaryHint(const Quantity& q, bool mebibytes) {
+  if (mebibytes) {
+    if (auto bytes = q.AsInt64(); bytes && *bytes % (1 << 20) == 0) {
+      return fmt::format("it counts MiB: write {} for {}", *bytes / (1 << 20),
+                         CanonicalQuantity(q));
     }
-    const int64_t i = v.get<int64_t>();
-    if (i < 0) return absl::InvalidArgumentError(fmt::format("{}: {} is negative", where, i));
-    if (i > kMaxValue)
-      return absl::InvalidArgumentError(fmt::format("{}: {} is too large", where, i));
-    return i;
+    return "it counts MiB: write the size in MiB as a plain number";
   }
-  if (v.is_string()) {
+  return "write a plain number";
+}
+
+// A resource value: a JSON integer, or a Kubernetes quantity string that is a whole number in
+// decimal form. The API server serves quantities canonically ("8000" as "8k", "20000" as "20k"),
+// so every decimal form is read; binary suffixes and fractions are refused with what to write.
+absl::StatusOr<int64_t> QuantityValue(const json& v, std::string_view where, bool mebibytes) {
+  std::optional<int64_t> value;
+  std::string shown;
+  if (v.is_number_integer() && !v.is_number_unsigned()) {
+    value = v.get<int64_t>();
+    shown = v.dump();
+  } else if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(kMaxValue)) {
+      return absl::InvalidArgumentError(fmt::format("{}: {} is too large", where, u));
+    }
+    value = static_cast<int64_t>(u);
+    shown = v.dump();
+  } else if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (d != static_cast<double>(static_cast<int64_t>(d))) {
+      return absl::InvalidArgumentError(fmt::format(
+          "{}: {} is not a whole number: write a whole number such as {}", where, v.dump(),
+          static_cast<int64_t>(d) + (d > 0 ? 1 : 0)));
+    }
+    value = static_cast<int64_t>(d);
+    shown = v.dump();
+  } else if (v.is_string()) {
     const std::string s = v.get<std::string>();
-    std::string_view t = Trim(s);
-    int64_t value = 0;
-    const char* end = t.data() + t.size();
-    auto [ptr, ec] = std::from_chars(t.data(), end, value);
-    if (t.empty() || ec != std::errc() || ptr != end) {
-      if (ec == std::errc::result_out_of_range) {
-        return absl::InvalidArgumentError(fmt::format("{}: \"{}\" is too large", where, s));
-      }
-      return absl::InvalidArgumentError(fmt::format("{}: \"{}\" is not a plain integer", where, s));
+    shown = fmt::format("\"{}\"", s);
+    auto q = ParseQuantity(s);
+    if (!q.ok()) return absl::InvalidArgumentError(fmt::format("{}: {}", where, std::string(q.status().message())));
+    if (q->format == QuantityFormat::kBinarySI) {
+      return absl::InvalidArgumentError(fmt::format("{}: {} has a binary suffix; {}", where,
+                                                    shown, BinaryHint(*q, mebibytes)));
     }
-    if (value < 0)
-      return absl::InvalidArgumentError(fmt::format("{}: \"{}\" is negative", where, s));
-    if (value > kMaxValue) {
-      return absl::InvalidArgumentError(fmt::format("{}: \"{}\" is too large", where, s));
+    if (!q->IsInteger()) {
+      return absl::InvalidArgumentError(
+          fmt::format("{}: {} is not a whole number: write a whole number such as {}", where,
+                      shown, q->Ceil()));
     }
-    return value;
+    value = q->AsInt64();
+    if (!value.has_value()) {
+      return absl::InvalidArgumentError(fmt::format("{}: {} is too large", where, shown));
+    }
+  } else {
+    return absl::InvalidArgumentError(fmt::format("{}: {} is not an integer", where, v.dump()));
   }
-  return absl::InvalidArgumentError(fmt::format("{}: {} is not an integer", where, v.dump()));
+  if (*value < 0) return absl::InvalidArgumentError(fmt::format("{}: {} is negative", where, shown));
+  if (*value > kMaxValue) {
+    return absl::InvalidArgumentError(fmt::format("{}: {} is too large", where, shown));
+  }
+  return *value;
 }
 
 // The value of `resource` in the container's limits, else its requests; nullopt when absent.
 absl::StatusOr<std::optional<int64_t>> ResourceValue(const json& container,
                                                      const std::string& resource,
-                                                     const std::string& who) {
+                                                     const std::string& who,
+                                                     bool mebibytes = false) {
   const json* resources = Member(container, "resources");
   if (resources == nullptr) return std::optional<int64_t>();
   for (const char* section : {"limits", "requests"}) {
@@ -77,7 +107,7 @@ absl::StatusOr<std::optional<int64_t>> ResourceValue(const json& container,
     }
     if (const json* v = Member(*list, resource.c_str())) {
       DYNMIG_ASSIGN_OR_RETURN(int64_t value,
-                              QuantityValue(*v, fmt::format("{}: {}", who, resource)));
+                              QuantityValue(*v, fmt::format("{}: {}", who, resource), mebibytes));
       return std::optional<int64_t>(value);
     }
   }
@@ -115,7 +145,7 @@ absl::StatusOr<mig::ContainerRequest> ParseContainer(const json& c, const std::s
   std::optional<int64_t> percent;
   std::optional<int64_t> cores;
   if (!names.memory.empty()) {
-    DYNMIG_ASSIGN_OR_RETURN(memory, ResourceValue(c, names.memory, who));
+    DYNMIG_ASSIGN_OR_RETURN(memory, ResourceValue(c, names.memory, who, /*mebibytes=*/true));
   }
   if (!names.memory_percentage.empty()) {
     DYNMIG_ASSIGN_OR_RETURN(percent, ResourceValue(c, names.memory_percentage, who));

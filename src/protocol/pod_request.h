@@ -29,8 +29,10 @@ struct ResourceNames {
 };
 
 // Builds the request of `pod`. Per container, each resource is read from `limits`, else from
-// `requests`. Values are JSON numbers or strings holding a plain decimal integer (Kubernetes
-// quantities with suffixes such as "8Gi" are refused: HAMi reads these resources as plain numbers).
+// `requests`. Values are JSON numbers or Kubernetes quantity strings that are whole numbers in
+// decimal form: "8000", "8k" (how the API server serves 8000), "8e3". Binary suffixes ("8Gi": these
+// resources count MiB, instances and percents, not bytes) and fractions ("0.5", "500m") are refused
+// with what to write instead.
 // Rules:
 //   - count >= 0; memory >= 0 MiB (0 = unset: the whole GPU); percentage in 1..100; cores in
 //     0..100 (validated, not used to choose a profile);
@@ -44,7 +46,8 @@ struct ResourceNames {
 // warning; anything else is an error; hami.io/node-scheduler-policy: binpack (default) or spread,
 // anything else is an error; use/nouse GPU UUID and type: comma lists, trimmed;
 // nvidia.com/vgpu-mode: trimmed. Errors are kInvalidArgument and name the container and resource,
-// e.g. `container "workload" (containers[0]): nvidia.com/gpumem: "8Gi" is not a plain integer`, or
+// e.g. `container "workload" (containers[0]): nvidia.com/gpumem: "8Gi" has a binary suffix; it
+// counts MiB: write 8192 for 8Gi`, or
 // the annotation. `warnings`, when not null, receives the ignored-policy notes.
 absl::StatusOr<mig::PodRequest> ParsePodRequest(const nlohmann::json& pod,
                                                 const ResourceNames& names = {},

@@ -48,8 +48,8 @@ std::string CapabilityKey(const mig::GpuCapability& cap, const std::vector<std::
   std::string key = cap.model + "|" + std::to_string(cap.total_memory_mib) + "|" +
                     std::to_string(cap.placement_units);
   for (const auto& p : cap.profiles) {
-    key += fmt::format("|{}:{}:{}:{}:{}", p.name, p.memory_mib, p.compute_slices, p.instance_count,
-                       p.memory_slices);
+    key += fmt::format("|{}:{}:{}:{}:{}:{}", p.name, p.memory_mib, p.SizingMib(), p.compute_slices,
+                       p.instance_count, p.memory_slices);
     for (const auto& pl : p.placements) key += fmt::format(",{}", pl.start);
   }
   for (const auto& a : allowed) key += "#" + a;
@@ -76,6 +76,7 @@ std::shared_ptr<const mig::GpuPlanner> ClusterState::PlannerFor(const protocol::
   const mig::AllowlistEntry* entry = options_.allowlist.Match(info.type);
   if (entry == nullptr) return nullptr;
   mig::GpuCapability cap = protocol::ToCapability(info);
+  mig::ApplyMemoryMatch(cap, options_.memory_match);
   std::vector<std::string> allowed;
   for (const auto& p : cap.profiles) {
     if (std::find(entry->profiles.begin(), entry->profiles.end(), p.name) !=

@@ -39,6 +39,8 @@ struct ClusterStateOptions {
   // A node whose device plugin last reported (hami.io/node-handshake "Reported_<time>") longer ago
   // than this is unhealthy: its plugin stopped reporting.
   absl::Duration report_timeout = absl::Minutes(3);
+  // How requests are sized against profiles (device-config.yaml nvidia.migMemoryMatch).
+  mig::MemoryMatch memory_match = mig::MemoryMatch::kNominal;
 };
 
 // One reservation as displayed (layout, metrics, explain).

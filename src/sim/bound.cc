@@ -105,7 +105,7 @@ absl::StatusOr<FillBound> ComputeFillBound(const Cluster& cluster,
     const auto& counts = g.table.counts[g.table.maximal[k]];
     for (size_t t = 0; t < r; ++t) {
       for (size_t l = 0; l < allowed.size(); ++l) {
-        if (g.profile(allowed[l]).memory_mib >= sizes[t]) a[t][k] += counts[l];
+        if (g.profile(allowed[l]).SizingMib() >= sizes[t]) a[t][k] += counts[l];
       }
     }
   }

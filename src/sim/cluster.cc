@@ -205,7 +205,7 @@ absl::StatusOr<Cluster> BuildCluster(std::string_view gpus, uint32_t gpus_per_no
     for (uint32_t pct = 1; pct <= 100; ++pct) {
       const uint64_t mem = mig::ResolveMemory(0, pct, cap);
       for (uint32_t idx : g.planner->allowed()) {
-        if (cap.profiles[idx].memory_mib >= mem) g.candidates[pct].push_back(idx);
+        if (cap.profiles[idx].SizingMib() >= mem) g.candidates[pct].push_back(idx);
       }
     }
     if (g.units <= 16) {

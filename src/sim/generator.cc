@@ -88,7 +88,7 @@ absl::StatusOr<std::vector<MixEntry>> ParseMix(std::string_view value, const Mod
     // The largest percentage whose memory this profile still covers.
     e.percent = 0;
     for (uint32_t pct = 1; pct <= 100; ++pct) {
-      if (mig::ResolveMemory(0, pct, g.cap()) <= spec->memory_mib) e.percent = pct;
+      if (mig::ResolveMemory(0, pct, g.cap()) <= spec->SizingMib()) e.percent = pct;
     }
     if (e.percent == 0) e.percent = 1;
     mix.push_back(e);

@@ -207,7 +207,7 @@ class DynamicBase : public Policy {
     if (cluster_.gpu_node[p.gpu] != node) {
       return Violation(pod, "instances of one pod on different nodes");
     }
-    if (spec.memory_mib < mig::ResolveMemory(0, pods_[pod].percent, g.cap())) {
+    if (spec.SizingMib() < mig::ResolveMemory(0, pods_[pod].percent, g.cap())) {
       return Violation(
           pod, fmt::format("{} is smaller than the {}% asked", spec.name, pods_[pod].percent));
     }
@@ -904,7 +904,7 @@ class StaticPolicy : public Policy {
       for (uint32_t pct = 1; pct <= 100; ++pct) {
         const uint64_t mem = mig::ResolveMemory(0, pct, g.cap());
         for (size_t i = 0; i < inst.size(); ++i) {
-          if (g.profile(inst[i].profile_index).memory_mib >= mem) t.cover[pct] |= 1u << i;
+          if (g.profile(inst[i].profile_index).SizingMib() >= mem) t.cover[pct] |= 1u << i;
         }
       }
       t.units.assign(size_t{1} << std::min<size_t>(inst.size(), 16), 0);
@@ -1069,7 +1069,7 @@ class StaticPolicy : public Policy {
         return Violation(pod, fmt::format("{} on GPU {} is already in use",
                                           ProfileAt(g, in.profile_index, in.placement), s.gpu));
       }
-      if (g.profile(in.profile_index).memory_mib < mig::ResolveMemory(0, sp.percent, g.cap())) {
+      if (g.profile(in.profile_index).SizingMib() < mig::ResolveMemory(0, sp.percent, g.cap())) {
         return Violation(pod, fmt::format("{} is smaller than the {}% asked",
                                           g.profile(in.profile_index).name, sp.percent));
       }

@@ -333,7 +333,7 @@ absl::StatusOr<SimResult> Simulate(const Trace& trace, const Cluster& cluster,
           cluster.groups.begin(), cluster.groups.end(),
           [&](const ModelGroup& m) { return !m.candidates[pods[k].percent].empty(); });
       keys[profile_of[k]] = {uint64_t{pods[k].count} << 40 |
-                                 g.profile(g.candidates[pods[k].percent].front()).memory_mib,
+                                 g.profile(g.candidates[pods[k].percent].front()).SizingMib(),
                              profile_of[k]};
     }
     std::sort(keys.begin(), keys.end());

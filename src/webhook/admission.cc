@@ -5,7 +5,9 @@
 #include "absl/strings/escaping.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
+#include "mig/catalogue.h"
 #include "mig/preference.h"
+#include "mig/sizing.h"
 #include "protocol/annotations.h"
 
 namespace dynmig::webhook {
@@ -206,6 +208,9 @@ void AdmissionHandler::ReviewPod(const json& request, bool mutate, json& respons
                      pod, node_name, options_.scheduler_name));
     return;
   }
+  if (mutate && protocol::IsMigPod(*object, options_.resources)) {
+    for (std::string& w : SizingWarnings(*parsed)) warnings.push_back(std::move(w));
+  }
   if (!warnings.empty()) response["warnings"] = warnings;
   const std::string current = spec != nullptr ? StringMember(*spec, "schedulerName") : "";
   if (!mutate || current == options_.scheduler_name) return;
@@ -217,6 +222,34 @@ void AdmissionHandler::ReviewPod(const json& request, bool mutate, json& respons
        {"value", options_.scheduler_name}});
   response["patchType"] = "JSONPatch";
   response["patch"] = absl::Base64Escape(patch.dump());
+}
+
+std::vector<std::string> AdmissionHandler::SizingWarnings(const mig::PodRequest& request) const {
+  std::vector<std::string> models;
+  if (options_.cluster_models) models = options_.cluster_models();
+  std::vector<const mig::CatalogueModel*> considered;
+  for (const auto& m : mig::Catalogue()) {
+    const bool present =
+        models.empty() || std::any_of(m.names.begin(), m.names.end(), [&](const std::string& n) {
+          return std::find(models.begin(), models.end(), n) != models.end();
+        });
+    if (present && options_.allowlist.Match(m.names.front()) != nullptr) considered.push_back(&m);
+  }
+  std::vector<std::string> out;
+  for (const mig::CatalogueModel* m : considered) {
+    const mig::AllowlistEntry* entry = options_.allowlist.Match(m->names.front());
+    std::optional<std::string> note;
+    for (const auto& c : request.containers) {
+      if (c.count == 0 || c.memory.mib == 0 || note.has_value()) continue;
+      note = mig::SizingNote(m->capability, entry->profiles, c.memory.mib, request.preference,
+                             options_.memory_match, options_.resources.memory);
+      if (note.has_value() && request.containers.size() > 1) {
+        *note = fmt::format("container \"{}\": {}", c.name, *note);
+      }
+    }
+    if (note.has_value()) out.push_back(*std::move(note));
+  }
+  return out;
 }
 
 }  // namespace dynmig::webhook

@@ -12,16 +12,23 @@
 //   - only the system's own service accounts may create or change hami.io/vgpu-mig-allocations
 //     (CREATE with the annotation present; UPDATE where its value differs from oldObject,
 //     removal included): it is the durable reservation contract.
+//   - warnings (kubectl prints them as "Warning: ..."), on CREATE of an admitted MIG pod from the
+//     mutating answer only (so they are printed once): per GPU model, when a container's
+//     memory request resolves to a profile with less NVML memory than asked, or (NVML matching)
+//     to a profile more than twice the request (mig::SizingNote).
 // Other resources and operations are allowed unchanged. Pure; thread-safe (const after
 // construction).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "mig/allowlist.h"
+#include "mig/profile.h"
+#include "mig/request.h"
 #include "nlohmann/json.hpp"
 #include "protocol/pod_request.h"
 
@@ -35,6 +42,13 @@ struct AdmissionOptions {
   std::string scheduler_name = "dynmig-scheduler";
   mig::Allowlist allowlist;
   protocol::ResourceNames resources;
+  // How memory requests are sized (device-config.yaml nvidia.migMemoryMatch); the sizing
+  // warnings follow it.
+  mig::MemoryMatch memory_match = mig::MemoryMatch::kNominal;
+  // The NVML names of the GPU models in the cluster. Sizing warnings are given for the
+  // catalogued models among them; when unset or empty, for every catalogued model the allowlist
+  // names.
+  std::function<std::vector<std::string>()> cluster_models;
   // Usernames (userInfo.username) allowed to write hami.io/vgpu-mig-allocations.
   std::vector<std::string> annotation_writers = {
       "system:serviceaccount:dynmig-system:dynmig-scheduler",
@@ -67,6 +81,8 @@ class AdmissionHandler {
  private:
   // Fills response.allowed/status/patch for a pod request.
   void ReviewPod(const nlohmann::json& request, bool mutate, nlohmann::json& response) const;
+  // The sizing notes of a parsed request, one per model at most.
+  std::vector<std::string> SizingWarnings(const mig::PodRequest& request) const;
 
   AdmissionOptions options_;
 };

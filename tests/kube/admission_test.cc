@@ -129,6 +129,48 @@ TEST_F(AdmissionTest, MutatesThenValidatesWithTheReviewKubeApiserverSends) {
   EXPECT_NE(validate["uid"], mutate["uid"]);
 }
 
+// kube-apiserver decodes the body before admission and serves quantities canonically: a pod
+// written with `nvidia.com/gpumem: 8000` reaches webhooks, storage, reads and watches as "8k".
+TEST_F(AdmissionTest, QuantitiesAreCanonicalEverywhereAsInKubeApiserver) {
+  Object pod = MakePod("q1");
+  pod["spec"]["containers"][0]["resources"] = {
+      {"limits", {{"nvidia.com/gpu", 1}, {"nvidia.com/gpumem", 8000}, {"memory", "1024Mi"}}},
+      {"requests", {{"nvidia.com/gpumem", "20000"}, {"cpu", 0.5}}}};
+  pod["spec"]["initContainers"] = {{{"name", "init"},
+                                    {"image", "busybox"},
+                                    {"resources", {{"limits", {{"nvidia.com/gpumem", "19e3"}}}}}}};
+  auto created = alice_->CreatePod(pod);
+  ASSERT_TRUE(created.ok()) << created.status();
+  const auto check = [](const Object& obj, const std::string& where) {
+    const Object& c = obj["spec"]["containers"][0]["resources"];
+    EXPECT_EQ(c["limits"]["nvidia.com/gpu"], "1") << where;
+    EXPECT_EQ(c["limits"]["nvidia.com/gpumem"], "8k") << where;
+    EXPECT_EQ(c["limits"]["memory"], "1Gi") << where;
+    EXPECT_EQ(c["requests"]["nvidia.com/gpumem"], "20k") << where;
+    EXPECT_EQ(c["requests"]["cpu"], "500m") << where;
+    EXPECT_EQ(obj["spec"]["initContainers"][0]["resources"]["limits"]["nvidia.com/gpumem"], "19e3")
+        << where;
+  };
+  check(hooks_->RequestsTo("/mutate").at(0)["object"], "mutating webhook");
+  check(hooks_->RequestsTo("/validate").at(0)["object"], "validating webhook");
+  check(*created, "create response");
+  auto got = alice_->GetPod("default", "q1");
+  ASSERT_TRUE(got.ok());
+  check(*got, "get");
+  // Updates are canonicalised too (a PATCH reaches admission as the canonical object).
+  auto patched = alice_->PatchPodAnnotations("default", "q1", {{"a", "b"}});
+  ASSERT_TRUE(patched.ok()) << patched.status();
+  check(hooks_->RequestsTo("/validate").back()["object"], "validating webhook on patch");
+  // A value that is not a quantity fails the request before admission, naming it.
+  Object bad = MakePod("q2");
+  bad["spec"]["containers"][0]["resources"] = {{"limits", {{"nvidia.com/gpumem", "8 GB"}}}};
+  const size_t calls = hooks_->Paths().size();
+  auto refused = alice_->CreatePod(bad);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("nvidia.com/gpumem: quantities must match"));
+  EXPECT_EQ(hooks_->Paths().size(), calls);
+}
+
 TEST_F(AdmissionTest, MutatingWebhooksRunInListOrderBeforeValidating) {
   hooks_->On("/mutate2", [](const Object& request) {
     // Sees the first webhook's label.

@@ -117,7 +117,7 @@ TEST_F(ExplainTest, NotMigAndInvalidRequests) {
   Add(bad);
   const json r = RunJson({"explain", "bad"}, 0);
   EXPECT_EQ(r["status"], "invalid-request");
-  EXPECT_NE(r["error"].get<std::string>().find("\"8Gi\" is not a plain integer"),
+  EXPECT_NE(r["error"].get<std::string>().find("\"8Gi\" has a binary suffix"),
             std::string::npos);
   auto missing = Run({"explain", "-n", "other", "nope"});
   EXPECT_EQ(missing.code, 2);

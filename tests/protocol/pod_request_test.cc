@@ -160,12 +160,26 @@ INSTANTIATE_TEST_SUITE_P(
                  "nvidia.com/gpu: \"-2\" is negative"},
         BadValue{"GarbageCount",
                  {{"nvidia.com/gpu", "two"}},
-                 "nvidia.com/gpu: \"two\" is not a plain integer"},
-        BadValue{"FloatCount", {{"nvidia.com/gpu", 1.5}}, "nvidia.com/gpu: 1.5 is not an integer"},
-        BadValue{"DecimalString", {{"nvidia.com/gpu", "1.5"}}, "\"1.5\" is not a plain integer"},
-        BadValue{"QuantitySuffix",
+                 "nvidia.com/gpu: \"two\" is not a Kubernetes quantity (no digits)"},
+        BadValue{"UnknownSuffix",
+                 {{"nvidia.com/gpumem", "8GB"}},
+                 "nvidia.com/gpumem: \"8GB\" is not a Kubernetes quantity (unknown suffix \"GB\")"},
+        BadValue{"FloatCount",
+                 {{"nvidia.com/gpu", 1.5}},
+                 "nvidia.com/gpu: 1.5 is not a whole number: write a whole number such as 2"},
+        BadValue{"DecimalString",
+                 {{"nvidia.com/gpu", "1.5"}},
+                 "\"1.5\" is not a whole number: write a whole number such as 2"},
+        BadValue{"MilliString",
+                 {{"nvidia.com/gpumem", "7999500m"}},
+                 "\"7999500m\" is not a whole number: write a whole number such as 8000"},
+        BadValue{"BinarySuffix",
                  {{"nvidia.com/gpumem", "8Gi"}},
-                 "nvidia.com/gpumem: \"8Gi\" is not a plain integer"},
+                 "nvidia.com/gpumem: \"8Gi\" has a binary suffix; it counts MiB: write 8192 for 8Gi"},
+        BadValue{"BinarySuffixOnACount",
+                 {{"nvidia.com/gpu", "1Ki"}},
+                 "nvidia.com/gpu: \"1Ki\" has a binary suffix; write a plain number"},
+        BadValue{"HugeQuantity", {{"nvidia.com/gpumem", "3G"}}, "\"3G\" is too large"},
         BadValue{"BoolMemory",
                  {{"nvidia.com/gpumem", true}},
                  "nvidia.com/gpumem: true is not an integer"},
@@ -186,6 +200,28 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<BadValue>& param_info) {
       return std::string(param_info.param.name);
     });
+
+// kube-apiserver serves every quantity canonically: 8000 as "8k", 20000 as "20k", 19000 as "19k".
+TEST(PodRequestTest, ReadsEveryDecimalQuantityForm) {
+  for (const auto& [text, mib] : std::vector<std::pair<std::string, uint32_t>>{
+           {"8k", 8000},
+           {"20k", 20000},
+           {"19k", 19000},
+           {"8000", 8000},
+           {"8e3", 8000},
+           {"8E3", 8000},
+           {"1.5k", 1500},
+           {"8000000m", 8000},
+           {"+4096", 4096},
+           {"0.04M", 40000}}) {
+    auto r = ParsePodRequest(PodWithLimits({{"nvidia.com/gpu", "1"}, {"nvidia.com/gpumem", text}}));
+    ASSERT_TRUE(r.ok()) << text << ": " << r.status();
+    EXPECT_EQ(r->containers[0].memory.mib, mib) << text;
+  }
+  auto whole_float = ParsePodRequest(PodWithLimits({{"nvidia.com/gpu", 2.0}}));
+  ASSERT_TRUE(whole_float.ok()) << whole_float.status();
+  EXPECT_EQ(whole_float->containers[0].count, 2u);
+}
 
 TEST(PodRequestTest, ZeroCountAloneIsNoGpu) {
   auto r = ParsePodRequest(PodWithLimits({{"nvidia.com/gpu", 0}}));
