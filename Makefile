@@ -26,7 +26,8 @@ asan: deps
 
 # libFuzzer targets (clang, ASan + UBSan), each run FUZZ_SECONDS (default 60) from fuzz/corpus/.
 FUZZ_SECONDS ?= 60
-fuzz: deps
+fuzz:
+	@tools/install-deps.sh clang-14 libclang-rt-14-dev
 	@cmake --preset fuzz >/dev/null
 	@cmake --build --preset fuzz -j $(JOBS)
 	@FUZZ_SECONDS=$(FUZZ_SECONDS) tools/run-fuzz.sh
