@@ -1,5 +1,5 @@
 # Thin wrapper over CMake presets. `make run` and `make test` work on a fresh Debian 12 machine.
-.PHONY: deps configure build build-all test run bench asan format clean
+.PHONY: deps configure build build-all test run bench asan fuzz tsan soak format clean
 
 JOBS ?= $(shell nproc)
 
@@ -31,8 +31,30 @@ asan: deps
 	@cmake --build --preset asan -j $(JOBS)
 	@ctest --preset asan
 
+# libFuzzer targets (clang, ASan + UBSan), each run FUZZ_SECONDS (default 60) from fuzz/corpus/.
+FUZZ_SECONDS ?= 60
+fuzz:
+	@tools/install-deps.sh clang-14 libclang-rt-14-dev
+	@cmake --preset fuzz >/dev/null
+	@cmake --build --preset fuzz -j $(JOBS)
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) tools/run-fuzz.sh
+
+# ThreadSanitizer build of the concurrent tests (informers, scheduler, device plugin, local mode,
+# end to end with the short chaos seed); TSAN_TESTS="kube_test ..." limits them.
+TSAN_TESTS ?= kube_test scheduler_test deviceplugin_test local_test e2e_test
+tsan: deps
+	@cmake --preset tsan >/dev/null
+	@cmake --build --preset tsan -j $(JOBS) --target $(TSAN_TESTS)
+	@TSAN_TESTS="$(TSAN_TESTS)" tools/run-tsan.sh
+
+# The long chaos soak: SOAK_DURATION of random work and faults (default 30m), seed SOAK_SEED.
+SOAK_DURATION ?= 30m
+SOAK_SEED ?= 1
+soak: build
+	@build/bin/dynmig chaos --seed $(SOAK_SEED) --duration $(SOAK_DURATION)
+
 format:
 	@git ls-files '*.cc' '*.h' | xargs clang-format -i
 
 clean:
-	@rm -rf build build-asan
+	@rm -rf build build-asan build-fuzz build-tsan

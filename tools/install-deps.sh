@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Installs the Debian packages dynmig needs, only those missing. Quick and silent when all are present.
+# Installs the Debian packages dynmig needs (and those named as arguments), only those missing.
+# Quick and silent when all are present.
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config ccache
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev libcurl4-openssl-dev libssl-dev
   libspdlog-dev libfmt-dev libcli11-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev yamllint python3 curl kubectl)
+# Extra packages a target needs beyond `make test` (make fuzz: clang-14 libclang-rt-14-dev).
+pkgs+=("$@")
 missing=()
 # One dpkg-query for all; a package dpkg has never heard of is absent from its output.
 # dpkg-query exits 1 when it knows none of some names: that is an answer, not a failure.

@@ -42,6 +42,10 @@ int StopSignals::Wait() {
   return signal_number;
 }
 
+// `dynmig chaos` (cmd_chaos.cc), declared here rather than in cli.h with the others so that adding
+// it did not rebuild every command.
+void RegisterChaosCommand(CLI::App& root, CliContext& ctx);
+
 int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   CliContext ctx{out, err};
   CLI::App app{"dynmig: dynamic MIG for Kubernetes", "dynmig"};
@@ -58,6 +62,7 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   RegisterSchedulerCommand(app, ctx);
   RegisterDevicePluginCommand(app, ctx);
   RegisterLocalCommand(app, ctx);
+  RegisterChaosCommand(app, ctx);
 
   // CLI11 parses a reversed vector of arguments.
   std::vector<std::string> reversed(args.rbegin(), args.rend());

@@ -12,6 +12,7 @@
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "mig/catalogue.h"
+#include "yaml-cpp/eventhandler.h"
 #include "yaml-cpp/yaml.h"
 
 namespace dynmig::protocol {
@@ -215,22 +216,56 @@ absl::StatusOr<DeviceConfig> ParseNvidia(const YAML::Node& root) {
   return cfg;
 }
 
+// Counts documents without building them. yaml-cpp's LoadAll never returns on some invalid input
+// (found by fuzzing): its parser keeps reporting a new, empty document at the same place, and
+// LoadAll keeps allocating. A document that starts where the previous one started is that case.
+class DocumentCounter : public YAML::EventHandler {
+ public:
+  std::vector<YAML::Mark> starts;
+
+  void OnDocumentStart(const YAML::Mark& mark) override { starts.push_back(mark); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+absl::Status YamlError(const YAML::Mark& mark, std::string_view message) {
+  if (mark.is_null()) {
+    return absl::InvalidArgumentError(fmt::format("device-config.yaml: invalid YAML: {}", message));
+  }
+  return absl::InvalidArgumentError(
+      fmt::format("device-config.yaml: invalid YAML at line {}, column {}: {}", mark.line + 1,
+                  mark.column + 1, message));
+}
+
 absl::StatusOr<YAML::Node> LoadYaml(std::string_view yaml) {
   try {
-    std::vector<YAML::Node> docs = YAML::LoadAll(std::string(yaml));
-    if (docs.size() > 1) {
-      return absl::InvalidArgumentError(fmt::format(
-          "device-config.yaml: {} YAML documents in one file; expected one", docs.size()));
+    std::istringstream in{std::string(yaml)};
+    YAML::Parser parser(in);
+    DocumentCounter counter;
+    while (parser.HandleNextDocument(counter)) {
+      const auto& s = counter.starts;
+      if (s.size() >= 2 && s[s.size() - 1].pos == s[s.size() - 2].pos) {
+        return YamlError(s.back(), "the parser cannot get past this point");
+      }
     }
-    if (docs.empty()) return YAML::Node();
-    return docs.front();
+    if (counter.starts.size() > 1) {
+      return absl::InvalidArgumentError(
+          fmt::format("device-config.yaml: {} YAML documents in one file; expected one",
+                      counter.starts.size()));
+    }
+    if (counter.starts.empty()) return YAML::Node();
+    return YAML::Load(std::string(yaml));
   } catch (const YAML::Exception& e) {
-    if (e.mark.is_null()) {
-      return absl::InvalidArgumentError(fmt::format("device-config.yaml: invalid YAML: {}", e.msg));
-    }
-    return absl::InvalidArgumentError(
-        fmt::format("device-config.yaml: invalid YAML at line {}, column {}: {}", e.mark.line + 1,
-                    e.mark.column + 1, e.msg));
+    return YamlError(e.mark, e.msg);
   }
 }
 

@@ -311,7 +311,9 @@ TEST_F(E2eTest, Scenario8_NoReclamationWhileApiUnavailable) {
   cluster_->api().AddFault(fault);
   ASSERT_TRUE(cluster_->StartDevicePlugin("node-a").ok()) << Where();
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(Plugin().RunCycle()) << Where();
-  absl::SleepFor(absl::Seconds(1));
+  // And three of its own background cycles (counted, not slept for).
+  const uint64_t cycles = Plugin().cycles();
+  ASSERT_TRUE(WaitUntil([&] { return Plugin().cycles() >= cycles + 3; })) << Where();
   EXPECT_EQ(Live().size(), 2u) << Where()
                                << "an instance was destroyed while pods could not be listed";
   EXPECT_TRUE(Plugin().core().recovery_pending()) << Where();

@@ -536,7 +536,9 @@ TEST_F(ConformanceTest, WatchStopsPromptlyAndNeverCallsBackAfterStop) {
   (*watch)->Stop();
   stopped = true;
   const auto took = std::chrono::steady_clock::now() - start;
-  EXPECT_LT(took, std::chrono::milliseconds(500));
+  // Promptly: without waiting for an event, a heartbeat or the server's timeout (30 minutes). The
+  // bound is loose, so that a loaded machine's scheduling delays do not fail the test.
+  EXPECT_LT(took, std::chrono::seconds(5));
   ASSERT_TRUE(client_->CreatePod(MakePod("after")).ok());
   EXPECT_EQ((*watch)->WaitFor(absl::Seconds(1)).value_or(absl::UnknownError("")).code(),
             absl::StatusCode::kCancelled);
@@ -544,10 +546,11 @@ TEST_F(ConformanceTest, WatchStopsPromptlyAndNeverCallsBackAfterStop) {
 
   // Stop from inside the handler is allowed.
   Recorder<int> calls;
-  std::unique_ptr<WatchStream>* self = nullptr;
+  // The handler may run (ADDED events of the existing pods) before `self` is set: atomic.
+  std::atomic<std::unique_ptr<WatchStream>*> self{nullptr};
   auto w2 = client_->WatchPods({}, [&](const WatchEvent&) {
     calls.Add(1);
-    if (self != nullptr) (*self)->Stop();
+    if (auto* s = self.load(); s != nullptr) (*s)->Stop();
   });
   ASSERT_TRUE(w2.ok());
   self = &*w2;

@@ -161,6 +161,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadConfig{"NoNvidia", "cambricon: {}\n", "nvidia: section is missing"},
         BadConfig{"NvidiaScalar", "nvidia: 5\n", "nvidia: must be a mapping"},
         BadConfig{"TwoDocuments", "nvidia: {}\n---\nnvidia: {}\n", "2 YAML documents"},
+        // Found by fuzzing: yaml-cpp's LoadAll never returned on this (endless empty documents).
+        BadConfig{"ParserStuck", "- a\n,\n",
+                  "invalid YAML at line 2, column 1: the parser cannot get past this point"},
         BadConfig{"BadProfileName",
                   "nvidia:\n  migProfileAllowlist:\n    - models: [A30]\n      profiles: [1g.6gb]\n"
                   "    - models: [A100]\n      profiles: [5gb]\n",

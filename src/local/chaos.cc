@@ -1,0 +1,460 @@
+#include "local/chaos.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "fmt/format.h"
+#include "kube/in_memory_api_server.h"
+#include "kube/kube_client.h"
+#include "kube/object.h"
+#include "local/local_cluster.h"
+#include "local/node_agent.h"
+#include "protocol/annotations.h"
+#include "protocol/held_slices.h"
+#include "protocol/mig_allocations.h"
+
+namespace dynmig::local {
+namespace {
+
+using nlohmann::json;
+
+// A TCP port free on 127.0.0.1 now, for the device plugins' /nvml listeners.
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+// NVML operations a fault is injected into: every call the device plugin makes to create,
+// verify, reclaim or adopt instances.
+constexpr const char* kNvmlFaultOps[] = {
+    "CreateGpuInstance",      "CreateComputeInstance",
+    "DestroyComputeInstance", "DestroyGpuInstance",
+    "ListGpuInstances",       "ListComputeInstances",
+    "GetMigDeviceUuid",       "GetComputeProcesses",
+    "GetMigDeviceProcesses",  "GetGpuInstancePossiblePlacements"};
+
+// The components whose API requests get faults (never the checker's own admin client).
+constexpr std::string_view kFaultUsers[] = {kSchedulerUser, kDevicePluginUser, kKubeSchedulerUser};
+
+class Chaos {
+ public:
+  explicit Chaos(const ChaosOptions& options) : o_(options), rng_(options.seed) {
+    report_.seed = options.seed;
+  }
+
+  absl::StatusOr<ChaosReport> Run() {
+    if (o_.state_dir.empty())
+      return absl::InvalidArgumentError("chaos: a state directory is required");
+    std::error_code ec;
+    // Never someone's data: a new directory (removed at the end) or an empty one (left as is).
+    const bool created = !std::filesystem::exists(o_.state_dir, ec);
+    if (!created && !std::filesystem::is_empty(o_.state_dir, ec)) {
+      return absl::InvalidArgumentError(fmt::format(
+          "chaos: the state directory {} is not empty; give a new or an empty one", o_.state_dir));
+    }
+    auto nodes = ParseNodes(o_.nodes);
+    if (!nodes.ok()) return nodes.status();
+    LocalClusterOptions c;
+    c.api_port = 0;
+    c.nodes = *nodes;
+    c.state_dir = o_.state_dir;
+    c.node_address_prefix = fmt::format("127.2.{}.", ::getpid() % 250);
+    c.nvml_port = FreePort();
+    c.reconcile_interval = absl::Milliseconds(300);
+    c.register_interval = absl::Seconds(1);
+    c.scheduler_retry = absl::Milliseconds(300);
+    c.expiry_interval = absl::Seconds(2);
+    auto cluster = LocalCluster::Start(c);
+    if (!cluster.ok()) return cluster.status();
+    cluster_ = std::move(*cluster);
+    auto client = cluster_->Client(kAdminUser);
+    if (!client.ok()) return client.status();
+    kube_ = std::move(*client);
+    for (const auto& n : cluster_->nodes()) node_names_.push_back(n.name);
+
+    Log(fmt::format("chaos: seed {}, {} of random work on {}", o_.seed,
+                    absl::FormatDuration(o_.duration), o_.nodes));
+    const absl::Time end = absl::Now() + o_.duration;
+    while (absl::Now() < end) {
+      ++step_;
+      Act();
+      Check();
+      std::this_thread::sleep_for(absl::ToChronoMilliseconds(o_.step));
+    }
+    report_.steps = step_;
+    Quiesce();
+    kube_.reset();
+    cluster_->Stop();
+    cluster_.reset();
+    if (created) std::filesystem::remove_all(o_.state_dir, ec);
+    return report_;
+  }
+
+ private:
+  size_t Pick(size_t n) { return std::uniform_int_distribution<size_t>(0, n - 1)(rng_); }
+  bool Chance(double p) { return std::bernoulli_distribution(p)(rng_); }
+
+  void Log(const std::string& line) {
+    if (o_.log) o_.log(line);
+  }
+  void Count(const std::string& action) { ++report_.actions[action]; }
+  void Violation(const std::string& what) {
+    report_.violations.push_back({o_.seed, step_, what});
+    Log(fmt::format("chaos: VIOLATION (seed {}, step {}): {}", o_.seed, step_, what));
+  }
+
+  // ---- the workload and the faults ----
+
+  void Act() {
+    const size_t roll = Pick(100);
+    if (roll < 40) {
+      CreatePod();
+    } else if (roll < 65) {
+      DeletePod();
+    } else if (roll < 78) {
+      NvmlFault();
+    } else if (roll < 90) {
+      ApiFault();
+    } else if (roll < 97) {
+      const std::string& node = node_names_[Pick(node_names_.size())];
+      auto st = cluster_->RestartDevicePlugin(node);
+      Count("restart device-plugin");
+      if (!st.ok())
+        Log(fmt::format("chaos: restart of {}'s device plugin: {}", node,
+                        std::string(st.message())));
+    } else {
+      Count("restart scheduler");
+      auto stopped = cluster_->StopScheduler();
+      auto started = cluster_->StartScheduler();
+      if (!stopped.ok() || !started.ok()) {
+        Log(fmt::format("chaos: scheduler restart: {} / {}", std::string(stopped.message()),
+                        std::string(started.message())));
+      }
+    }
+  }
+
+  json Container(const std::string& name, bool percentage, int gpus, const std::string& command) {
+    static constexpr int64_t kMemories[] = {4000, 9000, 19000, 39000, 70000};
+    static constexpr int64_t kPercents[] = {10, 25, 50, 100};
+    json limits = {{"nvidia.com/gpu", gpus}};
+    if (percentage) {
+      limits["nvidia.com/gpumem-percentage"] = kPercents[Pick(std::size(kPercents))];
+    } else {
+      limits["nvidia.com/gpumem"] = kMemories[Pick(std::size(kMemories))];
+    }
+    return {{"name", name},
+            {"image", "ubuntu:22.04"},
+            {"command", json::array({"bash", "-c", command})},
+            {"resources", {{"limits", limits}}}};
+  }
+
+  void CreatePod() {
+    auto pods = kube_->ListPods({.ns = "default"});
+    if (pods.ok() && pods->items.size() >= o_.max_pods) return;
+    // Names come from a small pool, so a deleted pod's name comes back (StatefulSet-style).
+    const std::string name = fmt::format("chaos-{}", Pick(2 * o_.max_pods));
+    const std::string command =
+        Chance(0.3) ? fmt::format("sleep {}", 1 + Pick(3)) : std::string("sleep 3600");
+    json annotations = {{"nvidia.com/vgpu-mode", "mig"}};
+    if (Chance(0.2)) {
+      static constexpr const char* kPreferences[] = {"1g", "2g", "3g", "1g.5gb,2g.10gb", "1g.10gb"};
+      annotations["nvidia.com/mig-profile-preference"] =
+          kPreferences[Pick(std::size(kPreferences))];
+    }
+    // One draw per statement: argument evaluation order is unspecified, the sequence must not be.
+    const bool by_percentage = Chance(0.3);
+    const int gpus = Chance(0.15) ? 2 : 1;
+    json containers = json::array({Container("workload", by_percentage, gpus, command)});
+    if (Chance(0.15)) {
+      const bool sidecar_by_percentage = Chance(0.5);
+      containers.push_back(Container("sidecar", sidecar_by_percentage, 1, command));
+    }
+    json spec = {{"restartPolicy", "Never"}, {"containers", containers}};
+    if (Chance(0.1)) spec["initContainers"] = json::array({Container("init", false, 1, "sleep 0")});
+    const json pod = {
+        {"apiVersion", "v1"},
+        {"kind", "Pod"},
+        {"metadata", {{"name", name}, {"namespace", "default"}, {"annotations", annotations}}},
+        {"spec", spec}};
+    auto created = kube_->CreatePod(pod);
+    if (created.ok()) {
+      ++report_.pods_created;
+      Count("create");
+    } else {
+      Count(absl::IsAlreadyExists(created.status()) ? "create (name in use)" : "create refused");
+    }
+  }
+
+  void DeletePod() {
+    auto pods = kube_->ListPods({.ns = "default"});
+    if (!pods.ok() || pods->items.empty()) return;
+    const json& pod = pods->items[Pick(pods->items.size())];
+    const std::string phase = kube::Phase(pod);
+    auto deleted = kube_->DeletePod("default", kube::Name(pod));
+    Count(fmt::format("delete {}", phase.empty() ? "Pending" : phase));
+    if (!deleted.ok() && !absl::IsNotFound(deleted.status())) {
+      Log(fmt::format("chaos: delete {}: {}", kube::Name(pod),
+                      std::string(deleted.status().message())));
+    }
+  }
+
+  void NvmlFault() {
+    const std::string& node = node_names_[Pick(node_names_.size())];
+    auto nvml = cluster_->OpenNvml(node);
+    if (!nvml.ok()) return;
+    nvml::SimFault f;
+    f.op = kNvmlFaultOps[Pick(std::size(kNvmlFaultOps))];
+    f.nth = 1 + static_cast<uint32_t>(Pick(3));
+    f.times = 1 + static_cast<uint32_t>(Pick(2));
+    f.code = Chance(0.5) ? nvml::NvmlReturn::kUnknown : nvml::NvmlReturn::kGpuIsLost;
+    if ((*nvml)->InjectFault(f).ok()) Count("nvml-fault " + f.op);
+  }
+
+  void ApiFault() {
+    static constexpr int kStatuses[] = {500, 503, 409, 429};
+    static constexpr const char* kMethods[] = {"", "GET", "PATCH", "PUT", "POST"};
+    static constexpr const char* kPaths[] = {"", "/api/v1/namespaces/default/pods", "/api/v1/pods",
+                                             "/api/v1/nodes"};
+    kube::FaultSpec f;
+    f.user = std::string(kFaultUsers[Pick(std::size(kFaultUsers))]);
+    f.method = kMethods[Pick(std::size(kMethods))];
+    f.path_prefix = kPaths[Pick(std::size(kPaths))];
+    f.status = kStatuses[Pick(std::size(kStatuses))];
+    if (f.status == 429) f.retry_after_seconds = 1;
+    f.count = 1 + static_cast<int>(Pick(3));
+    f.message = "chaos: injected";
+    cluster_->api().AddFault(f);
+    Count(fmt::format("api-fault {}", f.status));
+  }
+
+  // ---- the invariants ----
+
+  struct Live {
+    std::string node;
+    LiveInstance instance;
+  };
+
+  bool ReadLive(std::vector<Live>* out) {
+    for (const auto& node : node_names_) {
+      auto live = cluster_->Instances(node);
+      if (!live.ok()) {
+        Log(fmt::format("chaos: reading {}'s NVML state: {}", node,
+                        std::string(live.status().message())));
+        return false;
+      }
+      for (auto& li : *live) out->push_back({node, li});
+    }
+    return true;
+  }
+
+  static std::vector<protocol::MigAllocation> Allocations(const json& pod) {
+    auto value = kube::Annotation(pod, protocol::kMigAllocationsAnnotation);
+    if (!value) return {};
+    auto decoded = protocol::DecodeMigAllocations(*value);
+    return decoded.ok() ? *decoded : std::vector<protocol::MigAllocation>{};
+  }
+
+  static bool Terminal(const json& pod) {
+    const std::string phase = kube::Phase(pod);
+    return phase == "Succeeded" || phase == "Failed";
+  }
+
+  void Check() {
+    auto before = kube_->ListPods({.ns = "default"});
+    std::vector<Live> live;
+    if (!before.ok() || !ReadLive(&live)) return;
+    auto after = kube_->ListPods({.ns = "default"});
+    if (!after.ok()) return;
+    ++report_.checks;
+
+    // No two live instances overlap.
+    for (size_t i = 0; i < live.size(); ++i) {
+      for (size_t j = i + 1; j < live.size(); ++j) {
+        const LiveInstance& a = live[i].instance;
+        const LiveInstance& b = live[j].instance;
+        if (a.gpu_uuid == b.gpu_uuid && a.placement.Overlaps(b.placement)) {
+          Violation(fmt::format("instances {} ({}) and {} ({}) overlap on {}", a.mig_uuid,
+                                a.placement.ToString(), b.mig_uuid, b.placement.ToString(),
+                                a.gpu_uuid));
+        }
+      }
+    }
+
+    // A pod Running (and not being deleted) before and after the NVML read has its instances.
+    std::map<std::string, const json*> after_by_uid;
+    for (const auto& p : after->items) after_by_uid[kube::Uid(p)] = &p;
+    for (const auto& pod : before->items) {
+      if (kube::Phase(pod) != "Running" || kube::IsBeingDeleted(pod)) continue;
+      auto it = after_by_uid.find(kube::Uid(pod));
+      if (it == after_by_uid.end() || kube::Phase(*it->second) != "Running" ||
+          kube::IsBeingDeleted(*it->second)) {
+        continue;
+      }
+      if (seen_running_.insert(kube::Uid(pod)).second) ++report_.pods_running_seen;
+      const std::string name = kube::Name(pod);
+      std::set<std::string> own;
+      for (const auto& a : Allocations(*it->second)) {
+        if (!a.runtime) continue;
+        own.insert(a.runtime->mig_uuid);
+        const Live* found = nullptr;
+        for (const auto& l : live) {
+          if (l.instance.mig_uuid == a.runtime->mig_uuid) found = &l;
+        }
+        if (found == nullptr) {
+          Violation(fmt::format("running pod {} lost its instance {} ({} {})", name,
+                                a.runtime->mig_uuid, a.gpu_uuid, a.placement.ToString()));
+        } else if (found->instance.gpu_uuid != a.gpu_uuid ||
+                   found->instance.placement != a.placement) {
+          Violation(fmt::format("running pod {}: {} is on {} {}, its annotation says {} {}", name,
+                                a.runtime->mig_uuid, found->instance.gpu_uuid,
+                                found->instance.placement.ToString(), a.gpu_uuid,
+                                a.placement.ToString()));
+        }
+      }
+      auto visible = kube::Annotation(*it->second, kVisibleDevicesAnnotation);
+      if (!visible) continue;
+      const json v = json::parse(*visible, nullptr, false);
+      if (!v.is_object()) continue;
+      for (const auto& [container, devices] : v.items()) {
+        if (!devices.is_string()) continue;
+        const std::string text = devices.get<std::string>();
+        for (size_t at = text.find("MIG-"); at != std::string::npos;
+             at = text.find("MIG-", at + 1)) {
+          const std::string uuid = text.substr(at, text.find(',', at) - at);
+          if (!own.contains(uuid)) {
+            Violation(fmt::format("pod {} container {} sees {}, which its annotation does not name",
+                                  name, container, uuid));
+          }
+        }
+      }
+    }
+
+    // No two reservations share a slice.
+    struct Reserved {
+      std::string pod;
+      protocol::MigAllocation a;
+    };
+    std::vector<Reserved> reserved;
+    for (const auto& pod : after->items) {
+      if (Terminal(pod)) continue;
+      for (auto& a : Allocations(pod)) reserved.push_back({kube::Name(pod), a});
+    }
+    for (size_t i = 0; i < reserved.size(); ++i) {
+      for (size_t j = i + 1; j < reserved.size(); ++j) {
+        const auto& a = reserved[i];
+        const auto& b = reserved[j];
+        if (a.pod != b.pod && a.a.gpu_uuid == b.a.gpu_uuid &&
+            a.a.placement.Overlaps(b.a.placement)) {
+          Violation(fmt::format("pods {} and {} both reserve {} {} / {}", a.pod, b.pod,
+                                a.a.gpu_uuid, a.a.placement.ToString(), b.a.placement.ToString()));
+        }
+      }
+    }
+  }
+
+  // ---- quiescence ----
+
+  void Quiesce() {
+    Log(fmt::format("chaos: {} steps done; faults off, deleting every pod", step_));
+    cluster_->api().ClearFaults();
+    for (const auto& node : node_names_) {
+      if (auto nvml = cluster_->OpenNvml(node); nvml.ok()) (void)(*nvml)->ClearFaults();
+      if (!cluster_->DevicePluginRunning(node)) (void)cluster_->StartDevicePlugin(node);
+    }
+    if (cluster_->scheduler() == nullptr) (void)cluster_->StartScheduler();
+    const absl::Time start = absl::Now();
+    const absl::Time deadline = start + o_.quiesce_timeout;
+    std::string remaining;
+    while (true) {
+      remaining = Remaining();
+      if (remaining.empty() || absl::Now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    report_.quiesce_time = absl::Now() - start;
+    if (!remaining.empty()) {
+      step_ = -1;
+      Violation(fmt::format("after {} without faults: {}", absl::FormatDuration(o_.quiesce_timeout),
+                            remaining));
+    }
+  }
+
+  // What is left ("" when nothing): pods (deleted again on every call), instances, locks, holds.
+  std::string Remaining() {
+    std::vector<std::string> left;
+    auto pods = kube_->ListPods({.ns = "default"});
+    if (!pods.ok()) return "pods cannot be listed";
+    for (const auto& p : pods->items) {
+      left.push_back("pod " + kube::Name(p));
+      if (!kube::IsBeingDeleted(p)) (void)kube_->DeletePod("default", kube::Name(p));
+    }
+    std::vector<Live> live;
+    if (!ReadLive(&live)) return "NVML cannot be read";
+    for (const auto& l : live) {
+      left.push_back(fmt::format("instance {} on {} {}", l.instance.mig_uuid, l.node,
+                                 l.instance.placement.ToString()));
+    }
+    for (const auto& node : node_names_) {
+      auto n = kube_->GetNode(node);
+      if (!n.ok()) continue;
+      if (kube::Annotation(*n, protocol::kNodeLockAnnotation)) left.push_back("lock on " + node);
+      if (auto held = kube::Annotation(*n, protocol::kNodeHeldSlicesAnnotation)) {
+        auto decoded = protocol::DecodeHeldSlices(*held);
+        if (!decoded.ok() || !decoded->empty())
+          left.push_back("held slices on " + node + ": " + *held);
+      }
+    }
+    std::string out;
+    for (const auto& l : left) out += (out.empty() ? "" : "; ") + l;
+    return out;
+  }
+
+  const ChaosOptions& o_;
+  std::mt19937_64 rng_;
+  ChaosReport report_;
+  int64_t step_ = 0;
+  std::unique_ptr<LocalCluster> cluster_;
+  std::unique_ptr<kube::KubeClient> kube_;
+  std::vector<std::string> node_names_;
+  std::set<std::string> seen_running_;
+};
+
+}  // namespace
+
+std::string ChaosReport::Summary() const {
+  std::string out = fmt::format(
+      "chaos seed {}: {} steps, {} pods created, {} seen running, {} invariant checks, quiescent "
+      "after {}\n",
+      seed, steps, pods_created, pods_running_seen, checks, absl::FormatDuration(quiesce_time));
+  for (const auto& [action, n] : actions) out += fmt::format("  {:<40} {}\n", action, n);
+  if (violations.empty()) {
+    out += "0 violations\n";
+  } else {
+    out += fmt::format("{} violations:\n", violations.size());
+    for (const auto& v : violations) {
+      out += fmt::format("  seed {} step {}: {}\n", v.seed,
+                         v.step < 0 ? std::string("quiescence") : std::to_string(v.step), v.what);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options) { return Chaos(options).Run(); }
+
+}  // namespace dynmig::local

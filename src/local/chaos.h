@@ -1,0 +1,69 @@
+// `dynmig chaos`: the whole local system (LocalCluster) under a seeded random workload with
+// injected faults and restarts, while the promise is checked continuously against NVML and the
+// API:
+//   - no two live instances on a GPU overlap;
+//   - a pod that stays Running across a check has every instance its annotation names, on the GPU
+//     and slices it names, and its containers see only MIG devices of its annotation;
+//   - no two pods' reservations (hami.io/vgpu-mig-allocations) share a slice.
+// Then quiescence: faults off, every part running, every pod deleted; within a bounded time no
+// instance, pod, node lock or held slice may remain.
+//
+// Actions, drawn from the seed (it fixes every random choice; the components' thread timing still
+// differs between runs, so a replay is close, not exact): create a pod (1 or 2 instances, sizes
+// from 1g to 7g by memory or percentage, a preference sometimes, two containers or an init
+// container sometimes, short jobs, names reused as a StatefulSet does), delete a pod at whatever
+// phase it is in, an NVML error on the nth call of an NVML operation on a node (the checker's own
+// NVML reads count too, as another nvidia-smi would), an API error (500, 503, 409, 429 with
+// Retry-After) for a component's requests, a restart of a device plugin or of the scheduler.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace dynmig::local {
+
+struct ChaosOptions {
+  uint64_t seed = 1;
+  absl::Duration duration = absl::Seconds(90);  // of the random phase; quiescence comes after
+  std::string nodes = "node-a=A100-SXM4-40GBx2,node-b=H100 80GBx1";
+  // Required: a new directory (removed at the end) or an empty one; a non-empty one is refused.
+  std::string state_dir;
+  absl::Duration step = absl::Milliseconds(200);  // between actions
+  absl::Duration quiesce_timeout = absl::Seconds(60);
+  size_t max_pods = 10;  // creates are skipped while this many pods exist
+  // Progress and every violation, one line each. May be empty.
+  std::function<void(const std::string&)> log;
+};
+
+struct ChaosViolation {
+  uint64_t seed = 0;
+  int64_t step = 0;  // -1: quiescence
+  std::string what;
+};
+
+struct ChaosReport {
+  uint64_t seed = 0;
+  int64_t steps = 0;
+  std::map<std::string, int64_t> actions;  // "create", "nvml-fault CreateGpuInstance", ...
+  int64_t pods_created = 0;
+  int64_t pods_running_seen = 0;  // distinct pod UIDs seen Running
+  int64_t checks = 0;             // invariant checks run
+  absl::Duration quiesce_time;
+  std::vector<ChaosViolation> violations;
+
+  bool ok() const { return violations.empty(); }
+  // Several lines: what was done, what was checked, every violation with its seed and step.
+  std::string Summary() const;
+};
+
+// Runs the soak. Errors: the cluster did not start (bad nodes, ports), state_dir is unset or not
+// empty; violations are in the report, not errors.
+absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options);
+
+}  // namespace dynmig::local
