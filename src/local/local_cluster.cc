@@ -382,7 +382,8 @@ absl::Status LocalCluster::Init() {
   SchedulerLoopOptions lo;
   lo.config = *sched_config;
   lo.extender_url = scheduler_->url();
-  lo.retry_interval = options_.scheduler_retry;
+  lo.timing = options_.scheduler_timing;
+  lo.default_scheduler = options_.default_scheduler;
   lo.log = [this](const std::string& line) { Log("kube-scheduler: " + line); };
   loop_ = std::make_unique<SchedulerLoop>(*loop_client_, std::move(lo));
   loop_->Start();
@@ -490,6 +491,7 @@ absl::Status LocalCluster::StartDevicePluginLocked(Node& node) {
   nvml::SimNvmlOptions so;
   so.state_file = nvml_state_file(node.spec.name);
   so.seed = node.spec.name;
+  so.latency = options_.nvml_latency;
   auto sim = nvml::SimNvml::Create(std::move(so));
   if (!sim.ok()) return sim.status();
   auto client = Client(kDevicePluginUser);
