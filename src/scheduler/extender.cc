@@ -84,7 +84,7 @@ void Extender::Event(const kube::Object& pod, std::string_view type, std::string
 }
 
 std::string Extender::HandleFilter(std::string_view body) {
-  auto args = ParseExtenderArgs(body);
+  auto args = ParseExtenderArgs(body, &node_names_);
   if (!args.ok()) {
     if (metrics_ != nullptr) metrics_->ObserveFilter("error", absl::ZeroDuration());
     ExtenderFilterResult result;
@@ -135,22 +135,37 @@ ExtenderFilterResult Extender::Filter(const ExtenderArgs& args) {
   // The cluster state knows our assumptions and every reservation the watch delivered; a
   // reservation only the request's pod carries (another replica's, not watched yet; or one we
   // released that kube-scheduler's cache still shows) is checked against the API.
+  auto is_candidate = [&](const std::string& node) {
+    return std::find(candidates.begin(), candidates.end(), node) != candidates.end();
+  };
+  if (auto assumed = state_.Assumed(key); assumed.has_value()) {
+    // Made by an earlier filter and kept in memory until the bind writes it.
+    if (is_candidate(assumed->reservation.node)) {
+      result.node_names = {assumed->reservation.node};
+      return finish("already-reserved");
+    }
+    if (assumed->binding) {
+      for (const auto& node : candidates) {
+        result.failed_nodes[node] =
+            fmt::format("the pod holds a MIG reservation on node {}, which is being bound",
+                        assumed->reservation.node);
+      }
+      return finish("pending");
+    }
+    // Its node is no longer a candidate: the reservation lives only here, so giving it back
+    // touches nothing on the API server.
+    state_.Forget(key);
+    spdlog::info("filter {}: released the reservation on {}, which is no longer a candidate", key,
+                 assumed->reservation.node);
+  }
   std::optional<std::string> reserved = state_.ReservedNode(key);
   if (!reserved.has_value() && CarriedReservation(pod).has_value()) {
     auto current = client_.GetPod(ns, name);
     if (current.ok()) reserved = CarriedReservation(*current);
   }
   if (reserved.has_value()) {
-    const bool candidate =
-        std::find(candidates.begin(), candidates.end(), *reserved) != candidates.end();
-    if (candidate) {
+    if (is_candidate(*reserved)) {
       result.node_names = {*reserved};
-      for (const auto& node : candidates) {
-        if (node != *reserved) {
-          result.failed_nodes[node] =
-              fmt::format("the pod holds a MIG reservation on node {}", *reserved);
-        }
-      }
       return finish("already-reserved");
     }
     // Its node is no longer a candidate. An unbound pod that is not being bound gives the
@@ -185,8 +200,10 @@ ExtenderFilterResult Extender::Filter(const ExtenderArgs& args) {
     result.node_names = candidates;
     return finish("passthrough");
   }
-  const absl::Time now = clock_.Now();
-  auto decision = state_.PlanAndReserve(key, *request, candidates, now);
+  // The reservation is recorded in memory only: no pod update while kube-scheduler is still
+  // deciding (it would requeue the pod and report "is in the cache, so can't be assumed"). The
+  // bind writes it.
+  auto decision = state_.PlanAndReserve(key, *request, candidates, clock_.Now(), kube::Uid(pod));
   if (!decision.ok()) return fail(std::string(decision.status().message()));
   result.failed_nodes = std::move(decision->failed);
   if (!decision->reservation.has_value()) {
@@ -194,18 +211,13 @@ ExtenderFilterResult Extender::Filter(const ExtenderArgs& args) {
     return finish("pending");
   }
   const Reservation& r = *decision->reservation;
-  if (absl::Status written = WriteReservation(pod, r, now); !written.ok()) {
-    state_.Forget(key);
-    return fail(fmt::format("pod {}: the reservation ({}) could not be written: {}", key, r.summary,
-                            std::string(written.message())));
-  }
   Event(pod, "Normal", "MigReserved", "reserved " + r.summary);
   result.node_names = {r.node};
   return finish("reserved");
 }
 
 absl::Status Extender::WriteReservation(const kube::Object& pod, const Reservation& r,
-                                        absl::Time now) {
+                                        absl::Time now, const kube::KeyPatch& also) {
   const std::string ns = PodNamespace(pod);
   const std::string name = kube::Name(pod);
   auto devices = protocol::EncodePodDevices(r.devices);
@@ -219,6 +231,7 @@ absl::Status Extender::WriteReservation(const kube::Object& pod, const Reservati
   patch.annotations[std::string(protocol::kDevicesAllocatedAnnotation)] = *devices;
   patch.annotations[std::string(protocol::kMigAllocationsAnnotation)] = allocations;
   patch.labels[std::string(protocol::kVgpuNodeLabel)] = r.node;
+  for (const auto& [k, v] : also) patch.annotations[k] = v;
   patch.resource_version = kube::ResourceVersion(pod);
   const std::string uid = kube::Uid(pod);
 
@@ -245,13 +258,18 @@ absl::Status Extender::WriteReservation(const kube::Object& pod, const Reservati
     return false;
   };
 
+  // The reservation is there already (an earlier attempt): the other annotations still go on.
+  auto write_also = [&]() -> absl::Status {
+    if (also.empty()) return absl::OkStatus();
+    return client_.PatchPodAnnotations(ns, name, also).status();
+  };
   if (patch.resource_version.empty()) {
     // No version to hold the write to: read the pod first.
     auto current = client_.GetPod(ns, name);
     if (!current.ok()) return current.status();
     auto done = examine(*current);
     if (!done.ok()) return done.status();
-    if (*done) return absl::OkStatus();
+    if (*done) return write_also();
     patch.resource_version = kube::ResourceVersion(*current);
   }
   absl::Status last;
@@ -264,7 +282,7 @@ absl::Status Extender::WriteReservation(const kube::Object& pod, const Reservati
     if (!current.ok()) return current.status();
     auto done = examine(*current);
     if (!done.ok()) return done.status();
-    if (*done) return absl::OkStatus();
+    if (*done) return write_also();
     patch.resource_version = kube::ResourceVersion(*current);
   }
   return absl::AbortedError(fmt::format("the pod kept changing ({} attempts): {}",
@@ -284,6 +302,46 @@ absl::Status Extender::ClearReservation(const kube::Object& pod) {
   if (!patched.ok()) return patched.status();
   state_.Forget(ns + "/" + name);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<Reservation>> Extender::ReservationForBind(const kube::Object& pod,
+                                                                        const std::string& node,
+                                                                        absl::Time now) {
+  const std::string ns = PodNamespace(pod);
+  const std::string key = ns + "/" + kube::Name(pod);
+  // Written already (a retried bind, or a reservation from before this scheduler kept them in
+  // memory): it must be on this node.
+  if (const std::optional<std::string> carried = CarriedReservation(pod); carried.has_value()) {
+    if (*carried != node) {
+      return absl::FailedPreconditionError(
+          fmt::format("the pod's MIG reservation is on node {}, not {}", *carried, node));
+    }
+    return std::nullopt;
+  }
+  // Made by this scheduler's filter and kept in memory.
+  auto claimed = state_.ClaimForBind(key, kube::Uid(pod), node, now);
+  if (claimed.ok()) return std::optional<Reservation>(std::move(*claimed));
+  if (claimed.status().code() != absl::StatusCode::kNotFound) return claimed.status();
+  // None here: this replica restarted or took over leadership since the filter. Plan the pod
+  // again on the node kube-scheduler chose; if it no longer fits there, refuse (kube-scheduler
+  // schedules the pod again and the next filter plans it afresh).
+  auto request = protocol::ParsePodRequest(pod, options_.resources);
+  if (!request.ok()) return request.status();
+  if (!request->WantsGpu()) return std::nullopt;  // the filter let it pass: nothing to reserve
+  auto decision = state_.PlanAndReserve(key, *request, {node}, now, kube::Uid(pod));
+  if (!decision.ok()) return decision.status();
+  if (!decision->reservation.has_value()) {
+    const auto it = decision->failed.find(node);
+    return absl::FailedPreconditionError(fmt::format(
+        "the pod holds no MIG reservation (hami.io/vgpu-mig-allocations) and this scheduler has "
+        "none in memory for it (restarted or took over leadership since the filter); node {} "
+        "cannot take it now: {}",
+        node, it == decision->failed.end() ? "unknown node" : it->second));
+  }
+  auto again = state_.ClaimForBind(key, kube::Uid(pod), node, now);
+  if (!again.ok()) return again.status();
+  Event(pod, "Normal", "MigReserved", "reserved " + again->summary);
+  return std::optional<Reservation>(std::move(*again));
 }
 
 std::string Extender::Bind(const ExtenderBindingArgs& args) {
@@ -317,18 +375,23 @@ std::string Extender::Bind(const ExtenderBindingArgs& args) {
     absl::Status bound = client_.BindPod(ns, name, args.node, args.pod_uid);
     return finish(bound.ok() ? "" : fmt::format("bind {}: {}", key, std::string(bound.message())));
   }
-  const std::optional<std::string> reserved = CarriedReservation(*pod);
-  if (!reserved.has_value()) {
-    return finish(fmt::format(
-        "bind {}: the pod holds no MIG reservation (hami.io/vgpu-mig-allocations); it must pass "
-        "this extender's filter first",
-        key));
-  }
-  if (*reserved != args.node) {
-    return finish(fmt::format("bind {}: the pod's MIG reservation is on node {}, not {}", key,
-                              *reserved, args.node));
-  }
   const absl::Time now = clock_.Now();
+  // The reservation to write now (nullopt: the pod carries it already).
+  auto reservation = ReservationForBind(*pod, args.node, now);
+  if (!reservation.ok()) {
+    return finish(fmt::format("bind {}: {}", key, std::string(reservation.status().message())));
+  }
+  // From here on the in-memory reservation is marked as being bound; it stays (until the watch
+  // delivers the annotation, or expiry) whatever the outcome, so a retry finds it.
+  struct EndBind {
+    ClusterState& state;
+    const std::string& key;
+    bool active;
+    ~EndBind() {
+      if (active) state.EndBind(key);
+    }
+  } end_bind{state_, key, reservation->has_value()};
+
   if (absl::Status locked = AcquireNodeLock(client_, args.node, ns, name, now, options_.node_lock);
       !locked.ok()) {
     return finish(fmt::format("bind {}: {}", key, std::string(locked.message())));
@@ -350,7 +413,14 @@ std::string Extender::Bind(const ExtenderBindingArgs& args) {
   kube::KeyPatch phase;
   phase[std::string(protocol::kBindPhaseAnnotation)] = std::string(protocol::kBindPhaseAllocating);
   phase[std::string(protocol::kBindTimeAnnotation)] = std::to_string(absl::ToUnixSeconds(now));
-  if (auto st = client_.PatchPodAnnotations(ns, name, phase); !st.ok()) {
+  if (reservation->has_value()) {
+    // The pod is assumed by kube-scheduler now (it ignores annotation-only updates of an
+    // assumed pod): the reservation and bind-phase go on in one patch.
+    if (absl::Status st = WriteReservation(*pod, **reservation, now, phase); !st.ok()) {
+      return fail(fmt::format("bind {}: the reservation ({}) could not be written: {}", key,
+                              (*reservation)->summary, std::string(st.message())));
+    }
+  } else if (auto st = client_.PatchPodAnnotations(ns, name, phase); !st.ok()) {
     return fail(
         fmt::format("bind {}: cannot set bind-phase: {}", key, std::string(st.status().message())));
   }
