@@ -57,7 +57,8 @@ int TryBind(const std::string& host, int port) {
   int bound = -1;
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
     socklen_t len = sizeof(addr);
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) bound = ntohs(addr.sin_port);
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+      bound = ntohs(addr.sin_port);
   }
   ::close(fd);
   return bound;
@@ -138,9 +139,10 @@ int RunLocal(const LocalFlags& f, CliContext& ctx) {
   if (!f.listen_given && o.api_port != 0 && TryBind(o.api_host, o.api_port) < 0) {
     const int port = TryBind(o.api_host, 0);
     if (port > 0) {
-      moved.push_back(fmt::format("{}:{} is in use; the API server listens on {}:{} instead "
-                                  "(--listen HOST:PORT chooses)",
-                                  o.api_host, o.api_port, o.api_host, port));
+      moved.push_back(
+          fmt::format("{}:{} is in use; the API server listens on {}:{} instead "
+                      "(--listen HOST:PORT chooses)",
+                      o.api_host, o.api_port, o.api_host, port));
       o.api_port = port;
     }
   }
@@ -245,9 +247,9 @@ int RunLocal(const LocalFlags& f, CliContext& ctx) {
       "  scheduler       {} (extender /filter /bind, webhooks /webhook /validate, /metrics)\n",
       c.nodes().size(), c.api_url(), k, c.scheduler_url());
   for (const auto& n : c.nodes()) {
-    intro += fmt::format("  node {:<10} {} at {}, device plugin http://{}:{}/nvml\n", n.name,
-                         n.gpus, c.node_address(n.name), c.node_address(n.name),
-                         c.options().nvml_port);
+    intro +=
+        fmt::format("  node {:<10} {} at {}, device plugin http://{}:{}/nvml\n", n.name, n.gpus,
+                    c.node_address(n.name), c.node_address(n.name), c.options().nvml_port);
   }
   intro += fmt::format(
       "Try:\n"
@@ -320,7 +322,7 @@ void RegisterLocalCommand(CLI::App& root, CliContext& ctx) {
       "local",
       "Run the whole system on this machine: API server, scheduler and webhooks, device plugins on "
       "simulated GPUs, kubelet and kube-scheduler stand-ins");
-  CLI::Option* listen =
+  CLI::Option* listen_opt =
       cmd->add_option("--listen", f->listen,
                       "HOST:PORT of the API server (port 0 picks one; the default is replaced by "
                       "a free port when taken)")
@@ -333,11 +335,11 @@ void RegisterLocalCommand(CLI::App& root, CliContext& ctx) {
       ->capture_default_str();
   cmd->add_option("--device-config", f->device_config,
                   "device-config.yaml (default: an allowlist of every catalogued model)");
-  CLI::Option* control =
+  CLI::Option* control_opt =
       cmd->add_option("--control", f->control,
                       "HOST:PORT of the restart endpoint (empty: none; port 0 picks one)")
           ->capture_default_str();
-  CLI::Option* nvml_port =
+  CLI::Option* nvml_port_opt =
       cmd->add_option("--nvml-port", f->nvml_port,
                       "port of each device plugin's /metrics and /nvml on its node address")
           ->capture_default_str();
@@ -346,10 +348,10 @@ void RegisterLocalCommand(CLI::App& root, CliContext& ctx) {
   cmd->add_flag("--quiet", f->quiet, "print only the summary (and the demo)");
   cmd->add_option("--log-level", f->log_level, "components' log level: debug, info, warn, error")
       ->capture_default_str();
-  cmd->callback([f, listen, control, nvml_port, &ctx] {
-    f->listen_given = listen->count() > 0;
-    f->control_given = control->count() > 0;
-    f->nvml_port_given = nvml_port->count() > 0;
+  cmd->callback([f, listen_opt, control_opt, nvml_port_opt, &ctx] {
+    f->listen_given = listen_opt->count() > 0;
+    f->control_given = control_opt->count() > 0;
+    f->nvml_port_given = nvml_port_opt->count() > 0;
     ctx.exit_code = RunLocal(*f, ctx);
   });
 }

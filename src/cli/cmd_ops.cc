@@ -15,12 +15,12 @@
 #include "fmt/format.h"
 #include "kube/rest_config.h"
 #include "kube/rest_kube_client.h"
+#include "nvml/dlopen_nvml.h"
+#include "nvml/sim_nvml.h"
 #include "ops/defrag_plan.h"
 #include "ops/explain.h"
 #include "ops/inventory.h"
 #include "ops/layout.h"
-#include "nvml/dlopen_nvml.h"
-#include "nvml/sim_nvml.h"
 #include "ops/preflight.h"
 #include "ops/rollback.h"
 #include "ops/validate.h"
@@ -344,8 +344,8 @@ struct RollbackFlags {
 // Runs one of plan / check / apply.
 int RunRollbackCommand(const RollbackFlags& f, const std::string& verb, CliContext& ctx) {
   const std::string command = "rollback " + verb;
-  const int sources = (f.on_node ? 1 : 0) + (f.sim_state.empty() ? 0 : 1) +
-                      (f.instances.empty() ? 0 : 1);
+  const int sources =
+      (f.on_node ? 1 : 0) + (f.sim_state.empty() ? 0 : 1) + (f.instances.empty() ? 0 : 1);
   if (sources > 1) {
     return Fail(ctx, command,
                 absl::InvalidArgumentError(
@@ -530,8 +530,9 @@ void RegisterOpsCommands(CLI::App& root, CliContext& ctx) {
       cmd->add_option("--geometry", f->geometry,
                       "the fixed geometry to reapply, as `dynmig nvml instances -o json` prints it "
                       "(default: the backup's NVML view of the node)");
-      cmd->add_flag("--on-node", f->on_node,
-                    "read (apply: recreate) the node's MIG instances through NVML here, on the node");
+      cmd->add_flag(
+          "--on-node", f->on_node,
+          "read (apply: recreate) the node's MIG instances through NVML here, on the node");
       cmd->add_option("--nvml-library", f->library, "with --on-node")->capture_default_str();
       cmd->add_option("--sim-state", f->sim_state,
                       "use the simulator's state file as the node's NVML (dynmig local)");

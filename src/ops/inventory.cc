@@ -145,8 +145,9 @@ absl::StatusOr<CommandOutput> RunInventory(kube::KubeClient& client, NvmlSource*
     if (device_config || IsMigManagerConfig(cm)) configmaps.push_back(cm);
   }
   for (const auto& cm : configmaps) {
-    const std::string rel = fmt::format("configmaps/{}_{}.json", BackupFileName(kube::Namespace(cm)),
-                                        BackupFileName(kube::Name(cm)));
+    const std::string rel =
+        fmt::format("configmaps/{}_{}.json", BackupFileName(kube::Namespace(cm)),
+                    BackupFileName(kube::Name(cm)));
     if (std::find(files.begin(), files.end(), rel) != files.end()) continue;
     if (auto st = write(rel, cm); !st.ok()) return st;
     const bool legacy = [&] {
@@ -223,7 +224,8 @@ absl::StatusOr<CommandOutput> RunInventory(kube::KubeClient& client, NvmlSource*
         register_note = "unreadable register annotation";
       }
     }
-    if (auto st = write(fmt::format("nodes/{}.json", BackupFileName(name)), rec); !st.ok()) return st;
+    if (auto st = write(fmt::format("nodes/{}.json", BackupFileName(name)), rec); !st.ok())
+      return st;
 
     std::string nvml_note = "NVML view not fetched (no endpoint)";
     if (nvml != nullptr) {
@@ -242,7 +244,8 @@ absl::StatusOr<CommandOutput> RunInventory(kube::KubeClient& client, NvmlSource*
         nvml_note =
             fmt::format("NVML view UNREACHABLE ({})", std::string(r.document.status().message()));
       }
-      if (auto st = write(fmt::format("nvml/{}.json", BackupFileName(name)), doc); !st.ok()) return st;
+      if (auto st = write(fmt::format("nvml/{}.json", BackupFileName(name)), doc); !st.ok())
+        return st;
     }
     const auto mig_labels = MigLabels(node);
     node_lines.push_back(fmt::format(

@@ -1,9 +1,10 @@
 #include "ops/rollback.h"
 
+#include <algorithm>
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <set>
 #include <sstream>
 
 #include "fmt/format.h"
@@ -29,9 +30,9 @@ constexpr std::string_view kMigConfigStateLabel = "nvidia.com/mig.config.state";
 constexpr std::string_view kMigManagerDeployLabel = "nvidia.com/gpu.deploy.mig-manager";
 
 // The safety items: while one FAILs the rollback is refused.
-const std::set<std::string, std::less<>> kSafetyChecks = {
-    "cordoned",  "dynamic-pods",  "reservations", "mig-service",
-    "device-plugin", "node-lock", "instances"};
+constexpr std::array<std::string_view, 7> kSafetyChecks = {
+    "cordoned",      "dynamic-pods", "reservations", "mig-service",
+    "device-plugin", "node-lock",    "instances"};
 
 absl::StatusOr<json> ReadJsonFile(const fs::path& path, const std::string& what) {
   std::ifstream f(path, std::ios::binary);
@@ -228,7 +229,8 @@ CurrentInstances ReadCurrent(const RollbackOptions& o) {
     if (v.ok()) {
       c.view = std::move(*v);
     } else {
-      c.error = fmt::format("--instances {}: {}", o.instances_file, std::string(v.status().message()));
+      c.error =
+          fmt::format("--instances {}: {}", o.instances_file, std::string(v.status().message()));
     }
     return c;
   }
@@ -411,8 +413,8 @@ absl::StatusOr<RollbackCheck> RunRollbackCheck(kube::KubeClient& client,
     for (const auto& a : *decoded) {
       reservations.push_back(fmt::format(
           "{}: {} at slices {} of {}{}", PodKey(p), a.profile, Place(a.placement), a.gpu_uuid,
-          a.runtime ? fmt::format(" ({}, GI {}, CI {})", a.runtime->mig_uuid, a.runtime->gpu_instance_id,
-                                  a.runtime->compute_instance_id)
+          a.runtime ? fmt::format(" ({}, GI {}, CI {})", a.runtime->mig_uuid,
+                                  a.runtime->gpu_instance_id, a.runtime->compute_instance_id)
                     : ""));
     }
   }
@@ -515,10 +517,9 @@ absl::StatusOr<RollbackCheck> RunRollbackCheck(kube::KubeClient& client,
     }
     // Once MIG Manager has its labels back (apply restores them only after this proof passed),
     // the instances on the GPUs are the geometry it applies.
-    const bool mig_manager_back =
-        !backup->geometry && !backup->mig_config.empty() &&
-        kube::Label(*node, kMigConfigLabel) == backup->mig_config &&
-        kube::Label(*node, kMigManagerDeployLabel) != "false";
+    const bool mig_manager_back = !backup->geometry && !backup->mig_config.empty() &&
+                                  kube::Label(*node, kMigConfigLabel) == backup->mig_config &&
+                                  kube::Label(*node, kMigManagerDeployLabel) != "false";
     if (current.view && mig_manager_back && !fail) {
       r.Add("instances", name, CheckStatus::kPass,
             fmt::format("MIG Manager owns the node's GPUs again ({}={}): their {} instance(s) "
@@ -532,11 +533,11 @@ absl::StatusOr<RollbackCheck> RunRollbackCheck(kube::KubeClient& client,
       fail = fail || !d.extra.empty();
       if (!fail) {
         r.Add("instances", name, CheckStatus::kPass,
-              d.matched == 0 ? fmt::format("no MIG instance on the node's GPUs ({})",
-                                           current.origin)
-                             : fmt::format("only the saved geometry's instances ({}) on the "
-                                           "node's GPUs ({})",
-                                           d.matched, current.origin));
+              d.matched == 0
+                  ? fmt::format("no MIG instance on the node's GPUs ({})", current.origin)
+                  : fmt::format("only the saved geometry's instances ({}) on the "
+                                "node's GPUs ({})",
+                                d.matched, current.origin));
       } else {
         evidence.push_back(
             "a dynamic-MIG instance outlived its pod: delete its pods while dynmig's device "
@@ -580,8 +581,8 @@ absl::StatusOr<RollbackCheck> RunRollbackCheck(kube::KubeClient& client,
       for (const auto& [k, v] : have.items()) {
         if (!want.contains(k)) keys.push_back(k + " (not in the backup)");
       }
-      differ.push_back(fmt::format("ConfigMap {}: differs from the backup in {}", key,
-                                   fmt::join(keys, ", ")));
+      differ.push_back(
+          fmt::format("ConfigMap {}: differs from the backup in {}", key, fmt::join(keys, ", ")));
     }
     if (differ.empty()) {
       r.Add("legacy-config", name, CheckStatus::kPass,
@@ -671,11 +672,13 @@ absl::StatusOr<RollbackCheck> RunRollbackCheck(kube::KubeClient& client,
     if (want.empty()) {
       bool any = false;
       for (const auto& [k, v] : have) {
-        any = any || (v != "0" && (k == protocol::kResourceCount || k.rfind("nvidia.com/mig-", 0) == 0));
+        any = any ||
+              (v != "0" && (k == protocol::kResourceCount || k.rfind("nvidia.com/mig-", 0) == 0));
       }
       if (!any) problems.push_back("no nvidia.com/gpu or nvidia.com/mig-* resource is allocatable");
-      evidence.push_back("the backup records no GPU resources (an older inventory): any "
-                         "nvidia.com/gpu or nvidia.com/mig-* resource counts");
+      evidence.push_back(
+          "the backup records no GPU resources (an older inventory): any "
+          "nvidia.com/gpu or nvidia.com/mig-* resource counts");
     }
     for (const auto& [k, v] : want) {
       if (v == "0") continue;
@@ -730,7 +733,7 @@ absl::StatusOr<RollbackCheck> RunRollbackCheck(kube::KubeClient& client,
 
   for (const auto& i : r.items) {
     if (i.status != CheckStatus::kFail) continue;
-    if (kSafetyChecks.count(i.check)) {
+    if (std::find(kSafetyChecks.begin(), kSafetyChecks.end(), i.check) != kSafetyChecks.end()) {
       out.refused.push_back(fmt::format("{}: {}", i.check, i.summary));
     } else {
       out.to_do.push_back(i.check);
@@ -771,10 +774,9 @@ absl::StatusOr<CommandOutput> RunRollbackPlan(kube::KubeClient& client,
   auto backup = LoadRollbackBackup(options.backup_dir, options.node, options.geometry_file);
   if (!backup.ok()) return backup.status();
   const std::string& n = options.node;
-  const std::string common = fmt::format("--node {} --backup {}{}", n, options.backup_dir,
-                                         options.geometry_file.empty()
-                                             ? ""
-                                             : " --geometry " + options.geometry_file);
+  const std::string common =
+      fmt::format("--node {} --backup {}{}", n, options.backup_dir,
+                  options.geometry_file.empty() ? "" : " --geometry " + options.geometry_file);
   auto result = [&](const char* id) -> std::string {
     auto items = check->report.Find(id, n);
     return items.empty() ? "-" : CheckStatusName(items.front()->status);
@@ -809,9 +811,10 @@ absl::StatusOr<CommandOutput> RunRollbackPlan(kube::KubeClient& client,
                    "the node and nothing of dynmig creates or destroys instances there",
                    kMigServiceLabel, kMigServiceLabelValue),
        {fmt::format("kubectl label node {} {}-", n, kMigServiceLabel),
-        fmt::format("kubectl -n dynmig-system get pods -l app.kubernetes.io/component=device-plugin "
-                    "--field-selector spec.nodeName={}   # until none",
-                    n)},
+        fmt::format(
+            "kubectl -n dynmig-system get pods -l app.kubernetes.io/component=device-plugin "
+            "--field-selector spec.nodeName={}   # until none",
+            n)},
        {"mig-service", "device-plugin", "node-lock"}});
   steps.push_back({"Prove that nothing dynamic remains",
                    "every safety item must PASS before anything is restored",
@@ -826,11 +829,10 @@ absl::StatusOr<CommandOutput> RunRollbackPlan(kube::KubeClient& client,
   if (!RestoredLabels(*backup).empty()) restore_proves.push_back("mig-manager-labels");
   steps.push_back(
       {"Restore the legacy configuration",
-       cms.empty() ? "the backup holds no ConfigMap to restore"
-                   : fmt::format("from the backup: {}{}", fmt::join(cms, ", "),
-                                 RestoredLabels(*backup).empty()
-                                     ? ""
-                                     : "; MIG Manager's node labels"),
+       cms.empty()
+           ? "the backup holds no ConfigMap to restore"
+           : fmt::format("from the backup: {}{}", fmt::join(cms, ", "),
+                         RestoredLabels(*backup).empty() ? "" : "; MIG Manager's node labels"),
        {fmt::format("dynmig rollback apply {}", common)},
        restore_proves});
   std::string geometry_why;
@@ -839,12 +841,14 @@ absl::StatusOr<CommandOutput> RunRollbackPlan(kube::KubeClient& client,
     std::vector<std::string> inst;
     for (const auto& g : backup->geometry->gpus) {
       for (const auto& i : g.instances) {
-        inst.push_back(fmt::format("{}: {} at slices {}", GpuName(g), i.profile, Place(i.placement)));
+        inst.push_back(
+            fmt::format("{}: {} at slices {}", GpuName(g), i.profile, Place(i.placement)));
       }
     }
     geometry_why = fmt::format("{} instance(s) from {}: {}", inst.size(), backup->geometry_origin,
                                fmt::join(inst, "; "));
-    geometry_cmds.push_back(fmt::format("dynmig rollback apply {} --on-node   # on the node", common));
+    geometry_cmds.push_back(
+        fmt::format("dynmig rollback apply {} --on-node   # on the node", common));
   } else if (!backup->mig_config.empty()) {
     geometry_why = fmt::format(
         "MIG Manager applies nvidia.com/mig.config={} once its label is back and it is enabled",
@@ -870,10 +874,10 @@ absl::StatusOr<CommandOutput> RunRollbackPlan(kube::KubeClient& client,
               {"backup", options.backup_dir},
               {"case", after ? "after-dynamic-pods" : "before-production"},
               {"steps", json::array()}};
-  std::string text = fmt::format(
-      "Rollback of node {} to its fixed MIG geometry (backup {}); {}.\n", n, options.backup_dir,
-      after ? "dynamic-MIG pods have run: drain them first"
-            : "no dynamic-MIG pod on the node now: the canary case");
+  std::string text = fmt::format("Rollback of node {} to its fixed MIG geometry (backup {}); {}.\n",
+                                 n, options.backup_dir,
+                                 after ? "dynamic-MIG pods have run: drain them first"
+                                       : "no dynamic-MIG pod on the node now: the canary case");
   for (size_t i = 0; i < steps.size(); ++i) {
     const Step& s = steps[i];
     json proves = json::array();
@@ -917,10 +921,10 @@ absl::StatusOr<RollbackApply> RunRollbackApply(kube::KubeClient& client,
   const std::string& n = options.node;
   std::vector<std::string> changes, unchanged, not_done;
   auto failed = [&](const absl::Status& st, const std::string& what) {
-    return absl::Status(st.code(), fmt::format("{}: {}; changes made before it: {}", what,
-                                               std::string(st.message()),
-                                               changes.empty() ? "none"
-                                                               : fmt::format("{}", fmt::join(changes, "; "))));
+    return absl::Status(
+        st.code(),
+        fmt::format("{}: {}; changes made before it: {}", what, std::string(st.message()),
+                    changes.empty() ? "none" : fmt::format("{}", fmt::join(changes, "; "))));
   };
 
   // ConfigMaps.
@@ -939,8 +943,8 @@ absl::StatusOr<RollbackApply> RunRollbackApply(kube::KubeClient& client,
       if (!created.ok()) return failed(created.status(), "create " + key);
       std::vector<std::string> keys;
       for (const auto& [k, v] : want.items()) keys.push_back(k);
-      changes.push_back(
-          fmt::format("ConfigMap {}: created from the backup (keys {})", key, fmt::join(keys, ", ")));
+      changes.push_back(fmt::format("ConfigMap {}: created from the backup (keys {})", key,
+                                    fmt::join(keys, ", ")));
       continue;
     }
     const json cur = ConfigMapData(*have);
@@ -965,10 +969,9 @@ absl::StatusOr<RollbackApply> RunRollbackApply(kube::KubeClient& client,
     auto patched = client.Patch(kube::Resource::kConfigMaps, kube::Namespace(cm), kube::Name(cm),
                                 {{"data", patch}}, kube::PatchType::kMerge, "");
     if (!patched.ok()) return failed(patched.status(), "update " + key);
-    changes.push_back(fmt::format("ConfigMap {}: restored {} from the backup{}", key,
-                                  fmt::join(set, ", "),
-                                  removed.empty() ? ""
-                                                  : fmt::format("; removed {}", fmt::join(removed, ", "))));
+    changes.push_back(
+        fmt::format("ConfigMap {}: restored {} from the backup{}", key, fmt::join(set, ", "),
+                    removed.empty() ? "" : fmt::format("; removed {}", fmt::join(removed, ", "))));
   }
 
   // Node labels and dynmig's registration.
@@ -988,9 +991,9 @@ absl::StatusOr<RollbackApply> RunRollbackApply(kube::KubeClient& client,
                                   want ? "=" + *want : " removed", have.value_or("absent")));
   }
   if (!BackupHasRegister(*backup)) {
-    for (std::string_view k : {protocol::kNodeRegisterAnnotation,
-                               protocol::kNodeHandshakeAnnotation,
-                               protocol::kNodeHeldSlicesAnnotation}) {
+    for (std::string_view k :
+         {protocol::kNodeRegisterAnnotation, protocol::kNodeHandshakeAnnotation,
+          protocol::kNodeHeldSlicesAnnotation}) {
       if (!kube::Annotation(*node, k)) continue;
       patch.annotations[std::string(k)] = std::nullopt;
       changes.push_back(fmt::format(
@@ -1013,9 +1016,9 @@ absl::StatusOr<RollbackApply> RunRollbackApply(kube::KubeClient& client,
         if (SavedGpu(*backup->geometry, g) == &saved_gpu) gpu = &g;
       }
       if (gpu == nullptr) {
-        return failed(absl::FailedPreconditionError(fmt::format(
-                          "{} of the saved geometry is not on this node ({})", GpuName(saved_gpu),
-                          nv.Description())),
+        return failed(absl::FailedPreconditionError(
+                          fmt::format("{} of the saved geometry is not on this node ({})",
+                                      GpuName(saved_gpu), nv.Description())),
                       "reapply the geometry");
       }
       if (!gpu->mig_enabled.value_or(false) && !saved_gpu.instances.empty()) {
@@ -1051,7 +1054,9 @@ absl::StatusOr<RollbackApply> RunRollbackApply(kube::KubeClient& client,
         auto gi = nv.CreateGpuInstance(gpu->index, spec->nvml_id, si.placement);
         if (!gi.ok()) return failed(gi.status(), "create " + what);
         auto ci = nv.CreateComputeInstance(gpu->index, gi->id);
-        if (!ci.ok()) return failed(ci.status(), fmt::format("create the CI of {} (GI {} was created)", what, gi->id));
+        if (!ci.ok())
+          return failed(ci.status(),
+                        fmt::format("create the CI of {} (GI {} was created)", what, gi->id));
         changes.push_back(
             fmt::format("{}: created (GI {}, CI {}, {})", what, gi->id, ci->id, ci->mig_uuid));
       }
@@ -1062,13 +1067,12 @@ absl::StatusOr<RollbackApply> RunRollbackApply(kube::KubeClient& client,
         "`dynmig rollback apply --node {} --backup {} --on-node` on the node",
         InstanceCount(*backup->geometry), backup->geometry_origin, n, options.backup_dir));
   } else if (!backup->mig_config.empty()) {
-    not_done.push_back(fmt::format(
-        "MIG Manager applies nvidia.com/mig.config={} when it runs on the node (watch "
-        "nvidia.com/mig.config.state become success)",
-        backup->mig_config));
-  } else {
     not_done.push_back(
-        "no fixed geometry to reapply: the backup has none (pass --geometry FILE)");
+        fmt::format("MIG Manager applies nvidia.com/mig.config={} when it runs on the node (watch "
+                    "nvidia.com/mig.config.state become success)",
+                    backup->mig_config));
+  } else {
+    not_done.push_back("no fixed geometry to reapply: the backup has none (pass --geometry FILE)");
   }
   not_done.push_back(fmt::format(
       "start the legacy device plugin, then `dynmig rollback check --node {} --backup {}` until "
@@ -1080,7 +1084,7 @@ absl::StatusOr<RollbackApply> RunRollbackApply(kube::KubeClient& client,
   for (const auto& u : unchanged) text += "  unchanged: " + u + "\n";
   for (const auto& d : not_done) text += "  not done by dynmig: " + d + "\n";
   out.output.text = std::move(text);
-  out.output.json = {{"node", n},         {"applied", true},         {"refused", false},
+  out.output.json = {{"node", n},          {"applied", true},        {"refused", false},
                      {"changes", changes}, {"unchanged", unchanged}, {"notDone", not_done}};
   return out;
 }

@@ -90,10 +90,10 @@ absl::StatusOr<CommandOutput> RunRollbackPlan(kube::KubeClient& client,
 // Every proof. The report's items are in step order; `refused` lists the safety items that FAILed.
 struct RollbackCheck {
   CheckReport report;
-  std::vector<std::string> refused;   // "check: summary" of each failed safety item
-  std::vector<std::string> to_do;     // failed restoration items
-  nlohmann::json ToJson() const;      // the report's JSON plus "refused", "toDo", "verdict"
-  std::string ToText() const;         // the table, then the verdict
+  std::vector<std::string> refused;  // "check: summary" of each failed safety item
+  std::vector<std::string> to_do;    // failed restoration items
+  nlohmann::json ToJson() const;     // the report's JSON plus "refused", "toDo", "verdict"
+  std::string ToText() const;        // the table, then the verdict
   std::string Verdict() const;
 };
 absl::StatusOr<RollbackCheck> RunRollbackCheck(kube::KubeClient& client,

@@ -139,7 +139,8 @@ PodChoices ChoicesForPod(const mig::Allowlist& allowlist, const json* pod,
     mig::AllowlistEntry kept;
     for (const auto& m : e.models) {
       bool ok = filter.use_types.empty();
-      for (const auto& t : filter.use_types) ok = ok || ContainsNoCase(m, t) || ContainsNoCase(t, m);
+      for (const auto& t : filter.use_types)
+        ok = ok || ContainsNoCase(m, t) || ContainsNoCase(t, m);
       for (const auto& t : filter.nouse_types) ok = ok && !ContainsNoCase(m, t);
       if (ok) kept.models.push_back(m);
     }
@@ -181,9 +182,9 @@ absl::Status ValidatePreference(std::string_view value, const mig::Allowlist& al
   const std::string key(protocol::kMigProfilePreferenceAnnotation);
   const mig::Preference preference = mig::ParsePreference(value);
   if (preference.empty()) {
-    return absl::InvalidArgumentError(fmt::format("{}: \"{}\" lists no profile; {}", key,
-                                                  std::string(value),
-                                                  ChoicesText(ChoicesForPod(allowlist, pod, resources))));
+    return absl::InvalidArgumentError(
+        fmt::format("{}: \"{}\" lists no profile; {}", key, std::string(value),
+                    ChoicesText(ChoicesForPod(allowlist, pod, resources))));
   }
   for (const auto& entry : preference.entries) {
     if (!allowlist.KnowsPreferenceEntry(entry)) {

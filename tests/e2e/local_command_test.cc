@@ -161,8 +161,8 @@ class HeldPort {
 
 TEST(LocalCommandTest, TakenDefaultPortsAreReplacedByFreeOnesAndSaid) {
   const std::string bin = DYNMIG_BIN;
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("dynmig-local-ports-" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("dynmig-local-ports-" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   HeldPort api(6443), control(6444);  // another cluster (k3s, kind) and its neighbour
   LocalProcess p({bin, "local", "--nvml-port", std::to_string(FreePort()), "--state-dir",

@@ -48,12 +48,12 @@ class RollbackE2eTest : public E2eTest {
   CliResult Dynmig(std::vector<std::string> args) { return cli::testing::RunDynmig(args); }
   // `dynmig rollback VERB --kubeconfig K --nvml-endpoint T --node node-a --backup B ARGS...`
   CliResult Rollback(const std::string& verb, std::vector<std::string> args = {}) {
-    std::vector<std::string> argv = {"rollback",       verb,
-                                     "--kubeconfig",   cluster_->kubeconfig_path(),
+    std::vector<std::string> argv = {"rollback",        verb,
+                                     "--kubeconfig",    cluster_->kubeconfig_path(),
                                      "--nvml-endpoint", cluster_->nvml_endpoint_template(),
-                                     "--nvml-timeout", "2s",
-                                     "--node",         "node-a",
-                                     "--backup",       backup()};
+                                     "--nvml-timeout",  "2s",
+                                     "--node",          "node-a",
+                                     "--backup",        backup()};
     argv.insert(argv.end(), args.begin(), args.end());
     return Dynmig(argv);
   }
@@ -84,9 +84,8 @@ class RollbackE2eTest : public E2eTest {
   }
 
   void PatchNode(const json& patch, const std::string& subresource = "") {
-    auto patched =
-        kube_->Patch(kube::Resource::kNodes, "", "node-a", patch, kube::PatchType::kMerge,
-                     subresource);
+    auto patched = kube_->Patch(kube::Resource::kNodes, "", "node-a", patch,
+                                kube::PatchType::kMerge, subresource);
     ASSERT_TRUE(patched.ok()) << Where() << patched.status();
   }
   void SetDeviceConfig(const std::string& yaml) {
@@ -160,9 +159,9 @@ TEST_F(RollbackE2eTest, BeforeProductionResumesRestoresHamisConfigAndTheFixedGeo
   ASSERT_EQ(geometry_out.code, 0) << Where() << geometry_out.err;
   const std::string geometry = (dir_ / "geometry.json").string();
   std::ofstream(geometry) << geometry_out.out;
-  CliResult inv = Dynmig({"inventory", "--kubeconfig", cluster_->kubeconfig_path(),
-                          "--nvml-endpoint", cluster_->nvml_endpoint_template(), "--nvml-timeout",
-                          "2s", "--out", backup()});
+  CliResult inv =
+      Dynmig({"inventory", "--kubeconfig", cluster_->kubeconfig_path(), "--nvml-endpoint",
+              cluster_->nvml_endpoint_template(), "--nvml-timeout", "2s", "--out", backup()});
   ASSERT_EQ(inv.code, 0) << Where() << inv.out << inv.err;
 
   Step("the migration: dynmig's config, dynmig's device plugin (it cleans the GPU)");
@@ -248,6 +247,9 @@ TEST_F(RollbackE2eTest, AfterDynamicPodsRanDrainsThemAndHandsTheNodeBackToMigMan
   StartCluster("node-a=A100-SXM4-40GBx1");
   const std::string state = cluster_->nvml_state_file("node-a");
 
+  auto n0 = kube_->GetNode("node-a");
+  ASSERT_TRUE(n0.ok()) << n0.status();
+  const std::string gpus = (*n0)["status"]["capacity"].value("nvidia.com/gpu", "0");
   Step("the node before the migration: MIG Manager and the GPU Operator's device plugin");
   ASSERT_TRUE(cluster_->StopDevicePlugin("node-a").ok());
   PatchNode({{"metadata",
@@ -259,8 +261,9 @@ TEST_F(RollbackE2eTest, AfterDynamicPodsRanDrainsThemAndHandsTheNodeBackToMigMan
                {"annotations",
                 {{std::string(protocol::kNodeRegisterAnnotation), nullptr},
                  {std::string(protocol::kNodeHandshakeAnnotation), nullptr}}}}}});
-  PatchNode({{"status", {{"capacity", {{"nvidia.com/gpu", "0"}, {"nvidia.com/mig-1g.5gb", "2"}}},
-                         {"allocatable", {{"nvidia.com/gpu", "0"}, {"nvidia.com/mig-1g.5gb", "2"}}}}}},
+  PatchNode({{"status",
+              {{"capacity", {{"nvidia.com/gpu", "0"}, {"nvidia.com/mig-1g.5gb", "2"}}},
+               {"allocatable", {{"nvidia.com/gpu", "0"}, {"nvidia.com/mig-1g.5gb", "2"}}}}}},
             "status");
   CliResult inv = Dynmig({"inventory", "--kubeconfig", cluster_->kubeconfig_path(),
                           "--nvml-endpoint", "", "--out", backup()});
@@ -273,8 +276,9 @@ TEST_F(RollbackE2eTest, AfterDynamicPodsRanDrainsThemAndHandsTheNodeBackToMigMan
                  {"nvidia.com/mig.config", nullptr},
                  {"nvidia.com/mig.config.state", nullptr},
                  {"nvidia.com/gpu.deploy.mig-manager", "false"}}}}}});
-  PatchNode({{"status", {{"capacity", {{"nvidia.com/gpu", "1"}, {"nvidia.com/mig-1g.5gb", nullptr}}},
-                         {"allocatable", {{"nvidia.com/gpu", "1"}, {"nvidia.com/mig-1g.5gb", nullptr}}}}}},
+  PatchNode({{"status",
+              {{"capacity", {{"nvidia.com/gpu", gpus}, {"nvidia.com/mig-1g.5gb", nullptr}}},
+               {"allocatable", {{"nvidia.com/gpu", gpus}, {"nvidia.com/mig-1g.5gb", nullptr}}}}}},
             "status");
   ASSERT_TRUE(cluster_->StartDevicePlugin("node-a").ok());
   RunPod(MigPod("train", 19000));
@@ -290,8 +294,8 @@ TEST_F(RollbackE2eTest, AfterDynamicPodsRanDrainsThemAndHandsTheNodeBackToMigMan
 
   Step("check refuses: schedulable, pods, reservations, instances, the service");
   json r = RollbackJson("check", {"--sim-state", state}, 1);
-  for (const char* check : {"cordoned", "dynamic-pods", "reservations", "mig-service",
-                            "device-plugin", "instances"}) {
+  for (const char* check :
+       {"cordoned", "dynamic-pods", "reservations", "mig-service", "device-plugin", "instances"}) {
     EXPECT_EQ(Result(r, check), "FAIL") << Where() << check << "\n" << r.dump(2);
   }
   EXPECT_THAT(Evidence(r, "dynamic-pods"), HasSubstr("default/train (Running)")) << Where();
@@ -328,8 +332,9 @@ TEST_F(RollbackE2eTest, AfterDynamicPodsRanDrainsThemAndHandsTheNodeBackToMigMan
               HasSubstr("nvidia.com/mig-1g.5gb: backup 2, now absent"))
       << Where();
   PatchNode({{"metadata", {{"labels", {{"nvidia.com/mig.config.state", "success"}}}}}});
-  PatchNode({{"status", {{"capacity", {{"nvidia.com/mig-1g.5gb", "2"}}},
-                         {"allocatable", {{"nvidia.com/mig-1g.5gb", "2"}}}}}},
+  PatchNode({{"status",
+              {{"capacity", {{"nvidia.com/mig-1g.5gb", "2"}}},
+               {"allocatable", {{"nvidia.com/mig-1g.5gb", "2"}}}}}},
             "status");
   r = RollbackJson("check", {"--sim-state", state}, 0);
   EXPECT_EQ(r["verdict"], "restored: the node may be uncordoned") << Where() << r.dump(2);

@@ -1,11 +1,12 @@
 // `dynmig rollback plan|check|apply` against the in-memory API server, a fake device-plugin NVML
 // endpoint, and the NVML simulator standing for the node's GPUs.
+#include "ops/rollback.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "nvml/sim_nvml.h"
 #include "ops/ops_test_util.h"
-#include "ops/rollback.h"
 
 namespace dynmig::ops::testing {
 namespace {
@@ -41,13 +42,16 @@ class RollbackTest : public OpsTest {
              {"dynmig.io/mig", "enabled"}}},
            {"annotations",
             {{std::string(protocol::kNodeRegisterAnnotation), Register({{kGpu}})},
-             {std::string(protocol::kNodeHandshakeAnnotation), "Reported_2026-12-01 10:00:00"}}}}}});
+             {std::string(protocol::kNodeHandshakeAnnotation),
+              "Reported_2026-12-01 10:00:00"}}}}}});
   }
   void Put(kube::Resource r, const std::string& ns, const std::string& name, const json& patch) {
     auto patched = client_->Patch(r, ns, name, patch, kube::PatchType::kMerge, "");
     ASSERT_TRUE(patched.ok()) << patched.status();
   }
-  void Cordon() { Put(kube::Resource::kNodes, "", "node-a", {{"spec", {{"unschedulable", true}}}}); }
+  void Cordon() {
+    Put(kube::Resource::kNodes, "", "node-a", {{"spec", {{"unschedulable", true}}}});
+  }
   std::string backup() const { return (dir_ / "backup").string(); }
   std::string sim_state() const { return (dir_ / "gpus.json").string(); }
   std::unique_ptr<nvml::SimNvml> Sim() {
@@ -68,8 +72,8 @@ class RollbackTest : public OpsTest {
     return path;
   }
   std::vector<std::string> Args(const std::string& verb, std::vector<std::string> extra = {}) {
-    std::vector<std::string> a = {"rollback", verb,  "--node",          "node-a", "--backup",
-                                  backup(),   "--nvml-endpoint", ""};
+    std::vector<std::string> a = {"rollback", verb,     "--node",          "node-a",
+                                  "--backup", backup(), "--nvml-endpoint", ""};
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   }
@@ -96,7 +100,8 @@ TEST_F(RollbackTest, BadInputIsRefusedWithAClearErrorAndChangesNothing) {
   std::ofstream(dir_ / "geo.json") << R"({"gpus": 3})";
   r = Run(Args("apply", {"--geometry", (dir_ / "geo.json").string()}));
   EXPECT_EQ(r.code, cli::kExitBadInput) << r.out << r.err;
-  EXPECT_THAT(r.err, HasSubstr("--geometry " + (dir_ / "geo.json").string() + ": NVML view: gpus: "
+  EXPECT_THAT(r.err, HasSubstr("--geometry " + (dir_ / "geo.json").string() +
+                               ": NVML view: gpus: "
                                "must be an array"));
   r = Run(Args("check", {"--sim-state", sim_state(), "--instances", "x.json"}));
   EXPECT_EQ(r.code, cli::kExitBadInput);
@@ -121,8 +126,7 @@ TEST_F(RollbackTest, CheckRefusesWhileAnythingDynamicRemainsAndApplyChangesNothi
   SetUpMigrated();
   // A running dynamic-MIG pod with its reservation, dynmig's device plugin pod, a node lock, a
   // held instance, the plugin's NVML view answering, and an instance outside the saved geometry.
-  Add(PlacedPod("train", "node-a", 9000,
-                {{kGpu, "2g.10gb", 0, 2, Runtime{"MIG-aaaa", 3, 0}}}));
+  Add(PlacedPod("train", "node-a", 9000, {{kGpu, "2g.10gb", 0, 2, Runtime{"MIG-aaaa", 3, 0}}}));
   json plugin = Pod("dynmig-device-plugin-x7k2p", "node-a", 0);
   plugin["spec"]["containers"][0]["resources"] = json::object();
   plugin["metadata"]["labels"] = {{"app.kubernetes.io/name", "dynmig"},
@@ -137,15 +141,14 @@ TEST_F(RollbackTest, CheckRefusesWhileAnythingDynamicRemainsAndApplyChangesNothi
             R"([{"gpuUUID":")" + std::string(kGpu) +
                 R"(","placement":{"start":6,"size":1},"profile":"1g.5gb","reason":"processes"}])"}}}}}});
   FakeNvmlEndpoint endpoint;
-  endpoint.Set("node-a", NvmlDoc("node-a", {{kGpu}},
-                                 {{kGpu, "2g.10gb", 0, 2, 3, 0, "MIG-aaaa"}}));
+  endpoint.Set("node-a", NvmlDoc("node-a", {{kGpu}}, {{kGpu, "2g.10gb", 0, 2, 3, 0, "MIG-aaaa"}}));
   const std::string instances = (dir_ / "now.json").string();
-  std::ofstream(instances) << NvmlDoc("node-a", {{kGpu}}, {{kGpu, "2g.10gb", 0, 2, 3, 0, "MIG-aaaa"}})
-                                  .dump();
+  std::ofstream(instances)
+      << NvmlDoc("node-a", {{kGpu}}, {{kGpu, "2g.10gb", 0, 2, 3, 0, "MIG-aaaa"}}).dump();
 
-  std::vector<std::string> args = {"rollback", "check", "--node", "node-a", "--backup", backup(),
-                                   "--nvml-endpoint", endpoint.Template(), "--geometry",
-                                   Geometry(), "--instances", instances};
+  std::vector<std::string> args = {"rollback",   "check",    "--node",          "node-a",
+                                   "--backup",   backup(),   "--nvml-endpoint", endpoint.Template(),
+                                   "--geometry", Geometry(), "--instances",     instances};
   json r = RunJson(args, 1);
   for (const char* check : {"cordoned", "dynamic-pods", "reservations", "mig-service",
                             "device-plugin", "node-lock", "instances"}) {
@@ -157,9 +160,8 @@ TEST_F(RollbackTest, CheckRefusesWhileAnythingDynamicRemainsAndApplyChangesNothi
                                     "CI 0)",
                                     kGpu)));
   EXPECT_THAT(Evidence(r, "mig-service"), HasSubstr("kubectl label node node-a dynmig.io/mig-"));
-  EXPECT_THAT(Evidence(r, "device-plugin"),
-              HasSubstr("dynmig device-plugin pod on the node: "
-                        "dynmig-system/dynmig-device-plugin-x7k2p"));
+  EXPECT_THAT(Evidence(r, "device-plugin"), HasSubstr("dynmig device-plugin pod on the node: "
+                                                      "dynmig-system/dynmig-device-plugin-x7k2p"));
   EXPECT_THAT(Evidence(r, "device-plugin"), HasSubstr("its NVML view still answers"));
   EXPECT_THAT(Evidence(r, "node-lock"), HasSubstr("2026-12-01T10:00:00Z,default,train"));
   EXPECT_THAT(Evidence(r, "instances"),
@@ -265,7 +267,7 @@ TEST_F(RollbackTest, ApplyRestoresConfigLabelsAndGeometryAndSaysWhatChanged) {
   EXPECT_EQ(DeviceConfigNow(), kLegacyConfig);
   auto node = client_->GetNode("node-a");
   ASSERT_TRUE(node.ok());
-  EXPECT_EQ(kube::Label(*node, "nvidia.com/mig.config"), "all-1g.5gb");
+  EXPECT_EQ(kube::Label(*node, "nvidia.com/mig.config").value_or(""), "all-1g.5gb");
   EXPECT_FALSE(kube::Annotation(*node, protocol::kNodeRegisterAnnotation).has_value());
   auto gis = Sim()->ListGpuInstances(0);
   ASSERT_TRUE(gis.ok());
@@ -280,7 +282,8 @@ TEST_F(RollbackTest, ApplyRestoresConfigLabelsAndGeometryAndSaysWhatChanged) {
   EXPECT_THAT(Evidence(r, "instances"), HasSubstr("only the saved geometry's instances (2)"));
   EXPECT_THAT(Evidence(r, "legacy-registration"), HasSubstr("nvidia.com/gpu: backup 7, now 7"));
   EXPECT_THAT(Evidence(r, "legacy-registration"), HasSubstr("kubectl uncordon node-a"));
-  auto yaml = Run(Args("check", {"--geometry", geometry, "--sim-state", sim_state(), "-o", "yaml"}));
+  auto yaml =
+      Run(Args("check", {"--geometry", geometry, "--sim-state", sim_state(), "-o", "yaml"}));
   EXPECT_EQ(yaml.code, 0);
   EXPECT_THAT(yaml.out, HasSubstr("verdict: \"restored: the node may be uncordoned\""));
 }

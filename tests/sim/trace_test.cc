@@ -66,8 +66,8 @@ TEST(ParseAlibabaCsv, AListWithoutCreationTimeIsASnapshotInRowOrder) {
   EXPECT_DOUBLE_EQ(t->pods[0].departure, t->end);
   EXPECT_DOUBLE_EQ(t->pods[1].departure, t->end);
   // A timed list is not a snapshot; creation_time without deletion_time is still an error.
-  EXPECT_FALSE(ParseAlibabaCsv(std::string(kHeader) + "p,1,1,1,1000,,LS,Running,0,5,0\n", "x")
-                   ->snapshot);
+  EXPECT_FALSE(
+      ParseAlibabaCsv(std::string(kHeader) + "p,1,1,1,1000,,LS,Running,0,5,0\n", "x")->snapshot);
   auto half = ParseAlibabaCsv("name,num_gpu,gpu_milli,creation_time\nx,1,1000,0\n", "h.csv");
   ASSERT_FALSE(half.ok());
   EXPECT_THAT(std::string(half.status().message()),

@@ -146,14 +146,15 @@ TEST_F(AdmissionTest, AnUnknownPreferenceListsOnlyWhatCouldRunThePodAndSuggestsT
   EXPECT_THAT(m, HasSubstr("\"4gb\" matches no profile"));
   EXPECT_THAT(m, HasSubstr("did you mean \"4g\"?"));
   // A pod pinned to one model sees that model's profiles only.
-  m = message(GpuPod({{"nvidia.com/gpu", 1}, {"nvidia.com/gpumem", 4000}},
-                     {{"nvidia.com/mig-profile-preference", "2g.10gbx"},
-                      {"nvidia.com/use-gputype", "A100"}}));
+  m = message(GpuPod(
+      {{"nvidia.com/gpu", 1}, {"nvidia.com/gpumem", 4000}},
+      {{"nvidia.com/mig-profile-preference", "2g.10gbx"}, {"nvidia.com/use-gputype", "A100"}}));
   EXPECT_THAT(m, HasSubstr("did you mean \"2g.10gb\"? valid choices for this pod (4000 MiB per "
                            "instance; models A100-SXM4-40GB): 1g.5gb, 2g.10gb, 3g.20gb, 4g.20gb, "
                            "7g.40gb, 1g, 2g, 3g, 4g, 7g"));
-  m = message(GpuPod({{"nvidia.com/gpu", 1}, {"nvidia.com/gpumem", 30000}},
-                     {{"nvidia.com/mig-profile-preference", "9g"}, {"nvidia.com/nouse-gputype", "A100"}}));
+  m = message(
+      GpuPod({{"nvidia.com/gpu", 1}, {"nvidia.com/gpumem", 30000}},
+             {{"nvidia.com/mig-profile-preference", "9g"}, {"nvidia.com/nouse-gputype", "A100"}}));
   EXPECT_THAT(m, HasSubstr("valid choices for this pod (30000 MiB per instance; models H100 80GB): "
                            "3g.40gb, 7g.80gb, 3g, 7g"));
   // Nothing close: no guess. Nothing covers the request: the whole list.
