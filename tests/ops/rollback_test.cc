@@ -1,6 +1,7 @@
 // `dynmig rollback plan|check|apply` against the in-memory API server, a fake device-plugin NVML
 // endpoint, and the NVML simulator standing for the node's GPUs.
 #include "ops/rollback.h"
+#include "protocol/held_slices.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
