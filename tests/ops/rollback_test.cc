@@ -1,13 +1,13 @@
 // `dynmig rollback plan|check|apply` against the in-memory API server, a fake device-plugin NVML
 // endpoint, and the NVML simulator standing for the node's GPUs.
 #include "ops/rollback.h"
-#include "protocol/held_slices.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "nvml/sim_nvml.h"
 #include "ops/ops_test_util.h"
+#include "protocol/held_slices.h"
 
 namespace dynmig::ops::testing {
 namespace {
@@ -187,10 +187,12 @@ TEST_F(RollbackTest, CheckRefusesWhileAnythingDynamicRemainsAndApplyChangesNothi
 
   // Each condition cleared: the safety items pass; what is left is the restoration.
   Cordon();
-  ASSERT_TRUE(client_->Delete(kube::Resource::kPods, "default", "train", {}).ok());
   ASSERT_TRUE(
-      client_->Delete(kube::Resource::kPods, "dynmig-system", "dynmig-device-plugin-x7k2p", {})
-          .ok());
+      client_->Delete(kube::Resource::kPods, "default", "train", {.grace_period_seconds = 0}).ok());
+  ASSERT_TRUE(client_
+                  ->Delete(kube::Resource::kPods, "dynmig-system", "dynmig-device-plugin-x7k2p",
+                           {.grace_period_seconds = 0})
+                  .ok());
   endpoint.Remove("node-a");
   Put(kube::Resource::kNodes, "", "node-a",
       {{"metadata",
