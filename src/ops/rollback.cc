@@ -585,9 +585,9 @@ absl::StatusOr<RollbackCheck> RunRollbackCheck(kube::KubeClient& client,
           fmt::format("ConfigMap {}: differs from the backup in {}", key, fmt::join(keys, ", ")));
     }
     if (differ.empty()) {
+      const size_t n = restored.size();
       r.Add("legacy-config", name, CheckStatus::kPass,
-            fmt::format("the backup's {} ConfigMap(s) are restored", restored.size()),
-            std::move(restored));
+            fmt::format("the backup's {} ConfigMap(s) are restored", n), std::move(restored));
     } else {
       for (auto& e : restored) differ.push_back(std::move(e));
       differ.push_back("dynmig rollback apply restores them from the backup");
