@@ -188,7 +188,9 @@ TEST_F(RollbackE2eTest, BeforeProductionResumesRestoresHamisConfigAndTheFixedGeo
   ASSERT_EQ(plan["steps"].size(), 7u) << Where();
   EXPECT_THAT(plan["steps"][1]["why"].get<std::string>(), HasSubstr("nothing to drain"));
   EXPECT_THAT(plan["steps"][5]["why"].get<std::string>(),
-              HasSubstr("GPU 0: 4g.20gb at slices 0-3; GPU 0: 3g.20gb at slices 4-7"));
+              HasSubstr(fmt::format("GPU 0 ({0}): 4g.20gb at slices 0-3; GPU 0 ({0}): 3g.20gb at "
+                                    "slices 4-7",
+                                    gpu)));
 
   Step("check refuses while dynmig's device plugin serves the node");
   json r = RollbackJson("check", nvml, 1);
