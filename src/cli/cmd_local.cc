@@ -1,7 +1,11 @@
 // `dynmig local`: the whole system on one machine (src/local/local_cluster.h), served until
 // SIGINT/SIGTERM, with a small control endpoint to restart its parts and, with --demo, the
 // migration guide's walk-through (src/local/demo.h). See docs/local.md.
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <fstream>
@@ -32,7 +36,45 @@ struct LocalFlags {
   bool demo = false;
   bool quiet = false;
   std::string log_level = "warn";
+  // Whether the flag was given: a default port that is taken is replaced (and said), a given one
+  // is not.
+  bool listen_given = false;
+  bool control_given = false;
+  bool nvml_port_given = false;
 };
+
+// Binds a TCP socket to host:port and closes it: the port is free now. port 0: the port the kernel
+// chose, else `port`; -1 when the bind fails (in use, or not an IPv4 address).
+int TryBind(const std::string& host, int port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) return -1;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  int bound = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    socklen_t len = sizeof(addr);
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+      bound = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return bound;
+}
+
+// A port free on every host (the nodes' addresses), or -1.
+int FreePortOn(const std::vector<std::string>& hosts) {
+  for (int attempt = 0; attempt < 20 && !hosts.empty(); ++attempt) {
+    const int port = TryBind(hosts.front(), 0);
+    if (port <= 0) return -1;
+    bool all = true;
+    for (size_t i = 1; i < hosts.size() && all; ++i) all = TryBind(hosts[i], port) == port;
+    if (all) return port;
+  }
+  return -1;
+}
 
 // Serialized output: components log from their own threads.
 class Printer {
@@ -91,6 +133,47 @@ int RunLocal(const LocalFlags& f, CliContext& ctx) {
   o.nodes = *nodes;
   o.state_dir = f.state_dir;
   o.nvml_port = f.nvml_port;
+  // Default ports that are taken (another cluster, k3s, a second `dynmig local`): pick free ones
+  // and say which. Ports the user named are used as given (and fail loudly when taken).
+  std::vector<std::string> moved;
+  if (!f.listen_given && o.api_port != 0 && TryBind(o.api_host, o.api_port) < 0) {
+    const int port = TryBind(o.api_host, 0);
+    if (port > 0) {
+      moved.push_back(
+          fmt::format("{}:{} is in use; the API server listens on {}:{} instead "
+                      "(--listen HOST:PORT chooses)",
+                      o.api_host, o.api_port, o.api_host, port));
+      o.api_port = port;
+    }
+  }
+  if (!f.control.empty() && !f.control_given && control_port != 0 &&
+      TryBind(control_host, control_port) < 0) {
+    moved.push_back(fmt::format(
+        "{}:{} is in use; the control endpoint listens on a free port instead (printed below; "
+        "--control HOST:PORT chooses)",
+        control_host, control_port));
+    control_port = 0;
+  }
+  if (!f.nvml_port_given) {
+    std::vector<std::string> hosts;
+    for (size_t i = 0; i < o.nodes.size(); ++i) {
+      hosts.push_back(o.node_address_prefix +
+                      std::to_string(o.node_address_first + static_cast<int>(i)));
+    }
+    bool taken = false;
+    for (const auto& h : hosts) taken = taken || TryBind(h, o.nvml_port) < 0;
+    if (taken) {
+      const int port = FreePortOn(hosts);
+      if (port > 0) {
+        moved.push_back(fmt::format(
+            "port {} is in use on a node address; the device plugins serve /nvml on port {} "
+            "instead (--nvml-port chooses)",
+            o.nvml_port, port));
+        o.nvml_port = port;
+      }
+    }
+  }
+  for (const auto& line : moved) ctx.err << "dynmig local: " << line << "\n";
   if (!f.device_config.empty()) {
     std::ifstream in(f.device_config);
     if (!in) return bad("--device-config: cannot read " + f.device_config);
@@ -164,8 +247,9 @@ int RunLocal(const LocalFlags& f, CliContext& ctx) {
       "  scheduler       {} (extender /filter /bind, webhooks /webhook /validate, /metrics)\n",
       c.nodes().size(), c.api_url(), k, c.scheduler_url());
   for (const auto& n : c.nodes()) {
-    intro += fmt::format("  node {:<10} {} at {}, device plugin http://{}:{}/nvml\n", n.name,
-                         n.gpus, c.node_address(n.name), c.node_address(n.name), f.nvml_port);
+    intro +=
+        fmt::format("  node {:<10} {} at {}, device plugin http://{}:{}/nvml\n", n.name, n.gpus,
+                    c.node_address(n.name), c.node_address(n.name), c.options().nvml_port);
   }
   intro += fmt::format(
       "Try:\n"
@@ -238,8 +322,11 @@ void RegisterLocalCommand(CLI::App& root, CliContext& ctx) {
       "local",
       "Run the whole system on this machine: API server, scheduler and webhooks, device plugins on "
       "simulated GPUs, kubelet and kube-scheduler stand-ins");
-  cmd->add_option("--listen", f->listen, "HOST:PORT of the API server (port 0 picks one)")
-      ->capture_default_str();
+  CLI::Option* listen_opt =
+      cmd->add_option("--listen", f->listen,
+                      "HOST:PORT of the API server (port 0 picks one; the default is replaced by "
+                      "a free port when taken)")
+          ->capture_default_str();
   cmd->add_option("--nodes", f->nodes,
                   "nodes and their simulated GPUs: NAME=MODELxCOUNT[,MODELxCOUNT][,NAME=...]")
       ->capture_default_str();
@@ -248,18 +335,25 @@ void RegisterLocalCommand(CLI::App& root, CliContext& ctx) {
       ->capture_default_str();
   cmd->add_option("--device-config", f->device_config,
                   "device-config.yaml (default: an allowlist of every catalogued model)");
-  cmd->add_option("--control", f->control,
-                  "HOST:PORT of the restart endpoint (empty: none; port 0 picks one)")
-      ->capture_default_str();
-  cmd->add_option("--nvml-port", f->nvml_port,
-                  "port of each device plugin's /metrics and /nvml on its node address")
-      ->capture_default_str();
+  CLI::Option* control_opt =
+      cmd->add_option("--control", f->control,
+                      "HOST:PORT of the restart endpoint (empty: none; port 0 picks one)")
+          ->capture_default_str();
+  CLI::Option* nvml_port_opt =
+      cmd->add_option("--nvml-port", f->nvml_port,
+                      "port of each device plugin's /metrics and /nvml on its node address")
+          ->capture_default_str();
   cmd->add_flag("--demo", f->demo,
                 "play the migration guide's canary and mixed-profile walk-through, then serve");
   cmd->add_flag("--quiet", f->quiet, "print only the summary (and the demo)");
   cmd->add_option("--log-level", f->log_level, "components' log level: debug, info, warn, error")
       ->capture_default_str();
-  cmd->callback([f, &ctx] { ctx.exit_code = RunLocal(*f, ctx); });
+  cmd->callback([f, listen_opt, control_opt, nvml_port_opt, &ctx] {
+    f->listen_given = listen_opt->count() > 0;
+    f->control_given = control_opt->count() > 0;
+    f->nvml_port_given = nvml_port_opt->count() > 0;
+    ctx.exit_code = RunLocal(*f, ctx);
+  });
 }
 
 }  // namespace dynmig::cli

@@ -275,6 +275,7 @@ void RunInstances(const NvmlFlags& f, CliContext& ctx) {
     auto info = b->nvml->GetGpu(i);
     if (!info.ok()) return Fail(ctx, "instances", info.status(), kExitFailure);
     Json jgpu = {{"index", i},
+                 {"uuid", info->uuid},
                  {"name", info->name},
                  {"migEnabled", info->mig.current},
                  {"gpuInstances", Json::array()}};

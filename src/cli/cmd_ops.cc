@@ -1,4 +1,5 @@
-// The migration and operations commands: inventory, preflight, validate, explain, layout, defrag.
+// The migration and operations commands: inventory, preflight, validate, explain, layout, defrag,
+// rollback (plan, check, apply).
 // Each reads the cluster through the Kubernetes API (--kubeconfig / --in-cluster), prints a
 // readable table by default or -o json|yaml, and exits 0 when it answered, 1 when a check failed
 // (preflight, validate) or the cluster could not be read, 2 on bad input. The logic lives in
@@ -14,11 +15,14 @@
 #include "fmt/format.h"
 #include "kube/rest_config.h"
 #include "kube/rest_kube_client.h"
+#include "nvml/dlopen_nvml.h"
+#include "nvml/sim_nvml.h"
 #include "ops/defrag_plan.h"
 #include "ops/explain.h"
 #include "ops/inventory.h"
 #include "ops/layout.h"
 #include "ops/preflight.h"
+#include "ops/rollback.h"
 #include "ops/validate.h"
 
 namespace dynmig::cli {
@@ -33,7 +37,7 @@ struct CommonFlags {
   std::string device_config_name;
 };
 
-void AddCommon(CLI::App* cmd, CommonFlags& f, bool config_file = true) {
+void AddCommon(CLI::App* cmd, CommonFlags& f, bool config_file = true, bool config_query = true) {
   cmd->add_option("--kubeconfig", f.kubeconfig,
                   "kubeconfig file (default: $KUBECONFIG, in-cluster when available, "
                   "~/.kube/config)");
@@ -43,6 +47,7 @@ void AddCommon(CLI::App* cmd, CommonFlags& f, bool config_file = true) {
     cmd->add_option("--device-config", f.device_config_file,
                     "device-config.yaml to use instead of the cluster's ConfigMap");
   }
+  if (!config_query) return;
   cmd->add_option("--device-config-namespace", f.device_config_ns,
                   "namespace of the scheduler's device ConfigMap (default: search all)");
   cmd->add_option("--device-config-name", f.device_config_name,
@@ -321,6 +326,97 @@ int RunDefragCommand(const DefragFlags& f, CliContext& ctx) {
   return kExitOk;
 }
 
+// ---- rollback ----
+
+struct RollbackFlags {
+  CommonFlags common;
+  std::string node;
+  std::string backup;
+  std::string geometry;
+  bool on_node = false;
+  std::string library = "libnvidia-ml.so.1";
+  std::string sim_state;
+  std::string instances;
+  std::string nvml_endpoint = "http://{node}:9400/nvml";
+  std::string nvml_timeout = "3s";
+};
+
+// Runs one of plan / check / apply.
+int RunRollbackCommand(const RollbackFlags& f, const std::string& verb, CliContext& ctx) {
+  const std::string command = "rollback " + verb;
+  const int sources =
+      (f.on_node ? 1 : 0) + (f.sim_state.empty() ? 0 : 1) + (f.instances.empty() ? 0 : 1);
+  if (sources > 1) {
+    return Fail(ctx, command,
+                absl::InvalidArgumentError(
+                    "--on-node, --sim-state and --instances each give the node's instances: "
+                    "pass one"));
+  }
+  if (verb == "apply" && !f.instances.empty()) {
+    return Fail(ctx, command,
+                absl::InvalidArgumentError(
+                    "--instances: apply needs NVML to reapply the geometry (--on-node or "
+                    "--sim-state); the file only serves check and plan"));
+  }
+  // The backup is read before anything else: bad input changes nothing.
+  if (auto b = ops::LoadRollbackBackup(f.backup, f.node, f.geometry); !b.ok()) {
+    return Fail(ctx, command, b.status());
+  }
+  int code = kExitOk;
+  auto s = Open(ctx, command, f.common, code);
+  if (!s) return code;
+  absl::Status error;
+  auto endpoint = MakeNvml(f.nvml_endpoint, f.nvml_timeout, error);
+  if (!error.ok()) return Fail(ctx, command, error);
+  std::unique_ptr<nvml::Nvml> nvml;
+  if (!f.sim_state.empty()) {
+    nvml::SimNvmlOptions o;
+    o.state_file = f.sim_state;
+    auto sim = nvml::SimNvml::Create(std::move(o));
+    if (!sim.ok()) {
+      return Fail(ctx, command,
+                  absl::InvalidArgumentError(fmt::format("--sim-state {}: {}", f.sim_state,
+                                                         std::string(sim.status().message()))));
+    }
+    nvml = std::move(*sim);
+  } else if (f.on_node) {
+    nvml::DlopenNvmlOptions o;
+    o.library = f.library;
+    auto real = nvml::DlopenNvml::Create(o);
+    if (!real.ok()) {
+      return Fail(ctx, command,
+                  absl::FailedPreconditionError(fmt::format(
+                      "--on-node: {} (run this on the GPU node, or pass --instances FILE)",
+                      std::string(real.status().message()))));
+    }
+    nvml = std::move(*real);
+  }
+  ops::RollbackOptions options;
+  options.node = f.node;
+  options.backup_dir = f.backup;
+  options.geometry_file = f.geometry;
+  options.nvml = nvml.get();
+  options.instances_file = f.instances;
+  options.endpoint = endpoint.get();
+  const absl::Time now = absl::Now();
+  if (verb == "plan") {
+    auto out = ops::RunRollbackPlan(*s->client, options, now);
+    if (!out.ok()) return Fail(ctx, command, out.status());
+    Print(ctx, s->format, out->json, out->text);
+    return kExitOk;
+  }
+  if (verb == "check") {
+    auto out = ops::RunRollbackCheck(*s->client, options, now);
+    if (!out.ok()) return Fail(ctx, command, out.status());
+    Print(ctx, s->format, out->ToJson(), out->ToText());
+    return out->report.failed() ? kExitFailure : kExitOk;
+  }
+  auto out = ops::RunRollbackApply(*s->client, options, now);
+  if (!out.ok()) return Fail(ctx, command, out.status());
+  Print(ctx, s->format, out->output.json, out->output.text);
+  return out->refused ? kExitFailure : kExitOk;
+}
+
 }  // namespace
 
 std::string RenderLayoutText(const std::vector<scheduler::NodeReport>& nodes) {
@@ -410,6 +506,46 @@ void RegisterOpsCommands(CLI::App& root, CliContext& ctx) {
     cmd->add_option("--alternatives", f->alternatives, "further plans shown")
         ->capture_default_str();
     cmd->callback([f, &ctx] { ctx.exit_code = RunDefragCommand(*f, ctx); });
+  }
+  {
+    CLI::App* rollback = root.add_subcommand(
+        "rollback",
+        "Roll a node back from dynamic MIG to its fixed geometry, from a `dynmig inventory` "
+        "backup: plan, check, apply");
+    rollback->require_subcommand(1);
+    const std::vector<std::pair<std::string, std::string>> verbs = {
+        {"plan", "The steps for this node, each with its command and the check that proves it"},
+        {"check",
+         "Run every proof (PASS/FAIL with evidence); refuses while anything dynamic remains"},
+        {"apply",
+         "After check's safety items pass: restore the backup's ConfigMaps and MIG Manager "
+         "labels, and the fixed geometry through NVML; says what changed"}};
+    for (const auto& [verb, help] : verbs) {
+      auto f = std::make_shared<RollbackFlags>();
+      CLI::App* cmd = rollback->add_subcommand(verb, help);
+      AddCommon(cmd, f->common, false, false);
+      cmd->add_option("--node", f->node, "the node to roll back")->required();
+      cmd->add_option("--backup", f->backup, "the directory `dynmig inventory --out` wrote")
+          ->required();
+      cmd->add_option("--geometry", f->geometry,
+                      "the fixed geometry to reapply, as `dynmig nvml instances -o json` prints it "
+                      "(default: the backup's NVML view of the node)");
+      cmd->add_flag(
+          "--on-node", f->on_node,
+          "read (apply: recreate) the node's MIG instances through NVML here, on the node");
+      cmd->add_option("--nvml-library", f->library, "with --on-node")->capture_default_str();
+      cmd->add_option("--sim-state", f->sim_state,
+                      "use the simulator's state file as the node's NVML (dynmig local)");
+      cmd->add_option("--instances", f->instances,
+                      "the node's instances as `dynmig nvml instances -o json` printed them there");
+      cmd->add_option("--nvml-endpoint", f->nvml_endpoint,
+                      "dynmig's device-plugin NVML view ({node}, {name}): answering means it still "
+                      "runs; empty = do not probe")
+          ->capture_default_str();
+      cmd->add_option("--nvml-timeout", f->nvml_timeout, "probe timeout")->capture_default_str();
+      const std::string v = verb;
+      cmd->callback([f, v, &ctx] { ctx.exit_code = RunRollbackCommand(*f, v, ctx); });
+    }
   }
 }
 

@@ -157,6 +157,13 @@ void RunSimulate(const SimulateFlags& f, CliContext& ctx) {
     trace = sim::LoadTrace(*path);
   }
   if (!trace.ok()) return fail(trace.status());
+  if (trace->snapshot && options.mode != sim::Mode::kFill) {
+    return fail(absl::InvalidArgumentError(fmt::format(
+        "--trace {}: the pod list has no creation_time column: a snapshot of pods without "
+        "timing (as the v2023 multigpu lists are), which only --mode fill can use ({} replays "
+        "arrivals and departures)",
+        trace->source, sim::ModeName(options.mode))));
+  }
 
   ProgressBar bar(&ctx.err == &std::cerr && isatty(STDERR_FILENO) != 0);
   options.progress = [&](double x) { bar.Update(x); };

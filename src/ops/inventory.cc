@@ -12,14 +12,8 @@
 #include "protocol/pod_request.h"
 
 namespace dynmig::ops {
-namespace {
 
-namespace fs = std::filesystem;
-using kube::Object;
-using nlohmann::json;
-
-// File names keep [A-Za-z0-9._-]; anything else becomes '_'.
-std::string SafeName(std::string_view s) {
+std::string BackupFileName(std::string_view s) {
   std::string out;
   for (char c : s) {
     out +=
@@ -27,6 +21,12 @@ std::string SafeName(std::string_view s) {
   }
   return out.empty() ? "_" : out;
 }
+
+namespace {
+
+namespace fs = std::filesystem;
+using kube::Object;
+using nlohmann::json;
 
 absl::Status WriteFile(const fs::path& path, const std::string& content) {
   std::error_code ec;
@@ -145,8 +145,9 @@ absl::StatusOr<CommandOutput> RunInventory(kube::KubeClient& client, NvmlSource*
     if (device_config || IsMigManagerConfig(cm)) configmaps.push_back(cm);
   }
   for (const auto& cm : configmaps) {
-    const std::string rel = fmt::format("configmaps/{}_{}.json", SafeName(kube::Namespace(cm)),
-                                        SafeName(kube::Name(cm)));
+    const std::string rel =
+        fmt::format("configmaps/{}_{}.json", BackupFileName(kube::Namespace(cm)),
+                    BackupFileName(kube::Name(cm)));
     if (std::find(files.begin(), files.end(), rel) != files.end()) continue;
     if (auto st = write(rel, cm); !st.ok()) return st;
     const bool legacy = [&] {
@@ -185,6 +186,19 @@ absl::StatusOr<CommandOutput> RunInventory(kube::KubeClient& client, NvmlSource*
                 {"address", NodeAddress(node)},
                 {"annotations", annotations},
                 {"labels", labels}};
+    // The GPU resources the kubelet reports (nvidia.com/*): what a rollback must see registered
+    // again.
+    for (const char* field : {"capacity", "allocatable"}) {
+      json resources = json::object();
+      const auto status = node.find("status");
+      if (status != node.end() && status->is_object() && status->contains(field) &&
+          (*status)[field].is_object()) {
+        for (const auto& [k, v] : (*status)[field].items()) {
+          if (k.rfind("nvidia.com/", 0) == 0 && v.is_string()) resources[k] = v;
+        }
+      }
+      rec[field] = resources;
+    }
     std::string register_note = "no register annotation";
     if (auto reg = kube::Annotation(node, protocol::kNodeRegisterAnnotation)) {
       const auto legacy = protocol::DetectLegacyNodeRegister(*reg);
@@ -210,7 +224,8 @@ absl::StatusOr<CommandOutput> RunInventory(kube::KubeClient& client, NvmlSource*
         register_note = "unreadable register annotation";
       }
     }
-    if (auto st = write(fmt::format("nodes/{}.json", SafeName(name)), rec); !st.ok()) return st;
+    if (auto st = write(fmt::format("nodes/{}.json", BackupFileName(name)), rec); !st.ok())
+      return st;
 
     std::string nvml_note = "NVML view not fetched (no endpoint)";
     if (nvml != nullptr) {
@@ -229,7 +244,8 @@ absl::StatusOr<CommandOutput> RunInventory(kube::KubeClient& client, NvmlSource*
         nvml_note =
             fmt::format("NVML view UNREACHABLE ({})", std::string(r.document.status().message()));
       }
-      if (auto st = write(fmt::format("nvml/{}.json", SafeName(name)), doc); !st.ok()) return st;
+      if (auto st = write(fmt::format("nvml/{}.json", BackupFileName(name)), doc); !st.ok())
+        return st;
     }
     const auto mig_labels = MigLabels(node);
     node_lines.push_back(fmt::format(

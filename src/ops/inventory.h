@@ -7,7 +7,8 @@
 //   DIR/nodes/<node>.json              per GPU node: its hami.io/* annotations (the register
 //                                      annotation included, with its legacy-format findings), every
 //                                      nvidia.com/mig* label (mig.config, mig.config.state, ...),
-//                                      nvidia.com/gpu.* labels, cordon state, addresses
+//                                      nvidia.com/gpu.* labels, cordon state, addresses, the
+//                                      nvidia.com/* resources of status.capacity and .allocatable
 //   DIR/mig-pods.json                  every active MIG pod: node, phase, bind phase, its
 //                                      allocations (decoded, or the raw value and the error), its
 //                                      legacy GPU-uuid[t-s] identities, device lists, requests
@@ -36,6 +37,9 @@ struct InventoryOptions {
   bool force = false;
   DeviceConfigQuery config;  // only configmap_ns / configmap_name are used
 };
+
+// The name a backup file gets for an object name: [A-Za-z0-9._-] kept, anything else '_'.
+std::string BackupFileName(std::string_view name);
 
 // json: {"dir", "files": [...], "nodes", "migPods", "legacyPods", "configMaps", "nvmlReachable",
 // "nvmlUnreachable"}; text: the summary.

@@ -73,12 +73,15 @@ absl::StatusOr<Trace> ParseAlibabaCsv(std::string_view text, std::string_view so
         if (f == "creation_time") col_create = static_cast<int>(i);
         if (f == "deletion_time") col_delete = static_cast<int>(i);
       }
+      // No creation_time: a snapshot (no timing at all, deletion_time ignored).
+      trace.snapshot = col_create < 0;
       for (const auto& [col, cname] : {std::pair{col_name, "name"},
                                        {col_num_gpu, "num_gpu"},
                                        {col_milli, "gpu_milli"},
                                        {col_create, "creation_time"},
                                        {col_delete, "deletion_time"}}) {
-        if (col < 0) {
+        const bool timing = col == col_create || col == col_delete;
+        if (col < 0 && !(timing && trace.snapshot)) {
           return absl::InvalidArgumentError(
               fmt::format("{}:{}: missing column \"{}\" (the header has: {})", source, line_no,
                           cname, fmt::join(header, ", ")));
@@ -99,9 +102,13 @@ absl::StatusOr<Trace> ParseAlibabaCsv(std::string_view text, std::string_view so
     double created = 0, deleted = 0;
     if (!ParseNumber(fields[col_num_gpu], num_gpu)) return bad(col_num_gpu, "is not a number");
     if (!ParseNumber(fields[col_milli], milli)) return bad(col_milli, "is not a number");
-    if (!ParseNumber(fields[col_create], created)) return bad(col_create, "is not a number");
-    if (created < 0) return bad(col_create, "is negative");
-    const bool never_deleted = fields[col_delete].empty();
+    if (trace.snapshot) {
+      created = static_cast<double>(trace.rows - 1);
+    } else {
+      if (!ParseNumber(fields[col_create], created)) return bad(col_create, "is not a number");
+      if (created < 0) return bad(col_create, "is negative");
+    }
+    const bool never_deleted = trace.snapshot || fields[col_delete].empty();
     if (!never_deleted) {
       if (!ParseNumber(fields[col_delete], deleted)) return bad(col_delete, "is not a number");
       if (deleted < created) {

@@ -35,10 +35,15 @@ struct Trace {
   size_t rows = 0;             // data rows read
   size_t cpu_only = 0;         // rows skipped because they ask for no GPU
   size_t never_deleted = 0;    // rows with an empty deletion_time
+  // A pod list without a creation_time column (the v2023 multigpu* lists): a snapshot of pods
+  // with no timing. Arrivals are the row order (0, 1, 2, ...) and every pod stays to the end;
+  // only fill mode, which places pods in order until nothing fits, can use it.
+  bool snapshot = false;
 };
 
-// Parses an Alibaba v2023 pod list. Columns are found by header name (name, num_gpu, gpu_milli,
-// creation_time, deletion_time are required; others are ignored). Errors name the source, the
+// Parses an Alibaba v2023 pod list. Columns are found by header name (name, num_gpu, gpu_milli
+// are required; creation_time and deletion_time are required together unless creation_time is
+// absent, which makes the list a snapshot; others are ignored). Errors name the source, the
 // line and the column: "pods.csv:57: gpu_milli \"abc\" is not a number".
 absl::StatusOr<Trace> ParseAlibabaCsv(std::string_view text, std::string_view source);
 

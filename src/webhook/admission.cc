@@ -1,6 +1,7 @@
 #include "webhook/admission.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include "absl/strings/escaping.h"
 #include "fmt/format.h"
@@ -9,6 +10,7 @@
 #include "mig/preference.h"
 #include "mig/sizing.h"
 #include "protocol/annotations.h"
+#include "protocol/pod_request.h"
 
 namespace dynmig::webhook {
 namespace {
@@ -68,20 +70,144 @@ std::vector<std::string> PreferenceChoices(const mig::Allowlist& allowlist) {
   return out;
 }
 
-absl::Status ValidatePreference(std::string_view value, const mig::Allowlist& allowlist) {
+namespace {
+
+// Edit distance (case-insensitive), for "did you mean".
+size_t Distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const bool same = std::tolower(static_cast<unsigned char>(a[i - 1])) ==
+                        std::tolower(static_cast<unsigned char>(b[j - 1]));
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (same ? 0 : 1)});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+// The nominal memory of a profile name ("4g.20gb" -> 20480 MiB), 0 when the name has none.
+uint64_t NominalMib(std::string_view profile) {
+  const size_t dot = profile.find('.');
+  if (dot == std::string_view::npos) return 0;
+  uint64_t gb = 0;
+  size_t i = dot + 1;
+  for (; i < profile.size() && std::isdigit(static_cast<unsigned char>(profile[i])); ++i) {
+    gb = gb * 10 + static_cast<uint64_t>(profile[i] - '0');
+  }
+  return i + 1 < profile.size() && profile.substr(i, 2) == "gb" ? gb * 1024 : 0;
+}
+
+bool ContainsNoCase(std::string_view haystack, std::string_view needle) {
+  if (needle.empty()) return true;
+  auto it = std::search(haystack.begin(), haystack.end(), needle.begin(), needle.end(),
+                        [](char x, char y) {
+                          return std::tolower(static_cast<unsigned char>(x)) ==
+                                 std::tolower(static_cast<unsigned char>(y));
+                        });
+  return it != haystack.end();
+}
+
+// What the pod could run on: the allowlist entries (models) its use/nouse-gputype annotations
+// leave, and their profiles that cover its largest per-instance memory request. Also a line
+// saying why the list is short ("" when it is the whole allowlist's).
+struct PodChoices {
+  std::vector<std::string> choices;
+  std::string scope;
+};
+
+PodChoices ChoicesForPod(const mig::Allowlist& allowlist, const json* pod,
+                         const protocol::ResourceNames& resources) {
+  PodChoices out;
+  if (pod == nullptr) {
+    out.choices = PreferenceChoices(allowlist);
+    return out;
+  }
+  auto request = protocol::ParsePodRequest(*pod, resources);
+  if (!request.ok()) {
+    out.choices = PreferenceChoices(allowlist);
+    return out;
+  }
+  uint64_t mib = 0;
+  for (const auto& c : request->containers) {
+    if (c.count > 0) mib = std::max(mib, c.memory.mib);
+  }
+  const auto& filter = request->filter;
+  mig::Allowlist usable;
+  std::vector<std::string> models;
+  for (const auto& e : allowlist.entries) {
+    mig::AllowlistEntry kept;
+    for (const auto& m : e.models) {
+      bool ok = filter.use_types.empty();
+      for (const auto& t : filter.use_types)
+        ok = ok || ContainsNoCase(m, t) || ContainsNoCase(t, m);
+      for (const auto& t : filter.nouse_types) ok = ok && !ContainsNoCase(m, t);
+      if (ok) kept.models.push_back(m);
+    }
+    if (kept.models.empty()) continue;
+    for (const auto& p : e.profiles) {
+      const uint64_t nominal = NominalMib(p);
+      if (mib == 0 || nominal == 0 || nominal >= mib) kept.profiles.push_back(p);
+    }
+    if (kept.profiles.empty()) continue;
+    for (const auto& m : kept.models) models.push_back(m);
+    usable.entries.push_back(std::move(kept));
+  }
+  if (usable.entries.empty()) {
+    out.choices = PreferenceChoices(allowlist);
+    out.scope = " (no allowlisted model covers this pod's request)";
+    return out;
+  }
+  out.choices = PreferenceChoices(usable);
+  const bool narrowed = out.choices != PreferenceChoices(allowlist);
+  if (narrowed) {
+    std::vector<std::string> why;
+    if (mib > 0) why.push_back(fmt::format("{} MiB per instance", mib));
+    if (!filter.use_types.empty() || !filter.nouse_types.empty()) {
+      why.push_back(fmt::format("models {}", fmt::join(models, ", ")));
+    }
+    out.scope = fmt::format(" for this pod ({})", fmt::join(why, "; "));
+  }
+  return out;
+}
+
+std::string ChoicesText(const PodChoices& c) {
+  return fmt::format("valid choices{}: {}", c.scope, fmt::join(c.choices, ", "));
+}
+
+}  // namespace
+
+absl::Status ValidatePreference(std::string_view value, const mig::Allowlist& allowlist,
+                                const json* pod, const protocol::ResourceNames& resources) {
   const std::string key(protocol::kMigProfilePreferenceAnnotation);
   const mig::Preference preference = mig::ParsePreference(value);
   if (preference.empty()) {
-    return absl::InvalidArgumentError(fmt::format("{}: \"{}\" lists no profile; valid choices: {}",
-                                                  key, std::string(value),
-                                                  fmt::join(PreferenceChoices(allowlist), ", ")));
+    return absl::InvalidArgumentError(
+        fmt::format("{}: \"{}\" lists no profile; {}", key, std::string(value),
+                    ChoicesText(ChoicesForPod(allowlist, pod, resources))));
   }
   for (const auto& entry : preference.entries) {
     if (!allowlist.KnowsPreferenceEntry(entry)) {
+      const PodChoices choices = ChoicesForPod(allowlist, pod, resources);
+      // The closest valid name, when it is close enough to be a typo of it.
+      std::string best;
+      size_t best_distance = std::string::npos;
+      for (const auto& c : choices.choices) {
+        const size_t d = Distance(entry, c);
+        if (d < best_distance) {
+          best_distance = d;
+          best = c;
+        }
+      }
+      const size_t limit = std::max<size_t>(2, entry.size() / 3);
+      const std::string hint =
+          best_distance <= limit ? fmt::format("did you mean \"{}\"? ", best) : "";
       return absl::InvalidArgumentError(fmt::format(
           "{}: \"{}\" matches no profile of the MIG profile allowlist (exact profile names or "
-          "slice classes); valid choices: {}",
-          key, entry, fmt::join(PreferenceChoices(allowlist), ", ")));
+          "slice classes); {}{}",
+          key, entry, hint, ChoicesText(choices)));
     }
   }
   return absl::OkStatus();
@@ -184,7 +310,9 @@ void AdmissionHandler::ReviewPod(const json& request, bool mutate, json& respons
   const auto preference = PodAnnotation(*object, preference_key);
   if (preference.has_value() &&
       (operation == "CREATE" || preference != PodAnnotation(*old_object, preference_key))) {
-    if (absl::Status st = ValidatePreference(*preference, options_.allowlist); !st.ok()) {
+    if (absl::Status st =
+            ValidatePreference(*preference, options_.allowlist, &*object, options_.resources);
+        !st.ok()) {
       Deny(response, 400, "Invalid", fmt::format("{}: {}", pod, std::string(st.message())));
       return;
     }

@@ -60,9 +60,14 @@ struct AdmissionOptions {
 std::vector<std::string> PreferenceChoices(const mig::Allowlist& allowlist);
 
 // OK when every entry of the annotation value names a profile of some allowlist entry.
-// kInvalidArgument naming the first bad entry and listing the valid choices, or saying that the
-// value is empty.
-absl::Status ValidatePreference(std::string_view value, const mig::Allowlist& allowlist);
+// kInvalidArgument naming the first bad entry, suggesting the closest valid choice when it looks
+// like a typo of one ("did you mean \"4g\"?"), and listing the valid choices, or saying that the
+// value is empty. With `pod`, the list holds only what could run it: the allowlist entries its
+// nvidia.com/use-gputype / nouse-gputype leave, and their profiles whose nominal memory covers its
+// largest per-instance memory request (the whole list when nothing would).
+absl::Status ValidatePreference(std::string_view value, const mig::Allowlist& allowlist,
+                                const nlohmann::json* pod = nullptr,
+                                const protocol::ResourceNames& resources = {});
 
 class AdmissionHandler {
  public:

@@ -1,7 +1,9 @@
 // `dynmig local` as a user runs it: a process that prints where things are, serves kubectl,
 // restarts a part through its control endpoint, and stops on SIGINT.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -137,6 +139,58 @@ TEST(LocalCommandTest, ServesKubectlRestartsAPartAndStopsOnSigint) {
   }
   EXPECT_EQ(p.Interrupt(absl::Seconds(20)), 0) << p.output();
   EXPECT_NE(p.output().find("stopping"), std::string::npos) << p.output();
+  std::filesystem::remove_all(dir);
+}
+
+// Holds 127.0.0.1:PORT listening (or finds it already taken by someone else) for the test.
+class HeldPort {
+ public:
+  explicit HeldPort(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) ::listen(fd_, 1);
+  }
+  ~HeldPort() { ::close(fd_); }
+
+ private:
+  int fd_ = -1;
+};
+
+TEST(LocalCommandTest, TakenDefaultPortsAreReplacedByFreeOnesAndSaid) {
+  const std::string bin = DYNMIG_BIN;
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("dynmig-local-ports-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  HeldPort api(6443), control(6444);  // another cluster (k3s, kind) and its neighbour
+  LocalProcess p({bin, "local", "--nvml-port", std::to_string(FreePort()), "--state-dir",
+                  dir.string(), "--nodes", "node-a=A100-SXM4-40GBx1", "--quiet"});
+  ASSERT_TRUE(p.ReadUntil("Events follow", absl::Seconds(60))) << p.output();
+  const std::string out = p.output();
+  EXPECT_NE(out.find("127.0.0.1:6443 is in use; the API server listens on 127.0.0.1:"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("127.0.0.1:6444 is in use; the control endpoint listens on a free port"),
+            std::string::npos)
+      << out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex(R"(API server (https?://[0-9.]+:(\d+)))")))
+      << out;
+  EXPECT_NE(m[2].str(), "6443") << out;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex(R"(\n  kubeconfig\s+(\S+)\n)"))) << out;
+  const std::string kubeconfig = m[1];
+  if (Shell("kubectl version --client").first == 0) {
+    auto [rc, nodes] = Shell(fmt::format("kubectl --kubeconfig {} get nodes", kubeconfig));
+    EXPECT_EQ(rc, 0) << nodes;
+    EXPECT_NE(nodes.find("node-a"), std::string::npos) << nodes;
+  }
+  ASSERT_TRUE(
+      std::regex_search(out, m, std::regex(R"(curl -d '' (http://\S+)/restart/device-plugin/)")))
+      << out;
+  EXPECT_EQ(m[1].str().find(":6444"), std::string::npos) << out;
+  EXPECT_EQ(p.Interrupt(absl::Seconds(20)), 0) << p.output();
   std::filesystem::remove_all(dir);
 }
 

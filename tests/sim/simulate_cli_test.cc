@@ -96,6 +96,29 @@ TEST_F(SimulateCliTest, Generate) {
   EXPECT_THAT(out_.str(), HasSubstr("generated:pods=300,load=1.5 (seed 3)"));
 }
 
+TEST_F(SimulateCliTest, ASnapshotWithoutTimingServesFillModeOnly) {
+  const std::string snapshot = (dir_ / "openb_pod_list_multigpu50.csv").string();
+  std::ofstream(snapshot) << "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase\n"
+                             "a,1,1,1,120,,LS,Running\n"
+                             "b,1,1,2,490,,LS,Running\n"
+                             "c,1,1,1,1000,,LS,Running\n";
+  ASSERT_EQ(Run({"simulate", "--trace", snapshot, "--gpus", "A100-SXM4-40GBx2", "--mode", "fill",
+                 "-o", "json"}),
+            kExitOk)
+      << err_.str();
+  const auto doc = nlohmann::json::parse(out_.str(), nullptr, false);
+  ASSERT_FALSE(doc.is_discarded()) << out_.str();
+  EXPECT_THAT(doc.dump(), HasSubstr("\"fill\"")) << doc.dump(2);
+  for (const char* mode : {"reject", "queue"}) {
+    EXPECT_EQ(Run({"simulate", "--trace", snapshot, "--gpus", "A100-SXM4-40GBx2", "--mode", mode}),
+              kExitBadInput)
+        << mode;
+    EXPECT_THAT(err_.str(), HasSubstr("has no creation_time column: a snapshot of pods without "
+                                      "timing"));
+    EXPECT_THAT(err_.str(), HasSubstr("only --mode fill can use it"));
+  }
+}
+
 TEST_F(SimulateCliTest, BadInput) {
   EXPECT_EQ(Run({"simulate", "--trace", trace_, "--mode", "sometimes"}), kExitBadInput);
   EXPECT_THAT(err_.str(), HasSubstr("--mode \"sometimes\": expected reject, queue or fill"));

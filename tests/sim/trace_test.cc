@@ -46,6 +46,34 @@ TEST(ParseAlibabaCsv, MapsPodsToInstancesAndShares) {
   EXPECT_DOUBLE_EQ(t->end, 100);
 }
 
+TEST(ParseAlibabaCsv, AListWithoutCreationTimeIsASnapshotInRowOrder) {
+  // The v2023 multigpu* lists: no creation_time or deletion_time.
+  const std::string csv =
+      "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase\n"
+      "a,1000,100,2,1000,,LS,Running\n"
+      "b,1000,100,0,0,,LS,Running\n"
+      "c,1000,100,1,300,,BE,Pending\n";
+  auto t = ParseAlibabaCsv(csv, "multigpu50.csv");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_TRUE(t->snapshot);
+  EXPECT_EQ(t->rows, 3u);
+  EXPECT_EQ(t->cpu_only, 1u);
+  ASSERT_EQ(t->pods.size(), 2u);
+  EXPECT_EQ(t->pods[0].count, 2u);
+  EXPECT_DOUBLE_EQ(t->pods[0].arrival, 0);
+  EXPECT_EQ(t->pods[1].percent, 30u);
+  EXPECT_DOUBLE_EQ(t->pods[1].arrival, 2);  // row order
+  EXPECT_DOUBLE_EQ(t->pods[0].departure, t->end);
+  EXPECT_DOUBLE_EQ(t->pods[1].departure, t->end);
+  // A timed list is not a snapshot; creation_time without deletion_time is still an error.
+  EXPECT_FALSE(
+      ParseAlibabaCsv(std::string(kHeader) + "p,1,1,1,1000,,LS,Running,0,5,0\n", "x")->snapshot);
+  auto half = ParseAlibabaCsv("name,num_gpu,gpu_milli,creation_time\nx,1,1000,0\n", "h.csv");
+  ASSERT_FALSE(half.ok());
+  EXPECT_THAT(std::string(half.status().message()),
+              HasSubstr("h.csv:1: missing column \"deletion_time\""));
+}
+
 TEST(ParseAlibabaCsv, ColumnsAreFoundByName) {
   const std::string csv =
       "deletion_time,gpu_milli,name,creation_time,num_gpu\r\n"

@@ -11,6 +11,7 @@ namespace {
 
 using nlohmann::json;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr const char* kScheduler = "system:serviceaccount:dynmig-system:dynmig-scheduler";
 
@@ -119,8 +120,10 @@ TEST_F(AdmissionTest, ATypoInThePreferenceIsRejectedWithTheValidChoices) {
   EXPECT_THAT(message, HasSubstr("pod jobs/p"));
   EXPECT_THAT(message, HasSubstr("nvidia.com/mig-profile-preference: \"3g.20gbb\" matches no "
                                  "profile"));
-  EXPECT_THAT(message, HasSubstr("valid choices: 1g.5gb, 2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb, "
-                                 "1g.10gb, 3g.40gb, 7g.80gb, 1g, 2g, 3g, 4g, 7g"));
+  // Only what could run this 20000 MiB pod, and the closest name.
+  EXPECT_THAT(message, HasSubstr("did you mean \"3g.20gb\"? valid choices for this pod (20000 MiB "
+                                 "per instance): 3g.20gb, 4g.20gb, 7g.40gb, 3g.40gb, 7g.80gb, 3g, "
+                                 "4g, 7g"));
   EXPECT_FALSE(r.contains("patch"));
   // Exact names and slice classes of any entry (any model) are fine.
   pod["metadata"]["annotations"]["nvidia.com/mig-profile-preference"] = "4g, 3g.40gb ,7g";
@@ -129,6 +132,41 @@ TEST_F(AdmissionTest, ATypoInThePreferenceIsRejectedWithTheValidChoices) {
   pod["metadata"]["annotations"]["nvidia.com/mig-profile-preference"] = " , ";
   EXPECT_THAT(handler_.ReviewJson(Review(pod))["response"]["status"]["message"].get<std::string>(),
               HasSubstr("lists no profile"));
+}
+
+TEST_F(AdmissionTest, AnUnknownPreferenceListsOnlyWhatCouldRunThePodAndSuggestsTheClosest) {
+  auto message = [&](const json& pod) {
+    const json r = handler_.ReviewJson(Review(pod))["response"];
+    EXPECT_EQ(r["allowed"], false) << pod.dump();
+    return r["status"]["message"].get<std::string>();
+  };
+  // "4gb" is a typo of the slice class "4g".
+  std::string m = message(GpuPod({{"nvidia.com/gpu", 1}, {"nvidia.com/gpumem", 20000}},
+                                 {{"nvidia.com/mig-profile-preference", "4gb"}}));
+  EXPECT_THAT(m, HasSubstr("\"4gb\" matches no profile"));
+  EXPECT_THAT(m, HasSubstr("did you mean \"4g\"?"));
+  // A pod pinned to one model sees that model's profiles only.
+  m = message(GpuPod(
+      {{"nvidia.com/gpu", 1}, {"nvidia.com/gpumem", 4000}},
+      {{"nvidia.com/mig-profile-preference", "2g.10gbx"}, {"nvidia.com/use-gputype", "A100"}}));
+  EXPECT_THAT(m, HasSubstr("did you mean \"2g.10gb\"? valid choices for this pod (4000 MiB per "
+                           "instance; models A100-SXM4-40GB): 1g.5gb, 2g.10gb, 3g.20gb, 4g.20gb, "
+                           "7g.40gb, 1g, 2g, 3g, 4g, 7g"));
+  m = message(
+      GpuPod({{"nvidia.com/gpu", 1}, {"nvidia.com/gpumem", 30000}},
+             {{"nvidia.com/mig-profile-preference", "9g"}, {"nvidia.com/nouse-gputype", "A100"}}));
+  EXPECT_THAT(m, HasSubstr("valid choices for this pod (30000 MiB per instance; models H100 80GB): "
+                           "3g.40gb, 7g.80gb, 3g, 7g"));
+  // Nothing close: no guess. Nothing covers the request: the whole list.
+  m = message(GpuPod({{"nvidia.com/gpu", 1}, {"nvidia.com/gpumem", 200000}},
+                     {{"nvidia.com/mig-profile-preference", "turbo"}}));
+  EXPECT_THAT(m, Not(HasSubstr("did you mean")));
+  EXPECT_THAT(m, HasSubstr("valid choices (no allowlisted model covers this pod's request): "
+                           "1g.5gb, 2g.10gb"));
+  // Without a memory request or model filter, every choice (as before).
+  m = message(GpuPod({{"nvidia.com/gpu", 1}}, {{"nvidia.com/mig-profile-preference", "7g.40"}}));
+  EXPECT_THAT(m, HasSubstr("did you mean \"7g.40gb\"? valid choices: 1g.5gb, 2g.10gb, 3g.20gb, "
+                           "4g.20gb, 7g.40gb, 1g.10gb, 3g.40gb, 7g.80gb, 1g, 2g, 3g, 4g, 7g"));
 }
 
 TEST_F(AdmissionTest, PreferenceIsCheckedOnUpdateOnlyWhenItChanges) {
