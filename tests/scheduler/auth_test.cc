@@ -59,14 +59,16 @@ TEST(BindGuardTest, OnlyMigPodsOfOurSchedulerNameAreOurs) {
               HasSubstr("pod default/cpu is not a MIG pod"));
   kube::Object core = MigPod("core", 4000, {{"nvidia.com/vgpu-mode", "hami-core"}});
   EXPECT_EQ(guard.CheckOurs(core).code(), absl::StatusCode::kPermissionDenied);
-  BindGuard other(BindGuardOptions{.scheduler_name = "tenant-mig"});
+  BindGuardOptions tenant;
+  tenant.scheduler_name = "tenant-mig";
+  BindGuard other(tenant);
   EXPECT_THAT(std::string(other.CheckOurs(MigPod("p", 4000)).message()),
               HasSubstr("is not scheduled by tenant-mig"));
 }
 
 TEST(BindGuardTest, BindNeedsTheUidAndALiveReservationOfOursOnTheNode) {
   const absl::Time now = absl::FromUnixSeconds(1'800'000'000);
-  BindGuard guard(BindGuardOptions{.reservation_ttl = absl::Minutes(10)});
+  BindGuard guard(BindGuardOptions{});  // reservation TTL 10m
   const kube::Object reserved =
       WithReservation(MigPod("p", 4000), "node-a", now - absl::Minutes(1));
   EXPECT_TRUE(guard.CheckBind(reserved, "uid-1", "node-a", now).ok());
@@ -225,7 +227,9 @@ TEST_F(GuardedServerTest, BadBindBodiesGetAClearErrorAndChangeNothing) {
     ASSERT_EQ(r.status, 200) << c.body;
     const std::string error = r.body["Error"].get<std::string>();
     EXPECT_FALSE(error.empty()) << c.body;
-    if (!c.error.empty()) EXPECT_THAT(error, HasSubstr(c.error)) << c.body;
+    if (!c.error.empty()) {
+      EXPECT_THAT(error, HasSubstr(c.error)) << c.body;
+    }
   }
   // An oversized body is refused before it is read.
   HttpResult big = Post(s_->port(), "/bind", std::string(17 << 20, ' '));
@@ -269,8 +273,9 @@ class ClientAuthTest : public SchedulerTest {
     server_key_ = Put("tls.key", server.key_pem);
     ca_file_ = Put("ca.crt", ca_.cert_pem);
     client_ca_file_ = Put("client-ca.crt", ca_.cert_pem);
-    webhook::CertSpec client{.common_name = "system:kube-scheduler",
-                             .usage = webhook::CertUsage::kClient};
+    webhook::CertSpec client;
+    client.common_name = "system:kube-scheduler";
+    client.usage = webhook::CertUsage::kClient;
     kube_scheduler_ = Pair("kube-scheduler", *webhook::IssueCert(ca_, client));
     const webhook::PemPair rogue_ca = *webhook::MakeCa("dynmig-ca");  // same name, other key
     rogue_ = Pair("rogue", *webhook::IssueCert(rogue_ca, client));
@@ -390,9 +395,10 @@ TEST_F(ClientAuthTest, ARotatedClientCaIsTrustedWithoutARestart) {
   // Authenticated (then refused by the guard: x is not ours), so HTTP 200.
   EXPECT_EQ(PostTls(s->port(), "/filter", health, kube_scheduler_).status, 200);
   const webhook::PemPair next_ca = *webhook::MakeCa("dynmig-ca-2");
-  const auto next_client =
-      Pair("next", *webhook::IssueCert(next_ca, {.common_name = "system:kube-scheduler",
-                                                 .usage = webhook::CertUsage::kClient}));
+  webhook::CertSpec client;
+  client.common_name = "system:kube-scheduler";
+  client.usage = webhook::CertUsage::kClient;
+  const auto next_client = Pair("next", *webhook::IssueCert(next_ca, client));
   EXPECT_EQ(PostTls(s->port(), "/filter", health, next_client).status, 401);
   // Both CAs during the changeover, then only the new one.
   Put("client-ca.crt", ca_.cert_pem + next_ca.cert_pem);
