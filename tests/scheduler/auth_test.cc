@@ -352,16 +352,22 @@ TEST_F(ClientAuthTest, FilterAndBindNeedKubeSchedulersClientCertificate) {
   // No certificate, a certificate of another CA, the trusted CA's serving certificate: 401.
   for (const auto& [who, cert] :
        std::vector<std::pair<std::string, std::pair<std::string, std::string>>>{
-           {"no client certificate", {}},
-           {"is not accepted", rogue_},
-           {"is not accepted", serving_as_client_}}) {
+           {"POST {} refused: no client certificate", {}},
+           {"POST {} refused: the client certificate \"/CN=system:kube-scheduler\" is not "
+            "accepted (unable to verify the first certificate)",
+            rogue_},
+           {"POST {} refused: the client certificate \"/CN=dynmig-scheduler.dynmig-system.svc\" "
+            "is not accepted (unsuitable certificate purpose)",
+            serving_as_client_}}) {
     HttpResult r = PostTls(s->port(), "/filter", filter, cert);
     EXPECT_EQ(r.status, 401) << who << ": " << r.text;
-    EXPECT_THAT(r.body["Error"].get<std::string>(), HasSubstr("POST /filter refused: " + who))
+    EXPECT_THAT(r.body["Error"].get<std::string>(),
+                HasSubstr(fmt::format(fmt::runtime(who), "/filter")))
         << r.text;
     r = PostTls(s->port(), "/bind", BindArgs(victim, "node-a").dump(), cert);
     EXPECT_EQ(r.status, 401) << who << ": " << r.text;
-    EXPECT_THAT(r.body["Error"].get<std::string>(), HasSubstr("POST /bind refused: " + who));
+    EXPECT_THAT(r.body["Error"].get<std::string>(),
+                HasSubstr(fmt::format(fmt::runtime(who), "/bind")));
   }
   EXPECT_THAT(AllocationsOf("p"), IsEmpty());
   EXPECT_EQ(kube::NodeName(GetPod("victim")), "");
