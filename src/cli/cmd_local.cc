@@ -244,8 +244,10 @@ int RunLocal(const LocalFlags& f, CliContext& ctx) {
   std::string intro = fmt::format(
       "\ndynmig local is up: {} node(s), API server {}\n"
       "  kubeconfig      {}\n"
-      "  scheduler       {} (extender /filter /bind, webhooks /webhook /validate, /metrics)\n",
-      c.nodes().size(), c.api_url(), k, c.scheduler_url());
+      "  scheduler       {} (extender /filter /bind, webhooks /webhook /validate, /metrics)\n"
+      "  TLS             CA {}; /filter and /bind need kube-scheduler's client certificate {}\n",
+      c.nodes().size(), c.api_url(), k, c.scheduler_url(), c.tls().ca_file,
+      c.tls().client_cert_file);
   for (const auto& n : c.nodes()) {
     intro +=
         fmt::format("  node {:<10} {} at {}, device plugin http://{}:{}/nvml\n", n.name, n.gpus,

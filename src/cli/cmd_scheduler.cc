@@ -31,6 +31,7 @@ struct SchedulerFlags {
   std::string device_config;
   std::string tls_cert;
   std::string tls_key;
+  std::string extender_client_ca;
   std::string scheduler_name = "dynmig-scheduler";
   std::string reservation_ttl = "10m";
   std::string expiry_interval = "30s";
@@ -66,6 +67,11 @@ int RunScheduler(const SchedulerFlags& flags, CliContext& ctx) {
   if (flags.tls_cert.empty() != flags.tls_key.empty()) {
     return bad("--tls-cert and --tls-key go together");
   }
+  if (!flags.extender_client_ca.empty() && flags.tls_cert.empty()) {
+    return bad(
+        "--extender-client-ca needs --tls-cert and --tls-key (client certificates travel "
+        "only over HTTPS)");
+  }
   absl::Duration ttl, expiry_interval;
   if (!ParsePositiveDuration(flags.reservation_ttl, &ttl)) {
     return bad("--reservation-ttl: '" + flags.reservation_ttl +
@@ -93,10 +99,16 @@ int RunScheduler(const SchedulerFlags& flags, CliContext& ctx) {
   options.port = port;
   options.tls_cert_file = flags.tls_cert;
   options.tls_key_file = flags.tls_key;
+  options.extender_client_ca_file = flags.extender_client_ca;
+  if (flags.extender_client_ca.empty()) {
+    ctx.err << "dynmig scheduler: warning: no --extender-client-ca: /filter and /bind accept "
+               "callers without a client certificate (only the extender's own checks apply)\n";
+  }
   options.state.allowlist = config->allowlist;
   options.state.memory_match = config->memory_match;
   options.state.resources = config->resources;
   options.extender.reservation_ttl = ttl;
+  options.extender.scheduler_name = flags.scheduler_name;
   options.expiry_interval = expiry_interval;
   options.admission.scheduler_name = flags.scheduler_name;
   options.admission.allowlist = config->allowlist;
@@ -152,8 +164,12 @@ void RegisterSchedulerCommand(CLI::App& root, CliContext& ctx) {
       ->required();
   cmd->add_option("--tls-cert", flags->tls_cert, "serving certificate (PEM), reloaded on change");
   cmd->add_option("--tls-key", flags->tls_key, "serving key (PEM), reloaded on change");
+  cmd->add_option("--extender-client-ca", flags->extender_client_ca,
+                  "CA bundle (PEM) of the client certificates /filter and /bind require "
+                  "(kube-scheduler's extender tlsConfig certFile); reloaded on change");
   cmd->add_option("--scheduler-name", flags->scheduler_name,
-                  "schedulerName the webhook gives GPU pods")
+                  "schedulerName the webhook gives GPU pods; the extender filters and binds only "
+                  "MIG pods of this name")
       ->capture_default_str();
   cmd->add_option("--reservation-ttl", flags->reservation_ttl,
                   "release reservations not allocated after this long")

@@ -24,6 +24,7 @@
 #include "protocol/annotations.h"
 #include "protocol/device_config.h"
 #include "scheduler/server.h"
+#include "webhook/pki.h"
 
 namespace dynmig::local {
 namespace {
@@ -237,6 +238,11 @@ absl::Status LocalCluster::Init() {
                                                ? std::string(kEmbeddedSchedulerConfig)
                                                : options_.scheduler_config_yaml);
   if (!sched_config.ok()) return sched_config.status();
+  scheduler_name_ = sched_config->scheduler_name;
+
+  // TLS: a CA of this run, the scheduler's serving certificate, kube-scheduler's client
+  // certificate (the extender requires it, as deploy/ configures it).
+  if (auto st = MakeTls(); !st.ok()) return st;
 
   // Identities.
   admin_token_ = RandomToken();
@@ -382,6 +388,11 @@ absl::Status LocalCluster::Init() {
   SchedulerLoopOptions lo;
   lo.config = *sched_config;
   lo.extender_url = scheduler_->url();
+  lo.tls = sched_config->extender.tls;
+  lo.tls->insecure = false;
+  lo.tls->ca_file = tls_.ca_file;
+  lo.tls->cert_file = tls_.client_cert_file;
+  lo.tls->key_file = tls_.client_key_file;
   lo.retry_interval = options_.scheduler_retry;
   lo.log = [this](const std::string& line) { Log("kube-scheduler: " + line); };
   loop_ = std::make_unique<SchedulerLoop>(*loop_client_, std::move(lo));
@@ -424,6 +435,43 @@ absl::Status LocalCluster::Init() {
   return absl::OkStatus();
 }
 
+absl::Status LocalCluster::MakeTls() {
+  const std::string dir = options_.state_dir + "/pki";
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(
+        fmt::format("cannot create {}: {}", dir, std::string(ec.message())));
+  }
+  auto ca = webhook::MakeCa("dynmig-local-ca");
+  if (!ca.ok()) return ca.status();
+  webhook::CertSpec serving;
+  serving.common_name = "dynmig-scheduler.dynmig-system.svc";
+  serving.sans = {"IP:127.0.0.1", "DNS:localhost", "DNS:dynmig-scheduler.dynmig-system.svc",
+                  "DNS:dynmig-webhook.dynmig-system.svc"};
+  auto server = webhook::IssueCert(*ca, serving);
+  if (!server.ok()) return server.status();
+  webhook::CertSpec client;
+  client.common_name = std::string(kKubeSchedulerUser);
+  client.usage = webhook::CertUsage::kClient;
+  auto kube_scheduler = webhook::IssueCert(*ca, client);
+  if (!kube_scheduler.ok()) return kube_scheduler.status();
+  tls_.ca_file = dir + "/ca.crt";
+  tls_.serving_cert_file = dir + "/tls.crt";
+  tls_.serving_key_file = dir + "/tls.key";
+  tls_.client_cert_file = dir + "/kube-scheduler.crt";
+  tls_.client_key_file = dir + "/kube-scheduler.key";
+  // The CA key is not kept: every run makes new certificates.
+  for (const auto& [path, text] :
+       {std::pair{tls_.ca_file, ca->cert_pem}, std::pair{tls_.serving_cert_file, server->cert_pem},
+        std::pair{tls_.serving_key_file, server->key_pem},
+        std::pair{tls_.client_cert_file, kube_scheduler->cert_pem},
+        std::pair{tls_.client_key_file, kube_scheduler->key_pem}}) {
+    if (auto st = webhook::WritePrivateFile(path, text); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<kube::KubeClient>> LocalCluster::Client(
     std::string_view user) const {
   auto it = tokens_.find(user);
@@ -445,6 +493,11 @@ absl::Status LocalCluster::StartSchedulerLocked() {
   scheduler::SchedulerServerOptions o;
   o.host = "127.0.0.1";
   o.port = scheduler_port_;  // a restarted scheduler keeps its address (webhooks, kube-scheduler)
+  o.tls_cert_file = tls_.serving_cert_file;
+  o.tls_key_file = tls_.serving_key_file;
+  o.extender_client_ca_file = tls_.ca_file;
+  o.extender.scheduler_name = scheduler_name_;
+  o.admission.scheduler_name = scheduler_name_;
   o.state.allowlist = config->allowlist;
   o.state.memory_match = config->memory_match;
   o.state.resources = config->resources;
@@ -476,6 +529,7 @@ absl::Status LocalCluster::StartSchedulerLocked() {
   hooks[1].operations = {"CREATE", "UPDATE"};
   hooks[1].excluded_users = {std::string(kSchedulerUser), std::string(kDevicePluginUser)};
   for (auto& h : hooks) {
+    h.ca_file = tls_.ca_file;  // the API server verifies the webhook's serving certificate
     h.resources = {"pods"};
     h.excluded_namespaces = {"dynmig-system", "kube-system"};
     h.failure_policy_fail = true;

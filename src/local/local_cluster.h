@@ -3,7 +3,8 @@
 //
 //   kubectl / ops commands ──HTTP──> InMemoryApiServer ──AdmissionReview──> /webhook, /validate
 //                                        ^   ^   ^                               │
-//   SchedulerLoop (kube-scheduler) ─HTTP─┼───┼───┼── /filter, /bind ──> SchedulerServer
+//   SchedulerLoop (kube-scheduler) ─HTTPS┼───┼───┼── /filter, /bind ──> SchedulerServer (HTTPS,
+//                                        │   │   │   client certificate required on these two)
 //   per node:                            │   │   │
 //     NodeAgent (kubelet) ── gRPC ──> TestKubelet <── gRPC ── DevicePlugin ──> SimNvml (file)
 //         └── attaches a simulated process to each MIG device while the pod runs ──┘
@@ -137,6 +138,18 @@ class LocalCluster {
   std::string nvml_endpoint_template() const;
   const std::string& admin_token() const { return admin_token_; }
 
+  // The TLS files of this run, under <state_dir>/pki: a CA made at start signs the scheduler's
+  // serving certificate (127.0.0.1, localhost) and kube-scheduler's client certificate, which the
+  // extender requires on /filter and /bind.
+  struct TlsFiles {
+    std::string ca_file;
+    std::string serving_cert_file;
+    std::string serving_key_file;
+    std::string client_cert_file;
+    std::string client_key_file;
+  };
+  const TlsFiles& tls() const { return tls_; }
+
   kube::InMemoryApiServer& api() { return *api_; }
   // A new API client acting as `user` (one of the identities above; kAdminUser by default).
   absl::StatusOr<std::unique_ptr<kube::KubeClient>> Client(
@@ -175,6 +188,7 @@ class LocalCluster {
   absl::Status Init();
   absl::Status StartDevicePluginLocked(Node& node);
   absl::Status StartSchedulerLocked();
+  absl::Status MakeTls();
   Node* FindNode(std::string_view name) const;
   void Log(const std::string& line) const;
 
@@ -183,6 +197,8 @@ class LocalCluster {
   protocol::DeviceConfig device_config_;  // parsed once
   std::string kubeconfig_path_;
   std::string admin_token_;
+  TlsFiles tls_;
+  std::string scheduler_name_;  // the kube-scheduler profile's schedulerName
   std::map<std::string, std::string, std::less<>> tokens_;  // user -> token
   std::unique_ptr<kube::InMemoryApiServer> api_;
   SystemClock clock_;

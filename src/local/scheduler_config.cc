@@ -58,6 +58,17 @@ absl::StatusOr<SchedulerConfig> ParseSchedulerConfig(std::string_view yaml) {
     x.node_cache_capable = e["nodeCacheCapable"] && e["nodeCacheCapable"].as<bool>();
     x.enable_https = e["enableHTTPS"] && e["enableHTTPS"].as<bool>();
     x.http_timeout_seconds = HttpTimeout(Scalar(e, "httpTimeout"));
+    if (const YAML::Node tls = e["tlsConfig"]; tls && tls.IsMap()) {
+      x.tls.insecure = tls["insecure"] && tls["insecure"].as<bool>();
+      x.tls.server_name = Scalar(tls, "serverName");
+      x.tls.ca_file = Scalar(tls, "caFile");
+      x.tls.cert_file = Scalar(tls, "certFile");
+      x.tls.key_file = Scalar(tls, "keyFile");
+      if (x.tls.cert_file.empty() != x.tls.key_file.empty()) {
+        return absl::InvalidArgumentError(
+            "extenders[0].tlsConfig: certFile and keyFile go together");
+      }
+    }
     if (const YAML::Node mr = e["managedResources"]; mr && mr.IsSequence()) {
       for (size_t i = 0; i < mr.size(); ++i) {
         ManagedResource r;

@@ -17,6 +17,15 @@ struct ManagedResource {
   bool ignored_by_scheduler = false;
 };
 
+// extenders[0].tlsConfig (the *Data forms are not read).
+struct ExtenderTlsConfig {
+  bool insecure = false;
+  std::string server_name;
+  std::string ca_file;    // verifies the extender's serving certificate
+  std::string cert_file;  // the client certificate kube-scheduler presents
+  std::string key_file;
+};
+
 struct ExtenderConfig {
   std::string url_prefix;
   std::string filter_verb;  // "" = no filter call
@@ -24,6 +33,7 @@ struct ExtenderConfig {
   bool node_cache_capable = false;
   bool enable_https = false;
   double http_timeout_seconds = 30;
+  ExtenderTlsConfig tls;
   std::vector<ManagedResource> managed_resources;
 };
 
@@ -33,7 +43,7 @@ struct SchedulerConfig {
 };
 
 // Parses the YAML text. Errors name the field: a missing profiles[0].schedulerName or
-// extenders[0].urlPrefix, a wrong kind/apiVersion.
+// extenders[0].urlPrefix, a wrong kind/apiVersion, a tlsConfig certFile without keyFile.
 absl::StatusOr<SchedulerConfig> ParseSchedulerConfig(std::string_view yaml);
 absl::StatusOr<SchedulerConfig> LoadSchedulerConfig(const std::string& path);
 

@@ -27,11 +27,26 @@ Url SplitUrl(const std::string& url) {
 }
 
 // POSTs JSON to the extender; errors name the verb and what went wrong.
+// Over HTTPS, as kube-scheduler's extender client: the server's certificate verified against
+// tls.ca_file (none given or insecure: not verified), tls.cert_file/key_file presented as the
+// client certificate. tls.server_name is not used (the URL's host is checked).
 absl::StatusOr<json> Post(const std::string& base, const std::string& verb, const json& body,
-                          double timeout_seconds) {
+                          double timeout_seconds, const ExtenderTlsConfig& tls) {
   const Url u = SplitUrl(base);
-  httplib::Client cli(u.scheme_host_port);
-  cli.enable_server_certificate_verification(false);
+  httplib::Client cli = tls.cert_file.empty()
+                            ? httplib::Client(u.scheme_host_port)
+                            : httplib::Client(u.scheme_host_port, tls.cert_file, tls.key_file);
+  if (!cli.is_valid()) {
+    return absl::FailedPreconditionError(
+        fmt::format("extender {}: cannot set up a client for {} (client certificate {}, key {})",
+                    verb, u.scheme_host_port, tls.cert_file, tls.key_file));
+  }
+  if (!tls.ca_file.empty() && !tls.insecure) {
+    cli.set_ca_cert_path(tls.ca_file);
+    cli.enable_server_certificate_verification(true);
+  } else {
+    cli.enable_server_certificate_verification(false);
+  }
   const auto secs = static_cast<time_t>(timeout_seconds);
   cli.set_read_timeout(secs, 0);
   cli.set_write_timeout(secs, 0);
@@ -217,6 +232,10 @@ void SchedulerLoop::Stop() {
   nodes_.Stop();
 }
 
+const ExtenderTlsConfig& SchedulerLoop::Tls() const {
+  return options_.tls.has_value() ? *options_.tls : options_.config.extender.tls;
+}
+
 bool SchedulerLoop::UsesManagedResources(const kube::Object& pod) const {
   for (const auto& [name, value] : Resources(pod)) {
     for (const auto& m : options_.config.extender.managed_resources) {
@@ -288,7 +307,7 @@ SchedulerLoop::Outcome SchedulerLoop::ScheduleOne(const kube::Object& pod,
       }
       args["Nodes"] = {{"items", items}};
     }
-    auto res = Post(base, x.filter_verb, args, x.http_timeout_seconds);
+    auto res = Post(base, x.filter_verb, args, x.http_timeout_seconds, Tls());
     if (!res.ok()) return {false, std::string(res.status().message())};
     const json& r = *res;
     if (r.contains("Error") && r["Error"].is_string() && !r["Error"].get<std::string>().empty()) {
@@ -321,7 +340,7 @@ SchedulerLoop::Outcome SchedulerLoop::ScheduleOne(const kube::Object& pod,
                  {"PodNamespace", kube::Namespace(pod)},
                  {"PodUID", kube::Uid(pod)},
                  {"Node", chosen}};
-    auto res = Post(base, x.bind_verb, args, x.http_timeout_seconds);
+    auto res = Post(base, x.bind_verb, args, x.http_timeout_seconds, Tls());
     if (!res.ok()) return {false, std::string(res.status().message())};
     if (res->contains("Error") && (*res)["Error"].is_string() &&
         !(*res)["Error"].get<std::string>().empty()) {

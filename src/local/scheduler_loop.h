@@ -1,9 +1,10 @@
 // What kube-scheduler does with an extender, for the local mode and the end-to-end tests: watch
 // pending pods of our scheduler name, call the extender's filter over HTTP with the candidate
 // node names (nodeCacheCapable), then its bind verb, exactly as the KubeSchedulerConfiguration in
-// deploy/ tells kube-scheduler to. Pods the extender rejects stay Pending with kube-scheduler's
-// PodScheduled=False condition and a FailedScheduling event carrying the reasons; they are
-// retried when nodes or pods change and periodically.
+// deploy/ tells kube-scheduler to, over HTTPS with the tlsConfig's CA and client certificate. Pods
+// the extender rejects stay Pending with kube-scheduler's PodScheduled=False condition and a
+// FailedScheduling event carrying the reasons; they are retried when nodes or pods change and
+// periodically.
 //
 // Not a scheduler: no resource fit, affinity or scoring beyond what the extender decides; nodes
 // that are cordoned (spec.unschedulable) are skipped. Thread-safe; owns one thread.
@@ -14,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -28,6 +30,8 @@ namespace dynmig::local {
 struct SchedulerLoopOptions {
   SchedulerConfig config;
   std::string extender_url;  // overrides config.extender.url_prefix ("http://127.0.0.1:PORT")
+  // Overrides config.extender.tls (the local mode's own CA and client certificate).
+  std::optional<ExtenderTlsConfig> tls;
   absl::Duration retry_interval = absl::Seconds(2);
   std::function<void(const std::string&)> log;  // one line per decision; may be empty
 };
@@ -47,6 +51,7 @@ class SchedulerLoop {
   struct Outcome;
   Outcome ScheduleOne(const kube::Object& pod, const std::vector<std::string>& nodes);
   bool UsesManagedResources(const kube::Object& pod) const;
+  const ExtenderTlsConfig& Tls() const;
   void MarkUnschedulable(const kube::Object& pod, const std::string& message);
   void Log(const std::string& line) const;
 

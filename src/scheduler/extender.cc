@@ -76,7 +76,11 @@ Extender::Extender(kube::KubeClient& client, ClusterState& state, const Clock& c
       clock_(clock),
       events_(events),
       metrics_(metrics),
-      options_(std::move(options)) {}
+      options_(std::move(options)),
+      guard_(BindGuardOptions{.scheduler_name = options_.scheduler_name,
+                              .resources = options_.resources,
+                              .reservation_ttl = options_.reservation_ttl},
+             options_.reservation_lookup) {}
 
 void Extender::Event(const kube::Object& pod, std::string_view type, std::string_view reason,
                      std::string message) {
@@ -119,17 +123,15 @@ ExtenderFilterResult Extender::Filter(const ExtenderArgs& args) {
   };
   if (std::string closed = Gate(); !closed.empty()) return fail(std::move(closed));
 
-  const kube::Object& pod = args.pod;
   const std::vector<std::string>& candidates = args.Candidates();
-  const std::string ns = PodNamespace(pod);
-  const std::string name = kube::Name(pod);
+  const std::string ns = PodNamespace(args.pod);
+  const std::string name = kube::Name(args.pod);
   if (name.empty()) return fail("ExtenderArgs: Pod has no metadata.name");
   const std::string key = ns + "/" + name;
-
-  if (!protocol::IsMigPod(pod, options_.resources)) {
-    result.node_names = candidates;
-    return finish("passthrough");
-  }
+  // Only our MIG pods (bind_guard.h); from an unauthenticated caller, the pod as the API has it.
+  auto verified = VerifyFilterPod(args.pod, ns, name);
+  if (!verified.ok()) return fail(std::string(verified.status().message()));
+  const kube::Object& pod = verified->has_value() ? **verified : args.pod;
 
   // A pod that holds a reservation already (a retried filter) gets its node back.
   // The cluster state knows our assumptions and every reservation the watch delivered; a
@@ -202,6 +204,32 @@ ExtenderFilterResult Extender::Filter(const ExtenderArgs& args) {
   Event(pod, "Normal", "MigReserved", "reserved " + r.summary);
   result.node_names = {r.node};
   return finish("reserved");
+}
+
+absl::StatusOr<std::optional<kube::Object>> Extender::VerifyFilterPod(const kube::Object& pod,
+                                                                      const std::string& ns,
+                                                                      const std::string& name) {
+  if (absl::Status ours = guard_.CheckFilter(pod); !ours.ok()) {
+    Event(pod, "Warning", "MigFilterRefused", std::string(ours.message()));
+    return ours;
+  }
+  if (options_.trusted_callers) return std::nullopt;
+  auto stored = client_.GetPod(ns, name);
+  if (!stored.ok()) {
+    return absl::Status(
+        stored.status().code(),
+        fmt::format("pod {}/{}: {}", ns, name, std::string(stored.status().message())));
+  }
+  const std::string uid = kube::Uid(pod);
+  if (!uid.empty() && kube::Uid(*stored) != uid) {
+    return absl::FailedPreconditionError(fmt::format(
+        "pod {}/{}: the pod has uid {}, not {} (recreated?)", ns, name, kube::Uid(*stored), uid));
+  }
+  if (absl::Status ours = guard_.CheckFilter(*stored); !ours.ok()) {
+    Event(*stored, "Warning", "MigFilterRefused", std::string(ours.message()));
+    return ours;
+  }
+  return std::optional<kube::Object>(std::move(*stored));
 }
 
 absl::Status Extender::WriteReservation(const kube::Object& pod, const Reservation& r,
@@ -303,9 +331,14 @@ std::string Extender::Bind(const ExtenderBindingArgs& args) {
   if (!pod.ok()) {
     return finish(fmt::format("bind {}: {}", key, std::string(pod.status().message())));
   }
-  if (!args.pod_uid.empty() && kube::Uid(*pod) != args.pod_uid) {
-    return finish(fmt::format("bind {}: the pod has uid {}, not {} (recreated?)", key,
-                              kube::Uid(*pod), args.pod_uid));
+  const absl::Time now = clock_.Now();
+  // Bind only what this extender reserved (bind_guard.h), judged on the pod as the API has it.
+  if (absl::Status allowed = guard_.CheckBind(*pod, args.pod_uid, args.node, now); !allowed.ok()) {
+    // A wrong or missing uid is a bad request about some other object: no event on this pod.
+    if (allowed.code() != absl::StatusCode::kInvalidArgument && kube::Uid(*pod) == args.pod_uid) {
+      Event(*pod, "Warning", "MigBindRefused", std::string(allowed.message()));
+    }
+    return finish(std::string(allowed.message()));
   }
   // Already bound (a retried bind whose answer was lost, or a second scheduler loop): never touch
   // the lock or bind-phase of a pod the device plugin may be allocating or has allocated.
@@ -313,22 +346,6 @@ std::string Extender::Bind(const ExtenderBindingArgs& args) {
     if (bound_to == args.node) return finish("");
     return finish(fmt::format("bind {}: the pod is already bound to node {}", key, bound_to));
   }
-  if (!protocol::IsMigPod(*pod, options_.resources)) {
-    absl::Status bound = client_.BindPod(ns, name, args.node, args.pod_uid);
-    return finish(bound.ok() ? "" : fmt::format("bind {}: {}", key, std::string(bound.message())));
-  }
-  const std::optional<std::string> reserved = CarriedReservation(*pod);
-  if (!reserved.has_value()) {
-    return finish(fmt::format(
-        "bind {}: the pod holds no MIG reservation (hami.io/vgpu-mig-allocations); it must pass "
-        "this extender's filter first",
-        key));
-  }
-  if (*reserved != args.node) {
-    return finish(fmt::format("bind {}: the pod's MIG reservation is on node {}, not {}", key,
-                              *reserved, args.node));
-  }
-  const absl::Time now = clock_.Now();
   if (absl::Status locked = AcquireNodeLock(client_, args.node, ns, name, now, options_.node_lock);
       !locked.ok()) {
     return finish(fmt::format("bind {}: {}", key, std::string(locked.message())));

@@ -12,6 +12,10 @@
 // the new version. Any failure forgets the reservation and answers Error, so kube-scheduler
 // retries the pod.
 //
+// Both verbs first pass BindGuard (bind_guard.h): only MIG pods of our scheduler name are filtered
+// or bound, a bind needs the pod's uid and a live reservation of ours on its node. Refusals answer
+// Error and record a Warning event (MigFilterRefused, MigBindRefused) on the pod.
+//
 // Bind: takes the node lock (node_lock.h), marks the pod hami.io/bind-phase=allocating with
 // hami.io/bind-time, POSTs the Binding; any failure releases the lock and marks bind-phase=failed.
 //
@@ -39,6 +43,7 @@
 #include "common/clock.h"
 #include "kube/kube_client.h"
 #include "protocol/pod_request.h"
+#include "scheduler/bind_guard.h"
 #include "scheduler/cluster_state.h"
 #include "scheduler/events.h"
 #include "scheduler/extender_api.h"
@@ -52,6 +57,14 @@ struct ExtenderOptions {
   absl::Duration reservation_ttl = absl::Minutes(10);
   NodeLockOptions node_lock;
   int patch_attempts = 3;  // reservation writes retried after unrelated changes of the pod
+  // Pods whose spec.schedulerName is this are ours (bind_guard.h); others are refused.
+  std::string scheduler_name = "dynmig-scheduler";
+  // True when only authenticated callers (kube-scheduler's client certificate) reach /filter: the
+  // request's Pod is then kube-scheduler's view. False: before reserving, the filter reads the pod
+  // from the API and checks that one (a forged Pod in the body reserves nothing).
+  bool trusted_callers = false;
+  // Where the reservation this extender holds for a pod is found; empty = the pod's annotations.
+  ReservationLookup reservation_lookup;
 };
 
 // The annotation keys a reservation consists of (cleared together on release).
@@ -85,6 +98,11 @@ class Extender {
 
  private:
   std::string Gate() const { return gate_ ? gate_() : ""; }
+  // BindGuard's filter check on the request's pod; with untrusted callers also on the pod read
+  // from the API, which is then returned (nullopt: use the request's pod).
+  absl::StatusOr<std::optional<kube::Object>> VerifyFilterPod(const kube::Object& pod,
+                                                              const std::string& ns,
+                                                              const std::string& name);
   absl::Status WriteReservation(const kube::Object& pod, const Reservation& r, absl::Time now);
   absl::Status ClearReservation(const kube::Object& pod);
   void Event(const kube::Object& pod, std::string_view type, std::string_view reason,
@@ -96,6 +114,7 @@ class Extender {
   EventRecorder* events_;
   SchedulerMetrics* metrics_;
   const ExtenderOptions options_;
+  const BindGuard guard_;
   std::function<std::string()> gate_;
 };
 

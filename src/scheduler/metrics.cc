@@ -46,6 +46,11 @@ SchedulerMetrics::SchedulerMetrics() : registry_(std::make_shared<prometheus::Re
                          .Name("dynmig_scheduler_reservation_expiries_total")
                          .Help("Reservations released after the reservation TTL, by action")
                          .Register(*registry_);
+  unauthenticated_total_ =
+      &prometheus::BuildCounter()
+           .Name("dynmig_scheduler_unauthenticated_total")
+           .Help("Extender calls refused for want of a valid client certificate, by path")
+           .Register(*registry_);
   bind_total_ = &prometheus::BuildCounter()
                      .Name("dynmig_scheduler_bind_total")
                      .Help("Bind calls by outcome")
@@ -89,6 +94,11 @@ void SchedulerMetrics::ObserveBind(bool ok, absl::Duration latency) {
 
 void SchedulerMetrics::CountExpiry(std::string_view action) {
   expiries_total_->Add({{"action", std::string(action)}}).Increment();
+}
+
+void SchedulerMetrics::CountUnauthenticated(std::string_view path) {
+  const std::string_view known = path == "/filter" || path == "/bind" ? path : "other";
+  unauthenticated_total_->Add({{"path", std::string(known)}}).Increment();
 }
 
 std::string SchedulerMetrics::Render(const std::vector<NodeReport>& nodes, bool leader) const {

@@ -12,6 +12,7 @@
 //   dynmig_scheduler_filter_total{outcome="reserved|already-reserved|pending|passthrough|error"}
 //   dynmig_scheduler_reservations_total, dynmig_scheduler_reservation_expiries_total{action}
 //   dynmig_scheduler_bind_total{outcome="bound|error"}
+//   dynmig_scheduler_unauthenticated_total{path="/filter|/bind"}
 //   dynmig_scheduler_filter_duration_seconds, dynmig_scheduler_bind_duration_seconds (histograms)
 //
 // Thread-safe.
@@ -48,6 +49,8 @@ class SchedulerMetrics {
   // action: "released" (unbound pod), "forgotten" (assumption without annotation),
   // "bind-failed" (bound pod whose Allocate failed).
   void CountExpiry(std::string_view action);
+  // A /filter or /bind refused for want of a valid client certificate.
+  void CountUnauthenticated(std::string_view path);
 
   // The exposition text: the registry's metrics plus the state-derived gauges of `nodes`.
   std::string Render(const std::vector<NodeReport>& nodes, bool leader) const;
@@ -57,6 +60,7 @@ class SchedulerMetrics {
   prometheus::Family<prometheus::Counter>* filter_total_;
   prometheus::Family<prometheus::Counter>* expiries_total_;
   prometheus::Family<prometheus::Counter>* bind_total_;
+  prometheus::Family<prometheus::Counter>* unauthenticated_total_;
   prometheus::Counter* reservations_total_;
   prometheus::Histogram* filter_latency_;
   prometheus::Histogram* bind_latency_;

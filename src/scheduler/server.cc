@@ -56,6 +56,18 @@ absl::Status SchedulerServer::Init() {
     if (!reloader.ok()) return reloader.status();
     cert_reloader_ = std::move(*reloader);
   }
+  if (!options_.extender_client_ca_file.empty()) {
+    if (cert_reloader_ == nullptr) {
+      return absl::InvalidArgumentError(
+          "an extender client CA needs TLS (a serving certificate and key): client certificates "
+          "travel only over HTTPS");
+    }
+    auto auth = ClientCertAuth::Create(options_.extender_client_ca_file);
+    if (!auth.ok()) return auth.status();
+    client_auth_ = std::move(*auth);
+  }
+  // Only kube-scheduler reaches /filter then, and the Pod it sends is its own view of the pod.
+  options_.extender.trusted_callers = client_auth_ != nullptr;
   options_.extender.resources = options_.state.resources;
   options_.admission.resources = options_.state.resources;
   state_ = std::make_unique<ClusterState>(options_.state);
@@ -141,8 +153,10 @@ void SchedulerServer::OnLeadership(bool leading, const std::string& previous_hol
 absl::Status SchedulerServer::Listen() {
   if (cert_reloader_ != nullptr) {
     webhook::CertReloader* reloader = cert_reloader_.get();
-    auto ssl = std::make_unique<httplib::SSLServer>(
-        [reloader](SSL_CTX& ctx) { return reloader->Install(ctx); });
+    ClientCertAuth* auth = client_auth_.get();
+    auto ssl = std::make_unique<httplib::SSLServer>([reloader, auth](SSL_CTX& ctx) {
+      return reloader->Install(ctx) && (auth == nullptr || auth->Install(ctx));
+    });
     if (!ssl->is_valid()) return absl::InternalError("cannot create the TLS context");
     http_ = std::move(ssl);
   } else {
@@ -158,9 +172,11 @@ absl::Status SchedulerServer::Listen() {
   http_->set_tcp_nodelay(true);
 
   http_->Post("/filter", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!AuthenticateExtenderCall(req, res)) return;
     res.set_content(extender_->HandleFilter(req.body), kJson);
   });
   http_->Post("/bind", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!AuthenticateExtenderCall(req, res)) return;
     res.set_content(extender_->HandleBind(req.body), kJson);
   });
   http_->Post("/webhook", [this](const httplib::Request& req, httplib::Response& res) {
@@ -266,6 +282,20 @@ std::string SchedulerServer::WriteGate() const {
         holder.empty() ? "nobody yet" : "\"" + holder + "\"");
   }
   return "";
+}
+
+bool SchedulerServer::AuthenticateExtenderCall(const httplib::Request& req,
+                                               httplib::Response& res) const {
+  if (client_auth_ == nullptr) return true;
+  absl::Status st = client_auth_->Authenticate(req.ssl);
+  if (st.ok()) return true;
+  const std::string message =
+      fmt::format("POST {} refused: {}", req.path, std::string(st.message()));
+  spdlog::warn("{} (from {}:{})", message, req.remote_addr, req.remote_port);
+  metrics_->CountUnauthenticated(req.path);
+  res.status = 401;
+  res.set_content(ErrorResult(message).dump(), kJson);
+  return false;
 }
 
 void SchedulerServer::HandleLayout(const std::string& node, const std::string& format,

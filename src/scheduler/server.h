@@ -12,7 +12,9 @@
 // over list+watch informers (pods that have not terminated, nodes) that feed a ClusterState.
 // Errors travel in the protocols' error fields with HTTP 200; request bodies above
 // max_body_bytes get HTTP 413 with an error body. TLS from a certificate and key that are
-// re-read when the files change (webhook/cert_reloader.h).
+// re-read when the files change (webhook/cert_reloader.h). With extender_client_ca_file, /filter
+// and /bind answer 401 with an Error unless the caller presented a client certificate of that CA
+// (client_auth.h); the webhooks, /metrics, the probes and /layout need none.
 //
 // With leader election, only the leader writes: a follower answers filter and bind with an Error
 // saying it is not the leader, and does not expire reservations. The leader labels its own pod
@@ -37,6 +39,7 @@
 #include "common/clock.h"
 #include "kube/informer.h"
 #include "kube/kube_client.h"
+#include "scheduler/client_auth.h"
 #include "scheduler/cluster_state.h"
 #include "scheduler/events.h"
 #include "scheduler/extender.h"
@@ -47,6 +50,7 @@
 
 namespace httplib {
 class Server;
+struct Request;
 struct Response;
 }  // namespace httplib
 
@@ -60,6 +64,10 @@ struct SchedulerServerOptions {
   // HTTPS when both are set.
   std::string tls_cert_file;
   std::string tls_key_file;
+  // PEM CA bundle (needs TLS): /filter and /bind require a client certificate signed by one of
+  // these CAs (kube-scheduler's extender tlsConfig certFile/keyFile). Re-read when it changes.
+  // Empty: no client authentication (the extender's own checks, bind_guard.h, still hold).
+  std::string extender_client_ca_file;
   ClusterStateOptions state;
   ExtenderOptions extender;
   webhook::AdmissionOptions admission;
@@ -111,6 +119,7 @@ class SchedulerServer {
   SchedulerMetrics& metrics() { return *metrics_; }
   LeaderElector* elector() { return elector_.get(); }  // null without leader election
   webhook::CertReloader* cert_reloader() { return cert_reloader_.get(); }
+  ClientCertAuth* client_auth() { return client_auth_.get(); }  // null without a client CA
   const SchedulerServerOptions& options() const { return options_; }
 
   std::string MetricsText() const;
@@ -122,6 +131,9 @@ class SchedulerServer {
   absl::Status Listen();
   void OnLeadership(bool leading, const std::string& previous_holder);
   void ShutdownAcceptedSockets();
+  // False (and `res` holds the 401 answer) when client authentication is on and the caller of an
+  // extender verb did not authenticate.
+  bool AuthenticateExtenderCall(const httplib::Request& req, httplib::Response& res) const;
   void HandleLayout(const std::string& node, const std::string& format,
                     httplib::Response& res) const;
 
@@ -135,6 +147,7 @@ class SchedulerServer {
   std::unique_ptr<Extender> extender_;
   std::unique_ptr<webhook::AdmissionHandler> admission_;
   std::unique_ptr<webhook::CertReloader> cert_reloader_;
+  std::unique_ptr<ClientCertAuth> client_auth_;
   std::unique_ptr<kube::Informer> pods_;
   std::unique_ptr<kube::Informer> nodes_;
   std::unique_ptr<LeaderElector> elector_;

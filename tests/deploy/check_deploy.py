@@ -219,6 +219,7 @@ CERT_MANAGER_OBJECTS = {
     ("Certificate", NS, "dynmig-ca"),
     ("Issuer", NS, "dynmig-ca"),
     ("Certificate", NS, "dynmig-tls"),
+    ("Certificate", NS, "dynmig-extender-client"),
 }
 MONITORING_OBJECTS = {
     ("Service", NS, "dynmig-scheduler-metrics"),
@@ -513,6 +514,39 @@ def group_scheduler_config(c):
             "tlsConfig.caFile is dynmig-tls ca.crt mounted in the kube-scheduler container")
     c.check(tls.get("serverName", host) in certgen_dns_names(), f"serverName {tls.get('serverName')} not in the "
             "certificate")
+    # Client authentication: kube-scheduler presents a client certificate that dynmig's --extender-client-ca trusts
+    # (certgen: client.crt/client.key of dynmig-tls; cert-manager: the Certificate dynmig-extender-client, issued by
+    # the CA Issuer whose CA is dynmig-tls ca.crt). Neither container mounts the other's private key.
+    dyn = container(spec, "dynmig")
+    client_ca = flag(dyn["args"], "--extender-client-ca")
+    c.check(client_ca is not None, "scheduler needs --extender-client-ca (client authentication of /filter, /bind)")
+    c.equal(secret_file(spec, dyn, client_ca or ""), ("dynmig-tls", "ca.crt"),
+            "scheduler --extender-client-ca is dynmig-tls ca.crt")
+    for overlay, want_cert, want_key in (
+            ("base", ("dynmig-tls", "client.crt"), ("dynmig-tls", "client.key")),
+            ("overlays/cert-manager", ("dynmig-extender-client", "tls.crt"), ("dynmig-extender-client", "tls.key"))):
+        objs = render(overlay)
+        ospec = get(objs, "Deployment", "dynmig-scheduler")["spec"]["template"]["spec"]
+        oks, odyn = container(ospec, "kube-scheduler"), container(ospec, "dynmig")
+        c.equal(secret_file(ospec, oks, tls.get("certFile", "")), want_cert,
+                f"{overlay}: tlsConfig.certFile is kube-scheduler's client certificate, mounted in its container")
+        c.equal(secret_file(ospec, oks, tls.get("keyFile", "")), want_key,
+                f"{overlay}: tlsConfig.keyFile is the client certificate's key, mounted in its container")
+        for cont, secret_keys in ((odyn, {want_key}), (oks, {("dynmig-tls", "tls.key"), ("dynmig-tls", "ca.key")})):
+            for mount_path, (vol, _) in mounts_by_path(ospec, cont).items():
+                sec = vol.get("secret")
+                if not sec:
+                    continue
+                for it in sec.get("items", []):
+                    c.check((sec["secretName"], it["key"]) not in secret_keys,
+                            f"{overlay}: container {cont['name']} must not mount {sec['secretName']} {it['key']}")
+        if overlay != "base":
+            client = get(objs, "Certificate", "dynmig-extender-client")
+            c.equal(client["spec"]["issuerRef"]["name"], get(objs, "Certificate", "dynmig-tls")["spec"]["issuerRef"]
+                    ["name"], "the client certificate comes from the CA Issuer whose CA dynmig-tls ca.crt carries")
+            c.equal(sorted(client["spec"]["usages"]), ["client auth", "digital signature"],
+                    "the client certificate is for client authentication only")
+            c.equal(client["spec"]["secretName"], "dynmig-extender-client", "client Certificate secretName")
     # The --config path is this ConfigMap's file.
     conf_path = next((a.split("=", 1)[1] for a in ks["command"] + ks.get("args", []) if a.startswith("--config=")),
                      None)
@@ -743,7 +777,8 @@ def group_certgen(c):
         with open(secret_json) as f:
             secret = json.load(f)
         c.equal(secret["type"], "kubernetes.io/tls", "Secret type")
-        c.equal(sorted(secret["data"]), ["ca.crt", "ca.key", "tls.crt", "tls.key"], "Secret keys")
+        c.equal(sorted(secret["data"]), ["ca.crt", "ca.key", "client.crt", "client.key", "tls.crt", "tls.key"],
+                "Secret keys")
         data = materialize(secret_json, existing)
         ca_b64 = data["ca.crt"]
         for r in reqs[1:]:
@@ -769,13 +804,27 @@ def group_certgen(c):
         c.check(key_pub and key_pub == crt_pub, "tls.key is the key of tls.crt")
         c.check(openssl("x509", "-in", crt, "-noout", "-checkend", str(300 * 86400)).returncode == 0,
                 "the serving certificate is valid for the coming 300 days")
+        # The extender client certificate: kube-scheduler's, for TLS clients only.
+        client = os.path.join(existing, "client.crt")
+        v = openssl("verify", "-CAfile", ca, "-purpose", "sslclient", client)
+        c.equal(v.returncode, 0, f"the client certificate is good for TLS clients ({v.stdout}{v.stderr})")
+        v = openssl("verify", "-CAfile", ca, "-purpose", "sslserver", client)
+        c.check(v.returncode != 0, "the client certificate must not serve TLS")
+        v = openssl("verify", "-CAfile", ca, "-purpose", "sslclient", crt)
+        c.check(v.returncode != 0, "the serving certificate must not authenticate a client")
+        c.equal(openssl("x509", "-in", client, "-noout", "-subject", "-nameopt", "RFC2253").stdout.strip(),
+                "subject=CN=system:kube-scheduler", "client certificate subject")
+        key_pub = openssl("pkey", "-in", os.path.join(existing, "client.key"), "-pubout").stdout
+        c.check(key_pub and key_pub == openssl("x509", "-in", client, "-noout", "-pubkey").stdout,
+                "client.key is the key of client.crt")
 
         # 2. Rerun with the Secret mounted: nothing regenerated, no Secret write, caBundle patched again.
         proc, reqs = run_certgen(work, existing)
         c.equal(proc.returncode, 0, f"rerun exit code (stderr: {proc.stderr.strip()})")
         c.equal([r["method"] for r in reqs], ["PATCH", "PATCH"], "rerun writes no Secret")
-        c.check("CA reused" in proc.stdout and "serving certificate reused" in proc.stdout,
-                f"rerun reuses the CA and the certificate: {proc.stdout}")
+        c.check("CA reused" in proc.stdout and "serving certificate reused" in proc.stdout
+                and "client certificate reused" in proc.stdout,
+                f"rerun reuses the CA and the certificates: {proc.stdout}")
         c.equal(reqs[0]["body"]["webhooks"][0]["clientConfig"]["caBundle"], ca_b64, "rerun caBundle unchanged")
 
         # 3. The certificate misses a Service name: a new certificate from the same CA, Secret replaced (PUT).
@@ -791,10 +840,13 @@ def group_certgen(c):
         # 4. Renewal due (RENEW_DAYS beyond the certificate's life): a new CA and certificate.
         proc, reqs = run_certgen(work, existing, {"RENEW_DAYS": "4000"})
         c.equal(proc.returncode, 0, f"renewal run exit code (stderr: {proc.stderr.strip()})")
-        c.check("CA created" in proc.stdout and "serving certificate issued" in proc.stdout,
+        c.check("CA created" in proc.stdout and "serving certificate issued" in proc.stdout
+                and "client certificate issued" in proc.stdout,
                 f"a CA that expires within RENEW_DAYS is replaced: {proc.stdout}")
         data = materialize(secret_json, existing)
         c.check(data["ca.crt"] != ca_b64, "renewal makes a new CA")
+        v = openssl("verify", "-CAfile", ca, "-purpose", "sslclient", os.path.join(existing, "client.crt"))
+        c.equal(v.returncode, 0, f"the renewed client certificate verifies against the new CA ({v.stdout}{v.stderr})")
         c.equal(reqs[-1]["body"]["webhooks"][0]["clientConfig"]["caBundle"], data["ca.crt"],
                 "renewal patches the new CA into caBundle")
 
@@ -804,6 +856,15 @@ def group_certgen(c):
         proc, reqs = run_certgen(work, existing)
         c.check(proc.returncode == 0 and "serving certificate issued" in proc.stdout,
                 f"a key that does not match the certificate makes a new certificate: {proc.stdout}{proc.stderr}")
+
+        # 5b. A client key of another certificate: a new client certificate, the serving one kept.
+        materialize(secret_json, existing)
+        with open(os.path.join(existing, "client.key"), "w") as f:
+            f.write(openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256").stdout)
+        proc, reqs = run_certgen(work, existing)
+        c.check(proc.returncode == 0 and "client certificate issued" in proc.stdout
+                and "serving certificate reused" in proc.stdout,
+                f"a client key that does not match makes a new client certificate: {proc.stdout}{proc.stderr}")
 
         # 6. Errors are reported with the API's answer and a non-zero exit.
         with open(os.path.join(work, "api", "missing"), "w") as f:

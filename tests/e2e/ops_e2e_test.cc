@@ -717,6 +717,7 @@ TEST_F(OpsE2eTest, LayoutDrawsEveryGpuAsTextJsonAndHtmlAndTheSchedulerServesTheS
   Step("GET /layout on the scheduler");
   const std::string url = cluster_->scheduler_url();
   httplib::Client http(url);
+  http.set_ca_cert_path(cluster_->tls().ca_file);  // the local mode serves HTTPS
   auto served = http.Get("/layout");
   ASSERT_TRUE(served) << Where() << url;
   EXPECT_EQ(served->status, 200) << Where() << served->body;

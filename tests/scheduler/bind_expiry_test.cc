@@ -98,11 +98,13 @@ TEST_F(BindTest, BindRefusesPodsWithoutAMatchingReservation) {
   EXPECT_THAT(Bind(s_, wrong_uid, "node-a").body["Error"].get<std::string>(),
               HasSubstr("(recreated?)"));
   EXPECT_FALSE(Lock().has_value());
-  // A pod that is not a MIG pod is simply bound.
+  // A pod that is not a MIG pod is not ours to bind (bind_guard.h).
   kube::Object cpu = kube::testing::MakePod("cpu");
+  cpu["spec"]["schedulerName"] = "dynmig-scheduler";
   cpu["spec"]["containers"][0]["resources"] = {{"limits", {{"cpu", "1"}}}};
-  EXPECT_EQ(Bind(s_, CreatePod(cpu), "node-a").body["Error"], "");
-  EXPECT_EQ(kube::NodeName(GetPod("cpu")), "node-a");
+  EXPECT_THAT(Bind(s_, CreatePod(cpu), "node-a").body["Error"].get<std::string>(),
+              HasSubstr("bind refused: pod default/cpu is not a MIG pod"));
+  EXPECT_EQ(kube::NodeName(GetPod("cpu")), "");
   EXPECT_FALSE(Lock().has_value());
 }
 

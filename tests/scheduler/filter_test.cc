@@ -154,18 +154,21 @@ TEST_F(SchedulerTest, PreferenceIsHonoredAndNeverBlocks) {
   EXPECT_EQ(AllocationsOf("no-shrink")[0].profile, "2g.10gb");
 }
 
-TEST_F(SchedulerTest, PodsThatAreNotMigPodsPassThrough) {
+// Only MIG pods of our scheduler name are filtered (bind_guard.h); others get an Error and nothing
+// is written.
+TEST_F(SchedulerTest, PodsThatAreNotMigPodsAreRefused) {
   CreateNode(MigNode("node-a", {"GPU-a0"}));
   SchedulerServer* s = StartScheduler();
   WaitForNodes(s, {"node-a"});
   kube::Object cpu = kube::testing::MakePod("cpu");
+  cpu["spec"]["schedulerName"] = "dynmig-scheduler";
   cpu["spec"]["containers"][0]["resources"] = {{"limits", {{"cpu", "1"}}}};
   HttpResult r = Filter(s, CreatePod(cpu), {"node-a", "node-x"});
-  EXPECT_THAT(r.body["NodeNames"], ElementsAre("node-a", "node-x"));
-  EXPECT_THAT(r.body["FailedNodes"], IsEmpty());
+  EXPECT_THAT(r.body["Error"].get<std::string>(), HasSubstr("pod default/cpu is not a MIG pod"));
+  EXPECT_THAT(r.body["NodeNames"], IsEmpty()) << r.text;
   kube::Object core = CreatePod(MigPod("core", 4000, {{"nvidia.com/vgpu-mode", "hami-core"}}));
   r = Filter(s, core, {"node-a", "node-x"});
-  EXPECT_THAT(r.body["NodeNames"], ElementsAre("node-a", "node-x"));
+  EXPECT_THAT(r.body["Error"].get<std::string>(), HasSubstr("pod default/core is not a MIG pod"));
   EXPECT_FALSE(kube::Annotation(GetPod("core"), "hami.io/vgpu-mig-allocations").has_value());
   // The NodeList form (nodeCacheCapable: false) is answered with the passing items.
   json nodes = {{"metadata", json::object()},

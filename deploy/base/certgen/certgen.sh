@@ -6,8 +6,11 @@
 #   2. Reuses the serving certificate while it is valid for more than $RENEW_DAYS days, is signed by that CA, has
 #      the key next to it and names every Service in $SERVICES; else issues a new one ($CERT_DAYS days) for
 #      <svc>, <svc>.<ns>, <svc>.<ns>.svc and <svc>.<ns>.svc.cluster.local of each Service.
-#   3. Writes the Secret $SECRET_NAME (type kubernetes.io/tls: tls.crt, tls.key, ca.crt, ca.key) if anything changed.
-#   4. Sets clientConfig.caBundle of every webhook named in $MUTATING_WEBHOOKS / $VALIDATING_WEBHOOKS
+#   3. Reuses the extender client certificate (client.crt, client.key: kube-scheduler presents it to the extender's
+#      /filter and /bind) on the same terms (CN $CLIENT_CN, extendedKeyUsage clientAuth); else issues a new one.
+#   4. Writes the Secret $SECRET_NAME (type kubernetes.io/tls: tls.crt, tls.key, ca.crt, ca.key, client.crt,
+#      client.key) if anything changed.
+#   5. Sets clientConfig.caBundle of every webhook named in $MUTATING_WEBHOOKS / $VALIDATING_WEBHOOKS
 #      ("<configuration>/<webhook>" entries) with a strategic merge patch, every time.
 #
 # Keeping a valid CA means a renewed serving certificate needs no new caBundle: pods still serving the old
@@ -21,6 +24,7 @@ SERVICES=${SERVICES:-"dynmig-webhook dynmig-scheduler"}
 MUTATING_WEBHOOKS=${MUTATING_WEBHOOKS:-"dynmig-webhook/mutate.dynmig.io"}
 VALIDATING_WEBHOOKS=${VALIDATING_WEBHOOKS:-"dynmig-webhook/validate.dynmig.io"}
 EXISTING_DIR=${EXISTING_DIR:-/var/run/dynmig/existing-tls}
+CLIENT_CN=${CLIENT_CN:-system:kube-scheduler}
 SA_DIR=${SA_DIR:-/var/run/secrets/kubernetes.io/serviceaccount}
 CA_DAYS=${CA_DAYS:-3650}
 CERT_DAYS=${CERT_DAYS:-1825}
@@ -136,8 +140,42 @@ EXT
   log "serving certificate issued for$dns_names ($(openssl x509 -in "$work/tls.crt" -noout -enddate))"
 fi
 
+# --- extender client certificate (kube-scheduler) -------------------------------------------------------------
+client_ok=false
+if $ca_ok && [ -s "$EXISTING_DIR/client.crt" ] && [ -s "$EXISTING_DIR/client.key" ]; then
+  cp "$EXISTING_DIR/client.crt" "$work/client.crt"
+  cp "$EXISTING_DIR/client.key" "$work/client.key"
+  if openssl x509 -in "$work/client.crt" -noout -checkend "$renew_seconds" >/dev/null 2>&1 &&
+    openssl verify -CAfile "$work/ca.crt" -purpose sslclient "$work/client.crt" >/dev/null 2>&1 &&
+    [ "$(openssl x509 -in "$work/client.crt" -noout -subject -nameopt RFC2253 2>/dev/null)" = \
+      "subject=CN=$CLIENT_CN" ] &&
+    [ "$(openssl x509 -in "$work/client.crt" -noout -pubkey 2>/dev/null)" = \
+      "$(openssl pkey -in "$work/client.key" -pubout 2>/dev/null)" ]; then
+    client_ok=true
+  fi
+fi
+if $client_ok; then
+  log "client certificate reused ($(openssl x509 -in "$work/client.crt" -noout -enddate))"
+else
+  cat >"$work/client.ext" <<EXT
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature
+extendedKeyUsage = clientAuth
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+EXT
+  openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$work/client.key" 2>/dev/null ||
+    die "openssl could not generate the client key"
+  openssl req -new -key "$work/client.key" -subj "/CN=$CLIENT_CN" -out "$work/client.csr" \
+    2>"$work/openssl.err" || die "openssl could not make the client CSR: $(cat "$work/openssl.err")"
+  openssl x509 -req -in "$work/client.csr" -CA "$work/ca.crt" -CAkey "$work/ca.key" -days "$CERT_DAYS" \
+    -set_serial "0x$(openssl rand -hex 15)" -extfile "$work/client.ext" -out "$work/client.crt" \
+    2>"$work/openssl.err" || die "openssl could not sign the client certificate: $(cat "$work/openssl.err")"
+  log "client certificate issued for $CLIENT_CN ($(openssl x509 -in "$work/client.crt" -noout -enddate))"
+fi
+
 # --- Secret ---------------------------------------------------------------------------------------------------
-if $ca_ok && $cert_ok; then
+if $ca_ok && $cert_ok && $client_ok; then
   log "secret $NAMESPACE/$SECRET_NAME unchanged"
 else
   cat >"$work/secret.json" <<JSON
@@ -145,7 +183,8 @@ else
  "metadata":{"name":"$SECRET_NAME","namespace":"$NAMESPACE",
   "labels":{"app.kubernetes.io/name":"dynmig","app.kubernetes.io/component":"certgen"}},
  "data":{"tls.crt":"$(b64 "$work/tls.crt")","tls.key":"$(b64 "$work/tls.key")",
-  "ca.crt":"$(b64 "$work/ca.crt")","ca.key":"$(b64 "$work/ca.key")"}}
+  "ca.crt":"$(b64 "$work/ca.crt")","ca.key":"$(b64 "$work/ca.key")",
+  "client.crt":"$(b64 "$work/client.crt")","client.key":"$(b64 "$work/client.key")"}}
 JSON
   code=$(api POST "/api/v1/namespaces/$NAMESPACE/secrets" application/json "$work/secret.json")
   case "$code" in
