@@ -532,8 +532,16 @@ def cmd_deploy(args):
                        check=False).returncode == 0
     wait_for("Deployment dynmig-scheduler ready", lambda: rollout("deployment", "dynmig-scheduler"), 120, interval=1,
              logs=["kubelet"])
-    wait_for("DaemonSet dynmig-device-plugin ready", lambda: rollout("daemonset", "dynmig-device-plugin"), 120,
-             interval=1, logs=["kubelet"])
+    try:
+        wait_for("DaemonSet dynmig-device-plugin ready", lambda: rollout("daemonset", "dynmig-device-plugin"), 120,
+                 interval=1, logs=["kubelet"])
+    except Failure:
+        for prev in ("--previous", None):
+            out = kubectl("-n", "dynmig-system", "logs", "daemonset/dynmig-device-plugin", "--tail=40",
+                          *([prev] if prev else []), check=False)
+            print("---- device-plugin container log %s----\n%s%s" % (prev or "", out.stdout, out.stderr),
+                  file=sys.stderr)
+        raise
 
     def gpus_allocatable():
         check_alive("dynmig-kube-scheduler")
