@@ -1,5 +1,5 @@
 # Thin wrapper over CMake presets. `make run` and `make test` work on a fresh Debian 12 machine.
-.PHONY: deps configure build build-all test run bench asan fuzz tsan soak format clean
+.PHONY: deps configure build build-all test run bench asan fuzz tsan soak format clean e2e-real e2e-scenarios-local e2e-real-down
 
 JOBS ?= $(shell nproc)
 
@@ -52,6 +52,19 @@ SOAK_DURATION ?= 30m
 SOAK_SEED ?= 1
 soak: build
 	@build/bin/dynmig chaos --seed $(SOAK_SEED) --duration $(SOAK_DURATION)
+
+# The scenario suite (tests/e2e-real/scenarios.py) on a real Kubernetes v1.20 built from Debian's source package
+# (cached in /var/cache/dynmig-real-k8s), started on this machine with containerd and a kubelet (needs root).
+e2e-real: build
+	@tools/real-k8s/e2e-real.sh
+
+# The same scenario suite against the local mode (build/bin/dynmig local).
+e2e-scenarios-local: build
+	@python3 tests/e2e-real/scenarios.py --backend local
+
+# Stops a real-k8s cluster left running (tools/real-k8s/cluster.py up/deploy by hand) and wipes its state.
+e2e-real-down:
+	@/usr/bin/python3 tools/real-k8s/cluster.py down
 
 format:
 	@git ls-files '*.cc' '*.h' | xargs clang-format -i

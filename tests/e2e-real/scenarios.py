@@ -1,0 +1,655 @@
+#!/usr/bin/env python3
+"""dynmig's scenario suite, written once, run through real kubectl against two backends:
+
+  --backend local   starts `build/bin/dynmig local` (one node, one simulated A100-SXM4-40GB) on free ports and
+                    runs the suite against the kubeconfig it writes
+  --backend real    a running cluster with dynmig deployed (tools/real-k8s/cluster.py up + deploy, one node with
+                    one simulated A100-SXM4-40GB): --kubeconfig and --node name it
+
+The scenarios are the migration guide's recommended scenarios, its validation checklist and the spec's example
+YAML (examples/, image swapped for the local busybox image). Each asserts what a user sees: pod phase, the
+reservation annotation, the MIG UUID inside the container, the device plugin's NVML view, events. A failure names
+the scenario and step and prints the objects and logs that explain it. Standard library only.
+Ends with the line "N passed, N failed".
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import urllib.request
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ALLOC = "hami.io/vgpu-mig-allocations"
+BIND_PHASE = "hami.io/bind-phase"
+REGISTER = "hami.io/node-nvidia-register"
+VISIBLE = "dynmig.io/visible-devices"  # the local mode's kubelet stand-in records what each container got
+NS = "default"
+POD_TIMEOUT = float(os.environ.get("E2E_POD_TIMEOUT", "150"))
+
+
+class StepFailed(Exception):
+    pass
+
+
+def log(msg):
+    print("[scenarios %s] %s" % (time.strftime("%H:%M:%S", time.gmtime()), msg), flush=True)
+
+
+# --- kubectl ------------------------------------------------------------------------------------------------------
+
+class Kube:
+    def __init__(self, kubectl, kubeconfig):
+        self.kubectl, self.kubeconfig = kubectl, kubeconfig
+
+    def run(self, *args, input=None, check=True, timeout=60):
+        cmd = [self.kubectl, "--kubeconfig", self.kubeconfig] + list(args)
+        try:
+            p = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise StepFailed("kubectl %s did not answer within %d s" % (" ".join(args), timeout))
+        if check and p.returncode != 0:
+            raise StepFailed("kubectl %s exited %d: %s" % (" ".join(args), p.returncode, p.stderr.strip()))
+        return p
+
+    def json(self, *args):
+        return json.loads(self.run(*(list(args) + ["-o", "json"])).stdout)
+
+    def pod(self, name):
+        p = self.run("-n", NS, "get", "pod", name, "-o", "json", check=False)
+        return json.loads(p.stdout) if p.returncode == 0 else None
+
+    def apply(self, manifest):
+        return self.run("-n", NS, "apply", "-f", "-", input=manifest if isinstance(manifest, str) else json.dumps(manifest))
+
+    def events(self, name):
+        return self.json("-n", NS, "get", "events", "--field-selector", "involvedObject.name=" + name)["items"]
+
+
+def wait_for(what, predicate, timeout=POD_TIMEOUT, interval=0.5):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except StepFailed:
+            raise
+        except Exception as e:  # not there yet
+            last = e
+        time.sleep(interval)
+    raise StepFailed("timed out after %d s waiting for %s%s" % (timeout, what, " (%s)" % last if last else ""))
+
+
+# --- backends -----------------------------------------------------------------------------------------------------
+
+class Backend:
+    name = "?"
+    node = "?"
+    kube = None
+
+    def nvml(self):
+        """The device plugin's NVML view (GET /nvml)."""
+        with urllib.request.urlopen(self.nvml_url, timeout=5) as r:
+            return json.loads(r.read())
+
+    def diagnostics(self):
+        return ""
+
+
+class LocalBackend(Backend):
+    name = "local"
+    node = "node-a"
+
+    def __init__(self, dynmig, kubectl):
+        self.dynmig, self.kubectl = dynmig, kubectl
+        self.proc = None
+
+    @staticmethod
+    def free_port():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    def start(self):
+        self.dir = tempfile.mkdtemp(prefix="dynmig-scenarios-")
+        self.control = self.free_port()
+        nvml_port = self.free_port()
+        self.log_path = os.path.join(self.dir, "local.log")
+        cmd = [self.dynmig, "local", "--listen", "127.0.0.1:0", "--nodes", self.node + "=A100-SXM4-40GBx1",
+               "--state-dir", os.path.join(self.dir, "state"), "--control", "127.0.0.1:%d" % self.control,
+               "--nvml-port", str(nvml_port)]
+        log("starting %s" % " ".join(cmd))
+        self.out = open(self.log_path, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+
+        def up():
+            if self.proc.poll() is not None:
+                raise StepFailed("dynmig local exited %d:\n%s" % (self.proc.returncode, self.tail()))
+            text = open(self.log_path).read()
+            m = re.search(r"(?m)^\s+kubeconfig\s+(\S+)\s*$", text)
+            n = re.search(r"device plugin (http://\S+/nvml)", text)
+            return (m.group(1), n.group(1)) if m and n else None
+        kubeconfig, self.nvml_url = wait_for("dynmig local to print its kubeconfig", up, 60)
+        self.kube = Kube(self.kubectl, kubeconfig)
+        wait_for("node %s registered by its device plugin" % self.node,
+                 lambda: REGISTER in self.kube.json("get", "node", self.node)["metadata"].get("annotations", {}), 60)
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        if self.proc:
+            self.out.close()
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def tail(self, lines=60):
+        try:
+            return "".join(open(self.log_path, errors="replace").readlines()[-lines:])
+        except OSError:
+            return ""
+
+    def visible_devices(self, pod):
+        """The MIG UUIDs the pod's first container got (recorded by the kubelet stand-in)."""
+        value = pod["metadata"].get("annotations", {}).get(VISIBLE)
+        if not value:
+            return []
+        got = json.loads(value)
+        first = got.get(pod["spec"]["containers"][0]["name"], [])
+        return first if isinstance(first, list) else str(first).split(",")
+
+    def restart_device_plugin(self):
+        req = urllib.request.Request("http://127.0.0.1:%d/restart/device-plugin/%s" % (self.control, self.node),
+                                     data=b"", method="POST")
+        with urllib.request.urlopen(req, timeout=60) as r:
+            r.read()
+
+    def diagnostics(self):
+        return "---- dynmig local (last lines) ----\n" + self.tail()
+
+
+class RealBackend(Backend):
+    name = "real"
+
+    def __init__(self, kubectl, kubeconfig, node, nvml_url, logs_cmd):
+        self.kube = Kube(kubectl, kubeconfig)
+        self.node, self.nvml_url, self.logs_cmd = node, nvml_url, logs_cmd
+
+    def start(self):
+        wait_for("node %s registered by its device plugin" % self.node,
+                 lambda: REGISTER in self.kube.json("get", "node", self.node)["metadata"].get("annotations", {}), 60)
+
+    def stop(self):
+        pass
+
+    def visible_devices(self, pod):
+        """What the container's environment says (kubectl exec ... printenv)."""
+        p = self.kube.run("-n", NS, "exec", pod["metadata"]["name"], "--", "printenv", "NVIDIA_VISIBLE_DEVICES",
+                          check=False)
+        return [u for u in p.stdout.strip().split(",") if u]
+
+    def plugin_pod(self):
+        pods = self.kube.json("-n", "dynmig-system", "get", "pods", "-l",
+                              "app.kubernetes.io/component=device-plugin")["items"]
+        return [p for p in pods if p["metadata"].get("deletionTimestamp") is None]
+
+    def restart_device_plugin(self):
+        old = {p["metadata"]["uid"] for p in self.plugin_pod()}
+        self.kube.run("-n", "dynmig-system", "delete", "pod", "-l", "app.kubernetes.io/component=device-plugin",
+                      "--wait=true", timeout=90)
+
+        def new_ready():
+            for p in self.plugin_pod():
+                if p["metadata"]["uid"] not in old and any(
+                        c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", [])):
+                    return True
+            return False
+        wait_for("a new device-plugin pod Ready", new_ready, 120)
+
+    def diagnostics(self):
+        out = []
+        for p in self.plugin_pod():
+            out.append("---- device plugin %s (last lines) ----" % p["metadata"]["name"])
+            out.append(self.kube.run("-n", "dynmig-system", "logs", p["metadata"]["name"], "--tail=40",
+                                     check=False).stdout)
+        sched = self.kube.json("-n", "dynmig-system", "get", "pods", "-l", "app.kubernetes.io/component=scheduler")
+        for p in sched["items"]:
+            out.append("---- dynmig scheduler %s (last lines) ----" % p["metadata"]["name"])
+            out.append(self.kube.run("-n", "dynmig-system", "logs", p["metadata"]["name"], "--tail=40",
+                                     check=False).stdout)
+        if self.logs_cmd:
+            out.append(subprocess.run(self.logs_cmd, shell=True, capture_output=True, text=True).stderr[-8000:])
+        return "\n".join(out)
+
+
+# --- what the scenarios build on ----------------------------------------------------------------------------------
+
+class Suite:
+    def __init__(self, backend, image):
+        self.b, self.k, self.image = backend, backend.kube, image
+        self.step_name = ""
+        self.created = set()
+
+    def step(self, name):
+        self.step_name = name
+        log("  step: %s" % name)
+
+    # Pods ------------------------------------------------------------------------------------------------------
+    def mig_pod(self, name, mib, preference=None, sleep=3600):
+        ann = {"nvidia.com/vgpu-mode": "mig"}
+        if preference:
+            ann["nvidia.com/mig-profile-preference"] = preference
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": ann},
+                "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 2,
+                         "containers": [{"name": "workload", "image": self.image,
+                                         "command": ["sh", "-c", "sleep %d" % sleep],
+                                         "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": mib}}}]}}
+
+    def example(self, name):
+        """examples/NAME.yaml with the image swapped for the local busybox image (nothing else changes)."""
+        text = open(os.path.join(REPO, "examples", name + ".yaml")).read()
+        swapped, n = re.subn(r"(?m)^(\s*image:\s*)\S+\s*$", r"\g<1>" + self.image, text)
+        if n == 0:
+            raise StepFailed("examples/%s.yaml has no image line to swap" % name)
+        for m in re.finditer(r"(?m)^  name:\s*(\S+)", swapped):
+            self.created.add(m.group(1))
+        return swapped
+
+    def create(self, manifest):
+        if isinstance(manifest, dict):
+            self.created.add(manifest["metadata"]["name"])
+        self.k.apply(manifest)
+
+    def running(self, name, timeout=POD_TIMEOUT):
+        """Waits until the pod runs with its reservation complete; returns (pod, allocations)."""
+        def check():
+            pod = self.k.pod(name)
+            if pod is None:
+                raise StepFailed("pod %s does not exist" % name)
+            phase = pod["status"].get("phase")
+            if phase in ("Failed", "Succeeded"):
+                raise StepFailed("pod %s is %s: %s" % (name, phase, json.dumps(pod["status"])[:1500]))
+            for cs in pod["status"].get("containerStatuses", []):
+                waiting = cs.get("state", {}).get("waiting", {})
+                if waiting.get("reason") in ("CreateContainerError", "CreateContainerConfigError", "ErrImagePull",
+                                             "ImagePullBackOff", "ErrImageNeverPull", "RunContainerError"):
+                    raise StepFailed("pod %s container %s: %s: %s" % (name, cs["name"], waiting["reason"],
+                                                                       waiting.get("message", "")))
+            if phase != "Running":
+                return None
+            allocs = self.allocations(pod)
+            if not allocs or any("migUUID" not in a for a in allocs):
+                return None
+            return pod, allocs
+        return wait_for("pod %s Running with its MIG instance" % name, check, timeout)
+
+    @staticmethod
+    def allocations(pod):
+        value = pod["metadata"].get("annotations", {}).get(ALLOC)
+        return json.loads(value) if value else []
+
+    def pending_reason(self, name, timeout=POD_TIMEOUT):
+        def check():
+            pod = self.k.pod(name)
+            if pod["status"].get("phase") != "Pending":
+                raise StepFailed("pod %s is %s, expected Pending" % (name, pod["status"].get("phase")))
+            for c in pod["status"].get("conditions", []):
+                if c["type"] == "PodScheduled" and c["status"] == "False" and c.get("message"):
+                    return pod, c["message"]
+            return None
+        return wait_for("pod %s Pending with PodScheduled=False and a reason" % name, check, timeout)
+
+    def delete(self, *names):
+        self.k.run("-n", NS, "delete", "pod", *names, "--grace-period=2", "--wait=false", "--ignore-not-found")
+
+    def gone(self, *names, timeout=POD_TIMEOUT):
+        wait_for("pods %s deleted" % ", ".join(names), lambda: all(self.k.pod(n) is None for n in names), timeout)
+
+    # What the user checks ----------------------------------------------------------------------------------------
+    def instances(self):
+        """MIG UUIDs of the live GPU instances in the device plugin's NVML view."""
+        view = self.b.nvml()
+        found = set()
+
+        def walk(v):
+            if isinstance(v, dict):
+                for key, x in v.items():
+                    if isinstance(x, str) and x.startswith("MIG-") and key.lower() in ("uuid", "miguuid", "mig_uuid"):
+                        found.add(x)
+                    walk(x)
+            elif isinstance(v, list):
+                for x in v:
+                    walk(x)
+        walk(view)
+        return found
+
+    def expect_realized(self, name, pod, allocs, profile=None):
+        annotations = pod["metadata"].get("annotations", {})
+        if pod["spec"].get("schedulerName") != "dynmig-scheduler":
+            raise StepFailed("pod %s has schedulerName %r: the mutating webhook did not route it" %
+                             (name, pod["spec"].get("schedulerName")))
+        if annotations.get(BIND_PHASE) != "success":
+            raise StepFailed("pod %s: %s is %r, expected success" % (name, BIND_PHASE, annotations.get(BIND_PHASE)))
+        if pod["spec"].get("nodeName") != self.b.node:
+            raise StepFailed("pod %s runs on %r, expected %s" % (name, pod["spec"].get("nodeName"), self.b.node))
+        for a in allocs:
+            for field in ("gpuUUID", "profile", "placement", "migUUID", "gpuInstanceID", "computeInstanceID"):
+                if field not in a:
+                    raise StepFailed("pod %s: %s entry lacks %s: %s" % (name, ALLOC, field, json.dumps(a)))
+        if profile and allocs[0]["profile"] != profile:
+            raise StepFailed("pod %s got %s, expected %s" % (name, allocs[0]["profile"], profile))
+        uuids = [a["migUUID"] for a in allocs]
+        seen = wait_for("the container of %s to see its MIG device" % name, lambda: self.b.visible_devices(pod), 30)
+        if sorted(seen) != sorted(uuids):
+            raise StepFailed("the container of %s sees %s, the reservation says %s" % (name, seen, uuids))
+        live = self.instances()
+        missing = [u for u in uuids if u not in live]
+        if missing:
+            raise StepFailed("pod %s: %s not in the device plugin's NVML view (%s)" % (name, missing, sorted(live)))
+
+    def no_warnings(self, *names):
+        for n in names:
+            warnings = [e for e in self.k.events(n) if e.get("type") == "Warning"]
+            if warnings:
+                raise StepFailed("pod %s has Warning events: %s" % (n, "; ".join(
+                    "%s: %s" % (e.get("reason"), e.get("message")) for e in warnings)))
+
+    def reclaimed(self, uuids, timeout=POD_TIMEOUT):
+        wait_for("instances %s reclaimed" % sorted(uuids), lambda: not (set(uuids) & self.instances()), timeout)
+
+    def cleanup(self):
+        names = [n for n in self.created if self.k.pod(n) is not None]
+        if names:
+            self.delete(*names)
+            self.gone(*names)
+        self.created.clear()
+        wait_for("every MIG instance reclaimed after the scenario", lambda: not self.instances(), POD_TIMEOUT)
+
+
+def overlap(a, b):
+    pa, pb = a["placement"], b["placement"]
+    return pa["start"] < pb["start"] + pb["size"] and pb["start"] < pa["start"] + pa["size"]
+
+
+# --- the scenarios ------------------------------------------------------------------------------------------------
+
+def scenario1_create_and_delete_one_1g(s):
+    s.step("create a 4000 MiB pod")
+    s.create(s.mig_pod("one-1g", 4000))
+    pod, allocs = s.running("one-1g")
+    s.step("check the reservation, the container and NVML")
+    s.expect_realized("one-1g", pod, allocs, "1g.5gb")
+    if allocs[0]["placement"]["size"] != 1:
+        raise StepFailed("a 1g instance spans %s slices" % allocs[0]["placement"]["size"])
+    s.step("no Warning event on the scheduled pod")
+    s.no_warnings("one-1g")
+    s.step("delete it: its instance is reclaimed")
+    s.delete("one-1g")
+    s.reclaimed([allocs[0]["migUUID"]])
+
+
+def scenario2_several_non_overlapping_1g(s):
+    names = ["small-%d" % i for i in range(3)]
+    s.step("create three 1g pods")
+    for n in names:
+        s.create(s.mig_pod(n, 4000))
+    got = {}
+    for n in names:
+        pod, allocs = s.running(n)
+        s.expect_realized(n, pod, allocs, "1g.5gb")
+        got[n] = allocs[0]
+    s.step("distinct placements and MIG UUIDs on one GPU")
+    vals = list(got.values())
+    for i, a in enumerate(vals):
+        for b in vals[i + 1:]:
+            if overlap(a, b):
+                raise StepFailed("placements overlap: %s and %s" % (a["placement"], b["placement"]))
+    if len({a["migUUID"] for a in vals}) != len(vals) or len({a["gpuUUID"] for a in vals}) != 1:
+        raise StepFailed("expected distinct MIG UUIDs on one GPU: %s" % json.dumps(vals))
+    s.step("no Warning event on the scheduled pods")
+    s.no_warnings(*names)
+
+
+def scenario3_mixed_example(s):
+    s.step("kubectl apply examples/mig-mixed.yaml")
+    s.create(s.example("mig-mixed"))
+    want = {"small-1g": "1g.5gb", "medium-2g": "2g.10gb", "large-3g": "3g.20gb"}
+    got = []
+    for n, profile in want.items():
+        pod, allocs = s.running(n)
+        s.step("%s gets %s" % (n, profile))
+        s.expect_realized(n, pod, allocs, profile)
+        got.append(allocs[0])
+    s.step("no two instances overlap")
+    for i, a in enumerate(got):
+        for b in got[i + 1:]:
+            if overlap(a, b):
+                raise StepFailed("%s at %s overlaps %s at %s" % (a["profile"], a["placement"], b["profile"],
+                                                                  b["placement"]))
+    s.step("no Warning event on the scheduled pods")
+    s.no_warnings(*want)
+
+
+def scenario4_5_pending_when_full_then_reuse(s):
+    fillers = ["filler-%d" % i for i in range(7)]
+    s.step("seven 1g pods fill the A100's seven 1g placements")
+    for n in fillers:
+        s.create(s.mig_pod(n, 4000))
+    allocs = {}
+    for n in fillers:
+        allocs[n] = s.running(n)[1][0]
+    s.step("an eighth 1g pod stays Pending with the scheduler's reason")
+    s.create(s.mig_pod("waiting", 4000))
+    pod, reason = s.pending_reason("waiting")
+    log("    reason: %s" % reason)
+    if s.allocations(pod) and any("migUUID" in a for a in s.allocations(pod)):
+        raise StepFailed("the Pending pod holds an instance: %s" % pod["metadata"]["annotations"][ALLOC])
+    s.step("deleting one filler: the waiting pod runs in the freed placement")
+    freed = allocs["filler-3"]
+    s.delete("filler-3")
+    pod, got = s.running("waiting", timeout=POD_TIMEOUT + 60)
+    s.expect_realized("waiting", pod, got, "1g.5gb")
+    if got[0]["placement"] != freed["placement"] or got[0]["gpuUUID"] != freed["gpuUUID"]:
+        raise StepFailed("the waiting pod got %s, the freed placement was %s" % (got[0]["placement"],
+                                                                                 freed["placement"]))
+    s.step("no Warning event on the pods that were scheduled")
+    s.no_warnings(*[n for n in fillers if n != "filler-3"])
+
+
+def scenario6_device_plugin_restart_adopts(s):
+    s.step("two pods run")
+    s.create(s.mig_pod("keep-1g", 4000))
+    s.create(s.mig_pod("keep-2g", 9000))
+    before = {n: s.running(n)[1][0] for n in ("keep-1g", "keep-2g")}
+    live_before = s.instances()
+    s.step("restart the device plugin")
+    s.b.restart_device_plugin()
+    s.step("same instances, same MIG UUIDs, pods still Running and seeing them")
+    for n, a in before.items():
+        pod, allocs = s.running(n, timeout=30)
+        if allocs[0]["migUUID"] != a["migUUID"]:
+            raise StepFailed("%s: MIG UUID %s became %s" % (n, a["migUUID"], allocs[0]["migUUID"]))
+        s.expect_realized(n, pod, allocs)
+    after = s.instances()
+    if after != live_before:
+        raise StepFailed("the instances changed across the restart: %s -> %s" % (sorted(live_before), sorted(after)))
+    s.step("delete one: exactly its instance goes")
+    s.delete("keep-1g")
+    s.reclaimed([before["keep-1g"]["migUUID"]])
+    if before["keep-2g"]["migUUID"] not in s.instances():
+        raise StepFailed("the other pod's instance %s was destroyed" % before["keep-2g"]["migUUID"])
+    s.step("no Warning event on the pods")
+    s.no_warnings("keep-1g", "keep-2g")
+
+
+def example_canary(s):
+    s.step("kubectl apply examples/mig-canary.yaml (nvidia.com/gpumem: 8000)")
+    s.create(s.example("mig-canary"))
+    pod, allocs = s.running("mig-canary")
+    s.step("2g.10gb on the A100-40GB, seen by the container")
+    s.expect_realized("mig-canary", pod, allocs, "2g.10gb")
+    s.step("kubectl describe shows no Warning event")
+    described = s.k.run("-n", NS, "describe", "pod", "mig-canary").stdout
+    if re.search(r"(?m)^\s+Warning\s", described):
+        raise StepFailed("kubectl describe pod mig-canary shows warnings:\n" + described.split("Events:")[-1])
+    s.no_warnings("mig-canary")
+    s.step("delete it: reclaimed")
+    s.delete("mig-canary")
+    s.reclaimed([allocs[0]["migUUID"]])
+
+
+def example_preference(s):
+    s.step("kubectl apply examples/mig-prefer-4g.yaml (19000 MiB, preference 4g)")
+    s.create(s.example("mig-prefer-4g"))
+    pod, allocs = s.running("mig-prefer-4g")
+    s.step("the preference is honoured: 4g.20gb")
+    s.expect_realized("mig-prefer-4g", pod, allocs, "4g.20gb")
+    s.no_warnings("mig-prefer-4g")
+
+
+def example_typo_refused(s):
+    s.step("kubectl apply examples/mig-typo.yaml is refused with the valid choices")
+    p = s.k.run("-n", NS, "apply", "-f", "-", input=s.example("mig-typo"), check=False)
+    if p.returncode == 0:
+        raise StepFailed("the misspelled preference was accepted: %s" % p.stdout)
+    if "4gg" not in p.stderr or "denied" not in p.stderr:
+        raise StepFailed("the refusal does not name the bad value: %s" % p.stderr)
+    log("    refused: %s" % p.stderr.strip()[:300])
+    if s.k.pod("mig-typo") is not None:
+        raise StepFailed("pod mig-typo exists after the refusal")
+
+
+def example_short_job(s):
+    s.step("kubectl apply examples/mig-short-job.yaml: Running, then Succeeded after 20 s")
+    s.create(s.example("mig-short-job"))
+    pod, allocs = s.running("mig-short-job")
+    s.expect_realized("mig-short-job", pod, allocs, "1g.5gb")
+    wait_for("mig-short-job Succeeded",
+             lambda: s.k.pod("mig-short-job")["status"].get("phase") == "Succeeded", 90)
+    s.step("the ended pod's instance is reclaimed while the pod object stays")
+    s.reclaimed([allocs[0]["migUUID"]])
+    s.no_warnings("mig-short-job")
+
+
+def checklist_user_cannot_edit_reservation(s):
+    s.step("a running pod")
+    s.create(s.mig_pod("guarded", 4000))
+    pod, allocs = s.running("guarded")
+    s.step("kubectl annotate of its reservation is refused by the validating webhook")
+    forged = json.dumps([dict(allocs[0], placement={"start": 6, "size": 1})])
+    p = s.k.run("-n", NS, "annotate", "pod", "guarded", "--overwrite", "%s=%s" % (ALLOC, forged), check=False)
+    if p.returncode == 0:
+        raise StepFailed("a user rewrote %s: %s" % (ALLOC, p.stdout))
+    if s.allocations(s.k.pod("guarded")) != allocs:
+        raise StepFailed("the reservation changed after a refused edit")
+    log("    refused: %s" % p.stderr.strip()[:300])
+
+
+def checklist_node_capability(s):
+    s.step("the node's %s lists the GPU NVML reports, in mig mode, with allowlisted profiles" % REGISTER)
+    node = s.k.json("get", "node", s.b.node)
+    reg = node["metadata"].get("annotations", {}).get(REGISTER)
+    if not reg:
+        raise StepFailed("node %s has no %s" % (s.b.node, REGISTER))
+    text = json.dumps(s.b.nvml())
+    gpus = set(re.findall(r"GPU-[0-9a-f-]{36}", text))
+    if not gpus or not all(g in reg for g in gpus):
+        raise StepFailed("%s = %s does not list NVML's GPUs %s" % (REGISTER, reg[:400], sorted(gpus)))
+    for want in ("mig", "1g.5gb", "7g.40gb"):
+        if want not in reg:
+            raise StepFailed("%s lacks %r: %s" % (REGISTER, want, reg[:400]))
+    alloc = node["status"].get("allocatable", {}).get("nvidia.com/gpu")
+    if not alloc or int(alloc) < 1:
+        raise StepFailed("node %s has no allocatable nvidia.com/gpu (%r)" % (s.b.node, alloc))
+
+
+SCENARIOS = [
+    ("scenario 1: create and delete one 1g pod", scenario1_create_and_delete_one_1g),
+    ("scenario 2: several non-overlapping 1g on one GPU", scenario2_several_non_overlapping_1g),
+    ("scenario 3: mixed 1g/2g/3g (examples/mig-mixed.yaml)", scenario3_mixed_example),
+    ("scenarios 4+5: Pending when full, the freed placement reused", scenario4_5_pending_when_full_then_reuse),
+    ("scenario 6: device-plugin restart adopts running workloads", scenario6_device_plugin_restart_adopts),
+    ("checklist: node capability matches NVML", checklist_node_capability),
+    ("checklist: users cannot edit the reservation", checklist_user_cannot_edit_reservation),
+    ("example: the canary (examples/mig-canary.yaml)", example_canary),
+    ("example: preference 4g (examples/mig-prefer-4g.yaml)", example_preference),
+    ("example: a typo is refused (examples/mig-typo.yaml)", example_typo_refused),
+    ("example: a short job ends and is reclaimed (examples/mig-short-job.yaml)", example_short_job),
+]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", choices=["local", "real"], required=True)
+    ap.add_argument("--kubectl", default=os.environ.get("KUBECTL") or shutil.which("kubectl"))
+    ap.add_argument("--kubeconfig", help="real: the cluster's admin kubeconfig")
+    ap.add_argument("--node", default="localhost", help="real: the GPU node")
+    ap.add_argument("--nvml-url", default="http://127.0.0.1:19400/nvml", help="real: the device plugin's /nvml")
+    ap.add_argument("--logs-cmd", default="", help="real: a command whose stderr shows the cluster's logs")
+    ap.add_argument("--dynmig", default=os.path.join(REPO, "build", "bin", "dynmig"), help="local: the binary")
+    ap.add_argument("--image", default="localhost/busybox:local", help="the image the pods run")
+    ap.add_argument("--only", default="", help="run the scenarios whose title contains this text")
+    a = ap.parse_args()
+    if not a.kubectl:
+        print("scenarios: kubectl not found (--kubectl)", file=sys.stderr)
+        return 2
+    if a.backend == "real":
+        if not a.kubeconfig:
+            print("scenarios: --backend real needs --kubeconfig", file=sys.stderr)
+            return 2
+        backend = RealBackend(a.kubectl, a.kubeconfig, a.node, a.nvml_url, a.logs_cmd)
+    else:
+        backend = LocalBackend(a.dynmig, a.kubectl)
+    passed, failed = [], []
+    t0 = time.monotonic()
+    try:
+        backend.start()
+        suite = Suite(backend, a.image)
+        for title, fn in SCENARIOS:
+            if a.only and a.only not in title:
+                continue
+            log("== %s [%s]" % (title, backend.name))
+            t = time.monotonic()
+            try:
+                fn(suite)
+                suite.cleanup()
+                passed.append(title)
+                log("   ok (%.1f s)" % (time.monotonic() - t))
+            except Exception as e:
+                failed.append(title)
+                detail = str(e) if isinstance(e, StepFailed) else traceback.format_exc()
+                print("FAILED [%s backend] %s, step: %s\n  %s" % (backend.name, title, suite.step_name, detail),
+                      flush=True)
+                print(backend.diagnostics(), flush=True)
+                try:
+                    suite.cleanup()
+                except Exception as ce:
+                    print("  cleanup after the failure did not finish: %s" % ce, flush=True)
+    except Exception as e:
+        failed.append("backend start")
+        print("FAILED [%s backend] start: %s" % (backend.name, e), flush=True)
+        print(backend.diagnostics(), flush=True)
+    finally:
+        backend.stop()
+    log("%s backend: %d scenarios in %.1f s" % (backend.name, len(passed) + len(failed), time.monotonic() - t0))
+    for f in failed:
+        print("  failed: %s" % f)
+    print("%d passed, %d failed" % (len(passed), len(failed)))
+    return 0 if not failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

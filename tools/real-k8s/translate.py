@@ -1,0 +1,111 @@
+"""deploy/base (as `kubectl kustomize` renders it) translated for the real-k8s harness: Kubernetes v1.20 on one
+node, pods on the host network, no kube-proxy, no registry. Every change is listed here and in docs/real-k8s.md;
+everything else is applied as deploy/ has it.
+
+  API versions v1.20 lacks      PodDisruptionBudget policy/v1 -> policy/v1beta1
+                                webhook matchConditions (v1.27+) dropped: dynmig's webhook itself lets other pods
+                                and its own components' writes through
+                                namespace label kubernetes.io/metadata.name (v1.21+) set on dynmig-system
+                                (kube-system is labelled by cluster.py)
+                                KubeSchedulerConfiguration v1 -> v1beta1 (scheduler_config())
+  one node, no kube-proxy       pods of dynmig-system on the host network, KUBERNETES_SERVICE_HOST/PORT pointing at
+                                the apiserver; the scheduler on port 18443, the device plugin's metrics on 19400;
+                                one scheduler replica (two would want the same host port)
+  no kube-scheduler image       the kube-scheduler sidecar runs as a host process with the same configuration and
+                                the same ServiceAccount (cluster.py deploy)
+  no GPU                        the device plugin runs `--sim` with its simulator state on the host
+                                (/var/lib/kubelet/device-plugins/dynmig/), no /proc/driver/nvidia-caps volume
+"""
+import copy
+
+import yaml
+
+
+def _env_set(container, name, value):
+    env = container.setdefault("env", [])
+    env[:] = [e for e in env if e.get("name") != name]
+    env.append({"name": name, "value": value})
+
+
+def _replace_arg(args, flag, value):
+    i = args.index(flag)
+    args[i + 1] = value
+
+
+def _host_network(spec, api_host, api_port):
+    spec["hostNetwork"] = True
+    for c in spec.get("containers", []) + spec.get("initContainers", []):
+        _env_set(c, "KUBERNETES_SERVICE_HOST", api_host)
+        _env_set(c, "KUBERNETES_SERVICE_PORT", str(api_port))
+
+
+def translate(rendered_yaml, api_host, api_port, sched_port, dp_port, sim):
+    """Returns (objects to apply, the KubeSchedulerConfiguration text of deploy/scheduler)."""
+    objects = [o for o in yaml.safe_load_all(rendered_yaml) if o]
+    out = []
+    ks_config = None
+    seen = set()
+    for o in objects:
+        o = copy.deepcopy(o)
+        kind, name = o["kind"], o["metadata"]["name"]
+        seen.add((kind, name))
+        if kind == "Namespace":
+            o["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = name
+        elif kind == "PodDisruptionBudget":
+            o["apiVersion"] = "policy/v1beta1"
+        elif kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+            for w in o["webhooks"]:
+                w.pop("matchConditions", None)
+        elif kind == "ConfigMap" and name == "dynmig-kube-scheduler-config":
+            ks_config = o["data"]["kube-scheduler-config.yaml"]
+        elif kind == "Deployment" and name == "dynmig-scheduler":
+            o["spec"]["replicas"] = 1
+            spec = o["spec"]["template"]["spec"]
+            spec["containers"] = [c for c in spec["containers"] if c["name"] != "kube-scheduler"]
+            used = {v["name"] for c in spec["containers"] for v in c.get("volumeMounts", [])}
+            spec["volumes"] = [v for v in spec["volumes"] if v["name"] in used]
+            dynmig = spec["containers"][0]
+            _replace_arg(dynmig["args"], "--listen", "0.0.0.0:%d" % sched_port)
+            dynmig["ports"] = [{"name": "https", "containerPort": sched_port, "protocol": "TCP"}]
+            _host_network(spec, api_host, api_port)
+        elif kind == "DaemonSet" and name == "dynmig-device-plugin":
+            spec = o["spec"]["template"]["spec"]
+            spec["volumes"] = [v for v in spec["volumes"] if v["name"] != "nvidia-caps"]
+            c = spec["containers"][0]
+            c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] != "nvidia-caps"]
+            _replace_arg(c["args"], "--metrics-listen", "0.0.0.0:%d" % dp_port)
+            c["args"] += ["--sim", sim, "--sim-state", "/var/lib/kubelet/device-plugins/dynmig-sim-nvml.json"]
+            c["ports"] = [{"name": "metrics", "containerPort": dp_port, "protocol": "TCP"}]
+            _host_network(spec, api_host, api_port)
+        elif kind == "Job" and name == "dynmig-certgen":
+            _host_network(o["spec"]["template"]["spec"], api_host, api_port)
+        out.append(o)
+    for want in (("Deployment", "dynmig-scheduler"), ("DaemonSet", "dynmig-device-plugin"),
+                 ("Job", "dynmig-certgen"), ("MutatingWebhookConfiguration", "dynmig-webhook")):
+        if want not in seen:
+            raise ValueError("deploy/base has no %s %s: the translation needs updating" % want)
+    if ks_config is None:
+        raise ValueError("deploy/base has no ConfigMap dynmig-kube-scheduler-config")
+    return out, ks_config
+
+
+def scheduler_config(v1_text, kubeconfig, ca_file, extender_port, health):
+    """deploy/scheduler/kube-scheduler-config.yaml (v1) as v1.20's kubescheduler.config.k8s.io/v1beta1, for a
+    kube-scheduler on the host: the extender is reached at 127.0.0.1 with the Service's name as TLS server name."""
+    cfg = yaml.safe_load(v1_text)
+    if cfg.get("apiVersion") != "kubescheduler.config.k8s.io/v1":
+        raise ValueError("unexpected kube-scheduler configuration version %r" % cfg.get("apiVersion"))
+    cfg["apiVersion"] = "kubescheduler.config.k8s.io/v1beta1"
+    cfg["clientConnection"] = {"kubeconfig": kubeconfig}
+    # Without these v1.20 serves plain HTTP on 0.0.0.0:10251.
+    cfg["healthzBindAddress"] = "127.0.0.1:%d" % health
+    cfg["metricsBindAddress"] = "127.0.0.1:%d" % health
+    for ext in cfg.get("extenders", []):
+        url = ext["urlPrefix"]
+        host = url.split("://", 1)[1].split("/", 1)[0].split(":")[0]
+        ext["urlPrefix"] = "https://127.0.0.1:%d" % extender_port
+        tls = ext.setdefault("tlsConfig", {})
+        tls.setdefault("serverName", host)
+        tls["caFile"] = ca_file
+    return "# deploy/scheduler/kube-scheduler-config.yaml translated by tools/real-k8s/translate.py\n" + yaml.safe_dump(
+        cfg, sort_keys=False)
