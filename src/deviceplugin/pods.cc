@@ -141,7 +141,7 @@ PendingPod FindPendingPod(const std::vector<PodMig>& pods, std::string_view node
   };
   if (!in_progress.empty()) {
     for (const auto& p : pods) {
-      if (p.uid == in_progress && claims(p) && p.has_allocations) {
+      if (p.uid == in_progress && claims(p) && (p.has_allocations || p.legacy)) {
         out.pod = &p;
         out.in_progress = true;
       }
@@ -161,7 +161,7 @@ PendingPod FindPendingPod(const std::vector<PodMig>& pods, std::string_view node
     } else if (owner->bind_phase != protocol::kBindPhaseAllocating) {
       why = fmt::format("the node lock names it, but {} is \"{}\"", protocol::kBindPhaseAnnotation,
                         owner->bind_phase);
-    } else if (!owner->has_allocations) {
+    } else if (!owner->has_allocations && !owner->legacy) {  // legacy: refused with the procedure
       why = fmt::format("the node lock names it, but it has no reservation ({})",
                         protocol::kMigAllocationsAnnotation);
     }

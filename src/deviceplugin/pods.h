@@ -88,7 +88,8 @@ struct PendingPod {
 //      container left;
 //   2. otherwise the node lock's owner, when the pod agrees with it: active, bound here
 //      (hami.io/vgpu-node=node), hami.io/bind-phase=allocating, a reservation
-//      (hami.io/vgpu-mig-allocations) and a container left in hami.io/vgpu-devices-to-allocate.
+//      (hami.io/vgpu-mig-allocations; or legacy device ids, which Allocate refuses with the
+//      migration procedure) and a container left in hami.io/vgpu-devices-to-allocate.
 // Every other active pod that says bind-phase allocating on this node with a container left (and a
 // lock owner that does not agree) is listed in `mismatches`, with why.
 PendingPod FindPendingPod(const std::vector<PodMig>& pods, std::string_view node,
