@@ -426,7 +426,7 @@ TEST_F(E2eTest, EveryProtocolAnnotationIsTheSystemsToWrite) {
     Step("a user writes " + key);
     const std::optional<std::string> original = kube::Annotation(before, key);
     for (const std::optional<std::string>& value :
-         {std::optional<std::string>("success"), std::optional<std::string>()}) {
+         {std::optional<std::string>("forged-by-user"), std::optional<std::string>()}) {
       if (!value.has_value() && !original.has_value()) continue;  // nothing to remove
       auto edit = kube_->PatchPodAnnotations("default", "canary", {{key, value}});
       ASSERT_FALSE(edit.ok()) << Where() << (value ? "set" : "removal") << " was accepted";
