@@ -49,6 +49,7 @@ class TimingNvml final : public nvml::Nvml {
   void Reset() { ns_ = 0; }
 
   std::string Description() const override { return inner_.Description(); }
+  bool HasDeviceNodes() const override { return inner_.HasDeviceNodes(); }
   absl::StatusOr<uint32_t> DeviceCount() override {
     return Time([&] { return inner_.DeviceCount(); });
   }
@@ -150,6 +151,7 @@ class Bench {
     client_ = std::move(*kube::RestKubeClient::Create(config));
     (void)client_->CreateNode({{"metadata", {{"name", kNode}}}});
     nvml::SimNvmlOptions o;
+    o.device_nodes = true;  // answer device nodes as on a real node
     o.spec = fmt::format("A100-SXM4-40GBx{}", kGpus);
     o.seed = kNode;
     sim_ = std::move(*nvml::SimNvml::Create(o));

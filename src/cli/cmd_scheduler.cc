@@ -183,7 +183,7 @@ void RegisterSchedulerCommand(CLI::App& root, CliContext& ctx) {
                   "namespace of the Lease (default: $POD_NAMESPACE, else dynmig-system)");
   cmd->add_option("--lease-name", flags->lease_name, "name of the Lease")->capture_default_str();
   cmd->add_option("--allowed-annotation-writers", flags->annotation_writers,
-                  "comma list of users that may write hami.io/vgpu-mig-allocations")
+                  "comma list of users that may write the protocol's pod annotations (hami.io/...)")
       ->capture_default_str();
   cmd->add_option("--log-level", flags->log_level, "trace|debug|info|warn|error|off")
       ->capture_default_str();

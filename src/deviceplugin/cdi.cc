@@ -20,15 +20,16 @@ std::string CdiWriter::SpecPath(std::string_view mig_uuid) const {
 }
 
 std::string CdiWriter::SpecJson(std::string_view mig_uuid, const std::vector<std::string>& nodes) {
-  nlohmann::json device_nodes = nlohmann::json::array();
-  for (const auto& n : nodes) device_nodes.push_back({{"path", n}});
-  nlohmann::json spec = {{"cdiVersion", "0.5.0"},
-                         {"kind", std::string(kCdiKind)},
-                         {"devices",
-                          {{{"name", std::string(mig_uuid)},
-                            {"containerEdits",
-                             {{"env", {fmt::format("NVIDIA_VISIBLE_DEVICES={}", mig_uuid)}},
-                              {"deviceNodes", device_nodes}}}}}}};
+  nlohmann::json edits = {{"env", {fmt::format("NVIDIA_VISIBLE_DEVICES={}", mig_uuid)}}};
+  if (!nodes.empty()) {  // simulated devices have none
+    nlohmann::json device_nodes = nlohmann::json::array();
+    for (const auto& n : nodes) device_nodes.push_back({{"path", n}});
+    edits["deviceNodes"] = std::move(device_nodes);
+  }
+  nlohmann::json spec = {
+      {"cdiVersion", "0.5.0"},
+      {"kind", std::string(kCdiKind)},
+      {"devices", {{{"name", std::string(mig_uuid)}, {"containerEdits", std::move(edits)}}}}};
   return spec.dump(1) + "\n";
 }
 

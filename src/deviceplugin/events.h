@@ -31,6 +31,9 @@ inline constexpr std::string_view kReasonGpuNotReady = "MigGpuNotReady";
 inline constexpr std::string_view kReasonGpuCleaned = "MigGpuCleaned";
 inline constexpr std::string_view kReasonReclaimDeferred = "MigReclaimDeferred";
 inline constexpr std::string_view kReasonReconcileSkipped = "MigReconcileSkipped";
+// A pod says hami.io/bind-phase=allocating on this node, but the node lock or its reservation does
+// not confirm it: it is not taken as the pod of an Allocate.
+inline constexpr std::string_view kReasonBindMismatch = "MigBindMismatch";
 
 struct RecordedEvent {
   std::string object;  // "Pod default/p" or "Node n"

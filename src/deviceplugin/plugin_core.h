@@ -7,7 +7,9 @@
 //                 that cannot be verified is reported and its slices are kept out of use; adoption
 //                 goes on with the next allocation). If the API cannot be read, recovery waits:
 //                 nothing is destroyed until it can.
-//   Allocate()    one kubelet container request: the pending pod, its next container's
+//   Allocate()    one kubelet container request: the pending pod (confirmed by the node lock,
+//                 bind-phase, vgpu-node and its reservation together; the lock is released as soon
+//                 as the pod is identified, before any NVML work), its next container's
 //                 reservations, GI + CI at exactly the reserved placements (an intent is persisted
 //                 first), the runtime identity written into hami.io/vgpu-mig-allocations under a
 //                 resourceVersion precondition, the answer (NVIDIA_VISIBLE_DEVICES + device nodes,
@@ -18,6 +20,9 @@
 //                 only on idle GPUs. Nothing is destroyed in a cycle where pods cannot be listed or
 //                 a non-terminated pod's MIG annotations cannot be read.
 //   PublishNode() hami.io/node-nvidia-register + hami.io/node-handshake "Reported_<RFC3339>".
+//
+// Sources: plugin_core.cc (start, state, shared helpers), plugin_allocate.cc, plugin_reclaim.cc,
+// plugin_recovery.cc, plugin_publish.cc.
 //
 // Thread-safe: mutating operations are serialized by one mutex (they touch node-global state);
 // Devices()/WaitForDeviceChange() use their own lock so ListAndWatch never waits on NVML.
@@ -61,6 +66,11 @@ inline constexpr std::string_view kCrashAfterGpuInstance = "after-gpu-instance";
 inline constexpr std::string_view kCrashAfterComputeInstance = "after-compute-instance";
 inline constexpr std::string_view kCrashBeforeRollback = "before-rollback";
 inline constexpr std::string_view kCrashAfterAnnotation = "after-annotation";
+
+// How long after identifying a pod (and releasing its node lock) a later Allocate is taken for the
+// same pod while it has containers left: the kubelet allocates a pod's containers one after the
+// other in one admission pass.
+inline constexpr absl::Duration kInProgressWindow = absl::Seconds(30);
 
 struct PluginCoreOptions {
   std::string node_name;
@@ -184,10 +194,14 @@ class PluginCore {
       const std::vector<std::string>& device_ids, std::string* result);
   absl::Status Refuse(const PodMig& pod, std::string_view reason, absl::Status status,
                       std::string* result);
+  // bind-phase failed; releases the node lock unless this Allocate already did.
   void FailPod(const PodMig& pod);
   // Removes hami.io/mutex.lock when `pod` holds it, under the node's resourceVersion. `node` is a
-  // recent read of the node (saves a GET; re-read on conflict).
+  // recent read of the node (saves a GET; re-read on conflict). Sets lock_released_ once the lock
+  // is no longer the pod's.
   void ReleaseNodeLock(const PodMig& pod, std::optional<kube::Object> node = std::nullopt);
+  // The uid of the allocation in progress (within kInProgressWindow), or "".
+  std::string InProgress() const;
   void Rollback(std::vector<Created>& created, const std::vector<uint64_t>& intents);
   // Writes the runtime identity of `entries` (device index -> identity) of container
   // `container` into the pod's annotation; with `consume`, also erases the container from
@@ -197,6 +211,10 @@ class PluginCore {
                                     bool consume, bool* done);
   absl::StatusOr<v1beta1::ContainerAllocateResponse> Answer(
       const std::vector<ManagedInstance>& instances);
+  // The device nodes a container needs for MIG device (gi, ci) of `gpu`: none when the NVML
+  // backend has no device nodes on the host (simulated GPUs).
+  absl::StatusOr<std::vector<std::string>> DeviceNodes(const GpuEntry& gpu, uint32_t gi,
+                                                       uint32_t ci);
 
   // NVML helpers.
   // Destroys every CI of GI `gi`, then the GI. A GI that is already gone is OK.
@@ -236,6 +254,14 @@ class PluginCore {
   std::vector<protocol::HeldSlices> untracked_held_;  // AdoptUntracked: untracked, kept
   std::set<std::string> reported_;
   std::optional<kube::Object> node_;  // the node as read by the current Allocate
+  bool lock_released_ = false;        // the current Allocate released its pod's node lock
+  // The pod this process identified last and has not finished (in memory only: a restart breaks
+  // the kubelet's admission pass anyway).
+  struct InProgressPod {
+    std::string uid;
+    absl::Time since;
+  };
+  std::optional<InProgressPod> in_progress_;
   bool started_ = false;
   bool recovery_pending_ = true;
   std::string last_register_;

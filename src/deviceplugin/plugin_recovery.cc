@@ -5,20 +5,13 @@
 
 #include "common/status_macros.h"
 #include "deviceplugin/plugin_core.h"
+#include "deviceplugin/plugin_internal.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "protocol/annotations.h"
 #include "spdlog/spdlog.h"
 
 namespace dynmig::deviceplugin {
-namespace {
-
-std::string Where(const mig::Placement& p) {
-  return fmt::format("slices {} (start {}, size {})", p.ToString(), p.start, p.size);
-}
-
-}  // namespace
-
 void PluginCore::RecoverLocked(const std::vector<PodMig>& pods) {
   spdlog::info("recovery: {} pod(s) on node {}, {} managed instance(s), {} open intent(s)",
                pods.size(), options_.node_name, state_.instances.size(), state_.intents.size());
@@ -51,8 +44,8 @@ void PluginCore::ResolveIntents(const std::vector<PodMig>& pods, bool destructiv
   for (const auto& intent : intents) {
     const std::string what =
         fmt::format("intent {} ({} at {} of GPU {} for pod {} container {} device {})", intent.id,
-                    intent.profile, Where(intent.placement), intent.gpu_uuid, intent.owner.PodKey(),
-                    intent.owner.container_index, intent.owner.device_index);
+                    intent.profile, PlacementText(intent.placement), intent.gpu_uuid,
+                    intent.owner.PodKey(), intent.owner.container_index, intent.owner.device_index);
     const GpuEntry* gpu = inventory_.FindByUuid(intent.gpu_uuid);
     const mig::ProfileSpec* profile =
         gpu == nullptr ? nullptr : gpu->capability.FindProfile(intent.profile);

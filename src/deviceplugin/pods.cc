@@ -1,9 +1,9 @@
 #include "deviceplugin/pods.h"
 
 #include <charconv>
-#include <limits>
 
 #include "common/strings.h"
+#include "fmt/format.h"
 #include "nlohmann/json.hpp"
 #include "protocol/annotations.h"
 
@@ -132,28 +132,60 @@ PodMig AnalyzePod(const kube::Object& pod) {
   return m;
 }
 
-const PodMig* FindPendingPod(const std::vector<PodMig>& pods, std::string_view node,
-                             const std::optional<NodeLock>& lock) {
-  auto eligible = [](const PodMig& p) {
-    return !p.deleting && !p.terminated && p.NextContainer() >= 0;
+PendingPod FindPendingPod(const std::vector<PodMig>& pods, std::string_view node,
+                          const std::optional<NodeLock>& lock, std::string_view in_progress) {
+  PendingPod out;
+  auto claims = [&](const PodMig& p) {  // says it is being allocated here
+    return p.active && p.NextContainer() >= 0 && p.bind_phase == protocol::kBindPhaseAllocating &&
+           p.vgpu_node == node;
   };
+  if (!in_progress.empty()) {
+    for (const auto& p : pods) {
+      if (p.uid == in_progress && claims(p) && (p.has_allocations || p.legacy)) {
+        out.pod = &p;
+        out.in_progress = true;
+      }
+    }
+  }
+  const PodMig* owner = nullptr;
   if (lock.has_value()) {
     for (const auto& p : pods) {
-      if (p.ns == lock->ns && p.name == lock->name && eligible(p)) return &p;
+      if (p.ns == lock->ns && p.name == lock->name) owner = &p;
     }
   }
-  const PodMig* best = nullptr;
+  if (out.pod == nullptr && owner != nullptr && owner->active && owner->NextContainer() >= 0) {
+    std::string why;
+    if (owner->vgpu_node != node) {
+      why = fmt::format("the node lock names it, but {} is \"{}\"", protocol::kVgpuNodeAnnotation,
+                        owner->vgpu_node);
+    } else if (owner->bind_phase != protocol::kBindPhaseAllocating) {
+      why = fmt::format("the node lock names it, but {} is \"{}\"", protocol::kBindPhaseAnnotation,
+                        owner->bind_phase);
+    } else if (!owner->has_allocations && !owner->legacy) {  // legacy: refused with the procedure
+      why = fmt::format("the node lock names it, but it has no reservation ({})",
+                        protocol::kMigAllocationsAnnotation);
+    }
+    if (why.empty()) {
+      out.pod = owner;
+    } else {
+      out.mismatches.push_back({owner, std::move(why)});
+    }
+  }
   for (const auto& p : pods) {
-    if (!eligible(p) || p.bind_phase != protocol::kBindPhaseAllocating || p.vgpu_node != node) {
-      continue;
+    if (&p == out.pod || &p == owner || !claims(p)) continue;
+    std::string why;
+    if (!lock.has_value()) {
+      why = fmt::format("the node lock ({}) is not held", protocol::kNodeLockAnnotation);
+    } else {
+      why = fmt::format("the node lock ({}) names {}/{}", protocol::kNodeLockAnnotation, lock->ns,
+                        lock->name);
     }
-    const int64_t t = p.bind_time == 0 ? std::numeric_limits<int64_t>::max() : p.bind_time;
-    const int64_t best_t = best == nullptr        ? 0
-                           : best->bind_time == 0 ? std::numeric_limits<int64_t>::max()
-                                                  : best->bind_time;
-    if (best == nullptr || t < best_t || (t == best_t && p.key < best->key)) best = &p;
+    if (!p.has_allocations) {
+      why += fmt::format(", and it has no reservation ({})", protocol::kMigAllocationsAnnotation);
+    }
+    out.mismatches.push_back({&p, std::move(why)});
   }
-  return best;
+  return out;
 }
 
 }  // namespace dynmig::deviceplugin

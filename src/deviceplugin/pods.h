@@ -69,10 +69,30 @@ struct PodMig {
 
 PodMig AnalyzePod(const kube::Object& pod);
 
-// The pod the kubelet is allocating on `node`: the node lock's owner when it is on this node and
-// still has a container to allocate, else the pod with hami.io/bind-phase=allocating and
-// hami.io/vgpu-node=node with the oldest hami.io/bind-time (then name). nullptr when none.
-const PodMig* FindPendingPod(const std::vector<PodMig>& pods, std::string_view node,
-                             const std::optional<NodeLock>& lock);
+// A pod that says it is being allocated on this node (hami.io/bind-phase=allocating,
+// hami.io/vgpu-node=node, a container left) but was not taken as the pod of an Allocate, and why.
+struct BindMismatch {
+  const PodMig* pod = nullptr;
+  std::string why;
+};
+
+struct PendingPod {
+  const PodMig* pod = nullptr;  // the pod being allocated; nullptr when none is confirmed
+  bool in_progress = false;     // found as `in_progress`, not through the node lock
+  std::vector<BindMismatch> mismatches;
+};
+
+// The pod the kubelet is allocating on `node`. bind-phase alone is never trusted:
+//   1. `in_progress` (uid): the pod whose earlier containers this plugin allocated moments ago
+//      (it released the node lock once it had identified the pod), while it still has a
+//      container left;
+//   2. otherwise the node lock's owner, when the pod agrees with it: active, bound here
+//      (hami.io/vgpu-node=node), hami.io/bind-phase=allocating, a reservation
+//      (hami.io/vgpu-mig-allocations; or legacy device ids, which Allocate refuses with the
+//      migration procedure) and a container left in hami.io/vgpu-devices-to-allocate.
+// Every other active pod that says bind-phase allocating on this node with a container left (and a
+// lock owner that does not agree) is listed in `mismatches`, with why.
+PendingPod FindPendingPod(const std::vector<PodMig>& pods, std::string_view node,
+                          const std::optional<NodeLock>& lock, std::string_view in_progress = "");
 
 }  // namespace dynmig::deviceplugin

@@ -508,6 +508,9 @@ absl::Status LocalCluster::StartSchedulerLocked() {
   o.admission.memory_match = config->memory_match;
   o.admission.resources = config->resources;
   o.admission.annotation_writers = {std::string(kSchedulerUser), std::string(kDevicePluginUser)};
+  // The kubelet stand-ins write dynmig.io/visible-devices, one of the system's annotations.
+  for (const auto& n : options_.nodes)
+    o.admission.annotation_writers.push_back("system:node:" + n.name);
   o.threads = 8;
   o.layout_html = ops::RenderLayoutHtml;  // GET /layout, as `dynmig scheduler` serves it
   o.layout_json = [](const std::vector<scheduler::NodeReport>& n) {

@@ -22,10 +22,11 @@
 #include "absl/time/time.h"
 #include "kube/informer.h"
 #include "kube/kube_client.h"
+#include "protocol/annotations.h"
 
 namespace dynmig::local {
 
-inline constexpr std::string_view kVisibleDevicesAnnotation = "dynmig.io/visible-devices";
+inline constexpr std::string_view kVisibleDevicesAnnotation = protocol::kVisibleDevicesAnnotation;
 
 struct ContainerAllocation {
   std::map<std::string, std::string> envs;

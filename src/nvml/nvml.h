@@ -167,6 +167,11 @@ class Nvml {
   // "NVML 550.54.15 (libnvidia-ml.so.1)" or "simulator A100-SXM4-40GBx2 (state /tmp/s.json)".
   virtual std::string Description() const = 0;
 
+  // Whether this backend's GPUs and MIG devices exist as device nodes on the host (/dev/nvidia*,
+  // /dev/nvidia-caps/*), so that they can be handed to containers. A real driver: yes. The
+  // simulator: no (a container runtime fails a container whose device node is missing).
+  virtual bool HasDeviceNodes() const { return true; }
+
   // Number of GPUs (nvmlDeviceGetCount_v2).
   virtual absl::StatusOr<uint32_t> DeviceCount() = 0;
 

@@ -88,6 +88,10 @@ struct SimNvmlOptions {
   // fsync the state file and its directory on every save (crash safety). Tests that create
   // thousands of instances turn it off; the rename keeps every save atomic either way.
   bool fsync = true;
+  // Whether HasDeviceNodes() claims the device nodes of the driver's layout (/dev/nvidia<minor>,
+  // /dev/nvidia-caps/nvidia-cap<n>) for the simulated devices. Off by default: they do not exist on
+  // the host. Tests of the answer's device list turn it on.
+  bool device_nodes = false;
 };
 
 // Parses a spec into one catalogue model per GPU, in order. InvalidArgument names a bad count,
@@ -113,6 +117,7 @@ class SimNvml final : public Nvml {
 
   // Nvml
   std::string Description() const override;
+  bool HasDeviceNodes() const override { return options_.device_nodes; }
   absl::StatusOr<uint32_t> DeviceCount() override;
   absl::StatusOr<GpuInfo> GetGpu(uint32_t gpu) override;
   absl::StatusOr<GpuInstanceProfileInfo> GetGpuInstanceProfileInfo(uint32_t gpu,

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kube/kube_client.h"
+#include "protocol/annotations.h"
 #include "protocol/device_config.h"
 #include "protocol/mig_allocations.h"
 #include "scheduler/cluster_state.h"
@@ -25,7 +26,7 @@ namespace dynmig::ops {
 // The container runtime's view the local mode's kubelet records on a pod: JSON object container
 // name -> NVIDIA_VISIBLE_DEVICES value (MIG UUIDs, or CDI names ending in "=MIG-..."). Written by
 // src/local/node_agent (kVisibleDevicesAnnotation there); a real cluster has no equivalent.
-inline constexpr std::string_view kVisibleDevicesAnnotation = "dynmig.io/visible-devices";
+inline constexpr std::string_view kVisibleDevicesAnnotation = protocol::kVisibleDevicesAnnotation;
 // The key of HAMi's scheduler device ConfigMap (`<release>-scheduler-device`).
 inline constexpr std::string_view kDeviceConfigKey = "device-config.yaml";
 

@@ -27,6 +27,20 @@ inline constexpr std::string_view kBindPhaseAnnotation = "hami.io/bind-phase";
 // Unix seconds of the bind.
 inline constexpr std::string_view kBindTimeAnnotation = "hami.io/bind-time";
 
+// JSON object container -> the devices its runtime was given, written by the local mode's kubelet
+// stand-in (src/local/node_agent); a real cluster has no equivalent.
+inline constexpr std::string_view kVisibleDevicesAnnotation = "dynmig.io/visible-devices";
+
+// Every pod annotation above that the system writes (scheduler extender, device plugin, the local
+// mode's kubelet stand-in). The validating webhook lets only the configured identities add, change
+// or remove any of them: the device plugin picks the pod of an Allocate and recovery, `explain`,
+// `validate` and metrics read their story from them.
+inline constexpr std::string_view kSystemPodAnnotations[] = {
+    kMigAllocationsAnnotation, kDevicesToAllocateAnnotation, kDevicesAllocatedAnnotation,
+    kVgpuNodeAnnotation,       kVgpuTimeAnnotation,          kBindPhaseAnnotation,
+    kBindTimeAnnotation,       kVisibleDevicesAnnotation,
+};
+
 inline constexpr std::string_view kBindPhaseAllocating = "allocating";
 inline constexpr std::string_view kBindPhaseSuccess = "success";
 inline constexpr std::string_view kBindPhaseFailed = "failed";

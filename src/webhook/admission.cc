@@ -288,20 +288,24 @@ void AdmissionHandler::ReviewPod(const json& request, bool mutate, json& respons
   }
   const std::string pod = fmt::format("pod {}/{}", ns.empty() ? "default" : ns, name);
 
-  // The reservation contract is written only by the system's own service accounts.
-  const std::string allocations_key(protocol::kMigAllocationsAnnotation);
-  const auto allocations = PodAnnotation(*object, allocations_key);
-  const bool writes_allocations = operation == "CREATE"
-                                      ? allocations.has_value()
-                                      : allocations != PodAnnotation(*old_object, allocations_key);
-  if (writes_allocations &&
+  // The protocol's pod annotations are written only by the system's own identities.
+  std::vector<std::string> written;
+  for (const std::string_view key : protocol::kSystemPodAnnotations) {
+    const auto value = PodAnnotation(*object, key);
+    if (operation == "CREATE" ? value.has_value() : value != PodAnnotation(*old_object, key)) {
+      written.emplace_back(key);
+    }
+  }
+  if (!written.empty() &&
       std::find(options_.annotation_writers.begin(), options_.annotation_writers.end(), username) ==
           options_.annotation_writers.end()) {
     Deny(response, 403, "Forbidden",
-         fmt::format("{}: {} is written only by the dynmig scheduler and device plugin ({}); "
-                     "user \"{}\" may not {} it",
-                     pod, allocations_key, fmt::join(options_.annotation_writers, ", "), username,
-                     operation == "CREATE" ? "set" : "change or remove"));
+         fmt::format("{}: {} {} written only by the dynmig scheduler and device plugin ({}); "
+                     "user \"{}\" may not {} {}",
+                     pod, fmt::join(written, ", "), written.size() == 1 ? "is" : "are",
+                     fmt::join(options_.annotation_writers, ", "), username,
+                     operation == "CREATE" ? "set" : "change or remove",
+                     written.size() == 1 ? "it" : "them"));
     return;
   }
 

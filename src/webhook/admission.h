@@ -9,9 +9,11 @@
 //   - validating, on CREATE and on UPDATE when the value changed: every entry of
 //     nvidia.com/mig-profile-preference must name a profile (exact name or slice class) of some
 //     allowlist entry; the message names the bad entry and lists the valid choices;
-//   - only the system's own service accounts may create or change hami.io/vgpu-mig-allocations
-//     (CREATE with the annotation present; UPDATE where its value differs from oldObject,
-//     removal included): it is the durable reservation contract.
+//   - only the system's own identities (annotation_writers) may set, change or remove any of
+//     protocol::kSystemPodAnnotations (the reservation hami.io/vgpu-mig-allocations, bind-phase,
+//     bind-time, vgpu-node, vgpu-time, the device lists, dynmig.io/visible-devices): CREATE with
+//     one present; UPDATE where its value differs from oldObject, removal included. Deleting a
+//     pod is not reviewed, so users may still delete their pods.
 //   - warnings (kubectl prints them as "Warning: ..."), on CREATE of an admitted MIG pod from the
 //     mutating answer only (so they are printed once): per GPU model, when a container's
 //     memory request resolves to a profile with less NVML memory than asked, or (NVML matching)
@@ -49,7 +51,7 @@ struct AdmissionOptions {
   // catalogued models among them; when unset or empty, for every catalogued model the allowlist
   // names.
   std::function<std::vector<std::string>()> cluster_models;
-  // Usernames (userInfo.username) allowed to write hami.io/vgpu-mig-allocations.
+  // Usernames (userInfo.username) allowed to write protocol::kSystemPodAnnotations.
   std::vector<std::string> annotation_writers = {
       "system:serviceaccount:dynmig-system:dynmig-scheduler",
       "system:serviceaccount:dynmig-system:dynmig-device-plugin"};

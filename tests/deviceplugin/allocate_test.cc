@@ -143,40 +143,70 @@ TEST_F(AllocateTest, ContainersAreAllocatedInTurnAndTheLastOneCompletesTheBind) 
   auto first = Allocate("multi", 1, 2);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(PodAnnotation("multi", protocol::kBindPhaseAnnotation), "allocating");
-  EXPECT_TRUE(NodeLock().has_value());
+  // The lock was released once the pod was identified; the next bind may take it meanwhile.
+  EXPECT_FALSE(NodeLock().has_value());
+  CreatePod("next", {{0, 0, 1, "1g.5gb", 0}});
+  // The kubelet goes on with the pod it is admitting: its next container is still this pod's.
   auto second = Allocate("multi", 2, 1);
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(PodAnnotation("multi", protocol::kBindPhaseAnnotation), "success");
-  EXPECT_FALSE(NodeLock().has_value());
   for (const auto& a : Allocations("multi")) EXPECT_TRUE(a.runtime.has_value());
   EXPECT_EQ(TotalGis(), 3u);
+  EXPECT_EQ(PodAnnotation("next", protocol::kBindPhaseAnnotation), "allocating");
+  EXPECT_EQ(NodeLock().value_or("").find(",default,next") != std::string::npos, true);
+  // Then the pod that took the lock.
+  ASSERT_TRUE(Allocate("next", 0, 1).ok());
+  EXPECT_EQ(PodAnnotation("next", protocol::kBindPhaseAnnotation), "success");
+  EXPECT_TRUE(GiAt(1, 0).has_value());
+  EXPECT_FALSE(NodeLock().has_value());
+  EXPECT_FALSE(HasEvent(kReasonBindMismatch));
 }
 
-TEST_F(AllocateTest, AFreedPlacementIsReusedAtOnceBecauseAllocateReconcilesFirst) {
+// The node lock is held only until Allocate knows its pod: it is gone before NVML is touched.
+TEST_F(AllocateTest, TheNodeLockIsReleasedBeforeTheInstancesAreCreated) {
+  std::vector<std::string> lock_at_nvml;
+  StartPlugin([&](DevicePluginOptions& o) {
+    o.core.crash_point = [&](std::string_view point) {
+      if (point == kCrashAfterIntent) lock_at_nvml.push_back(NodeLock().value_or("<none>"));
+      return false;
+    };
+  });
+  CreatePod("p", {{0, 0, 0, "1g.5gb", 0}});
+  ASSERT_TRUE(NodeLock().has_value());
+  ASSERT_TRUE(Allocate("p", 0, 1).ok());
+  EXPECT_EQ(lock_at_nvml, std::vector<std::string>{"<none>"});
+  EXPECT_EQ(PodAnnotation("p", protocol::kBindPhaseAnnotation), "success");
+}
+
+// A plugin that dies mid-Allocate (after the GI) leaves the node unlocked: the next pod binds and
+// is allocated at once; the restart completes the interrupted instance; nothing overlaps or leaks.
+TEST_F(AllocateTest, ACrashMidAllocateLeavesNothingThatBlocksTheNode) {
+  StartPlugin([&](DevicePluginOptions& o) {
+    o.core.crash_point = [](std::string_view point) { return point == kCrashAfterGpuInstance; };
+  });
+  CreatePod("p", {{0, 0, 0, "3g.20gb", 0}});
+  auto a = Allocate("p", 0, 1);
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kAborted);
+  EXPECT_FALSE(NodeLock().has_value());
+  EXPECT_EQ(plugin_->core().OpenIntents().size(), 1u);
+  StopPlugin();  // the crash
+
   StartPlugin();
-  CreatePod("a", {{0, 0, 0, "3g.20gb", 4}});
-  ASSERT_TRUE(Allocate("a", 0, 1).ok());
-  SetPhase("a", "Running");
-  const uint32_t old_gi = GiAt(0, 4)->id;
-  SetPhase("a", "Succeeded");  // finished, not yet deleted
-
-  // A 1g at slice 5 overlaps the finished pod's 3g: Allocate reclaims it first.
-  CreatePod("b", {{0, 0, 0, "1g.5gb", 5}});
-  auto b = Allocate("b", 0, 1);
+  // The interrupted allocation was completed for its pod (still active, same reservation).
+  EXPECT_TRUE(plugin_->core().OpenIntents().empty());
+  ASSERT_EQ(plugin_->core().Managed().size(), 1u);
+  EXPECT_EQ(plugin_->core().Managed()[0].owner.name, "p");
+  ASSERT_TRUE(Allocations("p")[0].runtime.has_value());
+  // The next pod was never blocked by a lock.
+  CreatePod("q", {{0, 0, 0, "3g.20gb", 4}});
+  auto b = Allocate("q", 0, 1);
   ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_FALSE(GiAt(0, 4).has_value());
-  ASSERT_TRUE(GiAt(0, 5).has_value());
-  EXPECT_EQ(TotalGis(), 1u);
-
-  // The same placement again after a delete gets a new instance of the new pod.
-  DeletePod("b");
-  CreatePod("c", {{0, 0, 0, "1g.5gb", 5}});
-  auto c = Allocate("c", 0, 1);
-  ASSERT_TRUE(c.ok()) << c.status();
-  auto managed = plugin_->core().Managed();
-  ASSERT_EQ(managed.size(), 1u);
-  EXPECT_EQ(managed[0].owner.name, "c");
-  EXPECT_NE(GiAt(0, 5)->id, old_gi);
+  EXPECT_EQ(TotalGis(), 2u);
+  EXPECT_FALSE(NodeLock().has_value());
+  // No overlap: the two GIs are the two reservations.
+  EXPECT_EQ(GiAt(0, 0)->placement, (mig::Placement{0, 4}));
+  EXPECT_EQ(GiAt(0, 4)->placement, (mig::Placement{4, 4}));
 }
 
 // Moves the first container of the pod spec to initContainers.
@@ -283,15 +313,53 @@ TEST_F(AllocateTest, WithoutAPendingPodAllocateFailsAndCreatesNothing) {
   EXPECT_EQ(TotalGis(), 0u);
 }
 
-TEST_F(AllocateTest, WithoutTheNodeLockTheOldestAllocatingPodIsServedFirst) {
+// bind-phase alone is never trusted: without the node lock no allocating pod is taken, and each
+// is told why in an Event.
+TEST_F(AllocateTest, WithoutTheNodeLockNoAllocatingPodIsTakenAndEachIsTold) {
   StartPlugin();
   CreatePod("first", {{0, 0, 0, "1g.5gb", 0}}, 1, /*lock=*/false);
   CreatePod("second", {{0, 0, 1, "1g.5gb", 0}}, 1, /*lock=*/false);
-  ASSERT_TRUE(Allocate("first", 0, 1).ok());
-  EXPECT_EQ(PodAnnotation("first", protocol::kBindPhaseAnnotation), "success");
+  auto a = Allocate("first", 0, 1);
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(a.status().message().find("default/first: the node lock (hami.io/mutex.lock) is not "
+                                      "held"),
+            std::string::npos)
+      << a.status();
+  EXPECT_EQ(TotalGis(), 0u);
+  EXPECT_EQ(PodAnnotation("first", protocol::kBindPhaseAnnotation), "allocating");
   EXPECT_EQ(PodAnnotation("second", protocol::kBindPhaseAnnotation), "allocating");
-  EXPECT_TRUE(GiAt(0, 0).has_value());
-  EXPECT_FALSE(GiAt(1, 0).has_value());
+  plugin_->events().Flush(absl::Seconds(5));
+  EXPECT_TRUE(
+      HasEvent(kReasonBindMismatch, "pod default/first says hami.io/bind-phase=allocating"));
+  EXPECT_TRUE(HasEvent(kReasonBindMismatch, "pod default/second"));
+}
+
+// A pod whose bind-phase says allocating (set by hand, older bind time) cannot take the Allocate of
+// the pod the node lock names; it is reported.
+TEST_F(AllocateTest, AnAllocatingPodTheLockDoesNotNameIsReportedNotServed) {
+  StartPlugin();
+  CreatePod("intruder", {{0, 0, 0, "1g.5gb", 0}}, 1, /*lock=*/false);
+  CreatePod("victim", {{0, 0, 1, "1g.5gb", 0}});  // holds the lock
+  auto a = Allocate("victim", 0, 1);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(PodAnnotation("victim", protocol::kBindPhaseAnnotation), "success");
+  EXPECT_EQ(PodAnnotation("intruder", protocol::kBindPhaseAnnotation), "allocating");
+  EXPECT_TRUE(GiAt(1, 0).has_value());
+  EXPECT_FALSE(GiAt(0, 0).has_value());
+  plugin_->events().Flush(absl::Seconds(5));
+  EXPECT_TRUE(HasEvent(kReasonBindMismatch,
+                       "pod default/intruder says hami.io/bind-phase=allocating on node node-a, "
+                       "but the node lock (hami.io/mutex.lock) names default/victim"));
+  // The lock owner without a reservation is not taken either.
+  CreatePod("bare", {{0, 0, 1, "1g.5gb", 1}});
+  SetAnnotation("bare", protocol::kMigAllocationsAnnotation, std::nullopt);
+  auto b = Allocate("bare", 0, 1);
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("the node lock names it, but it has no reservation"),
+            std::string::npos)
+      << b.status();
+  EXPECT_FALSE(GiAt(1, 1).has_value());
 }
 
 TEST_F(AllocateTest, PreferredAllocationPicksReplicasOfTheReservedGpu) {
@@ -335,6 +403,46 @@ TEST_F(AllocateTest, ARetriedAllocateReusesTheInstanceItAlreadyCreated) {
   EXPECT_EQ(Allocations("p")[0].runtime->mig_uuid, uuid);
   EXPECT_TRUE(plugin_->core().OpenIntents().empty());
   EXPECT_EQ(PodAnnotation("p", protocol::kBindPhaseAnnotation), "success");
+}
+
+// `--sim` on a real kubelet: simulated devices have no device node on the host, and containerd
+// fails a container whose DeviceSpec names a missing host path. The MIG UUID still reaches the
+// container's environment.
+TEST_F(AllocateTest, SimulatedDevicesGiveTheContainerTheirMigUuidsAndNoDeviceNode) {
+  plugin_device_nodes_ = false;
+  StartPlugin();
+  CreatePod("p", {{0, 0, 0, "1g.5gb", 6}, {0, 1, 1, "2g.10gb", 0}});
+  auto a = Allocate("p", 0, 2);
+  ASSERT_TRUE(a.ok()) << a.status();
+  const auto allocations = Allocations("p");
+  ASSERT_EQ(allocations.size(), 2u);
+  ASSERT_TRUE(allocations[0].runtime.has_value() && allocations[1].runtime.has_value());
+  EXPECT_EQ(a->response.envs().at("NVIDIA_VISIBLE_DEVICES"),
+            allocations[0].runtime->mig_uuid + "," + allocations[1].runtime->mig_uuid);
+  EXPECT_TRUE(a->response.devices().empty()) << a->response.DebugString();
+  EXPECT_TRUE(a->response.mounts().empty());
+  EXPECT_TRUE(a->response.cdi_devices().empty());
+  EXPECT_EQ(TotalGis(), 2u);
+  EXPECT_EQ(PodAnnotation("p", protocol::kBindPhaseAnnotation), "success");
+}
+
+TEST_F(AllocateTest, SimulatedDevicesGetACdiSpecWithTheEnvironmentOnly) {
+  plugin_device_nodes_ = false;
+  const std::string cdi = dir_.path() + "/cdi";
+  StartPlugin([&](DevicePluginOptions& o) { o.core.cdi_dir = cdi; });
+  CreatePod("p", {{0, 0, 0, "1g.5gb", 0}});
+  auto a = Allocate("p", 0, 1);
+  ASSERT_TRUE(a.ok()) << a.status();
+  const std::string uuid = Allocations("p")[0].runtime->mig_uuid;
+  ASSERT_EQ(a->response.cdi_devices_size(), 1);
+  std::ifstream in(cdi + "/dynmig.io-mig_" + uuid + ".json");
+  ASSERT_TRUE(in.good());
+  std::stringstream text;
+  text << in.rdbuf();
+  auto spec = nlohmann::json::parse(text.str());
+  const auto& edits = spec["devices"][0]["containerEdits"];
+  EXPECT_EQ(edits["env"][0], "NVIDIA_VISIBLE_DEVICES=" + uuid);
+  EXPECT_FALSE(edits.contains("deviceNodes")) << text.str();
 }
 
 TEST_F(AllocateTest, CdiSpecIsWrittenPerMigDeviceAndRemovedWithTheInstance) {
@@ -399,51 +507,6 @@ TEST_F(AllocateTest, MetricsAndTheNvmlViewAreServedOverHttp) {
   auto health = client.Get("/healthz");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
-}
-
-TEST_F(AllocateTest, ATerminatingPodKeepsItsBusyInstanceWithoutBlockingOthers) {
-  StartPlugin();
-  CreatePod("busy", {{0, 0, 0, "1g.5gb", 0}});
-  ASSERT_TRUE(Allocate("busy", 0, 1).ok());
-  SetPhase("busy", "Running");
-  CreatePod("done", {{0, 0, 0, "1g.5gb", 1}});
-  ASSERT_TRUE(Allocate("done", 0, 1).ok());
-  SetPhase("done", "Running");
-  const std::string busy_uuid = Allocations("busy")[0].runtime->mig_uuid;
-  ASSERT_TRUE(sim_->AttachProcess(busy_uuid, 4242).ok());
-
-  DeletePod("busy", /*grace=*/300);  // terminating: deletionTimestamp set, still listed
-  ASSERT_TRUE(kube::IsBeingDeleted(GetPod("busy")));
-  DeletePod("done");
-  auto report = plugin_->core().Reconcile();
-  EXPECT_EQ(report.busy, 1);
-  EXPECT_EQ(report.destroyed, 1);
-  EXPECT_TRUE(GiAt(0, 0).has_value());
-  EXPECT_FALSE(GiAt(0, 1).has_value());
-  EXPECT_TRUE(HasEvent(kReasonReclaimDeferred, "4242"));
-  EXPECT_EQ(plugin_->metrics().Value("dynmig_deviceplugin_busy_instances"), 1);
-  // Its slices are published as held, so that the scheduler does not reserve them meanwhile.
-  auto held = plugin_->core().Held();
-  ASSERT_EQ(held.size(), 1u);
-  EXPECT_EQ(held[0].gpu_uuid, Allocations("busy")[0].gpu_uuid);
-  EXPECT_EQ(held[0].placement, (mig::Placement{0, 1}));
-  EXPECT_NE(held[0].reason.find("default/busy"), std::string::npos) << held[0].reason;
-  ASSERT_TRUE(plugin_->core().PublishNode().ok());
-  auto node = kube_->GetNode(kNode);
-  ASSERT_TRUE(node.ok());
-  auto published = protocol::DecodeHeldSlices(
-      kube::Annotation(*node, protocol::kNodeHeldSlicesAnnotation).value_or("missing"));
-  ASSERT_TRUE(published.ok()) << published.status();
-  EXPECT_EQ(*published, held);
-
-  // The process ends: the next cycle reclaims it, and nothing is held any more.
-  ASSERT_TRUE(sim_->DetachProcess(busy_uuid, 4242).ok());
-  report = plugin_->core().Reconcile();
-  EXPECT_EQ(report.destroyed, 1);
-  EXPECT_EQ(TotalGis(), 0u);
-  EXPECT_TRUE(plugin_->core().Held().empty());
-  ASSERT_TRUE(plugin_->core().PublishNode().ok());
-  EXPECT_EQ(kube::Annotation(*kube_->GetNode(kNode), protocol::kNodeHeldSlicesAnnotation), "[]");
 }
 
 }  // namespace

@@ -113,9 +113,10 @@ class PluginTest : public ::testing::Test {
     return std::move(*client);
   }
 
-  std::unique_ptr<nvml::SimNvml> OpenSim(const std::string& spec) {
+  std::unique_ptr<nvml::SimNvml> OpenSim(const std::string& spec, bool device_nodes = false) {
     nvml::SimNvmlOptions o;
     o.spec = spec;
+    o.device_nodes = device_nodes;
     o.state_file = sim_state_;
     o.seed = kNode;
     o.fsync = false;
@@ -141,7 +142,7 @@ class PluginTest : public ::testing::Test {
   // Starts a fresh plugin "process" (its own SimNvml on the shared state file, its own client).
   DevicePlugin* StartPlugin(const std::function<void(DevicePluginOptions&)>& tweak = {}) {
     StopPlugin();
-    plugin_sim_ = OpenSim("");
+    plugin_sim_ = OpenSim("", plugin_device_nodes_);
     DevicePluginOptions o = Options();
     if (tweak) tweak(o);
     auto plugin = DevicePlugin::Start(std::move(o), *plugin_sim_, *plugin_kube_);
@@ -333,6 +334,9 @@ class PluginTest : public ::testing::Test {
   std::unique_ptr<nvml::SimNvml> plugin_sim_;
   std::unique_ptr<TestKubelet> kubelet_;
   std::unique_ptr<DevicePlugin> plugin_;
+  // Whether the plugin's simulator claims device nodes (as a real driver has); false: as
+  // `--sim` on a node without GPUs.
+  bool plugin_device_nodes_ = true;
   int expected_registrations_ = 0;
   int pods_created_ = 0;
 };

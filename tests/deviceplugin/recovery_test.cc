@@ -69,6 +69,51 @@ TEST_F(RecoveryTest, RestartWhileAProcessRunsKeepsAndAdoptsTheInstance) {
   EXPECT_EQ(TotalGis(), 0u);
 }
 
+// A pod deleted just after a restart: the reconcile that reclaims its adopted instance must not
+// then report the instance as gone (issue: spurious "MigAdoptionFailed ... no longer exists").
+TEST_F(RecoveryTest, APodDeletedJustAfterARestartIsReclaimedWithoutAnAdoptionWarning) {
+  StartPlugin();
+  CreatePod("p1", {{0, 0, 0, "1g.5gb", 0}});
+  ASSERT_TRUE(Allocate("p1", 0, 1).ok());
+  SetPhase("p1", "Running");
+  const std::string uuid = Allocations("p1")[0].runtime->mig_uuid;
+  StopPlugin();
+  std::filesystem::remove_all(dir_.path() + "/state");  // adopted from the annotation
+  StartPlugin();
+  ASSERT_EQ(plugin_->core().Managed().size(), 1u);
+  ASSERT_TRUE(HasEvent(kReasonAdopted, uuid));
+
+  DeletePod("p1", /*grace=*/30);  // terminating: still listed with a deletionTimestamp
+  ASSERT_TRUE(kube::IsBeingDeleted(GetPod("p1")));
+  EXPECT_EQ(plugin_->core().Reconcile().destroyed, 1);
+  EXPECT_EQ(TotalGis(), 0u);
+  // Still listed in the next cycles: its instance is gone because it was reclaimed.
+  EXPECT_EQ(plugin_->core().Reconcile().destroyed, 0);
+  plugin_->events().Flush(absl::Seconds(5));
+  EXPECT_TRUE(HasEvent(kReasonDestroyed, uuid));
+  EXPECT_FALSE(HasEvent(kReasonAdoptionFailed)) << "spurious adoption warning";
+  EXPECT_EQ(plugin_->metrics().Value("dynmig_deviceplugin_adoption_failures_total"), 0);
+  EXPECT_TRUE(plugin_->core().Quarantined().empty());
+}
+
+// The same warning is still given for a running pod whose instance vanished behind our back.
+TEST_F(RecoveryTest, AnActivePodsVanishedInstanceIsReported) {
+  StartPlugin();
+  CreatePod("p1", {{0, 0, 0, "1g.5gb", 0}});
+  ASSERT_TRUE(Allocate("p1", 0, 1).ok());
+  SetPhase("p1", "Running");
+  const auto gi = *GiAt(0, 0);
+  StopPlugin();
+  std::filesystem::remove_all(dir_.path() + "/state");
+  auto cis = sim_->ListComputeInstances(0, gi.id);
+  ASSERT_TRUE(cis.ok());
+  for (const auto& ci : *cis) ASSERT_TRUE(sim_->DestroyComputeInstance(0, gi.id, ci.id).ok());
+  ASSERT_TRUE(sim_->DestroyGpuInstance(0, gi.id).ok());
+  StartPlugin();
+  plugin_->events().Flush(absl::Seconds(5));
+  EXPECT_TRUE(HasEvent(kReasonAdoptionFailed, "no longer exists"));
+}
+
 TEST_F(RecoveryTest, StartupCleansIdleGpusAndKeepsBusyOnes) {
   // Leftovers from before: an idle GPU 1 with two instances; busy GPU 0 (a pod's instance plus an
   // instance nobody describes).

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "cli/cli.h"
@@ -100,21 +101,75 @@ TEST(PodsTest, ParsesTheNodeLock) {
   EXPECT_FALSE(ParseNodeLock("t,,p").has_value());
 }
 
-TEST(PodsTest, ThePendingPodIsTheLockOwnerElseTheOldestAllocatingOne) {
+// bind-phase alone never picks the pod of an Allocate: the node lock, bind-phase, vgpu-node and
+// the reservation must agree; an allocation in progress (lock already released) goes on.
+TEST(PodsTest, ThePendingPodIsConfirmedByTheLockAndItsReservation) {
   const std::string devices = "GPU-a,NVIDIA A100-SXM4-40GB,4864,15:;";
-  auto make = [&](const std::string& name, const std::string& bind_time) {
-    return AnalyzePod(Pod(name, {{"hami.io/vgpu-devices-to-allocate", devices},
-                                 {"hami.io/bind-phase", "allocating"},
-                                 {"hami.io/vgpu-node", "n"},
-                                 {"hami.io/bind-time", bind_time}}));
+  const std::string reservation =
+      R"([{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-a","profile":"1g.5gb","placement":{"start":0,"size":1}}])";
+  auto make = [&](const std::string& name, const std::string& bind_time,
+                  std::map<std::string, std::string> overrides = {}) {
+    std::map<std::string, std::string> a = {{"hami.io/vgpu-devices-to-allocate", devices},
+                                            {"hami.io/vgpu-mig-allocations", reservation},
+                                            {"hami.io/bind-phase", "allocating"},
+                                            {"hami.io/vgpu-node", "n"},
+                                            {"hami.io/bind-time", bind_time}};
+    for (const auto& [k, v] : overrides) {
+      if (v.empty()) {
+        a.erase(k);
+      } else {
+        a[k] = v;
+      }
+    }
+    return AnalyzePod(Pod(name, a));
   };
-  std::vector<PodMig> pods = {make("late", "200"), make("early", "100"), make("none", "")};
-  EXPECT_EQ(FindPendingPod(pods, "n", std::nullopt)->name, "early");
-  EXPECT_EQ(FindPendingPod(pods, "n", NodeLock{"t", "default", "late"})->name, "late");
-  // A lock on a pod with nothing left falls back to the oldest.
-  EXPECT_EQ(FindPendingPod(pods, "n", NodeLock{"t", "default", "gone"})->name, "early");
-  EXPECT_EQ(FindPendingPod(pods, "other-node", std::nullopt), nullptr);
-  EXPECT_EQ(pods[0].NextContainer(), 0);
+  std::vector<PodMig> pods = {make("late", "200"), make("early", "100")};
+  // The lock owner, whatever the bind times; the other claimant is reported.
+  PendingPod found = FindPendingPod(pods, "n", NodeLock{"t", "default", "late"});
+  ASSERT_NE(found.pod, nullptr);
+  EXPECT_EQ(found.pod->name, "late");
+  EXPECT_FALSE(found.in_progress);
+  ASSERT_EQ(found.mismatches.size(), 1u);
+  EXPECT_EQ(found.mismatches[0].pod->name, "early");
+  EXPECT_EQ(found.mismatches[0].why, "the node lock (hami.io/mutex.lock) names default/late");
+  // No lock: nobody, even the oldest allocating pod; both are reported.
+  found = FindPendingPod(pods, "n", std::nullopt);
+  EXPECT_EQ(found.pod, nullptr);
+  ASSERT_EQ(found.mismatches.size(), 2u);
+  EXPECT_EQ(found.mismatches[0].why, "the node lock (hami.io/mutex.lock) is not held");
+  // A lock on a pod that is not here: nobody.
+  EXPECT_EQ(FindPendingPod(pods, "n", NodeLock{"t", "default", "gone"}).pod, nullptr);
+  EXPECT_EQ(FindPendingPod(pods, "other-node", NodeLock{"t", "default", "late"}).pod, nullptr);
+  // The allocation in progress goes on without the lock (it released it), before a newer owner.
+  found = FindPendingPod(pods, "n", NodeLock{"t", "default", "late"}, "uid-early");
+  ASSERT_NE(found.pod, nullptr);
+  EXPECT_EQ(found.pod->name, "early");
+  EXPECT_TRUE(found.in_progress);
+  EXPECT_TRUE(found.mismatches.empty());
+  EXPECT_EQ(FindPendingPod(pods, "n", std::nullopt, "uid-early").pod->name, "early");
+
+  // The lock owner must agree: bind-phase, vgpu-node, reservation.
+  struct Case {
+    std::string key, value, why;
+  };
+  for (const Case& c : {Case{"hami.io/bind-phase", "success", "bind-phase is \"success\""},
+                        Case{"hami.io/bind-phase", "", "bind-phase is \"\""},
+                        Case{"hami.io/vgpu-node", "m", "hami.io/vgpu-node is \"m\""},
+                        Case{"hami.io/vgpu-mig-allocations", "", "it has no reservation"}}) {
+    SCOPED_TRACE(c.key + "=" + c.value);
+    std::vector<PodMig> one = {make("p", "100", {{c.key, c.value}})};
+    found = FindPendingPod(one, "n", NodeLock{"t", "default", "p"});
+    EXPECT_EQ(found.pod, nullptr);
+    ASSERT_EQ(found.mismatches.size(), 1u);
+    EXPECT_NE(found.mismatches[0].why.find(c.why), std::string::npos) << found.mismatches[0].why;
+    // Nor is it taken as the allocation in progress.
+    EXPECT_EQ(FindPendingPod(one, "n", std::nullopt, "uid-p").pod, nullptr);
+  }
+  // A pod with nothing left to allocate is no candidate.
+  std::vector<PodMig> done = {make("d", "100", {{"hami.io/vgpu-devices-to-allocate", ";"}})};
+  found = FindPendingPod(done, "n", NodeLock{"t", "default", "d"});
+  EXPECT_EQ(found.pod, nullptr);
+  EXPECT_TRUE(found.mismatches.empty());
 }
 
 TEST(PodsTest, UnreadableAnnotationsStillNameTheirGpus) {
@@ -187,6 +242,10 @@ TEST(CdiTest, SpecNamesTheDeviceByItsMigUuid) {
   EXPECT_EQ(spec["cdiVersion"], "0.5.0");
   EXPECT_EQ(spec["kind"], "dynmig.io/mig");
   EXPECT_EQ(spec["devices"][0]["containerEdits"]["deviceNodes"][1]["path"], "/dev/x");
+  // Without device nodes (simulated devices): the environment only, no empty deviceNodes list.
+  auto env_only = nlohmann::json::parse(CdiWriter::SpecJson("MIG-2", {}));
+  EXPECT_EQ(env_only["devices"][0]["containerEdits"]["env"][0], "NVIDIA_VISIBLE_DEVICES=MIG-2");
+  EXPECT_FALSE(env_only["devices"][0]["containerEdits"].contains("deviceNodes"));
   TempDir dir;
   CdiWriter writer(dir.path() + "/cdi", false);
   ASSERT_TRUE(writer.Write("MIG-1", {"/dev/nvidia0"}).ok());

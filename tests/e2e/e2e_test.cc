@@ -410,6 +410,62 @@ TEST_F(E2eTest, ChecklistPreferenceAndAdmission) {
   EXPECT_EQ(Allocations(Get("prefer-4g")).front(), p) << Where() << "the reservation changed";
 }
 
+// Every annotation of the protocol is the system's to write (issue 19): a user may not set, change
+// or remove any of them (kubectl annotate is refused with the reservation's message), the
+// system's identities may, and the user may still delete the pod.
+TEST_F(E2eTest, EveryProtocolAnnotationIsTheSystemsToWrite) {
+  Scenario("checklist (protocol annotations are the system's)");
+  StartCluster();
+  Step("a running MIG pod");
+  auto p = RunPod(MigPod("canary", 4000));
+  ExpectRealized("canary", p);
+  const json before = Get("canary");
+  auto as_scheduler = cluster_->Client(local::kSchedulerUser);
+  auto as_kubelet = cluster_->Client("system:node:node-a");
+  ASSERT_TRUE(as_scheduler.ok() && as_kubelet.ok()) << Where();
+  for (const std::string_view k : protocol::kSystemPodAnnotations) {
+    const std::string key(k);
+    Step("a user writes " + key);
+    const std::optional<std::string> original = kube::Annotation(before, key);
+    for (const std::optional<std::string>& value :
+         {std::optional<std::string>("forged-by-user"), std::optional<std::string>()}) {
+      if (!value.has_value() && !original.has_value()) continue;  // nothing to remove
+      auto edit = kube_->PatchPodAnnotations("default", "canary", {{key, value}});
+      ASSERT_FALSE(edit.ok()) << Where() << (value ? "set" : "removal") << " was accepted";
+      const std::string msg(edit.status().message());
+      EXPECT_NE(msg.find(key + " is written only by the dynmig scheduler and device plugin"),
+                std::string::npos)
+          << Where() << msg;
+      EXPECT_NE(msg.find("user \"kubernetes-admin\" may not change or remove it"),
+                std::string::npos)
+          << Where() << msg;
+      EXPECT_EQ(kube::Annotation(Get("canary"), key), original) << Where() << "it changed";
+    }
+    Step("a user creates a pod carrying " + key);
+    json forged = MigPod("forged", 4000);
+    forged["metadata"]["annotations"][key] = "allocating";
+    auto created = kube_->CreatePod(forged);
+    ASSERT_FALSE(created.ok()) << Where() << "accepted";
+    EXPECT_NE(std::string(created.status().message()).find("may not set it"), std::string::npos)
+        << Where() << created.status();
+  }
+  Step("the system's identities may write them");
+  const std::string bind_time(protocol::kBindTimeAnnotation);
+  const std::string visible(protocol::kVisibleDevicesAnnotation);
+  auto by_scheduler = (*as_scheduler)
+                          ->PatchPodAnnotations("default", "canary",
+                                                {{bind_time, kube::Annotation(before, bind_time)}});
+  EXPECT_TRUE(by_scheduler.ok()) << Where() << by_scheduler.status();
+  // The kubelet stand-in rewrites what it gave the container (same content, other spelling).
+  const std::string respelled =
+      json::parse(kube::Annotation(before, visible).value_or("{}")).dump(1);
+  ASSERT_NE(respelled, kube::Annotation(before, visible).value_or("")) << Where();
+  auto by_kubelet = (*as_kubelet)->PatchPodAnnotations("default", "canary", {{visible, respelled}});
+  EXPECT_TRUE(by_kubelet.ok()) << Where() << by_kubelet.status();
+  Step("the user may still delete the pod");
+  DeletePod("canary");
+}
+
 // A deleted pod whose process goes on holds its slices: the scheduler does not hand them out (a pod
 // reserved there would fail at Allocate) until the instance is reclaimed.
 TEST_F(E2eTest, SlicesOfADeletedPodStillRunningAreNotHandedOut) {

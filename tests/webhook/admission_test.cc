@@ -226,6 +226,68 @@ TEST_F(AdmissionTest, OnlyTheSystemWritesTheReservationAnnotation) {
             true);
 }
 
+// Every annotation of the protocol the system writes is guarded like the reservation: create,
+// update and remove, by a user (refused) and by each configured identity (allowed).
+TEST_F(AdmissionTest, OnlyTheSystemWritesAnyProtocolAnnotation) {
+  const std::vector<std::string> writers = Options().annotation_writers;
+  ASSERT_EQ(std::size(protocol::kSystemPodAnnotations), 8u);
+  for (const std::string_view k : protocol::kSystemPodAnnotations) {
+    const std::string key(k);
+    SCOPED_TRACE(key);
+    const json plain = GpuPod({{"nvidia.com/gpu", 1}});
+    json with = GpuPod({{"nvidia.com/gpu", 1}}, {{key, "v1"}});
+    json changed = GpuPod({{"nvidia.com/gpu", 1}}, {{key, "v2"}});
+    // CREATE with it.
+    json r = handler_.ReviewJson(Review(with, "CREATE", json(), "alice"))["response"];
+    EXPECT_EQ(r["allowed"], false);
+    EXPECT_EQ(r["status"]["code"], 403);
+    EXPECT_EQ(r["status"]["reason"], "Forbidden");
+    EXPECT_THAT(r["status"]["message"].get<std::string>(),
+                HasSubstr(key + " is written only by the dynmig scheduler and device plugin (" +
+                          writers[0] + ", " + writers[1] + "); user \"alice\" may not set it"));
+    // UPDATE: added, changed, removed.
+    for (const auto& [object, old_object] :
+         std::vector<std::pair<json, json>>{{with, plain}, {changed, with}, {plain, with}}) {
+      r = handler_.ReviewJson(Review(object, "UPDATE", old_object, "alice"))["response"];
+      EXPECT_EQ(r["allowed"], false) << object.dump();
+      EXPECT_THAT(r["status"]["message"].get<std::string>(),
+                  HasSubstr("may not change or remove it"));
+      for (const auto& writer : writers) {
+        EXPECT_EQ(handler_.ReviewJson(
+                      Review(object, "UPDATE", old_object, writer))["response"]["allowed"],
+                  true)
+            << writer;
+      }
+    }
+    for (const auto& writer : writers) {
+      EXPECT_EQ(handler_.ReviewJson(Review(with, "CREATE", json(), writer))["response"]["allowed"],
+                true)
+          << writer;
+    }
+    // A user's update that leaves it unchanged, and other annotations: fine.
+    json labelled = with;
+    labelled["metadata"]["labels"] = {{"team", "a"}};
+    labelled["metadata"]["annotations"]["note"] = "mine";
+    EXPECT_EQ(handler_.ReviewJson(Review(labelled, "UPDATE", with, "alice"))["response"]["allowed"],
+              true);
+  }
+  // Several at once are named together.
+  json forged =
+      GpuPod({{"nvidia.com/gpu", 1}}, {{std::string(protocol::kBindPhaseAnnotation), "success"},
+                                       {std::string(protocol::kVgpuNodeAnnotation), "n"}});
+  auto message = handler_
+                     .ReviewJson(Review(forged, "UPDATE", GpuPod({{"nvidia.com/gpu", 1}}),
+                                        "alice"))["response"]["status"]["message"]
+                     .get<std::string>();
+  EXPECT_THAT(message, HasSubstr("hami.io/vgpu-node, hami.io/bind-phase are written only by"));
+  EXPECT_THAT(message, HasSubstr("may not change or remove them"));
+  // Deleting is not reviewed: users may still delete their pods.
+  json del = Review(GpuPod({{"nvidia.com/gpu", 1}},
+                           {{std::string(protocol::kBindPhaseAnnotation), "allocating"}}),
+                    "DELETE", json(), "alice");
+  EXPECT_EQ(handler_.ReviewJson(del)["response"]["allowed"], true);
+}
+
 TEST_F(AdmissionTest, MalformedReviewsGetAnErrorStatus) {
   json out = json::parse(handler_.Review(std::string_view("{not json")));
   EXPECT_EQ(out["response"]["allowed"], false);

@@ -1,0 +1,215 @@
+// Publication: the kubelet's device list (ListAndWatch), GPU health, the node register and
+// handshake annotations, the /nvml view. See plugin_core.h.
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <set>
+
+#include "common/status_macros.h"
+#include "deviceplugin/plugin_core.h"
+#include "deviceplugin/plugin_internal.h"
+#include "fmt/format.h"
+#include "fmt/ranges.h"
+#include "protocol/annotations.h"
+#include "spdlog/spdlog.h"
+
+namespace dynmig::deviceplugin {
+void PluginCore::UpdateDevices() {
+  std::vector<v1beta1::Device> devices;
+  for (const auto& gpu : inventory_.gpus) {
+    if (!gpu.exposed) continue;
+    metrics_.SetGpuHealthy(gpu.info.uuid, gpu.healthy);
+    for (uint32_t r = 0; r < gpu.replicas; ++r) {
+      v1beta1::Device d;
+      d.set_id(ReplicaId(gpu.info.uuid, r));
+      d.set_health(gpu.healthy ? "Healthy" : "Unhealthy");
+      devices.push_back(std::move(d));
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(devices_mu_);
+    bool same = devices.size() == devices_.size();
+    for (size_t i = 0; same && i < devices.size(); ++i) {
+      same = devices[i].id() == devices_[i].id() && devices[i].health() == devices_[i].health();
+    }
+    if (same && devices_generation_ > 0) return;
+    devices_ = std::move(devices);
+    ++devices_generation_;
+  }
+  devices_cv_.notify_all();
+}
+
+v1beta1::DevicePluginOptions PluginCore::PluginOptions() const {
+  v1beta1::DevicePluginOptions o;
+  o.set_pre_start_required(false);
+  o.set_get_preferred_allocation_available(true);
+  return o;
+}
+
+std::vector<v1beta1::Device> PluginCore::Devices(uint64_t* generation) const {
+  std::lock_guard<std::mutex> lock(devices_mu_);
+  if (generation != nullptr) *generation = devices_generation_;
+  return devices_;
+}
+
+uint64_t PluginCore::WaitForDeviceChange(uint64_t seen, absl::Duration timeout) const {
+  std::unique_lock<std::mutex> lock(devices_mu_);
+  devices_cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout),
+                       [&] { return devices_generation_ != seen; });
+  return devices_generation_;
+}
+
+bool PluginCore::RefreshDevices() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<bool> before;
+  for (const auto& g : inventory_.gpus) before.push_back(g.healthy);
+  if (!RefreshHealth(nvml_, inventory_)) return false;
+  for (size_t i = 0; i < inventory_.gpus.size(); ++i) {
+    const auto& g = inventory_.gpus[i];
+    if (g.exposed && !g.healthy && before[i]) {
+      Event(nullptr, "Warning", kReasonGpuNotReady,
+            fmt::format("GPU {} ({}) became unhealthy: {}", g.info.index, g.info.uuid,
+                        g.unhealthy_reason));
+    }
+  }
+  UpdateDevices();
+  return true;
+}
+
+absl::Status PluginCore::PublishNode() {
+  std::string value;
+  std::string held_value;
+  bool changed = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    value = protocol::EncodeNodeRegister(inventory_.RegisterDevices());
+    changed = value != last_register_;
+    std::vector<protocol::HeldSlices> held = ended_held_;
+    held.insert(held.end(), untracked_held_.begin(), untracked_held_.end());
+    held_value = protocol::EncodeHeldSlices(std::move(held));
+  }
+  // Both keys every time: the register also comes back after the node object was recreated.
+  kube::KeyPatch patch;
+  patch[std::string(protocol::kNodeHandshakeAnnotation)] = "Reported_" + kube::Rfc3339(Now());
+  patch[std::string(protocol::kNodeRegisterAnnotation)] = value;
+  patch[std::string(protocol::kNodeHeldSlicesAnnotation)] = held_value;
+  auto st = kube_.PatchNodeAnnotations(options_.node_name, patch);
+  metrics_.NodePublished(st.ok());
+  if (!st.ok()) {
+    return absl::Status(st.status().code(),
+                        fmt::format("cannot publish the devices of node {}: {}", options_.node_name,
+                                    std::string(st.status().message())));
+  }
+  if (changed) {
+    spdlog::info("published {} on node {}: {}", protocol::kNodeRegisterAnnotation,
+                 options_.node_name, value);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  last_register_ = value;
+  return absl::OkStatus();
+}
+
+nlohmann::json PluginCore::NvmlView() {
+  using Json = nlohmann::json;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto placement = [](const mig::Placement& p) {
+    return Json{{"start", p.start}, {"size", p.size}};
+  };
+  auto owner = [](const InstanceOwner& o) {
+    return Json{{"podUID", o.pod_uid},
+                {"namespace", o.ns},
+                {"name", o.name},
+                {"containerIndex", o.container_index},
+                {"deviceIndex", o.device_index}};
+  };
+  Json gpus = Json::array();
+  for (const auto& g : inventory_.gpus) {
+    Json profiles = Json::array();
+    for (const auto& p : g.capability.profiles) {
+      Json pl = Json::array();
+      for (const auto& x : p.placements) pl.push_back(placement(x));
+      profiles.push_back({{"name", p.name},
+                          {"id", p.nvml_id},
+                          {"index", p.nvml_index},
+                          {"memoryMiB", p.memory_mib},
+                          {"sliceCount", p.compute_slices},
+                          {"instanceCount", p.instance_count},
+                          {"placements", pl},
+                          {"allowed", g.FindAllowed(p.name) != nullptr}});
+    }
+    Json instances = Json::array();
+    std::string instances_error;
+    if (g.info.mig.current) {
+      auto gis = nvml_.ListGpuInstances(g.info.index);
+      if (gis.ok()) {
+        for (const auto& gi : *gis) {
+          Json cis = Json::array();
+          if (auto list = nvml_.ListComputeInstances(g.info.index, gi.id); list.ok()) {
+            for (const auto& ci : *list) cis.push_back({{"id", ci.id}, {"migUUID", ci.mig_uuid}});
+          }
+          const mig::ProfileSpec* p = g.FindById(gi.profile_id);
+          Json item = {{"gpuInstanceID", gi.id},
+                       {"profileId", gi.profile_id},
+                       {"profile", p != nullptr ? p->name : ""},
+                       {"placement", placement(gi.placement)},
+                       {"computeInstances", cis},
+                       {"managed", false}};
+          if (const ManagedInstance* m = FindManagedGi(g.info.uuid, gi.id)) {
+            item["managed"] = true;
+            item["origin"] = m->origin;
+            item["owner"] = owner(m->owner);
+          }
+          instances.push_back(std::move(item));
+        }
+      } else {
+        instances_error = std::string(gis.status().message());
+      }
+    }
+    Json allowed = Json::array();
+    for (const auto& p : g.allowed) allowed.push_back(p.name);
+    Json gpu = {{"index", g.info.index},
+                {"uuid", g.info.uuid},
+                {"name", g.info.name},
+                {"pciBusId", g.info.pci_bus_id},
+                {"minor", g.info.minor},
+                {"memoryMiB", g.info.total_memory_mib},
+                {"migMode",
+                 {{"supported", g.info.mig.supported},
+                  {"current", g.info.mig.current},
+                  {"pending", g.info.mig.pending}}},
+                {"exposed", g.exposed},
+                {"healthy", g.healthy},
+                {"replicas", g.replicas},
+                {"allowedProfiles", allowed},
+                {"missingProfiles", g.missing_profiles},
+                {"profiles", profiles},
+                {"instances", instances}};
+    if (!g.not_exposed_reason.empty()) gpu["notExposedReason"] = g.not_exposed_reason;
+    if (!g.unhealthy_reason.empty()) gpu["unhealthyReason"] = g.unhealthy_reason;
+    if (!instances_error.empty()) gpu["instancesError"] = instances_error;
+    gpus.push_back(std::move(gpu));
+  }
+  Json intents = Json::array();
+  for (const auto& i : state_.intents) {
+    intents.push_back({{"id", i.id},
+                       {"gpuUUID", i.gpu_uuid},
+                       {"profile", i.profile},
+                       {"placement", placement(i.placement)},
+                       {"owner", owner(i.owner)}});
+  }
+  Json quarantined = Json::array();
+  for (const auto& q : quarantine_) {
+    quarantined.push_back({{"gpuUUID", q.gpu_uuid},
+                           {"placement", placement(q.placement)},
+                           {"pod", q.pod},
+                           {"reason", q.reason}});
+  }
+  return Json{{"node", options_.node_name},
+              {"nvml", nvml_.Description()},
+              {"recoveryPending", recovery_pending_},
+              {"gpus", gpus},
+              {"intents", intents},
+              {"quarantined", quarantined}};
+}
+
+}  // namespace dynmig::deviceplugin

@@ -1,0 +1,352 @@
+// Reclamation: instances of pods that are no longer active are destroyed, live instances that a
+// verified annotation describes are adopted, untracked ones are cleaned only on idle GPUs. See
+// plugin_core.h and docs/device-plugin.md (Reclamation).
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <set>
+
+#include "common/status_macros.h"
+#include "deviceplugin/plugin_core.h"
+#include "deviceplugin/plugin_internal.h"
+#include "fmt/format.h"
+#include "fmt/ranges.h"
+#include "protocol/annotations.h"
+#include "spdlog/spdlog.h"
+
+namespace dynmig::deviceplugin {
+ReconcileReport PluginCore::Reconcile() {
+  const auto start = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(mu_);
+  ReconcileReport report;
+  auto pods = ListPods();
+  if (!pods.ok()) {
+    report.skipped = std::string(pods.status().message());
+    if (FirstReport("list-failed")) {
+      spdlog::warn("reconcile skipped, nothing destroyed: {}", report.skipped);
+    }
+    metrics_.ReconcileDone(
+        "skipped_list",
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    return report;
+  }
+  reported_.erase("list-failed");
+  if (recovery_pending_) RecoverLocked(*pods);
+  report = ReconcileLocked(*pods);
+  UpdateGauges();
+  metrics_.ReconcileDone(
+      report.skipped.empty() ? "ok" : "skipped_decode",
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return report;
+}
+
+std::vector<std::string> PluginCore::Unreadable(const std::vector<PodMig>& pods) {
+  std::vector<std::string> unreadable;
+  for (const auto& p : pods) {
+    if (p.terminated || p.unreadable.empty()) continue;
+    unreadable.push_back(fmt::format("{}: {}", p.key, p.unreadable));
+    if (FirstReport("unreadable/" + p.uid + "/" + p.unreadable)) {
+      metrics_.AdoptionFailed();
+      Event(&p, "Warning", kReasonReconcileSkipped,
+            fmt::format("the MIG annotations of pod {} cannot be read ({}): no MIG instance on "
+                        "node {} is destroyed until they can",
+                        p.key, p.unreadable, options_.node_name));
+    }
+  }
+  return unreadable;
+}
+
+ReconcileReport PluginCore::ReconcileLocked(const std::vector<PodMig>& pods) {
+  ReconcileReport report;
+  report.listed = true;
+  const std::vector<std::string> unreadable = Unreadable(pods);
+  const bool destructive = unreadable.empty();
+  if (!destructive) {
+    report.skipped = fmt::format("unreadable MIG annotations: {}", fmt::join(unreadable, "; "));
+  }
+
+  // Intents left open by a crash or a failed rollback (none is in flight: we hold mu_).
+  if (!state_.intents.empty()) ResolveIntents(pods, destructive);
+
+  std::map<std::string, const PodMig*> by_uid;
+  for (const auto& p : pods) by_uid[p.uid] = &p;
+  bool changed = false;
+  const std::vector<ManagedInstance> managed = state_.instances;
+  ended_held_.clear();
+  for (const auto& m : managed) {
+    auto it = by_uid.find(m.owner.pod_uid);
+    const PodMig* owner = it == by_uid.end() ? nullptr : it->second;
+    if (owner != nullptr && owner->active) continue;
+    const std::string ended = owner == nullptr    ? "deleted"
+                              : owner->terminated ? "finished"
+                                                  : "deleting";
+    auto hold = [&](const std::string& why) {
+      ended_held_.push_back({m.gpu_uuid, m.placement, m.profile,
+                             fmt::format("{} of pod {} ({}), not reclaimed yet: {}", m.mig_uuid,
+                                         m.owner.PodKey(), ended, why)});
+    };
+    if (!destructive) {
+      hold("reclamation is paused while a pod's MIG annotation cannot be read");
+      continue;
+    }
+    const GpuEntry* gpu = inventory_.FindByUuid(m.gpu_uuid);
+    if (gpu == nullptr) continue;
+    std::string why;
+    if (GiBusy(*gpu, m.gpu_instance_id, &why)) {
+      hold(why);
+      ++report.busy;
+      if (FirstReport(fmt::format("busy/{}/{}", m.gpu_uuid, m.gpu_instance_id))) {
+        Event(owner, "Normal", kReasonReclaimDeferred,
+              fmt::format("MIG device {} (GI {} on GPU {}) of pod {} is not reclaimed yet: {}; "
+                          "retried every cycle",
+                          m.mig_uuid, m.gpu_instance_id, m.gpu_uuid, m.owner.PodKey(), why));
+      }
+      continue;
+    }
+    auto st = DestroyGi(*gpu, m.gpu_instance_id);
+    if (!st.ok()) {
+      hold("destroying it failed: " + std::string(st.message()));
+      ++report.destroy_failed;
+      metrics_.DestroyFailed();
+      spdlog::warn("reclaim of {} (pod {}) failed, retried next cycle: {}", m.mig_uuid,
+                   m.owner.PodKey(), std::string(st.message()));
+      continue;
+    }
+    RemoveManaged(m.gpu_uuid, m.gpu_instance_id);
+    reported_.erase(fmt::format("busy/{}/{}", m.gpu_uuid, m.gpu_instance_id));
+    if (cdi_.enabled()) {
+      if (auto rm = cdi_.Remove(m.mig_uuid); !rm.ok())
+        spdlog::warn("{}", std::string(rm.message()));
+    }
+    changed = true;
+    ++report.destroyed;
+    metrics_.InstanceDestroyed("reclaimed");
+    Event(owner, "Normal", kReasonDestroyed,
+          fmt::format("destroyed MIG device {} ({} at {} of GPU {}, GI {}) of pod {} ({})",
+                      m.mig_uuid, m.profile, PlacementText(m.placement), m.gpu_uuid,
+                      m.gpu_instance_id, m.owner.PodKey(), ended));
+  }
+  if (changed) {
+    if (auto st = Persist(); !st.ok())
+      spdlog::error("cannot save state: {}", std::string(st.message()));
+  }
+  // Then adopt what verified annotations describe, and clean untracked instances of GPUs that
+  // became idle (after the sweep, so a GPU freed in this cycle is cleaned in this cycle).
+  AdoptUntracked(pods, destructive, report);
+  metrics_.SetBusy(report.busy);
+  return report;
+}
+
+void PluginCore::AdoptUntracked(const std::vector<PodMig>& pods, bool destructive,
+                                ReconcileReport& report) {
+  quarantine_.clear();
+  untracked_held_.clear();
+  // Complete annotations by GPU and placement, and allocations that cannot be verified.
+  struct Candidate {
+    const PodMig* pod;
+    protocol::MigAllocation allocation;
+  };
+  std::map<std::pair<std::string, uint32_t>, Candidate> candidates;  // (gpu, start)
+  auto quarantine = [&](const PodMig& p, const protocol::MigAllocation& a,
+                        const std::string& reason) {
+    quarantine_.push_back({a.gpu_uuid, a.placement, p.key, reason});
+    ++report.unverified;
+    if (FirstReport(fmt::format("unverified/{}/{}/{}/{}", p.uid, a.container_index, a.device_index,
+                                reason))) {
+      metrics_.AdoptionFailed();
+      Event(&p, "Warning", kReasonAdoptionFailed,
+            fmt::format("container {} device {} ({} at {} of GPU {}) cannot be verified: {}; its "
+                        "slices are kept out of use and never destroyed while the pod runs",
+                        a.container_index, a.device_index, a.profile, PlacementText(a.placement),
+                        a.gpu_uuid, reason));
+    }
+  };
+  for (const auto& p : pods) {
+    if (!p.allocations.ok()) continue;
+    for (const auto& a : *p.allocations) {
+      if (a.runtime.has_value()) {
+        const ManagedInstance* m = FindManaged(a.gpu_uuid, a.placement);
+        if (m != nullptr) {
+          const bool same = m->owner.pod_uid == p.uid && m->profile == a.profile &&
+                            m->gpu_instance_id == a.runtime->gpu_instance_id &&
+                            m->compute_instance_id == a.runtime->compute_instance_id &&
+                            m->mig_uuid == a.runtime->mig_uuid;
+          if (!same && !p.terminated) {
+            quarantine(p, a,
+                       fmt::format("the instance there is managed for pod {} ({})",
+                                   m->owner.PodKey(), m->mig_uuid));
+          }
+          continue;
+        }
+        const GpuEntry* gpu = inventory_.FindByUuid(a.gpu_uuid);
+        if ((gpu == nullptr || !gpu->exposed) && !p.terminated) {
+          quarantine(p, a, "the GPU is not exposed on this node");
+          continue;
+        }
+        candidates[{a.gpu_uuid, a.placement.start}] = {&p, a};
+      } else if (!p.terminated && p.ContainerAllocated(a.container_index)) {
+        quarantine(p, a,
+                   "its container was allocated but the annotation has no runtime identity "
+                   "(migUUID, gpuInstanceID, computeInstanceID)");
+      }
+    }
+  }
+  bool changed = false;
+  std::set<std::string> referenced;  // GPUs non-terminated pods name
+  bool all_busy = false;
+  for (const auto& p : pods) {
+    if (p.terminated) continue;
+    if (p.gpus_unknown) all_busy = true;
+    for (const auto& g : p.referenced_gpus) referenced.insert(g);
+  }
+  int untracked = 0;
+  for (const auto& gpu : inventory_.gpus) {
+    if (!gpu.exposed || !gpu.info.mig.current) continue;
+    auto gis = nvml_.ListGpuInstances(gpu.info.index);
+    if (!gis.ok()) {
+      spdlog::warn("cannot list the GIs of GPU {}: {}", gpu.info.uuid,
+                   std::string(gis.status().message()));
+      continue;
+    }
+    // Managed instances NVML no longer shows (GPU reset, destroyed behind our back) are forgotten.
+    const size_t before = state_.instances.size();
+    std::erase_if(state_.instances, [&](const ManagedInstance& m) {
+      if (m.gpu_uuid != gpu.info.uuid) return false;
+      for (const auto& gi : *gis) {
+        if (gi.id == m.gpu_instance_id && gi.placement == m.placement) return false;
+      }
+      spdlog::warn("managed MIG device {} (GI {} on GPU {}, pod {}) no longer exists: forgotten",
+                   m.mig_uuid, m.gpu_instance_id, m.gpu_uuid, m.owner.PodKey());
+      return true;
+    });
+    changed = changed || state_.instances.size() != before;
+    std::vector<nvml::GpuInstanceInfo> unowned;
+    for (const auto& gi : *gis) {
+      if (const ManagedInstance* m = FindManagedGi(gpu.info.uuid, gi.id);
+          m != nullptr && m->placement == gi.placement) {
+        continue;
+      }
+      bool intended = false;
+      for (const auto& i : state_.intents) {
+        intended = intended || (i.gpu_uuid == gpu.info.uuid && i.placement == gi.placement);
+      }
+      if (intended) continue;  // an open intent owns it until resolved
+      auto c = candidates.find({gpu.info.uuid, gi.placement.start});
+      if (c != candidates.end() && c->second.allocation.placement == gi.placement) {
+        const PodMig& p = *c->second.pod;
+        const protocol::MigAllocation& a = c->second.allocation;
+        auto verified = Verify(gpu, gi, a);
+        if (verified.ok()) {
+          ManagedInstance m;
+          m.gpu_uuid = gpu.info.uuid;
+          m.profile = a.profile;
+          m.profile_id = gi.profile_id;
+          m.placement = gi.placement;
+          m.gpu_instance_id = gi.id;
+          m.compute_instance_id = a.runtime->compute_instance_id;
+          m.mig_uuid = a.runtime->mig_uuid;
+          m.owner = {p.uid, p.ns, p.name, a.container_index, a.device_index};
+          m.origin = "adopted";
+          m.since = NowUnix();
+          Manage(m);
+          changed = true;
+          ++report.adopted;
+          metrics_.InstanceAdopted("annotation");
+          Event(&p, "Normal", kReasonAdopted,
+                fmt::format("adopted MIG device {} ({} at {} of GPU {}, GI {}, CI {}) for "
+                            "container {} device {}: verified against NVML",
+                            m.mig_uuid, m.profile, PlacementText(m.placement), m.gpu_uuid,
+                            m.gpu_instance_id, m.compute_instance_id, a.container_index,
+                            a.device_index));
+          if (cdi_.enabled()) {
+            if (auto nodes = DeviceNodes(gpu, gi.id, a.runtime->compute_instance_id); nodes.ok()) {
+              (void)cdi_.Write(m.mig_uuid, *nodes);
+            }
+          }
+          candidates.erase(c);
+          continue;
+        }
+        if (!p.terminated) quarantine(p, a, std::string(verified.message()));
+      }
+      unowned.push_back(gi);
+    }
+    if (unowned.empty()) continue;
+    // Untracked instances: cleaned only when the whole GPU is idle, otherwise kept and reported.
+    std::string why;
+    bool idle = destructive && !all_busy && !referenced.count(gpu.info.uuid);
+    if (idle) {
+      for (const auto& m : state_.instances) idle = idle && m.gpu_uuid != gpu.info.uuid;
+      for (const auto& i : state_.intents) idle = idle && i.gpu_uuid != gpu.info.uuid;
+      for (const auto& q : quarantine_) idle = idle && q.gpu_uuid != gpu.info.uuid;
+    }
+    if (idle && GpuHasProcesses(gpu, &why)) idle = false;
+    for (const auto& gi : unowned) {
+      const mig::ProfileSpec* profile = gpu.FindById(gi.profile_id);
+      const std::string name =
+          profile != nullptr ? profile->name : fmt::format("profile id {}", gi.profile_id);
+      if (idle) {
+        auto st = DestroyGi(gpu, gi.id);
+        if (st.ok()) {
+          ++report.destroyed;
+          metrics_.InstanceDestroyed("idle_cleanup");
+          Event(nullptr, "Normal", kReasonGpuCleaned,
+                fmt::format("destroyed untracked GI {} ({} at {}) on idle GPU {}: no pod "
+                            "references the GPU and no process runs on it",
+                            gi.id, name, PlacementText(gi.placement), gpu.info.uuid));
+          continue;
+        }
+        metrics_.DestroyFailed();
+        spdlog::warn("cannot clean untracked GI {} on GPU {}: {}", gi.id, gpu.info.uuid,
+                     std::string(st.message()));
+      }
+      ++untracked;
+      untracked_held_.push_back(
+          {gpu.info.uuid, gi.placement, profile != nullptr ? profile->name : "",
+           fmt::format("untracked GI {} ({}): no pod annotation describes it; kept while the GPU "
+                       "is busy{}",
+                       gi.id, name, why.empty() ? "" : " (" + why + ")")});
+      if (FirstReport(
+              fmt::format("untracked/{}/{}/{}", gpu.info.uuid, gi.id, gi.placement.start))) {
+        Event(nullptr, "Warning", kReasonUntracked,
+              fmt::format("GI {} ({} at {}) on GPU {} is not managed by dynmig and no pod "
+                          "annotation describes it; kept (the GPU is busy{}), its slices stay "
+                          "unusable until the GPU is idle",
+                          gi.id, name, PlacementText(gi.placement), gpu.info.uuid,
+                          why.empty() ? "" : ": " + why));
+      }
+    }
+  }
+  // Complete annotations whose instance is gone (GPU reset, someone destroyed it). Only for active
+  // pods: the instance of a pod that is finished or being deleted is gone because it was
+  // reclaimed (maybe by this very cycle, e.g. just after a restart adopted it), not lost.
+  for (const auto& [key, c] : candidates) {
+    if (!c.pod->active) continue;
+    const GpuEntry* gpu = inventory_.FindByUuid(c.allocation.gpu_uuid);
+    if (gpu == nullptr || !gpu->info.mig.current) continue;
+    bool live = false;
+    for (const auto& q : quarantine_) {
+      live = live || (q.gpu_uuid == c.allocation.gpu_uuid &&
+                      q.placement == c.allocation.placement && q.pod == c.pod->key);
+    }
+    if (live) continue;
+    if (FirstReport(fmt::format("gone/{}/{}/{}", c.pod->uid, c.allocation.container_index,
+                                c.allocation.device_index))) {
+      metrics_.AdoptionFailed();
+      Event(c.pod, "Warning", kReasonAdoptionFailed,
+            fmt::format("container {} device {}: MIG device {} ({} at {} of GPU {}) no longer "
+                        "exists",
+                        c.allocation.container_index, c.allocation.device_index,
+                        c.allocation.runtime->mig_uuid, c.allocation.profile,
+                        PlacementText(c.allocation.placement), c.allocation.gpu_uuid));
+    }
+  }
+  report.untracked = untracked;
+  metrics_.SetUntracked(untracked);
+  metrics_.SetUnverified(report.unverified);
+  if (changed) {
+    if (auto st = Persist(); !st.ok())
+      spdlog::error("cannot save state: {}", std::string(st.message()));
+  }
+}
+
+}  // namespace dynmig::deviceplugin
