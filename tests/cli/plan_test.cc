@@ -37,12 +37,30 @@ TEST(PlanCommandTest, TextDrawsBeforeAndAfter) {
   EXPECT_NE(r.out.find("{    2g.20gb     }"), std::string::npos) << r.out;
 }
 
-TEST(PlanCommandTest, NominalSizeHint) {
+TEST(PlanCommandTest, NominalSizeNote) {
   auto r = RunDynmig({"plan", "--gpu", "A100-SXM4-40GB", "--allow",
                       "1g.5gb,2g.10gb,3g.20gb,7g.40gb", "--request", "20000"});
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("7g.40gb"), std::string::npos);
-  EXPECT_NE(r.out.find("ask for at most 19968 MiB"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("instance 0: 3g.20gb (19968 MiB in NVML, covers 20480 MiB)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("note: 3g.20gb has 19968 MiB on A100-SXM4-40GB, 32 MiB less than the "
+                       "request of 20000"),
+            std::string::npos)
+      << r.out;
+  // Strict NVML matching: never less than asked, and the note says what it costs.
+  r = RunDynmig({"plan", "--gpu", "A100-SXM4-40GB", "--allow", "1g.5gb,2g.10gb,3g.20gb,7g.40gb",
+                 "--request", "20000", "--memory-match", "nvml"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("instance 0: 7g.40gb"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("note: 20000 MiB needs 7g.40gb on A100-SXM4-40GB; 3g.20gb has 19968"),
+            std::string::npos)
+      << r.out;
+  r = RunDynmig({"plan", "--gpu", "A100-SXM4-40GB", "--request", "20000", "--memory-match", "x"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--memory-match: must be \"nominal\" or \"nvml\", got \"x\""),
+            std::string::npos)
+      << r.err;
 }
 
 TEST(PlanCommandTest, BadInputExitsTwoWithAMessage) {
@@ -78,7 +96,7 @@ TEST(PlanCommandTest, DemoWalksThroughThePlans) {
   auto r = RunDynmig({"plan", "--demo"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("step 8"), std::string::npos);
-  EXPECT_NE(r.out.find("4g.20gb (19968 MiB) at slices 0-3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("4g.20gb (19968 MiB in NVML, covers 20480 MiB) at slices 0-3"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("fragmented"), std::string::npos);
 }
 

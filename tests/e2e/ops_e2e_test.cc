@@ -605,7 +605,7 @@ TEST_F(OpsFragmentedGpuTest, OpsExplainSaysWhereARunningPodIsAndWhyAPendingPodWa
       << Where() << why;
   EXPECT_THAT(why, Not(HasSubstr("fragmented: fragmented"))) << Where() << why;
   // What would make it fit now: a request a free 1g slice covers.
-  EXPECT_THAT(why, HasSubstr("at most 4864 MiB per instance (same counts) would fit now (1g.5gb "
+  EXPECT_THAT(why, HasSubstr("at most 5120 MiB per instance (same counts) would fit now (1g.5gb "
                              "on node-a)"))
       << Where() << why;
   // Who holds the blocking slices: one of the pods on even slices, and where it could go.

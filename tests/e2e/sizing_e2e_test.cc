@@ -58,6 +58,9 @@ TEST_F(SizingE2eTest, TheGuidesPodsGetTheGuidesProfiles) {
             "8k")
       << Where();
 
+  // 4g.20gb has one placement on an A100-40GB (slices 0-3), which a 2g.10gb may take; the guide
+  // applies the two pods one after the other.
+  DeletePod("mig-canary");
   Step("kubectl apply -f examples/mig-prefer-4g.yaml (gpumem: 20000, preference 4g)");
   auto [rc2, out2] = Kubectl(fmt::format("apply -f {}/examples/mig-prefer-4g.yaml", src_));
   ASSERT_EQ(rc2, 0) << Where() << out2;

@@ -28,8 +28,9 @@ TEST(PlannerTest, SmallestCoveringProfileAndFewerComputeSlicesOnTies) {
   ASSERT_EQ(plan.verdict, Verdict::kFits) << plan.reason;
   EXPECT_EQ(Name(*p, plan.instances[0]), "3g.20gb");
   EXPECT_EQ(Name(*p, PlanOne(*p, {}, 4000).instances[0]), "1g.5gb");
-  EXPECT_EQ(Name(*p, PlanOne(*p, {}, 4864).instances[0]), "1g.5gb");
-  EXPECT_EQ(Name(*p, PlanOne(*p, {}, 4865).instances[0]), "2g.10gb");
+  // Nominal sizing: 1g.5gb covers up to 5 x 1024 MiB (NVML reports 4864).
+  EXPECT_EQ(Name(*p, PlanOne(*p, {}, 5120).instances[0]), "1g.5gb");
+  EXPECT_EQ(Name(*p, PlanOne(*p, {}, 5121).instances[0]), "2g.10gb");
   EXPECT_EQ(Name(*p, PlanOne(*p, {}, 30000).instances[0]), "7g.40gb");
 }
 

@@ -203,7 +203,7 @@ TEST_F(CanaryTest, FullLifecyclePasses) {
     EXPECT_EQ(Result(r, check, "default/mig-canary"), "PASS") << check << "\n" << r.dump(2);
   }
   EXPECT_TRUE(Items(r, "canary-cleanup").empty());
-  EXPECT_NE(Evidence(r, "canary-profile").find("1g.5gb (4864 MiB) covers 4500 MiB"),
+  EXPECT_NE(Evidence(r, "canary-profile").find("1g.5gb (4864 MiB in NVML) covers 4500 MiB"),
             std::string::npos);
   EXPECT_NE(Evidence(r, "canary-reclaimed").find("NVML no longer has MIG-canary"),
             std::string::npos);

@@ -37,7 +37,7 @@ TEST_F(ExplainTest, PendingPodGetsVerdictsSuggestionsAndBlockingPods) {
   EXPECT_NE(r["nodes"][0]["gpus"][0]["reason"].get<std::string>().find("fragmented"),
             std::string::npos);
   const json& s = r["suggestions"];
-  EXPECT_EQ(s["largestMemoryMiB"], 9856);
+  EXPECT_EQ(s["largestMemoryMiB"], 10240);  // nominal sizing: 2g.10gb covers 10 x 1024
   EXPECT_EQ(s["largestMemoryProfile"], "2g.10gb");
   EXPECT_TRUE(s["preferences"].empty());
   ASSERT_FALSE(s["blocking"].empty());
@@ -53,7 +53,7 @@ TEST_F(ExplainTest, PendingPodGetsVerdictsSuggestionsAndBlockingPods) {
   EXPECT_NE(text.out.find("Asks for container \"workload\": 1 x 19000 MiB"), std::string::npos)
       << text.out;
   EXPECT_NE(text.out.find("node-a: fragmented"), std::string::npos) << text.out;
-  EXPECT_NE(text.out.find("at most 9856 MiB per instance"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("at most 10240 MiB per instance"), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("before"), std::string::npos) << text.out;
   EXPECT_TRUE(std::regex_search(text.out, std::regex(R"(after +.*\{ +3g\.20gb +\})"))) << text.out;
 }

@@ -145,7 +145,7 @@ TEST_F(ValidateTest, ProfileThatDoesNotCoverTheRequestFails) {
   const json r = Validate(1);
   EXPECT_EQ(Result(r, "pod-profile", "default/big"), "FAIL");
   EXPECT_NE(Evidence(r, "pod-profile", "default/big")
-                .find("1g.5gb has 4864 MiB, container \"workload\" asks for 9000 MiB"),
+                .find("1g.5gb covers 5120 MiB, container \"workload\" asks for 9000 MiB"),
             std::string::npos)
       << Evidence(r, "pod-profile", "default/big");
 }

@@ -226,7 +226,7 @@ TEST_F(SchedulerTest, BadRequestsAreErrorsNamingContainerAndResource) {
   EXPECT_EQ(r.status, 200);
   EXPECT_EQ(r.body["Error"],
             "pod default/bad: container \"workload\" (containers[0]): nvidia.com/gpumem: \"8Gi\" "
-            "is not a plain integer");
+            "has a binary suffix; it counts MiB: write 8192 for 8Gi");
   // Too big for any allowlisted profile: pending with the reason, not an error.
   r = Filter(s, CreatePod(MigPod("huge", 50000)), {"node-a"});
   EXPECT_EQ(r.body["Error"], "");

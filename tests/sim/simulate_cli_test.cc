@@ -115,7 +115,7 @@ TEST_F(SimulateCliTest, ASnapshotWithoutTimingServesFillModeOnly) {
         << mode;
     EXPECT_THAT(err_.str(), HasSubstr("has no creation_time column: a snapshot of pods without "
                                       "timing"));
-    EXPECT_THAT(err_.str(), HasSubstr("only --mode fill can use it"));
+    EXPECT_THAT(err_.str(), HasSubstr("which only --mode fill can use"));
   }
 }
 

@@ -184,8 +184,8 @@ TEST_F(AdmissionTest, BadRequestsAreRejectedNamingContainerAndResource) {
   const json r = handler_.ReviewJson(Review(pod))["response"];
   EXPECT_EQ(r["allowed"], false);
   EXPECT_THAT(r["status"]["message"].get<std::string>(),
-              HasSubstr("container \"workload\" (containers[0]): nvidia.com/gpumem: \"8Gi\" is "
-                        "not a plain integer"));
+              HasSubstr("container \"workload\" (containers[0]): nvidia.com/gpumem: \"8Gi\" has "
+                        "a binary suffix; it counts MiB: write 8192 for 8Gi"));
   // A MIG pod placed by hand would bypass the reservation.
   pod = GpuPod();
   pod["spec"]["nodeName"] = "node-a";
