@@ -141,8 +141,7 @@ absl::StatusOr<Quantity> ParseQuantity(std::string_view text) {
                                                                                  {"T", 12},
                                                                                  {"P", 15},
                                                                                  {"E", 18}}};
-  static constexpr std::array<std::string_view, 6> kBinary = {"Ki", "Mi", "Gi",
-                                                              "Ti", "Pi", "Ei"};
+  static constexpr std::array<std::string_view, 6> kBinary = {"Ki", "Mi", "Gi", "Ti", "Pi", "Ei"};
   bool known = false;
   for (const auto& [s, e] : kDecimal) {
     if (suffix == s) {

@@ -33,7 +33,8 @@ const ProfileSpec* ResolveProfile(const GpuCapability& cap, const std::vector<st
     if (Allowed(allowed, p.name) && SizingOf(p, match) >= request_mib) covering.push_back(&p);
   }
   std::sort(covering.begin(), covering.end(), [&](const ProfileSpec* a, const ProfileSpec* b) {
-    if (SizingOf(*a, match) != SizingOf(*b, match)) return SizingOf(*a, match) < SizingOf(*b, match);
+    if (SizingOf(*a, match) != SizingOf(*b, match))
+      return SizingOf(*a, match) < SizingOf(*b, match);
     return DefaultProfileLess(*a, *b);
   });
   for (const auto& entry : preference.entries) {
@@ -45,9 +46,9 @@ const ProfileSpec* ResolveProfile(const GpuCapability& cap, const std::vector<st
 }
 
 std::optional<std::string> SizingNote(const GpuCapability& cap,
-                                      const std::vector<std::string>& allowed,
-                                      uint64_t request_mib, const Preference& preference,
-                                      MemoryMatch match, std::string_view resource) {
+                                      const std::vector<std::string>& allowed, uint64_t request_mib,
+                                      const Preference& preference, MemoryMatch match,
+                                      std::string_view resource) {
   if (request_mib == 0) return std::nullopt;
   const ProfileSpec* chosen = ResolveProfile(cap, allowed, request_mib, preference, match);
   if (chosen == nullptr) return std::nullopt;

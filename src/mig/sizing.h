@@ -25,9 +25,9 @@ const ProfileSpec* ResolveProfile(const GpuCapability& cap, const std::vector<st
 // The note for `cap`, one short line naming the model, or nullopt when the resolution is as
 // expected. `resource` names the request in the note (nvidia.com/gpumem).
 std::optional<std::string> SizingNote(const GpuCapability& cap,
-                                      const std::vector<std::string>& allowed,
-                                      uint64_t request_mib, const Preference& preference,
-                                      MemoryMatch match, std::string_view resource);
+                                      const std::vector<std::string>& allowed, uint64_t request_mib,
+                                      const Preference& preference, MemoryMatch match,
+                                      std::string_view resource);
 
 // A model's display name: the NVML name without its "NVIDIA " prefix.
 std::string ModelDisplayName(std::string_view nvml_name);

@@ -230,8 +230,8 @@ protocol::DeviceConfig EffectiveConfig(const DeviceConfigSource& source) {
 std::unique_ptr<scheduler::ClusterState> BuildClusterState(const ClusterSnapshot& snapshot,
                                                            const protocol::DeviceConfig& config,
                                                            const std::string& skip_pod) {
-  auto state = std::make_unique<scheduler::ClusterState>(
-      scheduler::ClusterStateOptions{config.allowlist, config.resources, absl::Minutes(3), config.memory_match});
+  auto state = std::make_unique<scheduler::ClusterState>(scheduler::ClusterStateOptions{
+      config.allowlist, config.resources, absl::Minutes(3), config.memory_match});
   for (const auto& n : snapshot.nodes) state->UpsertNode(n);
   for (const auto& p : snapshot.pods) {
     if (!skip_pod.empty() && PodKey(p) == skip_pod) continue;

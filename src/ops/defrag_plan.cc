@@ -36,8 +36,8 @@ std::vector<Replacement> ReplaceEvicted(const ClusterSnapshot& snapshot,
                                         const std::string& node, const std::string& gpu_uuid,
                                         const std::string& profile, mig::Placement placement,
                                         absl::Time now) {
-  scheduler::ClusterState state(
-      scheduler::ClusterStateOptions{config.allowlist, config.resources, absl::Minutes(3), config.memory_match});
+  scheduler::ClusterState state(scheduler::ClusterStateOptions{
+      config.allowlist, config.resources, absl::Minutes(3), config.memory_match});
   const std::set<std::string> moving(evicted.begin(), evicted.end());
   for (const auto& n : snapshot.nodes) state.UpsertNode(n);
   for (const auto& p : snapshot.pods) {

@@ -5,6 +5,7 @@
 
 #include "fmt/format.h"
 #include "fmt/ranges.h"
+#include "mig/catalogue.h"
 #include "mig/defrag.h"
 #include "mig/node_planner.h"
 #include "ops/defrag_plan.h"
@@ -183,14 +184,20 @@ absl::StatusOr<CommandOutput> RunExplain(kube::KubeClient& client, const Explain
                                       ? containers[a.container_index]->value("name", "")
                                       : std::to_string(a.container_index);
         uint32_t gpu_index = 0;
+        std::string memory;  // the profile's NVML memory next to the request, when known
         if (nr != nullptr) {
           for (const auto& g : nr->gpus) {
-            if (g.uuid == a.gpu_uuid) gpu_index = g.index;
+            if (g.uuid != a.gpu_uuid) continue;
+            gpu_index = g.index;
+            const mig::CatalogueModel* model = mig::FindModelByNvmlName(g.model);
+            const mig::ProfileSpec* spec =
+                model != nullptr ? model->capability.FindProfile(a.profile) : nullptr;
+            if (spec != nullptr) memory = fmt::format(" ({} MiB in NVML)", spec->memory_mib);
           }
         }
         text += fmt::format(
-            "  container \"{}\" device {}: {} at slices {} of GPU {} ({}), {}\n", cname,
-            a.device_index, a.profile, a.placement.ToString(), gpu_index, a.gpu_uuid,
+            "  container \"{}\" device {}: {}{} at slices {} of GPU {} ({}), {}\n", cname,
+            a.device_index, a.profile, memory, a.placement.ToString(), gpu_index, a.gpu_uuid,
             a.runtime ? fmt::format("{} (GI {}, CI {})", a.runtime->mig_uuid,
                                     a.runtime->gpu_instance_id, a.runtime->compute_instance_id)
                       : "not realized yet (no MIG UUID)");

@@ -57,9 +57,9 @@ absl::StatusOr<int64_t> QuantityValue(const json& v, std::string_view where, boo
   } else if (v.is_number_float()) {
     const double d = v.get<double>();
     if (d != static_cast<double>(static_cast<int64_t>(d))) {
-      return absl::InvalidArgumentError(fmt::format(
-          "{}: {} is not a whole number: write a whole number such as {}", where, v.dump(),
-          static_cast<int64_t>(d) + (d > 0 ? 1 : 0)));
+      return absl::InvalidArgumentError(
+          fmt::format("{}: {} is not a whole number: write a whole number such as {}", where,
+                      v.dump(), static_cast<int64_t>(d) + (d > 0 ? 1 : 0)));
     }
     value = static_cast<int64_t>(d);
     shown = v.dump();
@@ -67,15 +67,17 @@ absl::StatusOr<int64_t> QuantityValue(const json& v, std::string_view where, boo
     const std::string s = v.get<std::string>();
     shown = fmt::format("\"{}\"", s);
     auto q = ParseQuantity(s);
-    if (!q.ok()) return absl::InvalidArgumentError(fmt::format("{}: {}", where, std::string(q.status().message())));
+    if (!q.ok())
+      return absl::InvalidArgumentError(
+          fmt::format("{}: {}", where, std::string(q.status().message())));
     if (q->format == QuantityFormat::kBinarySI) {
-      return absl::InvalidArgumentError(fmt::format("{}: {} has a binary suffix; {}", where,
-                                                    shown, BinaryHint(*q, mebibytes)));
+      return absl::InvalidArgumentError(
+          fmt::format("{}: {} has a binary suffix; {}", where, shown, BinaryHint(*q, mebibytes)));
     }
     if (!q->IsInteger()) {
       return absl::InvalidArgumentError(
-          fmt::format("{}: {} is not a whole number: write a whole number such as {}", where,
-                      shown, q->Ceil()));
+          fmt::format("{}: {} is not a whole number: write a whole number such as {}", where, shown,
+                      q->Ceil()));
     }
     value = q->AsInt64();
     if (!value.has_value()) {
@@ -84,7 +86,8 @@ absl::StatusOr<int64_t> QuantityValue(const json& v, std::string_view where, boo
   } else {
     return absl::InvalidArgumentError(fmt::format("{}: {} is not an integer", where, v.dump()));
   }
-  if (*value < 0) return absl::InvalidArgumentError(fmt::format("{}: {} is negative", where, shown));
+  if (*value < 0)
+    return absl::InvalidArgumentError(fmt::format("{}: {} is negative", where, shown));
   if (*value > kMaxValue) {
     return absl::InvalidArgumentError(fmt::format("{}: {} is too large", where, shown));
   }

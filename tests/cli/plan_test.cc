@@ -96,7 +96,9 @@ TEST(PlanCommandTest, DemoWalksThroughThePlans) {
   auto r = RunDynmig({"plan", "--demo"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("step 8"), std::string::npos);
-  EXPECT_NE(r.out.find("4g.20gb (19968 MiB in NVML, covers 20480 MiB) at slices 0-3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("4g.20gb (19968 MiB in NVML, covers 20480 MiB) at slices 0-3"),
+            std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("fragmented"), std::string::npos);
 }
 

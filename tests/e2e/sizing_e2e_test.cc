@@ -76,6 +76,18 @@ TEST_F(SizingE2eTest, TheGuidesPodsGetTheGuidesProfiles) {
   DeletePod("mig-prefer-4g");
   auto plain = RunPod(MigPod("plain-20000", 20000));
   EXPECT_EQ(plain.profile, "3g.20gb") << Where();
+
+  Step("dynmig explain shows the profile's NVML memory next to the request");
+  const std::string cmd = fmt::format("{} explain plain-20000 --kubeconfig {} 2>&1", DYNMIG_BIN,
+                                      cluster_->kubeconfig_path());
+  std::string out3;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while (p != nullptr && (n = fread(buf, 1, sizeof(buf), p)) > 0) out3.append(buf, n);
+  if (p != nullptr) ::pclose(p);
+  EXPECT_THAT(out3, HasSubstr("1 x 20000 MiB")) << Where() << out3;
+  EXPECT_THAT(out3, HasSubstr("3g.20gb (19968 MiB in NVML) at slices")) << Where() << out3;
 }
 
 TEST_F(SizingE2eTest, NvmlMatchingNeverGivesLessAndSaysWhy) {

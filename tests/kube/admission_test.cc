@@ -167,7 +167,8 @@ TEST_F(AdmissionTest, QuantitiesAreCanonicalEverywhereAsInKubeApiserver) {
   const size_t calls = hooks_->Paths().size();
   auto refused = alice_->CreatePod(bad);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
-  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("nvidia.com/gpumem: quantities must match"));
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("nvidia.com/gpumem: quantities must match"));
   EXPECT_EQ(hooks_->Paths().size(), calls);
 }
 

@@ -69,9 +69,10 @@ TEST(SizingTest, BoundariesOfEveryProfileOfEveryModel) {
     const GpuCapability& cap = model.capability;
     for (const auto& p : cap.profiles) {
       for (MemoryMatch match : {MemoryMatch::kNominal, MemoryMatch::kNvml}) {
-        const uint64_t limit = match == MemoryMatch::kNominal ? NominalMemoryMib(p.name)
-                                                               : p.memory_mib;
-        const std::string where = fmt::format("{} {} {}", cap.model, p.name, MemoryMatchName(match));
+        const uint64_t limit =
+            match == MemoryMatch::kNominal ? NominalMemoryMib(p.name) : p.memory_mib;
+        const std::string where =
+            fmt::format("{} {} {}", cap.model, p.name, MemoryMatchName(match));
         GpuCapability sized = cap;
         ApplyMemoryMatch(sized, match);
         const ProfileSpec* spec = sized.FindProfile(p.name);

@@ -65,7 +65,7 @@ TEST_F(ExplainTest, PlacedPodShowsItsInstances) {
   EXPECT_EQ(r["allocations"][0]["migUUID"], "MIG-sa");
   auto text = Run({"explain", "-n", "default", "small-a"});
   EXPECT_NE(text.out.find("Placed on node-a (bind-phase success)"), std::string::npos) << text.out;
-  EXPECT_NE(text.out.find("1g.5gb at slices 1 of GPU 0 (GPU-a0), MIG-sa (GI 9, CI 0)"),
+  EXPECT_NE(text.out.find("1g.5gb (4864 MiB in NVML) at slices 1 of GPU 0 (GPU-a0), MIG-sa (GI 9, CI 0)"),
             std::string::npos)
       << text.out;
   EXPECT_NE(text.out.find("{small-a}"), std::string::npos) << text.out;  // highlighted
@@ -117,8 +117,7 @@ TEST_F(ExplainTest, NotMigAndInvalidRequests) {
   Add(bad);
   const json r = RunJson({"explain", "bad"}, 0);
   EXPECT_EQ(r["status"], "invalid-request");
-  EXPECT_NE(r["error"].get<std::string>().find("\"8Gi\" has a binary suffix"),
-            std::string::npos);
+  EXPECT_NE(r["error"].get<std::string>().find("\"8Gi\" has a binary suffix"), std::string::npos);
   auto missing = Run({"explain", "-n", "other", "nope"});
   EXPECT_EQ(missing.code, 2);
   EXPECT_NE(missing.err.find("pod \"nope\" not found in namespace \"other\""), std::string::npos);

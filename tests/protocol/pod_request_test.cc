@@ -173,9 +173,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadValue{"MilliString",
                  {{"nvidia.com/gpumem", "7999500m"}},
                  "\"7999500m\" is not a whole number: write a whole number such as 8000"},
-        BadValue{"BinarySuffix",
-                 {{"nvidia.com/gpumem", "8Gi"}},
-                 "nvidia.com/gpumem: \"8Gi\" has a binary suffix; it counts MiB: write 8192 for 8Gi"},
+        BadValue{
+            "BinarySuffix",
+            {{"nvidia.com/gpumem", "8Gi"}},
+            "nvidia.com/gpumem: \"8Gi\" has a binary suffix; it counts MiB: write 8192 for 8Gi"},
         BadValue{"BinarySuffixOnACount",
                  {{"nvidia.com/gpu", "1Ki"}},
                  "nvidia.com/gpu: \"1Ki\" has a binary suffix; write a plain number"},
@@ -203,17 +204,16 @@ INSTANTIATE_TEST_SUITE_P(
 
 // kube-apiserver serves every quantity canonically: 8000 as "8k", 20000 as "20k", 19000 as "19k".
 TEST(PodRequestTest, ReadsEveryDecimalQuantityForm) {
-  for (const auto& [text, mib] : std::vector<std::pair<std::string, uint32_t>>{
-           {"8k", 8000},
-           {"20k", 20000},
-           {"19k", 19000},
-           {"8000", 8000},
-           {"8e3", 8000},
-           {"8E3", 8000},
-           {"1.5k", 1500},
-           {"8000000m", 8000},
-           {"+4096", 4096},
-           {"0.04M", 40000}}) {
+  for (const auto& [text, mib] : std::vector<std::pair<std::string, uint32_t>>{{"8k", 8000},
+                                                                               {"20k", 20000},
+                                                                               {"19k", 19000},
+                                                                               {"8000", 8000},
+                                                                               {"8e3", 8000},
+                                                                               {"8E3", 8000},
+                                                                               {"1.5k", 1500},
+                                                                               {"8000000m", 8000},
+                                                                               {"+4096", 4096},
+                                                                               {"0.04M", 40000}}) {
     auto r = ParsePodRequest(PodWithLimits({{"nvidia.com/gpu", "1"}, {"nvidia.com/gpumem", text}}));
     ASSERT_TRUE(r.ok()) << text << ": " << r.status();
     EXPECT_EQ(r->containers[0].memory.mib, mib) << text;
