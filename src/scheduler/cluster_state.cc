@@ -487,8 +487,12 @@ absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
     r.devices[a.container].push_back({gpu.uuid, gpu.model.empty() ? "NVIDIA" : gpu.model,
                                       static_cast<int32_t>(spec.memory_mib),
                                       static_cast<int32_t>(protocol::ProfileCore(cap, spec))});
-    parts.push_back(
-        fmt::format("{} at slices {} of {}", spec.name, a.placement.ToString(), gpu.uuid));
+    // The profile's real memory next to what was asked (nominal sizing may give a little less).
+    const auto& ctr = request.containers[a.container];
+    parts.push_back(fmt::format("{} ({} MiB in NVML for {} MiB asked) at slices {} of {}",
+                                spec.name, spec.memory_mib,
+                                mig::ResolveMemory(ctr.memory.mib, ctr.memory.percent, cap),
+                                a.placement.ToString(), gpu.uuid));
   }
   r.summary = fmt::format("{} on {}", fmt::join(parts, ", "), r.node);
   assumed_[pod_key] = {r, absl::ToUnixSeconds(now)};

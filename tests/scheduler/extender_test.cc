@@ -192,10 +192,12 @@ TEST_F(ReservationWriteTest, AnotherReservationARecreatedOrMissingPodAreRefusedA
                                  {"hami.io/vgpu-mig-allocations", Alloc("GPU-z0", "1g.5gb", 0, 1)}})
           .ok());
   auto r = Filter(q);
-  EXPECT_EQ(r.error,
-            "pod default/q: the reservation (1g.5gb at slices 0 of GPU-a0 on node-a) could not be "
-            "written: the pod was changed concurrently: it now holds another reservation, on node "
-            "node-z");
+  EXPECT_EQ(
+      r.error,
+      "pod default/q: the reservation (1g.5gb (4864 MiB in NVML for 4000 MiB asked) at slices 0 of "
+      "GPU-a0 on node-a) could not be "
+      "written: the pod was changed concurrently: it now holds another reservation, on node "
+      "node-z");
   EXPECT_TRUE(r.node_names.empty());
   EXPECT_FALSE(state_->ReservedNode("default/q").has_value());
 

@@ -45,8 +45,11 @@ TEST_F(SchedulerTest, FilterReservesAProfileThatCoversTheMemoryAndWritesTheAnnot
 
   const auto events = EventMessages("p", "MigReserved");
   ASSERT_EQ(events.size(), 1u);
-  EXPECT_EQ(events[0], fmt::format("reserved 2g.10gb at slices {} of GPU-a0 on node-a",
-                                   allocs[0].placement.ToString()));
+  EXPECT_EQ(
+      events[0],
+      fmt::format("reserved 2g.10gb (9856 MiB in NVML for 8000 MiB asked) at slices {} of GPU-a0 "
+                  "on node-a",
+                  allocs[0].placement.ToString()));
   EXPECT_THAT(s->MetricsText(), HasSubstr("dynmig_scheduler_reservations_total 1"));
 }
 
