@@ -65,8 +65,9 @@ TEST_F(ExplainTest, PlacedPodShowsItsInstances) {
   EXPECT_EQ(r["allocations"][0]["migUUID"], "MIG-sa");
   auto text = Run({"explain", "-n", "default", "small-a"});
   EXPECT_NE(text.out.find("Placed on node-a (bind-phase success)"), std::string::npos) << text.out;
-  EXPECT_NE(text.out.find("1g.5gb (4864 MiB in NVML) at slices 1 of GPU 0 (GPU-a0), MIG-sa (GI 9, CI 0)"),
-            std::string::npos)
+  EXPECT_NE(
+      text.out.find("1g.5gb (4864 MiB in NVML) at slices 1 of GPU 0 (GPU-a0), MIG-sa (GI 9, CI 0)"),
+      std::string::npos)
       << text.out;
   EXPECT_NE(text.out.find("{small-a}"), std::string::npos) << text.out;  // highlighted
 }
