@@ -124,6 +124,26 @@ absl::Status SimNvml::Init() {
     state_ = std::make_unique<sim::State>(std::move(*s));
     return absl::OkStatus();
   }
+  // The state file's directory: made when the state is to be created from the spec (a device plugin
+  // pointed at a fresh directory); without a spec there is nothing to create, so nothing is made.
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(parent, ec)) {
+      if (options_.spec.empty()) {
+        return absl::InvalidArgumentError(
+            fmt::format("simulator state file {} does not exist (its directory {} is missing) and "
+                        "no spec was given to create it",
+                        path, parent.string()));
+      }
+      std::filesystem::create_directories(parent, ec);
+      if (ec) {
+        return absl::InternalError(
+            fmt::format("cannot create the directory {} of simulator state file {}: {}",
+                        parent.string(), path, ec.message()));
+      }
+    }
+  }
   const std::string lock_path = path + ".lock";
   lock_fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (lock_fd_ < 0) return ErrnoError("cannot open simulator lock file", lock_path, errno);

@@ -77,7 +77,8 @@ struct SimNvmlOptions {
   // "A100-SXM4-40GBx2,H100 80GBx1": comma-separated MODEL[xCOUNT], MODEL matched with
   // mig::FindModel, COUNT (default 1) after the last 'x'. May be empty when state_file exists.
   std::string spec;
-  // JSON state file; empty = in memory. Created from `spec` when missing.
+  // JSON state file; empty = in memory. Created from `spec` when missing, with any missing parent
+  // directories.
   std::string state_file;
   // Seeds the GPU UUIDs (use the node name so that nodes differ). Used when creating the state.
   std::string seed = "dynmig-sim";

@@ -299,5 +299,29 @@ TEST(DevicePluginCliTest, BadInputExitsTwoBeforeTouchingAnything) {
   EXPECT_NE(err3.str().find("--reconcile-interval"), std::string::npos) << err3.str();
 }
 
+TEST(DevicePluginCliTest, SimStateInAMissingDirectoryIsCreated) {
+  // A fresh node: the simulator's state goes in a directory nobody made yet. The plugin makes it
+  // (and the state) before it reads its kubeconfig, which is missing here so that the run ends.
+  TempDir dir;
+  const std::string config = dir.path() + "/dc.yaml";
+  {
+    std::ofstream f(config);
+    f << "nvidia:\n  migProfileAllowlist:\n    - models: [\"A100\"]\n      profiles: "
+         "[\"1g.5gb\"]\n";
+  }
+  const std::string sim_state = dir.path() + "/device-plugins/dynmig/sim.json";
+  std::ostringstream out;
+  std::ostringstream err;
+  EXPECT_EQ(cli::RunCli({"device-plugin", "--node", "n", "--device-config", config, "--sim",
+                         "A100-SXM4-40GBx1", "--sim-state", sim_state, "--kubeconfig",
+                         dir.path() + "/no-kubeconfig"},
+                        out, err),
+            cli::kExitBadInput);
+  EXPECT_NE(err.str().find("no-kubeconfig"), std::string::npos) << err.str();
+  ASSERT_TRUE(std::filesystem::is_regular_file(sim_state)) << err.str();
+  std::ifstream in(sim_state);
+  EXPECT_EQ(nlohmann::json::parse(in)["spec"], "A100-SXM4-40GBx1");
+}
+
 }  // namespace
 }  // namespace dynmig::deviceplugin::testing

@@ -214,6 +214,35 @@ TEST(SimPersistenceTest, MismatchedOrMissingOrCorruptStateIsAClearError) {
   EXPECT_NE(std::string(bad.status().message()).find(corrupt.path()), std::string::npos);
 }
 
+TEST(SimPersistenceTest, MissingDirectoriesAreCreatedOnlyWhenTheSpecCreatesTheState) {
+  TempStateFile base;
+  const std::string nested = base.dir() + "/device-plugins/dynmig/sim.json";
+  // Without a spec there is nothing to create: a clear error, and no directory appears.
+  auto none = SimNvml::Create(testing::SimOptions("", nested));
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(none.status().message()).find(nested), std::string::npos) << none.status();
+  EXPECT_FALSE(std::filesystem::exists(base.dir() + "/device-plugins"));
+
+  auto sim = MakeSim("A30x1", nested);
+  ASSERT_NE(sim, nullptr);
+  EXPECT_TRUE(std::filesystem::is_regular_file(nested));
+  ASSERT_OK(sim->CreateGpuInstance(0, Profile("A30", "1g.6gb").nvml_id, {0, 1}).status());
+  // A restart finds the state it made.
+  ASSERT_OK_AND_ASSIGN(auto again, SimNvml::Create(testing::SimOptions("", nested)));
+  ASSERT_OK_AND_ASSIGN(const auto gis, again->ListGpuInstances(0));
+  EXPECT_EQ(gis.size(), 1u);
+
+  // A parent that is a file is an error naming the directory.
+  const std::string blocked = base.dir() + "/state.json/sim.json";
+  std::ofstream(base.dir() + "/state.json") << "x";
+  auto refused = SimNvml::Create(testing::SimOptions("A30x1", blocked));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(std::string(refused.status().message()).find(base.dir() + "/state.json"),
+            std::string::npos)
+      << refused.status();
+}
+
 // Every worker tries to create a 1g GI at every placement, in its own order. With locking,
 // exactly one creation per placement succeeds and the file holds all seven.
 int CreateAllOneSliceGis(const std::string& path, uint32_t worker) {

@@ -74,7 +74,7 @@ def translate(rendered_yaml, api_host, api_port, sched_port, dp_port, sim):
             c = spec["containers"][0]
             c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] != "nvidia-caps"]
             _replace_arg(c["args"], "--metrics-listen", "0.0.0.0:%d" % dp_port)
-            c["args"] += ["--sim", sim, "--sim-state", "/var/lib/kubelet/device-plugins/dynmig-sim-nvml.json"]
+            c["args"] += ["--sim", sim, "--sim-state", "/var/lib/kubelet/device-plugins/dynmig/sim-nvml.json"]
             c["ports"] = [{"name": "metrics", "containerPort": dp_port, "protocol": "TCP"}]
             _host_network(spec, api_host, api_port)
         elif kind == "Job" and name == "dynmig-certgen":
