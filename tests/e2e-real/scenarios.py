@@ -196,10 +196,15 @@ class RealBackend(Backend):
         pass
 
     def visible_devices(self, pod):
-        """What the container's environment says (kubectl exec ... printenv)."""
-        p = self.kube.run("-n", NS, "exec", pod["metadata"]["name"], "--", "printenv", "NVIDIA_VISIBLE_DEVICES",
-                          check=False)
-        return [u for u in p.stdout.strip().split(",") if u]
+        """What the container's environment says (kubectl exec ... env: busybox has no printenv applet)."""
+        p = self.kube.run("-n", NS, "exec", pod["metadata"]["name"], "--", "env", check=False)
+        if p.returncode != 0:
+            raise RuntimeError("kubectl exec %s -- env exited %d: %s" % (pod["metadata"]["name"], p.returncode,
+                                                                           p.stderr.strip()))
+        for line in p.stdout.splitlines():
+            if line.startswith("NVIDIA_VISIBLE_DEVICES="):
+                return [u for u in line.split("=", 1)[1].strip().split(",") if u]
+        return []
 
     def plugin_pod(self):
         pods = self.kube.json("-n", "dynmig-system", "get", "pods", "-l",

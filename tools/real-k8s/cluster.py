@@ -82,6 +82,8 @@ def wait_for(what, predicate, timeout, interval=0.5, logs=()):
             value = predicate()
             if value:
                 return value
+        except Failure:  # the predicate saw something that will not get better (a process exited)
+            raise
         except Exception as e:  # the condition is not there yet
             last_error = e
         time.sleep(interval)
@@ -241,7 +243,8 @@ def make_pki():
 # --- API helpers --------------------------------------------------------------------------------------------------
 
 def kubectl_bin():
-    return os.environ.get("KUBECTL") or shutil.which("kubectl") or os.path.join(BIN, "kubectl")
+    # The kubectl built with the cluster (v1.20), as on a fresh machine; not whatever kubectl is on PATH.
+    return os.environ.get("KUBECTL") or os.path.join(BIN, "kubectl")
 
 
 def kubectl(*args, input=None, check=True, timeout=60):
@@ -395,11 +398,23 @@ def cmd_up(args):
     if any(running(n) for n in ("etcd", "kube-apiserver", "containerd", "kubelet")):
         raise Failure("a real-k8s cluster is already running (tools/real-k8s/cluster.py down first)")
     wipe()
-    busy = [p for p in (API_PORT, ETCD_CLIENT, ETCD_PEER, KCM_PORT, KS_PORT, DKS_PORT, DKS_HEALTH, KUBELET_PORT,
-                        KUBELET_HEALTHZ) if not port_free(p)]
-    busy += [p for p in (SCHED_POD_PORT, DP_METRICS_PORT) if not port_free(p, "0.0.0.0")]
+    def busy_ports():
+        busy = [p for p in (API_PORT, ETCD_CLIENT, ETCD_PEER, KCM_PORT, KS_PORT, DKS_PORT, DKS_HEALTH, KUBELET_PORT,
+                            KUBELET_HEALTHZ) if not port_free(p)]
+        return busy + [p for p in (SCHED_POD_PORT, DP_METRICS_PORT) if not port_free(p, "0.0.0.0")]
+    # Connections of a cluster that was just stopped keep a port for up to tcp_fin_timeout (FIN_WAIT2): wait that out.
+    deadline = time.monotonic() + 75
+    busy = busy_ports()
     if busy:
-        raise Failure("ports in use on this machine: %s (another real-k8s cluster or program?)" % busy)
+        log("waiting for ports %s to be released" % busy)
+    while busy and time.monotonic() < deadline:
+        time.sleep(1)
+        busy = busy_ports()
+    if busy:
+        holders = run(["ss", "-tanp"], check=False).stdout.splitlines()
+        held = [line for line in holders if any(":%d " % p in line for p in busy)]
+        raise Failure("ports in use on this machine: %s (another real-k8s cluster or program?)\n%s" %
+                      (busy, "\n".join(held[:20])))
     t0 = time.monotonic()
     os.makedirs(STATE, exist_ok=True)
     os.makedirs(RUN, exist_ok=True)
@@ -483,8 +498,14 @@ def cmd_up(args):
 def cmd_deploy(args):
     t0 = time.monotonic()
     sys.path.insert(0, HERE)
-    import translate  # noqa: E402  (PyYAML, only needed here)
-    rendered = run([kubectl_bin(), "kustomize", os.path.join(REPO, "deploy", "base")]).stdout
+    import render  # noqa: E402  (PyYAML, only needed here)
+    import translate  # noqa: E402
+    # v1.20's kubectl embeds kustomize v2.0.3, which cannot render deploy/base: render.py does what kustomize v5
+    # does for the fields deploy/ uses (tests/deploy compares the two where a recent kubectl exists).
+    try:
+        rendered = render.render(os.path.join(REPO, "deploy", "base"))
+    except render.RenderError as e:
+        raise Failure("rendering deploy/base: %s" % e)
     objects, ks_config = translate.translate(
         rendered, api_host="127.0.0.1", api_port=API_PORT, sched_port=SCHED_POD_PORT, dp_port=DP_METRICS_PORT,
         sim=SIM_GPUS)
@@ -512,6 +533,18 @@ def cmd_deploy(args):
     ca_path = os.path.join(STATE, "dynmig-ca.crt")
     with open(ca_path, "wb") as f:
         f.write(ca)
+    # kube-scheduler's client certificate for the extender (deploy/ mounts client.crt/client.key of the same Secret
+    # in the sidecar only; the host kube-scheduler reads them from the state directory).
+    client_dir = os.path.join(STATE, "extender-client")
+    os.makedirs(client_dir, mode=0o700, exist_ok=True)
+    client = {}
+    for key, file in (("client.crt", "tls.crt"), ("client.key", "tls.key")):
+        if key not in secret["data"]:
+            raise Failure("Secret dynmig-system/dynmig-tls has no %s (kube-scheduler's client certificate)" % key)
+        client[file] = os.path.join(client_dir, file)
+        fd = os.open(client[file], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(base64.b64decode(secret["data"][key]))
 
     # The second kube-scheduler, with the extender, as the dynmig-scheduler ServiceAccount (deploy/'s sidecar).
     token = wait_for("the dynmig-scheduler ServiceAccount token", lambda: sa_token("dynmig-system", "dynmig-scheduler"),
@@ -521,6 +554,7 @@ def cmd_deploy(args):
     config_path = os.path.join(STATE, "dynmig-kube-scheduler-config.yaml")
     with open(config_path, "w") as f:
         f.write(translate.scheduler_config(ks_config, kubeconfig=sa_kubeconfig, ca_file=ca_path,
+                                           cert_file=client["tls.crt"], key_file=client["tls.key"],
                                            extender_port=SCHED_POD_PORT, health=DKS_HEALTH))
     start("dynmig-kube-scheduler", [
         os.path.join(BIN, "kube-scheduler"), "--config", config_path,

@@ -55,4 +55,4 @@ phase k8s-build "$here/build-k8s.sh"
 phase bring-up "$PY" "$here/cluster.py" up
 phase deploy "$PY" "$here/cluster.py" deploy
 phase suite "$PY" "$repo/tests/e2e-real/scenarios.py" --backend real --kubeconfig "$RK_STATE/admin.kubeconfig" \
-  --node localhost --nvml-url http://127.0.0.1:19400/nvml ${E2E_ONLY:+--only "$E2E_ONLY"}
+  --kubectl "$RK_CACHE/bin/kubectl" --node localhost --nvml-url http://127.0.0.1:19400/nvml ${E2E_ONLY:+--only "$E2E_ONLY"}

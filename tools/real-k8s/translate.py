@@ -11,8 +11,8 @@ everything else is applied as deploy/ has it.
   one node, no kube-proxy       pods of dynmig-system on the host network, KUBERNETES_SERVICE_HOST/PORT pointing at
                                 the apiserver; the scheduler on port 18443, the device plugin's metrics on 19400;
                                 one scheduler replica (two would want the same host port)
-  no kube-scheduler image       the kube-scheduler sidecar runs as a host process with the same configuration and
-                                the same ServiceAccount (cluster.py deploy)
+  no kube-scheduler image       the kube-scheduler sidecar runs as a host process with the same configuration, the
+                                same ServiceAccount and the same client certificate (cluster.py deploy)
   no GPU                        the device plugin runs `--sim` with its simulator state on the host
                                 (/var/lib/kubelet/device-plugins/dynmig/), no /proc/driver/nvidia-caps volume
 """
@@ -39,9 +39,10 @@ def _host_network(spec, api_host, api_port):
         _env_set(c, "KUBERNETES_SERVICE_PORT", str(api_port))
 
 
-def translate(rendered_yaml, api_host, api_port, sched_port, dp_port, sim):
-    """Returns (objects to apply, the KubeSchedulerConfiguration text of deploy/scheduler)."""
-    objects = [o for o in yaml.safe_load_all(rendered_yaml) if o]
+def translate(rendered, api_host, api_port, sched_port, dp_port, sim):
+    """rendered: deploy/base's objects (render.py), or their YAML stream. Returns (objects to apply, the
+    KubeSchedulerConfiguration text of deploy/scheduler)."""
+    objects = rendered if isinstance(rendered, list) else [o for o in yaml.safe_load_all(rendered) if o]
     out = []
     ks_config = None
     seen = set()
@@ -89,9 +90,10 @@ def translate(rendered_yaml, api_host, api_port, sched_port, dp_port, sim):
     return out, ks_config
 
 
-def scheduler_config(v1_text, kubeconfig, ca_file, extender_port, health):
+def scheduler_config(v1_text, kubeconfig, ca_file, cert_file, key_file, extender_port, health):
     """deploy/scheduler/kube-scheduler-config.yaml (v1) as v1.20's kubescheduler.config.k8s.io/v1beta1, for a
-    kube-scheduler on the host: the extender is reached at 127.0.0.1 with the Service's name as TLS server name."""
+    kube-scheduler on the host: the extender is reached at 127.0.0.1 with the Service's name as TLS server name, the
+    CA and the client certificate (the sidecar's mounts of Secret dynmig-tls) are files on the host."""
     cfg = yaml.safe_load(v1_text)
     if cfg.get("apiVersion") != "kubescheduler.config.k8s.io/v1":
         raise ValueError("unexpected kube-scheduler configuration version %r" % cfg.get("apiVersion"))
@@ -107,5 +109,9 @@ def scheduler_config(v1_text, kubeconfig, ca_file, extender_port, health):
         tls = ext.setdefault("tlsConfig", {})
         tls.setdefault("serverName", host)
         tls["caFile"] = ca_file
+        if "certFile" not in tls or "keyFile" not in tls:
+            raise ValueError("the extender's tlsConfig has no client certificate (certFile/keyFile): the "
+                             "translation needs updating")
+        tls["certFile"], tls["keyFile"] = cert_file, key_file
     return "# deploy/scheduler/kube-scheduler-config.yaml translated by tools/real-k8s/translate.py\n" + yaml.safe_dump(
         cfg, sort_keys=False)
