@@ -45,6 +45,9 @@ std::optional<std::string> PodAnnotation(const json& pod, std::string_view key) 
   return v->is_string() ? v->get<std::string>() : v->dump();
 }
 
+// reason is never "Invalid": kubectl before v1.2x prints only "The request is invalid" for an
+// Invalid status without details, hiding the message; BadRequest and Forbidden show it on every
+// kubectl.
 void Deny(json& response, int code, std::string_view reason, std::string message) {
   response["allowed"] = false;
   response["status"] = {{"code", code},
@@ -317,7 +320,7 @@ void AdmissionHandler::ReviewPod(const json& request, bool mutate, json& respons
     if (absl::Status st =
             ValidatePreference(*preference, options_.allowlist, &*object, options_.resources);
         !st.ok()) {
-      Deny(response, 400, "Invalid", fmt::format("{}: {}", pod, std::string(st.message())));
+      Deny(response, 400, "BadRequest", fmt::format("{}: {}", pod, std::string(st.message())));
       return;
     }
   }
@@ -327,14 +330,14 @@ void AdmissionHandler::ReviewPod(const json& request, bool mutate, json& respons
   std::vector<std::string> warnings;
   auto parsed = protocol::ParsePodRequest(*object, options_.resources, &warnings);
   if (!parsed.ok()) {
-    Deny(response, 400, "Invalid",
+    Deny(response, 400, "BadRequest",
          fmt::format("{}: {}", pod, std::string(parsed.status().message())));
     return;
   }
   const json* spec = Member(*object, "spec");
   const std::string node_name = spec != nullptr ? StringMember(*spec, "nodeName") : "";
   if (!node_name.empty() && protocol::IsMigPod(*object, options_.resources)) {
-    Deny(response, 400, "Invalid",
+    Deny(response, 400, "BadRequest",
          fmt::format("{}: spec.nodeName is set ({}): MIG pods must be placed by {}, which "
                      "reserves their slices",
                      pod, node_name, options_.scheduler_name));

@@ -116,6 +116,9 @@ TEST_F(AdmissionTest, ATypoInThePreferenceIsRejectedWithTheValidChoices) {
   const json r = handler_.ReviewJson(Review(pod))["response"];
   EXPECT_EQ(r["allowed"], false);
   EXPECT_EQ(r["status"]["code"], 400);
+  // Not "Invalid": kubectl v1.20 (on the real-cluster suite) prints only "The request is invalid"
+  // for an Invalid status without details; with BadRequest every kubectl prints the message.
+  EXPECT_EQ(r["status"]["reason"], "BadRequest");
   const std::string message = r["status"]["message"];
   EXPECT_THAT(message, HasSubstr("pod jobs/p"));
   EXPECT_THAT(message, HasSubstr("nvidia.com/mig-profile-preference: \"3g.20gbb\" matches no "
