@@ -366,11 +366,14 @@ class Suite:
             raise StepFailed("pod %s: %s not in the device plugin's NVML view (%s)" % (name, missing, sorted(live)))
 
     def no_warnings(self, *names):
+        found = []
         for n in names:
             warnings = [e for e in self.k.events(n) if e.get("type") == "Warning"]
             if warnings:
-                raise StepFailed("pod %s has Warning events: %s" % (n, "; ".join(
-                    "%s: %s" % (e.get("reason"), e.get("message")) for e in warnings)))
+                found.append("pod %s has Warning events: %s" % (n, "; ".join(
+                    "%s (x%d): %s" % (e.get("reason"), e.get("count") or 1, e.get("message")) for e in warnings)))
+        if found:
+            raise StepFailed("\n  ".join(found))
 
     def reclaimed(self, uuids, timeout=POD_TIMEOUT):
         wait_for("instances %s reclaimed" % sorted(uuids), lambda: not (set(uuids) & self.instances()), timeout)

@@ -515,8 +515,6 @@ def cmd_deploy(args):
     # v1.20 does not label namespaces with their name; the webhooks' namespaceSelector relies on it.
     kubectl("label", "namespace", "kube-system", "kubernetes.io/metadata.name=kube-system", "--overwrite")
     kubectl("label", "node", NODE, "dynmig.io/mig=enabled", "--overwrite")
-    if os.environ.get("RK_FAKE_DEVICE_NODES") == "1":
-        make_fake_device_nodes()
     kubectl("apply", "-f", manifest, timeout=120)
     log("applied deploy/base (translated for v1.20: %s)" % manifest)
 
@@ -597,48 +595,6 @@ def sa_token(namespace, name):
     return base64.b64decode(token).decode() if token else None
 
 
-# --- temporary workaround -----------------------------------------------------------------------------------------
-
-FAKE_LIST = os.path.join(STATE, "fake-device-nodes.txt")
-
-
-def make_fake_device_nodes():
-    """RK_FAKE_DEVICE_NODES=1 only: a `--sim` device plugin answers Allocate with /dev/nvidia* device specs that
-    containerd lstat()s, so until dynmig stops doing that the harness can create stand-ins: character devices with
-    /dev/null's numbers (harmless when opened), only where nothing exists, all recorded and removed by `down`."""
-    created = []
-    if not os.path.exists("/dev/nvidia-caps"):
-        os.makedirs("/dev/nvidia-caps")
-        created.append("/dev/nvidia-caps")
-    paths = ["/dev/nvidia%d" % i for i in range(8)] + ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
-    paths += ["/dev/nvidia-caps/nvidia-cap%d" % i for i in range(1, 1200)]
-    null = os.stat("/dev/null").st_rdev
-    for p in paths:
-        if not os.path.lexists(p):
-            os.mknod(p, 0o666 | 0o020000, null)
-            created.append(p)
-    with open(FAKE_LIST, "w") as f:
-        f.write("\n".join(created) + "\n")
-    log("RK_FAKE_DEVICE_NODES: %d stand-in device nodes created (removed by down)" % len(created))
-
-
-def remove_fake_device_nodes():
-    if not os.path.exists(FAKE_LIST):
-        return
-    with open(FAKE_LIST) as f:
-        created = [line.strip() for line in f if line.strip()]
-    for p in reversed(created):
-        try:
-            if os.path.isdir(p) and not os.path.islink(p):
-                os.rmdir(p)
-            else:
-                os.unlink(p)
-        except OSError:
-            pass
-    os.unlink(FAKE_LIST)
-    log("removed %d stand-in device nodes" % len(created))
-
-
 # --- down ---------------------------------------------------------------------------------------------------------
 
 ORDER = ["dynmig-kube-scheduler", "kubelet", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"]
@@ -664,7 +620,6 @@ def cmd_down(args):
     kill_shims()
     for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
         stop(name)
-    remove_fake_device_nodes()
     if not args.keep_state:
         wipe()
     log("down")
