@@ -578,14 +578,7 @@ TEST_F(E2eTest, RealKubectlAppliesTheExamples) {
   ASSERT_NE(src, nullptr);
   const std::string k = cluster_->kubeconfig_path();
   auto run = [&](const std::string& args) {
-    const std::string cmd = fmt::format("kubectl --kubeconfig {} {} 2>&1", k, args);
-    std::string out;
-    FILE* p = ::popen(cmd.c_str(), "r");
-    char buf[4096];
-    size_t n;
-    while (p != nullptr && (n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-    const int rc = p != nullptr ? ::pclose(p) : -1;
-    return std::make_pair(rc, out);
+    return RunCommand(fmt::format("kubectl --kubeconfig {} {}", k, args));
   };
   Step("kubectl apply -f examples/mig-canary.yaml");
   auto [rc, out] = run(fmt::format("apply -f {}/examples/mig-canary.yaml", src));
