@@ -4,7 +4,9 @@
 // filled directly through its store, so the figures for memory are the scheduler's own: informer
 // caches, cluster state and HTTP server. The scheduler lists and watches it over HTTP like in a
 // cluster; filters are sent one at a time (latency) and from 4 threads (throughput), each with
-// every node as a candidate (NodeNames) and a fresh pending pod asking 1g, 2g or 3g.
+// every node as a candidate (NodeNames) and a fresh pending pod asking 1g, 2g or 3g. For scale, the
+// same run times the planner alone in process (mig::PlanPod over the scheduler's own node views of
+// this cluster, the question one filter answers) and prints the filter's rate as a share of it.
 // Prints figures; asserts nothing.
 //
 //   bench_scheduler [--nodes 1000,5000] [--filters 1000]
@@ -31,6 +33,7 @@
 #include "kube/object.h"
 #include "kube/rest_kube_client.h"
 #include "mig/catalogue.h"
+#include "mig/node_planner.h"
 #include "protocol/device_config.h"
 #include "protocol/mig_allocations.h"
 #include "protocol/node_register.h"
@@ -256,6 +259,26 @@ void Run(int nodes, int filters) {
   const double sync_s = Since(t_sync);
   const auto [hwm_idle, rss_idle] = Memory();
 
+  // The planner alone, in process, on this cluster: one pod (1g, 2g, 3g in turn) over every node.
+  double planner_per_second = 0;
+  {
+    std::vector<mig::NodeView> views;
+    for (int i = 0; i < nodes; ++i) {
+      auto v = s.state().View(NodeName(i), absl::Now());
+      if (v.has_value()) views.push_back(std::move(*v));
+    }
+    std::vector<mig::PodRequest> requests(3);
+    const uint64_t mib[] = {4000, 9000, 19000};
+    for (int k = 0; k < 3; ++k) requests[k].containers.push_back({"main", false, 1, {mib[k], 0}});
+    const int reps = 300;
+    int fits = 0;
+    const auto t = SteadyClock::now();
+    for (int r = 0; r < reps; ++r)
+      fits += mig::PlanPod(std::span(views), requests[r % 3]).chosen >= 0;
+    planner_per_second = reps / Since(t);
+    if (fits != reps) std::printf("(the planner found no node for %d pods)\n", reps - fits);
+  }
+
   auto pending_pods = (*client)->ListPods({.ns = "bench", .limit = 500});
   if (!pending_pods.ok()) return;
   std::vector<std::string> names;
@@ -337,6 +360,10 @@ void Run(int nodes, int filters) {
       "(%d reserved, %d pending, %d errors)\n",
       filters, seq.p50_ms, seq.p99_ms, seq.max_ms, seq.per_second, seq.reserved, seq.pending,
       seq.errors);
+  std::printf(
+      "  planner alone in process (mig::PlanPod over the same %d node views): %.0f decisions/s; "
+      "sequential /filter reaches %.0f%% of it\n",
+      nodes, planner_per_second, 100.0 * seq.per_second / planner_per_second);
   std::printf(
       "  %d threads: %d filters, p50 %.2f ms, p99 %.2f ms, %.0f decisions/s (%d reserved, "
       "%d pending, %d errors)\n",

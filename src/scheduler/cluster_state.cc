@@ -6,6 +6,7 @@
 #include "fmt/format.h"
 #include "protocol/annotations.h"
 #include "protocol/node_register.h"
+#include "scheduler/node_lock.h"
 
 namespace dynmig::scheduler {
 namespace {
@@ -58,6 +59,18 @@ std::string CapabilityKey(const mig::GpuCapability& cap, const std::vector<std::
 
 }  // namespace
 
+bool NeverFits(mig::Verdict verdict) {
+  switch (verdict) {
+    case mig::Verdict::kNoProfileBigEnough:
+    case mig::Verdict::kNotAllowlisted:
+    case mig::Verdict::kFiltered:
+    case mig::Verdict::kNoMigGpu:
+      return true;
+    default:
+      return false;
+  }
+}
+
 std::optional<absl::Time> ParseHandshakeReported(const std::string& value) {
   constexpr std::string_view kPrefix = "Reported_";
   if (!value.starts_with(kPrefix)) return std::nullopt;
@@ -104,17 +117,19 @@ ClusterState::NodeEntry& ClusterState::NodeFor(const std::string& name) {
   return it->second;
 }
 
-const std::vector<ClusterState::NodeEntry*>& ClusterState::Resolve(
-    const std::vector<std::string>& candidates) {
+std::shared_ptr<const std::vector<ClusterState::NodeEntry*>> ClusterState::Resolve(
+    const std::vector<std::string>& candidates) const {
+  std::lock_guard<std::mutex> memo(resolve_mu_);
   if (resolved_generation_ == nodes_generation_ && candidates == resolved_names_) {
     return resolved_entries_;
   }
-  resolved_entries_.clear();
-  resolved_entries_.reserve(candidates.size());
-  for (const auto& name : candidates) resolved_entries_.push_back(FindNode(name));
+  auto entries = std::make_shared<std::vector<NodeEntry*>>();
+  entries->reserve(candidates.size());
+  for (const auto& name : candidates) entries->push_back(FindNode(name));
   resolved_names_ = candidates;
   resolved_generation_ = nodes_generation_;
-  return resolved_entries_;
+  resolved_entries_ = entries;
+  return entries;
 }
 
 ClusterState::NodeEntry* ClusterState::FindNode(const std::string& name) const {
@@ -123,15 +138,19 @@ ClusterState::NodeEntry* ClusterState::FindNode(const std::string& name) const {
 }
 
 void ClusterState::MarkDirty(const std::string& node) {
-  if (NodeEntry* entry = FindNode(node)) entry->dirty = true;
+  if (NodeEntry* entry = FindNode(node)) Touch(*entry);
 }
 
 void ClusterState::UpsertNode(const json& node) {
   const std::string name = Str(node, {"metadata", "name"});
   if (name.empty()) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock lock(mu_);
   NodeEntry& entry = NodeFor(name);
-  entry.dirty = true;
+  Touch(entry);
+  entry.locked_at.reset();
+  if (const std::string held = Annotation(node, protocol::kNodeLockAnnotation); !held.empty()) {
+    if (auto lock_value = ParseNodeLock(held); lock_value.ok()) entry.locked_at = lock_value->time;
+  }
   entry.gpus.clear();
   entry.register_error.clear();
   entry.handshake = Annotation(node, protocol::kNodeHandshakeAnnotation);
@@ -170,7 +189,7 @@ void ClusterState::UpsertNode(const json& node) {
 }
 
 void ClusterState::RemoveNode(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock lock(mu_);
   index_.erase(name);
   if (nodes_.erase(name) > 0) ++nodes_generation_;
 }
@@ -180,7 +199,7 @@ void ClusterState::Unlink(const std::string& pod_key) {
   if (it == pods_.end()) return;
   if (NodeEntry* node = FindNode(it->second.node)) {
     node->pods.erase(pod_key);
-    node->dirty = true;
+    Touch(*node);
   }
   pods_.erase(it);
 }
@@ -189,7 +208,7 @@ void ClusterState::UpsertPod(const json& pod) {
   const std::string ns = Str(pod, {"metadata", "namespace"});
   const std::string name = Str(pod, {"metadata", "name"});
   const std::string key = ns + "/" + name;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock lock(mu_);
   Unlink(key);
   if (Terminated(pod)) {
     // A terminated pod releases its reservation; so does its assumption.
@@ -226,13 +245,13 @@ void ClusterState::UpsertPod(const json& pod) {
   // A node that is not registered (yet) gets an entry: the pod counts when the node appears.
   NodeEntry& node = NodeFor(entry.node);
   node.pods.insert(key);
-  node.dirty = true;
+  Touch(node);
   pods_.emplace(key, std::move(entry));
 }
 
 void ClusterState::RemovePod(const std::string& ns, const std::string& name) {
   const std::string key = ns + "/" + name;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock lock(mu_);
   Unlink(key);
   released_.erase(key);
   if (auto a = assumed_.find(key); a != assumed_.end()) {
@@ -386,91 +405,130 @@ void ClusterState::Rebuild(NodeEntry& node) const {
     }
     view.gpus.push_back(std::move(gv));
   }
+  node.summary = mig::Summarize(view);
   node.dirty = false;
 }
 
-const mig::NodeView& ClusterState::ViewOf(NodeEntry& node, absl::Time now) const {
-  if (node.dirty) Rebuild(node);
-  // Health from the last report changes with time alone: decided on every read. Written only
-  // when it changed (a filter reads thousands of nodes; most are healthy and stay so).
-  auto set = [&node](bool healthy, std::string_view reason) {
-    if (node.view.healthy != healthy || node.report.healthy != healthy) {
-      node.view.healthy = node.report.healthy = healthy;
-    }
-    if (node.view.unhealthy_reason != reason) node.view.unhealthy_reason = reason;
-    if (node.report.unhealthy_reason != reason) node.report.unhealthy_reason = reason;
-  };
-  if (!node.register_error.empty()) {
-    // Rebuild gave the view its reason.
-    const std::string reason = node.view.unhealthy_reason;
-    set(false, reason);
-  } else if (node.handshake.empty()) {
-    set(true, "");
-  } else if (node.handshake == "Deleted" || node.handshake.starts_with("Deleted_")) {
-    set(false, "the device plugin deregistered (hami.io/node-handshake Deleted)");
-  } else if (const auto& t = node.reported_at;
-             t.has_value() && now - *t > options_.report_timeout) {
-    set(false, fmt::format("the device plugin stopped reporting: last report {} ago",
-                           absl::FormatDuration(absl::Trunc(now - *t, absl::Seconds(1)))));
-  } else {
-    set(true, "");
+namespace {
+
+// The node-level health from the device plugin's reports alone (the register error is handled
+// by Rebuild): nullopt when healthy, else the reason.
+std::optional<std::string> ReportHealth(const std::string& handshake,
+                                        const std::optional<absl::Time>& reported_at,
+                                        absl::Duration timeout, absl::Time now, bool explain) {
+  if (handshake.empty()) return std::nullopt;
+  if (handshake == "Deleted" || handshake.starts_with("Deleted_")) {
+    return std::string("the device plugin deregistered (hami.io/node-handshake Deleted)");
   }
+  if (reported_at.has_value() && now - *reported_at > timeout) {
+    // Stated as a time, not an age: the text stays the same while the node stays stale.
+    if (!explain) return std::string();
+    return fmt::format("the device plugin stopped reporting: last report at {} (more than {} ago)",
+                       absl::FormatTime(absl::RFC3339_sec, *reported_at, absl::UTCTimeZone()),
+                       absl::FormatDuration(timeout));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+bool ClusterState::Stale(const NodeEntry& node, absl::Time now) const {
+  if (node.dirty) return true;
+  const bool healthy =
+      node.register_error.empty() &&
+      !ReportHealth(node.handshake, node.reported_at, options_.report_timeout, now, false);
+  if (healthy != node.view.healthy) return true;
+  const bool busy = node.locked_at.has_value() && now - *node.locked_at < kDefaultNodeLockExpiry;
+  return busy != node.view.bind_in_flight;
+}
+
+const mig::NodeView& ClusterState::ViewOf(NodeEntry& node, absl::Time now) const {
+  if (!node.dirty && !Stale(node, now)) return node.view;
+  if (node.dirty) Rebuild(node);
+  // Health from the last report and the bind lock change with time alone: decided here, and
+  // every reader checks them (Stale) before it trusts the cached view.
+  std::string reason;
+  bool healthy = true;
+  if (!node.register_error.empty()) {
+    healthy = false;
+    reason = "unreadable hami.io/node-nvidia-register: " + node.register_error;
+  } else if (auto why = ReportHealth(node.handshake, node.reported_at, options_.report_timeout, now,
+                                     true)) {
+    healthy = false;
+    reason = std::move(*why);
+  }
+  node.view.healthy = node.report.healthy = healthy;
+  node.view.unhealthy_reason = reason;
+  node.report.unhealthy_reason = std::move(reason);
+  node.view.bind_in_flight =
+      node.locked_at.has_value() && now - *node.locked_at < kDefaultNodeLockExpiry;
+  ++node.version;
   return node.view;
 }
 
-absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
-    const std::string& pod_key, const mig::PodRequest& request,
-    const std::vector<std::string>& candidates, absl::Time now) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (assumed_.count(pod_key)) {
-    return absl::InvalidArgumentError(
-        fmt::format("pod {} already holds a reservation made by this scheduler", pod_key));
-  }
+ClusterState::Planned ClusterState::PlanLocked(const std::vector<NodeEntry*>& entries,
+                                               const std::vector<std::string>& candidates,
+                                               const mig::PodRequest& request,
+                                               absl::Time now) const {
+  (void)now;
+  Planned out;
+  FilterDecision& decision = out.decision;
   std::vector<const mig::NodeView*> views;
-  std::vector<const std::string*> names;
-  views.reserve(candidates.empty() ? nodes_.size() : candidates.size());
-  names.reserve(views.capacity());
-  FilterDecision decision;
-  auto consider = [&](NodeEntry& n) {
-    views.push_back(&ViewOf(n, now));
-    names.push_back(&n.name);
-  };
-  if (candidates.empty()) {
-    for (auto& [name, n] : nodes_) consider(n);
-  } else {
-    const std::vector<NodeEntry*>& entries = Resolve(candidates);
-    for (size_t i = 0; i < candidates.size(); ++i) {
-      if (entries[i] == nullptr) {
-        decision.failed[candidates[i]] = "no-mig-gpu: the node registers no GPU with dynmig";
-        continue;
-      }
-      consider(*entries[i]);
-    }
-  }
-  const mig::PodPlan plan = mig::PlanPod(std::span<const mig::NodeView* const>(views), request);
-  decision.verdict = mig::Verdict::kNodeUnhealthy;
-  for (size_t i = 0; i < views.size(); ++i) {
-    if (static_cast<int>(i) == plan.chosen) continue;
-    if (plan.nodes[i].fits()) {
-      decision.failed.emplace_hint(decision.failed.end(), *names[i],
-                                   "another node was chosen for this pod");
+  std::vector<NodeEntry*> planned;  // parallel to views
+  std::vector<NodeEntry*> skipped;  // ruled out by their summary, no per-GPU search
+  views.reserve(entries.size());
+  planned.reserve(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    NodeEntry* n = entries[i];
+    if (n == nullptr) {
+      decision.failed[candidates[i]] = "no-mig-gpu: the node registers no GPU with dynmig";
       continue;
     }
-    // Reasons only for the nodes that do not fit (PlanPod computes verdicts alone).
-    const mig::NodePlan explained = mig::PlanPodOnNode(*views[i], request);
-    decision.failed[*names[i]] = explained.Reason(*views[i]);
-    if (static_cast<int>(explained.verdict) < static_cast<int>(decision.verdict)) {
-      decision.verdict = explained.verdict;
+    if (!mig::MayFit(n->summary, request)) {
+      skipped.push_back(n);
+      continue;
     }
+    views.push_back(&n->view);
+    planned.push_back(n);
   }
-  if (plan.chosen < 0) {
-    if (views.empty()) decision.verdict = mig::Verdict::kNoMigGpu;
-    return decision;
+  const mig::PodPlan plan = mig::PlanPod(std::span<const mig::NodeView* const>(views), request);
+  // The reason of a node that does not fit (PlanPod computes verdicts alone).
+  auto explain = [&](const NodeEntry& n) {
+    const mig::NodePlan explained = mig::PlanPodOnNode(n.view, request);
+    return std::pair{explained.verdict, explained.Reason(n.view)};
+  };
+  if (plan.chosen >= 0) {
+    // A node was chosen: only the nodes that can never run the pod get an entry.
+    for (size_t i = 0; i < views.size(); ++i) {
+      if (static_cast<int>(i) == plan.chosen || plan.nodes[i].fits()) continue;
+      if (!NeverFits(plan.nodes[i].verdict)) continue;
+      decision.failed[planned[i]->name] = explain(*planned[i]).second;
+    }
+    for (NodeEntry* n : skipped) {
+      if (mig::MayEverFit(n->summary, request)) continue;
+      auto [verdict, reason] = explain(*n);
+      if (NeverFits(verdict)) decision.failed[n->name] = std::move(reason);
+    }
+  } else {
+    // Nothing fits: every candidate gets its reason (they make the pod's Pending message).
+    decision.verdict = mig::Verdict::kNodeUnhealthy;
+    auto add = [&](const NodeEntry& n) {
+      auto [verdict, reason] = explain(n);
+      decision.failed[n.name] = std::move(reason);
+      if (static_cast<int>(verdict) < static_cast<int>(decision.verdict)) {
+        decision.verdict = verdict;
+      }
+    };
+    for (NodeEntry* n : planned) add(*n);
+    for (NodeEntry* n : skipped) add(*n);
+    if (views.empty() && skipped.empty()) decision.verdict = mig::Verdict::kNoMigGpu;
+    return out;
   }
   decision.verdict = mig::Verdict::kFits;
-  const mig::NodeView& node = *views[plan.chosen];
+  NodeEntry& chosen = *planned[plan.chosen];
+  const mig::NodeView& node = chosen.view;
   Reservation r;
-  r.node = *names[plan.chosen];
+  r.node = chosen.name;
   r.devices.resize(request.containers.size());
   std::vector<std::string> parts;
   for (const auto& a : plan.nodes[plan.chosen].assignments) {
@@ -495,14 +553,141 @@ absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
                                 a.placement.ToString(), gpu.uuid));
   }
   r.summary = fmt::format("{} on {}", fmt::join(parts, ", "), r.node);
-  assumed_[pod_key] = {r, absl::ToUnixSeconds(now)};
-  NodeFor(r.node).dirty = true;
   decision.reservation = std::move(r);
-  return decision;
+  out.chosen = &chosen;
+  out.version = chosen.version;
+  return out;
+}
+
+absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
+    const std::string& pod_key, const mig::PodRequest& request,
+    const std::vector<std::string>& candidates, absl::Time now, const std::string& pod_uid) {
+  auto already = [&] {
+    return absl::InvalidArgumentError(
+        fmt::format("pod {} already holds a reservation made by this scheduler", pod_key));
+  };
+  // The candidates' entries; REQUIRES mu_ held.
+  auto entries_of = [&]() -> std::shared_ptr<const std::vector<NodeEntry*>> {
+    if (!candidates.empty()) return Resolve(candidates);
+    auto all = std::make_shared<std::vector<NodeEntry*>>();
+    all->reserve(nodes_.size());
+    for (auto& [name, n] : nodes_) all->push_back(&n);
+    return all;
+  };
+  const std::vector<std::string>* names = &candidates;
+  std::vector<std::string> all_names;
+  auto commit = [&](Planned& p) {
+    assumed_[pod_key] = {*p.decision.reservation, absl::ToUnixSeconds(now), pod_uid, false};
+    Touch(*p.chosen);
+    ViewOf(*p.chosen, now);  // rebuilt now, so the next filter finds every node up to date
+    return std::move(p.decision);
+  };
+  // Optimistic: plan under the shared lock (filters plan in parallel), then record the choice
+  // under the exclusive lock if the chosen node is unchanged. After a few lost races the whole
+  // decision runs under the exclusive lock, so a filter always finishes.
+  constexpr int kOptimisticAttempts = 8;
+  for (int attempt = 0;; ++attempt) {
+    if (attempt >= kOptimisticAttempts) {
+      std::unique_lock lock(mu_);
+      if (assumed_.count(pod_key)) return already();
+      auto entries = entries_of();
+      if (candidates.empty()) {
+        all_names.clear();
+        for (NodeEntry* n : *entries) all_names.push_back(n->name);
+        names = &all_names;
+      }
+      for (NodeEntry* n : *entries) {
+        if (n != nullptr) ViewOf(*n, now);
+      }
+      Planned p = PlanLocked(*entries, *names, request, now);
+      if (!p.decision.reservation.has_value()) return std::move(p.decision);
+      return commit(p);
+    }
+    Planned p;
+    uint64_t generation = 0;
+    bool stale = false;
+    {
+      std::shared_lock lock(mu_);
+      if (assumed_.count(pod_key)) return already();
+      auto entries = entries_of();
+      for (NodeEntry* n : *entries) {
+        if (n != nullptr && Stale(*n, now)) {
+          stale = true;
+          break;
+        }
+      }
+      if (!stale) {
+        if (candidates.empty()) {
+          all_names.clear();
+          for (NodeEntry* n : *entries) all_names.push_back(n->name);
+          names = &all_names;
+        }
+        p = PlanLocked(*entries, *names, request, now);
+        if (!p.decision.reservation.has_value()) return std::move(p.decision);
+        generation = nodes_generation_;
+      }
+    }
+    std::unique_lock lock(mu_);
+    if (stale) {
+      // Bring the changed nodes up to date (usually the one or two that the last reservations
+      // touched), then plan again under the shared lock.
+      for (NodeEntry* n : *entries_of()) {
+        if (n != nullptr) ViewOf(*n, now);
+      }
+      continue;
+    }
+    if (assumed_.count(pod_key)) return already();
+    if (nodes_generation_ == generation && p.chosen->version == p.version &&
+        !Stale(*p.chosen, now)) {
+      return commit(p);
+    }
+    // The chosen node changed since we planned: plan again.
+  }
+}
+
+std::optional<ClusterState::AssumedInfo> ClusterState::Assumed(const std::string& pod_key) const {
+  std::shared_lock lock(mu_);
+  auto it = assumed_.find(pod_key);
+  if (it == assumed_.end()) return std::nullopt;
+  return AssumedInfo{.reservation = it->second.reservation,
+                     .binding = it->second.binding,
+                     .uid = it->second.uid,
+                     .made = absl::FromUnixSeconds(it->second.reserved_at)};
+}
+
+absl::StatusOr<Reservation> ClusterState::ClaimForBind(const std::string& pod_key,
+                                                       const std::string& pod_uid,
+                                                       const std::string& node, absl::Time now) {
+  std::unique_lock lock(mu_);
+  auto it = assumed_.find(pod_key);
+  if (it == assumed_.end()) {
+    return absl::NotFoundError(
+        fmt::format("this scheduler holds no MIG reservation for pod {}", pod_key));
+  }
+  AssumedEntry& a = it->second;
+  if (!pod_uid.empty() && !a.uid.empty() && a.uid != pod_uid) {
+    // Made for an earlier pod of that name.
+    MarkDirty(a.reservation.node);
+    assumed_.erase(it);
+    return absl::NotFoundError(fmt::format(
+        "the MIG reservation held for pod {} belonged to uid {}, not {}", pod_key, a.uid, pod_uid));
+  }
+  if (a.reservation.node != node) {
+    return absl::FailedPreconditionError(
+        fmt::format("the pod's MIG reservation is on node {}, not {}", a.reservation.node, node));
+  }
+  a.binding = true;
+  a.reserved_at = absl::ToUnixSeconds(now);
+  return a.reservation;
+}
+
+void ClusterState::EndBind(const std::string& pod_key) {
+  std::unique_lock lock(mu_);
+  if (auto it = assumed_.find(pod_key); it != assumed_.end()) it->second.binding = false;
 }
 
 void ClusterState::Forget(const std::string& pod_key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock lock(mu_);
   auto it = assumed_.find(pod_key);
   if (it == assumed_.end()) return;
   MarkDirty(it->second.reservation.node);
@@ -510,7 +695,7 @@ void ClusterState::Forget(const std::string& pod_key) {
 }
 
 std::vector<NodeReport> ClusterState::Report(absl::Time now) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock lock(mu_);
   std::vector<NodeReport> out;
   for (auto& [name, n] : nodes_) {
     ViewOf(n, now);
@@ -520,14 +705,14 @@ std::vector<NodeReport> ClusterState::Report(absl::Time now) const {
 }
 
 std::optional<mig::NodeView> ClusterState::View(const std::string& node, absl::Time now) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock lock(mu_);
   auto it = nodes_.find(node);
   if (it == nodes_.end()) return std::nullopt;
   return ViewOf(it->second, now);
 }
 
 std::vector<std::string> ClusterState::UnrealizedBefore(absl::Time deadline) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::shared_lock lock(mu_);
   const int64_t cutoff = absl::ToUnixSeconds(deadline);
   std::vector<std::string> out;
   for (const auto& [key, pod] : pods_) {
@@ -539,13 +724,13 @@ std::vector<std::string> ClusterState::UnrealizedBefore(absl::Time deadline) con
     }
   }
   for (const auto& [key, a] : assumed_) {
-    if (a.reserved_at < cutoff && !pods_.count(key)) out.push_back(key);
+    if (a.reserved_at < cutoff && !a.binding && !pods_.count(key)) out.push_back(key);
   }
   return out;
 }
 
 std::optional<std::string> ClusterState::ReservedNode(const std::string& pod_key) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::shared_lock lock(mu_);
   if (auto a = assumed_.find(pod_key); a != assumed_.end()) return a->second.reservation.node;
   auto it = pods_.find(pod_key);
   if (it == pods_.end()) return std::nullopt;
@@ -557,7 +742,7 @@ std::optional<std::string> ClusterState::ReservedNode(const std::string& pod_key
 }
 
 void ClusterState::ReleaseUnrealized(const std::string& pod_key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock lock(mu_);
   auto it = pods_.find(pod_key);
   if (it == pods_.end()) return;
   released_.insert(pod_key);
