@@ -368,6 +368,10 @@ void PlanOnNode(const NodeView& node, const PodRequest& request, Scratch& s, Nod
 
 }  // namespace
 
+bool BetterNode(const NodePlan& a, const NodePlan& b, NodePolicy policy) {
+  return Better(a, b, policy);
+}
+
 NodeSummary Summarize(const NodeView& node) {
   NodeSummary out;
   for (const GpuView& gpu : node.gpus) {

@@ -103,6 +103,9 @@ struct PodPlan {
 // Verdicts only: for the reasons of a node that does not fit, call PlanPodOnNode on it (Reason
 // needs them).
 PodPlan PlanPod(std::span<const NodeView> nodes, const PodRequest& request);
+// PlanPod's comparison: whether node plan `a` (which fits) is a better choice than `b` (which
+// fits) under `policy`; PlanPod keeps the first of equals in node order.
+bool BetterNode(const NodePlan& a, const NodePlan& b, NodePolicy policy);
 // The same over nodes held elsewhere (the scheduler's cache).
 PodPlan PlanPod(std::span<const NodeView* const> nodes, const PodRequest& request);
 

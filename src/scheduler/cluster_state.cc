@@ -466,72 +466,138 @@ const mig::NodeView& ClusterState::ViewOf(NodeEntry& node, absl::Time now) const
   return node.view;
 }
 
-ClusterState::Planned ClusterState::PlanLocked(const std::vector<NodeEntry*>& entries,
-                                               const std::vector<std::string>& candidates,
-                                               const mig::PodRequest& request,
-                                               absl::Time now) const {
-  (void)now;
+namespace {
+
+// The reason of a node that does not fit (PlanPod computes verdicts alone).
+std::pair<mig::Verdict, std::string> Explain(const mig::NodeView& view,
+                                             const mig::PodRequest& request) {
+  const mig::NodePlan explained = mig::PlanPodOnNode(view, request);
+  return {explained.verdict, explained.Reason(view)};
+}
+
+// A node ruled out by its summary: not planned, does not fit.
+mig::NodePlan SkippedPlan() {
+  mig::NodePlan plan;
+  plan.verdict = mig::Verdict::kCapacityExhausted;
+  return plan;
+}
+
+}  // namespace
+
+ClusterState::Planned ClusterState::PlanLocked(
+    std::shared_ptr<const std::vector<NodeEntry*>> entries_ptr,
+    const std::vector<std::string>& candidates, const mig::PodRequest& request) const {
   Planned out;
+  out.entries = std::move(entries_ptr);
+  out.generation = nodes_generation_;
+  const std::vector<NodeEntry*>& entries = *out.entries;
+  const size_t n = entries.size();
+  out.versions.resize(n);
+  out.plans.resize(n);
   FilterDecision& decision = out.decision;
   std::vector<const mig::NodeView*> views;
-  std::vector<NodeEntry*> planned;  // parallel to views
-  std::vector<NodeEntry*> skipped;  // ruled out by their summary, no per-GPU search
-  views.reserve(entries.size());
-  planned.reserve(entries.size());
-  for (size_t i = 0; i < entries.size(); ++i) {
-    NodeEntry* n = entries[i];
-    if (n == nullptr) {
+  std::vector<uint32_t> at;  // views[k] is entries[at[k]]
+  views.reserve(n);
+  at.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    const NodeEntry* e = entries[i];
+    if (e == nullptr) {
       decision.failed[candidates[i]] = "no-mig-gpu: the node registers no GPU with dynmig";
+      out.plans[i] = SkippedPlan();
       continue;
     }
-    if (!mig::MayFit(n->summary, request)) {
-      skipped.push_back(n);
+    out.versions[i] = e->version;
+    if (!mig::MayFit(e->summary, request)) {
+      out.plans[i] = SkippedPlan();  // ruled out by its summary, no per-GPU search
       continue;
     }
-    views.push_back(&n->view);
-    planned.push_back(n);
+    views.push_back(&e->view);
+    at.push_back(static_cast<uint32_t>(i));
   }
-  const mig::PodPlan plan = mig::PlanPod(std::span<const mig::NodeView* const>(views), request);
-  // The reason of a node that does not fit (PlanPod computes verdicts alone).
-  auto explain = [&](const NodeEntry& n) {
-    const mig::NodePlan explained = mig::PlanPodOnNode(n.view, request);
-    return std::pair{explained.verdict, explained.Reason(n.view)};
-  };
-  if (plan.chosen >= 0) {
+  mig::PodPlan plan = mig::PlanPod(std::span<const mig::NodeView* const>(views), request);
+  for (size_t k = 0; k < at.size(); ++k) out.plans[at[k]] = std::move(plan.nodes[k]);
+  out.chosen = plan.chosen < 0 ? -1 : static_cast<int>(at[plan.chosen]);
+  if (out.chosen >= 0) {
     // A node was chosen: only the nodes that can never run the pod get an entry.
-    for (size_t i = 0; i < views.size(); ++i) {
-      if (static_cast<int>(i) == plan.chosen || plan.nodes[i].fits()) continue;
-      if (!NeverFits(plan.nodes[i].verdict)) continue;
-      decision.failed[planned[i]->name] = explain(*planned[i]).second;
-    }
-    for (NodeEntry* n : skipped) {
-      if (mig::MayEverFit(n->summary, request)) continue;
-      auto [verdict, reason] = explain(*n);
-      if (NeverFits(verdict)) decision.failed[n->name] = std::move(reason);
-    }
-  } else {
-    // Nothing fits: every candidate gets its reason (they make the pod's Pending message).
-    decision.verdict = mig::Verdict::kNodeUnhealthy;
-    auto add = [&](const NodeEntry& n) {
-      auto [verdict, reason] = explain(n);
-      decision.failed[n.name] = std::move(reason);
-      if (static_cast<int>(verdict) < static_cast<int>(decision.verdict)) {
-        decision.verdict = verdict;
+    for (size_t i = 0; i < n; ++i) {
+      const NodeEntry* e = entries[i];
+      if (e == nullptr || static_cast<int>(i) == out.chosen || out.plans[i].fits()) continue;
+      const bool planned = mig::MayFit(e->summary, request);
+      if (planned ? !NeverFits(out.plans[i].verdict) : mig::MayEverFit(e->summary, request)) {
+        continue;
       }
-    };
-    for (NodeEntry* n : planned) add(*n);
-    for (NodeEntry* n : skipped) add(*n);
-    if (views.empty() && skipped.empty()) decision.verdict = mig::Verdict::kNoMigGpu;
+      auto [verdict, reason] = Explain(e->view, request);
+      if (NeverFits(verdict)) decision.failed[e->name] = std::move(reason);
+    }
     return out;
   }
-  decision.verdict = mig::Verdict::kFits;
-  NodeEntry& chosen = *planned[plan.chosen];
+  // Nothing fits: every candidate gets its reason (they make the pod's Pending message).
+  decision.verdict = mig::Verdict::kNodeUnhealthy;
+  bool any = false;
+  for (const NodeEntry* e : entries) {
+    if (e == nullptr) continue;
+    any = true;
+    auto [verdict, reason] = Explain(e->view, request);
+    decision.failed[e->name] = std::move(reason);
+    if (static_cast<int>(verdict) < static_cast<int>(decision.verdict)) decision.verdict = verdict;
+  }
+  if (!any) decision.verdict = mig::Verdict::kNoMigGpu;
+  return out;
+}
+
+bool ClusterState::Repair(Planned& p, const mig::PodRequest& request, absl::Time now) {
+  if (nodes_generation_ != p.generation) return false;
+  const std::vector<NodeEntry*>& entries = *p.entries;
+  bool changed = false;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    NodeEntry* e = entries[i];
+    if (e == nullptr || (e->version == p.versions[i] && !Stale(*e, now))) continue;
+    // Changed since the pass (another filter reserved there, a pod ended, its plugin reported):
+    // plan this node again on its current state.
+    changed = true;
+    ViewOf(*e, now);
+    p.versions[i] = e->version;
+    p.decision.failed.erase(e->name);
+    if (!mig::MayFit(e->summary, request)) {
+      p.plans[i] = SkippedPlan();
+      if (!mig::MayEverFit(e->summary, request)) {
+        auto [verdict, reason] = Explain(e->view, request);
+        if (NeverFits(verdict)) p.decision.failed[e->name] = std::move(reason);
+      }
+      continue;
+    }
+    p.plans[i] = mig::PlanPodOnNode(e->view, request);
+    if (!p.plans[i].fits() && NeverFits(p.plans[i].verdict)) {
+      p.decision.failed[e->name] = p.plans[i].Reason(e->view);
+    }
+  }
+  if (!changed) return true;
+  // Choose again, as PlanPod does: the first best in candidate order.
+  int chosen = -1;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (!p.plans[i].fits()) continue;
+    if (chosen < 0 || mig::BetterNode(p.plans[i], p.plans[chosen], request.node_policy)) {
+      chosen = static_cast<int>(i);
+    }
+  }
+  if (chosen < 0) return false;  // nothing fits any more: plan afresh for the reasons
+  if (p.plans[chosen].assignments.empty()) {
+    // PlanPod records the assignments of its winner only.
+    p.plans[chosen] = mig::PlanPodOnNode(entries[chosen]->view, request);
+  }
+  p.chosen = chosen;
+  return true;
+}
+
+void ClusterState::Finish(Planned& p, const mig::PodRequest& request) const {
+  const NodeEntry& chosen = *(*p.entries)[p.chosen];
   const mig::NodeView& node = chosen.view;
+  p.decision.verdict = mig::Verdict::kFits;
   Reservation r;
   r.node = chosen.name;
   r.devices.resize(request.containers.size());
   std::vector<std::string> parts;
-  for (const auto& a : plan.nodes[plan.chosen].assignments) {
+  for (const auto& a : p.plans[p.chosen].assignments) {
     const mig::GpuView& gpu = node.gpus[a.gpu];
     const auto& cap = gpu.planner->capability();
     const auto& spec = cap.profiles[a.profile_index];
@@ -553,10 +619,7 @@ ClusterState::Planned ClusterState::PlanLocked(const std::vector<NodeEntry*>& en
                                 a.placement.ToString(), gpu.uuid));
   }
   r.summary = fmt::format("{} on {}", fmt::join(parts, ", "), r.node);
-  decision.reservation = std::move(r);
-  out.chosen = &chosen;
-  out.version = chosen.version;
-  return out;
+  p.decision.reservation = std::move(r);
 }
 
 absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
@@ -566,7 +629,7 @@ absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
     return absl::InvalidArgumentError(
         fmt::format("pod {} already holds a reservation made by this scheduler", pod_key));
   };
-  // The candidates' entries; REQUIRES mu_ held.
+  // The candidates' entries (every node when there are none); REQUIRES mu_ held.
   auto entries_of = [&]() -> std::shared_ptr<const std::vector<NodeEntry*>> {
     if (!candidates.empty()) return Resolve(candidates);
     auto all = std::make_shared<std::vector<NodeEntry*>>();
@@ -574,37 +637,32 @@ absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
     for (auto& [name, n] : nodes_) all->push_back(&n);
     return all;
   };
-  const std::vector<std::string>* names = &candidates;
-  std::vector<std::string> all_names;
+  // REQUIRES mu_ held exclusively.
   auto commit = [&](Planned& p) {
+    Finish(p, request);
+    NodeEntry& chosen = *(*p.entries)[p.chosen];
     assumed_[pod_key] = {*p.decision.reservation, absl::ToUnixSeconds(now), pod_uid, false};
-    Touch(*p.chosen);
-    ViewOf(*p.chosen, now);  // rebuilt now, so the next filter finds every node up to date
+    Touch(chosen);
+    ViewOf(chosen, now);  // rebuilt now, so the next filter finds every node up to date
     return std::move(p.decision);
   };
-  // Optimistic: plan under the shared lock (filters plan in parallel), then record the choice
-  // under the exclusive lock if the chosen node is unchanged. After a few lost races the whole
-  // decision runs under the exclusive lock, so a filter always finishes.
+  // Optimistic: plan under the shared lock (filters plan in parallel), then, under the exclusive
+  // lock, re-plan only the nodes that changed meanwhile and record the choice. After a few lost
+  // races the whole decision runs under the exclusive lock, so a filter always finishes.
   constexpr int kOptimisticAttempts = 8;
   for (int attempt = 0;; ++attempt) {
     if (attempt >= kOptimisticAttempts) {
       std::unique_lock lock(mu_);
       if (assumed_.count(pod_key)) return already();
       auto entries = entries_of();
-      if (candidates.empty()) {
-        all_names.clear();
-        for (NodeEntry* n : *entries) all_names.push_back(n->name);
-        names = &all_names;
-      }
       for (NodeEntry* n : *entries) {
         if (n != nullptr) ViewOf(*n, now);
       }
-      Planned p = PlanLocked(*entries, *names, request, now);
-      if (!p.decision.reservation.has_value()) return std::move(p.decision);
+      Planned p = PlanLocked(std::move(entries), candidates, request);
+      if (p.chosen < 0) return std::move(p.decision);
       return commit(p);
     }
     Planned p;
-    uint64_t generation = 0;
     bool stale = false;
     {
       std::shared_lock lock(mu_);
@@ -617,31 +675,22 @@ absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
         }
       }
       if (!stale) {
-        if (candidates.empty()) {
-          all_names.clear();
-          for (NodeEntry* n : *entries) all_names.push_back(n->name);
-          names = &all_names;
-        }
-        p = PlanLocked(*entries, *names, request, now);
-        if (!p.decision.reservation.has_value()) return std::move(p.decision);
-        generation = nodes_generation_;
+        p = PlanLocked(std::move(entries), candidates, request);
+        if (p.chosen < 0) return std::move(p.decision);
       }
     }
     std::unique_lock lock(mu_);
     if (stale) {
-      // Bring the changed nodes up to date (usually the one or two that the last reservations
-      // touched), then plan again under the shared lock.
-      for (NodeEntry* n : *entries_of()) {
+      // Bring the changed nodes up to date (usually none: a reservation rebuilds its node at
+      // once), then plan again under the shared lock.
+      const auto entries = entries_of();  // held: a range over a temporary's target dangles
+      for (NodeEntry* n : *entries) {
         if (n != nullptr) ViewOf(*n, now);
       }
       continue;
     }
     if (assumed_.count(pod_key)) return already();
-    if (nodes_generation_ == generation && p.chosen->version == p.version &&
-        !Stale(*p.chosen, now)) {
-      return commit(p);
-    }
-    // The chosen node changed since we planned: plan again.
+    if (Repair(p, request, now)) return commit(p);
   }
 }
 

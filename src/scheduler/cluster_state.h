@@ -215,15 +215,27 @@ class ClusterState {
     node.dirty = true;
     ++node.version;
   }
-  // One planning pass under the shared lock: the decision, the chosen node's entry and version.
+  // One planning pass over the candidates (under the shared lock): every node's plan, the
+  // versions it saw, the chosen node and the reasons the answer carries. Repair (under the
+  // exclusive lock) re-plans the nodes that changed since and chooses again, so the choice equals
+  // a plan made at that moment.
   struct Planned {
-    FilterDecision decision;
-    NodeEntry* chosen = nullptr;
-    uint64_t version = 0;
+    std::shared_ptr<const std::vector<NodeEntry*>> entries;  // candidate order; null: unknown
+    std::vector<uint64_t> versions;                          // of entries when planned
+    std::vector<mig::NodePlan> plans;                        // verdict kFits: fits
+    uint64_t generation = 0;                                 // nodes_generation_ when planned
+    int chosen = -1;                                         // index into entries
+    FilterDecision decision;                                 // failed and verdict
   };
-  Planned PlanLocked(const std::vector<NodeEntry*>& entries,
-                     const std::vector<std::string>& candidates, const mig::PodRequest& request,
-                     absl::Time now) const;
+  // REQUIRES mu_ held, every candidate up to date (not Stale).
+  Planned PlanLocked(std::shared_ptr<const std::vector<NodeEntry*>> entries,
+                     const std::vector<std::string>& candidates,
+                     const mig::PodRequest& request) const;
+  // REQUIRES mu_ held exclusively. false: plan again (the node set changed, or nothing fits any
+  // more).
+  bool Repair(Planned& p, const mig::PodRequest& request, absl::Time now);
+  // The reservation of p's chosen node into p.decision. REQUIRES mu_ held.
+  void Finish(Planned& p, const mig::PodRequest& request) const;
   // The entry of `name`, created when missing (kept in nodes_ and index_).
   NodeEntry& NodeFor(const std::string& name);
   NodeEntry* FindNode(const std::string& name) const;

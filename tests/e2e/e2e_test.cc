@@ -35,6 +35,9 @@ TEST_F(E2eTest, Scenario1_CreateAndDeleteOne1gPod) {
       << Where();
   ExpectRealized("one-1g", a);
   ASSERT_EQ(Live().size(), 1u) << Where();
+  // No Warning on a pod that scheduled fine (a pod update during kube-scheduler's decision
+  // would show "FailedScheduling: pod ... is in the cache, so can't be assumed").
+  EXPECT_EQ(Warnings("one-1g"), std::vector<std::string>{}) << Where();
 
   Step("delete it");
   DeletePod("one-1g");
@@ -64,6 +67,9 @@ TEST_F(E2eTest, Scenario2_SeveralNonOverlapping1gOnOneGpu) {
     if (got[i].runtime) uuids.insert(got[i].runtime->mig_uuid);
   }
   EXPECT_EQ(uuids.size(), got.size()) << Where() << "MIG UUIDs are not distinct";
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(Warnings(fmt::format("small-{}", i)), std::vector<std::string>{}) << Where();
+  }
   EXPECT_EQ(Live().size(), got.size()) << Where();
 }
 

@@ -211,6 +211,20 @@ class E2eTest : public ::testing::Test {
         << name << " was not removed";
   }
 
+  // The Warning events about pod `name` ("reason: message"), as `kubectl describe` lists them.
+  std::vector<std::string> Warnings(const std::string& name) {
+    std::vector<std::string> out;
+    auto events = kube_->List(kube::Resource::kEvents, {});
+    EXPECT_TRUE(events.ok()) << Where() << events.status();
+    if (!events.ok()) return out;
+    for (const auto& e : events->items) {
+      if (kube::StringAt(e, "/involvedObject/name") == name && e.value("type", "") == "Warning") {
+        out.push_back(e.value("reason", "") + ": " + e.value("message", ""));
+      }
+    }
+    return out;
+  }
+
   // PodScheduled=False message, "" while none.
   std::string Unschedulable(const std::string& name) {
     json pod = Get(name);

@@ -298,7 +298,8 @@ TEST_F(ClusterStateTest, RepeatedCandidateListsFollowNodesAddedAndRemoved) {
   ASSERT_TRUE(third.reservation.has_value());
   EXPECT_EQ(third.reservation->node, "node-c");
   EXPECT_NE(third.failed["node-a"].find("no-mig-gpu"), std::string::npos);
-  EXPECT_NE(third.failed["node-b"].find("capacity"), std::string::npos) << third.failed["node-b"];
+  // node-b is full, which may change: no entry when another node was chosen.
+  EXPECT_EQ(third.failed.count("node-b"), 0u) << third.failed["node-b"];
   // node-a is back (its assumption counts again until forgotten).
   state_.UpsertNode(Node("node-a", reg));
   EXPECT_FALSE(plan().reservation.has_value());

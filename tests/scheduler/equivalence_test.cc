@@ -34,7 +34,8 @@ class Reference {
       for (const auto& info : *infos) {
         mig::GpuCapability cap = protocol::ToCapability(info);
         std::vector<std::string> allowed;
-        const auto& profiles = TestAllowlist().entries[0].profiles;
+        const mig::Allowlist allowlist = TestAllowlist();
+        const auto& profiles = allowlist.entries[0].profiles;
         for (const auto& p : cap.profiles) {
           if (std::find(profiles.begin(), profiles.end(), p.name) != profiles.end()) {
             allowed.push_back(p.name);
