@@ -153,7 +153,14 @@ ExtenderFilterResult Extender::Filter(const ExtenderArgs& args) {
   auto is_candidate = [&](const std::string& node) {
     return std::find(candidates.begin(), candidates.end(), node) != candidates.end();
   };
-  if (auto assumed = state_.Assumed(key); assumed.has_value()) {
+  std::optional<ClusterState::AssumedInfo> assumed = state_.Assumed(key);
+  if (assumed.has_value() && !assumed->uid.empty() && !kube::Uid(pod).empty() &&
+      assumed->uid != kube::Uid(pod)) {
+    // Made for an earlier pod of that name (deleted and created again): not this one's.
+    state_.Forget(key);
+    assumed.reset();
+  }
+  if (assumed.has_value()) {
     // Made by an earlier filter and kept in memory until the bind writes it.
     if (is_candidate(assumed->reservation.node)) {
       result.node_names = {assumed->reservation.node};

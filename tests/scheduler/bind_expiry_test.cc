@@ -101,12 +101,11 @@ TEST_F(BindTest, BindRefusesPodsWithoutAMatchingReservation) {
   const kube::Object pod = Reserved("p");
   EXPECT_EQ(Bind(s_, pod, "node-b").body["Error"],
             "bind default/p: the pod's MIG reservation is on node node-a, not node-b");
-  // Never filtered by this replica, and too big for the node: refused, nothing written.
-  const kube::Object bare = CreatePod(MigPod("bare", 50000));
-  EXPECT_THAT(Bind(s_, bare, "node-a").body["Error"].get<std::string>(),
-              HasSubstr("this scheduler has none in memory for it (restarted or took over "
-                        "leadership since the filter); node node-a cannot take it now: "
-                        "no-profile-big-enough"));
+  // Never filtered by this replica: refused, nothing written.
+  const kube::Object bare = CreatePod(MigPod("bare", 4000));
+  EXPECT_EQ(Bind(s_, bare, "node-a").body["Error"].get<std::string>(),
+            "bind default/bare: the pod holds no MIG reservation of this extender "
+            "(hami.io/vgpu-mig-allocations); it must pass this extender's filter first");
   EXPECT_EQ(kube::ResourceVersion(GetPod("bare")), kube::ResourceVersion(bare));
   EXPECT_THAT(
       Post(s_->port(), "/bind", R"({"PodName":"gone","PodNamespace":"default","Node":"node-a"})")
@@ -147,21 +146,25 @@ TEST_F(BindTest, AFailedBindingReleasesTheLockAndMarksTheFailure) {
   EXPECT_EQ(kube::Annotation(GetPod("p"), "hami.io/bind-phase"), "allocating");
 }
 
-// After a restart or a change of leader the filter's in-memory reservation is gone: the bind
-// plans the pod again on the chosen node (or refuses when it no longer fits there).
-TEST_F(BindTest, ABindThatFindsNoReservationInMemoryPlansThePodAgain) {
+// After a restart or a change of leader the filter's in-memory reservation is gone: the bind is
+// refused (nothing written, the lock untouched) and the pod's next filter plans it again.
+TEST_F(BindTest, ABindThatFindsNoReservationIsRefusedAndTheNextFilterPlansAgain) {
   const kube::Object p = Reserved("p", 19000);
-  const auto planned = ReservedOf(s_, "p");
-  ASSERT_EQ(planned.size(), 1u);
+  ASSERT_EQ(ReservedOf(s_, "p").size(), 1u);
   SchedulerServer* fresh = StartScheduler(DefaultOptions());  // the new leader
   WaitForNodes(fresh, {"node-a"});
   EXPECT_FALSE(fresh->state().Assumed("default/p").has_value());
+  EXPECT_THAT(Bind(fresh, p, "node-a").body["Error"].get<std::string>(),
+              HasSubstr("holds no MIG reservation of this extender"));
+  EXPECT_TRUE(AllocationsOf("p").empty());
+  EXPECT_EQ(kube::ResourceVersion(GetPod("p")), kube::ResourceVersion(p));
+  EXPECT_FALSE(Lock().has_value());
+  ASSERT_THAT(Filter(fresh, p, {"node-a"}).body["NodeNames"], ElementsAre("node-a"));
   ASSERT_EQ(Bind(fresh, p, "node-a").body["Error"], "");
   const auto written = AllocationsOf("p");
   ASSERT_EQ(written.size(), 1u);
   EXPECT_EQ(written[0].profile, "3g.20gb");
   EXPECT_EQ(kube::NodeName(GetPod("p")), "node-a");
-  EXPECT_EQ(EventMessages("p", "MigReserved").size(), 2u);  // the filter's and the bind's
 }
 
 TEST_F(BindTest, ReservationsWhoseBindNeverComesExpireAfterTheTtl) {
