@@ -151,6 +151,7 @@ void ClusterState::UpsertNode(const json& node) {
   if (const std::string held = Annotation(node, protocol::kNodeLockAnnotation); !held.empty()) {
     if (auto lock_value = ParseNodeLock(held); lock_value.ok()) entry.locked_at = lock_value->time;
   }
+  for (const auto& gpu : entry.gpus) Uncount(gpu.info.type);
   entry.gpus.clear();
   entry.register_error.clear();
   entry.handshake = Annotation(node, protocol::kNodeHandshakeAnnotation);
@@ -184,12 +185,29 @@ void ClusterState::UpsertNode(const json& node) {
     // The capability lives in the (shared) planner now; the profile list is not needed again.
     gpu.info.mig_profiles.clear();
     gpu.info.mig_profiles.shrink_to_fit();
+    ++model_count_[gpu.info.type];
     entry.gpus.push_back(std::move(gpu));
   }
 }
 
+void ClusterState::Uncount(const std::string& model) {
+  auto it = model_count_.find(model);
+  if (it != model_count_.end() && --it->second <= 0) model_count_.erase(it);
+}
+
+std::vector<std::string> ClusterState::Models() const {
+  std::shared_lock lock(mu_);
+  std::vector<std::string> out;
+  out.reserve(model_count_.size());
+  for (const auto& [model, count] : model_count_) out.push_back(model);
+  return out;
+}
+
 void ClusterState::RemoveNode(const std::string& name) {
   std::unique_lock lock(mu_);
+  if (NodeEntry* entry = FindNode(name)) {
+    for (const auto& gpu : entry->gpus) Uncount(gpu.info.type);
+  }
   index_.erase(name);
   if (nodes_.erase(name) > 0) ++nodes_generation_;
 }

@@ -156,6 +156,9 @@ class ClusterState {
   // Cleared when the pod is removed or terminates.
   void ReleaseUnrealized(const std::string& pod_key);
 
+  // The NVML names of the MIG GPU models the nodes register (sorted, each once).
+  std::vector<std::string> Models() const;
+
   // The node's view for the planner (tests and explain).
   std::optional<mig::NodeView> View(const std::string& node, absl::Time now) const;
 
@@ -211,6 +214,7 @@ class ClusterState {
   void Rebuild(NodeEntry& node) const;
   void Unlink(const std::string& pod_key);
   void MarkDirty(const std::string& node);
+  void Uncount(const std::string& model);  // one registered GPU of `model` fewer
   static void Touch(NodeEntry& node) {
     node.dirty = true;
     ++node.version;
@@ -251,8 +255,9 @@ class ClusterState {
   mutable std::map<std::string, NodeEntry> nodes_;  // sorted: reports list nodes by name
   // Hash index over nodes_ (its entries never move): a filter looks up thousands of candidates.
   std::unordered_map<std::string, NodeEntry*> index_;
-  uint64_t nodes_generation_ = 0;  // bumped whenever nodes_ gains or loses an entry
-  mutable std::mutex resolve_mu_;  // guards Resolve's memo
+  std::map<std::string, int> model_count_;  // NVML model name -> registered MIG GPUs of it
+  uint64_t nodes_generation_ = 0;           // bumped whenever nodes_ gains or loses an entry
+  mutable std::mutex resolve_mu_;           // guards Resolve's memo
   mutable std::vector<std::string> resolved_names_;
   mutable std::shared_ptr<const std::vector<NodeEntry*>> resolved_entries_;
   mutable uint64_t resolved_generation_ = ~uint64_t{0};
