@@ -4,13 +4,22 @@
 // filled directly through its store, so the figures for memory are the scheduler's own: informer
 // caches, cluster state and HTTP server. The scheduler lists and watches it over HTTP like in a
 // cluster; filters are sent one at a time (latency) and from 4 threads (throughput), each with
-// every node as a candidate (NodeNames) and a fresh pending pod asking 1g, 2g or 3g.
+// every node as a candidate (NodeNames) and a fresh pending pod asking 1g, 2g or 3g. For scale, the
+// same run times the planner alone in process (mig::PlanPod over the scheduler's own node views of
+// this cluster, the question one filter answers) and prints the filter's rate as a share of it.
+// By default the extender runs as deploy/ runs it: HTTPS with kube-scheduler's client certificate
+// (--extender-client-ca), so the request's Pod is kube-scheduler's own view and the filter reads
+// nothing from the API. --plain: HTTP without client authentication, where each filter first
+// reads the pod from the API server (bind_guard.h) and the figures include that round trip.
 // Prints figures; asserts nothing.
 //
-//   bench_scheduler [--nodes 1000,5000] [--filters 1000]
+//   bench_scheduler [--nodes 1000,5000] [--filters 1000] [--plain]
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <stdlib.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -31,11 +40,13 @@
 #include "kube/object.h"
 #include "kube/rest_kube_client.h"
 #include "mig/catalogue.h"
+#include "mig/node_planner.h"
 #include "protocol/device_config.h"
 #include "protocol/mig_allocations.h"
 #include "protocol/node_register.h"
 #include "scheduler/server.h"
 #include "spdlog/spdlog.h"
+#include "webhook/pki.h"
 
 namespace {
 
@@ -150,7 +161,8 @@ json Pod(const std::string& ns, const std::string& name, int64_t mem) {
 // not a client library).
 class HttpConnection {
  public:
-  explicit HttpConnection(int port) {
+  // With `tls`, the connection is HTTPS with the context's client certificate.
+  explicit HttpConnection(int port, SSL_CTX* tls = nullptr) {
     fd_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
@@ -162,8 +174,24 @@ class HttpConnection {
     }
     int one = 1;
     if (fd_ >= 0) setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (fd_ >= 0 && tls != nullptr) {
+      ssl_ = SSL_new(tls);
+      SSL_set_fd(ssl_, fd_);
+      if (SSL_connect(ssl_) != 1) {
+        std::printf("TLS handshake with the extender failed: %s\n",
+                    ERR_error_string(ERR_get_error(), nullptr));
+        SSL_free(ssl_);
+        ssl_ = nullptr;
+        close(fd_);
+        fd_ = -1;
+      }
+    }
   }
   ~HttpConnection() {
+    if (ssl_ != nullptr) {
+      SSL_shutdown(ssl_);
+      SSL_free(ssl_);
+    }
     if (fd_ >= 0) close(fd_);
   }
   // Returns the status code (-1 on transport failure) and fills `body`.
@@ -194,7 +222,9 @@ class HttpConnection {
   bool WriteAll(const std::string& data) {
     size_t done = 0;
     while (done < data.size()) {
-      const ssize_t n = write(fd_, data.data() + done, data.size() - done);
+      const ssize_t n = ssl_ != nullptr ? SSL_write(ssl_, data.data() + done,
+                                                    static_cast<int>(data.size() - done))
+                                        : write(fd_, data.data() + done, data.size() - done);
       if (n <= 0) return false;
       done += static_cast<size_t>(n);
     }
@@ -202,13 +232,57 @@ class HttpConnection {
   }
   bool ReadMore() {
     char chunk[65536];
-    const ssize_t n = read(fd_, chunk, sizeof(chunk));
+    const ssize_t n =
+        ssl_ != nullptr ? SSL_read(ssl_, chunk, sizeof(chunk)) : read(fd_, chunk, sizeof(chunk));
     if (n <= 0) return false;
     buffer_.append(chunk, static_cast<size_t>(n));
     return true;
   }
   int fd_ = -1;
+  SSL* ssl_ = nullptr;
   std::string buffer_;
+};
+
+// A CA, the extender's serving certificate and kube-scheduler's client certificate, written to a
+// temporary directory; the client context that presents the client certificate.
+struct BenchPki {
+  std::string dir, ca_file, cert_file, key_file;
+  SSL_CTX* client = nullptr;
+  ~BenchPki() {
+    if (client != nullptr) SSL_CTX_free(client);
+    if (!dir.empty()) std::system(("rm -rf " + dir).c_str());
+  }
+  bool Make() {
+    char tmpl[] = "/tmp/bench_scheduler.XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) return false;
+    dir = tmpl;
+    auto ca = webhook::MakeCa("bench-ca");
+    if (!ca.ok()) return false;
+    auto server = webhook::IssueCert(*ca, {.common_name = "dynmig-scheduler",
+                                           .sans = {"IP:127.0.0.1"},
+                                           .usage = webhook::CertUsage::kServer});
+    auto kube_scheduler = webhook::IssueCert(
+        *ca, {.common_name = "kube-scheduler", .sans = {}, .usage = webhook::CertUsage::kClient});
+    if (!server.ok() || !kube_scheduler.ok()) return false;
+    ca_file = dir + "/ca.crt";
+    cert_file = dir + "/tls.crt";
+    key_file = dir + "/tls.key";
+    const std::string client_cert = dir + "/client.crt", client_key = dir + "/client.key";
+    for (const auto& [path, text] :
+         std::vector<std::pair<std::string, std::string>>{{ca_file, ca->cert_pem},
+                                                          {cert_file, server->cert_pem},
+                                                          {key_file, server->key_pem},
+                                                          {client_cert, kube_scheduler->cert_pem},
+                                                          {client_key, kube_scheduler->key_pem}}) {
+      if (!webhook::WritePrivateFile(path, text).ok()) return false;
+    }
+    client = SSL_CTX_new(TLS_client_method());
+    return client != nullptr &&
+           SSL_CTX_use_certificate_file(client, client_cert.c_str(), SSL_FILETYPE_PEM) == 1 &&
+           SSL_CTX_use_PrivateKey_file(client, client_key.c_str(), SSL_FILETYPE_PEM) == 1 &&
+           SSL_CTX_load_verify_locations(client, ca_file.c_str(), nullptr) == 1 &&
+           (SSL_CTX_set_verify(client, SSL_VERIFY_PEER, nullptr), true);
+  }
 };
 
 struct Stats {
@@ -216,7 +290,7 @@ struct Stats {
   int reserved = 0, pending = 0, errors = 0;
 };
 
-void Run(int nodes, int filters) {
+void Run(int nodes, int filters, bool plain) {
   const int concurrent = filters;  // as many again from kThreads threads
   int port_pipe[2], control_pipe[2];
   if (pipe(port_pipe) != 0 || pipe(control_pipe) != 0) return;
@@ -245,6 +319,18 @@ void Run(int nodes, int filters) {
   options.admission.allowlist = options.state.allowlist;
   options.threads = 8;
   options.expiry_interval = absl::ZeroDuration();
+  BenchPki pki;
+  SSL_CTX* tls = nullptr;
+  if (!plain) {
+    if (!pki.Make()) {
+      std::printf("could not make the benchmark's certificates\n");
+      return;
+    }
+    options.tls_cert_file = pki.cert_file;
+    options.tls_key_file = pki.key_file;
+    options.extender_client_ca_file = pki.ca_file;
+    tls = pki.client;
+  }
   const auto t_sync = SteadyClock::now();
   auto server = scheduler::SchedulerServer::Start(**client, clock, options);
   if (!server.ok()) {
@@ -255,6 +341,26 @@ void Run(int nodes, int filters) {
   s.WaitUntilReady(absl::Minutes(2));
   const double sync_s = Since(t_sync);
   const auto [hwm_idle, rss_idle] = Memory();
+
+  // The planner alone, in process, on this cluster: one pod (1g, 2g, 3g in turn) over every node.
+  double planner_per_second = 0;
+  {
+    std::vector<mig::NodeView> views;
+    for (int i = 0; i < nodes; ++i) {
+      auto v = s.state().View(NodeName(i), absl::Now());
+      if (v.has_value()) views.push_back(std::move(*v));
+    }
+    std::vector<mig::PodRequest> requests(3);
+    const uint64_t mib[] = {4000, 9000, 19000};
+    for (int k = 0; k < 3; ++k) requests[k].containers.push_back({"main", false, 1, {mib[k], 0}});
+    const int reps = 300;
+    int fits = 0;
+    const auto t = SteadyClock::now();
+    for (int r = 0; r < reps; ++r)
+      fits += mig::PlanPod(std::span(views), requests[r % 3]).chosen >= 0;
+    planner_per_second = reps / Since(t);
+    if (fits != reps) std::printf("(the planner found no node for %d pods)\n", reps - fits);
+  }
 
   auto pending_pods = (*client)->ListPods({.ns = "bench", .limit = 500});
   if (!pending_pods.ok()) return;
@@ -288,7 +394,7 @@ void Run(int nodes, int filters) {
   Stats seq;
   std::vector<double> lat;
   {
-    HttpConnection http(s.port());
+    HttpConnection http(s.port(), tls);
     const auto t = SteadyClock::now();
     for (int i = 0; i < filters; ++i) lat.push_back(filter(http, body_of(i), seq));
     seq.per_second = filters / Since(t);
@@ -307,7 +413,7 @@ void Run(int nodes, int filters) {
     std::vector<std::thread> threads;
     for (int k = 0; k < kThreads; ++k) {
       threads.emplace_back([&, k] {
-        HttpConnection http(s.port());
+        HttpConnection http(s.port(), tls);
         for (int i = filters + k; i < filters + concurrent; i += kThreads) {
           par_lat[k].push_back(filter(http, body_of(i), per_thread[k]));
         }
@@ -328,8 +434,11 @@ void Run(int nodes, int filters) {
   par.p99_ms = all[std::min(all.size() - 1, all.size() * 99 / 100)];
   const auto [hwm, rss] = Memory();
 
-  std::printf("%d nodes x %d A100 (%d GPUs, %d running pods, half the slices reserved):\n", nodes,
-              kGpusPerNode, nodes * kGpusPerNode, nodes * 6);
+  std::printf("%d nodes x %d A100 (%d GPUs, %d running pods, half the slices reserved), %s:\n",
+              nodes, kGpusPerNode, nodes * kGpusPerNode, nodes * 6,
+              plain
+                  ? "plain HTTP, no client authentication (each filter reads the pod from the API)"
+                  : "HTTPS with kube-scheduler's client certificate (as deployed)");
   std::printf("  api server filled in %.1f s (child process); scheduler synced in %.1f s\n", fill_s,
               sync_s);
   std::printf(
@@ -337,6 +446,10 @@ void Run(int nodes, int filters) {
       "(%d reserved, %d pending, %d errors)\n",
       filters, seq.p50_ms, seq.p99_ms, seq.max_ms, seq.per_second, seq.reserved, seq.pending,
       seq.errors);
+  std::printf(
+      "  planner alone in process (mig::PlanPod over the same %d node views): %.0f decisions/s; "
+      "sequential /filter reaches %.0f%% of it\n",
+      nodes, planner_per_second, 100.0 * seq.per_second / planner_per_second);
   std::printf(
       "  %d threads: %d filters, p50 %.2f ms, p99 %.2f ms, %.0f decisions/s (%d reserved, "
       "%d pending, %d errors)\n",
@@ -361,7 +474,15 @@ void Run(int nodes, int filters) {
 int main(int argc, char** argv) {
   std::vector<int> sizes = {1000, 5000};
   int filters = 1000;
+  bool plain = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--plain") == 0) plain = true;
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::strcmp(argv[i], "--plain") == 0) {
+      --i;
+      continue;
+    }
     if (std::strcmp(argv[i], "--nodes") == 0) {
       sizes.clear();
       for (const char* p = argv[i + 1]; *p != '\0';) {
@@ -374,6 +495,6 @@ int main(int argc, char** argv) {
     }
   }
   spdlog::set_level(spdlog::level::warn);
-  for (int n : sizes) Run(n, filters);
+  for (int n : sizes) Run(n, filters, plain);
   return 0;
 }

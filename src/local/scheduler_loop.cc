@@ -294,6 +294,17 @@ SchedulerLoop::Outcome SchedulerLoop::ScheduleOne(const kube::Object& pod,
             "no node passes kube-scheduler's own filters (cordoned without a toleration, "
             "nodeSelector, required node affinity)"};
   }
+  // kube-scheduler requeues a pod that is updated while it is being scheduled (v1.20 ignores only
+  // annotation-only updates of a pod it has already assumed, i.e. from bind on). The requeued copy
+  // is scheduled again while the first cycle binds it, and fails with "pod <uid> is in the cache,
+  // so can't be assumed": a FailedScheduling Warning on a pod that scheduled fine. The stand-in
+  // compares the pod's resourceVersion before the filter and before the bind, and reports the
+  // same warning.
+  auto version_now = [&]() -> std::string {
+    auto current = client_.GetPod(kube::Namespace(pod), kube::Name(pod));
+    return current.ok() ? kube::ResourceVersion(*current) : "";
+  };
+  const std::string version_at_start = version_now();
   std::string chosen;
   if (UsesManagedResources(pod) && !x.filter_verb.empty()) {
     json args = {{"Pod", pod}};
@@ -335,6 +346,9 @@ SchedulerLoop::Outcome SchedulerLoop::ScheduleOne(const kube::Object& pod,
   } else {
     chosen = nodes.front();
   }
+  const std::string version_at_bind = version_now();
+  const bool updated_in_cycle =
+      !version_at_start.empty() && !version_at_bind.empty() && version_at_start != version_at_bind;
   if (!x.bind_verb.empty() && UsesManagedResources(pod)) {
     json args = {{"PodName", kube::Name(pod)},
                  {"PodNamespace", kube::Namespace(pod)},
@@ -351,6 +365,14 @@ SchedulerLoop::Outcome SchedulerLoop::ScheduleOne(const kube::Object& pod,
     if (!st.ok()) return {false, "bind: " + std::string(st.message())};
   }
   Log(fmt::format("scheduled {} to {}", key, chosen));
+  if (updated_in_cycle) {
+    const std::string message =
+        fmt::format("pod {} is in the cache, so can't be assumed", kube::Uid(pod));
+    Log(fmt::format("{} was updated during its scheduling cycle (resourceVersion {} -> {}): {}",
+                    key, version_at_start, version_at_bind, message));
+    (void)client_.CreateEvent(kube::NewEvent(pod, "Warning", "FailedScheduling", message,
+                                             "dynmig-local-scheduler", absl::Now()));
+  }
   return {true, ""};
 }
 

@@ -127,7 +127,8 @@ bool Better(const NodePlan& a, const NodePlan& b, NodePolicy policy) {
   } else if (a.used_fraction != b.used_fraction) {
     return a.used_fraction < b.used_fraction;
   }
-  return a.score > b.score;
+  if (a.score != b.score) return a.score > b.score;
+  return !a.bind_in_flight && b.bind_in_flight;
 }
 
 // Buffers reused across the nodes of one pod, so the common path allocates nothing per node.
@@ -212,6 +213,7 @@ bool PlanSingleFast(const NodeView& node, const PodRequest& request, const Conta
 }
 
 void PlanOnNode(const NodeView& node, const PodRequest& request, Scratch& s, NodePlan& plan) {
+  plan.bind_in_flight = node.bind_in_flight;
   if (node.healthy && !node.gpus.empty() && request.preference.empty() &&
       NoFilters(request.filter)) {
     const ContainerRequest* only = nullptr;
@@ -365,6 +367,50 @@ void PlanOnNode(const NodeView& node, const PodRequest& request, Scratch& s, Nod
 }
 
 }  // namespace
+
+bool BetterNode(const NodePlan& a, const NodePlan& b, NodePolicy policy) {
+  return Better(a, b, policy);
+}
+
+NodeSummary Summarize(const NodeView& node) {
+  NodeSummary out;
+  for (const GpuView& gpu : node.gpus) {
+    if (gpu.planner == nullptr || !gpu.healthy || !ModeAllowsMig(gpu.mode)) continue;
+    const auto& profiles = gpu.planner->capability().profiles;
+    for (uint32_t idx : gpu.planner->allowed()) {
+      const ProfileSpec& spec = profiles[idx];
+      out.max_profile_mib = std::max(out.max_profile_mib, spec.memory_mib);
+      if (spec.memory_mib <= out.max_placeable_mib) continue;
+      for (const auto& pl : spec.placements) {
+        if ((gpu.usage.occupied & pl.Mask()) == 0) {
+          out.max_placeable_mib = spec.memory_mib;
+          break;
+        }
+      }
+    }
+  }
+  return out;
+}
+
+namespace {
+
+bool AllInstancesAtMost(const PodRequest& request, uint64_t mib) {
+  for (const auto& c : request.containers) {
+    if (c.count == 0 || c.memory.mib == 0) continue;  // none, or sized by percentage
+    if (c.memory.mib > mib) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool MayFit(const NodeSummary& summary, const PodRequest& request) {
+  return AllInstancesAtMost(request, summary.max_placeable_mib);
+}
+
+bool MayEverFit(const NodeSummary& summary, const PodRequest& request) {
+  return AllInstancesAtMost(request, summary.max_profile_mib);
+}
 
 NodePlan PlanPodOnNode(const NodeView& node, const PodRequest& request) {
   Scratch scratch;

@@ -36,7 +36,28 @@ struct NodeView {
   bool healthy = true;
   std::string unhealthy_reason;
   std::vector<GpuView> gpus;
+  // A bind to this node is in flight (its hami.io/mutex.lock is held): among nodes that are
+  // equally good for the pod, one without a bind in flight is chosen first.
+  bool bind_in_flight = false;
 };
+
+// What a node can still take, kept beside its view and rebuilt with it (so it follows every
+// reservation change of that node alone): a cluster-wide search skips the nodes that cannot fit a
+// pod before any per-GPU work.
+struct NodeSummary {
+  // The largest memory of an allowlisted profile with a free placement on some schedulable GPU
+  // (healthy, in MIG mode); 0 when none. Instance-count limits are ignored (an upper bound).
+  uint64_t max_placeable_mib = 0;
+  // The largest memory of any allowlisted profile of a schedulable GPU, free or not.
+  uint64_t max_profile_mib = 0;
+};
+NodeSummary Summarize(const NodeView& node);
+// False when the node certainly cannot take the pod now: an instance asks for more memory (MiB)
+// than any free placement offers. Instances sized by percentage never rule a node out.
+bool MayFit(const NodeSummary& summary, const PodRequest& request);
+// False when no release of slices could make the node take the pod (no profile is big enough on
+// any schedulable GPU). Conservative in the same way as MayFit.
+bool MayEverFit(const NodeSummary& summary, const PodRequest& request);
 
 // One reserved instance of the pod.
 struct Assignment {
@@ -60,6 +81,7 @@ struct NodePlan {
   uint64_t score = 0;            // summed fragmentation score after the pod (higher is better)
   // Free units left on the GPUs the pod lands on, in 64ths of a GPU (lower is a tighter fit).
   uint32_t leftover = 0;
+  bool bind_in_flight = false;  // the node's, for the last tie-break
 
   bool fits() const { return verdict == Verdict::kFits; }
   // "node-a: fragmented: GPU 0 (GPU-…): ...; GPU 1 ...".
@@ -76,10 +98,14 @@ struct PodPlan {
 
 // Plans on every node and picks one. Node policy binpack (the default) is best-fit: the node
 // where the pod's GPUs are left with the fewest free slices, then the fullest node; spread picks
-// the emptiest node. Remaining ties go to the better fragmentation score, then to node order.
+// the emptiest node. Remaining ties go to the better fragmentation score, then to a node without a
+// bind in flight, then to node order.
 // Verdicts only: for the reasons of a node that does not fit, call PlanPodOnNode on it (Reason
 // needs them).
 PodPlan PlanPod(std::span<const NodeView> nodes, const PodRequest& request);
+// PlanPod's comparison: whether node plan `a` (which fits) is a better choice than `b` (which
+// fits) under `policy`; PlanPod keeps the first of equals in node order.
+bool BetterNode(const NodePlan& a, const NodePlan& b, NodePolicy policy);
 // The same over nodes held elsewhere (the scheduler's cache).
 PodPlan PlanPod(std::span<const NodeView* const> nodes, const PodRequest& request);
 

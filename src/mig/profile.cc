@@ -68,10 +68,14 @@ uint64_t NominalMemoryMib(std::string_view profile_name) {
   return parsed.ok() ? uint64_t{parsed->memory_gb} * 1024 : 0;
 }
 
+uint64_t SizingMemory(const ProfileSpec& p, MemoryMatch match) {
+  if (match == MemoryMatch::kNvml) return p.memory_mib;
+  const uint64_t nominal = NominalMemoryMib(p.name);
+  return nominal != 0 ? nominal : p.memory_mib;
+}
+
 uint64_t ProfileSpec::SizingMib() const {
-  if (sizing_mib != 0) return sizing_mib;
-  const uint64_t nominal = NominalMemoryMib(name);
-  return nominal != 0 ? nominal : memory_mib;
+  return sizing_mib != 0 ? sizing_mib : SizingMemory(*this, MemoryMatch::kNominal);
 }
 
 void ApplyMemoryMatch(GpuCapability& cap, MemoryMatch match) {

@@ -88,6 +88,10 @@ struct GpuCapability {
   uint64_t FullProfileMemory() const;
 };
 
+// The most memory a request may ask of `p` under `match`: NVML's memory, or the nominal memory
+// (memory_mib when the name has none).
+uint64_t SizingMemory(const ProfileSpec& p, MemoryMatch match);
+
 // Sets every profile's sizing memory for `match`.
 void ApplyMemoryMatch(GpuCapability& cap, MemoryMatch match);
 

@@ -7,12 +7,6 @@
 namespace dynmig::mig {
 namespace {
 
-uint64_t SizingOf(const ProfileSpec& p, MemoryMatch match) {
-  if (match == MemoryMatch::kNvml) return p.memory_mib;
-  const uint64_t nominal = NominalMemoryMib(p.name);
-  return nominal != 0 ? nominal : p.memory_mib;
-}
-
 bool Allowed(const std::vector<std::string>& allowed, const std::string& name) {
   return std::find(allowed.begin(), allowed.end(), name) != allowed.end();
 }
@@ -30,11 +24,11 @@ const ProfileSpec* ResolveProfile(const GpuCapability& cap, const std::vector<st
                                   MemoryMatch match) {
   std::vector<const ProfileSpec*> covering;
   for (const auto& p : cap.profiles) {
-    if (Allowed(allowed, p.name) && SizingOf(p, match) >= request_mib) covering.push_back(&p);
+    if (Allowed(allowed, p.name) && SizingMemory(p, match) >= request_mib) covering.push_back(&p);
   }
   std::sort(covering.begin(), covering.end(), [&](const ProfileSpec* a, const ProfileSpec* b) {
-    if (SizingOf(*a, match) != SizingOf(*b, match))
-      return SizingOf(*a, match) < SizingOf(*b, match);
+    if (SizingMemory(*a, match) != SizingMemory(*b, match))
+      return SizingMemory(*a, match) < SizingMemory(*b, match);
     return DefaultProfileLess(*a, *b);
   });
   for (const auto& entry : preference.entries) {

@@ -6,6 +6,7 @@
 #include "fmt/format.h"
 #include "protocol/annotations.h"
 #include "protocol/node_register.h"
+#include "scheduler/node_lock.h"
 
 namespace dynmig::scheduler {
 namespace {
@@ -58,6 +59,18 @@ std::string CapabilityKey(const mig::GpuCapability& cap, const std::vector<std::
 
 }  // namespace
 
+bool NeverFits(mig::Verdict verdict) {
+  switch (verdict) {
+    case mig::Verdict::kNoProfileBigEnough:
+    case mig::Verdict::kNotAllowlisted:
+    case mig::Verdict::kFiltered:
+    case mig::Verdict::kNoMigGpu:
+      return true;
+    default:
+      return false;
+  }
+}
+
 std::optional<absl::Time> ParseHandshakeReported(const std::string& value) {
   constexpr std::string_view kPrefix = "Reported_";
   if (!value.starts_with(kPrefix)) return std::nullopt;
@@ -104,17 +117,19 @@ ClusterState::NodeEntry& ClusterState::NodeFor(const std::string& name) {
   return it->second;
 }
 
-const std::vector<ClusterState::NodeEntry*>& ClusterState::Resolve(
-    const std::vector<std::string>& candidates) {
+std::shared_ptr<const std::vector<ClusterState::NodeEntry*>> ClusterState::Resolve(
+    const std::vector<std::string>& candidates) const {
+  std::lock_guard<std::mutex> memo(resolve_mu_);
   if (resolved_generation_ == nodes_generation_ && candidates == resolved_names_) {
     return resolved_entries_;
   }
-  resolved_entries_.clear();
-  resolved_entries_.reserve(candidates.size());
-  for (const auto& name : candidates) resolved_entries_.push_back(FindNode(name));
+  auto entries = std::make_shared<std::vector<NodeEntry*>>();
+  entries->reserve(candidates.size());
+  for (const auto& name : candidates) entries->push_back(FindNode(name));
   resolved_names_ = candidates;
   resolved_generation_ = nodes_generation_;
-  return resolved_entries_;
+  resolved_entries_ = entries;
+  return entries;
 }
 
 ClusterState::NodeEntry* ClusterState::FindNode(const std::string& name) const {
@@ -123,15 +138,20 @@ ClusterState::NodeEntry* ClusterState::FindNode(const std::string& name) const {
 }
 
 void ClusterState::MarkDirty(const std::string& node) {
-  if (NodeEntry* entry = FindNode(node)) entry->dirty = true;
+  if (NodeEntry* entry = FindNode(node)) Touch(*entry);
 }
 
 void ClusterState::UpsertNode(const json& node) {
   const std::string name = Str(node, {"metadata", "name"});
   if (name.empty()) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock lock(mu_);
   NodeEntry& entry = NodeFor(name);
-  entry.dirty = true;
+  Touch(entry);
+  entry.locked_at.reset();
+  if (const std::string held = Annotation(node, protocol::kNodeLockAnnotation); !held.empty()) {
+    if (auto lock_value = ParseNodeLock(held); lock_value.ok()) entry.locked_at = lock_value->time;
+  }
+  for (const auto& gpu : entry.gpus) Uncount(gpu.info.type);
   entry.gpus.clear();
   entry.register_error.clear();
   entry.handshake = Annotation(node, protocol::kNodeHandshakeAnnotation);
@@ -165,12 +185,29 @@ void ClusterState::UpsertNode(const json& node) {
     // The capability lives in the (shared) planner now; the profile list is not needed again.
     gpu.info.mig_profiles.clear();
     gpu.info.mig_profiles.shrink_to_fit();
+    ++model_count_[gpu.info.type];
     entry.gpus.push_back(std::move(gpu));
   }
 }
 
+void ClusterState::Uncount(const std::string& model) {
+  auto it = model_count_.find(model);
+  if (it != model_count_.end() && --it->second <= 0) model_count_.erase(it);
+}
+
+std::vector<std::string> ClusterState::Models() const {
+  std::shared_lock lock(mu_);
+  std::vector<std::string> out;
+  out.reserve(model_count_.size());
+  for (const auto& [model, count] : model_count_) out.push_back(model);
+  return out;
+}
+
 void ClusterState::RemoveNode(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock lock(mu_);
+  if (NodeEntry* entry = FindNode(name)) {
+    for (const auto& gpu : entry->gpus) Uncount(gpu.info.type);
+  }
   index_.erase(name);
   if (nodes_.erase(name) > 0) ++nodes_generation_;
 }
@@ -180,7 +217,7 @@ void ClusterState::Unlink(const std::string& pod_key) {
   if (it == pods_.end()) return;
   if (NodeEntry* node = FindNode(it->second.node)) {
     node->pods.erase(pod_key);
-    node->dirty = true;
+    Touch(*node);
   }
   pods_.erase(it);
 }
@@ -189,7 +226,7 @@ void ClusterState::UpsertPod(const json& pod) {
   const std::string ns = Str(pod, {"metadata", "namespace"});
   const std::string name = Str(pod, {"metadata", "name"});
   const std::string key = ns + "/" + name;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock lock(mu_);
   Unlink(key);
   if (Terminated(pod)) {
     // A terminated pod releases its reservation; so does its assumption.
@@ -226,13 +263,13 @@ void ClusterState::UpsertPod(const json& pod) {
   // A node that is not registered (yet) gets an entry: the pod counts when the node appears.
   NodeEntry& node = NodeFor(entry.node);
   node.pods.insert(key);
-  node.dirty = true;
+  Touch(node);
   pods_.emplace(key, std::move(entry));
 }
 
 void ClusterState::RemovePod(const std::string& ns, const std::string& name) {
   const std::string key = ns + "/" + name;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock lock(mu_);
   Unlink(key);
   released_.erase(key);
   if (auto a = assumed_.find(key); a != assumed_.end()) {
@@ -386,94 +423,199 @@ void ClusterState::Rebuild(NodeEntry& node) const {
     }
     view.gpus.push_back(std::move(gv));
   }
+  node.summary = mig::Summarize(view);
   node.dirty = false;
 }
 
-const mig::NodeView& ClusterState::ViewOf(NodeEntry& node, absl::Time now) const {
-  if (node.dirty) Rebuild(node);
-  // Health from the last report changes with time alone: decided on every read. Written only
-  // when it changed (a filter reads thousands of nodes; most are healthy and stay so).
-  auto set = [&node](bool healthy, std::string_view reason) {
-    if (node.view.healthy != healthy || node.report.healthy != healthy) {
-      node.view.healthy = node.report.healthy = healthy;
-    }
-    if (node.view.unhealthy_reason != reason) node.view.unhealthy_reason = reason;
-    if (node.report.unhealthy_reason != reason) node.report.unhealthy_reason = reason;
-  };
-  if (!node.register_error.empty()) {
-    // Rebuild gave the view its reason.
-    const std::string reason = node.view.unhealthy_reason;
-    set(false, reason);
-  } else if (node.handshake.empty()) {
-    set(true, "");
-  } else if (node.handshake == "Deleted" || node.handshake.starts_with("Deleted_")) {
-    set(false, "the device plugin deregistered (hami.io/node-handshake Deleted)");
-  } else if (const auto& t = node.reported_at;
-             t.has_value() && now - *t > options_.report_timeout) {
-    set(false, fmt::format("the device plugin stopped reporting: last report {} ago",
-                           absl::FormatDuration(absl::Trunc(now - *t, absl::Seconds(1)))));
-  } else {
-    set(true, "");
+namespace {
+
+// The node-level health from the device plugin's reports alone (the register error is handled
+// by Rebuild): nullopt when healthy, else the reason.
+std::optional<std::string> ReportHealth(const std::string& handshake,
+                                        const std::optional<absl::Time>& reported_at,
+                                        absl::Duration timeout, absl::Time now, bool explain) {
+  if (handshake.empty()) return std::nullopt;
+  if (handshake == "Deleted" || handshake.starts_with("Deleted_")) {
+    return std::string("the device plugin deregistered (hami.io/node-handshake Deleted)");
   }
+  if (reported_at.has_value() && now - *reported_at > timeout) {
+    // Stated as a time, not an age: the text stays the same while the node stays stale.
+    if (!explain) return std::string();
+    return fmt::format("the device plugin stopped reporting: last report at {} (more than {} ago)",
+                       absl::FormatTime(absl::RFC3339_sec, *reported_at, absl::UTCTimeZone()),
+                       absl::FormatDuration(timeout));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+bool ClusterState::Stale(const NodeEntry& node, absl::Time now) const {
+  if (node.dirty) return true;
+  const bool healthy =
+      node.register_error.empty() &&
+      !ReportHealth(node.handshake, node.reported_at, options_.report_timeout, now, false);
+  if (healthy != node.view.healthy) return true;
+  const bool busy = node.locked_at.has_value() && now - *node.locked_at < kDefaultNodeLockExpiry;
+  return busy != node.view.bind_in_flight;
+}
+
+const mig::NodeView& ClusterState::ViewOf(NodeEntry& node, absl::Time now) const {
+  if (!node.dirty && !Stale(node, now)) return node.view;
+  if (node.dirty) Rebuild(node);
+  // Health from the last report and the bind lock change with time alone: decided here, and
+  // every reader checks them (Stale) before it trusts the cached view.
+  std::string reason;
+  bool healthy = true;
+  if (!node.register_error.empty()) {
+    healthy = false;
+    reason = "unreadable hami.io/node-nvidia-register: " + node.register_error;
+  } else if (auto why = ReportHealth(node.handshake, node.reported_at, options_.report_timeout, now,
+                                     true)) {
+    healthy = false;
+    reason = std::move(*why);
+  }
+  node.view.healthy = node.report.healthy = healthy;
+  node.view.unhealthy_reason = reason;
+  node.report.unhealthy_reason = std::move(reason);
+  node.view.bind_in_flight =
+      node.locked_at.has_value() && now - *node.locked_at < kDefaultNodeLockExpiry;
+  ++node.version;
   return node.view;
 }
 
-absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
-    const std::string& pod_key, const mig::PodRequest& request,
-    const std::vector<std::string>& candidates, absl::Time now) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (assumed_.count(pod_key)) {
-    return absl::InvalidArgumentError(
-        fmt::format("pod {} already holds a reservation made by this scheduler", pod_key));
-  }
+namespace {
+
+// The reason of a node that does not fit (PlanPod computes verdicts alone).
+std::pair<mig::Verdict, std::string> Explain(const mig::NodeView& view,
+                                             const mig::PodRequest& request) {
+  const mig::NodePlan explained = mig::PlanPodOnNode(view, request);
+  return {explained.verdict, explained.Reason(view)};
+}
+
+// A node ruled out by its summary: not planned, does not fit.
+mig::NodePlan SkippedPlan() {
+  mig::NodePlan plan;
+  plan.verdict = mig::Verdict::kCapacityExhausted;
+  return plan;
+}
+
+}  // namespace
+
+ClusterState::Planned ClusterState::PlanLocked(
+    std::shared_ptr<const std::vector<NodeEntry*>> entries_ptr,
+    const std::vector<std::string>& candidates, const mig::PodRequest& request) const {
+  Planned out;
+  out.entries = std::move(entries_ptr);
+  out.generation = nodes_generation_;
+  const std::vector<NodeEntry*>& entries = *out.entries;
+  const size_t n = entries.size();
+  out.versions.resize(n);
+  out.plans.resize(n);
+  FilterDecision& decision = out.decision;
   std::vector<const mig::NodeView*> views;
-  std::vector<const std::string*> names;
-  views.reserve(candidates.empty() ? nodes_.size() : candidates.size());
-  names.reserve(views.capacity());
-  FilterDecision decision;
-  auto consider = [&](NodeEntry& n) {
-    views.push_back(&ViewOf(n, now));
-    names.push_back(&n.name);
-  };
-  if (candidates.empty()) {
-    for (auto& [name, n] : nodes_) consider(n);
-  } else {
-    const std::vector<NodeEntry*>& entries = Resolve(candidates);
-    for (size_t i = 0; i < candidates.size(); ++i) {
-      if (entries[i] == nullptr) {
-        decision.failed[candidates[i]] = "no-mig-gpu: the node registers no GPU with dynmig";
-        continue;
-      }
-      consider(*entries[i]);
-    }
-  }
-  const mig::PodPlan plan = mig::PlanPod(std::span<const mig::NodeView* const>(views), request);
-  decision.verdict = mig::Verdict::kNodeUnhealthy;
-  for (size_t i = 0; i < views.size(); ++i) {
-    if (static_cast<int>(i) == plan.chosen) continue;
-    if (plan.nodes[i].fits()) {
-      decision.failed.emplace_hint(decision.failed.end(), *names[i],
-                                   "another node was chosen for this pod");
+  std::vector<uint32_t> at;  // views[k] is entries[at[k]]
+  views.reserve(n);
+  at.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    const NodeEntry* e = entries[i];
+    if (e == nullptr) {
+      decision.failed[candidates[i]] = "no-mig-gpu: the node registers no GPU with dynmig";
+      out.plans[i] = SkippedPlan();
       continue;
     }
-    // Reasons only for the nodes that do not fit (PlanPod computes verdicts alone).
-    const mig::NodePlan explained = mig::PlanPodOnNode(*views[i], request);
-    decision.failed[*names[i]] = explained.Reason(*views[i]);
-    if (static_cast<int>(explained.verdict) < static_cast<int>(decision.verdict)) {
-      decision.verdict = explained.verdict;
+    out.versions[i] = e->version;
+    if (!mig::MayFit(e->summary, request)) {
+      out.plans[i] = SkippedPlan();  // ruled out by its summary, no per-GPU search
+      continue;
+    }
+    views.push_back(&e->view);
+    at.push_back(static_cast<uint32_t>(i));
+  }
+  mig::PodPlan plan = mig::PlanPod(std::span<const mig::NodeView* const>(views), request);
+  for (size_t k = 0; k < at.size(); ++k) out.plans[at[k]] = std::move(plan.nodes[k]);
+  out.chosen = plan.chosen < 0 ? -1 : static_cast<int>(at[plan.chosen]);
+  if (out.chosen >= 0) {
+    // A node was chosen: only the nodes that can never run the pod get an entry.
+    for (size_t i = 0; i < n; ++i) {
+      const NodeEntry* e = entries[i];
+      if (e == nullptr || static_cast<int>(i) == out.chosen || out.plans[i].fits()) continue;
+      const bool planned = mig::MayFit(e->summary, request);
+      if (planned ? !NeverFits(out.plans[i].verdict) : mig::MayEverFit(e->summary, request)) {
+        continue;
+      }
+      auto [verdict, reason] = Explain(e->view, request);
+      if (NeverFits(verdict)) decision.failed[e->name] = std::move(reason);
+    }
+    return out;
+  }
+  // Nothing fits: every candidate gets its reason (they make the pod's Pending message).
+  decision.verdict = mig::Verdict::kNodeUnhealthy;
+  bool any = false;
+  for (const NodeEntry* e : entries) {
+    if (e == nullptr) continue;
+    any = true;
+    auto [verdict, reason] = Explain(e->view, request);
+    decision.failed[e->name] = std::move(reason);
+    if (static_cast<int>(verdict) < static_cast<int>(decision.verdict)) decision.verdict = verdict;
+  }
+  if (!any) decision.verdict = mig::Verdict::kNoMigGpu;
+  return out;
+}
+
+bool ClusterState::Repair(Planned& p, const mig::PodRequest& request, absl::Time now) {
+  if (nodes_generation_ != p.generation) return false;
+  const std::vector<NodeEntry*>& entries = *p.entries;
+  bool changed = false;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    NodeEntry* e = entries[i];
+    if (e == nullptr || (e->version == p.versions[i] && !Stale(*e, now))) continue;
+    // Changed since the pass (another filter reserved there, a pod ended, its plugin reported):
+    // plan this node again on its current state.
+    changed = true;
+    ViewOf(*e, now);
+    p.versions[i] = e->version;
+    p.decision.failed.erase(e->name);
+    if (!mig::MayFit(e->summary, request)) {
+      p.plans[i] = SkippedPlan();
+      if (!mig::MayEverFit(e->summary, request)) {
+        auto [verdict, reason] = Explain(e->view, request);
+        if (NeverFits(verdict)) p.decision.failed[e->name] = std::move(reason);
+      }
+      continue;
+    }
+    p.plans[i] = mig::PlanPodOnNode(e->view, request);
+    if (!p.plans[i].fits() && NeverFits(p.plans[i].verdict)) {
+      p.decision.failed[e->name] = p.plans[i].Reason(e->view);
     }
   }
-  if (plan.chosen < 0) {
-    if (views.empty()) decision.verdict = mig::Verdict::kNoMigGpu;
-    return decision;
+  if (!changed) return true;
+  // Choose again, as PlanPod does: the first best in candidate order.
+  int chosen = -1;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (!p.plans[i].fits()) continue;
+    if (chosen < 0 || mig::BetterNode(p.plans[i], p.plans[chosen], request.node_policy)) {
+      chosen = static_cast<int>(i);
+    }
   }
-  decision.verdict = mig::Verdict::kFits;
-  const mig::NodeView& node = *views[plan.chosen];
+  if (chosen < 0) return false;  // nothing fits any more: plan afresh for the reasons
+  if (p.plans[chosen].assignments.empty()) {
+    // PlanPod records the assignments of its winner only.
+    p.plans[chosen] = mig::PlanPodOnNode(entries[chosen]->view, request);
+  }
+  p.chosen = chosen;
+  return true;
+}
+
+void ClusterState::Finish(Planned& p, const mig::PodRequest& request) const {
+  const NodeEntry& chosen = *(*p.entries)[p.chosen];
+  const mig::NodeView& node = chosen.view;
+  p.decision.verdict = mig::Verdict::kFits;
   Reservation r;
-  r.node = *names[plan.chosen];
+  r.node = chosen.name;
   r.devices.resize(request.containers.size());
   std::vector<std::string> parts;
-  for (const auto& a : plan.nodes[plan.chosen].assignments) {
+  for (const auto& a : p.plans[p.chosen].assignments) {
     const mig::GpuView& gpu = node.gpus[a.gpu];
     const auto& cap = gpu.planner->capability();
     const auto& spec = cap.profiles[a.profile_index];
@@ -495,14 +637,124 @@ absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
                                 a.placement.ToString(), gpu.uuid));
   }
   r.summary = fmt::format("{} on {}", fmt::join(parts, ", "), r.node);
-  assumed_[pod_key] = {r, absl::ToUnixSeconds(now)};
-  NodeFor(r.node).dirty = true;
-  decision.reservation = std::move(r);
-  return decision;
+  p.decision.reservation = std::move(r);
+}
+
+absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
+    const std::string& pod_key, const mig::PodRequest& request,
+    const std::vector<std::string>& candidates, absl::Time now, const std::string& pod_uid) {
+  auto already = [&] {
+    return absl::InvalidArgumentError(
+        fmt::format("pod {} already holds a reservation made by this scheduler", pod_key));
+  };
+  // The candidates' entries (every node when there are none); REQUIRES mu_ held.
+  auto entries_of = [&]() -> std::shared_ptr<const std::vector<NodeEntry*>> {
+    if (!candidates.empty()) return Resolve(candidates);
+    auto all = std::make_shared<std::vector<NodeEntry*>>();
+    all->reserve(nodes_.size());
+    for (auto& [name, n] : nodes_) all->push_back(&n);
+    return all;
+  };
+  // REQUIRES mu_ held exclusively.
+  auto commit = [&](Planned& p) {
+    Finish(p, request);
+    NodeEntry& chosen = *(*p.entries)[p.chosen];
+    assumed_[pod_key] = {*p.decision.reservation, absl::ToUnixSeconds(now), pod_uid, false};
+    Touch(chosen);
+    ViewOf(chosen, now);  // rebuilt now, so the next filter finds every node up to date
+    return std::move(p.decision);
+  };
+  // Optimistic: plan under the shared lock (filters plan in parallel), then, under the exclusive
+  // lock, re-plan only the nodes that changed meanwhile and record the choice. After a few lost
+  // races the whole decision runs under the exclusive lock, so a filter always finishes.
+  constexpr int kOptimisticAttempts = 8;
+  for (int attempt = 0;; ++attempt) {
+    if (attempt >= kOptimisticAttempts) {
+      std::unique_lock lock(mu_);
+      if (assumed_.count(pod_key)) return already();
+      auto entries = entries_of();
+      for (NodeEntry* n : *entries) {
+        if (n != nullptr) ViewOf(*n, now);
+      }
+      Planned p = PlanLocked(std::move(entries), candidates, request);
+      if (p.chosen < 0) return std::move(p.decision);
+      return commit(p);
+    }
+    Planned p;
+    bool stale = false;
+    {
+      std::shared_lock lock(mu_);
+      if (assumed_.count(pod_key)) return already();
+      auto entries = entries_of();
+      for (NodeEntry* n : *entries) {
+        if (n != nullptr && Stale(*n, now)) {
+          stale = true;
+          break;
+        }
+      }
+      if (!stale) {
+        p = PlanLocked(std::move(entries), candidates, request);
+        if (p.chosen < 0) return std::move(p.decision);
+      }
+    }
+    std::unique_lock lock(mu_);
+    if (stale) {
+      // Bring the changed nodes up to date (usually none: a reservation rebuilds its node at
+      // once), then plan again under the shared lock.
+      const auto entries = entries_of();  // held: a range over a temporary's target dangles
+      for (NodeEntry* n : *entries) {
+        if (n != nullptr) ViewOf(*n, now);
+      }
+      continue;
+    }
+    if (assumed_.count(pod_key)) return already();
+    if (Repair(p, request, now)) return commit(p);
+  }
+}
+
+std::optional<ClusterState::AssumedInfo> ClusterState::Assumed(const std::string& pod_key) const {
+  std::shared_lock lock(mu_);
+  auto it = assumed_.find(pod_key);
+  if (it == assumed_.end()) return std::nullopt;
+  return AssumedInfo{.reservation = it->second.reservation,
+                     .binding = it->second.binding,
+                     .uid = it->second.uid,
+                     .made = absl::FromUnixSeconds(it->second.reserved_at)};
+}
+
+absl::StatusOr<Reservation> ClusterState::ClaimForBind(const std::string& pod_key,
+                                                       const std::string& pod_uid,
+                                                       const std::string& node, absl::Time now) {
+  std::unique_lock lock(mu_);
+  auto it = assumed_.find(pod_key);
+  if (it == assumed_.end()) {
+    return absl::NotFoundError(
+        fmt::format("this scheduler holds no MIG reservation for pod {}", pod_key));
+  }
+  AssumedEntry& a = it->second;
+  if (!pod_uid.empty() && !a.uid.empty() && a.uid != pod_uid) {
+    // Made for an earlier pod of that name.
+    MarkDirty(a.reservation.node);
+    assumed_.erase(it);
+    return absl::NotFoundError(fmt::format(
+        "the MIG reservation held for pod {} belonged to uid {}, not {}", pod_key, a.uid, pod_uid));
+  }
+  if (a.reservation.node != node) {
+    return absl::FailedPreconditionError(
+        fmt::format("the pod's MIG reservation is on node {}, not {}", a.reservation.node, node));
+  }
+  a.binding = true;
+  a.reserved_at = absl::ToUnixSeconds(now);
+  return a.reservation;
+}
+
+void ClusterState::EndBind(const std::string& pod_key) {
+  std::unique_lock lock(mu_);
+  if (auto it = assumed_.find(pod_key); it != assumed_.end()) it->second.binding = false;
 }
 
 void ClusterState::Forget(const std::string& pod_key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock lock(mu_);
   auto it = assumed_.find(pod_key);
   if (it == assumed_.end()) return;
   MarkDirty(it->second.reservation.node);
@@ -510,7 +762,7 @@ void ClusterState::Forget(const std::string& pod_key) {
 }
 
 std::vector<NodeReport> ClusterState::Report(absl::Time now) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock lock(mu_);
   std::vector<NodeReport> out;
   for (auto& [name, n] : nodes_) {
     ViewOf(n, now);
@@ -520,14 +772,14 @@ std::vector<NodeReport> ClusterState::Report(absl::Time now) const {
 }
 
 std::optional<mig::NodeView> ClusterState::View(const std::string& node, absl::Time now) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock lock(mu_);
   auto it = nodes_.find(node);
   if (it == nodes_.end()) return std::nullopt;
   return ViewOf(it->second, now);
 }
 
 std::vector<std::string> ClusterState::UnrealizedBefore(absl::Time deadline) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::shared_lock lock(mu_);
   const int64_t cutoff = absl::ToUnixSeconds(deadline);
   std::vector<std::string> out;
   for (const auto& [key, pod] : pods_) {
@@ -539,13 +791,13 @@ std::vector<std::string> ClusterState::UnrealizedBefore(absl::Time deadline) con
     }
   }
   for (const auto& [key, a] : assumed_) {
-    if (a.reserved_at < cutoff && !pods_.count(key)) out.push_back(key);
+    if (a.reserved_at < cutoff && !a.binding && !pods_.count(key)) out.push_back(key);
   }
   return out;
 }
 
 std::optional<std::string> ClusterState::ReservedNode(const std::string& pod_key) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::shared_lock lock(mu_);
   if (auto a = assumed_.find(pod_key); a != assumed_.end()) return a->second.reservation.node;
   auto it = pods_.find(pod_key);
   if (it == pods_.end()) return std::nullopt;
@@ -557,7 +809,7 @@ std::optional<std::string> ClusterState::ReservedNode(const std::string& pod_key
 }
 
 void ClusterState::ReleaseUnrealized(const std::string& pod_key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock lock(mu_);
   auto it = pods_.find(pod_key);
   if (it == pods_.end()) return;
   released_.insert(pod_key);

@@ -8,14 +8,19 @@
 // GPUs of the node when that is unknown) unschedulable; so does a reservation naming a GPU the
 // node does not have, or one that is illegal or overlaps another. Each such GPU carries the reason.
 //
-// Thread-safe: informer handlers update it while filters plan on it; PlanAndReserve is atomic with
-// respect to other PlanAndReserve calls, so concurrent filters never reserve overlapping slices.
+// Thread-safe: informer handlers update it while filters plan on it. A reader-writer lock guards
+// the nodes and pods; a filter plans under the shared lock (filters plan in parallel) and takes
+// the exclusive lock only to record its choice, after checking that the chosen node did not change
+// since it planned (each node carries a version bumped by every change of its reservations);
+// otherwise it plans again. So concurrent filters never reserve overlapping slices, and no decision
+// holds one lock over the whole cluster state for its whole duration.
 #pragma once
 
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
+#include <shared_mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -80,10 +85,17 @@ struct Reservation {
 };
 
 struct FilterDecision {
-  std::optional<Reservation> reservation;      // nullopt: no candidate fits
-  std::map<std::string, std::string> failed;   // node -> reason, for every other candidate
+  std::optional<Reservation> reservation;  // nullopt: no candidate fits
+  // node -> reason. When nothing fits: every candidate. When a node was chosen: only the
+  // candidates that can never run the pod (unknown node, no MIG GPU, no allowlisted profile or
+  // none big enough, excluded by the pod's GPU hints); the others would run it and need no entry
+  // (kube-scheduler drops a node that is in neither list).
+  std::map<std::string, std::string> failed;
   mig::Verdict verdict = mig::Verdict::kFits;  // the best verdict when nothing fits
 };
+
+// Whether a verdict is permanent for this pod on that node (no release of slices changes it).
+bool NeverFits(mig::Verdict verdict);
 
 class ClusterState {
  public:
@@ -96,12 +108,32 @@ class ClusterState {
   void RemovePod(const std::string& ns, const std::string& name);
 
   // Plans the pod on the candidate nodes (all known nodes when empty) and, when one fits,
-  // records the reservation as assumed for `pod_key` (namespace/name) until the pod's annotation
-  // arrives or Forget is called. Errors: kInvalidArgument when the pod already holds a reservation.
+  // records the reservation as assumed for `pod_key` (namespace/name; `pod_uid` when known) until
+  // the pod's annotation arrives or Forget is called. Errors: kInvalidArgument when the pod
+  // already holds a reservation.
   absl::StatusOr<FilterDecision> PlanAndReserve(const std::string& pod_key,
                                                 const mig::PodRequest& request,
                                                 const std::vector<std::string>& candidates,
-                                                absl::Time now);
+                                                absl::Time now, const std::string& pod_uid = "");
+
+  // The pod's assumed reservation (made here, annotation not seen yet); nullopt when it has
+  // none. `binding`: a bind is writing it now (ClaimForBind).
+  struct AssumedInfo {
+    Reservation reservation;
+    bool binding = false;
+    std::string uid;  // the pod's uid at the filter; empty when unknown
+    absl::Time made;  // when the filter (or the bind claiming it) dated it
+  };
+  std::optional<AssumedInfo> Assumed(const std::string& pod_key) const;
+
+  // The assumed reservation of the pod for a bind to `node`, marked as being bound (a concurrent
+  // filter of the same pod does not move it; expiry does not count its age until EndBind) and
+  // re-dated to `now`. kNotFound when the pod has none (or the assumption belongs to another uid:
+  // it is dropped); kFailedPrecondition when it is on another node.
+  absl::StatusOr<Reservation> ClaimForBind(const std::string& pod_key, const std::string& pod_uid,
+                                           const std::string& node, absl::Time now);
+  // The bind is over (bound or failed): the assumption stays until the annotation arrives.
+  void EndBind(const std::string& pod_key);
 
   // Drops an assumed reservation (the annotation write failed, or the reservation expired).
   void Forget(const std::string& pod_key);
@@ -124,6 +156,9 @@ class ClusterState {
   // Cleared when the pod is removed or terminates.
   void ReleaseUnrealized(const std::string& pod_key);
 
+  // The NVML names of the MIG GPU models the nodes register (sorted, each once).
+  std::vector<std::string> Models() const;
+
   // The node's view for the planner (tests and explain).
   std::optional<mig::NodeView> View(const std::string& node, absl::Time now) const;
 
@@ -136,13 +171,16 @@ class ClusterState {
     // What every filter reads first, together (a filter reads thousands of entries).
     std::string name;
     bool dirty = true;                      // view and report need a Rebuild
+    uint64_t version = 0;                   // bumped with every change of what a plan reads
+    mig::NodeSummary summary;               // of the view, rebuilt with it
     std::optional<absl::Time> reported_at;  // hami.io/node-handshake's "Reported_<time>"
     mig::NodeView view;                     // cache, rebuilt when dirty
     std::string register_error;             // the register annotation could not be decoded
     // dynmig.io/mig-held: slices live instances hold without an active reservation.
     std::vector<protocol::HeldSlices> held;
-    std::string held_error;  // the annotation could not be decoded
-    std::string handshake;   // hami.io/node-handshake value
+    std::string held_error;               // the annotation could not be decoded
+    std::string handshake;                // hami.io/node-handshake value
+    std::optional<absl::Time> locked_at;  // hami.io/mutex.lock's time: a bind is in flight
     std::vector<GpuEntry> gpus;
     std::set<std::string> cordoned;
     std::set<std::string> pods;  // pod keys placed on this node
@@ -158,37 +196,73 @@ class ClusterState {
     absl::StatusOr<protocol::PodDevices> devices = protocol::PodDevices{};
     int64_t reserved_at = 0;  // hami.io/vgpu-time (unix seconds)
   };
-  struct Assumed {
+  struct AssumedEntry {
     Reservation reservation;
     int64_t reserved_at = 0;
+    std::string uid;
+    bool binding = false;
   };
 
   // All REQUIRE mu_ held.
   std::shared_ptr<const mig::GpuPlanner> PlannerFor(const protocol::DeviceInfo& info);
   // Rebuilds the node's cached view and report when dirty; sets its health for `now`.
+  // REQUIRES mu_ held exclusively.
   const mig::NodeView& ViewOf(NodeEntry& node, absl::Time now) const;
+  // Whether ViewOf would change the node (dirty, or its health or bind-in-flight state changed
+  // with time). REQUIRES mu_ held (shared is enough).
+  bool Stale(const NodeEntry& node, absl::Time now) const;
   void Rebuild(NodeEntry& node) const;
   void Unlink(const std::string& pod_key);
   void MarkDirty(const std::string& node);
+  void Uncount(const std::string& model);  // one registered GPU of `model` fewer
+  static void Touch(NodeEntry& node) {
+    node.dirty = true;
+    ++node.version;
+  }
+  // One planning pass over the candidates (under the shared lock): every node's plan, the
+  // versions it saw, the chosen node and the reasons the answer carries. Repair (under the
+  // exclusive lock) re-plans the nodes that changed since and chooses again, so the choice equals
+  // a plan made at that moment.
+  struct Planned {
+    std::shared_ptr<const std::vector<NodeEntry*>> entries;  // candidate order; null: unknown
+    std::vector<uint64_t> versions;                          // of entries when planned
+    std::vector<mig::NodePlan> plans;                        // verdict kFits: fits
+    uint64_t generation = 0;                                 // nodes_generation_ when planned
+    int chosen = -1;                                         // index into entries
+    FilterDecision decision;                                 // failed and verdict
+  };
+  // REQUIRES mu_ held, every candidate up to date (not Stale).
+  Planned PlanLocked(std::shared_ptr<const std::vector<NodeEntry*>> entries,
+                     const std::vector<std::string>& candidates,
+                     const mig::PodRequest& request) const;
+  // REQUIRES mu_ held exclusively. false: plan again (the node set changed, or nothing fits any
+  // more).
+  bool Repair(Planned& p, const mig::PodRequest& request, absl::Time now);
+  // The reservation of p's chosen node into p.decision. REQUIRES mu_ held.
+  void Finish(Planned& p, const mig::PodRequest& request) const;
   // The entry of `name`, created when missing (kept in nodes_ and index_).
   NodeEntry& NodeFor(const std::string& name);
   NodeEntry* FindNode(const std::string& name) const;
   // The entries of the candidates (null: unknown), in their order. kube-scheduler sends the same
   // NodeNames filter after filter: the last answer is kept and reused while the list and the set
   // of nodes are unchanged (one pass of string compares instead of thousands of hash lookups).
-  const std::vector<NodeEntry*>& Resolve(const std::vector<std::string>& candidates);
+  // REQUIRES mu_ held (shared is enough); the memo has its own lock.
+  std::shared_ptr<const std::vector<NodeEntry*>> Resolve(
+      const std::vector<std::string>& candidates) const;
 
   const ClusterStateOptions options_;
-  mutable std::mutex mu_;
+  mutable std::shared_mutex mu_;
   mutable std::map<std::string, NodeEntry> nodes_;  // sorted: reports list nodes by name
   // Hash index over nodes_ (its entries never move): a filter looks up thousands of candidates.
   std::unordered_map<std::string, NodeEntry*> index_;
-  uint64_t nodes_generation_ = 0;            // bumped whenever nodes_ gains or loses an entry
-  std::vector<std::string> resolved_names_;  // Resolve's memo
-  std::vector<NodeEntry*> resolved_entries_;
-  uint64_t resolved_generation_ = ~uint64_t{0};
+  std::map<std::string, int> model_count_;  // NVML model name -> registered MIG GPUs of it
+  uint64_t nodes_generation_ = 0;           // bumped whenever nodes_ gains or loses an entry
+  mutable std::mutex resolve_mu_;           // guards Resolve's memo
+  mutable std::vector<std::string> resolved_names_;
+  mutable std::shared_ptr<const std::vector<NodeEntry*>> resolved_entries_;
+  mutable uint64_t resolved_generation_ = ~uint64_t{0};
   std::map<std::string, PodEntry> pods_;
-  std::map<std::string, Assumed> assumed_;
+  std::map<std::string, AssumedEntry> assumed_;
   std::set<std::string> released_;                                          // ReleaseUnrealized
   std::map<std::string, std::shared_ptr<const mig::GpuPlanner>> planners_;  // by capability key
 };

@@ -80,7 +80,20 @@ Extender::Extender(kube::KubeClient& client, ClusterState& state, const Clock& c
       guard_(BindGuardOptions{.scheduler_name = options_.scheduler_name,
                               .resources = options_.resources,
                               .reservation_ttl = options_.reservation_ttl},
-             options_.reservation_lookup) {}
+             options_.reservation_lookup ? options_.reservation_lookup
+                                         : [this](const kube::Object& pod) {
+                                             return HeldBy(pod);
+                                           }) {}
+
+std::optional<HeldReservation> Extender::HeldBy(const kube::Object& pod) const {
+  // A reservation still in memory (between filter and bind) first, then the pod's annotations.
+  if (auto assumed = state_.Assumed(PodNamespace(pod) + "/" + kube::Name(pod));
+      assumed.has_value() &&
+      (assumed->uid.empty() || kube::Uid(pod).empty() || assumed->uid == kube::Uid(pod))) {
+    return HeldReservation{.node = assumed->reservation.node, .made = assumed->made};
+  }
+  return AnnotatedReservation(pod);
+}
 
 void Extender::Event(const kube::Object& pod, std::string_view type, std::string_view reason,
                      std::string message) {
@@ -88,7 +101,7 @@ void Extender::Event(const kube::Object& pod, std::string_view type, std::string
 }
 
 std::string Extender::HandleFilter(std::string_view body) {
-  auto args = ParseExtenderArgs(body);
+  auto args = ParseExtenderArgs(body, &node_names_);
   if (!args.ok()) {
     if (metrics_ != nullptr) metrics_->ObserveFilter("error", absl::ZeroDuration());
     ExtenderFilterResult result;
@@ -137,22 +150,44 @@ ExtenderFilterResult Extender::Filter(const ExtenderArgs& args) {
   // The cluster state knows our assumptions and every reservation the watch delivered; a
   // reservation only the request's pod carries (another replica's, not watched yet; or one we
   // released that kube-scheduler's cache still shows) is checked against the API.
+  auto is_candidate = [&](const std::string& node) {
+    return std::find(candidates.begin(), candidates.end(), node) != candidates.end();
+  };
+  std::optional<ClusterState::AssumedInfo> assumed = state_.Assumed(key);
+  if (assumed.has_value() && !assumed->uid.empty() && !kube::Uid(pod).empty() &&
+      assumed->uid != kube::Uid(pod)) {
+    // Made for an earlier pod of that name (deleted and created again): not this one's.
+    state_.Forget(key);
+    assumed.reset();
+  }
+  if (assumed.has_value()) {
+    // Made by an earlier filter and kept in memory until the bind writes it.
+    if (is_candidate(assumed->reservation.node)) {
+      result.node_names = {assumed->reservation.node};
+      return finish("already-reserved");
+    }
+    if (assumed->binding) {
+      for (const auto& node : candidates) {
+        result.failed_nodes[node] =
+            fmt::format("the pod holds a MIG reservation on node {}, which is being bound",
+                        assumed->reservation.node);
+      }
+      return finish("pending");
+    }
+    // Its node is no longer a candidate: the reservation lives only here, so giving it back
+    // touches nothing on the API server.
+    state_.Forget(key);
+    spdlog::info("filter {}: released the reservation on {}, which is no longer a candidate", key,
+                 assumed->reservation.node);
+  }
   std::optional<std::string> reserved = state_.ReservedNode(key);
   if (!reserved.has_value() && CarriedReservation(pod).has_value()) {
     auto current = client_.GetPod(ns, name);
     if (current.ok()) reserved = CarriedReservation(*current);
   }
   if (reserved.has_value()) {
-    const bool candidate =
-        std::find(candidates.begin(), candidates.end(), *reserved) != candidates.end();
-    if (candidate) {
+    if (is_candidate(*reserved)) {
       result.node_names = {*reserved};
-      for (const auto& node : candidates) {
-        if (node != *reserved) {
-          result.failed_nodes[node] =
-              fmt::format("the pod holds a MIG reservation on node {}", *reserved);
-        }
-      }
       return finish("already-reserved");
     }
     // Its node is no longer a candidate. An unbound pod that is not being bound gives the
@@ -187,8 +222,10 @@ ExtenderFilterResult Extender::Filter(const ExtenderArgs& args) {
     result.node_names = candidates;
     return finish("passthrough");
   }
-  const absl::Time now = clock_.Now();
-  auto decision = state_.PlanAndReserve(key, *request, candidates, now);
+  // The reservation is recorded in memory only: no pod update while kube-scheduler is still
+  // deciding (it would requeue the pod and report "is in the cache, so can't be assumed"). The
+  // bind writes it.
+  auto decision = state_.PlanAndReserve(key, *request, candidates, clock_.Now(), kube::Uid(pod));
   if (!decision.ok()) return fail(std::string(decision.status().message()));
   result.failed_nodes = std::move(decision->failed);
   if (!decision->reservation.has_value()) {
@@ -196,11 +233,6 @@ ExtenderFilterResult Extender::Filter(const ExtenderArgs& args) {
     return finish("pending");
   }
   const Reservation& r = *decision->reservation;
-  if (absl::Status written = WriteReservation(pod, r, now); !written.ok()) {
-    state_.Forget(key);
-    return fail(fmt::format("pod {}: the reservation ({}) could not be written: {}", key, r.summary,
-                            std::string(written.message())));
-  }
   Event(pod, "Normal", "MigReserved", "reserved " + r.summary);
   result.node_names = {r.node};
   return finish("reserved");
@@ -233,7 +265,7 @@ absl::StatusOr<std::optional<kube::Object>> Extender::VerifyFilterPod(const kube
 }
 
 absl::Status Extender::WriteReservation(const kube::Object& pod, const Reservation& r,
-                                        absl::Time now) {
+                                        absl::Time now, const kube::KeyPatch& also) {
   const std::string ns = PodNamespace(pod);
   const std::string name = kube::Name(pod);
   auto devices = protocol::EncodePodDevices(r.devices);
@@ -247,6 +279,7 @@ absl::Status Extender::WriteReservation(const kube::Object& pod, const Reservati
   patch.annotations[std::string(protocol::kDevicesAllocatedAnnotation)] = *devices;
   patch.annotations[std::string(protocol::kMigAllocationsAnnotation)] = allocations;
   patch.labels[std::string(protocol::kVgpuNodeLabel)] = r.node;
+  for (const auto& [k, v] : also) patch.annotations[k] = v;
   patch.resource_version = kube::ResourceVersion(pod);
   const std::string uid = kube::Uid(pod);
 
@@ -273,13 +306,18 @@ absl::Status Extender::WriteReservation(const kube::Object& pod, const Reservati
     return false;
   };
 
+  // The reservation is there already (an earlier attempt): the other annotations still go on.
+  auto write_also = [&]() -> absl::Status {
+    if (also.empty()) return absl::OkStatus();
+    return client_.PatchPodAnnotations(ns, name, also).status();
+  };
   if (patch.resource_version.empty()) {
     // No version to hold the write to: read the pod first.
     auto current = client_.GetPod(ns, name);
     if (!current.ok()) return current.status();
     auto done = examine(*current);
     if (!done.ok()) return done.status();
-    if (*done) return absl::OkStatus();
+    if (*done) return write_also();
     patch.resource_version = kube::ResourceVersion(*current);
   }
   absl::Status last;
@@ -292,7 +330,7 @@ absl::Status Extender::WriteReservation(const kube::Object& pod, const Reservati
     if (!current.ok()) return current.status();
     auto done = examine(*current);
     if (!done.ok()) return done.status();
-    if (*done) return absl::OkStatus();
+    if (*done) return write_also();
     patch.resource_version = kube::ResourceVersion(*current);
   }
   return absl::AbortedError(fmt::format("the pod kept changing ({} attempts): {}",
@@ -312,6 +350,28 @@ absl::Status Extender::ClearReservation(const kube::Object& pod) {
   if (!patched.ok()) return patched.status();
   state_.Forget(ns + "/" + name);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<Reservation>> Extender::ReservationForBind(const kube::Object& pod,
+                                                                        const std::string& node,
+                                                                        absl::Time now) {
+  const std::string ns = PodNamespace(pod);
+  const std::string key = ns + "/" + kube::Name(pod);
+  // Written already (a retried bind, or a reservation from before this scheduler kept them in
+  // memory): it must be on this node.
+  if (const std::optional<std::string> carried = CarriedReservation(pod); carried.has_value()) {
+    if (*carried != node) {
+      return absl::FailedPreconditionError(
+          fmt::format("the pod's MIG reservation is on node {}, not {}", *carried, node));
+    }
+    return std::nullopt;
+  }
+  // Made by this scheduler's filter and kept in memory.
+  // Made by this scheduler's filter and kept in memory (BindGuard found it; a replica that
+  // restarted or took over leadership since the filter holds none and refused the bind there).
+  auto claimed = state_.ClaimForBind(key, kube::Uid(pod), node, now);
+  if (!claimed.ok()) return claimed.status();
+  return std::optional<Reservation>(std::move(*claimed));
 }
 
 std::string Extender::Bind(const ExtenderBindingArgs& args) {
@@ -346,6 +406,22 @@ std::string Extender::Bind(const ExtenderBindingArgs& args) {
     if (bound_to == args.node) return finish("");
     return finish(fmt::format("bind {}: the pod is already bound to node {}", key, bound_to));
   }
+  // The reservation to write now (nullopt: the pod carries it already).
+  auto reservation = ReservationForBind(*pod, args.node, now);
+  if (!reservation.ok()) {
+    return finish(fmt::format("bind {}: {}", key, std::string(reservation.status().message())));
+  }
+  // From here on the in-memory reservation is marked as being bound; it stays (until the watch
+  // delivers the annotation, or expiry) whatever the outcome, so a retry finds it.
+  struct EndBind {
+    ClusterState& state;
+    const std::string& key;
+    bool active;
+    ~EndBind() {
+      if (active) state.EndBind(key);
+    }
+  } end_bind{state_, key, reservation->has_value()};
+
   if (absl::Status locked = AcquireNodeLock(client_, args.node, ns, name, now, options_.node_lock);
       !locked.ok()) {
     return finish(fmt::format("bind {}: {}", key, std::string(locked.message())));
@@ -367,7 +443,14 @@ std::string Extender::Bind(const ExtenderBindingArgs& args) {
   kube::KeyPatch phase;
   phase[std::string(protocol::kBindPhaseAnnotation)] = std::string(protocol::kBindPhaseAllocating);
   phase[std::string(protocol::kBindTimeAnnotation)] = std::to_string(absl::ToUnixSeconds(now));
-  if (auto st = client_.PatchPodAnnotations(ns, name, phase); !st.ok()) {
+  if (reservation->has_value()) {
+    // The pod is assumed by kube-scheduler now (it ignores annotation-only updates of an
+    // assumed pod): the reservation and bind-phase go on in one patch.
+    if (absl::Status st = WriteReservation(*pod, **reservation, now, phase); !st.ok()) {
+      return fail(fmt::format("bind {}: the reservation ({}) could not be written: {}", key,
+                              (*reservation)->summary, std::string(st.message())));
+    }
+  } else if (auto st = client_.PatchPodAnnotations(ns, name, phase); !st.ok()) {
     return fail(
         fmt::format("bind {}: cannot set bind-phase: {}", key, std::string(st.status().message())));
   }

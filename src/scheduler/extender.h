@@ -1,23 +1,28 @@
 // Extender: the decisions behind the scheduler extender's HTTP verbs, over a KubeClient and the
 // ClusterState that informers keep current. No HTTP here (server.h serves it).
 //
-// Filter: a pod that is not a MIG pod passes (every candidate returned). A pod that already holds
-// a reservation gets its reserved node back (idempotent retries). Otherwise the pod's request is
-// parsed (errors name the container and resource), ClusterState::PlanAndReserve picks node, GPU,
-// profile and placement and records the reservation at once, and the reservation is written to
-// the pod (hami.io/vgpu-node, -time, -devices-to-allocate, -devices-allocated,
-// -mig-allocations, and the hami.io/vgpu-node label) with a merge patch that carries the pod's
-// resourceVersion. On a conflict the pod is read again: our reservation already there is success;
-// another reservation, a binding or a new uid is an error; a change of anything else is retried on
-// the new version. Any failure forgets the reservation and answers Error, so kube-scheduler
-// retries the pod.
+// Filter: a pod that already holds a reservation gets its reserved node back (idempotent retries). Otherwise the pod's request is
+// parsed (errors name the container and resource) and ClusterState::PlanAndReserve picks node,
+// GPU, profile and placement and records the reservation in memory at once (it counts for every
+// later filter). The filter writes nothing to the pod: an update of a pod kube-scheduler is still
+// deciding requeues it ("pod ... is in the cache, so can't be assumed"). The answer names the
+// chosen node alone, with FailedNodes only for nodes that can never run the pod; when nothing
+// fits, every candidate with its reason.
 //
 // Both verbs first pass BindGuard (bind_guard.h): only MIG pods of our scheduler name are filtered
 // or bound, a bind needs the pod's uid and a live reservation of ours on its node. Refusals answer
 // Error and record a Warning event (MigFilterRefused, MigBindRefused) on the pod.
 //
-// Bind: takes the node lock (node_lock.h), marks the pod hami.io/bind-phase=allocating with
-// hami.io/bind-time, POSTs the Binding; any failure releases the lock and marks bind-phase=failed.
+// Bind: claims the in-memory reservation (a replica without one, after a restart or a change of
+// leader, refuses in BindGuard: kube-scheduler schedules the pod again), takes the node lock (node_lock.h;
+// waiting a bounded time for another pod's bind to finish), then writes the reservation
+// (hami.io/vgpu-node, -time, -devices-to-allocate, -devices-allocated, -mig-allocations, the
+// hami.io/vgpu-node label) together with hami.io/bind-phase=allocating and hami.io/bind-time in
+// one merge patch carrying the pod's resourceVersion (kube-scheduler ignores annotation-only
+// updates of a pod it has assumed), and POSTs the Binding. On a conflict the pod is read again:
+// our reservation already there is success; another reservation, a binding or a new uid is an
+// error; a change of anything else is retried on the new version. Any failure releases the lock
+// and marks bind-phase=failed; the in-memory reservation stays for the retry.
 //
 // Expiry (ExpireReservations, run periodically by the leader): reservations that the device plugin
 // has not realized (no runtime identity) reservation_ttl after hami.io/vgpu-time are released:
@@ -55,7 +60,9 @@ namespace dynmig::scheduler {
 struct ExtenderOptions {
   protocol::ResourceNames resources;
   absl::Duration reservation_ttl = absl::Minutes(10);
-  NodeLockOptions node_lock;
+  // A bind that finds the node locked by another pod's bind waits up to 10 s for it (well inside
+  // kube-scheduler's extender httpTimeout, 30 s in deploy/scheduler/kube-scheduler-config.yaml).
+  NodeLockOptions node_lock{.wait = absl::Seconds(10)};
   int patch_attempts = 3;  // reservation writes retried after unrelated changes of the pod
   // Pods whose spec.schedulerName is this are ours (bind_guard.h); others are refused.
   std::string scheduler_name = "dynmig-scheduler";
@@ -63,7 +70,8 @@ struct ExtenderOptions {
   // request's Pod is then kube-scheduler's view. False: before reserving, the filter reads the pod
   // from the API and checks that one (a forged Pod in the body reserves nothing).
   bool trusted_callers = false;
-  // Where the reservation this extender holds for a pod is found; empty = the pod's annotations.
+  // Where the reservation this extender holds for a pod is found; empty = in memory (made by a
+  // filter, not yet written), else the pod's annotations.
   ReservationLookup reservation_lookup;
 };
 
@@ -103,8 +111,18 @@ class Extender {
   absl::StatusOr<std::optional<kube::Object>> VerifyFilterPod(const kube::Object& pod,
                                                               const std::string& ns,
                                                               const std::string& name);
-  absl::Status WriteReservation(const kube::Object& pod, const Reservation& r, absl::Time now);
+  // Writes the reservation on the pod (with `also`, more annotations, in the same patch).
+  absl::Status WriteReservation(const kube::Object& pod, const Reservation& r, absl::Time now,
+                                const kube::KeyPatch& also = {});
+  // The reservation a bind of `pod` to `node` writes: the in-memory one (claimed for the bind);
+  // nullopt when the pod carries it already. Errors say why the bind is refused.
+  absl::StatusOr<std::optional<Reservation>> ReservationForBind(const kube::Object& pod,
+                                                                const std::string& node,
+                                                                absl::Time now);
   absl::Status ClearReservation(const kube::Object& pod);
+  // BindGuard's default lookup: the in-memory reservation of the pod (same uid), else the one its
+  // annotations carry.
+  std::optional<HeldReservation> HeldBy(const kube::Object& pod) const;
   void Event(const kube::Object& pod, std::string_view type, std::string_view reason,
              std::string message);
 
@@ -116,6 +134,7 @@ class Extender {
   const ExtenderOptions options_;
   const BindGuard guard_;
   std::function<std::string()> gate_;
+  NodeNamesCache node_names_;  // the last NodeNames list, recognised without parsing it again
 };
 
 }  // namespace dynmig::scheduler

@@ -69,7 +69,150 @@ const json* FieldCaseInsensitive(const json& obj, std::string_view key) {
   return nullptr;
 }
 
-absl::StatusOr<ExtenderArgs> ParseExtenderArgs(std::string_view body) {
+std::shared_ptr<const std::vector<std::string>> NodeNamesCache::Find(std::string_view raw) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (names_ != nullptr && raw == raw_) return names_;
+  return nullptr;
+}
+
+void NodeNamesCache::Store(std::string_view raw,
+                           std::shared_ptr<const std::vector<std::string>> names) {
+  std::lock_guard<std::mutex> lock(mu_);
+  raw_.assign(raw);
+  names_ = std::move(names);
+}
+
+namespace {
+
+// The members of a JSON object's text, located without parsing their values: key (raw, without
+// quotes) and value text. nullopt for anything unusual (escaped keys, text that is not an object,
+// unbalanced values): the caller then parses the whole text and reports what is wrong.
+struct Member {
+  std::string_view key;
+  std::string_view value;
+};
+
+size_t SkipSpace(std::string_view t, size_t i) {
+  while (i < t.size() && (t[i] == ' ' || t[i] == '\t' || t[i] == '\n' || t[i] == '\r')) ++i;
+  return i;
+}
+
+// The end of the string starting at t[i] == '"' (one past the closing quote), or npos.
+size_t SkipString(std::string_view t, size_t i) {
+  for (++i; i < t.size(); ++i) {
+    if (t[i] == '\\') {
+      ++i;
+    } else if (t[i] == '"') {
+      return i + 1;
+    }
+  }
+  return std::string_view::npos;
+}
+
+size_t SkipValue(std::string_view t, size_t i) {
+  if (i >= t.size()) return std::string_view::npos;
+  if (t[i] == '"') return SkipString(t, i);
+  if (t[i] == '{' || t[i] == '[') {
+    int depth = 0;
+    while (i < t.size()) {
+      const char c = t[i];
+      if (c == '"') {
+        i = SkipString(t, i);
+        if (i == std::string_view::npos) return i;
+        continue;
+      }
+      if (c == '{' || c == '[') ++depth;
+      if (c == '}' || c == ']') {
+        if (--depth == 0) return i + 1;
+      }
+      ++i;
+    }
+    return std::string_view::npos;
+  }
+  while (i < t.size() && t[i] != ',' && t[i] != '}' && t[i] != ']' && t[i] != ' ' && t[i] != '\n' &&
+         t[i] != '\r' && t[i] != '\t') {
+    ++i;
+  }
+  return i;
+}
+
+std::optional<std::vector<Member>> LocateMembers(std::string_view t) {
+  std::vector<Member> out;
+  size_t i = SkipSpace(t, 0);
+  if (i >= t.size() || t[i] != '{') return std::nullopt;
+  i = SkipSpace(t, i + 1);
+  if (i < t.size() && t[i] == '}')
+    return SkipSpace(t, i + 1) == t.size() ? std::optional(out) : std::nullopt;
+  while (i < t.size()) {
+    if (t[i] != '"') return std::nullopt;
+    const size_t key_end = SkipString(t, i);
+    if (key_end == std::string_view::npos) return std::nullopt;
+    const std::string_view key = t.substr(i + 1, key_end - i - 2);
+    if (key.find('\\') != std::string_view::npos) return std::nullopt;
+    i = SkipSpace(t, key_end);
+    if (i >= t.size() || t[i] != ':') return std::nullopt;
+    i = SkipSpace(t, i + 1);
+    const size_t value_end = SkipValue(t, i);
+    if (value_end == std::string_view::npos || value_end == i) return std::nullopt;
+    out.push_back({key, t.substr(i, value_end - i)});
+    i = SkipSpace(t, value_end);
+    if (i >= t.size()) return std::nullopt;
+    if (t[i] == '}') return SkipSpace(t, i + 1) == t.size() ? std::optional(out) : std::nullopt;
+    if (t[i] != ',') return std::nullopt;
+    i = SkipSpace(t, i + 1);
+  }
+  return std::nullopt;
+}
+
+// The fast path of ParseExtenderArgs; nullopt when the full parse must decide.
+std::optional<ExtenderArgs> ParseExtenderArgsFast(std::string_view body, NodeNamesCache& cache) {
+  auto members = LocateMembers(body);
+  if (!members.has_value()) return std::nullopt;
+  const Member* pod = nullptr;
+  const Member* names = nullptr;
+  for (const Member& m : *members) {
+    const Member** slot = nullptr;
+    if (EqualFold(m.key, "Pod")) {
+      slot = &pod;
+    } else if (EqualFold(m.key, "NodeNames")) {
+      slot = &names;
+    } else if (EqualFold(m.key, "Nodes")) {
+      if (m.value != "null") return std::nullopt;  // the NodeList form: the full parse
+      continue;
+    } else if (!json::accept(m.value.begin(), m.value.end())) {
+      return std::nullopt;
+    } else {
+      continue;
+    }
+    if (*slot != nullptr) return std::nullopt;  // a key twice: the full parse decides
+    *slot = &m;
+  }
+  if (pod == nullptr || names == nullptr || names->value == "null") return std::nullopt;
+  ExtenderArgs args;
+  args.pod = json::parse(pod->value.begin(), pod->value.end(), nullptr, false);
+  if (args.pod.is_discarded() || !args.pod.is_object()) return std::nullopt;
+  args.shared_node_names = cache.Find(names->value);
+  if (args.shared_node_names == nullptr) {
+    json list = json::parse(names->value.begin(), names->value.end(), nullptr, false);
+    if (list.is_discarded() || !list.is_array()) return std::nullopt;
+    auto parsed = std::make_shared<std::vector<std::string>>();
+    parsed->reserve(list.size());
+    for (json& name : list) {
+      if (!name.is_string()) return std::nullopt;
+      parsed->push_back(std::move(name.get_ref<std::string&>()));
+    }
+    cache.Store(names->value, parsed);
+    args.shared_node_names = std::move(parsed);
+  }
+  return args;
+}
+
+}  // namespace
+
+absl::StatusOr<ExtenderArgs> ParseExtenderArgs(std::string_view body, NodeNamesCache* cache) {
+  if (cache != nullptr) {
+    if (auto fast = ParseExtenderArgsFast(body, *cache); fast.has_value()) return std::move(*fast);
+  }
   constexpr std::string_view kWhat = "ExtenderArgs";
   auto doc = ParseBody(body, kWhat);
   if (!doc.ok()) return doc.status();

@@ -76,6 +76,10 @@ absl::Status SchedulerServer::Init() {
   extender_ = std::make_unique<Extender>(client_, *state_, clock_, events_.get(), metrics_.get(),
                                          options_.extender);
   extender_->SetGate([this] { return WriteGate(); });
+  // The webhook's sizing warnings and preference choices follow the models the nodes register.
+  if (!options_.admission.cluster_models) {
+    options_.admission.cluster_models = [state = state_.get()] { return state->Models(); };
+  }
   admission_ = std::make_unique<webhook::AdmissionHandler>(options_.admission);
 
   kube::InformerOptions pod_options = options_.informer;

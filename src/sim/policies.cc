@@ -242,8 +242,8 @@ class DynamicBase : public Policy {
 class DynmigPolicy : public DynamicBase {
  public:
   DynmigPolicy(std::string name, const Cluster& cluster, const std::vector<SimPod>& pods,
-               mig::GpuPolicy gpu_policy, mig::NodePolicy node_policy)
-      : DynamicBase(std::move(name), cluster, pods) {
+               mig::GpuPolicy gpu_policy, mig::NodePolicy node_policy, uint32_t bind_window)
+      : DynamicBase(std::move(name), cluster, pods), bind_window_(bind_window) {
     for (uint32_t n = 0; n < cluster.node_count(); ++n) {
       const ModelGroup& g = cluster.group_of_node(n);
       mig::NodeView view;
@@ -279,6 +279,14 @@ class DynmigPolicy : public DynamicBase {
     if (node < 0) {
       mig::PodPlan plan = mig::PlanPod(nodes_, req);
       if (plan.chosen < 0) return false;
+      if (bind_window_ > 0) {
+        // The nodes of the last bind_window_ placements have a bind in flight (their lock held
+        // until the device plugin's Allocate), as in a burst.
+        for (uint32_t n : in_flight_) nodes_[n].bind_in_flight = false;
+        in_flight_.push_back(static_cast<uint32_t>(plan.chosen));
+        if (in_flight_.size() > bind_window_) in_flight_.erase(in_flight_.begin());
+        for (uint32_t n : in_flight_) nodes_[n].bind_in_flight = true;
+      }
       return Take(pod, static_cast<uint32_t>(plan.chosen), plan.nodes[plan.chosen]);
     }
     mig::NodePlan plan = mig::PlanPodOnNode(nodes_[node], req);
@@ -309,6 +317,8 @@ class DynmigPolicy : public DynamicBase {
 
   std::vector<mig::NodeView> nodes_;
   std::vector<mig::PodRequest> requests_;  // by class
+  const uint32_t bind_window_;
+  std::vector<uint32_t> in_flight_;  // nodes of the last bind_window_ placements
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -1109,9 +1119,18 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec, const 
   if (spec == "dynmig" || spec.starts_with("dynmig:")) {
     mig::GpuPolicy gpu = mig::PodRequest{}.gpu_policy;
     mig::NodePolicy node = mig::PodRequest{}.node_policy;
+    uint32_t bind_window = 0;
     if (spec.size() > 7) {
       for (const auto& opt : SplitTrimmed(spec.substr(7), '+')) {
-        if (opt == "gpu-binpack") {
+        if (opt.starts_with("binds-in-flight-")) {
+          const std::string n = opt.substr(16);
+          if (n.empty() || n.size() > 6 || n.find_first_not_of("0123456789") != std::string::npos) {
+            return absl::InvalidArgumentError(fmt::format(
+                "--policy {}: \"{}\" needs a count: binds-in-flight-N (e.g. binds-in-flight-8)",
+                spec, opt));
+          }
+          bind_window = static_cast<uint32_t>(std::stoul(n));
+        } else if (opt == "gpu-binpack") {
           gpu = mig::GpuPolicy::kBinpack;
         } else if (opt == "gpu-spread") {
           gpu = mig::GpuPolicy::kSpread;
@@ -1122,12 +1141,12 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec, const 
         } else {
           return absl::InvalidArgumentError(fmt::format(
               "--policy {}: unknown option \"{}\" (gpu-binpack, gpu-spread, node-binpack, "
-              "node-spread, joined with '+')",
+              "node-spread, binds-in-flight-N, joined with '+')",
               spec, opt));
         }
       }
     }
-    return std::unique_ptr<Policy>(new DynmigPolicy(name, cluster, pods, gpu, node));
+    return std::unique_ptr<Policy>(new DynmigPolicy(name, cluster, pods, gpu, node, bind_window));
   }
   if (spec == "hami-v2.10" || spec == "hami") {
     return std::unique_ptr<Policy>(new HamiPolicy(name, cluster, pods));

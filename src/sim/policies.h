@@ -3,7 +3,9 @@
 //   dynmig               the production planner: mig::PlanPod / mig::PlanPodOnNode over NodeViews,
 //                        exactly as the scheduler extender calls it (default pod annotations:
 //                        GPU spread, node binpack); "dynmig:gpu-binpack", "dynmig:node-spread"
-//                        (joined with '+') change the pod's policies;
+//                        (joined with '+') change the pod's policies; "binds-in-flight-N" marks
+//                        the nodes of the last N placements as having a bind in flight (a burst:
+//                        the planner chooses them last among equally good nodes);
 //   hami-v2.10           HAMi v2.10's documented order: node binpack by HAMi's node score, GPUs in
 //                        spread order, smallest covering profile with a free placement, placements
 //                        by start descending for 1g./3g. profiles and ascending otherwise, first

@@ -121,16 +121,36 @@ struct PodChoices {
   std::string scope;
 };
 
-PodChoices ChoicesForPod(const mig::Allowlist& allowlist, const json* pod,
-                         const protocol::ResourceNames& resources) {
+// The allowlist entries that match a GPU model of the cluster (`present`, NVML names); the whole
+// allowlist when `present` is empty or none matches (a new cluster).
+mig::Allowlist PresentEntries(const mig::Allowlist& full, const std::vector<std::string>& present) {
+  mig::Allowlist out;
+  for (const auto& e : full.entries) {
+    const bool matched = std::any_of(present.begin(), present.end(),
+                                     [&](const std::string& m) { return full.Match(m) == &e; });
+    if (matched) out.entries.push_back(e);
+  }
+  return out.entries.empty() ? full : out;
+}
+
+PodChoices ChoicesForPod(const mig::Allowlist& full, const json* pod,
+                         const protocol::ResourceNames& resources,
+                         const std::vector<std::string>& present) {
   PodChoices out;
+  const mig::Allowlist allowlist = PresentEntries(full, present);
+  const bool in_cluster = allowlist.entries.size() < full.entries.size();
+  const std::string cluster_scope =
+      in_cluster ? fmt::format(" for the GPU models in the cluster ({})", fmt::join(present, ", "))
+                 : "";
   if (pod == nullptr) {
     out.choices = PreferenceChoices(allowlist);
+    out.scope = cluster_scope;
     return out;
   }
   auto request = protocol::ParsePodRequest(*pod, resources);
   if (!request.ok()) {
     out.choices = PreferenceChoices(allowlist);
+    out.scope = cluster_scope;
     return out;
   }
   uint64_t mib = 0;
@@ -160,18 +180,23 @@ PodChoices ChoicesForPod(const mig::Allowlist& allowlist, const json* pod,
   }
   if (usable.entries.empty()) {
     out.choices = PreferenceChoices(allowlist);
-    out.scope = " (no allowlisted model covers this pod's request)";
+    out.scope = cluster_scope + " (no allowlisted model" + (in_cluster ? " of the cluster" : "") +
+                " covers this pod's request)";
     return out;
   }
   out.choices = PreferenceChoices(usable);
   const bool narrowed = out.choices != PreferenceChoices(allowlist);
   if (narrowed) {
     std::vector<std::string> why;
+    if (in_cluster)
+      why.push_back(fmt::format("GPU models in the cluster: {}", fmt::join(present, ", ")));
     if (mib > 0) why.push_back(fmt::format("{} MiB per instance", mib));
     if (!filter.use_types.empty() || !filter.nouse_types.empty()) {
       why.push_back(fmt::format("models {}", fmt::join(models, ", ")));
     }
     out.scope = fmt::format(" for this pod ({})", fmt::join(why, "; "));
+  } else {
+    out.scope = cluster_scope;
   }
   return out;
 }
@@ -183,17 +208,18 @@ std::string ChoicesText(const PodChoices& c) {
 }  // namespace
 
 absl::Status ValidatePreference(std::string_view value, const mig::Allowlist& allowlist,
-                                const json* pod, const protocol::ResourceNames& resources) {
+                                const json* pod, const protocol::ResourceNames& resources,
+                                const std::vector<std::string>& present_models) {
   const std::string key(protocol::kMigProfilePreferenceAnnotation);
   const mig::Preference preference = mig::ParsePreference(value);
   if (preference.empty()) {
     return absl::InvalidArgumentError(
         fmt::format("{}: \"{}\" lists no profile; {}", key, std::string(value),
-                    ChoicesText(ChoicesForPod(allowlist, pod, resources))));
+                    ChoicesText(ChoicesForPod(allowlist, pod, resources, present_models))));
   }
   for (const auto& entry : preference.entries) {
     if (!allowlist.KnowsPreferenceEntry(entry)) {
-      const PodChoices choices = ChoicesForPod(allowlist, pod, resources);
+      const PodChoices choices = ChoicesForPod(allowlist, pod, resources, present_models);
       // The closest valid name, when it is close enough to be a typo of it.
       std::string best;
       size_t best_distance = std::string::npos;
@@ -317,8 +343,9 @@ void AdmissionHandler::ReviewPod(const json& request, bool mutate, json& respons
   const auto preference = PodAnnotation(*object, preference_key);
   if (preference.has_value() &&
       (operation == "CREATE" || preference != PodAnnotation(*old_object, preference_key))) {
-    if (absl::Status st =
-            ValidatePreference(*preference, options_.allowlist, &*object, options_.resources);
+    if (absl::Status st = ValidatePreference(
+            *preference, options_.allowlist, &*object, options_.resources,
+            options_.cluster_models ? options_.cluster_models() : std::vector<std::string>{});
         !st.ok()) {
       Deny(response, 400, "BadRequest", fmt::format("{}: {}", pod, std::string(st.message())));
       return;

@@ -48,8 +48,8 @@ struct AdmissionOptions {
   // warnings follow it.
   mig::MemoryMatch memory_match = mig::MemoryMatch::kNominal;
   // The NVML names of the GPU models in the cluster. Sizing warnings are given for the
-  // catalogued models among them; when unset or empty, for every catalogued model the allowlist
-  // names.
+  // catalogued models among them, and an unknown preference lists the profiles of their allowlist
+  // entries; when unset or empty, every catalogued model the allowlist names.
   std::function<std::vector<std::string>()> cluster_models;
   // Usernames (userInfo.username) allowed to write protocol::kSystemPodAnnotations.
   std::vector<std::string> annotation_writers = {
@@ -66,10 +66,14 @@ std::vector<std::string> PreferenceChoices(const mig::Allowlist& allowlist);
 // like a typo of one ("did you mean \"4g\"?"), and listing the valid choices, or saying that the
 // value is empty. With `pod`, the list holds only what could run it: the allowlist entries its
 // nvidia.com/use-gputype / nouse-gputype leave, and their profiles whose nominal memory covers its
-// largest per-instance memory request (the whole list when nothing would).
+// largest per-instance memory request (the whole list when nothing would). With
+// `present_models` (the NVML names of the cluster's MIG GPUs), only the allowlist entries of those
+// models are listed and suggested (all of them when none matches); a preference naming a profile
+// of another allowlisted model is still valid.
 absl::Status ValidatePreference(std::string_view value, const mig::Allowlist& allowlist,
                                 const nlohmann::json* pod = nullptr,
-                                const protocol::ResourceNames& resources = {});
+                                const protocol::ResourceNames& resources = {},
+                                const std::vector<std::string>& present_models = {});
 
 class AdmissionHandler {
  public:

@@ -19,11 +19,13 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
+import urllib.error
 import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -95,6 +97,7 @@ class Backend:
     name = "?"
     node = "?"
     kube = None
+    extender_url = None  # https://HOST:PORT of the dynmig extender (/filter, /bind)
 
     def nvml(self):
         """The device plugin's NVML view (GET /nvml)."""
@@ -138,8 +141,9 @@ class LocalBackend(Backend):
             text = open(self.log_path).read()
             m = re.search(r"(?m)^\s+kubeconfig\s+(\S+)\s*$", text)
             n = re.search(r"device plugin (http://\S+/nvml)", text)
-            return (m.group(1), n.group(1)) if m and n else None
-        kubeconfig, self.nvml_url = wait_for("dynmig local to print its kubeconfig", up, 60)
+            e = re.search(r"(?m)^\s+scheduler\s+(https?://\S+)", text)
+            return (m.group(1), n.group(1), e.group(1)) if m and n and e else None
+        kubeconfig, self.nvml_url, self.extender_url = wait_for("dynmig local to print its kubeconfig", up, 60)
         self.kube = Kube(self.kubectl, kubeconfig)
         wait_for("node %s registered by its device plugin" % self.node,
                  lambda: REGISTER in self.kube.json("get", "node", self.node)["metadata"].get("annotations", {}), 60)
@@ -184,9 +188,10 @@ class LocalBackend(Backend):
 class RealBackend(Backend):
     name = "real"
 
-    def __init__(self, kubectl, kubeconfig, node, nvml_url, logs_cmd):
+    def __init__(self, kubectl, kubeconfig, node, nvml_url, logs_cmd, extender_url):
         self.kube = Kube(kubectl, kubeconfig)
         self.node, self.nvml_url, self.logs_cmd = node, nvml_url, logs_cmd
+        self.extender_url = extender_url
 
     def start(self):
         wait_for("node %s registered by its device plugin" % self.node,
@@ -566,6 +571,83 @@ def checklist_user_cannot_edit_reservation(s):
     log("    refused: %s" % p.stderr.strip()[:300])
 
 
+def system_pod_annotations():
+    """The protocol's pod annotations only the scheduler and device plugin may write: the one list in
+    src/protocol/annotations.h (kSystemPodAnnotations), read from the source so the suite follows it."""
+    text = open(os.path.join(REPO, "src", "protocol", "annotations.h")).read()
+    values = dict(re.findall(r'inline constexpr std::string_view (k\w+) =\s*"([^"]+)";', text))
+    body = re.search(r"kSystemPodAnnotations\[\] = \{(.*?)\};", text, re.S)
+    if not body:
+        raise StepFailed("src/protocol/annotations.h has no kSystemPodAnnotations list")
+    names = re.findall(r"k\w+", body.group(1))
+    return [values[n] for n in names]
+
+
+def checklist_users_cannot_write_protocol_annotations(s):
+    keys = system_pod_annotations()
+    s.step("a running pod")
+    s.create(s.mig_pod("guarded-all", 4000))
+    pod, _ = s.running("guarded-all")
+    before = pod["metadata"].get("annotations", {})
+    s.step("kubectl annotate of each of %d protocol annotations is refused (set, change, remove)" % len(keys))
+    for key in keys:
+        edits = ["%s=forged" % key]
+        if key in before:
+            edits.append("%s-" % key)
+        for edit in edits:
+            p = s.k.run("-n", NS, "annotate", "pod", "guarded-all", "--overwrite", edit, check=False)
+            if p.returncode == 0:
+                raise StepFailed("a user's `kubectl annotate pod guarded-all %s` was accepted" % edit)
+            if key not in p.stderr:
+                raise StepFailed("the refusal of %s does not name %s: %s" % (edit, key, p.stderr.strip()))
+    after = s.k.pod("guarded-all")["metadata"].get("annotations", {})
+    changed = [k for k in keys if before.get(k) != after.get(k)]
+    if changed:
+        raise StepFailed("protocol annotations changed after refused edits: %s" % changed)
+    s.step("a pod created with a protocol annotation is refused")
+    forged = s.mig_pod("forged-phase", 4000)
+    forged["metadata"]["annotations"][BIND_PHASE] = "allocating"
+    p = s.k.run("-n", NS, "apply", "-f", "-", input=json.dumps(forged), check=False)
+    if p.returncode == 0 or s.k.pod("forged-phase") is not None:
+        s.created.add("forged-phase")
+        raise StepFailed("a pod carrying %s was created by a user" % BIND_PHASE)
+    s.step("the user may still delete the pod")
+    s.delete("guarded-all")
+    s.gone("guarded-all")
+
+
+def checklist_only_kube_scheduler_binds(s):
+    s.step("a plain pod of another scheduler, Pending")
+    s.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "other-sched"},
+              "spec": {"schedulerName": "some-other-scheduler", "terminationGracePeriodSeconds": 2,
+                       "containers": [{"name": "c", "image": s.image, "command": ["sh", "-c", "sleep 3600"]}]}})
+    pod = wait_for("pod other-sched", lambda: s.k.pod("other-sched"), 30)
+    s.step("an unauthenticated POST %s/bind of it to %s is refused" % (s.b.extender_url, s.b.node))
+    body = json.dumps({"PodName": "other-sched", "PodNamespace": NS, "PodUID": pod["metadata"]["uid"],
+                       "Node": s.b.node}).encode()
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE  # the server's identity is not what this step checks; the caller's is
+    req = urllib.request.Request(s.b.extender_url + "/bind", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
+            answer = r.read().decode(errors="replace")
+            status = r.status
+    except urllib.error.HTTPError as e:
+        answer, status = e.read().decode(errors="replace"), e.code
+    except (urllib.error.URLError, ssl.SSLError, ConnectionError) as e:
+        answer, status = "connection refused by TLS: %s" % e, None  # a client certificate required at TLS
+    log("    answer: %s %s" % (status, answer[:200]))
+    if status == 200 and '"Error":""' in answer.replace(" ", ""):
+        raise StepFailed("the extender accepted an unauthenticated bind: %s" % answer)
+    if status is not None and status not in (401, 403):
+        raise StepFailed("an unauthenticated bind answered %s, not 401/403: %s" % (status, answer[:300]))
+    s.step("the pod is still unbound")
+    if s.k.pod("other-sched")["spec"].get("nodeName"):
+        raise StepFailed("pod other-sched was bound to %s" % s.k.pod("other-sched")["spec"]["nodeName"])
+
+
 def checklist_node_capability(s):
     s.step("the node's %s lists the GPU NVML reports, in mig mode, with allowlisted profiles" % REGISTER)
     node = s.k.json("get", "node", s.b.node)
@@ -592,6 +674,8 @@ SCENARIOS = [
     ("scenario 6: device-plugin restart adopts running workloads", scenario6_device_plugin_restart_adopts),
     ("checklist: node capability matches NVML", checklist_node_capability),
     ("checklist: users cannot edit the reservation", checklist_user_cannot_edit_reservation),
+    ("checklist: users cannot write any protocol annotation", checklist_users_cannot_write_protocol_annotations),
+    ("checklist: only kube-scheduler binds (no client certificate: refused)", checklist_only_kube_scheduler_binds),
     ("example: the canary (examples/mig-canary.yaml)", example_canary),
     ("example: preference 4g (examples/mig-prefer-4g.yaml)", example_preference),
     ("example: a typo is refused (examples/mig-typo.yaml)", example_typo_refused),
@@ -606,6 +690,8 @@ def main():
     ap.add_argument("--kubeconfig", help="real: the cluster's admin kubeconfig")
     ap.add_argument("--node", default="localhost", help="real: the GPU node")
     ap.add_argument("--nvml-url", default="http://127.0.0.1:19400/nvml", help="real: the device plugin's /nvml")
+    ap.add_argument("--extender-url", default="https://127.0.0.1:18443",
+                    help="real: the dynmig extender as kube-scheduler reaches it")
     ap.add_argument("--logs-cmd", default="", help="real: a command whose stderr shows the cluster's logs")
     ap.add_argument("--dynmig", default=os.path.join(REPO, "build", "bin", "dynmig"), help="local: the binary")
     ap.add_argument("--image", default="localhost/busybox:local", help="the image the pods run")
@@ -618,7 +704,7 @@ def main():
         if not a.kubeconfig:
             print("scenarios: --backend real needs --kubeconfig", file=sys.stderr)
             return 2
-        backend = RealBackend(a.kubectl, a.kubeconfig, a.node, a.nvml_url, a.logs_cmd)
+        backend = RealBackend(a.kubectl, a.kubeconfig, a.node, a.nvml_url, a.logs_cmd, a.extender_url)
     else:
         backend = LocalBackend(a.dynmig, a.kubectl)
     passed, failed = [], []

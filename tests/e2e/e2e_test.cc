@@ -35,6 +35,9 @@ TEST_F(E2eTest, Scenario1_CreateAndDeleteOne1gPod) {
       << Where();
   ExpectRealized("one-1g", a);
   ASSERT_EQ(Live().size(), 1u) << Where();
+  // No Warning on a pod that scheduled fine (a pod update during kube-scheduler's decision
+  // would show "FailedScheduling: pod ... is in the cache, so can't be assumed").
+  EXPECT_EQ(Warnings("one-1g"), std::vector<std::string>{}) << Where();
 
   Step("delete it");
   DeletePod("one-1g");
@@ -64,6 +67,9 @@ TEST_F(E2eTest, Scenario2_SeveralNonOverlapping1gOnOneGpu) {
     if (got[i].runtime) uuids.insert(got[i].runtime->mig_uuid);
   }
   EXPECT_EQ(uuids.size(), got.size()) << Where() << "MIG UUIDs are not distinct";
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(Warnings(fmt::format("small-{}", i)), std::vector<std::string>{}) << Where();
+  }
   EXPECT_EQ(Live().size(), got.size()) << Where();
 }
 
@@ -578,14 +584,7 @@ TEST_F(E2eTest, RealKubectlAppliesTheExamples) {
   ASSERT_NE(src, nullptr);
   const std::string k = cluster_->kubeconfig_path();
   auto run = [&](const std::string& args) {
-    const std::string cmd = fmt::format("kubectl --kubeconfig {} {} 2>&1", k, args);
-    std::string out;
-    FILE* p = ::popen(cmd.c_str(), "r");
-    char buf[4096];
-    size_t n;
-    while (p != nullptr && (n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-    const int rc = p != nullptr ? ::pclose(p) : -1;
-    return std::make_pair(rc, out);
+    return RunCommand(fmt::format("kubectl --kubeconfig {} {}", k, args));
   };
   Step("kubectl apply -f examples/mig-canary.yaml");
   auto [rc, out] = run(fmt::format("apply -f {}/examples/mig-canary.yaml", src));

@@ -11,10 +11,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "deviceplugin/device_plugin.h"
@@ -64,6 +66,17 @@ inline json MigPod(const std::string& name, int64_t gpumem_mib, const std::strin
                {"command", json::array({"bash", "-c", command})},
                {"resources",
                 {{"limits", {{"nvidia.com/gpu", gpus}, {"nvidia.com/gpumem", gpumem_mib}}}}}}})}}}};
+}
+
+// Runs a shell command; its exit status and combined output.
+inline std::pair<int, std::string> RunCommand(const std::string& cmd) {
+  std::string out;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while (p != nullptr && (n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int rc = p != nullptr ? ::pclose(p) : -1;
+  return {rc, out};
 }
 
 class E2eTest : public ::testing::Test {
@@ -196,6 +209,20 @@ class E2eTest : public ::testing::Test {
       return absl::IsNotFound(kube_->GetPod("default", name).status());
     })) << Where()
         << name << " was not removed";
+  }
+
+  // The Warning events about pod `name` ("reason: message"), as `kubectl describe` lists them.
+  std::vector<std::string> Warnings(const std::string& name) {
+    std::vector<std::string> out;
+    auto events = kube_->List(kube::Resource::kEvents, {});
+    EXPECT_TRUE(events.ok()) << Where() << events.status();
+    if (!events.ok()) return out;
+    for (const auto& e : events->items) {
+      if (kube::StringAt(e, "/involvedObject/name") == name && e.value("type", "") == "Warning") {
+        out.push_back(e.value("reason", "") + ": " + e.value("message", ""));
+      }
+    }
+    return out;
   }
 
   // PodScheduled=False message, "" while none.

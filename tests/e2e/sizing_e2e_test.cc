@@ -4,7 +4,6 @@
 // the admission webhook's sizing warning.
 #include <gmock/gmock.h>
 
-#include <cstdio>
 #include <cstdlib>
 
 #include "e2e/e2e_test_util.h"
@@ -29,15 +28,7 @@ class SizingE2eTest : public E2eTest {
 
   // kubectl with the local mode's kubeconfig: exit code and combined output.
   std::pair<int, std::string> Kubectl(const std::string& args) {
-    const std::string cmd =
-        fmt::format("kubectl --kubeconfig {} {} 2>&1", cluster_->kubeconfig_path(), args);
-    std::string out;
-    FILE* p = ::popen(cmd.c_str(), "r");
-    char buf[4096];
-    size_t n;
-    while (p != nullptr && (n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-    const int rc = p != nullptr ? ::pclose(p) : -1;
-    return {rc, out};
+    return RunCommand(fmt::format("kubectl --kubeconfig {} {}", cluster_->kubeconfig_path(), args));
   }
 
   std::string src_;
@@ -78,14 +69,9 @@ TEST_F(SizingE2eTest, TheGuidesPodsGetTheGuidesProfiles) {
   EXPECT_EQ(plain.profile, "3g.20gb") << Where();
 
   Step("dynmig explain shows the profile's NVML memory next to the request");
-  const std::string cmd = fmt::format("{} explain plain-20000 --kubeconfig {} 2>&1", DYNMIG_BIN,
-                                      cluster_->kubeconfig_path());
-  std::string out3;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while (p != nullptr && (n = fread(buf, 1, sizeof(buf), p)) > 0) out3.append(buf, n);
-  if (p != nullptr) ::pclose(p);
+  const auto [rc3, out3] = RunCommand(fmt::format("{} explain plain-20000 --kubeconfig {}",
+                                                  DYNMIG_BIN, cluster_->kubeconfig_path()));
+  EXPECT_EQ(rc3, 0) << Where() << out3;
   EXPECT_THAT(out3, HasSubstr("1 x 20000 MiB")) << Where() << out3;
   EXPECT_THAT(out3, HasSubstr("3g.20gb (19968 MiB in NVML) at slices")) << Where() << out3;
 }

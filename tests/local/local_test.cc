@@ -197,6 +197,67 @@ TEST_F(LocalTest, SchedulerLoopCallsFilterThenBindLikeKubeScheduler) {
   t.join();
 }
 
+// Like kube-scheduler, the stand-in reports a pod updated during its scheduling cycle (between
+// the start of the cycle and the bind): kube-scheduler requeues it and the second attempt fails
+// with "pod <uid> is in the cache, so can't be assumed", a Warning on a pod that scheduled fine.
+TEST_F(LocalTest, SchedulerLoopWarnsLikeKubeSchedulerWhenTheFilterUpdatesThePod) {
+  // A fake extender that writes an annotation on pod "annotated" during filter.
+  httplib::Server ext;
+  ext.Post("/filter", [&](const httplib::Request& req, httplib::Response& res) {
+    json args = json::parse(req.body);
+    const std::string name = args["Pod"]["metadata"]["name"];
+    if (name == "annotated") {
+      (void)client_->PatchPodAnnotations("default", name, {{"example.com/decided", "node-b"}});
+    }
+    res.set_content(json({{"NodeNames", {"node-b"}}, {"Error", ""}}).dump(), "application/json");
+  });
+  ext.Post("/bind", [&](const httplib::Request& req, httplib::Response& res) {
+    json args = json::parse(req.body);
+    auto st = client_->BindPod(args["PodNamespace"].get<std::string>(),
+                               args["PodName"].get<std::string>(), args["Node"].get<std::string>(),
+                               args["PodUID"].get<std::string>());
+    res.set_content(json({{"Error", st.ok() ? "" : std::string(st.message())}}).dump(),
+                    "application/json");
+  });
+  const int port = ext.bind_to_any_port("127.0.0.1");
+  std::thread t([&] { ext.listen_after_bind(); });
+  SchedulerLoopOptions opts;
+  opts.config = *ParseSchedulerConfig(kConfig);
+  opts.extender_url = "http://127.0.0.1:" + std::to_string(port);
+  opts.retry_interval = absl::Milliseconds(200);
+  SchedulerLoop loop(*client_, opts);
+  loop.Start();
+  auto annotated = client_->CreatePod(GpuPod("annotated"));
+  auto quiet = client_->CreatePod(GpuPod("quiet"));
+  ASSERT_TRUE(annotated.ok() && quiet.ok());
+  for (const char* name : {"annotated", "quiet"}) {
+    EXPECT_TRUE(WaitUntil([&] {
+      auto p = client_->GetPod("default", name);
+      return p.ok() && kube::NodeName(*p) == "node-b";
+    })) << name;
+  }
+  loop.Stop();
+  ext.stop();
+  t.join();
+  auto warnings = [&](const std::string& name) {
+    std::vector<std::string> out;
+    auto events = client_->List(kube::Resource::kEvents, {});
+    EXPECT_TRUE(events.ok()) << events.status();
+    if (!events.ok()) return out;
+    for (const auto& e : events->items) {
+      if (kube::StringAt(e, "/involvedObject/name") == name &&
+          e.value("reason", "") == "FailedScheduling") {
+        out.push_back(e.value("message", ""));
+      }
+    }
+    return out;
+  };
+  EXPECT_EQ(warnings("annotated"),
+            std::vector<std::string>{"pod " + kube::Uid(*annotated) +
+                                     " is in the cache, so can't be assumed"});
+  EXPECT_TRUE(warnings("quiet").empty());
+}
+
 // kube-scheduler's own filters run before the extender: cordoned nodes only for pods that
 // tolerate it, nodeSelector and required node affinity.
 TEST_F(LocalTest, SchedulerLoopFiltersNodesLikeKubeSchedulerBeforeTheExtender) {

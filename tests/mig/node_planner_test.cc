@@ -151,6 +151,47 @@ TEST(NodePlannerTest, PodGoesToTheFullestNodeUnderBinpackAndTheEmptiestUnderSpre
   EXPECT_EQ(PlanPod(nodes, huge).chosen, -1);
 }
 
+TEST(NodePlannerTest, ANodeWithABindInFlightIsChosenLastAmongEquallyGoodNodes) {
+  // Three equal nodes: the first two have a bind in flight, so the third is chosen.
+  std::vector<NodeView> nodes;
+  for (const char* name : {"node-a", "node-b", "node-c"}) {
+    nodes.push_back({name, true, "", {Gpu(std::string("GPU-") + name, 0, {{"3g.20gb", 4}})}});
+  }
+  nodes[0].bind_in_flight = nodes[1].bind_in_flight = true;
+  const auto req = OneContainer(1, 4000);
+  EXPECT_EQ(PlanPod(nodes, req).chosen, 2);
+  // Never at the cost of packing: a fuller node wins even with a bind in flight.
+  nodes[0].gpus[0] = Gpu("GPU-node-a", 0, {{"3g.20gb", 4}, {"2g.10gb", 0}});
+  EXPECT_EQ(PlanPod(nodes, req).chosen, 0);
+  // With none in flight, node order decides among equals as before.
+  for (auto& n : nodes) n.bind_in_flight = false;
+  nodes[0].gpus[0] = Gpu("GPU-node-a", 0, {{"3g.20gb", 4}});
+  EXPECT_EQ(PlanPod(nodes, req).chosen, 0);
+}
+
+TEST(NodePlannerTest, SummariesRuleOutOnlyNodesThatCannotFit) {
+  NodeView node{
+      "node-a", true, "", {Gpu("GPU-0", 0, {{"7g.40gb", 0}}), Gpu("GPU-1", 1, {{"3g.20gb", 4}})}};
+  NodeSummary s = Summarize(node);
+  EXPECT_EQ(s.max_placeable_mib, Gpu("x", 0)
+                                     .planner->capability()
+                                     .profiles[Gpu("x", 0).planner->ProfileIndex("3g.20gb")]
+                                     .memory_mib);
+  EXPECT_TRUE(MayFit(s, OneContainer(1, 19000)));
+  EXPECT_FALSE(MayFit(s, OneContainer(1, 30000)));
+  EXPECT_TRUE(MayEverFit(s, OneContainer(1, 30000)));   // a 7g.40gb exists, just not free
+  EXPECT_FALSE(MayEverFit(s, OneContainer(1, 50000)));  // no profile is that big
+  EXPECT_FALSE(PlanPodOnNode(node, OneContainer(1, 30000)).fits());
+  // Sized by percentage: never ruled out by the summary.
+  PodRequest pct;
+  pct.containers.push_back({"main", false, 1, {0, 100}});
+  EXPECT_TRUE(MayFit(s, pct));
+  // An unhealthy GPU offers nothing.
+  node.gpus[1].healthy = false;
+  EXPECT_EQ(Summarize(node).max_placeable_mib, 0u);
+  EXPECT_FALSE(MayFit(Summarize(node), OneContainer(1, 4000)));
+}
+
 TEST(NodePlannerTest, PercentageResolvesPerGpuModel) {
   NodeView node{"node-a", true, "", {Gpu("GPU-0", 0, {}, "H100 80GB")}};
   PodRequest r;

@@ -164,6 +164,10 @@ INSTANTIATE_TEST_SUITE_P(
         // Found by fuzzing: yaml-cpp's LoadAll never returned on this (endless empty documents).
         BadConfig{"ParserStuck", "- a\n,\n",
                   "invalid YAML at line 2, column 1: the parser cannot get past this point"},
+        BadConfig{
+            "BadMemoryMatch", "nvidia:\n  migMemoryMatch: exact\n",
+            "nvidia.migMemoryMatch: must be \"nominal\" (a profile covers the GB of its name) "
+            "or \"nvml\" (the memory NVML reports), got \"exact\""},
         BadConfig{"BadProfileName",
                   "nvidia:\n  migProfileAllowlist:\n    - models: [A30]\n      profiles: [1g.6gb]\n"
                   "    - models: [A100]\n      profiles: [5gb]\n",

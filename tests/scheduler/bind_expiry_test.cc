@@ -2,6 +2,8 @@
 // injected clock.
 #include <gmock/gmock.h>
 
+#include <thread>
+
 #include "scheduler/node_lock.h"
 #include "scheduler_test_util.h"
 
@@ -17,7 +19,9 @@ class BindTest : public SchedulerTest {
   void SetUp() override {
     SchedulerTest::SetUp();
     CreateNode(MigNode("node-a", {"GPU-a0"}));
-    s_ = StartScheduler();
+    SchedulerServerOptions options = DefaultOptions();
+    options.extender.node_lock.wait = absl::Seconds(2);
+    s_ = StartScheduler(std::move(options));
     WaitForNodes(s_, {"node-a"});
   }
   // Creates a MIG pod and reserves it on node-a.
@@ -46,17 +50,29 @@ TEST_F(BindTest, BindTakesTheNodeLockMarksAllocatingAndBinds) {
   EXPECT_EQ(Lock(), FormatNodeLock({clock_.Now(), "default", "p"}));
   EXPECT_THAT(s_->MetricsText(), HasSubstr("dynmig_scheduler_bind_total{outcome=\"bound\"} 1"));
 
-  // The lock is held until the device plugin releases it: the next pod's bind is refused.
+  // The lock is held until the device plugin releases it: the next pod's bind waits for it (up
+  // to node_lock.wait) instead of bouncing off it.
   const kube::Object q = Reserved("q");
-  r = Bind(s_, q, "node-a");
-  EXPECT_THAT(r.body["Error"].get<std::string>(),
-              HasSubstr("node node-a is locked by default/p since"));
-  EXPECT_EQ(kube::NodeName(GetPod("q")), "");
-  // After the device plugin released it, q binds.
+  HttpResult waited;
+  std::thread binding([&] { waited = Bind(s_, q, "node-a"); });
+  ASSERT_TRUE(kube::testing::Eventually([&] {
+    auto a = s_->state().Assumed("default/q");
+    return a.has_value() && a->binding;
+  }));
   ASSERT_TRUE(ReleaseNodeLock(*client_, "node-a", "default", "p").ok());
-  r = Bind(s_, q, "node-a");
-  EXPECT_EQ(r.body["Error"], "");
+  binding.join();
+  EXPECT_EQ(waited.body["Error"], "") << waited.text;
   EXPECT_EQ(kube::NodeName(GetPod("q")), "node-a");
+  EXPECT_EQ(Lock(), FormatNodeLock({clock_.Now(), "default", "q"}));
+  // A lock that stays is refused after the wait (2 s here), with the reason.
+  const kube::Object v = Reserved("v");
+  r = Bind(s_, v, "node-a");
+  EXPECT_THAT(r.body["Error"].get<std::string>(),
+              HasSubstr("node node-a is locked by default/q since"));
+  EXPECT_THAT(r.body["Error"].get<std::string>(), HasSubstr("waited 2s for it"));
+  EXPECT_EQ(kube::NodeName(GetPod("v")), "");
+  ASSERT_TRUE(ReleaseNodeLock(*client_, "node-a", "default", "q").ok());
+  EXPECT_EQ(Bind(s_, v, "node-a").body["Error"], "");
   // A lock left behind for more than five minutes is taken over.
   const kube::Object w = Reserved("w");
   clock_.Advance(absl::Minutes(6));
@@ -85,9 +101,12 @@ TEST_F(BindTest, BindRefusesPodsWithoutAMatchingReservation) {
   const kube::Object pod = Reserved("p");
   EXPECT_EQ(Bind(s_, pod, "node-b").body["Error"],
             "bind default/p: the pod's MIG reservation is on node node-a, not node-b");
+  // Never filtered by this replica: refused, nothing written.
   const kube::Object bare = CreatePod(MigPod("bare", 4000));
-  EXPECT_THAT(Bind(s_, bare, "node-a").body["Error"].get<std::string>(),
-              HasSubstr("the pod holds no MIG reservation"));
+  EXPECT_EQ(Bind(s_, bare, "node-a").body["Error"].get<std::string>(),
+            "bind default/bare: the pod holds no MIG reservation of this extender "
+            "(hami.io/vgpu-mig-allocations); it must pass this extender's filter first");
+  EXPECT_EQ(kube::ResourceVersion(GetPod("bare")), kube::ResourceVersion(bare));
   EXPECT_THAT(
       Post(s_->port(), "/bind", R"({"PodName":"gone","PodNamespace":"default","Node":"node-a"})")
           .body["Error"]
@@ -127,23 +146,59 @@ TEST_F(BindTest, AFailedBindingReleasesTheLockAndMarksTheFailure) {
   EXPECT_EQ(kube::Annotation(GetPod("p"), "hami.io/bind-phase"), "allocating");
 }
 
-TEST_F(BindTest, UnboundReservationsExpireAfterTheTtl) {
-  const kube::Object pod = Reserved("p", 19000);
-  WaitForReservationSeen(s_, "default/p");
+// After a restart or a change of leader the filter's in-memory reservation is gone: the bind is
+// refused (nothing written, the lock untouched) and the pod's next filter plans it again.
+TEST_F(BindTest, ABindThatFindsNoReservationIsRefusedAndTheNextFilterPlansAgain) {
+  const kube::Object p = Reserved("p", 19000);
+  ASSERT_EQ(ReservedOf(s_, "p").size(), 1u);
+  SchedulerServer* fresh = StartScheduler(DefaultOptions());  // the new leader
+  WaitForNodes(fresh, {"node-a"});
+  EXPECT_FALSE(fresh->state().Assumed("default/p").has_value());
+  EXPECT_THAT(Bind(fresh, p, "node-a").body["Error"].get<std::string>(),
+              HasSubstr("holds no MIG reservation of this extender"));
+  EXPECT_TRUE(AllocationsOf("p").empty());
+  EXPECT_EQ(kube::ResourceVersion(GetPod("p")), kube::ResourceVersion(p));
+  EXPECT_FALSE(Lock().has_value());
+  ASSERT_THAT(Filter(fresh, p, {"node-a"}).body["NodeNames"], ElementsAre("node-a"));
+  ASSERT_EQ(Bind(fresh, p, "node-a").body["Error"], "");
+  const auto written = AllocationsOf("p");
+  ASSERT_EQ(written.size(), 1u);
+  EXPECT_EQ(written[0].profile, "3g.20gb");
+  EXPECT_EQ(kube::NodeName(GetPod("p")), "node-a");
+}
+
+TEST_F(BindTest, ReservationsWhoseBindNeverComesExpireAfterTheTtl) {
+  // p: filtered, never bound (in memory only). q: its bind wrote the reservation, then the
+  // Binding failed (annotated, unbound, bind-phase failed).
+  const kube::Object p = Reserved("p", 19000);
+  const kube::Object q = Reserved("q", 19000);
+  kube::FaultSpec fault;
+  fault.method = "POST";
+  fault.path_prefix = "/api/v1/namespaces/default/pods/q/binding";
+  fault.status = 500;
+  fault.message = "etcd is on fire";
+  api_->AddFault(fault);
+  EXPECT_THAT(Bind(s_, q, "node-a").body["Error"].get<std::string>(), HasSubstr("on fire"));
+  api_->ClearFaults();
+  WaitForReservationSeen(s_, "default/q");
   clock_.Advance(absl::Minutes(9));
   EXPECT_THAT(s_->ExpireReservations().released, IsEmpty());
   clock_.Advance(absl::Minutes(2));
   auto result = s_->ExpireReservations();
-  EXPECT_THAT(result.released, ElementsAre("default/p"));
+  EXPECT_THAT(result.released, ::testing::UnorderedElementsAre("default/p", "default/q"));
   EXPECT_THAT(result.errors, IsEmpty());
-  const kube::Object cleared = GetPod("p");
+  EXPECT_FALSE(s_->state().Assumed("default/p").has_value());
+  EXPECT_EQ(kube::ResourceVersion(GetPod("p")), kube::ResourceVersion(p)) << "never written";
+  const kube::Object cleared = GetPod("q");
   for (const auto& key : ReservationAnnotationKeys()) {
     EXPECT_FALSE(kube::Annotation(cleared, key).has_value()) << key;
   }
   EXPECT_FALSE(kube::Label(cleared, "hami.io/vgpu-node").has_value());
-  EXPECT_EQ(EventMessages("p", "MigReservationExpired").size(), 1u);
+  EXPECT_EQ(EventMessages("q", "MigReservationExpired").size(), 1u);
   EXPECT_THAT(s_->MetricsText(),
               HasSubstr("dynmig_scheduler_reservation_expiries_total{action=\"released\"} 1"));
+  EXPECT_THAT(s_->MetricsText(),
+              HasSubstr("dynmig_scheduler_reservation_expiries_total{action=\"forgotten\"} 1"));
   // The slices are free again once the watch delivers the change: two 3g fit.
   ASSERT_TRUE(kube::testing::Eventually(
       [&] { return s_->state().View("node-a", clock_.Now())->gpus[0].usage.occupied == 0; }));
@@ -151,8 +206,8 @@ TEST_F(BindTest, UnboundReservationsExpireAfterTheTtl) {
               ElementsAre("node-a"));
   EXPECT_THAT(Filter(s_, CreatePod(MigPod("b", 19000)), {"node-a"}).body["NodeNames"],
               ElementsAre("node-a"));
-  // p itself is scheduled again from scratch: no room left.
-  EXPECT_THAT(Filter(s_, GetPod("p"), {"node-a"}).body["NodeNames"], IsEmpty());
+  // q itself is scheduled again from scratch: no room left.
+  EXPECT_THAT(Filter(s_, GetPod("q"), {"node-a"}).body["NodeNames"], IsEmpty());
 }
 
 TEST_F(BindTest, BoundPodsKeepTheirReservationUnlessTheDevicePluginFailed) {

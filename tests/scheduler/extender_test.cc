@@ -154,7 +154,7 @@ class ReservationWriteTest : public SchedulerTest {
   void SetUp() override {
     SchedulerTest::SetUp();
     state_ = std::make_unique<ClusterState>(ClusterStateOptions{TestAllowlist(), {}});
-    state_->UpsertNode(MigNode("node-a", {"GPU-a0"}));
+    state_->UpsertNode(CreateNode(MigNode("node-a", {"GPU-a0"})));
     // kube-scheduler's view in the body (client authentication on): the write path meets the
     // concurrent changes itself.
     ExtenderOptions options;
@@ -171,51 +171,58 @@ class ReservationWriteTest : public SchedulerTest {
   std::unique_ptr<Extender> extender_;
 };
 
-TEST_F(ReservationWriteTest, UnrelatedChangesAreRetriedOnTheNewVersion) {
+TEST_F(ReservationWriteTest, TheFilterWritesNothingAndTheBindWritesOverUnrelatedChanges) {
   const kube::Object pod = CreatePod(MigPod("p", 4000));
+  auto r = Filter(pod);
+  ASSERT_EQ(r.error, "");
+  EXPECT_THAT(r.node_names, ElementsAre("node-a"));
+  EXPECT_EQ(kube::ResourceVersion(GetPod("p")), kube::ResourceVersion(pod));
   kube::MetadataPatch label;
   label.labels["team"] = "a";
   ASSERT_TRUE(client_->PatchPodMetadata("default", "p", label).ok());
-  auto r = Filter(pod);  // carries the old resourceVersion
-  ASSERT_EQ(r.error, "");
-  EXPECT_THAT(r.node_names, ElementsAre("node-a"));
+  EXPECT_EQ(extender_->Bind({"p", "default", kube::Uid(pod), "node-a"}), "");
   EXPECT_EQ(AllocationsOf("p").size(), 1u);
   EXPECT_EQ(kube::Label(GetPod("p"), "team"), "a");
+  EXPECT_EQ(kube::NodeName(GetPod("p")), "node-a");
 }
 
-TEST_F(ReservationWriteTest, AnotherReservationARecreatedOrMissingPodAreRefusedAndForgotten) {
+TEST_F(ReservationWriteTest, AnotherReservationARecreatedOrMissingPodAreRefused) {
+  // Another writer put a reservation on q after our filter: the bind refuses, touching nothing.
   const kube::Object q = CreatePod(MigPod("q", 4000));
+  ASSERT_EQ(Filter(q).error, "");
   ASSERT_TRUE(
       client_
           ->PatchPodAnnotations("default", "q",
                                 {{"hami.io/vgpu-node", "node-z"},
                                  {"hami.io/vgpu-mig-allocations", Alloc("GPU-z0", "1g.5gb", 0, 1)}})
           .ok());
-  auto r = Filter(q);
-  EXPECT_EQ(
-      r.error,
-      "pod default/q: the reservation (1g.5gb (4864 MiB in NVML for 4000 MiB asked) at slices 0 of "
-      "GPU-a0 on node-a) could not be "
-      "written: the pod was changed concurrently: it now holds another reservation, on node "
-      "node-z");
-  EXPECT_TRUE(r.node_names.empty());
-  EXPECT_FALSE(state_->ReservedNode("default/q").has_value());
+  EXPECT_EQ(extender_->Bind({"q", "default", kube::Uid(q), "node-a"}),
+            "bind default/q: the pod's MIG reservation is on node node-z, not node-a");
+  EXPECT_FALSE(kube::Annotation(*client_->GetNode("node-a"), "hami.io/mutex.lock").has_value());
 
-  const kube::Object old = CreatePod(MigPod("r", 4000));
+  // r was filtered, then deleted and created again: the reservation of the old uid is not the new
+  // pod's. Its bind is refused; its filter drops the old reservation and plans it afresh.
+  const kube::Object old = CreatePod(MigPod("r", 19000));
+  ASSERT_EQ(Filter(old).error, "");
   ASSERT_TRUE(client_->DeletePod("default", "r").ok());
-  CreatePod(MigPod("r", 4000));
-  r = Filter(old);
-  EXPECT_THAT(r.error, HasSubstr("the pod was recreated"));
-  EXPECT_FALSE(state_->ReservedNode("default/r").has_value());
+  const kube::Object renewed = CreatePod(MigPod("r", 4000));
+  EXPECT_THAT(extender_->Bind({"r", "default", kube::Uid(renewed), "node-a"}),
+              HasSubstr("holds no MIG reservation of this extender"));
+  EXPECT_EQ(AllocationsOf("r").size(), 0u);
+  ASSERT_EQ(Filter(renewed).error, "");
+  EXPECT_EQ(state_->Assumed("default/r")->reservation.allocations.at(0).profile, "1g.5gb");
+  EXPECT_EQ(extender_->Bind({"r", "default", kube::Uid(renewed), "node-a"}), "");
+  ASSERT_EQ(AllocationsOf("r").size(), 1u);
+  EXPECT_EQ(AllocationsOf("r")[0].profile, "1g.5gb");
 
+  // A pod that disappeared after its filter: the bind fails, the reservation expires.
   kube::Object ghost = MigPod("ghost", 4000);
-  ghost["metadata"]["resourceVersion"] = "12";
-  r = Filter(ghost);
-  EXPECT_THAT(r.error, HasSubstr("could not be written"));
-  EXPECT_THAT(r.error, HasSubstr("NotFound"));
+  ghost["metadata"]["uid"] = "ghost-uid";
+  ASSERT_EQ(Filter(ghost).error, "");
+  EXPECT_THAT(extender_->Bind({"ghost", "default", "ghost-uid", "node-a"}), HasSubstr("NotFound"));
+  clock_.Advance(absl::Minutes(11));
+  EXPECT_THAT(extender_->ExpireReservations().released, ::testing::Contains("default/ghost"));
   EXPECT_FALSE(state_->ReservedNode("default/ghost").has_value());
-  // Everything was forgotten: the whole GPU is free again.
-  EXPECT_EQ(state_->View("node-a", clock_.Now())->gpus[0].usage.occupied, 0u);
 }
 
 TEST_F(ReservationWriteTest, ClosedGateAnswersTheReason) {

@@ -16,7 +16,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
-TEST_F(SchedulerTest, FilterReservesAProfileThatCoversTheMemoryAndWritesTheAnnotations) {
+TEST_F(SchedulerTest, FilterReservesAProfileThatCoversTheMemoryAndBindWritesTheAnnotations) {
   CreateNode(MigNode("node-a", {"GPU-a0"}));
   CreateNode(kube::testing::MakeNode("node-cpu"));
   SchedulerServer* s = StartScheduler();
@@ -27,22 +27,16 @@ TEST_F(SchedulerTest, FilterReservesAProfileThatCoversTheMemoryAndWritesTheAnnot
   ASSERT_EQ(r.status, 200) << r.text;
   EXPECT_EQ(r.body["Error"], "");
   EXPECT_THAT(r.body["NodeNames"], ElementsAre("node-a"));
+  // node-cpu can never run the pod: it keeps its reason.
   EXPECT_THAT(r.body["FailedNodes"]["node-cpu"].get<std::string>(), HasSubstr("no-mig-gpu"));
-
-  const kube::Object stored = GetPod("p");
-  const auto ann = kube::Annotations(stored);
-  EXPECT_EQ(ann.at("hami.io/vgpu-node"), "node-a");
-  EXPECT_EQ(kube::Label(stored, "hami.io/vgpu-node"), "node-a");
-  EXPECT_EQ(ann.at("hami.io/vgpu-time"), std::to_string(absl::ToUnixSeconds(clock_.Now())));
-  // 8000 MiB: 1g.5gb (4864 MiB) is too small, 2g.10gb (9856 MiB) covers it.
-  auto allocs = AllocationsOf("p");
+  // The filter does not update the pod (kube-scheduler would requeue it): the reservation is
+  // held in memory until the bind.
+  EXPECT_EQ(kube::ResourceVersion(GetPod("p")), kube::ResourceVersion(pod));
+  auto allocs = ReservedOf(s, "p");
   ASSERT_EQ(allocs.size(), 1u);
+  // 8000 MiB: 1g.5gb (4864 MiB) is too small, 2g.10gb (9856 MiB) covers it.
   EXPECT_EQ(allocs[0].profile, "2g.10gb");
   EXPECT_EQ(allocs[0].gpu_uuid, "GPU-a0");
-  EXPECT_FALSE(allocs[0].runtime.has_value());
-  EXPECT_EQ(ann.at("hami.io/vgpu-devices-to-allocate"), ann.at("hami.io/vgpu-devices-allocated"));
-  EXPECT_EQ(ann.at("hami.io/vgpu-devices-allocated"), "GPU-a0,NVIDIA A100-SXM4-40GB,9856,29:;");
-
   const auto events = EventMessages("p", "MigReserved");
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(
@@ -51,6 +45,23 @@ TEST_F(SchedulerTest, FilterReservesAProfileThatCoversTheMemoryAndWritesTheAnnot
                   "on node-a",
                   allocs[0].placement.ToString()));
   EXPECT_THAT(s->MetricsText(), HasSubstr("dynmig_scheduler_reservations_total 1"));
+
+  ASSERT_EQ(Bind(s, pod, "node-a").body["Error"], "");
+  const kube::Object stored = GetPod("p");
+  const auto ann = kube::Annotations(stored);
+  EXPECT_EQ(kube::NodeName(stored), "node-a");
+  EXPECT_EQ(ann.at("hami.io/vgpu-node"), "node-a");
+  EXPECT_EQ(kube::Label(stored, "hami.io/vgpu-node"), "node-a");
+  EXPECT_EQ(ann.at("hami.io/vgpu-time"), std::to_string(absl::ToUnixSeconds(clock_.Now())));
+  EXPECT_EQ(ann.at("hami.io/bind-phase"), "allocating");
+  const auto written = AllocationsOf("p");
+  ASSERT_EQ(written.size(), 1u);
+  EXPECT_EQ(written[0].profile, "2g.10gb");
+  EXPECT_EQ(written[0].placement, allocs[0].placement);
+  EXPECT_FALSE(written[0].runtime.has_value());
+  EXPECT_EQ(ann.at("hami.io/vgpu-devices-to-allocate"), ann.at("hami.io/vgpu-devices-allocated"));
+  EXPECT_EQ(ann.at("hami.io/vgpu-devices-allocated"), "GPU-a0,NVIDIA A100-SXM4-40GB,9856,29:;");
+  WaitForReservationSeen(s, "default/p");
 }
 
 TEST_F(SchedulerTest, ReservationsNeverOverlapAndExhaustionLeavesThePodPendingWithAReason) {
@@ -71,7 +82,7 @@ TEST_F(SchedulerTest, ReservationsNeverOverlapAndExhaustionLeavesThePodPendingWi
     HttpResult r = Filter(s, CreatePod(MigPod(name, mem)), {"node-a"});
     ASSERT_EQ(r.body["Error"], "") << r.text;
     ASSERT_THAT(r.body["NodeNames"], ElementsAre("node-a")) << r.text;
-    auto allocs = AllocationsOf(name);
+    auto allocs = ReservedOf(s, name);
     ASSERT_EQ(allocs.size(), 1u);
     for (const auto& t : taken) {
       EXPECT_FALSE(allocs[0].placement.Overlaps(t))
@@ -105,13 +116,13 @@ TEST_F(SchedulerTest, SeveralOneGInstancesAndMixedProfilesShareOneGpuWithoutOver
       CreatePod(MigPod("mixed", std::vector<Ctr>{{"a", 2, 4000}, {"b", 1, 19000}}));
   HttpResult r = Filter(s, mixed, {"node-a"});
   ASSERT_EQ(r.body["Error"], "") << r.text;
-  auto allocs = AllocationsOf("mixed");
+  auto allocs = ReservedOf(s, "mixed");
   ASSERT_EQ(allocs.size(), 3u);
   std::vector<mig::Placement> taken;
   for (const auto& a : allocs) taken.push_back(a.placement);
   for (const char* name : {"one", "two"}) {
     ASSERT_EQ(Filter(s, CreatePod(MigPod(name, 4000)), {"node-a"}).body["Error"], "");
-    for (const auto& a : AllocationsOf(name)) {
+    for (const auto& a : ReservedOf(s, name)) {
       EXPECT_EQ(a.profile, "1g.5gb");
       taken.push_back(a.placement);
     }
@@ -136,25 +147,25 @@ TEST_F(SchedulerTest, PreferenceIsHonoredAndNeverBlocks) {
   const json pref4g = {{"nvidia.com/mig-profile-preference", "4g"}};
   // Without a preference 19000 MiB resolves to 3g.20gb (same memory as 4g.20gb, fewer slices).
   ASSERT_EQ(Filter(s, CreatePod(MigPod("plain", 19000)), {"node-b"}).body["Error"], "");
-  EXPECT_EQ(AllocationsOf("plain")[0].profile, "3g.20gb");
+  EXPECT_EQ(ReservedOf(s, "plain")[0].profile, "3g.20gb");
   // With "4g" on an empty GPU: 4g.20gb at 0-3.
   HttpResult r = Filter(s, CreatePod(MigPod("prefers", 19000, pref4g)), {"node-c"});
   ASSERT_EQ(r.body["Error"], "") << r.text;
-  EXPECT_EQ(AllocationsOf("prefers")[0].profile, "4g.20gb");
-  EXPECT_EQ(AllocationsOf("prefers")[0].placement, (mig::Placement{0, 4}));
+  EXPECT_EQ(ReservedOf(s, "prefers")[0].profile, "4g.20gb");
+  EXPECT_EQ(ReservedOf(s, "prefers")[0].placement, (mig::Placement{0, 4}));
   // A 1g at slice 0 blocks 4g.20gb's only placement: the default order wins, no rejection.
   ASSERT_EQ(Filter(s, CreatePod(MigPod("small", 4000)), {"node-a"}).body["Error"], "");
-  ASSERT_EQ(AllocationsOf("small")[0].placement, (mig::Placement{0, 1}));
+  ASSERT_EQ(ReservedOf(s, "small")[0].placement, (mig::Placement{0, 1}));
   r = Filter(s, CreatePod(MigPod("fallback", 19000, pref4g)), {"node-a"});
   ASSERT_EQ(r.body["Error"], "") << r.text;
   EXPECT_THAT(r.body["NodeNames"], ElementsAre("node-a"));
-  EXPECT_EQ(AllocationsOf("fallback")[0].profile, "3g.20gb");
-  EXPECT_EQ(AllocationsOf("fallback")[0].placement, (mig::Placement{4, 4}));
+  EXPECT_EQ(ReservedOf(s, "fallback")[0].profile, "3g.20gb");
+  EXPECT_EQ(ReservedOf(s, "fallback")[0].placement, (mig::Placement{4, 4}));
   // A preference never picks a profile smaller than the request.
   r = Filter(s, CreatePod(MigPod("no-shrink", 9000, {{"nvidia.com/mig-profile-preference", "1g"}})),
              {"node-b"});
   ASSERT_EQ(r.body["Error"], "") << r.text;
-  EXPECT_EQ(AllocationsOf("no-shrink")[0].profile, "2g.10gb");
+  EXPECT_EQ(ReservedOf(s, "no-shrink")[0].profile, "2g.10gb");
 }
 
 // Only MIG pods of our scheduler name are filtered (bind_guard.h); others get an Error and nothing
@@ -197,26 +208,49 @@ TEST_F(SchedulerTest, ARetriedFilterGetsTheReservedNodeBackWithoutASecondReserva
   HttpResult first = Filter(s, pod, {"node-a", "node-b"});
   ASSERT_EQ(first.body["Error"], "") << first.text;
   const std::string node = first.body["NodeNames"][0];
-  const std::string before = *kube::Annotation(GetPod("p"), "hami.io/vgpu-mig-allocations");
-  // Retried at once with the stale pod, and later with the annotated one: same node, no change.
-  for (const kube::Object& args : {pod, GetPod("p")}) {
-    HttpResult again = Filter(s, args, {"node-a", "node-b"});
-    ASSERT_EQ(again.body["Error"], "") << again.text;
-    EXPECT_THAT(again.body["NodeNames"], ElementsAre(node));
-    EXPECT_EQ(*kube::Annotation(GetPod("p"), "hami.io/vgpu-mig-allocations"), before);
-  }
-  WaitForReservationSeen(s, "default/p");
-  int reservations = 0;
-  for (const auto& n : s->state().Report(clock_.Now())) {
-    for (const auto& g : n.gpus) reservations += static_cast<int>(g.reservations.size());
-  }
-  EXPECT_EQ(reservations, 1);
-  // When its node is no longer a candidate, the unbound pod is planned again elsewhere.
+  const auto before = ReservedOf(s, "p");
+  ASSERT_EQ(before.size(), 1u);
+  auto count_reservations = [&] {
+    int reservations = 0;
+    for (const auto& n : s->state().Report(clock_.Now())) {
+      for (const auto& g : n.gpus) reservations += static_cast<int>(g.reservations.size());
+    }
+    return reservations;
+  };
+  // Retried: same node, same reservation, nothing written.
+  HttpResult again = Filter(s, pod, {"node-a", "node-b"});
+  ASSERT_EQ(again.body["Error"], "") << again.text;
+  EXPECT_THAT(again.body["NodeNames"], ElementsAre(node));
+  EXPECT_EQ(ReservedOf(s, "p")[0].placement, before[0].placement);
+  EXPECT_EQ(count_reservations(), 1);
+  EXPECT_EQ(kube::ResourceVersion(GetPod("p")), kube::ResourceVersion(pod));
+  // When its node is no longer a candidate, the pod is planned again elsewhere (in memory).
   const std::string other = node == "node-a" ? "node-b" : "node-a";
-  HttpResult moved = Filter(s, GetPod("p"), {other});
+  HttpResult moved = Filter(s, pod, {other});
   ASSERT_EQ(moved.body["Error"], "") << moved.text;
   EXPECT_THAT(moved.body["NodeNames"], ElementsAre(other));
-  EXPECT_EQ(kube::Annotation(GetPod("p"), "hami.io/vgpu-node"), other);
+  EXPECT_EQ(ReservedOf(s, "p")[0].gpu_uuid, other == "node-a" ? "GPU-a0" : "GPU-b0");
+  EXPECT_EQ(count_reservations(), 1);
+
+  // A reservation the pod carries (its bind wrote it, then the Binding failed): the same.
+  kube::FaultSpec fault;
+  fault.method = "POST";
+  fault.path_prefix = "/api/v1/namespaces/default/pods/p/binding";
+  fault.status = 500;
+  fault.message = "no";
+  api_->AddFault(fault);
+  EXPECT_THAT(Bind(s, pod, other).body["Error"].get<std::string>(), HasSubstr("no"));
+  api_->ClearFaults();
+  WaitForReservationSeen(s, "default/p");
+  const kube::Object carried = GetPod("p");
+  EXPECT_EQ(kube::Annotation(carried, "hami.io/vgpu-node"), other);
+  HttpResult kept = Filter(s, carried, {"node-a", "node-b"});
+  EXPECT_THAT(kept.body["NodeNames"], ElementsAre(other));
+  HttpResult cleared = Filter(s, carried, {node});
+  ASSERT_EQ(cleared.body["Error"], "") << cleared.text;
+  EXPECT_THAT(cleared.body["NodeNames"], ElementsAre(node));
+  EXPECT_FALSE(kube::Annotation(GetPod("p"), "hami.io/vgpu-node").has_value());
+  EXPECT_EQ(ReservedOf(s, "p")[0].gpu_uuid, node == "node-a" ? "GPU-a0" : "GPU-b0");
 }
 
 TEST_F(SchedulerTest, BadRequestsAreErrorsNamingContainerAndResource) {
@@ -277,7 +311,7 @@ TEST_F(SchedulerTest, FailClosedGpusAndNodesAreNeverChosen) {
   EXPECT_THAT(r.body["FailedNodes"]["node-c"].get<std::string>(), HasSubstr("stopped reporting"));
   r = Filter(s, GetPod("p"), {"node-d"});
   ASSERT_THAT(r.body["NodeNames"], ElementsAre("node-d")) << r.text;
-  EXPECT_EQ(AllocationsOf("p")[0].gpu_uuid, "GPU-d1");
+  EXPECT_EQ(ReservedOf(s, "p")[0].gpu_uuid, "GPU-d1");
 
   const std::string metrics = s->MetricsText();
   EXPECT_THAT(metrics, HasSubstr("dynmig_scheduler_gpu_fail_closed{node=\"node-d\","
@@ -313,7 +347,7 @@ TEST_F(SchedulerTest, ConcurrentFiltersFromManyThreadsNeverOverlap) {
       continue;
     }
     ++reserved;
-    for (const auto& a : AllocationsOf(fmt::format("p{}", i)))
+    for (const auto& a : ReservedOf(s, fmt::format("p{}", i)))
       by_gpu[a.gpu_uuid].push_back(a.placement);
   }
   EXPECT_EQ(reserved, 28);

@@ -222,6 +222,14 @@ class SchedulerTest : public ::testing::Test {
     return decoded.ok() ? *decoded : std::vector<protocol::MigAllocation>{};
   }
 
+  // The reservation `server` holds for the pod: in memory from the filter until the bind writes
+  // it (then, once the watch delivered it, as the API has it).
+  std::vector<protocol::MigAllocation> ReservedOf(SchedulerServer* server, const std::string& name,
+                                                  const std::string& ns = "default") {
+    if (auto a = server->state().Assumed(ns + "/" + name)) return a->reservation.allocations;
+    return AllocationsOf(name);
+  }
+
   // Events with this reason about pod `name`.
   std::vector<std::string> EventMessages(const std::string& name, const std::string& reason) {
     for (auto& s : servers_) s->events().Flush(absl::Seconds(10));

@@ -299,6 +299,13 @@ TEST_F(TlsSchedulerTest, CommandServesUntilSigterm) {
     return Post(port, "/filter", FilterBody(pod, {"node-a"}).dump()).body["NodeNames"] ==
            json::array({"node-a"});
   }));
+  // The filter holds the reservation in memory; the bind writes it on the pod.
+  EXPECT_FALSE(kube::Annotation(GetPod("p"), "hami.io/vgpu-node").has_value());
+  const json bind = {{"PodName", "p"},
+                     {"PodNamespace", "default"},
+                     {"PodUID", kube::Uid(pod)},
+                     {"Node", "node-a"}};
+  EXPECT_EQ(Post(port, "/bind", bind.dump()).body["Error"], "");
   EXPECT_EQ(kube::Annotation(GetPod("p"), "hami.io/vgpu-node"), "node-a");
   // The command injects the layout page (GET /layout), with the pod it just reserved.
   HttpResult layout = Get(port, "/layout");

@@ -172,6 +172,42 @@ TEST_F(AdmissionTest, AnUnknownPreferenceListsOnlyWhatCouldRunThePodAndSuggestsT
                            "4g.20gb, 7g.40gb, 1g.10gb, 3g.40gb, 7g.80gb, 1g, 2g, 3g, 4g, 7g"));
 }
 
+// Only the models the cluster has: a cluster of A100-40GB nodes is not told about H100 profiles.
+TEST_F(AdmissionTest, AnUnknownPreferenceListsOnlyTheProfilesOfTheClustersModels) {
+  std::vector<std::string> models = {"NVIDIA A100-SXM4-40GB"};
+  AdmissionOptions o = Options();
+  o.cluster_models = [&models] { return models; };
+  AdmissionHandler handler(o);
+  auto message = [&](const json& pod) {
+    const json r = handler.ReviewJson(Review(pod))["response"];
+    EXPECT_EQ(r["allowed"], false) << pod.dump();
+    return r["status"]["message"].get<std::string>();
+  };
+  const json typo = GpuPod({{"nvidia.com/gpu", 1}}, {{"nvidia.com/mig-profile-preference", "4gg"}});
+  std::string m = message(typo);
+  EXPECT_THAT(m, HasSubstr("did you mean \"4g\"? valid choices for the GPU models in the cluster "
+                           "(NVIDIA A100-SXM4-40GB): 1g.5gb, 2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb, "
+                           "1g, 2g, 3g, 4g, 7g"));
+  EXPECT_THAT(m, Not(HasSubstr("7g.80gb")));
+  // With a memory request, both reasons are named.
+  m = message(GpuPod({{"nvidia.com/gpu", 1}, {"nvidia.com/gpumem", 20000}},
+                     {{"nvidia.com/mig-profile-preference", "3g.20gbb"}}));
+  EXPECT_THAT(m, HasSubstr("valid choices for this pod (GPU models in the cluster: NVIDIA "
+                           "A100-SXM4-40GB; 20000 MiB per instance): 3g.20gb, 4g.20gb, 7g.40gb, "
+                           "3g, 4g, 7g"));
+  // A profile of an allowlisted model the cluster lacks is still a valid preference.
+  json other = typo;
+  other["metadata"]["annotations"]["nvidia.com/mig-profile-preference"] = "3g.40gb";
+  EXPECT_EQ(handler.ReviewJson(Review(other))["response"]["allowed"], true);
+  // The list follows the cluster: an H100 node joins, and every allowlisted model is present.
+  models.push_back("NVIDIA H100 80GB HBM3");
+  EXPECT_THAT(message(typo), HasSubstr("valid choices: 1g.5gb, 2g.10gb, 3g.20gb, 4g.20gb, "
+                                       "7g.40gb, 1g.10gb, 3g.40gb, 7g.80gb"));
+  // No model of the allowlist in the cluster (yet): every choice.
+  models = {"Tesla T4"};
+  EXPECT_THAT(message(typo), HasSubstr("did you mean \"4g\"? valid choices: 1g.5gb, 2g.10gb"));
+}
+
 TEST_F(AdmissionTest, PreferenceIsCheckedOnUpdateOnlyWhenItChanges) {
   json old_pod = GpuPod({{"nvidia.com/gpu", 1}}, {{"nvidia.com/mig-profile-preference", "5g"}});
   json new_pod = old_pod;
