@@ -35,6 +35,7 @@ teardown() {
 }
 on_exit() {
   local rc=$?
+  trap '' INT TERM # a second Ctrl-C must not cut the teardown short (it would leave the cluster running)
   if [ $rc -ne 0 ] && [ -d "$RK_STATE/logs" ]; then
     log "failed (exit $rc): component logs follow"
     "$PY" "$here/cluster.py" logs --lines 30 || true

@@ -99,6 +99,10 @@ def scheduler_config(v1_text, kubeconfig, ca_file, cert_file, key_file, extender
         raise ValueError("unexpected kube-scheduler configuration version %r" % cfg.get("apiVersion"))
     cfg["apiVersion"] = "kubescheduler.config.k8s.io/v1beta1"
     cfg["clientConnection"] = {"kubeconfig": kubeconfig}
+    # One host process, like the harness's other control-plane components: no leader election. With it, a lease
+    # renewal that times out on a loaded machine ends kube-scheduler ("leaderelection lost"), and no kubelet
+    # restarts a host process as it would restart the sidecar container.
+    cfg["leaderElection"] = {"leaderElect": False}
     # Without these v1.20 serves plain HTTP on 0.0.0.0:10251.
     cfg["healthzBindAddress"] = "127.0.0.1:%d" % health
     cfg["metricsBindAddress"] = "127.0.0.1:%d" % health
