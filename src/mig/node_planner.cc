@@ -379,11 +379,14 @@ NodeSummary Summarize(const NodeView& node) {
     const auto& profiles = gpu.planner->capability().profiles;
     for (uint32_t idx : gpu.planner->allowed()) {
       const ProfileSpec& spec = profiles[idx];
-      out.max_profile_mib = std::max(out.max_profile_mib, spec.memory_mib);
-      if (spec.memory_mib <= out.max_placeable_mib) continue;
+      // What sizing accepts (nominal by default: 3g.20gb takes a 20000 MiB request although NVML
+      // reports 19968 MiB), so the summary never rules out a node the planner would use.
+      const uint64_t mib = spec.SizingMib();
+      out.max_profile_mib = std::max(out.max_profile_mib, mib);
+      if (mib <= out.max_placeable_mib) continue;
       for (const auto& pl : spec.placements) {
         if ((gpu.usage.occupied & pl.Mask()) == 0) {
-          out.max_placeable_mib = spec.memory_mib;
+          out.max_placeable_mib = mib;
           break;
         }
       }

@@ -45,10 +45,11 @@ struct NodeView {
 // reservation change of that node alone): a cluster-wide search skips the nodes that cannot fit a
 // pod before any per-GPU work.
 struct NodeSummary {
-  // The largest memory of an allowlisted profile with a free placement on some schedulable GPU
-  // (healthy, in MIG mode); 0 when none. Instance-count limits are ignored (an upper bound).
+  // The largest sizing memory (ProfileSpec::SizingMib: the most a request may ask of it) of an
+  // allowlisted profile with a free placement on some schedulable GPU (healthy, in MIG mode); 0
+  // when none. Instance-count limits are ignored (an upper bound).
   uint64_t max_placeable_mib = 0;
-  // The largest memory of any allowlisted profile of a schedulable GPU, free or not.
+  // The largest sizing memory of any allowlisted profile of a schedulable GPU, free or not.
   uint64_t max_profile_mib = 0;
 };
 NodeSummary Summarize(const NodeView& node);

@@ -173,11 +173,17 @@ TEST(NodePlannerTest, SummariesRuleOutOnlyNodesThatCannotFit) {
   NodeView node{
       "node-a", true, "", {Gpu("GPU-0", 0, {{"7g.40gb", 0}}), Gpu("GPU-1", 1, {{"3g.20gb", 4}})}};
   NodeSummary s = Summarize(node);
-  EXPECT_EQ(s.max_placeable_mib, Gpu("x", 0)
-                                     .planner->capability()
-                                     .profiles[Gpu("x", 0).planner->ProfileIndex("3g.20gb")]
-                                     .memory_mib);
+  const ProfileSpec& p3g =
+      Gpu("x", 0).planner->capability().profiles[Gpu("x", 0).planner->ProfileIndex("3g.20gb")];
+  // In sizing memory: 3g.20gb takes up to 20 GiB nominal, although NVML reports 19968 MiB.
+  EXPECT_EQ(s.max_placeable_mib, p3g.SizingMib());
+  EXPECT_GT(p3g.SizingMib(), p3g.memory_mib);
   EXPECT_TRUE(MayFit(s, OneContainer(1, 19000)));
+  // The spec's 20000 MiB (examples/mig-mixed.yaml's large-3g) fits the free 3g.20gb: the summary
+  // must not rule out what the planner places (found on the real cluster: the extender answered
+  // FailedNodes {"node": ""} while `dynmig explain` said it fits).
+  EXPECT_TRUE(PlanPodOnNode(node, OneContainer(1, 20000)).fits());
+  EXPECT_TRUE(MayFit(s, OneContainer(1, 20000)));
   EXPECT_FALSE(MayFit(s, OneContainer(1, 30000)));
   EXPECT_TRUE(MayEverFit(s, OneContainer(1, 30000)));   // a 7g.40gb exists, just not free
   EXPECT_FALSE(MayEverFit(s, OneContainer(1, 50000)));  // no profile is that big
