@@ -344,6 +344,32 @@ class FakeAllocator : public DeviceAllocator {
   std::atomic<int> n{0};
 };
 
+// A status write the API refuses is retried, as the kubelet's status manager does: the pod does
+// not stay Pending while its containers run.
+TEST_F(LocalTest, NodeAgentRetriesAStatusWriteThatFailed) {
+  FakeAllocator alloc;
+  NodeAgentOptions opts;
+  opts.node = "node-a";
+  kube::FaultSpec fault;
+  fault.method = "PATCH";
+  fault.path_prefix = "/api/v1/namespaces/default/pods/p/status";
+  // Not a status the client retries by itself (5xx and 429 are): the agent must.
+  fault.count = 2;
+  fault.status = 422;
+  server_->AddFault(fault);
+  NodeAgent agent(*client_, alloc, opts);
+  agent.Start();
+  auto pod = GpuPod("p");
+  pod["spec"]["nodeName"] = "node-a";
+  ASSERT_TRUE(client_->CreatePod(pod).ok());
+  EXPECT_TRUE(WaitUntil([&] {
+    auto p = client_->GetPod("default", "p");
+    return p.ok() && kube::Phase(*p) == "Running";
+  }));
+  EXPECT_EQ(alloc.n.load(), 1) << "the pod was started once; only its status was written again";
+  agent.Stop();
+}
+
 TEST_F(LocalTest, NodeAgentRunsPodsAttachesProcessesAndEndsThem) {
   FakeAllocator alloc;
   std::mutex mu;
