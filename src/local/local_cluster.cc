@@ -393,7 +393,8 @@ absl::Status LocalCluster::Init() {
   lo.tls->ca_file = tls_.ca_file;
   lo.tls->cert_file = tls_.client_cert_file;
   lo.tls->key_file = tls_.client_key_file;
-  lo.retry_interval = options_.scheduler_retry;
+  lo.timing = options_.scheduler_timing;
+  lo.default_scheduler = options_.default_scheduler;
   lo.log = [this](const std::string& line) { Log("kube-scheduler: " + line); };
   loop_ = std::make_unique<SchedulerLoop>(*loop_client_, std::move(lo));
   loop_->Start();
@@ -549,6 +550,7 @@ absl::Status LocalCluster::StartDevicePluginLocked(Node& node) {
   nvml::SimNvmlOptions so;
   so.state_file = nvml_state_file(node.spec.name);
   so.seed = node.spec.name;
+  so.latency = options_.nvml_latency;
   auto sim = nvml::SimNvml::Create(std::move(so));
   if (!sim.ok()) return sim.status();
   auto client = Client(kDevicePluginUser);
