@@ -142,8 +142,13 @@ void CheckPlacements(LocalCluster& cluster, dynmig::kube::KubeClient& kube, cons
       problems.push_back(name + ": no MIG device recorded");
       continue;
     }
-    for (const auto& [container, uuid] : json::parse(*visible).items()) {
-      const std::string u = uuid.get<std::string>();
+    const json devices = json::parse(*visible, nullptr, /*allow_exceptions=*/false);
+    if (!devices.is_object()) {
+      problems.push_back(name + ": unreadable MIG device record " + *visible);
+      continue;
+    }
+    for (auto d = devices.begin(); d != devices.end(); ++d) {
+      const std::string u = d->is_string() ? d->get<std::string>() : d->dump();
       if (!live_uuids.count(u)) problems.push_back(fmt::format("{}: {} is not live", name, u));
       if (auto [it, fresh] = owner.emplace(u, name); !fresh) {
         problems.push_back(fmt::format("{} given to both {} and {}", u, it->second, name));
@@ -196,9 +201,9 @@ BurstResult Burst(LocalCluster& cluster, dynmig::kube::KubeClient& kube, Running
   for (const auto& name : names) (void)kube.DeletePod("default", name, {});
   const absl::Time clean_by = absl::Now() + absl::Seconds(120);
   while (absl::Now() < clean_by) {
-    auto list = kube.ListPods("default");
+    auto list = kube.ListPods({.ns = "default"});
     auto live = cluster.Instances(node);
-    if (list.ok() && list->empty() && live.ok() && live->empty()) break;
+    if (list.ok() && list->items.empty() && live.ok() && live->empty()) break;
     absl::SleepFor(absl::Milliseconds(50));
   }
   if (auto live = cluster.Instances(node); live.ok() && !live->empty()) {
