@@ -6,7 +6,8 @@
 //
 //   bench_burst [--pods 56] [--nodes node-a=A100-SXM4-40GBx8] [--gpumem 4000]
 //               [--sim-latency none|realistic|create-gi=250ms,...] [--kind both|gpu|plain]
-//               [--bursts 1] [--timing-speedup 1] [--timeout 900s]
+//               [--bursts 1] [--timing-speedup 1] [--timeout 900s] [--scheduler-threads 8]
+//               [--verbose]
 //
 // Prints figures; asserts no timing. Exit 1 when a check fails or a burst does not finish.
 #include <algorithm>
@@ -43,6 +44,8 @@ struct Flags {
   int bursts = 1;
   double speedup = 1;
   absl::Duration timeout = absl::Seconds(900);
+  int scheduler_threads = 8;  // the local mode's default
+  bool verbose = false;       // every component's log line on stderr, with the time since the start
 };
 
 json Pod(const std::string& name, bool gpu, int64_t gpumem) {
@@ -70,6 +73,8 @@ struct BurstResult {
   std::vector<double> seconds;  // per pod, creation to Running
   double all = 0;               // first creation to the last Running
   bool finished = false;
+  int failed_scheduling = 0;  // FailedScheduling events of the burst's pods
+  int bind_rejected = 0;      // of which a bind refused (the node lock still held after the wait)
   std::vector<std::string> problems;
 };
 
@@ -197,6 +202,17 @@ BurstResult Burst(LocalCluster& cluster, dynmig::kube::KubeClient& kube, Running
                                      absl::FormatDuration(f.timeout)));
   }
   if (gpu) CheckPlacements(cluster, kube, node, names, r.problems);
+  // How often a pod went back to kube-scheduler's queue on the way (events of this burst's pods).
+  if (auto events = kube.List(dynmig::kube::Resource::kEvents, {.ns = "default"}); events.ok()) {
+    const std::set<std::string> burst(names.begin(), names.end());
+    for (const auto& e : events->items) {
+      if (e.value("reason", "") != "FailedScheduling" ||
+          !burst.count(dynmig::kube::StringAt(e, "/involvedObject/name")))
+        continue;
+      ++r.failed_scheduling;
+      if (e.value("message", "").find("Binding rejected") != std::string::npos) ++r.bind_rejected;
+    }
+  }
   // Delete the burst and wait until the node is empty again (nothing leaked).
   for (const auto& name : names) (void)kube.DeletePod("default", name, {});
   const absl::Time clean_by = absl::Now() + absl::Seconds(120);
@@ -237,6 +253,10 @@ bool ParseFlags(int argc, char** argv, Flags& f) {
       f.bursts = std::stoi(value());
     } else if (a == "--timing-speedup") {
       f.speedup = std::stod(value());
+    } else if (a == "--scheduler-threads") {
+      f.scheduler_threads = std::stoi(value());
+    } else if (a == "--verbose") {
+      f.verbose = true;
     } else if (a == "--timeout") {
       if (!absl::ParseDuration(value(), &f.timeout)) return false;
     } else {
@@ -244,7 +264,7 @@ bool ParseFlags(int argc, char** argv, Flags& f) {
       return false;
     }
   }
-  return f.pods > 0 && f.bursts > 0 && f.speedup > 0 &&
+  return f.pods > 0 && f.bursts > 0 && f.speedup > 0 && f.scheduler_threads >= 2 &&
          (f.kind == "both" || f.kind == "gpu" || f.kind == "plain");
 }
 
@@ -254,7 +274,8 @@ int main(int argc, char** argv) {
   Flags f;
   if (!ParseFlags(argc, argv, f)) {
     std::cerr << "usage: bench_burst [--pods N] [--nodes SPEC] [--gpumem MIB] [--sim-latency L] "
-                 "[--kind both|gpu|plain] [--bursts R] [--timing-speedup X] [--timeout D]\n";
+                 "[--kind both|gpu|plain] [--bursts R] [--timing-speedup X] [--timeout D] "
+                 "[--scheduler-threads T] [--verbose]\n";
     return 2;
   }
   spdlog::set_level(spdlog::level::err);
@@ -279,6 +300,13 @@ int main(int argc, char** argv) {
   o.nvml_port = 0;
   o.nvml_latency = *latency;
   o.scheduler_timing = dynmig::local::SchedulingQueueTiming{}.Scaled(f.speedup);
+  o.scheduler_threads = f.scheduler_threads;
+  if (f.verbose) {
+    const absl::Time t0 = absl::Now();
+    o.log = [t0](const std::string& line) {
+      std::cerr << fmt::format("{:9.3f} {}\n", absl::ToDoubleSeconds(absl::Now() - t0), line);
+    };
+  }
   auto cluster = LocalCluster::Start(o);
   if (!cluster.ok()) {
     std::cerr << "local cluster: " << cluster.status().message() << "\n";
@@ -292,8 +320,9 @@ int main(int argc, char** argv) {
       "burst of {} pods on {} ({}), simulated NVML latency {}, kube-scheduler timing {}\n", f.pods,
       o.nodes.front().name, o.nodes.front().gpus, latency->ToString(),
       f.speedup == 1 ? std::string("real (v1.20)") : fmt::format("{}x faster", f.speedup));
-  std::cout << fmt::format("{:<8} {:>5} {:>5} {:>8} {:>8} {:>8} {:>10}\n", "kind", "burst", "pods",
-                           "p50 s", "p99 s", "max s", "all Run s");
+  std::cout << fmt::format("{:<8} {:>5} {:>5} {:>8} {:>8} {:>8} {:>10} {:>12} {:>10}\n", "kind",
+                           "burst", "pods", "p50 s", "p99 s", "max s", "all Run s", "FailedSched",
+                           "bind rej.");
   bool ok = true;
   std::map<std::string, double> all_by_kind;
   for (const bool gpu : {false, true}) {
@@ -301,9 +330,10 @@ int main(int argc, char** argv) {
     for (int round = 1; round <= f.bursts; ++round) {
       BurstResult r = Burst(**cluster, **kube, watch, f, gpu, round);
       const char* kind = gpu ? "1g" : "plain";
-      std::cout << fmt::format("{:<8} {:>5} {:>5} {:>8.2f} {:>8.2f} {:>8.2f} {:>10.2f}\n", kind,
-                               round, r.seconds.size(), Percentile(r.seconds, 0.5),
-                               Percentile(r.seconds, 0.99), Percentile(r.seconds, 1.0), r.all);
+      std::cout << fmt::format(
+          "{:<8} {:>5} {:>5} {:>8.2f} {:>8.2f} {:>8.2f} {:>10.2f} {:>12} {:>10}\n", kind, round,
+          r.seconds.size(), Percentile(r.seconds, 0.5), Percentile(r.seconds, 0.99),
+          Percentile(r.seconds, 1.0), r.all, r.failed_scheduling, r.bind_rejected);
       if (round == 1) all_by_kind[kind] = r.all;
       for (const auto& p : r.problems) std::cout << "  PROBLEM: " << p << "\n";
       ok = ok && r.finished && r.problems.empty();

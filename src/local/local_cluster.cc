@@ -512,7 +512,7 @@ absl::Status LocalCluster::StartSchedulerLocked() {
   // The kubelet stand-ins write dynmig.io/visible-devices, one of the system's annotations.
   for (const auto& n : options_.nodes)
     o.admission.annotation_writers.push_back("system:node:" + n.name);
-  o.threads = 8;
+  o.threads = options_.scheduler_threads;
   o.layout_html = ops::RenderLayoutHtml;  // GET /layout, as `dynmig scheduler` serves it
   o.layout_json = [](const std::vector<scheduler::NodeReport>& n) {
     return ops::LayoutJson(n).dump(2);

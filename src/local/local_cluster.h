@@ -115,6 +115,9 @@ struct LocalClusterOptions {
   // The stand-in also schedules pods of schedulerName default-scheduler (pods without GPUs), as
   // the cluster's default kube-scheduler.
   bool default_scheduler = true;
+  // HTTP threads of the in-process scheduler (extender and webhooks share them; a bind waiting
+  // for the node lock holds one).
+  int scheduler_threads = 8;
   // How long the simulated GPUs take to create and destroy instances (the device plugins' NVML).
   mig::NvmlLatency nvml_latency;
   // One line per event of every component ("scheduler: ...", "node-a/kubelet: ..."). May be empty.
