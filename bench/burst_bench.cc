@@ -115,9 +115,11 @@ class RunningWatch {
   std::map<std::string, absl::Time> running_;
 };
 
-// Every GPU pod its own MIG device, live on the node; no two live instances overlap on a GPU.
+// Every Running GPU pod its own MIG device, live on the node; no two live instances overlap on a
+// GPU; when all run (`all`), no live instance beyond theirs.
 void CheckPlacements(LocalCluster& cluster, dynmig::kube::KubeClient& kube, const std::string& node,
-                     const std::vector<std::string>& names, std::vector<std::string>& problems) {
+                     const std::vector<std::string>& names, bool all,
+                     std::vector<std::string>& problems) {
   auto live = cluster.Instances(node);
   if (!live.ok()) {
     problems.push_back("cannot read the node's instances: " + std::string(live.status().message()));
@@ -160,7 +162,7 @@ void CheckPlacements(LocalCluster& cluster, dynmig::kube::KubeClient& kube, cons
       }
     }
   }
-  if (live->size() != owner.size()) {
+  if (all && live->size() != owner.size()) {
     problems.push_back(
         fmt::format("{} live instances for {} GPU pods", live->size(), owner.size()));
   }
@@ -201,7 +203,13 @@ BurstResult Burst(LocalCluster& cluster, dynmig::kube::KubeClient& kube, Running
     r.problems.push_back(fmt::format("{} of {} pods Running after {}", watch.Count(), names.size(),
                                      absl::FormatDuration(f.timeout)));
   }
-  if (gpu) CheckPlacements(cluster, kube, node, names, r.problems);
+  if (gpu) {
+    std::vector<std::string> running;  // a pod still waiting has no device to check yet
+    for (const auto& name : names) {
+      if (watch.RunningAt(name)) running.push_back(name);
+    }
+    CheckPlacements(cluster, kube, node, running, r.finished, r.problems);
+  }
   // How often a pod went back to kube-scheduler's queue on the way (events of this burst's pods).
   if (auto events = kube.List(dynmig::kube::Resource::kEvents, {.ns = "default"}); events.ok()) {
     const std::set<std::string> burst(names.begin(), names.end());
