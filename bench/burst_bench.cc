@@ -6,7 +6,7 @@
 //
 //   bench_burst [--pods 56] [--nodes node-a=A100-SXM4-40GBx8] [--gpumem 4000]
 //               [--sim-latency none|realistic|create-gi=250ms,...] [--kind both|gpu|plain]
-//               [--bursts 1] [--timing-speedup 1] [--timeout 900s] [--scheduler-threads 8]
+//               [--bursts 1] [--timing-speedup 1] [--timeout 900s] [--scheduler-threads 64]
 //               [--verbose]
 //
 // Prints figures; asserts no timing. Exit 1 when a check fails or a burst does not finish.
@@ -44,7 +44,7 @@ struct Flags {
   int bursts = 1;
   double speedup = 1;
   absl::Duration timeout = absl::Seconds(900);
-  int scheduler_threads = 8;  // the local mode's default
+  int scheduler_threads = 64;  // the local mode's default
   bool verbose = false;       // every component's log line on stderr, with the time since the start
 };
 

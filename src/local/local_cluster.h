@@ -117,7 +117,7 @@ struct LocalClusterOptions {
   bool default_scheduler = true;
   // HTTP threads of the in-process scheduler (extender and webhooks share them; a bind waiting
   // for the node lock holds one).
-  int scheduler_threads = 8;
+  int scheduler_threads = 64;  // as dynmig scheduler's (SchedulerServerOptions::threads)
   // How long the simulated GPUs take to create and destroy instances (the device plugins' NVML).
   mig::NvmlLatency nvml_latency;
   // One line per event of every component ("scheduler: ...", "node-a/kubelet: ..."). May be empty.
