@@ -30,6 +30,7 @@ struct DevicePluginFlags {
   std::string state_file;
   std::string sim;
   std::string sim_state;
+  std::string sim_latency = "none";
   std::string cdi_dir;
   std::string reconcile_interval = "5s";
   std::string register_interval = "30s";
@@ -76,6 +77,9 @@ int Run(const DevicePluginFlags& f, CliContext& ctx) {
     o.spec = f.sim;
     o.state_file = f.sim_state;
     o.seed = f.node;
+    auto latency = mig::ParseNvmlLatency(f.sim_latency);
+    if (!latency.ok()) return bad("--sim-latency: " + std::string(latency.status().message()));
+    o.latency = *latency;
     auto sim = nvml::SimNvml::Create(std::move(o));
     if (!sim.ok()) return bad(std::string(sim.status().message()));
     gpu = std::move(*sim);
@@ -141,6 +145,10 @@ void RegisterDevicePluginCommand(CLI::App& root, CliContext& ctx) {
                   "node-local state (default <kubelet-dir>/dynmig/state.json)");
   cmd->add_option("--sim", f->sim, "simulated GPUs instead of NVML, e.g. A100-SXM4-40GBx2");
   cmd->add_option("--sim-state", f->sim_state, "the simulator's state file");
+  cmd->add_option("--sim-latency", f->sim_latency,
+                  "with --sim: how long instance create/destroy take: none, realistic or "
+                  "[MODEL:]OP=DURATION items (OP: create-gi, destroy-gi, create-ci, destroy-ci)")
+      ->capture_default_str();
   cmd->add_option("--cdi-dir", f->cdi_dir,
                   "write a CDI spec per MIG device here and answer with CDI names");
   cmd->add_option("--reconcile-interval", f->reconcile_interval, "reclamation period")

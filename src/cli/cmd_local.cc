@@ -41,6 +41,7 @@ struct LocalFlags {
   bool listen_given = false;
   bool control_given = false;
   bool nvml_port_given = false;
+  std::string sim_latency = "realistic";
 };
 
 // Binds a TCP socket to host:port and closes it: the port is free now. port 0: the port the kernel
@@ -128,6 +129,9 @@ int RunLocal(const LocalFlags& f, CliContext& ctx) {
     }
   }
   if (f.nvml_port <= 0 || f.nvml_port > 65535) return bad("--nvml-port must be 1-65535");
+  auto latency = mig::ParseNvmlLatency(f.sim_latency);
+  if (!latency.ok()) return bad("--sim-latency: " + std::string(latency.status().message()));
+  o.nvml_latency = *latency;
   auto nodes = local::ParseNodes(f.nodes);
   if (!nodes.ok()) return bad(std::string(nodes.status().message()));
   o.nodes = *nodes;
@@ -345,6 +349,11 @@ void RegisterLocalCommand(CLI::App& root, CliContext& ctx) {
       cmd->add_option("--nvml-port", f->nvml_port,
                       "port of each device plugin's /metrics and /nvml on its node address")
           ->capture_default_str();
+  cmd->add_option("--sim-latency", f->sim_latency,
+                  "how long the simulated GPUs take to create/destroy instances: none, realistic "
+                  "(about 1.5 s per allocation) or [MODEL:]OP=DURATION items, OP one of "
+                  "create-gi, destroy-gi, create-ci, destroy-ci (e.g. create-gi=250ms)")
+      ->capture_default_str();
   cmd->add_flag("--demo", f->demo,
                 "play the migration guide's canary and mixed-profile walk-through, then serve");
   cmd->add_flag("--quiet", f->quiet, "print only the summary (and the demo)");

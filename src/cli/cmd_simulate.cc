@@ -28,6 +28,7 @@ struct SimulateFlags {
   uint32_t gpus_per_node = 8;
   std::string policy;
   std::string mode = "reject";
+  std::string nvml_latency = "realistic";
   uint64_t seed = 1;
   std::string allow;
   std::string output = "text";
@@ -114,6 +115,12 @@ void RunSimulate(const SimulateFlags& f, CliContext& ctx) {
     return fail(absl::InvalidArgumentError(
         fmt::format("--mode \"{}\": expected reject, queue or fill", f.mode)));
   }
+  auto latency = mig::ParseNvmlLatency(f.nvml_latency);
+  if (!latency.ok()) {
+    return fail(
+        absl::InvalidArgumentError("--nvml-latency: " + std::string(latency.status().message())));
+  }
+  options.nvml_latency = *latency;
   if (f.output != "text" && f.output != "json" && f.output != "csv") {
     return fail(
         absl::InvalidArgumentError(fmt::format("-o \"{}\": expected text, json or csv", f.output)));
@@ -211,6 +218,10 @@ void RegisterSimulateCommand(CLI::App& root, CliContext& ctx) {
                   "comma-separated policies (default: dynmig, hami-v2.10, first-fit, best-fit, "
                   "static:all-balanced/all-1g/all-2g/all-3g/all-7g, repack)");
   cmd->add_option("--mode", flags->mode, "reject | queue | fill")->capture_default_str();
+  cmd->add_option("--nvml-latency", flags->nvml_latency,
+                  "instance create/destroy time added to each pod's time to Running: none, "
+                  "realistic (about 1.5 s per instance) or [MODEL:]OP=DURATION items")
+      ->capture_default_str();
   cmd->add_option("--seed", flags->seed, "seed of --generate")->capture_default_str();
   cmd->add_option("--allow", flags->allow,
                   "allowlisted profiles (default: the base profiles of each model)");

@@ -79,7 +79,7 @@ class Chaos {
     c.nvml_port = FreePort();
     c.reconcile_interval = absl::Milliseconds(300);
     c.register_interval = absl::Seconds(1);
-    c.scheduler_retry = absl::Milliseconds(300);
+    c.scheduler_timing = SchedulingQueueTiming{}.Scaled(20);
     c.expiry_interval = absl::Seconds(2);
     auto cluster = LocalCluster::Start(c);
     if (!cluster.ok()) return cluster.status();

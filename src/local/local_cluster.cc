@@ -393,7 +393,8 @@ absl::Status LocalCluster::Init() {
   lo.tls->ca_file = tls_.ca_file;
   lo.tls->cert_file = tls_.client_cert_file;
   lo.tls->key_file = tls_.client_key_file;
-  lo.retry_interval = options_.scheduler_retry;
+  lo.timing = options_.scheduler_timing;
+  lo.default_scheduler = options_.default_scheduler;
   lo.log = [this](const std::string& line) { Log("kube-scheduler: " + line); };
   loop_ = std::make_unique<SchedulerLoop>(*loop_client_, std::move(lo));
   loop_->Start();
@@ -511,7 +512,7 @@ absl::Status LocalCluster::StartSchedulerLocked() {
   // The kubelet stand-ins write dynmig.io/visible-devices, one of the system's annotations.
   for (const auto& n : options_.nodes)
     o.admission.annotation_writers.push_back("system:node:" + n.name);
-  o.threads = 8;
+  o.threads = options_.scheduler_threads;
   o.layout_html = ops::RenderLayoutHtml;  // GET /layout, as `dynmig scheduler` serves it
   o.layout_json = [](const std::vector<scheduler::NodeReport>& n) {
     return ops::LayoutJson(n).dump(2);
@@ -549,6 +550,7 @@ absl::Status LocalCluster::StartDevicePluginLocked(Node& node) {
   nvml::SimNvmlOptions so;
   so.state_file = nvml_state_file(node.spec.name);
   so.seed = node.spec.name;
+  so.latency = options_.nvml_latency;
   auto sim = nvml::SimNvml::Create(std::move(so));
   if (!sim.ok()) return sim.status();
   auto client = Client(kDevicePluginUser);

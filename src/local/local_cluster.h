@@ -40,6 +40,8 @@
 #include "common/clock.h"
 #include "kube/in_memory_api_server.h"
 #include "kube/kube_client.h"
+#include "local/scheduling_queue.h"
+#include "mig/nvml_latency.h"
 #include "nvml/sim_nvml.h"
 #include "protocol/device_config.h"
 #include "scheduler/cluster_state.h"
@@ -108,7 +110,16 @@ struct LocalClusterOptions {
   absl::Duration register_interval = absl::Seconds(5);
   absl::Duration reservation_ttl = absl::Minutes(2);
   absl::Duration expiry_interval = absl::Seconds(10);
-  absl::Duration scheduler_retry = absl::Seconds(2);
+  // The kube-scheduler stand-in's retry timing: kube-scheduler v1.20's unless a test shrinks it.
+  SchedulingQueueTiming scheduler_timing;
+  // The stand-in also schedules pods of schedulerName default-scheduler (pods without GPUs), as
+  // the cluster's default kube-scheduler.
+  bool default_scheduler = true;
+  // HTTP threads of the in-process scheduler (extender and webhooks share them; a bind waiting
+  // for the node lock holds one).
+  int scheduler_threads = 64;  // as dynmig scheduler's (SchedulerServerOptions::threads)
+  // How long the simulated GPUs take to create and destroy instances (the device plugins' NVML).
+  mig::NvmlLatency nvml_latency;
   // One line per event of every component ("scheduler: ...", "node-a/kubelet: ..."). May be empty.
   std::function<void(const std::string&)> log;
 };

@@ -102,11 +102,27 @@ void NodeAgent::Stop() {
   pods_.Stop();
 }
 
+void NodeAgent::WriteStatus(const kube::Object& pod, nlohmann::json status) {
+  const std::string uid = kube::Uid(pod);
+  auto written = client_.PatchPodStatus(kube::Namespace(pod), kube::Name(pod), status);
+  if (written.ok() || absl::IsNotFound(written.status())) {
+    unsynced_.erase(uid);
+    return;
+  }
+  Log(fmt::format("{}: status not written ({}); retrying", kube::ObjectKey(pod),
+                  std::string(written.status().message())));
+  unsynced_[uid] = {kube::Namespace(pod), kube::Name(pod), std::move(status)};
+}
+
 void NodeAgent::Reconcile() {
   std::set<std::string> present;
   for (const auto& pod : pods_.List()) {
     const std::string uid = kube::Uid(*pod);
     present.insert(uid);
+    if (auto unsynced = unsynced_.find(uid);
+        unsynced != unsynced_.end() && !kube::IsBeingDeleted(*pod)) {
+      WriteStatus(*pod, unsynced->second.status);
+    }
     if (kube::IsBeingDeleted(*pod)) {
       FinishPod(*pod, "");
       // Confirm the deletion, as the kubelet does once the containers stopped.
@@ -126,6 +142,9 @@ void NodeAgent::Reconcile() {
     if (it != running_.end() && it->second.ends_at && *it->second.ends_at <= absl::Now()) {
       FinishPod(*pod, "Succeeded");
     }
+  }
+  for (auto it = unsynced_.begin(); it != unsynced_.end();) {
+    it = present.count(it->first) ? std::next(it) : unsynced_.erase(it);
   }
   // Pods removed without a graceful deletion: their processes end too.
   for (auto it = running_.begin(); it != running_.end();) {
@@ -186,7 +205,7 @@ void NodeAgent::StartPod(const kube::Object& pod) {
       json status = {
           {"status",
            {{"phase", "Failed"}, {"reason", "UnexpectedAdmissionError"}, {"message", msg}}}};
-      (void)client_.PatchPodStatus(kube::Namespace(pod), kube::Name(pod), status);
+      WriteStatus(pod, std::move(status));
       (void)client_.CreateEvent(kube::NewEvent(pod, "Warning", "UnexpectedAdmissionError", msg,
                                                "dynmig-local-kubelet", absl::Now()));
       for (const auto& [uuid, pid] : running.processes) {
@@ -248,7 +267,7 @@ void NodeAgent::StartPod(const kube::Object& pod) {
                    {"conditions", json::array({{{"type", "Ready"}, {"status", "True"}},
                                                {{"type", "PodScheduled"}, {"status", "True"}}})},
                    {"containerStatuses", statuses}}}};
-  (void)client_.PatchPodStatus(kube::Namespace(pod), kube::Name(pod), status);
+  WriteStatus(pod, std::move(status));
   Log(fmt::format("{} running on {}{}", key, options_.node,
                   visible.empty() ? "" : " with " + visible.dump()));
   started_uid_[uid] = key;
@@ -283,7 +302,7 @@ void NodeAgent::FinishPod(const kube::Object& pod, const std::string& phase) {
                   {{"phase", phase},
                    {"conditions", json::array({{{"type", "Ready"}, {"status", "False"}}})},
                    {"containerStatuses", statuses}}}};
-  (void)client_.PatchPodStatus(kube::Namespace(pod), kube::Name(pod), status);
+  WriteStatus(pod, std::move(status));
   Log(fmt::format("{} {} on {}", kube::ObjectKey(pod), phase, options_.node));
 }
 

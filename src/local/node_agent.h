@@ -82,6 +82,10 @@ class NodeAgent {
   };
   void StartPod(const kube::Object& pod);
   void FinishPod(const kube::Object& pod, const std::string& phase);
+  // Writes the pod's status; a failed write is kept and retried by every Reconcile until it
+  // lands or the pod is gone, as the kubelet's status manager does (a status lost to one API
+  // error would leave a running pod Pending forever).
+  void WriteStatus(const kube::Object& pod, nlohmann::json status);
   void Log(const std::string& line) const;
 
   kube::KubeClient& client_;
@@ -90,6 +94,11 @@ class NodeAgent {
   kube::Informer pods_;
   std::map<std::string, Running> running_;  // by pod uid
   std::map<std::string, std::string> started_uid_;
+  struct UnsyncedStatus {
+    std::string ns, name;
+    nlohmann::json status;
+  };
+  std::map<std::string, UnsyncedStatus> unsynced_;  // by pod uid: status writes to retry
   uint32_t next_pid_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -3,6 +3,7 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <optional>
 #include <set>
 
@@ -172,29 +173,99 @@ std::vector<std::pair<std::string, std::string>> Resources(const kube::Object& p
   return out;
 }
 
+int32_t Priority(const kube::Object& pod) {
+  const auto spec = pod.find("spec");
+  if (spec == pod.end() || !spec->is_object()) return 0;
+  const auto p = spec->find("priority");
+  return p != spec->end() && p->is_number_integer() ? p->get<int32_t>() : 0;
+}
+
+// The pod without the fields whose change cannot make it schedulable (kube-scheduler's
+// isPodUpdated: resourceVersion, generation, status).
+json WithoutStatus(const kube::Object& pod) {
+  json p = pod;
+  if (p.contains("metadata")) {
+    p["metadata"].erase("resourceVersion");
+    p["metadata"].erase("generation");
+    p["metadata"].erase("managedFields");
+  }
+  p.erase("status");
+  return p;
+}
+
+// What kube-scheduler's skipPodUpdate ignores for an assumed pod: resourceVersion, nodeName,
+// annotations.
+json WithoutBindingNoise(const kube::Object& pod) {
+  json p = pod;
+  if (p.contains("metadata")) {
+    p["metadata"].erase("resourceVersion");
+    p["metadata"].erase("annotations");
+    p["metadata"].erase("managedFields");
+  }
+  if (p.contains("spec")) p["spec"].erase("nodeName");
+  return p;
+}
+
+// kube-scheduler's nodeSchedulingPropertiesChange: unschedulable, allocatable, labels, taints,
+// condition statuses. Annotations and heartbeats are not among them.
+bool SchedulingPropertiesChanged(const kube::Object& a, const kube::Object& b) {
+  auto at = [](const kube::Object& o, const char* pointer) {
+    const json::json_pointer ptr(pointer);
+    return o.contains(ptr) ? o.at(ptr) : json();
+  };
+  for (const char* ptr :
+       {"/spec/unschedulable", "/status/allocatable", "/metadata/labels", "/spec/taints"}) {
+    if (at(a, ptr) != at(b, ptr)) return true;
+  }
+  auto statuses = [&](const kube::Object& o) {
+    std::map<std::string, std::string> out;
+    const json c = at(o, "/status/conditions");
+    if (!c.is_array()) return out;
+    for (const auto& cond : c) {
+      if (cond.is_object()) out[cond.value("type", "")] = cond.value("status", "");
+    }
+    return out;
+  };
+  return statuses(a) != statuses(b);
+}
+
+// The pod's PodScheduled=False condition as (reason, message), empty when none.
+std::pair<std::string, std::string> SchedulingCondition(const kube::Object& pod) {
+  const json::json_pointer ptr("/status/conditions");
+  if (!pod.contains(ptr) || !pod.at(ptr).is_array()) return {};
+  for (const auto& c : pod.at(ptr)) {
+    if (c.is_object() && c.value("type", "") == "PodScheduled" && c.value("status", "") == "False")
+      return {c.value("reason", ""), c.value("message", "")};
+  }
+  return {};
+}
+
 }  // namespace
 
-struct SchedulerLoop::Outcome {
-  bool bound = false;
-  std::string message;  // why not
+struct SchedulerLoop::Binder {
+  std::thread thread;
+  std::atomic<bool> done{false};
 };
 
 SchedulerLoop::SchedulerLoop(kube::KubeClient& client, SchedulerLoopOptions options)
     : client_(client),
       options_(std::move(options)),
       pods_(client, kube::Resource::kPods),
-      nodes_(client, kube::Resource::kNodes) {
-  auto poke = [this] {
-    std::lock_guard<std::mutex> lock(mu_);
-    dirty_ = true;
-    cv_.notify_all();
+      nodes_(client, kube::Resource::kNodes),
+      queue_(options_.timing) {
+  kube::InformerHandlers p;
+  p.on_add = [this](const kube::Object& o) { OnPodAdd(o); };
+  p.on_update = [this](const kube::Object& a, const kube::Object& b) { OnPodUpdate(a, b); };
+  p.on_delete = [this](const kube::Object& o) { OnPodDelete(o); };
+  pods_.AddHandlers(p);
+  kube::InformerHandlers n;
+  n.on_add = [this](const kube::Object& node) {
+    MoveAll();
+    if (options_.observe) options_.observe(fmt::format("node {} added: requeue", kube::Name(node)));
   };
-  kube::InformerHandlers h;
-  h.on_add = [poke](const kube::Object&) { poke(); };
-  h.on_update = [poke](const kube::Object&, const kube::Object&) { poke(); };
-  h.on_delete = [poke](const kube::Object&) { poke(); };
-  pods_.AddHandlers(h);
-  nodes_.AddHandlers(h);
+  n.on_update = [this](const kube::Object& a, const kube::Object& b) { OnNodeUpdate(a, b); };
+  // A node deleted helps no pending pod (kube-scheduler requeues nothing).
+  nodes_.AddHandlers(n);
 }
 
 SchedulerLoop::~SchedulerLoop() { Stop(); }
@@ -203,22 +274,139 @@ void SchedulerLoop::Log(const std::string& line) const {
   if (options_.log) options_.log(line);
 }
 
+bool SchedulerLoop::Responsible(const kube::Object& pod) const {
+  const std::string name = kube::StringAt(pod, "/spec/schedulerName");
+  return name == options_.config.scheduler_name ||
+         (options_.default_scheduler && (name == "default-scheduler" || name.empty()));
+}
+
+bool SchedulerLoop::Pending(const kube::Object& pod) const {
+  return kube::NodeName(pod).empty() && Responsible(pod);
+}
+
+void SchedulerLoop::OnPodAdd(const kube::Object& pod) {
+  if (!Pending(pod)) return;  // an assigned pod helps only pods with inter-pod affinity
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_.Add(kube::ObjectKey(pod), Priority(pod), absl::Now());
+  cv_.notify_all();
+}
+
+void SchedulerLoop::OnPodUpdate(const kube::Object& old_pod, const kube::Object& new_pod) {
+  const bool was = Pending(old_pod), is = Pending(new_pod);
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string key = kube::ObjectKey(new_pod);
+  if (was && !is) {
+    queue_.Delete(key);  // bound (or handed to another scheduler)
+  } else if (is) {
+    // An assumed pod's binding writes (annotations, nodeName) are not news (skipPodUpdate).
+    if (assumed_.count(kube::Uid(new_pod)) &&
+        WithoutBindingNoise(old_pod) == WithoutBindingNoise(new_pod)) {
+      return;
+    }
+    queue_.Update(key, Priority(new_pod), WithoutStatus(old_pod) != WithoutStatus(new_pod),
+                  absl::Now());
+  }
+  if (!kube::NodeName(new_pod).empty()) assumed_.erase(kube::Uid(new_pod));
+  cv_.notify_all();
+}
+
+void SchedulerLoop::OnPodDelete(const kube::Object& pod) {
+  const bool assigned = !kube::NodeName(pod).empty();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    assumed_.erase(kube::Uid(pod));
+    if (!assigned) {
+      queue_.Delete(kube::ObjectKey(pod));
+    } else {
+      queue_.MoveAll(absl::Now());  // its node has room again
+    }
+    cv_.notify_all();
+  }
+  if (options_.observe && assigned) {
+    options_.observe(fmt::format("pod {} deleted: requeue", kube::ObjectKey(pod)));
+  }
+}
+
+void SchedulerLoop::OnNodeUpdate(const kube::Object& old_node, const kube::Object& new_node) {
+  bool moved = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // kube-scheduler compares the properties only while some pod is unschedulable; otherwise any
+    // update is a move request (so a pod being tried meanwhile backs off instead of waiting).
+    if (queue_.UnschedulableCount() == 0 || SchedulingPropertiesChanged(old_node, new_node)) {
+      queue_.MoveAll(absl::Now());
+      cv_.notify_all();
+      moved = true;
+    }
+  }
+  if (options_.observe) {
+    options_.observe(
+        fmt::format("node {} updated: {}", kube::Name(new_node), moved ? "requeue" : "no requeue"));
+  }
+}
+
+void SchedulerLoop::MoveAll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_.MoveAll(absl::Now());
+  cv_.notify_all();
+}
+
+SchedulingQueue::Where SchedulerLoop::QueueOf(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queue_.Find(key);
+}
+
+int SchedulerLoop::Attempts(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queue_.Attempts(key);
+}
+
 void SchedulerLoop::Start() {
   pods_.Start();
   nodes_.Start();
-  thread_ = std::thread([this] {
-    pods_.WaitForSync(absl::Seconds(30));
-    nodes_.WaitForSync(absl::Seconds(30));
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!stop_) {
-      dirty_ = false;
-      lock.unlock();
-      SchedulePending();
-      lock.lock();
-      cv_.wait_for(lock, absl::ToChronoSeconds(options_.retry_interval),
-                   [this] { return stop_ || dirty_; });
+  thread_ = std::thread([this] { Run(); });
+}
+
+void SchedulerLoop::Run() {
+  pods_.WaitForSync(absl::Seconds(30));
+  nodes_.WaitForSync(absl::Seconds(30));
+  const SchedulingQueueTiming& t = options_.timing;
+  absl::Time next_backoff_flush = absl::Now() + t.backoff_flush;
+  absl::Time next_leftover_flush = absl::Now() + t.unschedulable_flush;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    const absl::Time now = absl::Now();
+    if (now >= next_backoff_flush) {
+      queue_.FlushBackoffCompleted(now);
+      next_backoff_flush = now + t.backoff_flush;
     }
-  });
+    if (now >= next_leftover_flush) {
+      queue_.FlushUnschedulableLeftover(now);
+      next_leftover_flush = now + t.unschedulable_flush;
+    }
+    if (auto key = queue_.Pop()) {
+      lock.unlock();
+      ScheduleOne(*key);
+      lock.lock();
+      ReapBinders(false);
+      continue;
+    }
+    const absl::Time wake = std::min(next_backoff_flush, next_leftover_flush);
+    cv_.wait_for(lock,
+                 absl::ToChronoMicroseconds(std::max(wake - absl::Now(), absl::ZeroDuration())),
+                 [this] { return stop_ || queue_.ActiveCount() > 0; });
+  }
+}
+
+void SchedulerLoop::ReapBinders(bool all) {
+  for (auto it = binders_.begin(); it != binders_.end();) {
+    if (all || (*it)->done) {
+      if ((*it)->thread.joinable()) (*it)->thread.join();
+      it = binders_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 void SchedulerLoop::Stop() {
@@ -228,6 +416,14 @@ void SchedulerLoop::Stop() {
     cv_.notify_all();
   }
   if (thread_.joinable()) thread_.join();
+  std::list<std::unique_ptr<Binder>> binders;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    binders.swap(binders_);
+  }
+  for (auto& b : binders) {
+    if (b->thread.joinable()) b->thread.join();
+  }
   pods_.Stop();
   nodes_.Stop();
 }
@@ -245,69 +441,67 @@ bool SchedulerLoop::UsesManagedResources(const kube::Object& pod) const {
   return false;
 }
 
-int SchedulerLoop::SchedulePending() {
-  const std::vector<kube::ObjectPtr> all_nodes = nodes_.List();
-  const std::vector<kube::ObjectPtr> pods = pods_.List();
-  // Assumed bindings (kube-scheduler's assume cache): a pod bound in an earlier pass may still look
-  // unbound in the cache; it is not scheduled again. Forgotten once the cache shows it bound or
-  // gone.
-  std::set<std::string> unbound;
-  for (const auto& pod : pods) {
-    if (kube::NodeName(*pod).empty()) unbound.insert(kube::Uid(*pod));
+void SchedulerLoop::ScheduleOne(const std::string& key) {
+  const kube::ObjectPtr pod = pods_.Get(key);
+  if (pod == nullptr || !Pending(*pod)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.Delete(key);
+    return;
   }
-  std::erase_if(assumed_bound_, [&](const std::string& uid) { return !unbound.count(uid); });
-  int bound = 0;
-  for (const auto& pod : pods) {
-    if (!kube::NodeName(*pod).empty() || kube::IsBeingDeleted(*pod)) continue;
-    if (assumed_bound_.count(kube::Uid(*pod))) continue;
-    if (kube::StringAt(*pod, "/spec/schedulerName") != options_.config.scheduler_name) continue;
-    const std::string phase = kube::Phase(*pod);
-    if (phase == "Succeeded" || phase == "Failed") continue;
-    // kube-scheduler's own filters before the extender: cordon (unless tolerated), node
-    // selector and required node affinity.
-    const bool tolerates_cordon = ToleratesCordon(*pod);
-    std::vector<std::string> nodes;
-    for (const auto& n : all_nodes) {
-      if (NodeCordoned(*n) && !tolerates_cordon) continue;
-      if (!PodFitsNode(*pod, *n)) continue;
-      nodes.push_back(kube::Name(*n));
-    }
-    Outcome o = ScheduleOne(*pod, nodes);
-    if (o.bound) {
-      ++bound;
-      assumed_bound_.insert(kube::Uid(*pod));
-      last_message_.erase(kube::ObjectKey(*pod));
-    } else if (!o.message.empty()) {
-      MarkUnschedulable(*pod, o.message);
-    }
+  // kube-scheduler skips a pod being deleted (it is not queued again).
+  if (kube::IsBeingDeleted(*pod)) return;
+  const std::string phase = kube::Phase(*pod);
+  if (phase == "Succeeded" || phase == "Failed") return;
+  // Queued again while its bind is in flight (the pod was updated meanwhile): kube-scheduler's
+  // assume fails.
+  bool in_cache = false;
+  bool binder_reports = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = assumed_.find(kube::Uid(*pod));
+    in_cache = it != assumed_.end();
+    binder_reports = in_cache && it->second;
   }
-  return bound;
-}
-
-SchedulerLoop::Outcome SchedulerLoop::ScheduleOne(const kube::Object& pod,
-                                                  const std::vector<std::string>& nodes) {
-  const std::string key = kube::ObjectKey(pod);
-  const ExtenderConfig& x = options_.config.extender;
-  const std::string base = options_.extender_url.empty() ? x.url_prefix : options_.extender_url;
-  if (nodes.empty()) {
-    return {false,
-            "no node passes kube-scheduler's own filters (cordoned without a toleration, "
-            "nodeSelector, required node affinity)"};
+  if (in_cache) {
+    // Updated during its own cycle: the binder reports it once the bind is done (below).
+    if (binder_reports) return;
+    Failed(key, "SchedulerError",
+           fmt::format("pod {} is in the cache, so can't be assumed", kube::Uid(*pod)));
+    return;
   }
-  // kube-scheduler requeues a pod that is updated while it is being scheduled (v1.20 ignores only
-  // annotation-only updates of a pod it has already assumed, i.e. from bind on). The requeued copy
-  // is scheduled again while the first cycle binds it, and fails with "pod <uid> is in the cache,
-  // so can't be assumed": a FailedScheduling Warning on a pod that scheduled fine. The stand-in
-  // compares the pod's resourceVersion before the filter and before the bind, and reports the
-  // same warning.
+  // A pod updated between the start of its cycle and its assume is requeued by the update and
+  // tried again while the first cycle binds it; that attempt fails as above, a Warning on a pod
+  // that schedules fine. Whether the informer delivers the update before or after the bind is a
+  // race, so the stand-in compares the pod's resourceVersion on the API server at both points
+  // and has the binder report it.
   auto version_now = [&]() -> std::string {
-    auto current = client_.GetPod(kube::Namespace(pod), kube::Name(pod));
+    auto current = client_.GetPod(kube::Namespace(*pod), kube::Name(*pod));
     return current.ok() ? kube::ResourceVersion(*current) : "";
   };
   const std::string version_at_start = version_now();
+  const ExtenderConfig& x = options_.config.extender;
+  const std::string base = options_.extender_url.empty() ? x.url_prefix : options_.extender_url;
+  // kube-scheduler's own filters before the extender: cordon (unless tolerated), node selector
+  // and required node affinity.
+  const bool tolerates_cordon = ToleratesCordon(*pod);
+  const std::vector<kube::ObjectPtr> all_nodes = nodes_.List();
+  std::vector<std::string> nodes;
+  for (const auto& n : all_nodes) {
+    if (NodeCordoned(*n) && !tolerates_cordon) continue;
+    if (!PodFitsNode(*pod, *n)) continue;
+    nodes.push_back(kube::Name(*n));
+  }
+  if (nodes.empty()) {
+    Failed(key, "Unschedulable",
+           fmt::format("0/{} nodes are available: no node passes kube-scheduler's own filters "
+                       "(cordoned without a toleration, nodeSelector, required node affinity)",
+                       all_nodes.size()));
+    return;
+  }
+  const bool managed = UsesManagedResources(*pod);
   std::string chosen;
-  if (UsesManagedResources(pod) && !x.filter_verb.empty()) {
-    json args = {{"Pod", pod}};
+  if (managed && !x.filter_verb.empty()) {
+    json args = {{"Pod", *pod}};
     if (x.node_cache_capable) {
       args["NodeNames"] = nodes;
     } else {
@@ -319,10 +513,14 @@ SchedulerLoop::Outcome SchedulerLoop::ScheduleOne(const kube::Object& pod,
       args["Nodes"] = {{"items", items}};
     }
     auto res = Post(base, x.filter_verb, args, x.http_timeout_seconds, Tls());
-    if (!res.ok()) return {false, std::string(res.status().message())};
+    if (!res.ok()) {
+      Failed(key, "SchedulerError", std::string(res.status().message()));
+      return;
+    }
     const json& r = *res;
     if (r.contains("Error") && r["Error"].is_string() && !r["Error"].get<std::string>().empty()) {
-      return {false, "extender: " + r["Error"].get<std::string>()};
+      Failed(key, "SchedulerError", "extender: " + r["Error"].get<std::string>());
+      return;
     }
     std::vector<std::string> passed;
     if (r.contains("NodeNames") && r["NodeNames"].is_array()) {
@@ -339,58 +537,101 @@ SchedulerLoop::Outcome SchedulerLoop::ScheduleOne(const kube::Object& pod,
                                         it->is_string() ? it->get<std::string>() : it->dump()));
         }
       }
-      return {false,
-              fmt::format("0/{} nodes are available: {}", nodes.size(), fmt::join(reasons, "; "))};
+      Failed(key, "Unschedulable",
+             fmt::format("0/{} nodes are available: {}", nodes.size(), fmt::join(reasons, "; ")));
+      return;
     }
     chosen = passed.front();
   } else {
     chosen = nodes.front();
   }
-  const std::string version_at_bind = version_now();
-  const bool updated_in_cycle =
-      !version_at_start.empty() && !version_at_bind.empty() && version_at_start != version_at_bind;
-  if (!x.bind_verb.empty() && UsesManagedResources(pod)) {
-    json args = {{"PodName", kube::Name(pod)},
-                 {"PodNamespace", kube::Namespace(pod)},
-                 {"PodUID", kube::Uid(pod)},
-                 {"Node", chosen}};
-    auto res = Post(base, x.bind_verb, args, x.http_timeout_seconds, Tls());
-    if (!res.ok()) return {false, std::string(res.status().message())};
-    if (res->contains("Error") && (*res)["Error"].is_string() &&
-        !(*res)["Error"].get<std::string>().empty()) {
-      return {false, "bind: " + (*res)["Error"].get<std::string>()};
-    }
-  } else {
-    auto st = client_.BindPod(kube::Namespace(pod), kube::Name(pod), chosen, kube::Uid(pod));
-    if (!st.ok()) return {false, "bind: " + std::string(st.message())};
+  const std::string version_at_assume = version_now();
+  std::string updated_in_cycle;  // "A -> B" when the pod changed during the cycle
+  if (!version_at_start.empty() && !version_at_assume.empty() &&
+      version_at_start != version_at_assume) {
+    updated_in_cycle = fmt::format("{} -> {}", version_at_start, version_at_assume);
   }
-  Log(fmt::format("scheduled {} to {}", key, chosen));
-  if (updated_in_cycle) {
-    const std::string message =
-        fmt::format("pod {} is in the cache, so can't be assumed", kube::Uid(pod));
-    Log(fmt::format("{} was updated during its scheduling cycle (resourceVersion {} -> {}): {}",
-                    key, version_at_start, version_at_bind, message));
-    (void)client_.CreateEvent(kube::NewEvent(pod, "Warning", "FailedScheduling", message,
-                                             "dynmig-local-scheduler", absl::Now()));
-  }
-  return {true, ""};
+  // Assume, then bind apart from the scheduling loop (kube-scheduler's binding cycle).
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_) return;
+  assumed_[kube::Uid(*pod)] = !updated_in_cycle.empty();
+  auto binder = std::make_unique<Binder>();
+  Binder* b = binder.get();
+  const bool extender_binds = managed && !x.bind_verb.empty();
+  b->thread = std::thread([this, b, pod, chosen, extender_binds, updated_in_cycle] {
+    Bind(pod, chosen, extender_binds, updated_in_cycle);
+    b->done = true;
+  });
+  binders_.push_back(std::move(binder));
 }
 
-void SchedulerLoop::MarkUnschedulable(const kube::Object& pod, const std::string& message) {
-  const std::string key = kube::ObjectKey(pod);
-  auto& last = last_message_[key];
-  if (last == message) return;  // already said
-  last = message;
+void SchedulerLoop::Bind(kube::ObjectPtr pod, std::string node, bool extender,
+                         std::string updated_in_cycle) {
+  const std::string key = kube::ObjectKey(*pod);
+  std::string error;
+  if (extender) {
+    const ExtenderConfig& x = options_.config.extender;
+    const std::string base = options_.extender_url.empty() ? x.url_prefix : options_.extender_url;
+    json args = {{"PodName", kube::Name(*pod)},
+                 {"PodNamespace", kube::Namespace(*pod)},
+                 {"PodUID", kube::Uid(*pod)},
+                 {"Node", node}};
+    auto res = Post(base, x.bind_verb, args, x.http_timeout_seconds, Tls());
+    if (!res.ok()) {
+      error = std::string(res.status().message());
+    } else if (res->contains("Error") && (*res)["Error"].is_string() &&
+               !(*res)["Error"].get<std::string>().empty()) {
+      error = (*res)["Error"].get<std::string>();
+    }
+  } else {
+    auto st = client_.BindPod(kube::Namespace(*pod), kube::Name(*pod), node, kube::Uid(*pod));
+    if (!st.ok()) error = std::string(st.message());
+  }
+  if (!error.empty()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      assumed_.erase(kube::Uid(*pod));  // ForgetPod
+    }
+    Failed(key, "SchedulerError", "Binding rejected: " + error);
+    return;
+  }
+  Log(fmt::format("scheduled {} to {}", key, node));
+  if (!updated_in_cycle.empty()) {
+    const std::string message =
+        fmt::format("pod {} is in the cache, so can't be assumed", kube::Uid(*pod));
+    Log(fmt::format("{} was updated during its scheduling cycle (resourceVersion {}): {}", key,
+                    updated_in_cycle, message));
+    (void)client_.CreateEvent(kube::NewEvent(*pod, "Warning", "FailedScheduling", message,
+                                             "dynmig-local-scheduler", absl::Now()));
+  }
+}
+
+void SchedulerLoop::Failed(const std::string& key, const std::string& reason,
+                           const std::string& message) {
+  // kube-scheduler's error handler: queued again only while the pod still exists unbound.
+  const kube::ObjectPtr pod = pods_.Get(key);
+  if (pod == nullptr || !kube::NodeName(*pod).empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.Delete(key);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.AddUnschedulable(key, Priority(*pod), absl::Now());
+    cv_.notify_all();
+  }
+  // The condition is written when it changes (kube-scheduler's updatePod), with the event.
+  if (SchedulingCondition(*pod) == std::make_pair(reason, message)) return;
   Log(fmt::format("{} stays Pending: {}", key, message));
   json patch = {
       {"status",
        {{"conditions", json::array({{{"type", "PodScheduled"},
                                      {"status", "False"},
-                                     {"reason", "Unschedulable"},
+                                     {"reason", reason},
                                      {"message", message},
                                      {"lastTransitionTime", kube::Rfc3339(absl::Now())}}})}}}};
-  (void)client_.PatchPodStatus(kube::Namespace(pod), kube::Name(pod), patch);
-  (void)client_.CreateEvent(kube::NewEvent(pod, "Warning", "FailedScheduling", message,
+  (void)client_.PatchPodStatus(kube::Namespace(*pod), kube::Name(*pod), patch);
+  (void)client_.CreateEvent(kube::NewEvent(*pod, "Warning", "FailedScheduling", message,
                                            "dynmig-local-scheduler", absl::Now()));
 }
 

@@ -1,17 +1,30 @@
 // What kube-scheduler does with an extender, for the local mode and the end-to-end tests: watch
 // pending pods of our scheduler name, call the extender's filter over HTTP with the candidate
 // node names (nodeCacheCapable), then its bind verb, exactly as the KubeSchedulerConfiguration in
-// deploy/ tells kube-scheduler to, over HTTPS with the tlsConfig's CA and client certificate. Pods
-// the extender rejects stay Pending with kube-scheduler's PodScheduled=False condition and a
-// FailedScheduling event carrying the reasons; they are retried when nodes or pods change and
-// periodically.
+// deploy/ tells kube-scheduler to, over HTTPS with the tlsConfig's CA and client certificate.
+// Pods the extender rejects stay Pending with kube-scheduler's
+// PodScheduled=False condition and a FailedScheduling event carrying the reasons.
 //
-// Not a scheduler: no resource fit, affinity or scoring beyond what the extender decides; nodes
-// that are cordoned (spec.unschedulable) are skipped. Thread-safe; owns one thread.
+// Retries follow kube-scheduler v1.20 (SchedulingQueue): one pod at a time is tried; binding runs
+// apart from it (several binds in flight), a failed pod waits in backoff (1 s doubling to 10 s) or
+// among the unschedulable pods until a cluster event that may help (a node added; a node's
+// allocatable, labels, taints, conditions or unschedulable changed; any node update while no pod
+// is unschedulable; an assigned pod deleted; the pod's own spec or metadata changed) or the
+// periodic flush (pods unschedulable for over 60 s, checked every 30 s). A Node annotation change
+// is not such an event. The timing is injectable (tests shrink it); the default is
+// kube-scheduler's.
+//
+// Not a scheduler: no resource fit, inter-pod affinity or scoring beyond what the extender
+// decides; kube-scheduler's own node filters are applied (cordon unless tolerated, nodeSelector,
+// required node affinity). With default_scheduler it also schedules pods of schedulerName
+// "default-scheduler" (no extender, the first node that passes), as a cluster's default
+// kube-scheduler does for pods without GPUs. Thread-safe; owns one thread plus one per bind in
+// flight.
 #pragma once
 
 #include <condition_variable>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -24,6 +37,7 @@
 #include "kube/informer.h"
 #include "kube/kube_client.h"
 #include "local/scheduler_config.h"
+#include "local/scheduling_queue.h"
 
 namespace dynmig::local {
 
@@ -32,7 +46,12 @@ struct SchedulerLoopOptions {
   std::string extender_url;  // overrides config.extender.url_prefix ("http://127.0.0.1:PORT")
   // Overrides config.extender.tls (the local mode's own CA and client certificate).
   std::optional<ExtenderTlsConfig> tls;
-  absl::Duration retry_interval = absl::Seconds(2);
+  SchedulingQueueTiming timing;  // kube-scheduler v1.20's
+  bool default_scheduler = false;
+  // Tests: one line per cluster event the queue handled and whether it requeued pods, e.g.
+  // "node node-a added: requeue", "node node-a updated: no requeue", "pod default/p deleted:
+  // requeue". May be empty.
+  std::function<void(const std::string&)> observe;
   std::function<void(const std::string&)> log;  // one line per decision; may be empty
 };
 
@@ -42,29 +61,47 @@ class SchedulerLoop {
   ~SchedulerLoop();  // Stop()
 
   void Start();
+  // Stops the loop and waits for the binds in flight.
   void Stop();
 
-  // One pass over the pending pods (the thread calls it; tests may too). Returns pods bound.
-  int SchedulePending();
+  // Where a pending pod ("namespace/name") waits now (tests).
+  SchedulingQueue::Where QueueOf(const std::string& key);
+  int Attempts(const std::string& key);
 
  private:
-  struct Outcome;
-  Outcome ScheduleOne(const kube::Object& pod, const std::vector<std::string>& nodes);
+  struct Binder;
+  bool Responsible(const kube::Object& pod) const;
+  bool Pending(const kube::Object& pod) const;
+  void OnPodAdd(const kube::Object& pod);
+  void OnPodUpdate(const kube::Object& old_pod, const kube::Object& new_pod);
+  void OnPodDelete(const kube::Object& pod);
+  void OnNodeUpdate(const kube::Object& old_node, const kube::Object& new_node);
+  void MoveAll();
+  void Run();
+  void ScheduleOne(const std::string& key);
+  // updated_in_cycle: "A -> B", the pod's resourceVersions when its cycle started and when it
+  // was assumed, if they differ (reported after the bind as kube-scheduler's requeued copy would).
+  void Bind(kube::ObjectPtr pod, std::string node, bool extender, std::string updated_in_cycle);
+  // The attempt failed: the pod goes back to the queue (if it still waits) and its condition and
+  // a FailedScheduling event say why.
+  void Failed(const std::string& key, const std::string& reason, const std::string& message);
   bool UsesManagedResources(const kube::Object& pod) const;
   const ExtenderTlsConfig& Tls() const;
-  void MarkUnschedulable(const kube::Object& pod, const std::string& message);
   void Log(const std::string& line) const;
+  void ReapBinders(bool all);
 
   kube::KubeClient& client_;
   const SchedulerLoopOptions options_;
   kube::Informer pods_;
   kube::Informer nodes_;
-  std::map<std::string, std::string> last_message_;  // pod key -> last unschedulable message
-  std::set<std::string> assumed_bound_;              // uids bound but not yet seen bound
-  std::mutex mu_;
+  std::mutex mu_;  // guards everything below
   std::condition_variable cv_;
+  SchedulingQueue queue_;
+  // uids bound or being bound, not yet seen bound -> whether the pod was updated during its cycle
+  // (its binder reports that; the requeued copy then fails quietly).
+  std::map<std::string, bool> assumed_;
+  std::list<std::unique_ptr<Binder>> binders_;
   bool stop_ = false;
-  bool dirty_ = true;
   std::thread thread_;
 };
 

@@ -88,6 +88,15 @@ bool HasFaultFor(const sim::State& s, std::string_view op) {
   return false;
 }
 
+// The MIG reconfiguration an operation is, for the latency model.
+std::optional<mig::NvmlOp> ReconfigurationOf(std::string_view op) {
+  if (op == "CreateGpuInstance") return mig::NvmlOp::kCreateGpuInstance;
+  if (op == "DestroyGpuInstance") return mig::NvmlOp::kDestroyGpuInstance;
+  if (op == "CreateComputeInstance") return mig::NvmlOp::kCreateComputeInstance;
+  if (op == "DestroyComputeInstance") return mig::NvmlOp::kDestroyComputeInstance;
+  return std::nullopt;
+}
+
 absl::Status CheckOperation(std::string_view op) {
   if (sim::IsKnownOperation(op)) return absl::OkStatus();
   return absl::InvalidArgumentError(fmt::format("unknown simulator operation \"{}\"; known: {}", op,
@@ -269,10 +278,21 @@ absl::StatusOr<T> SimNvml::Call(std::string_view op, std::optional<uint32_t> gpu
                                 std::string_view context,
                                 const std::function<absl::StatusOr<T>(sim::State&)>& fn) {
   std::chrono::milliseconds latency{0};
+  absl::Duration modelled = absl::ZeroDuration();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto st = Refresh(false); !st.ok()) return st;
     latency = LatencyOf(*state_, op);
+    const std::optional<mig::NvmlOp> reconfig = ReconfigurationOf(op);
+    if (reconfig && gpu && *gpu < state_->gpus.size() && !options_.latency.IsZero()) {
+      modelled = options_.latency.Of(*reconfig, state_->gpus[*gpu].model->capability.model);
+    }
+  }
+  // The latency model: one reconfiguration of a GPU at a time, held until it is applied.
+  std::unique_lock<std::mutex> gpu_lock;
+  if (modelled > absl::ZeroDuration() && *gpu < gpu_mu_.size()) {
+    gpu_lock = std::unique_lock<std::mutex>(gpu_mu_[*gpu]);
+    latency += absl::ToChronoMilliseconds(modelled);
   }
   if (latency.count() > 0) options_.sleep(latency);
 

@@ -19,10 +19,16 @@
 // every process sharing the state file) fail with an NVML code; SetLatency delays every call of an
 // operation. Both are stored in the state file. Operation names are kSimOperations.
 //
+// Latency model (SimNvmlOptions::latency, not stored): creating and destroying GPU and compute
+// instances takes the model's time for the GPU's catalogue model. Such calls on one GPU run one
+// at a time (an assumption: the driver applies one MIG reconfiguration of a GPU at a time); calls
+// on different GPUs overlap.
+//
 // Thread-safe: calls on one object are serialized by a mutex; objects and processes sharing a
 // state file are serialized by the file lock.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -36,6 +42,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "mig/catalogue.h"
+#include "mig/nvml_latency.h"
 #include "nvml/nvml.h"
 
 namespace dynmig::nvml {
@@ -93,6 +100,8 @@ struct SimNvmlOptions {
   // /dev/nvidia-caps/nvidia-cap<n>) for the simulated devices. Off by default: they do not exist on
   // the host. Tests of the answer's device list turn it on.
   bool device_nodes = false;
+  // How long GI/CI creation and destruction take, per model (mig/nvml_latency.h). Zero: instant.
+  mig::NvmlLatency latency;
 };
 
 // Parses a spec into one catalogue model per GPU, in order. InvalidArgument names a bad count,
@@ -204,6 +213,8 @@ class SimNvml final : public Nvml {
   std::unique_ptr<sim::State> state_;  // guarded by mu_
   FileStamp stamp_;                    // guarded by mu_; of the loaded file
   int lock_fd_ = -1;                   // "<state>.lock", open for the object's lifetime
+  // One MIG reconfiguration per GPU at a time, while the latency model delays it.
+  std::array<std::mutex, 32> gpu_mu_;
 };
 
 }  // namespace dynmig::nvml

@@ -77,13 +77,12 @@ Extender::Extender(kube::KubeClient& client, ClusterState& state, const Clock& c
       events_(events),
       metrics_(metrics),
       options_(std::move(options)),
-      guard_(BindGuardOptions{.scheduler_name = options_.scheduler_name,
-                              .resources = options_.resources,
-                              .reservation_ttl = options_.reservation_ttl},
-             options_.reservation_lookup ? options_.reservation_lookup
-                                         : [this](const kube::Object& pod) {
-                                             return HeldBy(pod);
-                                           }) {}
+      guard_(
+          BindGuardOptions{.scheduler_name = options_.scheduler_name,
+                           .resources = options_.resources,
+                           .reservation_ttl = options_.reservation_ttl},
+          options_.reservation_lookup ? options_.reservation_lookup
+                                      : [this](const kube::Object& pod) { return HeldBy(pod); }) {}
 
 std::optional<HeldReservation> Extender::HeldBy(const kube::Object& pod) const {
   // A reservation still in memory (between filter and bind) first, then the pod's annotations.
@@ -278,7 +277,10 @@ absl::Status Extender::WriteReservation(const kube::Object& pod, const Reservati
   patch.annotations[std::string(protocol::kDevicesToAllocateAnnotation)] = *devices;
   patch.annotations[std::string(protocol::kDevicesAllocatedAnnotation)] = *devices;
   patch.annotations[std::string(protocol::kMigAllocationsAnnotation)] = allocations;
-  patch.labels[std::string(protocol::kVgpuNodeLabel)] = r.node;
+  // Not the hami.io/vgpu-node label: kube-scheduler v1.20 ignores only annotation (and nodeName)
+  // updates of a pod it has assumed; a label written now would requeue the pod, whose second
+  // attempt fails with "pod <uid> is in the cache, so can't be assumed" (a FailedScheduling
+  // Warning and PodScheduled=False on a pod that binds fine). The bind writes it once bound.
   for (const auto& [k, v] : also) patch.annotations[k] = v;
   patch.resource_version = kube::ResourceVersion(pod);
   const std::string uid = kube::Uid(pod);
@@ -461,6 +463,17 @@ std::string Extender::Bind(const ExtenderBindingArgs& args) {
     if (current.ok() && kube::NodeName(*current) == args.node) bound = absl::OkStatus();
   }
   if (!bound.ok()) return fail(fmt::format("bind {}: {}", key, std::string(bound.message())));
+  // The label that mirrors hami.io/vgpu-node, now that kube-scheduler no longer queues the pod
+  // (an assigned pod's updates only refresh its cache). Best effort: the pod is bound, and
+  // nothing of dynmig's reads the label.
+  if (kube::Label(*pod, protocol::kVgpuNodeLabel) != args.node) {
+    kube::MetadataPatch label;
+    label.labels[std::string(protocol::kVgpuNodeLabel)] = args.node;
+    if (auto st = client_.PatchPodMetadata(ns, name, label); !st.ok()) {
+      spdlog::warn("bind {}: cannot label the pod {}={}: {}", key, protocol::kVgpuNodeLabel,
+                   args.node, std::string(st.status().message()));
+    }
+  }
   return finish("");
 }
 

@@ -18,6 +18,9 @@ std::string Duration(double s) {
   return fmt::format("{:.1f}d", s / 86400);
 }
 
+// Sub-second precision for the short times NVML adds.
+std::string FineDuration(double s) { return s < 10 ? fmt::format("{:.2f}s", s) : Duration(s); }
+
 std::string BaseName(const std::string& path) {
   const size_t slash = path.rfind('/');
   return slash == std::string::npos ? path : path.substr(slash + 1);
@@ -37,6 +40,9 @@ std::string Header(const SimResult& r) {
                                 BaseName(r.trace), r.pods, r.cpu_only, r.unservable);
   out += fmt::format("cluster  {} ({} GPUs, {} slices), mode {}\n", r.cluster, r.gpus,
                      r.capacity_units, ModeName(r.mode));
+  if (r.mode != Mode::kFill && !r.nvml_latency.empty()) {
+    out += fmt::format("NVML     instance create/destroy latency: {}\n", r.nvml_latency);
+  }
   return out;
 }
 
@@ -104,7 +110,8 @@ std::string FormatText(const SimResult& r) {
   out += fmt::format("{:<{}}  {:>8}  {:>10}  {:>10}  {:>9}  {:>9}  {:>6}", "policy", w, "accepted",
                      "slice-time", "gap closed", "mean util", "peak util", "frag");
   if (queue) out += fmt::format("  {:>8}  {:>8}  {:>7}", "p50 wait", "p99 wait", "waiting");
-  out += fmt::format("  {:>9}  {:>10}  {:>7}\n", "GI create", "GI destroy", "run");
+  out += fmt::format("  {:>9}  {:>9}  {:>9}  {:>9}  {:>10}  {:>7}\n", "p50 toRun", "p99 toRun",
+                     "mean NVML", "GI create", "GI destroy", "run");
   for (const auto& p : r.policies) {
     out += fmt::format("{:<{}}  {:>8}  {:>10}  {:>10}  {:>9}  {:>9}  {:>6}", p.name, w,
                        Pct(p.accepted_count), Pct(p.accepted_slice_time), Gap(r, p),
@@ -113,7 +120,9 @@ std::string FormatText(const SimResult& r) {
       out += fmt::format("  {:>8}  {:>8}  {:>7}", Duration(p.pending_p50), Duration(p.pending_p99),
                          p.never_started);
     }
-    out += fmt::format("  {:>9}  {:>10}  {:>6.2f}s\n", p.creates, p.destroys, p.seconds);
+    out += fmt::format("  {:>9}  {:>9}  {:>9}  {:>9}  {:>10}  {:>6.2f}s\n",
+                       FineDuration(p.running_p50), FineDuration(p.running_p99),
+                       FineDuration(p.nvml_mean), p.creates, p.destroys, p.seconds);
   }
   if (!r.profiles.empty()) {
     out += fmt::format("\n{:<{}}", queue ? "not started by" : "rejected by", w);
@@ -155,6 +164,7 @@ std::string FormatJson(const SimResult& r) {
   j["gpus"] = r.gpus;
   j["capacitySlices"] = r.capacity_units;
   j["mode"] = ModeName(r.mode);
+  j["nvmlLatency"] = r.nvml_latency;
   j["pods"] = r.pods;
   j["cpuOnlySkipped"] = r.cpu_only;
   j["unservable"] = r.unservable;
@@ -182,6 +192,12 @@ std::string FormatJson(const SimResult& r) {
       q["pendingP99Seconds"] = p.pending_p99;
       q["pendingMeanSeconds"] = p.pending_mean;
       q["neverStarted"] = p.never_started;
+    }
+    if (r.mode != Mode::kFill) {
+      q["timeToRunningP50Seconds"] = p.running_p50;
+      q["timeToRunningP99Seconds"] = p.running_p99;
+      q["timeToRunningMeanSeconds"] = p.running_mean;
+      q["nvmlMeanSeconds"] = p.nvml_mean;
     }
     if (r.mode == Mode::kFill) {
       q["filled"] = p.filled;
@@ -214,18 +230,22 @@ std::string FormatCsv(const SimResult& r) {
   std::string out =
       "policy,accepted,acceptedCount,acceptedSliceTime,gapClosed,meanUtilization,"
       "peakUtilization,fragmentation,pendingP50Seconds,pendingP99Seconds,pendingMeanSeconds,"
-      "neverStarted,giCreates,giDestroys,filled,seconds\n";
+      "neverStarted,giCreates,giDestroys,filled,seconds,timeToRunningP50Seconds,"
+      "timeToRunningP99Seconds,nvmlMeanSeconds\n";
   for (const auto& p : r.policies) {
     out += fmt::format(
-        "{},{},{:.6f},{:.6f},{},{:.6f},{:.6f},{:.6f},{:.3f},{:.3f},{:.3f},{},{},{},{},{:.3f}\n",
+        "{},{},{:.6f},{:.6f},{},{:.6f},{:.6f},{:.6f},{:.3f},{:.3f},{:.3f},{},{},{},{},{:.3f},{:.3f}"
+        ","
+        "{:.3f},{:.3f}\n",
         p.name, p.accepted, p.accepted_count, p.accepted_slice_time,
         p.gap_closed ? fmt::format("{:.6f}", *p.gap_closed) : "", p.mean_utilization,
         p.peak_utilization, p.fragmentation, p.pending_p50, p.pending_p99, p.pending_mean,
         p.never_started, p.creates, p.destroys,
-        r.mode == Mode::kFill ? fmt::format("{:.6f}", p.filled) : "", p.seconds);
+        r.mode == Mode::kFill ? fmt::format("{:.6f}", p.filled) : "", p.seconds, p.running_p50,
+        p.running_p99, p.nvml_mean);
   }
   if (r.bound) {
-    out += fmt::format("bound,{},,,,,,,,,,,,,{:.6f},\n", r.bound->pods, r.bound->filled);
+    out += fmt::format("bound,{},,,,,,,,,,,,,{:.6f},,,,\n", r.bound->pods, r.bound->filled);
   }
   return out;
 }

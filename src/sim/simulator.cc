@@ -34,8 +34,11 @@ class Run {
  public:
   Run(const std::vector<SimPod>& pods, const SimResult& res,
       const std::vector<uint32_t>& profile_of, const SimOptions& options, uint32_t classes,
-      double asked_total, Policy& policy, std::function<void(double)> progress)
+      double asked_total, Policy& policy, const Cluster& cluster,
+      std::function<void(double)> progress)
       : pods_(pods),
+        cluster_(cluster),
+        latency_(options.nvml_latency),
         profile_of_(profile_of),
         res_(res),
         asked_total_(asked_total),
@@ -47,6 +50,7 @@ class Run {
     queue_.reserve(n);
     next_queue_.reserve(n);
     start_.assign(n, -1);
+    nvml_.assign(n, 0);
     const size_t stride_n = std::max<size_t>(options.fragmentation_samples, 1);
     frag_stride_ = std::max<size_t>(1, n / stride_n);
     out_.utilization.assign(res.sample_x.size(), 0.0);
@@ -101,6 +105,20 @@ class Run {
     }
   }
 
+  // Places the pod and notes the NVML time of the reconfigurations that took.
+  absl::StatusOr<bool> Place(uint32_t pod, int32_t node) {
+    const uint64_t creates = policy_.creates(), destroys = policy_.destroys();
+    DYNMIG_ASSIGN_OR_RETURN(const bool placed, policy_.Place(pod, node));
+    if (placed && !latency_.IsZero()) {
+      const std::string& model = cluster_.group_of_node(policy_.NodeOf(pod)).cap().model;
+      nvml_[pod] = static_cast<double>(policy_.creates() - creates) *
+                       absl::ToDoubleSeconds(latency_.Create(model)) +
+                   static_cast<double>(policy_.destroys() - destroys) *
+                       absl::ToDoubleSeconds(latency_.Destroy(model));
+    }
+    return placed;
+  }
+
   void Started(uint32_t pod, double t) {
     const SimPod& p = pods_[pod];
     start_[pod] = t;
@@ -126,7 +144,7 @@ class Run {
         next_queue_.push_back(pod);
         continue;
       }
-      DYNMIG_ASSIGN_OR_RETURN(const bool placed, policy_.Place(pod, static_cast<int32_t>(node)));
+      DYNMIG_ASSIGN_OR_RETURN(const bool placed, Place(pod, static_cast<int32_t>(node)));
       if (placed) {
         Started(pod, t);
       } else {
@@ -164,7 +182,7 @@ class Run {
       Advance(t_arr);
       const uint32_t pod = static_cast<uint32_t>(i);
       MeasureFragmentation(pod, i);
-      DYNMIG_ASSIGN_OR_RETURN(const bool placed, policy_.Place(pod, -1));
+      DYNMIG_ASSIGN_OR_RETURN(const bool placed, Place(pod, -1));
       if (placed) {
         Started(pod, t_arr);
       } else if (queue_mode) {
@@ -192,6 +210,20 @@ class Run {
       out_.pending_mean = waits.empty() ? 0 : sum / waits.size();
       out_.pending_p50 = Percentile(waits, 0.50);
       out_.pending_p99 = Percentile(waits, 0.99);
+    }
+    std::vector<double> running;
+    double running_sum = 0, nvml_sum = 0;
+    for (size_t k = 0; k < pods_.size(); ++k) {
+      if (start_[k] < 0) continue;
+      running.push_back(start_[k] - pods_[k].arrival + nvml_[k]);
+      running_sum += running.back();
+      nvml_sum += nvml_[k];
+    }
+    if (!running.empty()) {
+      out_.running_mean = running_sum / running.size();
+      out_.nvml_mean = nvml_sum / running.size();
+      out_.running_p50 = Percentile(running, 0.50);
+      out_.running_p99 = Percentile(running, 0.99);
     }
     return absl::OkStatus();
   }
@@ -222,6 +254,9 @@ class Run {
   }
 
   const std::vector<SimPod>& pods_;
+  const Cluster& cluster_;
+  const mig::NvmlLatency& latency_;
+  std::vector<double> nvml_;  // per pod: NVML reconfiguration time of its placement
   const std::vector<uint32_t>& profile_of_;
   const SimResult& res_;
   const double asked_total_;
@@ -270,6 +305,7 @@ absl::StatusOr<SimResult> Simulate(const Trace& trace, const Cluster& cluster,
   res.cpu_only = trace.cpu_only;
   res.start = trace.start;
   res.end = trace.end;
+  res.nvml_latency = options.nvml_latency.ToString();
   for (const auto& g : cluster.groups) {
     std::string model = g.cap().model;
     if (model.starts_with("NVIDIA ")) model = model.substr(7);
@@ -376,7 +412,7 @@ absl::StatusOr<SimResult> Simulate(const Trace& trace, const Cluster& cluster,
       progress = [&, k](double f) { options.progress((k + f) / policies.size()); };
     }
     const auto t0 = std::chrono::steady_clock::now();
-    Run run(pods, res, profile_of, options, classes, asked_total, *policy, progress);
+    Run run(pods, res, profile_of, options, classes, asked_total, *policy, cluster, progress);
     DYNMIG_ASSIGN_OR_RETURN(PolicyResult r, run.Go());
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     res.policies.push_back(std::move(r));

@@ -1,6 +1,11 @@
 // The event-driven simulation behind `dynmig simulate`: every policy on the same pods, one after
 // the other, on its own copy of the cluster state.
 //
+// Time to Running: a started pod's wait (queue mode) plus the NVML time of the reconfigurations its
+// placement needed (GI and CI created, and destroyed when a policy moves instances), from the
+// latency model of the GPU model it landed on. A policy that places a pod on an existing instance
+// (static geometries) adds none. The NVML time of different pods is not queued behind each other.
+//
 // Modes: reject (a pod that does not fit is lost), queue (it waits; FIFO with backfill: arrivals
 // are tried at once, waiting pods are retried in order on every departure), fill (arrivals only,
 // no departures, until the first rejection). Departures at the same instant as arrivals go first.
@@ -14,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "mig/nvml_latency.h"
 #include "sim/bound.h"
 #include "sim/cluster.h"
 #include "sim/trace.h"
@@ -28,6 +34,7 @@ struct SimOptions {
   uint32_t samples = 240;                 // points of the utilization time series
   uint32_t fragmentation_samples = 4000;  // arrivals at which fragmentation is measured (at most)
   std::function<void(double)> progress;   // fraction done, 0..1, called now and then
+  mig::NvmlLatency nvml_latency;          // instant by default
 };
 
 struct PolicyResult {
@@ -46,7 +53,11 @@ struct PolicyResult {
   double pending_p99 = 0;    // until the end
   double pending_mean = 0;
   uint64_t never_started = 0;  // queue mode: still waiting at the end
-  uint64_t creates = 0;        // GPU instances created (static: none after setup)
+  double running_p50 = 0;      // seconds from arrival to Running, started pods (reject, queue)
+  double running_p99 = 0;
+  double running_mean = 0;
+  double nvml_mean = 0;  // of which NVML reconfiguration, mean over started pods
+  uint64_t creates = 0;  // GPU instances created (static: none after setup)
   uint64_t destroys = 0;
   double filled = 0;                          // fill mode: asked units accepted / capacity
   std::vector<uint64_t> rejected_by_profile;  // by SimResult::profiles: pods not accepted
@@ -73,6 +84,7 @@ struct SimResult {
   double gap_span = 0;             // repack - hami-v2.10 (slice-time; filled in fill mode)
   std::optional<FillBound> bound;  // fill mode, one model
   std::string bound_note;          // why there is no bound
+  std::string nvml_latency;        // the latency model, as text ("none", "create-gi=1s,...")
 };
 
 absl::StatusOr<SimResult> Simulate(const Trace& trace, const Cluster& cluster,

@@ -102,7 +102,10 @@ class E2eTest : public ::testing::Test {
     o.nvml_port = FreePort();
     o.reconcile_interval = absl::Milliseconds(300);
     o.register_interval = absl::Seconds(1);
-    o.scheduler_retry = absl::Milliseconds(300);
+    // kube-scheduler's retry behaviour twenty times faster (the suite waits 20 s at most; a cluster
+    // requeues a pod unschedulable for 60 s, checked every 30 s, and the device plugin's
+    // reclamation is announced by a Node annotation, which requeues nothing).
+    o.scheduler_timing = local::SchedulingQueueTiming{}.Scaled(20);
     o.log = [this](const std::string& line) {
       std::lock_guard<std::mutex> lock(log_mu_);
       log_.push_back(line);

@@ -164,7 +164,7 @@ TEST_F(LocalTest, SchedulerLoopCallsFilterThenBindLikeKubeScheduler) {
   SchedulerLoopOptions opts;
   opts.config = *ParseSchedulerConfig(kConfig);
   opts.extender_url = "http://127.0.0.1:" + std::to_string(port);
-  opts.retry_interval = absl::Milliseconds(200);
+  opts.timing = SchedulingQueueTiming{}.Scaled(20);
   SchedulerLoop loop(*client_, opts);
   loop.Start();
   ASSERT_TRUE(client_->CreatePod(GpuPod("fits")).ok());
@@ -224,7 +224,7 @@ TEST_F(LocalTest, SchedulerLoopWarnsLikeKubeSchedulerWhenTheFilterUpdatesThePod)
   SchedulerLoopOptions opts;
   opts.config = *ParseSchedulerConfig(kConfig);
   opts.extender_url = "http://127.0.0.1:" + std::to_string(port);
-  opts.retry_interval = absl::Milliseconds(200);
+  opts.timing = SchedulingQueueTiming{}.Scaled(20);
   SchedulerLoop loop(*client_, opts);
   loop.Start();
   auto annotated = client_->CreatePod(GpuPod("annotated"));
@@ -305,7 +305,7 @@ TEST_F(LocalTest, SchedulerLoopFiltersNodesLikeKubeSchedulerBeforeTheExtender) {
   SchedulerLoopOptions opts;
   opts.config = *ParseSchedulerConfig(kConfig);
   opts.extender_url = "http://127.0.0.1:" + std::to_string(port);
-  opts.retry_interval = absl::Milliseconds(200);
+  opts.timing = SchedulingQueueTiming{}.Scaled(20);
   SchedulerLoop loop(*client_, opts);
   loop.Start();
   EXPECT_TRUE(WaitUntil([&] {
@@ -343,6 +343,32 @@ class FakeAllocator : public DeviceAllocator {
   std::atomic<bool> fail{false};
   std::atomic<int> n{0};
 };
+
+// A status write the API refuses is retried, as the kubelet's status manager does: the pod does
+// not stay Pending while its containers run.
+TEST_F(LocalTest, NodeAgentRetriesAStatusWriteThatFailed) {
+  FakeAllocator alloc;
+  NodeAgentOptions opts;
+  opts.node = "node-a";
+  kube::FaultSpec fault;
+  fault.method = "PATCH";
+  fault.path_prefix = "/api/v1/namespaces/default/pods/p/status";
+  // Not a status the client retries by itself (5xx and 429 are): the agent must.
+  fault.count = 2;
+  fault.status = 422;
+  server_->AddFault(fault);
+  NodeAgent agent(*client_, alloc, opts);
+  agent.Start();
+  auto pod = GpuPod("p");
+  pod["spec"]["nodeName"] = "node-a";
+  ASSERT_TRUE(client_->CreatePod(pod).ok());
+  EXPECT_TRUE(WaitUntil([&] {
+    auto p = client_->GetPod("default", "p");
+    return p.ok() && kube::Phase(*p) == "Running";
+  }));
+  EXPECT_EQ(alloc.n.load(), 1) << "the pod was started once; only its status was written again";
+  agent.Stop();
+}
 
 TEST_F(LocalTest, NodeAgentRunsPodsAttachesProcessesAndEndsThem) {
   FakeAllocator alloc;
@@ -411,6 +437,171 @@ TEST(SleepSecondsTest, FindsTheSleepInCommandAndArgs) {
   EXPECT_EQ(SleepSeconds(json{{"command", {"bash", "-c", "sleep 3600"}}}), 3600);
   EXPECT_EQ(SleepSeconds(json{{"command", {"sleep"}}, {"args", {"5"}}}), 5);
   EXPECT_FALSE(SleepSeconds(json{{"command", {"bash", "-c", "nvidia-smi -L"}}}).has_value());
+}
+
+}  // namespace
+}  // namespace dynmig::local
+
+namespace dynmig::local {
+namespace {
+
+// A fake extender: filter passes node-a; bind fails while `locked` (the node's bind lock), else
+// binds through the API.
+class LockingExtender {
+ public:
+  explicit LockingExtender(kube::KubeClient& client) : client_(client) {
+    server_.Post("/filter", [this](const httplib::Request&, httplib::Response& res) {
+      ++filters;
+      res.set_content(json({{"NodeNames", {"node-a"}}, {"Error", ""}}).dump(), "application/json");
+    });
+    server_.Post("/bind", [this](const httplib::Request& req, httplib::Response& res) {
+      ++binds;
+      json args = json::parse(req.body);
+      std::string error = "node node-a is locked by another bind";
+      if (!locked) {
+        auto st = client_.BindPod(
+            args["PodNamespace"].get<std::string>(), args["PodName"].get<std::string>(),
+            args["Node"].get<std::string>(), args["PodUID"].get<std::string>());
+        error = st.ok() ? "" : std::string(st.message());
+      }
+      res.set_content(json({{"Error", error}}).dump(), "application/json");
+    });
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+  }
+  ~LockingExtender() {
+    server_.stop();
+    thread_.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+
+  std::atomic<bool> locked{true};
+  std::atomic<int> filters{0}, binds{0};
+
+ private:
+  kube::KubeClient& client_;
+  httplib::Server server_;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+class SchedulerQueueLoopTest : public LocalTest {
+ protected:
+  // Backoff short, the unschedulable flush never: only events bring a failed pod back.
+  SchedulerLoopOptions Options(const std::string& url) {
+    SchedulerLoopOptions o;
+    o.config = *ParseSchedulerConfig(kConfig);
+    o.extender_url = url;
+    o.timing.initial_backoff = absl::Milliseconds(10);
+    o.timing.max_backoff = absl::Milliseconds(40);
+    o.timing.backoff_flush = absl::Milliseconds(10);
+    o.timing.unschedulable_flush = absl::Hours(1);
+    o.timing.unschedulable_timeout = absl::Hours(1);
+    o.observe = [this](const std::string& line) {
+      std::lock_guard<std::mutex> lock(mu_);
+      observed_.push_back(line);
+    };
+    return o;
+  }
+  bool Observed(const std::string& line) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::find(observed_.begin(), observed_.end(), line) != observed_.end();
+  }
+  // Starts the loop and waits until it has handled both nodes' adds (a move request, which would
+  // send a pod failing meanwhile to backoff instead of the unschedulable pods).
+  void StartAndSeeTheNodes(SchedulerLoop& loop) {
+    loop.Start();
+    ASSERT_TRUE(WaitUntil([&] {
+      return Observed("node node-a added: requeue") && Observed("node node-b added: requeue");
+    }));
+  }
+  std::string NodeOf(const std::string& pod) {
+    auto p = client_->GetPod("default", pod);
+    return p.ok() ? kube::NodeName(*p) : "";
+  }
+
+  std::mutex mu_;
+  std::vector<std::string> observed_;
+};
+
+// A bind rejected by the node lock: the pod waits among the unschedulable pods. A Node annotation
+// change (how the lock is released) does not bring it back; a label change does; so does the
+// deletion of a pod assigned to a node.
+TEST_F(SchedulerQueueLoopTest, BindRejectedWaitsForARelevantEventNotAnAnnotation) {
+  LockingExtender ext(*client_);
+  SchedulerLoop loop(*client_, Options(ext.url()));
+  StartAndSeeTheNodes(loop);
+  ASSERT_TRUE(client_->CreatePod(GpuPod("p")).ok());
+  ASSERT_TRUE(WaitUntil([&] {
+    return ext.binds == 1 && loop.QueueOf("default/p") == SchedulingQueue::Where::kUnschedulable;
+  })) << "binds "
+      << ext.binds << ", filters " << ext.filters << ", queue "
+      << static_cast<int>(loop.QueueOf("default/p"));
+  auto pod = client_->GetPod("default", "p");
+  ASSERT_TRUE(pod.ok());
+  EXPECT_NE(pod->dump().find("Binding rejected: node node-a is locked"), std::string::npos)
+      << pod->dump();
+  EXPECT_NE(pod->dump().find("SchedulerError"), std::string::npos);
+
+  ext.locked = false;
+  ASSERT_TRUE(client_->PatchNodeMetadata("node-a", {.annotations = {{"lock", "released"}}}).ok());
+  ASSERT_TRUE(WaitUntil([&] { return Observed("node node-a updated: no requeue"); }));
+  EXPECT_EQ(loop.QueueOf("default/p"), SchedulingQueue::Where::kUnschedulable);
+  EXPECT_EQ(ext.filters, 1);
+
+  ASSERT_TRUE(client_->PatchNodeMetadata("node-a", {.labels = {{"zone", "a"}}}).ok());
+  ASSERT_TRUE(WaitUntil([&] { return NodeOf("p") == "node-a"; }));
+  EXPECT_EQ(ext.binds, 2);
+  EXPECT_EQ(loop.Attempts("default/p"), 0) << "a bound pod leaves the queue";
+
+  // Next pod bounces; deleting the bound pod requeues it.
+  ext.locked = true;
+  ASSERT_TRUE(client_->CreatePod(GpuPod("q")).ok());
+  ASSERT_TRUE(WaitUntil(
+      [&] { return loop.QueueOf("default/q") == SchedulingQueue::Where::kUnschedulable; }));
+  ext.locked = false;
+  kube::DeleteOptions now;
+  now.grace_period_seconds = 0;
+  ASSERT_TRUE(client_->DeletePod("default", "p", now).ok());
+  ASSERT_TRUE(WaitUntil([&] { return NodeOf("q") == "node-a"; }));
+  EXPECT_TRUE(Observed("pod default/p deleted: requeue"));
+  loop.Stop();
+}
+
+// Without any event, a failed pod is tried again once it has been unschedulable for longer than
+// the timeout, at the periodic flush.
+TEST_F(SchedulerQueueLoopTest, UnschedulablePodsAreFlushedPeriodically) {
+  LockingExtender ext(*client_);
+  SchedulerLoopOptions o = Options(ext.url());
+  o.timing.unschedulable_flush = absl::Milliseconds(100);
+  o.timing.unschedulable_timeout = absl::Milliseconds(300);
+  SchedulerLoop loop(*client_, o);
+  StartAndSeeTheNodes(loop);
+  const absl::Time created = absl::Now();
+  ASSERT_TRUE(client_->CreatePod(GpuPod("p")).ok());
+  ASSERT_TRUE(WaitUntil([&] { return ext.binds == 1; }));
+  ext.locked = false;
+  ASSERT_TRUE(WaitUntil([&] { return NodeOf("p") == "node-a"; }));
+  EXPECT_GE(absl::Now() - created, absl::Milliseconds(300)) << "came back before the timeout";
+  EXPECT_EQ(ext.binds, 2);
+  loop.Stop();
+}
+
+// With default_scheduler the stand-in also binds pods of the default scheduler (no extender).
+TEST_F(SchedulerQueueLoopTest, DefaultSchedulerPodsAreBoundWithoutTheExtender) {
+  LockingExtender ext(*client_);
+  SchedulerLoopOptions o = Options(ext.url());
+  o.default_scheduler = true;
+  SchedulerLoop loop(*client_, o);
+  StartAndSeeTheNodes(loop);
+  json plain = GpuPod("plain");
+  plain["spec"].erase("schedulerName");  // the API server defaults it to default-scheduler
+  plain["spec"]["containers"][0].erase("resources");
+  ASSERT_TRUE(client_->CreatePod(plain).ok());
+  ASSERT_TRUE(WaitUntil([&] { return !NodeOf("plain").empty(); }));
+  EXPECT_EQ(ext.filters, 0);
+  EXPECT_EQ(ext.binds, 0);
+  loop.Stop();
 }
 
 }  // namespace

@@ -7,8 +7,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -532,6 +534,95 @@ TEST(SimRulesTest, EveryCataloguePlacementHasAGiIdInBothLayouts) {
       }
     }
   }
+}
+
+}  // namespace
+}  // namespace dynmig::nvml
+
+namespace dynmig::nvml {
+namespace {
+
+// The latency model: GI/CI create and destroy take the GPU model's time; other calls none.
+TEST(SimLatencyModelTest, ReconfigurationsTakeTheModelsTimePerModel) {
+  std::mutex mu;
+  std::vector<std::chrono::milliseconds> slept;
+  SimNvmlOptions o;
+  o.spec = "A30x1,A100-SXM4-40GBx1";
+  o.sleep = [&](std::chrono::milliseconds d) {
+    std::lock_guard<std::mutex> lock(mu);
+    slept.push_back(d);
+  };
+  auto latency = mig::ParseNvmlLatency(
+      "create-gi=250ms,create-ci=50ms,destroy-ci=20ms,destroy-gi=30ms,A30:create-gi=100ms");
+  ASSERT_TRUE(latency.ok()) << latency.status();
+  o.latency = *latency;
+  ASSERT_OK_AND_ASSIGN(auto sim, SimNvml::Create(o));
+  using std::chrono::milliseconds;
+  const auto& a30 = Profile("A30", "1g.6gb");
+  ASSERT_OK_AND_ASSIGN(const auto gi, sim->CreateGpuInstance(0, a30.nvml_id, {0, 1}));
+  ASSERT_OK_AND_ASSIGN(const auto ci, sim->CreateComputeInstance(0, gi.id));
+  ASSERT_OK(sim->ListGpuInstances(0).status());
+  ASSERT_OK(sim->GetMigDeviceUuid(0, gi.id, ci.id).status());
+  ASSERT_OK(sim->DestroyComputeInstance(0, gi.id, ci.id));
+  ASSERT_OK(sim->DestroyGpuInstance(0, gi.id));
+  EXPECT_EQ(slept, (std::vector<milliseconds>{milliseconds(100), milliseconds(50), milliseconds(20),
+                                              milliseconds(30)}));
+  slept.clear();
+  const auto& a100 = Profile("A100-SXM4-40GB", "1g.5gb");
+  ASSERT_OK_AND_ASSIGN(const auto gi2, sim->CreateGpuInstance(1, a100.nvml_id, {0, 1}));
+  EXPECT_EQ(slept, (std::vector<milliseconds>{milliseconds(250)}));
+  // A failed call still took its time (the driver was asked).
+  slept.clear();
+  EXPECT_FALSE(sim->CreateGpuInstance(1, a100.nvml_id, {0, 1}).ok());
+  EXPECT_EQ(slept, (std::vector<milliseconds>{milliseconds(250)}));
+  (void)gi2;
+}
+
+// Reconfigurations of one GPU run one at a time; two GPUs overlap.
+TEST(SimLatencyModelTest, OneReconfigurationPerGpuAtATime) {
+  SimNvmlOptions o;
+  o.spec = "A100-SXM4-40GBx2";
+  std::mutex mu;
+  std::condition_variable cv;
+  int inside = 0, most = 0;
+  bool wait_for_pair = false;
+  o.sleep = [&](std::chrono::milliseconds d) {
+    std::unique_lock<std::mutex> lock(mu);
+    most = std::max(most, ++inside);
+    cv.notify_all();
+    if (wait_for_pair) {
+      cv.wait_for(lock, std::chrono::seconds(10), [&] { return inside >= 2; });
+    } else {
+      lock.unlock();
+      std::this_thread::sleep_for(d);
+      lock.lock();
+    }
+    --inside;
+  };
+  ASSERT_OK_AND_ASSIGN(o.latency, mig::ParseNvmlLatency("create-gi=20ms"));
+  ASSERT_OK_AND_ASSIGN(auto sim, SimNvml::Create(o));
+  const auto& p = Profile("A100-SXM4-40GB", "1g.5gb");
+  std::vector<std::thread> threads;
+  for (uint32_t s : {0u, 1u, 2u}) {
+    threads.emplace_back([&, s] {
+      EXPECT_TRUE(sim->CreateGpuInstance(0, p.nvml_id, {s, 1}).ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(most, 1) << "two reconfigurations of GPU 0 ran at once";
+  // One on each GPU: each waits inside its delay until the other is inside too.
+  most = 0;
+  wait_for_pair = true;
+  threads.clear();
+  for (uint32_t g : {0u, 1u}) {
+    threads.emplace_back([&, g] {
+      EXPECT_TRUE(sim->CreateGpuInstance(g, p.nvml_id, {4, 1}).ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(most, 2) << "reconfigurations of different GPUs did not overlap";
+  ASSERT_OK_AND_ASSIGN(auto gis, sim->ListGpuInstances(0));
+  EXPECT_EQ(gis.size(), 4u);
 }
 
 }  // namespace

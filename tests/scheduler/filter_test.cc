@@ -7,6 +7,7 @@
 #include <set>
 #include <thread>
 
+#include "kube/informer.h"
 #include "scheduler_test_util.h"
 
 namespace dynmig::scheduler::testing {
@@ -15,6 +16,50 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+
+// kube-scheduler v1.20 ignores only annotation and nodeName updates of a pod it has assumed: any
+// other change before the binding requeues the pod, whose second attempt fails with "pod <uid> is
+// in the cache, so can't be assumed". So the bind labels the pod only once it is bound.
+TEST_F(SchedulerTest, BindChangesOnlyAnnotationsBeforeTheBindingAndLabelsThePodAfter) {
+  CreateNode(MigNode("node-a", {"GPU-a0"}));
+  SchedulerServer* s = StartScheduler();
+  WaitForNodes(s, {"node-a"});
+  const kube::Object pod = CreatePod(MigPod("p", 4000));
+  std::mutex mu;
+  std::vector<std::string> changed_before_binding;  // what else an unbound pod's update changed
+  bool bound_seen = false;
+  kube::Informer pods(*client_, kube::Resource::kPods);
+  kube::InformerHandlers h;
+  h.on_update = [&](const kube::Object& old_pod, const kube::Object& new_pod) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!kube::NodeName(new_pod).empty()) {
+      bound_seen = true;
+      return;
+    }
+    auto strip = [](kube::Object p) {
+      p["metadata"].erase("resourceVersion");
+      p["metadata"].erase("annotations");
+      p["metadata"].erase("managedFields");
+      return p;
+    };
+    if (strip(old_pod) != strip(new_pod)) {
+      changed_before_binding.push_back(nlohmann::json::diff(strip(old_pod), strip(new_pod)).dump());
+    }
+  };
+  pods.AddHandlers(h);
+  pods.Start();
+  ASSERT_TRUE(pods.WaitForSync(absl::Seconds(10)));
+
+  ASSERT_EQ(Filter(s, pod, {"node-a"}).body["Error"], "");
+  ASSERT_EQ(Bind(s, pod, "node-a").body["Error"], "");
+  EXPECT_TRUE(kube::testing::Eventually([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return bound_seen;
+  }));
+  pods.Stop();
+  EXPECT_THAT(changed_before_binding, IsEmpty());
+  EXPECT_EQ(kube::Label(GetPod("p"), "hami.io/vgpu-node"), "node-a");
+}
 
 TEST_F(SchedulerTest, FilterReservesAProfileThatCoversTheMemoryAndBindWritesTheAnnotations) {
   CreateNode(MigNode("node-a", {"GPU-a0"}));

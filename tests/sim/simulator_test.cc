@@ -70,6 +70,40 @@ TEST(Simulate, QueueModeWaitsAndBackfills) {
   }
 }
 
+// Time to Running: the wait plus the NVML time of the instances the placement created; a static
+// geometry's pods land on instances that already exist.
+TEST(Simulate, TimeToRunningAddsTheNvmlTimeOfCreatedInstances) {
+  Cluster c = A100(1);
+  Trace t = MakeTrace({{0, 10, k3g20}, {1, 6, kWhole}, {2, 30, k3g20}, {40, 41, k1g5}});
+  SimOptions o;
+  o.mode = Mode::kQueue;
+  o.samples = 16;
+  auto latency = mig::ParseNvmlLatency("create-gi=1s,create-ci=500ms");
+  ASSERT_TRUE(latency.ok());
+  o.nvml_latency = *latency;
+  auto r = Simulate(t, c, {"hami-v2.10", "static:all-1g"}, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->nvml_latency, "create-gi=1s,create-ci=500ms");
+  const PolicyResult& hami = Get(*r, "hami-v2.10");
+  // Waits 0, 29, 0, 0; each pod created one instance (1.5 s).
+  EXPECT_DOUBLE_EQ(hami.nvml_mean, 1.5);
+  EXPECT_DOUBLE_EQ(hami.running_p50, 1.5);
+  EXPECT_DOUBLE_EQ(hami.running_p99, 30.5);
+  EXPECT_DOUBLE_EQ(hami.running_mean, (1.5 * 4 + 29) / 4);
+  const PolicyResult& fixed = Get(*r, "static:all-1g");
+  EXPECT_EQ(fixed.accepted, 1u);  // only the 1g pod fits an all-1g GPU
+  EXPECT_DOUBLE_EQ(fixed.nvml_mean, 0);
+  EXPECT_DOUBLE_EQ(fixed.running_p99, 0);
+  // Without a latency model the time to Running is the wait.
+  SimResult plain = Sim(t, c, {"hami-v2.10"}, Mode::kQueue);
+  EXPECT_DOUBLE_EQ(plain.policies[0].running_p99, 29);
+  EXPECT_EQ(plain.nvml_latency, "none");
+  EXPECT_THAT(FormatText(*r), HasSubstr("p99 toRun"));
+  const auto j = nlohmann::json::parse(FormatJson(*r));
+  EXPECT_DOUBLE_EQ(j["policies"][0]["timeToRunningP99Seconds"].get<double>(), 30.5);
+  EXPECT_EQ(j["nvmlLatency"], "create-gi=1s,create-ci=500ms");
+}
+
 TEST(Simulate, QueueModeCountsPodsStillWaitingAtTheEnd) {
   Cluster c = A100(1);
   Trace t = MakeTrace({{0, 100, kWhole}, {10, 20, kWhole}});
