@@ -115,6 +115,11 @@ def start(name, cmd, env=None):
                          start_new_session=True, env=full_env)
     with open(os.path.join(PIDS, name + ".pid"), "w") as f:
         f.write("%d %s\n" % (p.pid, os.path.basename(cmd[0])))
+    # Until the child has exec'd, /proc/PID/cmdline is still python's, and alive() would call a
+    # component that is starting dead (seen under load: "kubelet exited" with an empty log).
+    deadline = time.monotonic() + 10
+    while p.poll() is None and not alive(p.pid, os.path.basename(cmd[0])) and time.monotonic() < deadline:
+        time.sleep(0.01)
     log("started %s (pid %d)" % (name, p.pid))
     return p
 
