@@ -370,10 +370,21 @@ class Suite:
         if missing:
             raise StepFailed("pod %s: %s not in the device plugin's NVML view (%s)" % (name, missing, sorted(live)))
 
+    @staticmethod
+    def unrelated_to_dynmig(event):
+        """A kubelet warning about the pod's service-account token volume whose secret cache did not sync in time
+        (the kubelet's watch of the API server lagging on a loaded machine): neither scheduling nor devices. It is
+        logged, not failed on; every other Warning fails the check."""
+        return (event.get("reason") == "FailedMount" and "failed to sync secret cache" in event.get("message", "")
+                and "-token-" in event.get("message", ""))
+
     def no_warnings(self, *names):
         found = []
         for n in names:
             warnings = [e for e in self.k.events(n) if e.get("type") == "Warning"]
+            for e in [e for e in warnings if self.unrelated_to_dynmig(e)]:
+                log("    pod %s: kubelet warning not about dynmig, noted: %s: %s" % (n, e.get("reason"), e.get("message")))
+            warnings = [e for e in warnings if not self.unrelated_to_dynmig(e)]
             if warnings:
                 found.append("pod %s has Warning events: %s" % (n, "; ".join(
                     "%s (x%d): %s" % (e.get("reason"), e.get("count") or 1, e.get("message")) for e in warnings)))
