@@ -537,11 +537,14 @@ TEST_F(SchedulerQueueLoopTest, BindRejectedWaitsForARelevantEventNotAnAnnotation
   })) << "binds "
       << ext.binds << ", filters " << ext.filters << ", queue "
       << static_cast<int>(loop.QueueOf("default/p"));
-  auto pod = client_->GetPod("default", "p");
-  ASSERT_TRUE(pod.ok());
-  EXPECT_NE(pod->dump().find("Binding rejected: node node-a is locked"), std::string::npos)
-      << pod->dump();
-  EXPECT_NE(pod->dump().find("SchedulerError"), std::string::npos);
+  // The condition is written after the pod is queued: wait for it (seen late under load, ASan).
+  std::string seen;
+  EXPECT_TRUE(WaitUntil([&] {
+    auto pod = client_->GetPod("default", "p");
+    seen = pod.ok() ? pod->dump() : pod.status().ToString();
+    return seen.find("Binding rejected: node node-a is locked") != std::string::npos &&
+           seen.find("SchedulerError") != std::string::npos;
+  })) << seen;
 
   ext.locked = false;
   ASSERT_TRUE(client_->PatchNodeMetadata("node-a", {.annotations = {{"lock", "released"}}}).ok());
