@@ -173,8 +173,8 @@ TEST(NodePlannerTest, SummariesRuleOutOnlyNodesThatCannotFit) {
   NodeView node{
       "node-a", true, "", {Gpu("GPU-0", 0, {{"7g.40gb", 0}}), Gpu("GPU-1", 1, {{"3g.20gb", 4}})}};
   NodeSummary s = Summarize(node);
-  const ProfileSpec& p3g =
-      Gpu("x", 0).planner->capability().profiles[Gpu("x", 0).planner->ProfileIndex("3g.20gb")];
+  const GpuView x = Gpu("x", 0);  // kept alive: p3g refers into its planner
+  const ProfileSpec& p3g = x.planner->capability().profiles[x.planner->ProfileIndex("3g.20gb")];
   // In sizing memory: 3g.20gb takes up to 20 GiB nominal, although NVML reports 19968 MiB.
   EXPECT_EQ(s.max_placeable_mib, p3g.SizingMib());
   EXPECT_GT(p3g.SizingMib(), p3g.memory_mib);
