@@ -45,7 +45,7 @@ struct Flags {
   double speedup = 1;
   absl::Duration timeout = absl::Seconds(900);
   int scheduler_threads = 64;  // the local mode's default
-  bool verbose = false;       // every component's log line on stderr, with the time since the start
+  bool verbose = false;  // every component's log line on stderr, with the time since the start
 };
 
 json Pod(const std::string& name, bool gpu, int64_t gpumem) {

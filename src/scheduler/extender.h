@@ -1,28 +1,28 @@
 // Extender: the decisions behind the scheduler extender's HTTP verbs, over a KubeClient and the
 // ClusterState that informers keep current. No HTTP here (server.h serves it).
 //
-// Filter: a pod that already holds a reservation gets its reserved node back (idempotent retries). Otherwise the pod's request is
-// parsed (errors name the container and resource) and ClusterState::PlanAndReserve picks node,
-// GPU, profile and placement and records the reservation in memory at once (it counts for every
-// later filter). The filter writes nothing to the pod: an update of a pod kube-scheduler is still
-// deciding requeues it ("pod ... is in the cache, so can't be assumed"). The answer names the
-// chosen node alone, with FailedNodes only for nodes that can never run the pod; when nothing
-// fits, every candidate with its reason.
+// Filter: a pod that already holds a reservation gets its reserved node back (idempotent retries).
+// Otherwise the pod's request is parsed (errors name the container and resource) and
+// ClusterState::PlanAndReserve picks node, GPU, profile and placement and records the reservation
+// in memory at once (it counts for every later filter). The filter writes nothing to the pod: an
+// update of a pod kube-scheduler is still deciding requeues it ("pod ... is in the cache, so can't
+// be assumed"). The answer names the chosen node alone, with FailedNodes only for nodes that can
+// never run the pod; when nothing fits, every candidate with its reason.
 //
 // Both verbs first pass BindGuard (bind_guard.h): only MIG pods of our scheduler name are filtered
 // or bound, a bind needs the pod's uid and a live reservation of ours on its node. Refusals answer
 // Error and record a Warning event (MigFilterRefused, MigBindRefused) on the pod.
 //
 // Bind: claims the in-memory reservation (a replica without one, after a restart or a change of
-// leader, refuses in BindGuard: kube-scheduler schedules the pod again), takes the node lock (node_lock.h;
-// waiting a bounded time for another pod's bind to finish), then writes the reservation
-// (hami.io/vgpu-node, -time, -devices-to-allocate, -devices-allocated, -mig-allocations, the
-// hami.io/vgpu-node label) together with hami.io/bind-phase=allocating and hami.io/bind-time in
-// one merge patch carrying the pod's resourceVersion (kube-scheduler ignores annotation-only
-// updates of a pod it has assumed), and POSTs the Binding. On a conflict the pod is read again:
-// our reservation already there is success; another reservation, a binding or a new uid is an
-// error; a change of anything else is retried on the new version. Any failure releases the lock
-// and marks bind-phase=failed; the in-memory reservation stays for the retry.
+// leader, refuses in BindGuard: kube-scheduler schedules the pod again), takes the node lock
+// (node_lock.h; waiting a bounded time for another pod's bind to finish), then writes the
+// reservation (hami.io/vgpu-node, -time, -devices-to-allocate, -devices-allocated,
+// -mig-allocations, the hami.io/vgpu-node label) together with hami.io/bind-phase=allocating and
+// hami.io/bind-time in one merge patch carrying the pod's resourceVersion (kube-scheduler ignores
+// annotation-only updates of a pod it has assumed), and POSTs the Binding. On a conflict the pod is
+// read again: our reservation already there is success; another reservation, a binding or a new uid
+// is an error; a change of anything else is retried on the new version. Any failure releases the
+// lock and marks bind-phase=failed; the in-memory reservation stays for the retry.
 //
 // Expiry (ExpireReservations, run periodically by the leader): reservations that the device plugin
 // has not realized (no runtime identity) reservation_ttl after hami.io/vgpu-time are released:
