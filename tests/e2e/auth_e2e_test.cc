@@ -8,17 +8,14 @@
 
 #include <utility>
 
+#include "common/http_result.h"
 #include "e2e/e2e_test_util.h"
 #include "nlohmann/json.hpp"
 
 namespace dynmig::e2e {
 namespace {
 
-struct Answer {
-  int status = 0;
-  json body;
-  std::string text;
-};
+using Answer = dynmig::testing::HttpResult;
 
 // POST to the local scheduler, verifying it with the run's CA; `cert` = client certificate and
 // key (empty: none).
@@ -29,17 +26,7 @@ Answer PostToScheduler(const local::LocalCluster& cluster, const std::string& pa
       cert.first.empty() ? httplib::Client(url) : httplib::Client(url, cert.first, cert.second);
   client.set_ca_cert_path(cluster.tls().ca_file);
   client.enable_server_certificate_verification(true);
-  auto res = client.Post(path, body.dump(), "application/json");
-  Answer out;
-  if (!res) {
-    out.status = -1;
-    out.text = httplib::to_string(res.error());
-    return out;
-  }
-  out.status = res->status;
-  out.text = res->body;
-  out.body = json::parse(res->body, nullptr, false);
-  return out;
+  return dynmig::testing::ToHttpResult(client.Post(path, body.dump(), "application/json"));
 }
 
 TEST_F(E2eTest, NobodyButKubeSchedulerBindsAndOnlyWhatTheExtenderReserved) {

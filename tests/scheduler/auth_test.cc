@@ -315,19 +315,9 @@ class ClientAuthTest : public SchedulerTest {
     client->set_ca_cert_path(ca_file_.c_str());
     client->enable_server_certificate_verification(true);
     client->set_read_timeout(30, 0);
-    auto res = path == "/healthz" || path == "/metrics"
-                   ? client->Get(path.c_str())
-                   : client->Post(path.c_str(), body, "application/json");
-    HttpResult out;
-    if (!res) {
-      out.status = -1;
-      out.text = httplib::to_string(res.error());
-      return out;
-    }
-    out.status = res->status;
-    out.text = res->body;
-    out.body = json::parse(res->body, nullptr, false);
-    return out;
+    return ToHttpResult(path == "/healthz" || path == "/metrics"
+                            ? client->Get(path.c_str())
+                            : client->Post(path.c_str(), body, "application/json"));
   }
   json BindArgs(const kube::Object& pod, const std::string& node) {
     return {{"PodName", kube::Name(pod)},

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/http_result.h"
 #include "fmt/format.h"
 #include "kube/in_memory_api_server.h"
 #include "kube/kube_test_util.h"
@@ -86,26 +87,13 @@ inline std::string Alloc(const std::string& gpu, const std::string& profile, uin
 }
 
 // An HTTP client that answers with the parsed JSON body (or null with the status in `status`).
-struct HttpResult {
-  int status = 0;
-  json body;
-  std::string text;
-};
+using dynmig::testing::HttpResult;
+using dynmig::testing::ToHttpResult;
 
 inline HttpResult Post(int port, const std::string& path, const std::string& body) {
   httplib::Client client("127.0.0.1", port);
   client.set_read_timeout(30, 0);
-  auto res = client.Post(path.c_str(), body, "application/json");
-  HttpResult out;
-  if (!res) {
-    out.status = -1;
-    out.text = httplib::to_string(res.error());
-    return out;
-  }
-  out.status = res->status;
-  out.text = res->body;
-  out.body = json::parse(res->body, nullptr, false);
-  return out;
+  return ToHttpResult(client.Post(path.c_str(), body, "application/json"));
 }
 
 inline HttpResult Get(int port, const std::string& path) {
