@@ -29,6 +29,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -250,7 +251,8 @@ struct BenchPki {
   SSL_CTX* client = nullptr;
   ~BenchPki() {
     if (client != nullptr) SSL_CTX_free(client);
-    if (!dir.empty()) std::system(("rm -rf " + dir).c_str());
+    std::error_code ignored;
+    if (!dir.empty()) std::filesystem::remove_all(dir, ignored);
   }
   bool Make() {
     char tmpl[] = "/tmp/bench_scheduler.XXXXXX";
