@@ -113,6 +113,10 @@ ClusterState::NodeEntry& ClusterState::NodeFor(const std::string& name) {
     it->second.name = name;
     index_[name] = &it->second;
     ++nodes_generation_;
+    // A node that comes back finds the assumptions made on it before it went.
+    for (const auto& [key, a] : assumed_) {
+      if (a.reservation.node == name) it->second.assumed.insert(key);
+    }
   }
   return it->second;
 }
@@ -139,6 +143,14 @@ ClusterState::NodeEntry* ClusterState::FindNode(const std::string& name) const {
 
 void ClusterState::MarkDirty(const std::string& node) {
   if (NodeEntry* entry = FindNode(node)) Touch(*entry);
+}
+
+void ClusterState::DropAssumed(std::map<std::string, AssumedEntry>::iterator it) {
+  if (NodeEntry* entry = FindNode(it->second.reservation.node)) {
+    entry->assumed.erase(it->first);
+    Touch(*entry);
+  }
+  assumed_.erase(it);
 }
 
 void ClusterState::UpsertNode(const json& node) {
@@ -231,10 +243,7 @@ void ClusterState::UpsertPod(const json& pod) {
   if (Terminated(pod)) {
     // A terminated pod releases its reservation; so does its assumption.
     released_.erase(key);
-    if (auto a = assumed_.find(key); a != assumed_.end()) {
-      MarkDirty(a->second.reservation.node);
-      assumed_.erase(a);
-    }
+    if (auto a = assumed_.find(key); a != assumed_.end()) DropAssumed(a);
     return;
   }
   PodEntry entry;
@@ -256,8 +265,7 @@ void ClusterState::UpsertPod(const json& pod) {
   // The pod's own annotation supersedes an assumption once it carries the reservation.
   if (auto a = assumed_.find(key); a != assumed_.end() && entry.has_annotation &&
                                    entry.allocations.ok() && !entry.allocations->empty()) {
-    MarkDirty(a->second.reservation.node);
-    assumed_.erase(a);
+    DropAssumed(a);
   }
   if (entry.node.empty() || (!entry.mig && !entry.has_annotation)) return;  // not ours to count
   // A node that is not registered (yet) gets an entry: the pod counts when the node appears.
@@ -272,10 +280,7 @@ void ClusterState::RemovePod(const std::string& ns, const std::string& name) {
   std::unique_lock lock(mu_);
   Unlink(key);
   released_.erase(key);
-  if (auto a = assumed_.find(key); a != assumed_.end()) {
-    MarkDirty(a->second.reservation.node);
-    assumed_.erase(a);
-  }
+  if (auto a = assumed_.find(key); a != assumed_.end()) DropAssumed(a);
 }
 
 void ClusterState::Rebuild(NodeEntry& node) const {
@@ -353,8 +358,10 @@ void ClusterState::Rebuild(NodeEntry& node) const {
     }
     if (!marked) fail_all(why);
   }
-  for (const auto& [key, a] : assumed_) {
-    if (a.reservation.node == node.name) add(key, a.reservation.allocations, true);
+  for (const auto& key : node.assumed) {
+    if (auto a = assumed_.find(key); a != assumed_.end()) {
+      add(key, a->second.reservation.allocations, true);
+    }
   }
   // Slices the node's live instances hold without an active reservation: occupied as well.
   if (!node.held_error.empty()) {
@@ -451,13 +458,8 @@ std::optional<std::string> ReportHealth(const std::string& handshake,
 }  // namespace
 
 bool ClusterState::Stale(const NodeEntry& node, absl::Time now) const {
-  if (node.dirty) return true;
-  const bool healthy =
-      node.register_error.empty() &&
-      !ReportHealth(node.handshake, node.reported_at, options_.report_timeout, now, false);
-  if (healthy != node.view.healthy) return true;
-  const bool busy = node.locked_at.has_value() && now - *node.locked_at < kDefaultNodeLockExpiry;
-  return busy != node.view.bind_in_flight;
+  // Every filter asks this of every candidate: three fields, no string read.
+  return node.dirty || now >= node.stale_at || now < node.viewed_at;
 }
 
 const mig::NodeView& ClusterState::ViewOf(NodeEntry& node, absl::Time now) const {
@@ -480,6 +482,19 @@ const mig::NodeView& ClusterState::ViewOf(NodeEntry& node, absl::Time now) const
   node.report.unhealthy_reason = std::move(reason);
   node.view.bind_in_flight =
       node.locked_at.has_value() && now - *node.locked_at < kDefaultNodeLockExpiry;
+  // The next instant at which time alone flips either: a report older than the timeout makes
+  // the node unhealthy (strictly after reported_at + timeout); the lock expires at locked_at +
+  // expiry. An instant already past changes nothing more; a clock set back (now < viewed_at)
+  // makes the view stale too.
+  node.viewed_at = now;
+  node.stale_at = absl::InfiniteFuture();
+  if (healthy && node.reported_at.has_value()) {
+    const absl::Time t = *node.reported_at + options_.report_timeout + absl::Nanoseconds(1);
+    if (t > now) node.stale_at = std::min(node.stale_at, t);
+  }
+  if (node.view.bind_in_flight) {
+    node.stale_at = std::min(node.stale_at, *node.locked_at + kDefaultNodeLockExpiry);
+  }
   ++node.version;
   return node.view;
 }
@@ -660,6 +675,7 @@ absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
     Finish(p, request);
     NodeEntry& chosen = *(*p.entries)[p.chosen];
     assumed_[pod_key] = {*p.decision.reservation, absl::ToUnixSeconds(now), pod_uid, false};
+    chosen.assumed.insert(pod_key);
     Touch(chosen);
     ViewOf(chosen, now);  // rebuilt now, so the next filter finds every node up to date
     return std::move(p.decision);
@@ -734,8 +750,7 @@ absl::StatusOr<Reservation> ClusterState::ClaimForBind(const std::string& pod_ke
   AssumedEntry& a = it->second;
   if (!pod_uid.empty() && !a.uid.empty() && a.uid != pod_uid) {
     // Made for an earlier pod of that name.
-    MarkDirty(a.reservation.node);
-    assumed_.erase(it);
+    DropAssumed(it);
     return absl::NotFoundError(fmt::format(
         "the MIG reservation held for pod {} belonged to uid {}, not {}", pod_key, a.uid, pod_uid));
   }
@@ -757,8 +772,7 @@ void ClusterState::Forget(const std::string& pod_key) {
   std::unique_lock lock(mu_);
   auto it = assumed_.find(pod_key);
   if (it == assumed_.end()) return;
-  MarkDirty(it->second.reservation.node);
-  assumed_.erase(it);
+  DropAssumed(it);
 }
 
 std::vector<NodeReport> ClusterState::Report(absl::Time now) const {

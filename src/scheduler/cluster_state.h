@@ -170,8 +170,12 @@ class ClusterState {
   struct NodeEntry {
     // What every filter reads first, together (a filter reads thousands of entries).
     std::string name;
-    bool dirty = true;                      // view and report need a Rebuild
-    uint64_t version = 0;                   // bumped with every change of what a plan reads
+    bool dirty = true;     // view and report need a Rebuild
+    uint64_t version = 0;  // bumped with every change of what a plan reads
+    // When time alone changes the view's health or bind-in-flight (a report times out, a node
+    // lock expires): Stale from then on, and before viewed_at (a clock set back). Set by ViewOf.
+    absl::Time stale_at = absl::InfiniteFuture();
+    absl::Time viewed_at = absl::InfinitePast();
     mig::NodeSummary summary;               // of the view, rebuilt with it
     std::optional<absl::Time> reported_at;  // hami.io/node-handshake's "Reported_<time>"
     mig::NodeView view;                     // cache, rebuilt when dirty
@@ -183,8 +187,9 @@ class ClusterState {
     std::optional<absl::Time> locked_at;  // hami.io/mutex.lock's time: a bind is in flight
     std::vector<GpuEntry> gpus;
     std::set<std::string> cordoned;
-    std::set<std::string> pods;  // pod keys placed on this node
-    NodeReport report;           // cache, rebuilt when dirty
+    std::set<std::string> pods;     // pod keys placed on this node
+    std::set<std::string> assumed;  // keys of assumed_ whose reservation is on this node
+    NodeReport report;              // cache, rebuilt when dirty
   };
   struct PodEntry {
     std::string key;
@@ -214,6 +219,8 @@ class ClusterState {
   void Rebuild(NodeEntry& node) const;
   void Unlink(const std::string& pod_key);
   void MarkDirty(const std::string& node);
+  // Erases an assumption, from its node's set too, and marks that node dirty.
+  void DropAssumed(std::map<std::string, AssumedEntry>::iterator it);
   void Uncount(const std::string& model);  // one registered GPU of `model` fewer
   static void Touch(NodeEntry& node) {
     node.dirty = true;

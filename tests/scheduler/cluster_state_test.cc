@@ -10,6 +10,7 @@
 #include "protocol/annotations.h"
 #include "protocol/held_slices.h"
 #include "protocol/node_register.h"
+#include "scheduler/node_lock.h"
 
 namespace dynmig::scheduler {
 namespace {
@@ -409,6 +410,57 @@ TEST_F(ClusterStateTest, ConcurrentFiltersNeverReserveOverlappingSlices) {
       }
     }
   }
+}
+
+// Health and bind-in-flight change with time alone (a report ages past the timeout, a node lock
+// expires), and with a clock set back; a filter sees each change without any event.
+TEST_F(ClusterStateTest, TimeAloneChangesHealthAndBindInFlight) {
+  const std::string reg = Register({{"GPU-0", "A100-SXM4-40GB"}});
+  auto reported = [&](absl::Time t) {
+    return "Reported_" + absl::FormatTime(absl::RFC3339_full, t, absl::UTCTimeZone());
+  };
+  json a = Node("node-a", reg, reported(kNow - absl::Minutes(1)));
+  a["metadata"]["annotations"][std::string(protocol::kNodeLockAnnotation)] =
+      FormatNodeLock({kNow, "default", "binding"});
+  state_.UpsertNode(a);
+  state_.UpsertNode(Node("node-b", reg, reported(kNow)));
+  int n = 0;
+  auto node_at = [&](absl::Time t) -> std::string {
+    const std::string key = fmt::format("default/p{}", n++);
+    auto d = state_.PlanAndReserve(key, Request(4000), {"node-a", "node-b"}, t);
+    EXPECT_TRUE(d.ok()) << d.status();
+    if (!d.ok() || !d->reservation.has_value()) return "";
+    state_.Forget(key);
+    return d->reservation->node;
+  };
+  // The cached view follows time without any event (View reads it as a filter does).
+  EXPECT_TRUE(state_.View("node-a", kNow)->bind_in_flight);
+  EXPECT_TRUE(state_.View("node-a", kNow)->healthy);
+  EXPECT_FALSE(state_.View("node-a", kNow + absl::Minutes(2) + absl::Seconds(1))->healthy);
+  EXPECT_TRUE(state_.View("node-a", kNow + absl::Minutes(2))->healthy);  // the clock set back
+  // Equal nodes: the one with a bind in flight is not the first choice.
+  EXPECT_EQ(node_at(kNow), "node-b");
+  EXPECT_EQ(node_at(kNow + absl::Minutes(2)), "node-b");
+  // node-a's report (kNow - 1m) is older than the 3-minute timeout after kNow + 2m, and its
+  // lock has not expired yet: node-b either way.
+  EXPECT_EQ(node_at(kNow + absl::Minutes(2) + absl::Seconds(1)), "node-b");
+  // node-b's report times out at kNow + 3m: nothing fits.
+  EXPECT_EQ(node_at(kNow + absl::Minutes(3) + absl::Seconds(1)), "");
+  // node-a reports again: healthy; its lock still holds until kNow + 5m.
+  state_.UpsertNode(Node("node-a", reg, reported(kNow + absl::Minutes(4))));
+  EXPECT_EQ(node_at(kNow + absl::Minutes(4)), "node-a");  // the event dropped the lock too
+  // A lock taken again at kNow + 4m expires at kNow + 9m.
+  a = Node("node-a", reg, reported(kNow + absl::Minutes(6)));
+  a["metadata"]["annotations"][std::string(protocol::kNodeLockAnnotation)] =
+      FormatNodeLock({kNow + absl::Minutes(4), "default", "binding"});
+  state_.UpsertNode(a);
+  state_.UpsertNode(Node("node-b", reg, reported(kNow + absl::Minutes(6))));
+  EXPECT_EQ(node_at(kNow + absl::Minutes(6)), "node-b");
+  EXPECT_EQ(node_at(kNow + absl::Minutes(9)), "node-a");
+  EXPECT_FALSE(state_.View("node-a", kNow + absl::Minutes(9))->bind_in_flight);
+  // The clock set back: the lock holds again.
+  EXPECT_TRUE(state_.View("node-a", kNow + absl::Minutes(6))->bind_in_flight);
+  EXPECT_EQ(node_at(kNow + absl::Minutes(6)), "node-b");
 }
 
 }  // namespace
