@@ -517,6 +517,57 @@ mig::NodePlan SkippedPlan() {
 
 }  // namespace
 
+namespace {
+
+// Everything of a request that the planner reads, as text: two requests with the same key get
+// the same plan on the same node view. Container names are left out (the planner never reads
+// them), so pods of different workloads with the same shape share cached plans.
+std::string PlanKey(const mig::PodRequest& r) {
+  std::string key;
+  key.reserve(64);
+  auto add = [&key](std::string_view s) {
+    key.append(std::to_string(s.size())).push_back(':');
+    key.append(s);
+  };
+  for (const auto& c : r.containers) {
+    key.append(
+        fmt::format("c{},{},{},{};", c.init ? 1 : 0, c.count, c.memory.mib, c.memory.percent));
+  }
+  key.push_back('|');
+  for (const auto& e : r.preference.entries) add(e);
+  for (const auto* list :
+       {&r.filter.use_uuids, &r.filter.nouse_uuids, &r.filter.use_types, &r.filter.nouse_types}) {
+    key.push_back('|');
+    for (const auto& e : *list) add(e);
+  }
+  key.push_back('|');
+  add(r.filter.vgpu_mode);
+  key.append(fmt::format("|{}{}", static_cast<int>(r.gpu_policy), static_cast<int>(r.node_policy)));
+  return key;
+}
+
+}  // namespace
+
+void ClusterState::CachePlans(const Planned& p) {
+  const std::vector<NodeEntry*>& entries = *p.entries;
+  for (uint32_t i : p.fresh) {
+    NodeEntry* e = entries[i];
+    if (e == nullptr || e->version != p.versions[i]) continue;
+    CachedPlan* slot = nullptr;
+    for (auto& c : e->plans) {
+      if (c.request == p.request_key) slot = &c;
+    }
+    if (slot == nullptr) {
+      slot = &e->plans[e->next_plan_slot];
+      e->next_plan_slot = (e->next_plan_slot + 1) % kCachedShapes;
+      slot->request = p.request_key;
+    }
+    slot->version = p.versions[i];
+    slot->plan = p.plans[i];
+    slot->plan.assignments.clear();  // recorded again for the chosen node
+  }
+}
+
 ClusterState::Planned ClusterState::PlanLocked(
     std::shared_ptr<const std::vector<NodeEntry*>> entries_ptr,
     const std::vector<std::string>& candidates, const mig::PodRequest& request) const {
@@ -528,8 +579,9 @@ ClusterState::Planned ClusterState::PlanLocked(
   out.versions.resize(n);
   out.plans.resize(n);
   FilterDecision& decision = out.decision;
-  std::vector<const mig::NodeView*> views;
-  std::vector<uint32_t> at;  // views[k] is entries[at[k]]
+  out.request_key = PlanKey(request);
+  std::vector<const mig::NodeView*> views;  // the nodes without a cached plan
+  std::vector<uint32_t> at;                 // views[k] is entries[at[k]]
   views.reserve(n);
   at.reserve(n);
   for (size_t i = 0; i < n; ++i) {
@@ -544,12 +596,33 @@ ClusterState::Planned ClusterState::PlanLocked(
       out.plans[i] = SkippedPlan();  // ruled out by its summary, no per-GPU search
       continue;
     }
+    const CachedPlan* cached = nullptr;
+    for (const auto& c : e->plans) {
+      if (c.version == e->version && c.request == out.request_key) cached = &c;
+    }
+    if (cached != nullptr) {
+      out.plans[i] = cached->plan;
+      continue;
+    }
     views.push_back(&e->view);
     at.push_back(static_cast<uint32_t>(i));
   }
   mig::PodPlan plan = mig::PlanPod(std::span<const mig::NodeView* const>(views), request);
   for (size_t k = 0; k < at.size(); ++k) out.plans[at[k]] = std::move(plan.nodes[k]);
-  out.chosen = plan.chosen < 0 ? -1 : static_cast<int>(at[plan.chosen]);
+  out.fresh = std::move(at);
+  // Choose as PlanPod does: the first best in candidate order.
+  out.chosen = -1;
+  for (size_t i = 0; i < n; ++i) {
+    if (!out.plans[i].fits()) continue;
+    if (out.chosen < 0 ||
+        mig::BetterNode(out.plans[i], out.plans[out.chosen], request.node_policy)) {
+      out.chosen = static_cast<int>(i);
+    }
+  }
+  if (out.chosen >= 0 && out.plans[out.chosen].assignments.empty()) {
+    // Plans are verdicts and scores; the winner's assignments are recorded now.
+    out.plans[out.chosen] = mig::PlanPodOnNode(entries[out.chosen]->view, request);
+  }
   if (out.chosen >= 0) {
     // A node was chosen: only the nodes that can never run the pod get an entry.
     for (size_t i = 0; i < n; ++i) {
@@ -600,6 +673,7 @@ bool ClusterState::Repair(Planned& p, const mig::PodRequest& request, absl::Time
       continue;
     }
     p.plans[i] = mig::PlanPodOnNode(e->view, request);
+    p.fresh.push_back(static_cast<uint32_t>(i));
     if (!p.plans[i].fits() && NeverFits(p.plans[i].verdict)) {
       p.decision.failed[e->name] = p.plans[i].Reason(e->view);
     }
@@ -672,6 +746,7 @@ absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
   };
   // REQUIRES mu_ held exclusively.
   auto commit = [&](Planned& p) {
+    CachePlans(p);
     Finish(p, request);
     NodeEntry& chosen = *(*p.entries)[p.chosen];
     assumed_[pod_key] = {*p.decision.reservation, absl::ToUnixSeconds(now), pod_uid, false};

@@ -16,6 +16,7 @@
 // holds one lock over the whole cluster state for its whole duration.
 #pragma once
 
+#include <array>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -167,6 +168,14 @@ class ClusterState {
     protocol::DeviceInfo info;
     std::shared_ptr<const mig::GpuPlanner> planner;  // null: not allowlisted or no MIG capability
   };
+  // A node's plan for one shape of request, valid while the node's version is unchanged: a
+  // filter plans again only the nodes that changed since the last filter of that shape.
+  struct CachedPlan {
+    std::string request;  // PlanKey of the request
+    uint64_t version = 0;
+    mig::NodePlan plan;
+  };
+  static constexpr size_t kCachedShapes = 4;  // request shapes remembered per node
   struct NodeEntry {
     // What every filter reads first, together (a filter reads thousands of entries).
     std::string name;
@@ -190,6 +199,9 @@ class ClusterState {
     std::set<std::string> pods;     // pod keys placed on this node
     std::set<std::string> assumed;  // keys of assumed_ whose reservation is on this node
     NodeReport report;              // cache, rebuilt when dirty
+    // Written under the exclusive lock only (commit), read under the shared one.
+    std::array<CachedPlan, kCachedShapes> plans;
+    uint32_t next_plan_slot = 0;
   };
   struct PodEntry {
     std::string key;
@@ -234,14 +246,18 @@ class ClusterState {
     std::shared_ptr<const std::vector<NodeEntry*>> entries;  // candidate order; null: unknown
     std::vector<uint64_t> versions;                          // of entries when planned
     std::vector<mig::NodePlan> plans;                        // verdict kFits: fits
-    uint64_t generation = 0;                                 // nodes_generation_ when planned
-    int chosen = -1;                                         // index into entries
-    FilterDecision decision;                                 // failed and verdict
+    std::vector<uint32_t> fresh;  // indices of plans computed by this pass (not cached)
+    std::string request_key;      // PlanKey of the request
+    uint64_t generation = 0;      // nodes_generation_ when planned
+    int chosen = -1;              // index into entries
+    FilterDecision decision;      // failed and verdict
   };
   // REQUIRES mu_ held, every candidate up to date (not Stale).
   Planned PlanLocked(std::shared_ptr<const std::vector<NodeEntry*>> entries,
                      const std::vector<std::string>& candidates,
                      const mig::PodRequest& request) const;
+  // Stores p's fresh plans of nodes still at the version planned. REQUIRES mu_ held exclusively.
+  static void CachePlans(const Planned& p);
   // REQUIRES mu_ held exclusively. false: plan again (the node set changed, or nothing fits any
   // more).
   bool Repair(Planned& p, const mig::PodRequest& request, absl::Time now);

@@ -308,13 +308,13 @@ void SchedulerServer::HandleLayout(const std::string& node, const std::string& f
     res.status = status;
     res.set_content(message + "\n", "text/plain; charset=utf-8");
   };
-  const bool json = format == "json";
-  if (!json && !format.empty() && format != "html") {
+  const bool as_json = format == "json";
+  if (!as_json && !format.empty() && format != "html") {
     return plain(400, fmt::format("format \"{}\": give html (the default) or json", format));
   }
-  if (json ? !options_.layout_json : !options_.layout_html) {
+  if (as_json ? !options_.layout_json : !options_.layout_html) {
     return plain(404, fmt::format("this scheduler serves no {} layout (no renderer configured)",
-                                  json ? "JSON" : "HTML"));
+                                  as_json ? "JSON" : "HTML"));
   }
   const absl::Time now = clock_.Now();
   std::vector<NodeReport> reports = state_->Report(now);
@@ -328,7 +328,7 @@ void SchedulerServer::HandleLayout(const std::string& node, const std::string& f
     }
     reports = std::move(one);
   }
-  if (json) {
+  if (as_json) {
     res.set_content(options_.layout_json(reports), kJson);
   } else {
     res.set_content(options_.layout_html(reports, now), "text/html; charset=utf-8");

@@ -463,5 +463,36 @@ TEST_F(ClusterStateTest, TimeAloneChangesHealthAndBindInFlight) {
   EXPECT_EQ(node_at(kNow + absl::Minutes(6)), "node-b");
 }
 
+// A filter reuses a node's plan for the same request shape only while the node is unchanged:
+// an event on a node that was not chosen (its pod ended) is seen by the next filter.
+TEST_F(ClusterStateTest, CachedPlansFollowEveryChangeOfTheNode) {
+  const std::string reg = Register({{"GPU-0", "A100-SXM4-40GB"}});
+  state_.UpsertNode(Node("node-a", reg));
+  state_.UpsertNode(Node("node-b", reg));
+  state_.UpsertPod(Pod("big", "node-a", Alloc("GPU-0", "3g.20gb", 0, 4)));
+  mig::PodRequest spread = Request(4000);
+  spread.node_policy = mig::NodePolicy::kSpread;
+  // Spread: the emptier node-b; node-a's plan (half full) is cached.
+  auto first = state_.PlanAndReserve("default/p1", spread, {"node-a", "node-b"}, kNow);
+  ASSERT_TRUE(first.ok() && first->reservation.has_value());
+  EXPECT_EQ(first->reservation->node, "node-b");
+  // node-a's pod ends: node-a is empty now, emptier than node-b with p1's 1g.
+  state_.RemovePod("default", "big");
+  auto second = state_.PlanAndReserve("default/p2", spread, {"node-a", "node-b"}, kNow);
+  ASSERT_TRUE(second.ok() && second->reservation.has_value());
+  EXPECT_EQ(second->reservation->node, "node-a");
+  // Another shape on the same nodes is planned for itself: a 7g fits neither now (node-a
+  // holds p2's 1g, node-b p1's).
+  auto whole = state_.PlanAndReserve("default/p3", Request(40000), {"node-a", "node-b"}, kNow);
+  ASSERT_TRUE(whole.ok());
+  EXPECT_FALSE(whole->reservation.has_value());
+  // p1's reservation forgotten: node-b is empty again and takes the 7g.
+  state_.Forget("default/p1");
+  auto again = state_.PlanAndReserve("default/p3", Request(40000), {"node-a", "node-b"}, kNow);
+  ASSERT_TRUE(again.ok() && again->reservation.has_value());
+  EXPECT_EQ(again->reservation->node, "node-b");
+  EXPECT_EQ(again->reservation->allocations[0].profile, "7g.40gb");
+}
+
 }  // namespace
 }  // namespace dynmig::scheduler
