@@ -35,7 +35,7 @@ struct SimulateFlags {
   std::string svg;
 };
 
-int ExitFor(const absl::Status& s) {
+int SimulateExitFor(const absl::Status& s) {
   switch (s.code()) {
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kNotFound:
@@ -102,7 +102,7 @@ class ProgressBar {
 void RunSimulate(const SimulateFlags& f, CliContext& ctx) {
   auto fail = [&](const absl::Status& s) {
     ctx.err << "dynmig simulate: " << s.message() << "\n";
-    ctx.exit_code = ExitFor(s);
+    ctx.exit_code = SimulateExitFor(s);
   };
   sim::SimOptions options;
   if (f.mode == "reject") {

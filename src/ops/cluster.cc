@@ -57,6 +57,13 @@ bool IsTerminated(const kube::Object& pod) {
   return phase == "Succeeded" || phase == "Failed";
 }
 
+std::string PodLine(const kube::Object& pod) {
+  std::string phase = kube::Phase(pod);
+  if (phase.empty()) phase = "Unknown";
+  if (kube::IsBeingDeleted(pod)) phase += ", terminating";
+  return fmt::format("{} ({})", PodKey(pod), phase);
+}
+
 std::string PodKey(const kube::Object& pod) {
   return fmt::format("{}/{}", kube::Namespace(pod), kube::Name(pod));
 }

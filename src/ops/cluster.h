@@ -50,6 +50,8 @@ std::string PodNode(const kube::Object& pod);
 bool IsTerminated(const kube::Object& pod);
 // "namespace/name".
 std::string PodKey(const kube::Object& pod);
+// "namespace/name (Phase)", ", terminating" added while it is being deleted.
+std::string PodLine(const kube::Object& pod);
 // Every legacy `GPU-<uuid>[<t>-<s>]` id in hami.io/vgpu-devices-allocated and -to-allocate, as
 // "<id> (<annotation>)". Unreadable device lists are searched as plain text.
 std::vector<std::string> LegacyIdentities(const kube::Object& pod);

@@ -22,13 +22,6 @@ std::vector<std::pair<std::string, std::string>> ContainerNamesAndImages(const O
   return out;
 }
 
-std::string PodLine(const Object& pod) {
-  std::string phase = kube::Phase(pod);
-  if (phase.empty()) phase = "Unknown";
-  if (kube::IsBeingDeleted(pod)) phase += ", terminating";
-  return fmt::format("{} ({})", PodKey(pod), phase);
-}
-
 void CheckDeviceConfig(const absl::StatusOr<DeviceConfigSource>& source, CheckReport& report) {
   if (!source.ok()) {
     if (source.status().code() == absl::StatusCode::kFailedPrecondition) {

@@ -131,13 +131,6 @@ size_t InstanceCount(const NvmlView& v) {
   return n;
 }
 
-std::string PodLine(const Object& pod) {
-  std::string phase = kube::Phase(pod);
-  if (phase.empty()) phase = "Unknown";
-  if (kube::IsBeingDeleted(pod)) phase += ", terminating";
-  return fmt::format("{} ({})", PodKey(pod), phase);
-}
-
 bool IsDevicePluginPod(const Object& pod) {
   const auto labels = kube::Labels(pod);
   auto label = [&](const char* k) {

@@ -12,6 +12,9 @@
 
 namespace dynmig::protocol::internal {
 
+// The largest value of a uint32 field (GPU index, instance IDs, core and slice counts).
+inline constexpr int64_t kUint32Max = 0xFFFFFFFF;
+
 // The field `key` of `obj`, or nullptr when absent or JSON null. REQUIRES: obj.is_object().
 const nlohmann::json* FindField(const nlohmann::json& obj, std::string_view key);
 

@@ -18,11 +18,11 @@ namespace {
 
 using internal::FieldPath;
 using internal::IntField;
+using internal::kUint32Max;
 using internal::StringField;
 using nlohmann::json;
 
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
-constexpr int64_t kUint32Max = std::numeric_limits<uint32_t>::max();
 
 absl::Status Missing(std::string_view context, std::string_view key, std::string_view what) {
   return absl::InvalidArgumentError(fmt::format("{}: {}", FieldPath(context, key), what));

@@ -18,10 +18,10 @@ namespace {
 using internal::BoolField;
 using internal::FieldPath;
 using internal::IntField;
+using internal::kUint32Max;
 using internal::StringField;
 using nlohmann::json;
 
-constexpr int64_t kUint32Max = std::numeric_limits<uint32_t>::max();
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 constexpr int64_t kInt32Min = std::numeric_limits<int32_t>::min();
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();

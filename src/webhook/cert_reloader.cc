@@ -10,6 +10,7 @@
 
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
+#include "webhook/openssl_error.h"
 
 namespace dynmig::webhook {
 namespace {
@@ -22,14 +23,7 @@ std::string FileIdentity(const std::string& path) {
                      static_cast<int64_t>(st.st_mtim.tv_nsec));
 }
 
-std::string OpenSslError() {
-  const unsigned long code = ERR_get_error();
-  ERR_clear_error();
-  if (code == 0) return "unknown OpenSSL error";
-  char buf[256];
-  ERR_error_string_n(code, buf, sizeof(buf));
-  return buf;
-}
+using internal::OpenSslError;
 
 struct FileCloser {
   void operator()(FILE* f) const {

@@ -16,6 +16,7 @@
 #include <memory>
 
 #include "fmt/format.h"
+#include "webhook/openssl_error.h"
 
 namespace dynmig::webhook {
 namespace {
@@ -23,14 +24,7 @@ namespace {
 using KeyPtr = std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)>;
 using CertPtr = std::unique_ptr<X509, decltype(&X509_free)>;
 
-std::string OpenSslError() {
-  const unsigned long code = ERR_get_error();
-  ERR_clear_error();
-  if (code == 0) return "unknown OpenSSL error";
-  char buf[256];
-  ERR_error_string_n(code, buf, sizeof(buf));
-  return buf;
-}
+using internal::OpenSslError;
 
 template <typename Write>
 std::string Pem(Write write) {
