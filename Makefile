@@ -31,13 +31,15 @@ asan: deps
 	@cmake --build --preset asan -j $(JOBS)
 	@ctest --preset asan
 
-# libFuzzer targets (clang, ASan + UBSan), each run FUZZ_SECONDS (default 60) from fuzz/corpus/.
+# libFuzzer targets (clang, ASan + UBSan), each run FUZZ_SECONDS (default 60) from fuzz/corpus/,
+# FUZZ_JOBS at a time (default 1).
 FUZZ_SECONDS ?= 60
+FUZZ_JOBS ?= 1
 fuzz:
 	@tools/install-deps.sh clang-14 libclang-rt-14-dev
 	@cmake --preset fuzz >/dev/null
 	@cmake --build --preset fuzz -j $(JOBS)
-	@FUZZ_SECONDS=$(FUZZ_SECONDS) tools/run-fuzz.sh
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_JOBS=$(FUZZ_JOBS) tools/run-fuzz.sh
 
 # ThreadSanitizer build of the concurrent tests (informers, scheduler, device plugin, local mode,
 # end to end with the short chaos seed); TSAN_TESTS="kube_test ..." limits them.
