@@ -1,5 +1,5 @@
 # Thin wrapper over CMake presets. `make run` and `make test` work on a fresh Debian 12 machine.
-.PHONY: deps configure build build-all test run bench asan fuzz tsan soak format clean e2e-real e2e-scenarios-local e2e-real-down
+.PHONY: deps configure build build-all test run bench asan fuzz tsan soak format clean e2e-real e2e-real-burst e2e-scenarios-local e2e-real-down
 
 JOBS ?= $(shell nproc)
 
@@ -59,6 +59,15 @@ soak: build
 # (cached in /var/cache/dynmig-real-k8s), started on this machine with containerd and a kubelet (needs root).
 e2e-real: build
 	@tools/real-k8s/e2e-real.sh
+
+# Issue 15's burst on the same cluster, its node with 8 simulated A100-SXM4-40GB (RK_SIM_GPUS to change) for this
+# run only: BURST_PODS (56) plain pods, then as many 1g pods, applied at once; figures, checks, logs in BURST_OUT.
+BURST_PODS ?= 56
+BURST_ARGS ?=
+BURST_OUT ?= /tmp/dynmig-real-burst
+e2e-real-burst: build
+	@RK_SIM_GPUS=$${RK_SIM_GPUS:-A100-SXM4-40GBx8} tools/real-k8s/e2e-real.sh burst --pods $(BURST_PODS) \
+	  --artifacts $(BURST_OUT) $(BURST_ARGS)
 
 # The same scenario suite against the local mode (build/bin/dynmig local).
 e2e-scenarios-local: build

@@ -3,11 +3,17 @@
 #   1. Debian packages (install-deps.sh), 2. Kubernetes built from Debian's source package or taken from the
 #   cache (build-k8s.sh), 3. control plane + kubelet on containerd (cluster.py up), 4. dynmig from deploy/
 #   (cluster.py deploy), 5. the scenarios through real kubectl, 6. teardown, always (also on failure or Ctrl-C).
+# `e2e-real.sh burst [burst.py options]` (`make e2e-real-burst`) runs tools/real-k8s/burst.py in step 5 instead.
 # Prints the time of each phase. Needs root. build/bin/dynmig must exist (the Makefile target builds it).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 . "$here/lib.sh"
+mode=suite
+if [ "${1:-}" = burst ]; then
+  mode=burst
+  shift
+fi
 [ "$(id -u)" -eq 0 ] || die "e2e-real needs root (containerd and the kubelet)"
 PY=/usr/bin/python3
 declare -A took
@@ -22,7 +28,7 @@ phase() { # NAME COMMAND...
 }
 summary() {
   local p
-  for p in deps k8s-build bring-up deploy suite teardown; do
+  for p in deps k8s-build bring-up deploy suite burst teardown; do
     [ -n "${took[$p]:-}" ] && printf '  %-10s %8s s\n' "$p" "${took[$p]}" >&2
   done
   return 0
@@ -55,5 +61,10 @@ phase k8s-build "$here/build-k8s.sh"
 "$PY" "$here/cluster.py" down >/dev/null 2>&1 || true
 phase bring-up "$PY" "$here/cluster.py" up
 phase deploy "$PY" "$here/cluster.py" deploy
+if [ $mode = burst ]; then
+  phase burst "$PY" "$here/burst.py" --kubeconfig "$RK_STATE/admin.kubeconfig" --kubectl "$RK_CACHE/bin/kubectl" \
+    --node localhost --nvml-url http://127.0.0.1:19400/nvml "$@"
+  exit
+fi
 phase suite "$PY" "$repo/tests/e2e-real/scenarios.py" --backend real --kubeconfig "$RK_STATE/admin.kubeconfig" \
   --kubectl "$RK_CACHE/bin/kubectl" --node localhost --nvml-url http://127.0.0.1:19400/nvml ${E2E_ONLY:+--only "$E2E_ONLY"}

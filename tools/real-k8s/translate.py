@@ -39,7 +39,7 @@ def _host_network(spec, api_host, api_port):
         _env_set(c, "KUBERNETES_SERVICE_PORT", str(api_port))
 
 
-def translate(rendered, api_host, api_port, sched_port, dp_port, sim):
+def translate(rendered, api_host, api_port, sched_port, dp_port, sim, sim_latency=""):
     """rendered: deploy/base's objects (render.py), or their YAML stream. Returns (objects to apply, the
     KubeSchedulerConfiguration text of deploy/scheduler)."""
     objects = rendered if isinstance(rendered, list) else [o for o in yaml.safe_load_all(rendered) if o]
@@ -76,6 +76,8 @@ def translate(rendered, api_host, api_port, sched_port, dp_port, sim):
             c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] != "nvidia-caps"]
             _replace_arg(c["args"], "--metrics-listen", "0.0.0.0:%d" % dp_port)
             c["args"] += ["--sim", sim, "--sim-state", "/var/lib/kubelet/device-plugins/dynmig/sim-nvml.json"]
+            if sim_latency:
+                c["args"] += ["--sim-latency", sim_latency]
             c["ports"] = [{"name": "metrics", "containerPort": dp_port, "protocol": "TCP"}]
             _host_network(spec, api_host, api_port)
         elif kind == "Job" and name == "dynmig-certgen":
