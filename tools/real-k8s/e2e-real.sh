@@ -56,7 +56,8 @@ trap 'exit 130' INT TERM
 
 phase deps "$here/install-deps.sh"
 phase k8s-build "$here/build-k8s.sh"
-[ -x "$repo/build/bin/dynmig" ] || die "$repo/build/bin/dynmig is missing: run make build"
+dynmig_bin=${RK_DYNMIG_BIN:-$repo/build/bin/dynmig} # RK_DYNMIG_BIN: another build of dynmig for the images
+[ -x "$dynmig_bin" ] || die "$dynmig_bin is missing: run make build"
 # A cluster left by an interrupted run is stopped first (down is idempotent).
 "$PY" "$here/cluster.py" down >/dev/null 2>&1 || true
 phase bring-up "$PY" "$here/cluster.py" up
