@@ -214,8 +214,9 @@ def pod_manifest(name, kind, tag, image):
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
-def check_pods(pods, kind, node, nvml_url):
-    """The round's pods, all Running: placement, reservations and NVML."""
+def check_pods(pods, kind, node, live):
+    """The round's pods, all Running: node, scheduler, reservations (one 1g each, no overlap, no MIG UUID twice)
+    and `live`, the MIG UUIDs of the NVML view (exactly the reserved ones). Returns the problems found."""
     problems = []
     for p in pods:
         if p["spec"].get("nodeName") != node:
@@ -248,7 +249,6 @@ def check_pods(pods, kind, node, nvml_url):
             for n2, p2 in placed[i + 1:]:
                 if p1["start"] < p2["start"] + p2["size"] and p2["start"] < p1["start"] + p1["size"]:
                     problems.append("%s %s and %s %s overlap on %s" % (n1, p1, n2, p2, gpu))
-    live = live_instances(nvml_url)
     not_live = sorted(u for u in uuids if u not in live)
     extra = sorted(live - set(uuids))
     if not_live:
@@ -337,7 +337,7 @@ def one_round(a, kube, watch, kind, rnd):
     fig["apply_s"] = t_applied - t_apply
     uids = {r["obj"]["metadata"]["uid"] for r in recs}
     pods = kube.json("-n", NS, "get", "pods", "-l", "%s=%s" % (LABEL, tag))["items"]
-    problems = check_pods(pods, kind, a.node, a.nvml_url)
+    problems = check_pods(pods, kind, a.node, live_instances(a.nvml_url) if kind == "gpu" else set())
     events = events_of(kube, uids)
     fig["warnings"], fig["notable"] = summarize_events(events)
 
