@@ -127,6 +127,7 @@ class Chaos {
     c.election.renew_deadline = absl::Seconds(2);
     c.election.retry_period = absl::Milliseconds(500);
     c.scheduler_clock = &clock_;
+    c.log = o_.component_log;
     auto cluster = LocalCluster::Start(c);
     if (!cluster.ok()) return cluster.status();
     cluster_ = std::move(*cluster);
@@ -518,8 +519,8 @@ class Chaos {
     std::vector<Live> live;
     if (!ReadLive(&live)) return "NVML cannot be read";
     for (const auto& l : live) {
-      left.push_back(fmt::format("instance {} on {} {}", l.instance.mig_uuid, l.node,
-                                 l.instance.placement.ToString()));
+      left.push_back(fmt::format("instance {} on {} {} ({} processes)", l.instance.mig_uuid, l.node,
+                                 l.instance.placement.ToString(), l.instance.processes));
     }
     for (const auto& node : node_names_) {
       auto n = kube_->GetNode(node);

@@ -47,6 +47,8 @@ struct ChaosOptions {
   size_t max_pods = 10;  // creates are skipped while this many pods exist
   // Progress and every violation, one line each. May be empty.
   std::function<void(const std::string&)> log;
+  // The components' event lines (LocalClusterOptions::log), for debugging a seed. May be empty.
+  std::function<void(const std::string&)> component_log;
 };
 
 struct ChaosViolation {
