@@ -830,6 +830,8 @@ absl::Status LocalCluster::StartDevicePlugin(std::string_view name) {
   if (stopped_) return absl::FailedPreconditionError("the local cluster is stopped");
   Node* node = FindNode(name);
   if (node == nullptr) return absl::NotFoundError(fmt::format("no node {}", name));
+  // Already running (the supervisor restarted it after a crash meanwhile): nothing to wait for.
+  if (node->plugin != nullptr) return absl::OkStatus();
   const int before = node->kubelet->registrations();
   if (auto st = StartDevicePluginLocked(*node); !st.ok()) return st;
   if (!node->kubelet->WaitForRegistrations(before + 1, absl::Seconds(30))) {
