@@ -61,7 +61,7 @@ int RunChaosCommand(const ChaosFlags& f, CliContext& ctx) {
     ctx.out.flush();
   };
   // The components' own logs would drown the report; their errors are what chaos provokes.
-  // --verbose writes them to stderr, to follow a seed.
+  // --verbose keeps them (spdlog on stdout, the event lines on stderr), to follow a seed.
   if (f.verbose) {
     o.component_log = [&](const std::string& line) {
       std::lock_guard<std::mutex> lock(mu);
@@ -107,7 +107,9 @@ void RegisterChaosCommand(CLI::App& root, CliContext& ctx) {
          "how long, after the faults stop and every pod is deleted, until nothing may remain")
       ->capture_default_str();
   cmd->add_option("--max-pods", f->max_pods, "pods alive at most")->capture_default_str();
-  cmd->add_flag("--verbose", f->verbose, "the components' logs on stderr, to follow a seed");
+  cmd->add_flag(
+      "--verbose", f->verbose,
+      "the components' logs too (their own on stdout, their events on stderr), to follow a seed");
   cmd->callback([f, &ctx] { ctx.exit_code = RunChaosCommand(*f, ctx); });
 }
 
