@@ -19,6 +19,8 @@
 //                 instances that a pod's verified annotation describes; cleans untracked instances
 //                 only on idle GPUs. Nothing is destroyed in a cycle where pods cannot be listed or
 //                 a non-terminated pod's MIG annotations cannot be read.
+//                 Releases a node lock whose pod will never reach Allocate here (deleted,
+//                 finished, or bound to another node), so the node does not wait out its expiry.
 //   PublishNode() hami.io/node-nvidia-register + hami.io/node-handshake "Reported_<RFC3339>".
 //
 // Sources: plugin_core.cc (start, state, shared helpers), plugin_allocate.cc, plugin_reclaim.cc,
@@ -200,6 +202,11 @@ class PluginCore {
   // recent read of the node (saves a GET; re-read on conflict). Sets lock_released_ once the lock
   // is no longer the pod's.
   void ReleaseNodeLock(const PodMig& pod, std::optional<kube::Object> node = std::nullopt);
+  // Reconcile: removes hami.io/mutex.lock (under the node's resourceVersion) when the pod it names
+  // is gone, has finished or is bound to another node: a bind that failed half-way (a crashed
+  // scheduler) or a pod deleted before its Allocate leaves such a lock. A pod not bound yet keeps
+  // it (its bind may be in progress).
+  void ReleaseOrphanedNodeLock(const std::vector<PodMig>& pods);
   // The uid of the allocation in progress (within kInProgressWindow), or "".
   std::string InProgress() const;
   void Rollback(std::vector<Created>& created, const std::vector<uint64_t>& intents);

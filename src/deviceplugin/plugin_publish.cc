@@ -63,7 +63,9 @@ bool PluginCore::RefreshDevices() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<bool> before;
   for (const auto& g : inventory_.gpus) before.push_back(g.healthy);
-  if (!RefreshHealth(nvml_, inventory_)) return false;
+  // A GPU whose discovery failed at start is discovered once NVML answers.
+  const bool discovered = RetryDiscovery(nvml_, options_.allowlist, inventory_);
+  if (!RefreshHealth(nvml_, inventory_) && !discovered) return false;
   for (size_t i = 0; i < inventory_.gpus.size(); ++i) {
     const auto& g = inventory_.gpus[i];
     if (g.exposed && !g.healthy && before[i]) {

@@ -33,11 +33,53 @@ ReconcileReport PluginCore::Reconcile() {
   reported_.erase("list-failed");
   if (recovery_pending_) RecoverLocked(*pods);
   report = ReconcileLocked(*pods);
+  ReleaseOrphanedNodeLock(*pods);
   UpdateGauges();
   metrics_.ReconcileDone(
       report.skipped.empty() ? "ok" : "skipped_decode",
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return report;
+}
+
+void PluginCore::ReleaseOrphanedNodeLock(const std::vector<PodMig>& pods) {
+  auto node = kube_.GetNode(options_.node_name);
+  if (!node.ok()) return;
+  const auto value = kube::Annotation(*node, protocol::kNodeLockAnnotation);
+  if (!value.has_value()) return;
+  const auto lock = ParseNodeLock(*value);
+  if (!lock.has_value() || lock->name.empty()) return;  // names no pod: left to its expiry
+  std::string why;
+  const auto here = std::find_if(pods.begin(), pods.end(), [&](const PodMig& p) {
+    return p.ns == lock->ns && p.name == lock->name;
+  });
+  if (here != pods.end()) {
+    if (!here->terminated) return;
+    why = "has finished";
+  } else {
+    auto pod = kube_.GetPod(lock->ns, lock->name);
+    if (pod.ok()) {
+      const std::string phase = kube::Phase(*pod);
+      const std::string bound = kube::NodeName(*pod);
+      if (phase == "Succeeded" || phase == "Failed") {
+        why = "has finished";
+      } else if (!bound.empty() && bound != options_.node_name) {
+        why = fmt::format("is bound to node {}", bound);
+      } else {
+        return;
+      }
+    } else if (pod.status().code() == absl::StatusCode::kNotFound) {
+      why = "no longer exists";
+    } else {
+      return;
+    }
+  }
+  kube::KeyPatch patch;
+  patch[std::string(protocol::kNodeLockAnnotation)] = std::nullopt;
+  auto st = kube_.PatchNodeAnnotations(options_.node_name, patch, kube::ResourceVersion(*node));
+  if (st.ok()) {
+    spdlog::info("released the node lock {} of node {}: pod {}/{} {}", *value, options_.node_name,
+                 lock->ns, lock->name, why);
+  }
 }
 
 std::vector<std::string> PluginCore::Unreadable(const std::vector<PodMig>& pods) {

@@ -236,6 +236,37 @@ TEST(InventoryTest, DiscoveryExposesOnlyAllowlistedModelsWithExactProfiles) {
   EXPECT_EQ(inv->RegisterDevices().size(), 1u);
 }
 
+// Found by the chaos soak: a device plugin started while NVML failed on one GPU's capability
+// never served that GPU (nor cleaned its instances) until its next restart.
+TEST(InventoryTest, AGpuWhoseDiscoveryFailedIsDiscoveredOnceNvmlAnswers) {
+  nvml::SimNvmlOptions o;
+  o.spec = "A100-SXM4-40GBx2";
+  auto sim = nvml::SimNvml::Create(o);
+  ASSERT_TRUE(sim.ok());
+  nvml::SimFault f;
+  f.op = "GetGpuInstancePossiblePlacements";
+  f.code = nvml::NvmlReturn::kUnknown;
+  f.gpu = 1;
+  ASSERT_TRUE((*sim)->InjectFault(f).ok());
+  mig::Allowlist allowlist;
+  allowlist.entries.push_back({{"A100-SXM4-40GB"}, {"1g.5gb", "7g.40gb"}});
+  auto inv = DiscoverInventory(**sim, allowlist);
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  ASSERT_EQ(inv->gpus.size(), 2u);
+  EXPECT_TRUE(inv->gpus[0].exposed);
+  EXPECT_FALSE(inv->gpus[1].exposed);
+  EXPECT_TRUE(inv->gpus[1].discovery_failed);
+  EXPECT_NE(inv->gpus[1].not_exposed_reason.find("cannot be discovered"), std::string::npos);
+  EXPECT_EQ(inv->RegisterDevices().size(), 1u);
+
+  EXPECT_TRUE(RetryDiscovery(**sim, allowlist, *inv));
+  EXPECT_TRUE(inv->gpus[1].exposed);
+  EXPECT_TRUE(inv->gpus[1].healthy);
+  EXPECT_FALSE(inv->gpus[1].discovery_failed);
+  EXPECT_EQ(inv->RegisterDevices().size(), 2u);
+  EXPECT_FALSE(RetryDiscovery(**sim, allowlist, *inv));  // nothing left to discover
+}
+
 TEST(CdiTest, SpecNamesTheDeviceByItsMigUuid) {
   EXPECT_EQ(CdiWriter::QualifiedName("MIG-1"), "dynmig.io/mig=MIG-1");
   auto spec = nlohmann::json::parse(CdiWriter::SpecJson("MIG-1", {"/dev/nvidia0", "/dev/x"}));
