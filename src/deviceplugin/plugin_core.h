@@ -54,6 +54,7 @@
 #include "mig/allowlist.h"
 #include "nlohmann/json.hpp"
 #include "nvml/nvml.h"
+#include "protocol/device_config.h"
 #include "protocol/held_slices.h"
 
 namespace dynmig::deviceplugin {
@@ -82,6 +83,9 @@ struct PluginCoreOptions {
   bool fsync = true;
   // When set, Allocate writes a CDI spec per MIG device here and answers with CDI names.
   std::string cdi_dir;
+  // Warm instances (device-config.yaml nvidia.migWarmInstances): an ended pod's instance is kept
+  // idle for reuse. Off by default.
+  protocol::WarmInstances warm;
   // Attempts of the optimistic-concurrency loop that writes the pod annotation.
   int annotation_attempts = 5;
   std::function<absl::Time()> clock;                        // default absl::Now
