@@ -81,6 +81,7 @@ bool PluginCore::RefreshDevices() {
 absl::Status PluginCore::PublishNode() {
   std::string value;
   std::string held_value;
+  std::string idle_value;
   bool changed = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -89,12 +90,14 @@ absl::Status PluginCore::PublishNode() {
     std::vector<protocol::HeldSlices> held = ended_held_;
     held.insert(held.end(), untracked_held_.begin(), untracked_held_.end());
     held_value = protocol::EncodeHeldSlices(std::move(held));
+    idle_value = protocol::EncodeIdleInstances(IdleLocked());
   }
   // Both keys every time: the register also comes back after the node object was recreated.
   kube::KeyPatch patch;
   patch[std::string(protocol::kNodeHandshakeAnnotation)] = "Reported_" + kube::Rfc3339(Now());
   patch[std::string(protocol::kNodeRegisterAnnotation)] = value;
   patch[std::string(protocol::kNodeHeldSlicesAnnotation)] = held_value;
+  patch[std::string(protocol::kNodeIdleInstancesAnnotation)] = idle_value;
   auto st = kube_.PatchNodeAnnotations(options_.node_name, patch);
   metrics_.NodePublished(st.ok());
   if (!st.ok()) {
@@ -108,6 +111,7 @@ absl::Status PluginCore::PublishNode() {
   }
   std::lock_guard<std::mutex> lock(mu_);
   last_register_ = value;
+  last_idle_ = idle_value;
   return absl::OkStatus();
 }
 
@@ -160,6 +164,10 @@ nlohmann::json PluginCore::NvmlView() {
             item["managed"] = true;
             item["origin"] = m->origin;
             item["owner"] = owner(m->owner);
+            if (m->idle) {
+              item["idle"] = true;
+              item["idleSince"] = m->idle_since;
+            }
           }
           instances.push_back(std::move(item));
         }

@@ -703,6 +703,7 @@ absl::Status LocalCluster::StartDevicePluginLocked(Node& node) {
   o.core.node_name = node.spec.name;
   o.core.resource_name = config->resources.count;
   o.core.allowlist = config->allowlist;
+  o.core.warm = config->warm_instances;
   o.core.state_file = node.dir + "/device-plugin-state.json";
   o.kubelet_dir = node.kubelet_dir;
   o.reconcile_interval = options_.reconcile_interval;

@@ -64,6 +64,28 @@ TEST(StateStoreTest, RoundTripsThroughTheFileAtomically) {
   EXPECT_EQ(files, 1u);
 }
 
+TEST(StateStoreTest, IdleInstancesRoundTrip) {
+  PluginState s = SampleState();
+  s.instances[0].idle = true;
+  s.instances[0].idle_since = 1800000300;
+  const std::string text = EncodeState(s);
+  EXPECT_NE(text.find("\"idleSince\": 1800000300"), std::string::npos) << text;
+  auto back = DecodeState(text);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, s);
+  // Not idle: no idle keys (files of older versions read the same).
+  EXPECT_EQ(EncodeState(SampleState()).find("idle"), std::string::npos);
+  auto bad = DecodeState(R"({"version":1,"nextIntentId":1,"intents":[],"instances":[)"
+                         R"({"gpuUUID":"g","profile":"1g.5gb","profileId":19,)"
+                         R"("placement":{"start":0,"size":1},"gpuInstanceID":1,)"
+                         R"("computeInstanceID":0,"migUUID":"m","origin":"created","since":1,)"
+                         R"("owner":{"podUID":"u","namespace":"n","name":"p","containerIndex":0,)"
+                         R"("deviceIndex":0},"idle":true}]})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("state.instances[0].idleSince: missing"), std::string::npos)
+      << bad.status();
+}
+
 TEST(StateStoreTest, ACorruptFileIsDataLossNamingTheField) {
   auto bad =
       DecodeState(R"({"version":1,"nextIntentId":1,"instances":[{"gpuUUID":3}],"intents":[]})");
