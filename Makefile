@@ -42,7 +42,7 @@ fuzz:
 	@FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_JOBS=$(FUZZ_JOBS) tools/run-fuzz.sh
 
 # ThreadSanitizer build of the concurrent tests (informers, scheduler, device plugin, local mode,
-# end to end with the short chaos seed); TSAN_TESTS="kube_test ..." limits them.
+# end to end with the 60-second chaos seed); TSAN_TESTS="kube_test ..." limits them.
 TSAN_TESTS ?= kube_test scheduler_test deviceplugin_test local_test e2e_test
 tsan: deps
 	@cmake --preset tsan >/dev/null

@@ -27,6 +27,7 @@ struct ChaosFlags {
   std::string step = "200ms";
   std::string quiesce_timeout = "60s";
   size_t max_pods = 10;
+  bool verbose = false;
 };
 
 int RunChaosCommand(const ChaosFlags& f, CliContext& ctx) {
@@ -60,7 +61,15 @@ int RunChaosCommand(const ChaosFlags& f, CliContext& ctx) {
     ctx.out.flush();
   };
   // The components' own logs would drown the report; their errors are what chaos provokes.
-  spdlog::set_level(spdlog::level::off);
+  // --verbose keeps them (spdlog on stdout, the event lines on stderr), to follow a seed.
+  if (f.verbose) {
+    o.component_log = [&](const std::string& line) {
+      std::lock_guard<std::mutex> lock(mu);
+      ctx.err << line << "\n";
+    };
+  } else {
+    spdlog::set_level(spdlog::level::off);
+  }
   auto report = local::RunChaos(o);
   if (!report.ok()) {
     ctx.err << "dynmig chaos: " << report.status().message() << "\n";
@@ -98,6 +107,9 @@ void RegisterChaosCommand(CLI::App& root, CliContext& ctx) {
          "how long, after the faults stop and every pod is deleted, until nothing may remain")
       ->capture_default_str();
   cmd->add_option("--max-pods", f->max_pods, "pods alive at most")->capture_default_str();
+  cmd->add_flag(
+      "--verbose", f->verbose,
+      "the components' logs too (their own on stdout, their events on stderr), to follow a seed");
   cmd->callback([f, &ctx] { ctx.exit_code = RunChaosCommand(*f, ctx); });
 }
 

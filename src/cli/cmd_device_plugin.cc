@@ -98,6 +98,7 @@ int Run(const DevicePluginFlags& f, CliContext& ctx) {
   options.core.node_name = f.node;
   options.core.resource_name = config->resources.count;
   options.core.allowlist = config->allowlist;
+  options.core.warm = config->warm_instances;
   options.core.state_file = f.state_file;
   options.core.cdi_dir = f.cdi_dir;
   options.kubelet_dir = f.kubelet_dir;

@@ -106,7 +106,8 @@ void DevicePlugin::Loop() {
     const bool changed = core_->RefreshDevices();
     core_->Reconcile();
     const auto now = Clock::now();
-    if (changed || now >= next_publish) {
+    // Idle (warm) instances are published as they change, so the scheduler can prefer them.
+    if (changed || now >= next_publish || core_->IdleChanged()) {
       if (auto st = core_->PublishNode(); !st.ok()) spdlog::warn("{}", std::string(st.message()));
       next_publish = now + absl::ToChronoMilliseconds(options_.register_interval);
     }

@@ -34,6 +34,9 @@ inline constexpr std::string_view kReasonReconcileSkipped = "MigReconcileSkipped
 // A pod says hami.io/bind-phase=allocating on this node, but the node lock or its reservation does
 // not confirm it: it is not taken as the pod of an Allocate.
 inline constexpr std::string_view kReasonBindMismatch = "MigBindMismatch";
+// Warm instances: an ended pod's instance kept idle for reuse, and an idle instance given to a pod.
+inline constexpr std::string_view kReasonIdled = "MigInstanceIdle";
+inline constexpr std::string_view kReasonReused = "MigInstanceReused";
 
 struct RecordedEvent {
   std::string object;  // "Pod default/p" or "Node n"

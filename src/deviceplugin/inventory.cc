@@ -74,71 +74,88 @@ bool Inventory::SameView(const Inventory& other) const {
   return RegisterDevices() == other.RegisterDevices();
 }
 
+namespace {
+
+// One GPU's discovery. `quiet`: an NVML failure is not logged (a retry of one already reported).
+GpuEntry DiscoverGpu(nvml::Nvml& nvml, const mig::Allowlist& allowlist, uint32_t i, bool quiet) {
+  GpuEntry gpu;
+  gpu.info.index = i;
+  auto info = nvml.GetGpu(i);
+  if (!info.ok()) {
+    gpu.not_exposed_reason =
+        fmt::format("NVML cannot read GPU {}: {}", i, std::string(info.status().message()));
+    gpu.discovery_failed = true;
+    SetHealth(gpu, info);
+    if (!quiet) spdlog::warn("discovery: {}", gpu.not_exposed_reason);
+    return gpu;
+  }
+  gpu.info = *info;
+  const mig::AllowlistEntry* entry = allowlist.Match(info->name);
+  if (entry == nullptr) {
+    gpu.not_exposed_reason =
+        fmt::format("model \"{}\" matches no migProfileAllowlist entry", info->name);
+    spdlog::info("discovery: GPU {} ({}) not exposed: {}", i, info->uuid, gpu.not_exposed_reason);
+    return gpu;
+  }
+  gpu.allowlisted = true;
+  auto cap = nvml::DiscoverCapability(nvml, i);
+  if (!cap.ok()) {
+    gpu.not_exposed_reason = fmt::format("MIG capability of GPU {} ({}) cannot be discovered: {}",
+                                         i, info->name, std::string(cap.status().message()));
+    gpu.discovery_failed = true;
+    if (!quiet) spdlog::warn("discovery: {}", gpu.not_exposed_reason);
+    return gpu;
+  }
+  gpu.capability = std::move(*cap);
+  mig::AllowedProfiles allowed = mig::ApplyAllowlist(gpu.capability, *entry);
+  for (const mig::ProfileSpec* p : allowed.profiles) {
+    gpu.allowed.push_back(*p);
+    gpu.replicas = std::max(gpu.replicas, p->instance_count);
+  }
+  gpu.missing_profiles = allowed.missing;
+  if (!gpu.missing_profiles.empty()) {
+    spdlog::warn("discovery: GPU {} ({}, {}) does not have allowlisted profile(s) {}", i,
+                 info->uuid, info->name, fmt::join(gpu.missing_profiles, ", "));
+  }
+  if (gpu.allowed.empty()) {
+    gpu.not_exposed_reason = fmt::format("none of the allowlisted profiles {} exists on {}",
+                                         fmt::join(entry->profiles, ", "), info->name);
+    spdlog::warn("discovery: GPU {} ({}) not exposed: {}", i, info->uuid, gpu.not_exposed_reason);
+    return gpu;
+  }
+  gpu.exposed = true;
+  SetHealth(gpu, info);
+  std::vector<std::string> names;
+  for (const auto& p : gpu.allowed) {
+    names.push_back(fmt::format("{} (id {}, {} MiB, {} placements)", p.name, p.nvml_id,
+                                p.memory_mib, p.placements.size()));
+  }
+  spdlog::info("discovery: GPU {} ({}, {}) exposes {}{}", i, info->uuid, info->name,
+               fmt::join(names, ", "),
+               gpu.healthy ? "" : fmt::format(" [unhealthy: {}]", gpu.unhealthy_reason));
+  return gpu;
+}
+
+}  // namespace
+
 absl::StatusOr<Inventory> DiscoverInventory(nvml::Nvml& nvml, const mig::Allowlist& allowlist) {
   auto count = nvml.DeviceCount();
   if (!count.ok()) return count.status();
   Inventory inv;
-  for (uint32_t i = 0; i < *count; ++i) {
-    GpuEntry gpu;
-    gpu.info.index = i;
-    auto info = nvml.GetGpu(i);
-    if (!info.ok()) {
-      gpu.not_exposed_reason =
-          fmt::format("NVML cannot read GPU {}: {}", i, std::string(info.status().message()));
-      SetHealth(gpu, info);
-      spdlog::warn("discovery: {}", gpu.not_exposed_reason);
-      inv.gpus.push_back(std::move(gpu));
-      continue;
-    }
-    gpu.info = *info;
-    const mig::AllowlistEntry* entry = allowlist.Match(info->name);
-    if (entry == nullptr) {
-      gpu.not_exposed_reason =
-          fmt::format("model \"{}\" matches no migProfileAllowlist entry", info->name);
-      spdlog::info("discovery: GPU {} ({}) not exposed: {}", i, info->uuid, gpu.not_exposed_reason);
-      inv.gpus.push_back(std::move(gpu));
-      continue;
-    }
-    gpu.allowlisted = true;
-    auto cap = nvml::DiscoverCapability(nvml, i);
-    if (!cap.ok()) {
-      gpu.not_exposed_reason = fmt::format("MIG capability of GPU {} ({}) cannot be discovered: {}",
-                                           i, info->name, std::string(cap.status().message()));
-      spdlog::warn("discovery: {}", gpu.not_exposed_reason);
-      inv.gpus.push_back(std::move(gpu));
-      continue;
-    }
-    gpu.capability = std::move(*cap);
-    mig::AllowedProfiles allowed = mig::ApplyAllowlist(gpu.capability, *entry);
-    for (const mig::ProfileSpec* p : allowed.profiles) {
-      gpu.allowed.push_back(*p);
-      gpu.replicas = std::max(gpu.replicas, p->instance_count);
-    }
-    gpu.missing_profiles = allowed.missing;
-    if (!gpu.missing_profiles.empty()) {
-      spdlog::warn("discovery: GPU {} ({}, {}) does not have allowlisted profile(s) {}", i,
-                   info->uuid, info->name, fmt::join(gpu.missing_profiles, ", "));
-    }
-    if (gpu.allowed.empty()) {
-      gpu.not_exposed_reason = fmt::format("none of the allowlisted profiles {} exists on {}",
-                                           fmt::join(entry->profiles, ", "), info->name);
-      spdlog::warn("discovery: GPU {} ({}) not exposed: {}", i, info->uuid, gpu.not_exposed_reason);
-      inv.gpus.push_back(std::move(gpu));
-      continue;
-    }
-    gpu.exposed = true;
-    SetHealth(gpu, info);
-    std::vector<std::string> names;
-    for (const auto& p : gpu.allowed) {
-      names.push_back(fmt::format("{} (id {}, {} MiB, {} placements)", p.name, p.nvml_id,
-                                  p.memory_mib, p.placements.size()));
-    }
-    spdlog::info("discovery: GPU {} ({}, {}) exposes {}{}", i, info->uuid, info->name,
-                 fmt::join(names, ", "),
-                 gpu.healthy ? "" : fmt::format(" [unhealthy: {}]", gpu.unhealthy_reason));
-    inv.gpus.push_back(std::move(gpu));
-  }
+  for (uint32_t i = 0; i < *count; ++i) inv.gpus.push_back(DiscoverGpu(nvml, allowlist, i, false));
   return inv;
+}
+
+bool RetryDiscovery(nvml::Nvml& nvml, const mig::Allowlist& allowlist, Inventory& inventory) {
+  bool changed = false;
+  for (auto& gpu : inventory.gpus) {
+    if (!gpu.discovery_failed) continue;
+    GpuEntry again = DiscoverGpu(nvml, allowlist, gpu.info.index, /*quiet=*/true);
+    if (again.discovery_failed) continue;
+    gpu = std::move(again);
+    changed = true;
+  }
+  return changed;
 }
 
 bool RefreshHealth(nvml::Nvml& nvml, Inventory& inventory) {

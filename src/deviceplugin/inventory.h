@@ -32,6 +32,8 @@ struct GpuEntry {
   bool healthy = false;
   std::string unhealthy_reason;
   uint32_t replicas = 0;  // device IDs advertised: the largest instance count of `allowed`
+  // NVML failed while discovering it (GetGpu or the MIG capability): RetryDiscovery tries again.
+  bool discovery_failed = false;
 
   const mig::ProfileSpec* FindAllowed(std::string_view name) const;
   // Any discovered profile (allowlisted or not) by NVML profile id; nullptr when unknown.
@@ -51,6 +53,11 @@ struct Inventory {
 // Discovers every GPU. Errors: NVML failing on DeviceCount (the node cannot be served). A GPU whose
 // GetGpu or capability discovery fails is listed unhealthy (not exposed when its model is unknown).
 absl::StatusOr<Inventory> DiscoverInventory(nvml::Nvml& nvml, const mig::Allowlist& allowlist);
+
+// Discovers again, in place, the GPUs whose discovery failed on an NVML error, so that a transient
+// error does not leave a GPU unserved (and its instances unmanaged) until the next restart.
+// Returns whether any of them was discovered now.
+bool RetryDiscovery(nvml::Nvml& nvml, const mig::Allowlist& allowlist, Inventory& inventory);
 
 // Re-reads health (GetGpu: reachable, MIG mode enabled) of every exposed GPU in place; returns
 // whether any health changed.

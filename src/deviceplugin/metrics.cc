@@ -87,7 +87,20 @@ Metrics::Metrics()
       gpu_healthy_(prometheus::BuildGauge()
                        .Name("dynmig_deviceplugin_gpu_healthy")
                        .Help("1 when an exposed GPU is healthy")
-                       .Register(*registry_)) {
+                       .Register(*registry_)),
+      idled_(prometheus::BuildCounter()
+                 .Name("dynmig_deviceplugin_instances_idled_total")
+                 .Help("MIG instances of ended pods kept idle for reuse (warm instances), by "
+                       "profile")
+                 .Register(*registry_)),
+      reused_(prometheus::BuildCounter()
+                  .Name("dynmig_deviceplugin_instances_reused_total")
+                  .Help("idle MIG instances given to a pod without an NVML create, by profile")
+                  .Register(*registry_)),
+      idle_(prometheus::BuildGauge()
+                .Name("dynmig_deviceplugin_idle_instances")
+                .Help("idle (warm) MIG instances kept for reuse, by GPU and profile")
+                .Register(*registry_)) {
   for (const char* r : {"success", "failed", "refused"}) allocations_.Add({{"result", r}});
   allocate_duration_.Add({}, LatencyBuckets());
   reconcile_duration_.Add({}, LatencyBuckets());
@@ -139,6 +152,23 @@ void Metrics::SetUnverified(double n) { unverified_.Add({}).Set(n); }
 void Metrics::SetRecoveryPending(bool pending) { recovery_pending_.Add({}).Set(pending ? 1 : 0); }
 void Metrics::SetGpuHealthy(std::string_view gpu_uuid, bool healthy) {
   gpu_healthy_.Add({{"gpu", std::string(gpu_uuid)}}).Set(healthy ? 1 : 0);
+}
+
+void Metrics::InstanceIdled(std::string_view profile) {
+  idled_.Add({{"profile", std::string(profile)}}).Increment();
+}
+void Metrics::InstanceReused(std::string_view profile) {
+  reused_.Add({{"profile", std::string(profile)}}).Increment();
+}
+void Metrics::SetIdle(const std::map<std::pair<std::string, std::string>, int>& idle) {
+  std::lock_guard<std::mutex> lock(idle_mu_);
+  for (const auto& key : idle_seen_) {
+    if (!idle.count(key)) idle_.Add({{"gpu", key.first}, {"profile", key.second}}).Set(0);
+  }
+  for (const auto& [key, n] : idle) {
+    idle_.Add({{"gpu", key.first}, {"profile", key.second}}).Set(n);
+    idle_seen_.insert(key);
+  }
 }
 
 double Metrics::Value(std::string_view name, std::string_view label,

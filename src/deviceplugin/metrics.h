@@ -6,6 +6,11 @@
 //   dynmig_deviceplugin_instances_created_total{profile}
 //   dynmig_deviceplugin_instances_destroyed_total{reason}    reclaimed | rollback | startup_cleanup
 //                                                             | idle_cleanup | intent
+//                                                             | idle_ttl | idle_needed | idle_cap
+//                                                             | idle_disabled | idle_invalid
+//   dynmig_deviceplugin_instances_idled_total{profile}       kept idle for reuse (warm instances)
+//   dynmig_deviceplugin_instances_reused_total{profile}      idle instances given to a pod
+//   dynmig_deviceplugin_idle_instances{gpu,profile}          gauge: idle (warm) instances
 //   dynmig_deviceplugin_instances_adopted_total{origin}      annotation | intent
 //   dynmig_deviceplugin_adoption_failures_total               allocations that could not be
 //   verified dynmig_deviceplugin_refusals_total{reason}                refused Allocates, by reason
@@ -23,9 +28,13 @@
 //   dynmig_deviceplugin_gpu_healthy{gpu}                      gauge per exposed GPU
 #pragma once
 
+#include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -59,6 +68,10 @@ class Metrics {
   void SetUnverified(double n);
   void SetRecoveryPending(bool pending);
   void SetGpuHealthy(std::string_view gpu_uuid, bool healthy);
+  void InstanceIdled(std::string_view profile);
+  void InstanceReused(std::string_view profile);
+  // The idle instances per (GPU UUID, profile); pairs no longer present are set to 0.
+  void SetIdle(const std::map<std::pair<std::string, std::string>, int>& idle);
 
   // Current value of a counter or gauge sample (tests): name plus its labels; 0 when absent.
   double Value(std::string_view name, std::string_view label = "",
@@ -84,6 +97,11 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& unverified_;
   prometheus::Family<prometheus::Gauge>& recovery_pending_;
   prometheus::Family<prometheus::Gauge>& gpu_healthy_;
+  prometheus::Family<prometheus::Counter>& idled_;
+  prometheus::Family<prometheus::Counter>& reused_;
+  prometheus::Family<prometheus::Gauge>& idle_;
+  std::mutex idle_mu_;
+  std::set<std::pair<std::string, std::string>> idle_seen_;  // guarded by idle_mu_
 };
 
 }  // namespace dynmig::deviceplugin

@@ -37,6 +37,7 @@ struct PluginCore::Plan {
   const GpuEntry* gpu = nullptr;
   const mig::ProfileSpec* profile = nullptr;
   std::optional<ManagedInstance> reuse;  // an instance this pod container device already has
+  bool from_idle = false;                // `reuse` is an idle (warm) instance taken over
   uint64_t intent = 0;
 };
 
@@ -337,8 +338,24 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> PluginCore::AllocateLocked(
     }
     for (const auto& m : state_.instances) {
       if (m.gpu_uuid != a.gpu_uuid || !m.placement.Overlaps(a.placement)) continue;
-      const bool same_pod = m.owner.pod_uid == pod.uid;
       const bool exact = m.placement == a.placement && m.profile == a.profile;
+      if (m.idle) {
+        if (exact) {
+          plan.reuse = m;
+          plan.from_idle = true;
+          continue;
+        }
+        // Reconcile (just above) destroys an idle instance whose slices an active pod reserves;
+        // it is still here when that was not allowed or failed.
+        return Refuse(
+            pod, "placement_busy",
+            absl::FailedPreconditionError(fmt::format(
+                "{}: overlaps idle MIG device {} (GI {}, {} at {}) that could not be "
+                "destroyed yet (see the node's events); retried by the kubelet",
+                what, m.mig_uuid, m.gpu_instance_id, m.profile, PlacementText(m.placement))),
+            result);
+      }
+      const bool same_pod = m.owner.pod_uid == pod.uid;
       const bool same_device = same_pod && m.owner.container_index == container &&
                                m.owner.device_index == a.device_index;
       // The kubelet allocates every container at admission, init containers first, and runs
@@ -387,6 +404,46 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> PluginCore::AllocateLocked(
     if (plan.reuse.has_value() && !alive) {
       RemoveManaged(a.gpu_uuid, plan.reuse->gpu_instance_id);  // vanished: create it again
       plan.reuse.reset();
+      plan.from_idle = false;
+    }
+    if (plan.from_idle) {
+      // Verified against NVML before it is given to the pod; one that does not verify is
+      // destroyed (when nothing runs on it) and the pod gets a new instance.
+      const nvml::GpuInstanceInfo* live = nullptr;
+      for (const auto& gi : *gis) {
+        if (gi.id == plan.reuse->gpu_instance_id) live = &gi;
+      }
+      auto verified = VerifyIdle(*plan.gpu, *plan.reuse, *live);
+      if (!verified.ok()) {
+        std::string busy;
+        if (GiBusy(*plan.gpu, plan.reuse->gpu_instance_id, &busy)) {
+          return Refuse(pod, "placement_busy",
+                        absl::FailedPreconditionError(
+                            fmt::format("{}: the idle MIG device {} there is in use ({})", what,
+                                        plan.reuse->mig_uuid, busy)),
+                        result);
+        }
+        if (auto st = DestroyGi(*plan.gpu, plan.reuse->gpu_instance_id); !st.ok()) {
+          metrics_.DestroyFailed();
+          Event(&pod, "Warning", kReasonFailed, std::string(st.message()));
+          FailPod(pod);
+          return Annotate(st, what);
+        }
+        spdlog::warn("{}: idle MIG device {} does not verify ({}): destroyed, creating anew", what,
+                     plan.reuse->mig_uuid, std::string(verified.message()));
+        metrics_.InstanceDestroyed("idle_invalid");
+        RemoveManaged(a.gpu_uuid, plan.reuse->gpu_instance_id);
+        if (auto st = Persist(); !st.ok())
+          spdlog::error("cannot save state: {}", std::string(st.message()));
+        plan.reuse.reset();
+        plan.from_idle = false;
+      } else {
+        plan.reuse->idle = false;
+        plan.reuse->idle_since = 0;
+        plan.reuse->owner = {pod.uid, pod.ns, pod.name, container, a.device_index};
+        plan.reuse->origin = "reused";
+        plan.reuse->since = NowUnix();
+      }
     }
     plans.push_back(std::move(plan));
   }
@@ -498,6 +555,14 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> PluginCore::AllocateLocked(
   }
   for (size_t k = 0; k < instances.size(); ++k) {
     const auto& m = instances[k];
+    if (plans[k].from_idle) {
+      metrics_.InstanceReused(m.profile);
+      Event(&pod, "Normal", kReasonReused,
+            fmt::format("reused idle MIG device {} ({} at {} of GPU {}, GI {}, CI {}) for "
+                        "container {} device {}: verified against NVML, nothing created",
+                        m.mig_uuid, m.profile, PlacementText(m.placement), m.gpu_uuid,
+                        m.gpu_instance_id, m.compute_instance_id, container, m.owner.device_index));
+    }
     if (plans[k].reuse.has_value()) continue;
     metrics_.InstanceCreated(m.profile);
     Event(&pod, "Normal", kReasonCreated,

@@ -128,6 +128,11 @@ absl::Status PluginCore::Persist() { return store_.Save(state_); }
 
 void PluginCore::UpdateGauges() {
   metrics_.SetManaged(static_cast<double>(state_.instances.size()));
+  std::map<std::pair<std::string, std::string>, int> idle;
+  for (const auto& m : state_.instances) {
+    if (m.idle) ++idle[{m.gpu_uuid, m.profile}];
+  }
+  metrics_.SetIdle(idle);
   metrics_.SetRecoveryPending(recovery_pending_);
 }
 

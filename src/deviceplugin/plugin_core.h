@@ -19,10 +19,22 @@
 //                 instances that a pod's verified annotation describes; cleans untracked instances
 //                 only on idle GPUs. Nothing is destroyed in a cycle where pods cannot be listed or
 //                 a non-terminated pod's MIG annotations cannot be read.
-//   PublishNode() hami.io/node-nvidia-register + hami.io/node-handshake "Reported_<RFC3339>".
+//                 Releases a node lock whose pod will never reach Allocate here (deleted,
+//                 finished, or bound to another node), so the node does not wait out its expiry.
+//   PublishNode() hami.io/node-nvidia-register + hami.io/node-handshake "Reported_<RFC3339>",
+//                 dynmig.io/mig-held and dynmig.io/idle-mig-instances.
+//
+// Warm instances (options.warm, off by default): Reconcile keeps the instance of an ended pod idle
+// (recorded in the state file) while its GPU has fewer than maxPerGpu idle ones; an idle instance
+// is destroyed after its TTL (unless an active pod's reservation names it exactly), as soon as an
+// active pod's reservation overlaps it otherwise, when warm instances are turned off, or over the
+// cap. Allocate gives an idle instance that a reservation names exactly (GPU, profile, placement)
+// to the pod after verifying it against NVML (GI, profile, CI, MIG UUID, no process), without
+// creating anything; when it is gone or does not verify, Allocate creates afresh. Recovery keeps
+// idle instances that NVML still shows (never cleans them as untracked).
 //
 // Sources: plugin_core.cc (start, state, shared helpers), plugin_allocate.cc, plugin_reclaim.cc,
-// plugin_recovery.cc, plugin_publish.cc.
+// plugin_warm.cc, plugin_recovery.cc, plugin_publish.cc.
 //
 // Thread-safe: mutating operations are serialized by one mutex (they touch node-global state);
 // Devices()/WaitForDeviceChange() use their own lock so ListAndWatch never waits on NVML.
@@ -54,7 +66,9 @@
 #include "mig/allowlist.h"
 #include "nlohmann/json.hpp"
 #include "nvml/nvml.h"
+#include "protocol/device_config.h"
 #include "protocol/held_slices.h"
+#include "protocol/idle_instances.h"
 
 namespace dynmig::deviceplugin {
 
@@ -82,6 +96,9 @@ struct PluginCoreOptions {
   bool fsync = true;
   // When set, Allocate writes a CDI spec per MIG device here and answers with CDI names.
   std::string cdi_dir;
+  // Warm instances (device-config.yaml nvidia.migWarmInstances): an ended pod's instance is kept
+  // idle for reuse. Off by default.
+  protocol::WarmInstances warm;
   // Attempts of the optimistic-concurrency loop that writes the pod annotation.
   int annotation_attempts = 5;
   std::function<absl::Time()> clock;                        // default absl::Now
@@ -96,8 +113,10 @@ struct ReconcileReport {
   int busy = 0;         // reclaimable, but processes still run: retried next cycle
   int destroy_failed = 0;
   int adopted = 0;
-  int untracked = 0;   // live instances kept without an owner (busy GPU)
-  int unverified = 0;  // allocations of non-terminated pods that could not be verified
+  int untracked = 0;       // live instances kept without an owner (busy GPU)
+  int unverified = 0;      // allocations of non-terminated pods that could not be verified
+  int idled = 0;           // instances of ended pods kept idle (warm instances)
+  int idle_destroyed = 0;  // idle instances destroyed (TTL, slices needed, cap, turned off)
 };
 
 // Slices kept out of use: a non-terminated pod's allocation that could not be verified.
@@ -161,6 +180,10 @@ class PluginCore {
   // dynmig.io/mig-held so the scheduler does not reserve them): instances of ended pods not
   // reclaimed yet, and untracked instances kept on busy GPUs.
   std::vector<protocol::HeldSlices> Held() const;
+  // The idle (warm) instances, as published in dynmig.io/idle-mig-instances.
+  std::vector<protocol::IdleInstance> Idle() const;
+  // Whether the idle instances changed since the last successful PublishNode.
+  bool IdleChanged() const;
   bool recovery_pending() const;
   Inventory inventory() const;
   const PluginCoreOptions& options() const { return options_; }
@@ -190,6 +213,20 @@ class PluginCore {
   // once (event and log). Non-empty: nothing may be destroyed.
   std::vector<std::string> Unreadable(const std::vector<PodMig>& pods);
   void AdoptUntracked(const std::vector<PodMig>& pods, bool destructive, ReconcileReport& report);
+  // Warm instances (plugin_warm.cc). Whether the ended instance `m` is kept idle rather than
+  // destroyed: warm instances on, its CI known, its GPU under the cap.
+  bool KeepIdle(const ManagedInstance& m) const;
+  // Marks managed instance `m` (its pod ended, no process) idle.
+  void MarkIdle(const ManagedInstance& m, const PodMig* owner, const std::string& ended);
+  // Destroys idle instances past their TTL, overlapping an active pod's unrealized reservation,
+  // over the cap or with warm instances off; keeps those an unrealized reservation names exactly.
+  // Destroys nothing unless `destructive`.
+  void SweepIdle(const std::vector<PodMig>& pods, bool destructive, ReconcileReport& report);
+  // Whether idle instance `m` is still exactly what NVML shows at GI `gi`, with its CI and MIG
+  // UUID, and no process runs on it. The error says what differs.
+  absl::Status VerifyIdle(const GpuEntry& gpu, const ManagedInstance& m,
+                          const nvml::GpuInstanceInfo& gi);
+  std::vector<protocol::IdleInstance> IdleLocked() const;
   absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateLocked(
       const std::vector<std::string>& device_ids, std::string* result);
   absl::Status Refuse(const PodMig& pod, std::string_view reason, absl::Status status,
@@ -200,6 +237,11 @@ class PluginCore {
   // recent read of the node (saves a GET; re-read on conflict). Sets lock_released_ once the lock
   // is no longer the pod's.
   void ReleaseNodeLock(const PodMig& pod, std::optional<kube::Object> node = std::nullopt);
+  // Reconcile: removes hami.io/mutex.lock (under the node's resourceVersion) when the pod it names
+  // is gone, has finished or is bound to another node: a bind that failed half-way (a crashed
+  // scheduler) or a pod deleted before its Allocate leaves such a lock. A pod not bound yet keeps
+  // it (its bind may be in progress).
+  void ReleaseOrphanedNodeLock(const std::vector<PodMig>& pods);
   // The uid of the allocation in progress (within kInProgressWindow), or "".
   std::string InProgress() const;
   void Rollback(std::vector<Created>& created, const std::vector<uint64_t>& intents);
@@ -265,6 +307,7 @@ class PluginCore {
   bool started_ = false;
   bool recovery_pending_ = true;
   std::string last_register_;
+  std::string last_idle_ = "[]";  // dynmig.io/idle-mig-instances as last published
 
   mutable std::mutex devices_mu_;
   mutable std::condition_variable devices_cv_;

@@ -63,7 +63,9 @@ bool PluginCore::RefreshDevices() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<bool> before;
   for (const auto& g : inventory_.gpus) before.push_back(g.healthy);
-  if (!RefreshHealth(nvml_, inventory_)) return false;
+  // A GPU whose discovery failed at start is discovered once NVML answers.
+  const bool discovered = RetryDiscovery(nvml_, options_.allowlist, inventory_);
+  if (!RefreshHealth(nvml_, inventory_) && !discovered) return false;
   for (size_t i = 0; i < inventory_.gpus.size(); ++i) {
     const auto& g = inventory_.gpus[i];
     if (g.exposed && !g.healthy && before[i]) {
@@ -79,6 +81,7 @@ bool PluginCore::RefreshDevices() {
 absl::Status PluginCore::PublishNode() {
   std::string value;
   std::string held_value;
+  std::string idle_value;
   bool changed = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -87,12 +90,14 @@ absl::Status PluginCore::PublishNode() {
     std::vector<protocol::HeldSlices> held = ended_held_;
     held.insert(held.end(), untracked_held_.begin(), untracked_held_.end());
     held_value = protocol::EncodeHeldSlices(std::move(held));
+    idle_value = protocol::EncodeIdleInstances(IdleLocked());
   }
   // Both keys every time: the register also comes back after the node object was recreated.
   kube::KeyPatch patch;
   patch[std::string(protocol::kNodeHandshakeAnnotation)] = "Reported_" + kube::Rfc3339(Now());
   patch[std::string(protocol::kNodeRegisterAnnotation)] = value;
   patch[std::string(protocol::kNodeHeldSlicesAnnotation)] = held_value;
+  patch[std::string(protocol::kNodeIdleInstancesAnnotation)] = idle_value;
   auto st = kube_.PatchNodeAnnotations(options_.node_name, patch);
   metrics_.NodePublished(st.ok());
   if (!st.ok()) {
@@ -106,6 +111,7 @@ absl::Status PluginCore::PublishNode() {
   }
   std::lock_guard<std::mutex> lock(mu_);
   last_register_ = value;
+  last_idle_ = idle_value;
   return absl::OkStatus();
 }
 
@@ -158,6 +164,10 @@ nlohmann::json PluginCore::NvmlView() {
             item["managed"] = true;
             item["origin"] = m->origin;
             item["owner"] = owner(m->owner);
+            if (m->idle) {
+              item["idle"] = true;
+              item["idleSince"] = m->idle_since;
+            }
           }
           instances.push_back(std::move(item));
         }

@@ -33,11 +33,53 @@ ReconcileReport PluginCore::Reconcile() {
   reported_.erase("list-failed");
   if (recovery_pending_) RecoverLocked(*pods);
   report = ReconcileLocked(*pods);
+  ReleaseOrphanedNodeLock(*pods);
   UpdateGauges();
   metrics_.ReconcileDone(
       report.skipped.empty() ? "ok" : "skipped_decode",
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return report;
+}
+
+void PluginCore::ReleaseOrphanedNodeLock(const std::vector<PodMig>& pods) {
+  auto node = kube_.GetNode(options_.node_name);
+  if (!node.ok()) return;
+  const auto value = kube::Annotation(*node, protocol::kNodeLockAnnotation);
+  if (!value.has_value()) return;
+  const auto lock = ParseNodeLock(*value);
+  if (!lock.has_value() || lock->name.empty()) return;  // names no pod: left to its expiry
+  std::string why;
+  const auto here = std::find_if(pods.begin(), pods.end(), [&](const PodMig& p) {
+    return p.ns == lock->ns && p.name == lock->name;
+  });
+  if (here != pods.end()) {
+    if (!here->terminated) return;
+    why = "has finished";
+  } else {
+    auto pod = kube_.GetPod(lock->ns, lock->name);
+    if (pod.ok()) {
+      const std::string phase = kube::Phase(*pod);
+      const std::string bound = kube::NodeName(*pod);
+      if (phase == "Succeeded" || phase == "Failed") {
+        why = "has finished";
+      } else if (!bound.empty() && bound != options_.node_name) {
+        why = fmt::format("is bound to node {}", bound);
+      } else {
+        return;
+      }
+    } else if (pod.status().code() == absl::StatusCode::kNotFound) {
+      why = "no longer exists";
+    } else {
+      return;
+    }
+  }
+  kube::KeyPatch patch;
+  patch[std::string(protocol::kNodeLockAnnotation)] = std::nullopt;
+  auto st = kube_.PatchNodeAnnotations(options_.node_name, patch, kube::ResourceVersion(*node));
+  if (st.ok()) {
+    spdlog::info("released the node lock {} of node {}: pod {}/{} {}", *value, options_.node_name,
+                 lock->ns, lock->name, why);
+  }
 }
 
 std::vector<std::string> PluginCore::Unreadable(const std::vector<PodMig>& pods) {
@@ -74,6 +116,7 @@ ReconcileReport PluginCore::ReconcileLocked(const std::vector<PodMig>& pods) {
   const std::vector<ManagedInstance> managed = state_.instances;
   ended_held_.clear();
   for (const auto& m : managed) {
+    if (m.idle) continue;  // no pod owns it: SweepIdle decides
     auto it = by_uid.find(m.owner.pod_uid);
     const PodMig* owner = it == by_uid.end() ? nullptr : it->second;
     if (owner != nullptr && owner->active) continue;
@@ -103,6 +146,13 @@ ReconcileReport PluginCore::ReconcileLocked(const std::vector<PodMig>& pods) {
       }
       continue;
     }
+    if (KeepIdle(m)) {
+      MarkIdle(m, owner, ended);
+      reported_.erase(fmt::format("busy/{}/{}", m.gpu_uuid, m.gpu_instance_id));
+      changed = true;
+      ++report.idled;
+      continue;
+    }
     auto st = DestroyGi(*gpu, m.gpu_instance_id);
     if (!st.ok()) {
       hold("destroying it failed: " + std::string(st.message()));
@@ -130,6 +180,8 @@ ReconcileReport PluginCore::ReconcileLocked(const std::vector<PodMig>& pods) {
     if (auto st = Persist(); !st.ok())
       spdlog::error("cannot save state: {}", std::string(st.message()));
   }
+  // Idle (warm) instances: TTL, slices needed by a reservation, cap, warm instances turned off.
+  SweepIdle(pods, destructive, report);
   // Then adopt what verified annotations describe, and clean untracked instances of GPUs that
   // became idle (after the sweep, so a GPU freed in this cycle is cleaned in this cycle).
   AdoptUntracked(pods, destructive, report);
@@ -147,6 +199,7 @@ void PluginCore::AdoptUntracked(const std::vector<PodMig>& pods, bool destructiv
     protocol::MigAllocation allocation;
   };
   std::map<std::pair<std::string, uint32_t>, Candidate> candidates;  // (gpu, start)
+  bool claimed_idle = false;
   auto quarantine = [&](const PodMig& p, const protocol::MigAllocation& a,
                         const std::string& reason) {
     quarantine_.push_back({a.gpu_uuid, a.placement, p.key, reason});
@@ -165,7 +218,28 @@ void PluginCore::AdoptUntracked(const std::vector<PodMig>& pods, bool destructiv
     if (!p.allocations.ok()) continue;
     for (const auto& a : *p.allocations) {
       if (a.runtime.has_value()) {
-        const ManagedInstance* m = FindManaged(a.gpu_uuid, a.placement);
+        ManagedInstance* m = FindManaged(a.gpu_uuid, a.placement);
+        if (m != nullptr && m->idle && p.active && m->owner.pod_uid != p.uid &&
+            m->profile == a.profile && m->gpu_instance_id == a.runtime->gpu_instance_id &&
+            m->compute_instance_id == a.runtime->compute_instance_id &&
+            m->mig_uuid == a.runtime->mig_uuid) {
+          // An idle instance this pod's annotation already names (an Allocate that reused it
+          // was interrupted after writing the annotation): it is the pod's.
+          m->idle = false;
+          m->idle_since = 0;
+          m->owner = {p.uid, p.ns, p.name, a.container_index, a.device_index};
+          m->origin = "reused";
+          m->since = NowUnix();
+          claimed_idle = true;
+          ++report.adopted;
+          metrics_.InstanceAdopted("idle");
+          Event(&p, "Normal", kReasonAdopted,
+                fmt::format("adopted idle MIG device {} ({} at {} of GPU {}) for container {} "
+                            "device {}: the pod's annotation names it",
+                            m->mig_uuid, m->profile, PlacementText(m->placement), m->gpu_uuid,
+                            a.container_index, a.device_index));
+          continue;
+        }
         if (m != nullptr) {
           const bool same = m->owner.pod_uid == p.uid && m->profile == a.profile &&
                             m->gpu_instance_id == a.runtime->gpu_instance_id &&
@@ -191,7 +265,7 @@ void PluginCore::AdoptUntracked(const std::vector<PodMig>& pods, bool destructiv
       }
     }
   }
-  bool changed = false;
+  bool changed = claimed_idle;
   std::set<std::string> referenced;  // GPUs non-terminated pods name
   bool all_busy = false;
   for (const auto& p : pods) {
@@ -213,7 +287,10 @@ void PluginCore::AdoptUntracked(const std::vector<PodMig>& pods, bool destructiv
     std::erase_if(state_.instances, [&](const ManagedInstance& m) {
       if (m.gpu_uuid != gpu.info.uuid) return false;
       for (const auto& gi : *gis) {
-        if (gi.id == m.gpu_instance_id && gi.placement == m.placement) return false;
+        if (gi.id == m.gpu_instance_id && gi.placement == m.placement &&
+            (!m.idle || gi.profile_id == m.profile_id)) {
+          return false;
+        }
       }
       spdlog::warn("managed MIG device {} (GI {} on GPU {}, pod {}) no longer exists: forgotten",
                    m.mig_uuid, m.gpu_instance_id, m.gpu_uuid, m.owner.PodKey());
@@ -275,7 +352,7 @@ void PluginCore::AdoptUntracked(const std::vector<PodMig>& pods, bool destructiv
     std::string why;
     bool idle = destructive && !all_busy && !referenced.count(gpu.info.uuid);
     if (idle) {
-      for (const auto& m : state_.instances) idle = idle && m.gpu_uuid != gpu.info.uuid;
+      for (const auto& m : state_.instances) idle = idle && (m.idle || m.gpu_uuid != gpu.info.uuid);
       for (const auto& i : state_.intents) idle = idle && i.gpu_uuid != gpu.info.uuid;
       for (const auto& q : quarantine_) idle = idle && q.gpu_uuid != gpu.info.uuid;
     }

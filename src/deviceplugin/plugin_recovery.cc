@@ -258,6 +258,11 @@ void PluginCore::CleanIdleGpus(const std::vector<PodMig>& pods) {
     int destroyed = 0;
     std::vector<std::string> failures;
     for (const auto& gi : *gis) {
+      if (const ManagedInstance* m = FindManagedGi(gpu.info.uuid, gi.id);
+          m != nullptr && m->idle && m->placement == gi.placement &&
+          m->profile_id == gi.profile_id) {
+        continue;  // an idle (warm) instance: kept, the reconciler applies its TTL
+      }
       auto st = DestroyGi(gpu, gi.id);
       if (!st.ok()) {
         metrics_.DestroyFailed();

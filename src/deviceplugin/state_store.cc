@@ -99,16 +99,21 @@ absl::Status ErrnoStatus(int err, const std::string& what) {
 std::string EncodeState(const PluginState& state) {
   Json instances = Json::array();
   for (const auto& i : state.instances) {
-    instances.push_back(Json{{"gpuUUID", i.gpu_uuid},
-                             {"profile", i.profile},
-                             {"profileId", i.profile_id},
-                             {"placement", PlacementJson(i.placement)},
-                             {"gpuInstanceID", i.gpu_instance_id},
-                             {"computeInstanceID", i.compute_instance_id},
-                             {"migUUID", i.mig_uuid},
-                             {"origin", i.origin},
-                             {"since", i.since},
-                             {"owner", OwnerJson(i.owner)}});
+    Json entry = Json{{"gpuUUID", i.gpu_uuid},
+                      {"profile", i.profile},
+                      {"profileId", i.profile_id},
+                      {"placement", PlacementJson(i.placement)},
+                      {"gpuInstanceID", i.gpu_instance_id},
+                      {"computeInstanceID", i.compute_instance_id},
+                      {"migUUID", i.mig_uuid},
+                      {"origin", i.origin},
+                      {"since", i.since},
+                      {"owner", OwnerJson(i.owner)}};
+    if (i.idle) {
+      entry["idle"] = true;
+      entry["idleSince"] = i.idle_since;
+    }
+    instances.push_back(std::move(entry));
   }
   Json intents = Json::array();
   for (const auto& i : state.intents) {
@@ -157,6 +162,11 @@ absl::StatusOr<PluginState> DecodeState(std::string_view text) {
     i.origin = r.String(j, "origin", path);
     i.since = r.Int(j, "since", path);
     i.owner = r.Owner(j, path);
+    if (j.is_object() && j.contains("idle")) {
+      if (!j.at("idle").is_boolean()) r.Fail(path + ".idle: must be a boolean");
+      i.idle = j.at("idle").is_boolean() && j.at("idle").get<bool>();
+      if (i.idle) i.idle_since = r.Int(j, "idleSince", path);
+    }
     state.instances.push_back(std::move(i));
   }
   for (size_t k = 0; k < intents->size(); ++k) {

@@ -48,8 +48,14 @@ struct ManagedInstance {
   uint32_t compute_instance_id = 0;
   std::string mig_uuid;
   InstanceOwner owner;
-  std::string origin;  // "created", "adopted" or "completed" (an intent finished after a crash)
-  int64_t since = 0;   // unix seconds
+  // "created", "adopted", "completed" (an intent finished after a crash), "intent" (an
+  // interrupted Allocate's instance kept while busy) or "reused" (an idle instance taken over).
+  std::string origin;
+  int64_t since = 0;  // unix seconds
+  // Warm instances (nvidia.migWarmInstances): its pod ended and it is kept for reuse. `owner` is
+  // then the last pod that had it (no pod owns an idle instance).
+  bool idle = false;
+  int64_t idle_since = 0;  // unix seconds; 0 unless idle
 
   friend bool operator==(const ManagedInstance&, const ManagedInstance&) = default;
 };

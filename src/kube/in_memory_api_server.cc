@@ -350,6 +350,7 @@ absl::StatusOr<FaultSpec> FaultSpecFromJson(const Object& json) {
     spec.retry_after_seconds = json.value("retryAfterSeconds", -1);
     spec.latency = absl::Milliseconds(json.value("latencyMs", 0));
     spec.message = json.value("message", "");
+    spec.window = absl::Milliseconds(json.value("windowMs", 0));
     const std::string action = json.value("action", "status");
     if (action == "status") {
       spec.action = FaultSpec::Action::kStatus;
@@ -570,8 +571,10 @@ void InMemoryApiServer::ShutdownAcceptedSockets() {
 }
 
 void InMemoryApiServer::AddFault(FaultSpec fault) {
+  const absl::Time until =
+      fault.window > absl::ZeroDuration() ? absl::Now() + fault.window : absl::InfiniteFuture();
   std::lock_guard<std::mutex> lock(mu_);
-  faults_.push_back(std::move(fault));
+  faults_.push_back({std::move(fault), until});
 }
 
 void InMemoryApiServer::ClearFaults() {
@@ -586,13 +589,16 @@ bool InMemoryApiServer::ApplyFault(const httplib::Request& req, httplib::Respons
   FaultSpec fault;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = std::find_if(faults_.begin(), faults_.end(), [&](const FaultSpec& f) {
+    const absl::Time now = absl::Now();
+    std::erase_if(faults_, [&](const FaultRule& r) { return r.until <= now; });
+    auto it = std::find_if(faults_.begin(), faults_.end(), [&](const FaultRule& r) {
+      const FaultSpec& f = r.spec;
       return (f.method.empty() || f.method == req.method) && (f.user.empty() || f.user == user) &&
              req.path.compare(0, f.path_prefix.size(), f.path_prefix) == 0;
     });
     if (it == faults_.end()) return false;
-    fault = *it;
-    if (it->count > 0 && --it->count == 0) faults_.erase(it);
+    fault = it->spec;
+    if (it->spec.count > 0 && --it->spec.count == 0) faults_.erase(it);
   }
   auto remaining = absl::ToChronoNanoseconds(fault.latency);
   while (remaining.count() > 0 && !stopping_) {

@@ -60,10 +60,14 @@ struct FaultSpec {
   int retry_after_seconds = -1;                   // >= 0 adds a Retry-After header
   absl::Duration latency = absl::ZeroDuration();  // delay before answering (any action)
   std::string message{};  // Status message ("" = a default naming the fault)
+  // > 0: the rule ends this long after AddFault, whatever its count (with count -1 and no
+  // method, path or user: an API outage of that length).
+  absl::Duration window = absl::ZeroDuration();
 };
 
 // {"method":"GET","pathPrefix":"/api/v1/pods","user":"alice","count":2,"action":"status|malformed|truncate|delay",
-//  "status":503,"retryAfterSeconds":1,"latencyMs":200,"message":"..."}; all fields optional.
+//  "status":503,"retryAfterSeconds":1,"latencyMs":200,"message":"...","windowMs":3000}; all fields
+//  optional.
 absl::StatusOr<FaultSpec> FaultSpecFromJson(const Object& json);
 
 struct InMemoryApiServerOptions {
@@ -177,7 +181,11 @@ class InMemoryApiServer {
   std::atomic<bool> stopping_{false};
   mutable std::mutex mu_;
   std::condition_variable gc_cv_;
-  std::vector<FaultSpec> faults_;
+  struct FaultRule {
+    FaultSpec spec;
+    absl::Time until = absl::InfiniteFuture();  // from spec.window
+  };
+  std::vector<FaultRule> faults_;
   std::string bearer_token_;
   std::map<std::string, std::string> token_users_;
   std::vector<AdmissionWebhook> webhooks_;

@@ -9,6 +9,7 @@
 #include <set>
 #include <thread>
 
+#include "deviceplugin/plugin_core.h"
 #include "fmt/format.h"
 #include "kube/in_memory_api_server.h"
 #include "kube/kube_client.h"
@@ -53,9 +54,45 @@ constexpr const char* kNvmlFaultOps[] = {
 // The components whose API requests get faults (never the checker's own admin client).
 constexpr std::string_view kFaultUsers[] = {kSchedulerUser, kDevicePluginUser, kKubeSchedulerUser};
 
+// Where a device plugin's Allocate can crash (deviceplugin/plugin_core.h).
+constexpr std::string_view kCrashPoints[] = {
+    deviceplugin::kCrashAfterIntent, deviceplugin::kCrashAfterGpuInstance,
+    deviceplugin::kCrashAfterComputeInstance, deviceplugin::kCrashBeforeRollback,
+    deviceplugin::kCrashAfterAnnotation};
+
+// The components give up on an API request after this; a timeout fault delays one beyond it.
+constexpr absl::Duration kApiRequestTimeout = absl::Seconds(3);
+// Reservations expire after this (short, so that expiry happens on its own and clock jumps
+// cross it).
+constexpr absl::Duration kReservationTtl = absl::Seconds(30);
+
+// The scheduler's clock: the wall clock plus an offset that the chaos steps (an NTP step, a VM
+// resumed from suspension). The offset stays within [-10 s, TTL + 10 s], well inside the node
+// lock's 5-minute expiry, as two machines' clocks do after the step.
+class JumpClock final : public Clock {
+ public:
+  absl::Time Now() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return absl::Now() + offset_;
+  }
+  absl::Duration offset() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return offset_;
+  }
+  void Set(absl::Duration offset) {
+    std::lock_guard<std::mutex> lock(mu_);
+    offset_ = offset;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  absl::Duration offset_ = absl::ZeroDuration();
+};
+
 class Chaos {
  public:
-  explicit Chaos(const ChaosOptions& options) : o_(options), rng_(options.seed) {
+  explicit Chaos(const ChaosOptions& options)
+      : o_(options), actions_rng_(options.seed), rng_(options.seed ^ 0x9e3779b97f4a7c15ULL) {
     report_.seed = options.seed;
   }
 
@@ -81,6 +118,16 @@ class Chaos {
     c.register_interval = absl::Seconds(1);
     c.scheduler_timing = SchedulingQueueTiming{}.Scaled(20);
     c.expiry_interval = absl::Seconds(2);
+    c.reservation_ttl = kReservationTtl;
+    c.api_request_timeout = kApiRequestTimeout;
+    // Two scheduler replicas under leader election, on timings short enough that a crashed
+    // leader's Lease runs out within a few steps.
+    c.scheduler_replicas = 2;
+    c.election.lease_duration = absl::Seconds(3);
+    c.election.renew_deadline = absl::Seconds(2);
+    c.election.retry_period = absl::Milliseconds(500);
+    c.scheduler_clock = &clock_;
+    c.log = o_.component_log;
     auto cluster = LocalCluster::Start(c);
     if (!cluster.ok()) return cluster.status();
     cluster_ = std::move(*cluster);
@@ -100,6 +147,7 @@ class Chaos {
     }
     report_.steps = step_;
     Quiesce();
+    for (const auto& [what, n] : cluster_->Crashes()) report_.actions[what] += n;
     kube_.reset();
     cluster_->Stop();
     cluster_.reset();
@@ -123,22 +171,45 @@ class Chaos {
   // ---- the workload and the faults ----
 
   void Act() {
-    const size_t roll = Pick(100);
-    if (roll < 40) {
+    // The kind of action comes from its own stream, one draw per step, so step k does the same
+    // kind of thing in every run of a seed however the timing shifts the other draws.
+    const size_t roll = std::uniform_int_distribution<size_t>(0, 99)(actions_rng_);
+    if (roll < 36) {
       CreatePod();
-    } else if (roll < 65) {
+    } else if (roll < 58) {
       DeletePod();
-    } else if (roll < 78) {
+    } else if (roll < 68) {
       NvmlFault();
-    } else if (roll < 90) {
+    } else if (roll < 75) {
       ApiFault();
-    } else if (roll < 97) {
+    } else if (roll < 77) {
+      ApiTimeout();
+    } else if (roll < 79) {
+      cluster_->api().CutWatches();  // informers re-watch from where they were
+      Count("watch-cut");
+    } else if (roll < 81) {
+      // The history compacted first: the re-watch gets 410 Gone and the informers relist.
+      cluster_->api().CompactHistory();
+      cluster_->api().CutWatches();
+      Count("watch-410-relist");
+    } else if (roll < 82) {
+      ApiOutage();
+    } else if (roll < 87) {
+      const std::string& node = node_names_[Pick(node_names_.size())];
+      const std::string_view point = kCrashPoints[Pick(std::size(kCrashPoints))];
+      if (cluster_->ArmDevicePluginCrash(node, point).ok())
+        Count(fmt::format("crash armed {}", point));
+    } else if (roll < 89) {
+      ClockJump();
+    } else if (roll < 93) {
       const std::string& node = node_names_[Pick(node_names_.size())];
       auto st = cluster_->RestartDevicePlugin(node);
       Count("restart device-plugin");
       if (!st.ok())
         Log(fmt::format("chaos: restart of {}'s device plugin: {}", node,
                         std::string(st.message())));
+    } else if (roll < 96) {
+      (void)cluster_->CrashSchedulerLeader();  // counted by the cluster ("scheduler crash")
     } else {
       Count("restart scheduler");
       auto stopped = cluster_->StopScheduler();
@@ -242,6 +313,43 @@ class Chaos {
     f.message = "chaos: injected";
     cluster_->api().AddFault(f);
     Count(fmt::format("api-fault {}", f.status));
+  }
+
+  // A request of a component held beyond its client's timeout: the client gives up (and retries)
+  // while the API server still carries the request out afterwards.
+  void ApiTimeout() {
+    static constexpr const char* kMethods[] = {"", "GET", "PATCH", "PUT", "POST", "DELETE"};
+    kube::FaultSpec f;
+    f.user = std::string(kFaultUsers[Pick(std::size(kFaultUsers))]);
+    f.method = kMethods[Pick(std::size(kMethods))];
+    f.action = kube::FaultSpec::Action::kDelay;
+    f.latency = kApiRequestTimeout + absl::Milliseconds(500 + 500 * static_cast<int64_t>(Pick(3)));
+    f.count = 1 + static_cast<int>(Pick(2));
+    cluster_->api().AddFault(f);
+    Count("api-timeout");
+  }
+
+  // Every request of everyone (the checker's too) answered 503 for some seconds.
+  void ApiOutage() {
+    kube::FaultSpec f;
+    f.count = -1;
+    f.status = 503;
+    f.window = absl::Seconds(2 + static_cast<int64_t>(Pick(4)));
+    f.message = "chaos: API outage";
+    cluster_->api().AddFault(f);
+    Count("api-outage");
+  }
+
+  // The scheduler's clock steps to a new offset: past the reservation TTL (reservations expire at
+  // once), half of it, back to true time, or behind it.
+  void ClockJump() {
+    const absl::Duration kOffsets[] = {kReservationTtl + absl::Seconds(10), kReservationTtl / 2,
+                                       absl::ZeroDuration(), absl::Seconds(-10)};
+    const absl::Duration before = clock_.offset();
+    const absl::Duration after = kOffsets[Pick(std::size(kOffsets))];
+    if (after == before) return;
+    clock_.Set(after);
+    Count(after > before ? "clock-jump forward" : "clock-jump back");
   }
 
   // ---- the invariants ----
@@ -374,11 +482,15 @@ class Chaos {
   void Quiesce() {
     Log(fmt::format("chaos: {} steps done; faults off, deleting every pod", step_));
     cluster_->api().ClearFaults();
+    cluster_->DisarmCrashes();
+    clock_.Set(absl::ZeroDuration());
+    for (int i = 0; i < 300 && !cluster_->CrashesRestarted(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
     for (const auto& node : node_names_) {
       if (auto nvml = cluster_->OpenNvml(node); nvml.ok()) (void)(*nvml)->ClearFaults();
       if (!cluster_->DevicePluginRunning(node)) (void)cluster_->StartDevicePlugin(node);
     }
-    if (cluster_->scheduler() == nullptr) (void)cluster_->StartScheduler();
+    if (!cluster_->SchedulerRunning()) (void)cluster_->StartScheduler();
     const absl::Time start = absl::Now();
     const absl::Time deadline = start + o_.quiesce_timeout;
     std::string remaining;
@@ -407,13 +519,14 @@ class Chaos {
     std::vector<Live> live;
     if (!ReadLive(&live)) return "NVML cannot be read";
     for (const auto& l : live) {
-      left.push_back(fmt::format("instance {} on {} {}", l.instance.mig_uuid, l.node,
-                                 l.instance.placement.ToString()));
+      left.push_back(fmt::format("instance {} on {} {} ({} processes)", l.instance.mig_uuid, l.node,
+                                 l.instance.placement.ToString(), l.instance.processes));
     }
     for (const auto& node : node_names_) {
       auto n = kube_->GetNode(node);
       if (!n.ok()) continue;
-      if (kube::Annotation(*n, protocol::kNodeLockAnnotation)) left.push_back("lock on " + node);
+      if (auto lock = kube::Annotation(*n, protocol::kNodeLockAnnotation))
+        left.push_back(fmt::format("lock on {} ({})", node, *lock));
       if (auto held = kube::Annotation(*n, protocol::kNodeHeldSlicesAnnotation)) {
         auto decoded = protocol::DecodeHeldSlices(*held);
         if (!decoded.ok() || !decoded->empty())
@@ -426,7 +539,9 @@ class Chaos {
   }
 
   const ChaosOptions& o_;
-  std::mt19937_64 rng_;
+  JumpClock clock_;  // outlives cluster_ (declared before it)
+  std::mt19937_64 actions_rng_;
+  std::mt19937_64 rng_;  // everything else
   ChaosReport report_;
   int64_t step_ = 0;
   std::unique_ptr<LocalCluster> cluster_;
@@ -437,11 +552,28 @@ class Chaos {
 
 }  // namespace
 
+int64_t ChaosReport::Total(std::string_view prefix) const {
+  int64_t n = 0;
+  for (const auto& [action, count] : actions) {
+    if (action.starts_with(prefix)) n += count;
+  }
+  return n;
+}
+
 std::string ChaosReport::Summary() const {
   std::string out = fmt::format(
       "chaos seed {}: {} steps, {} pods created, {} seen running, {} invariant checks, quiescent "
       "after {}\n",
       seed, steps, pods_created, pods_running_seen, checks, absl::FormatDuration(quiesce_time));
+  out += fmt::format(
+      "faults: {} NVML errors, {} API errors, {} API timeouts, {} API outages, {} watch cuts, {} "
+      "410 relists, {} device-plugin crashes ({} armed), {} scheduler leader crashes, {} clock "
+      "jumps\n",
+      Total("nvml-fault"), Total("api-fault"), Total("api-timeout"), Total("api-outage"),
+      Total("watch-cut"), Total("watch-410-relist"), Total("device-plugin crash"),
+      Total("crash armed"), Total("scheduler crash"), Total("clock-jump"));
+  out += fmt::format("restarts: {} device-plugin, {} scheduler, and every crashed process once\n",
+                     Total("restart device-plugin"), Total("restart scheduler"));
   for (const auto& [action, n] : actions) out += fmt::format("  {:<40} {}\n", action, n);
   if (violations.empty()) {
     out += "0 violations\n";

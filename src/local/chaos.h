@@ -8,19 +8,27 @@
 // Then quiescence: faults off, every part running, every pod deleted; within a bounded time no
 // instance, pod, node lock or held slice may remain.
 //
-// Actions, drawn from the seed (it fixes every random choice; the components' thread timing still
-// differs between runs, so a replay is close, not exact): create a pod (1 or 2 instances, sizes
-// from 1g to 7g by memory or percentage, a preference sometimes, two containers or an init
-// container sometimes, short jobs, names reused as a StatefulSet does), delete a pod at whatever
-// phase it is in, an NVML error on the nth call of an NVML operation on a node (the checker's own
-// NVML reads count too, as another nvidia-smi would), an API error (500, 503, 409, 429 with
-// Retry-After) for a component's requests, a restart of a device plugin or of the scheduler.
+// Actions, drawn from the seed (it fixes every random choice, and the kind of action of every
+// step; the components' thread timing still differs between runs, so a replay is close, not
+// exact): create a pod (1 or 2 instances, sizes from 1g to 7g by memory or percentage, a
+// preference sometimes, two containers or an init container sometimes, short jobs, names reused
+// as a StatefulSet does), delete a pod at whatever phase it is in, an NVML error on the nth call
+// of an NVML operation on a node (the checker's own NVML reads count too, as another nvidia-smi
+// would), an API error (500, 503, 409, 429 with Retry-After) for a component's requests, an API
+// timeout (a request held past the components' 3 s client timeout, then carried out), a cut of
+// every open watch (informers re-watch) or a cut after compacting the history (410 Gone: they
+// relist), an API outage (every request of everyone answered 503 for 2-5 s), a device plugin
+// armed to crash at one of its crash points (deviceplugin/plugin_core.h; the supervisor restarts
+// it), a crash of the leading scheduler replica (two replicas under leader election; its Lease is
+// not handed back), a step of the scheduler's clock (past the 30 s reservation TTL, half of it,
+// back, or behind), a restart of a device plugin or of both scheduler replicas.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -39,6 +47,8 @@ struct ChaosOptions {
   size_t max_pods = 10;  // creates are skipped while this many pods exist
   // Progress and every violation, one line each. May be empty.
   std::function<void(const std::string&)> log;
+  // The components' event lines (LocalClusterOptions::log), for debugging a seed. May be empty.
+  std::function<void(const std::string&)> component_log;
 };
 
 struct ChaosViolation {
@@ -50,7 +60,9 @@ struct ChaosViolation {
 struct ChaosReport {
   uint64_t seed = 0;
   int64_t steps = 0;
-  std::map<std::string, int64_t> actions;  // "create", "nvml-fault CreateGpuInstance", ...
+  // "create", "nvml-fault CreateGpuInstance", "api-timeout", "device-plugin crash after-intent",
+  // "scheduler crash", "clock-jump forward", ...
+  std::map<std::string, int64_t> actions;
   int64_t pods_created = 0;
   int64_t pods_running_seen = 0;  // distinct pod UIDs seen Running
   int64_t checks = 0;             // invariant checks run
@@ -58,6 +70,8 @@ struct ChaosReport {
   std::vector<ChaosViolation> violations;
 
   bool ok() const { return violations.empty(); }
+  // The sum of the actions whose name starts with `prefix` ("nvml-fault", "clock-jump", ...).
+  int64_t Total(std::string_view prefix) const;
   // Several lines: what was done, what was checked, every violation with its seed and step.
   std::string Summary() const;
 };

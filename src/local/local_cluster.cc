@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <fstream>
 #include <random>
 #include <set>
+#include <utility>
 
 #include "common/strings.h"
 #include "deviceplugin/device_plugin.h"
@@ -106,6 +108,70 @@ class KubeletAllocator : public DeviceAllocator {
   deviceplugin::TestKubelet& kubelet_;
 };
 
+// A component's API client that can be cut off, as a crashed process's connections are: once
+// fenced, every request fails with kUnavailable and nothing reaches the API server.
+class FencedKubeClient : public kube::KubeClient {
+ public:
+  explicit FencedKubeClient(std::unique_ptr<kube::KubeClient> inner) : inner_(std::move(inner)) {}
+  void Fence() { fenced_ = true; }
+
+  absl::StatusOr<kube::Object> Get(kube::Resource resource, std::string_view ns,
+                                   std::string_view name) override {
+    if (fenced_) return Fenced();
+    return inner_->Get(resource, ns, name);
+  }
+  absl::StatusOr<kube::ObjectList> List(kube::Resource resource,
+                                        const kube::ListOptions& options) override {
+    if (fenced_) return Fenced();
+    return inner_->List(resource, options);
+  }
+  absl::StatusOr<std::string> ListPages(
+      kube::Resource resource, const kube::ListOptions& options,
+      const std::function<absl::Status(std::vector<kube::Object>& items)>& page) override {
+    if (fenced_) return Fenced();
+    return inner_->ListPages(resource, options, page);
+  }
+  absl::StatusOr<std::unique_ptr<kube::WatchStream>> Watch(kube::Resource resource,
+                                                           const kube::ListOptions& options,
+                                                           kube::WatchHandler handler) override {
+    if (fenced_) return Fenced();
+    return inner_->Watch(resource, options, std::move(handler));
+  }
+  absl::StatusOr<kube::Object> Create(kube::Resource resource, const kube::Object& obj) override {
+    if (fenced_) return Fenced();
+    return inner_->Create(resource, obj);
+  }
+  absl::StatusOr<kube::Object> Update(kube::Resource resource, const kube::Object& obj,
+                                      std::string_view subresource) override {
+    if (fenced_) return Fenced();
+    return inner_->Update(resource, obj, subresource);
+  }
+  absl::StatusOr<kube::Object> Patch(kube::Resource resource, std::string_view ns,
+                                     std::string_view name, const kube::Object& patch,
+                                     kube::PatchType type, std::string_view subresource) override {
+    if (fenced_) return Fenced();
+    return inner_->Patch(resource, ns, name, patch, type, subresource);
+  }
+  absl::StatusOr<kube::Object> Delete(kube::Resource resource, std::string_view ns,
+                                      std::string_view name,
+                                      const kube::DeleteOptions& options) override {
+    if (fenced_) return Fenced();
+    return inner_->Delete(resource, ns, name, options);
+  }
+  absl::Status BindPod(std::string_view ns, std::string_view pod_name, std::string_view node_name,
+                       std::string_view pod_uid) override {
+    if (fenced_) return Fenced();
+    return inner_->BindPod(ns, pod_name, node_name, pod_uid);
+  }
+
+ private:
+  static absl::Status Fenced() {
+    return absl::UnavailableError("the process crashed: its connections are gone");
+  }
+  std::unique_ptr<kube::KubeClient> inner_;
+  std::atomic<bool> fenced_{false};
+};
+
 // Detaches the simulated processes from the GPUs and MIG devices (only from the MIG device
 // `mig_uuid` when given); returns how many.
 int EndProcessesOn(nvml::SimNvml& sim, std::string_view mig_uuid = "") {
@@ -192,12 +258,23 @@ struct LocalCluster::Node {
   std::unique_ptr<nvml::SimNvml> workload_nvml;  // the workloads' processes attach through it
   std::unique_ptr<NodeAgent> agent;
   // The device plugin "process": everything it owns goes away on stop.
-  std::unique_ptr<kube::KubeClient> plugin_client;
+  std::unique_ptr<FencedKubeClient> plugin_client;
   std::unique_ptr<nvml::SimNvml> plugin_nvml;
   std::unique_ptr<deviceplugin::DevicePlugin> plugin;
 };
 
-LocalCluster::LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {}
+// A scheduler replica "process".
+struct LocalCluster::Replica {
+  int index = 0;
+  int generation = 0;  // starts so far: a restarted replica has a new identity, as a new pod
+  int port = 0;        // kept across restarts (webhooks, kube-scheduler)
+  std::unique_ptr<FencedKubeClient> client;
+  std::unique_ptr<scheduler::SchedulerServer> server;
+};
+
+LocalCluster::LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {
+  scheduler_clock_ = options_.scheduler_clock != nullptr ? options_.scheduler_clock : &clock_;
+}
 
 LocalCluster::~LocalCluster() { Stop(); }
 
@@ -209,6 +286,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(LocalClusterOp
   if (options.state_dir.empty())
     return absl::InvalidArgumentError("the state directory is required");
   if (options.nodes.empty()) return absl::InvalidArgumentError("at least one node is required");
+  if (options.scheduler_replicas < 1)
+    return absl::InvalidArgumentError("at least one scheduler replica is required");
   std::unique_ptr<LocalCluster> cluster(new LocalCluster(std::move(options)));
   if (auto st = cluster->Init(); !st.ok()) {
     cluster->Stop();
@@ -381,13 +460,19 @@ absl::Status LocalCluster::Init() {
 
   std::lock_guard<std::mutex> lock(mu_);
   // The control plane: the extender and webhooks, then kube-scheduler.
-  if (auto st = StartSchedulerLocked(); !st.ok()) return st;
+  for (int i = 0; i < options_.scheduler_replicas; ++i) {
+    replicas_.push_back(std::make_unique<Replica>());
+    replicas_.back()->index = i;
+    if (auto st = StartSchedulerLocked(*replicas_.back()); !st.ok()) return st;
+  }
+  RouteLocked();
   auto loop_client = Client(kKubeSchedulerUser);
   if (!loop_client.ok()) return loop_client.status();
   loop_client_ = std::move(*loop_client);
   SchedulerLoopOptions lo;
   lo.config = *sched_config;
-  lo.extender_url = scheduler_->url();
+  lo.extender_url = replicas_.front()->server->url();
+  lo.extender_url_source = [this] { return ExtenderUrl(); };
   lo.tls = sched_config->extender.tls;
   lo.tls->insecure = false;
   lo.tls->ca_file = tls_.ca_file;
@@ -430,9 +515,12 @@ absl::Status LocalCluster::Init() {
         node->spec.name,
         {{"status", {{"capacity", {{resource, count}}}, {"allocatable", {{resource, count}}}}}});
   }
-  if (!scheduler_->WaitUntilReady(deadline - absl::Now())) {
-    return absl::DeadlineExceededError("the scheduler's caches did not sync");
+  for (auto& r : replicas_) {
+    if (!r->server->WaitUntilReady(deadline - absl::Now())) {
+      return absl::DeadlineExceededError("the scheduler's caches did not sync");
+    }
   }
+  supervisor_ = std::thread([this] { Supervise(); });
   return absl::OkStatus();
 }
 
@@ -481,19 +569,27 @@ absl::StatusOr<std::unique_ptr<kube::KubeClient>> LocalCluster::Client(
   cfg.server = api_url();
   cfg.token = it->second;
   cfg.user_agent = fmt::format("dynmig-local/{}", user);
+  cfg.request_timeout = options_.api_request_timeout;
   auto client = kube::RestKubeClient::Create(cfg);
   if (!client.ok()) return client.status();
   return std::unique_ptr<kube::KubeClient>(std::move(*client));
 }
 
-absl::Status LocalCluster::StartSchedulerLocked() {
+absl::Status LocalCluster::StartSchedulerLocked(Replica& replica) {
+  if (replica.server != nullptr) return absl::OkStatus();
   const protocol::DeviceConfig* config = &device_config_;
   auto client = Client(kSchedulerUser);
   if (!client.ok()) return client.status();
-  scheduler_client_ = std::move(*client);
+  replica.client = std::make_unique<FencedKubeClient>(std::move(*client));
   scheduler::SchedulerServerOptions o;
   o.host = "127.0.0.1";
-  o.port = scheduler_port_;  // a restarted scheduler keeps its address (webhooks, kube-scheduler)
+  o.port = replica.port;  // a restarted scheduler keeps its address (webhooks, kube-scheduler)
+  if (options_.scheduler_replicas > 1) {
+    o.leader_elect = true;
+    o.election = options_.election;
+    o.election.identity =
+        fmt::format("dynmig-scheduler-{}_{}", replica.index, ++replica.generation);
+  }
   o.tls_cert_file = tls_.serving_cert_file;
   o.tls_key_file = tls_.serving_key_file;
   o.extender_client_ca_file = tls_.ca_file;
@@ -517,18 +613,66 @@ absl::Status LocalCluster::StartSchedulerLocked() {
   o.layout_json = [](const std::vector<scheduler::NodeReport>& n) {
     return ops::LayoutJson(n).dump(2);
   };
-  auto server = scheduler::SchedulerServer::Start(*scheduler_client_, clock_, std::move(o));
-  if (!server.ok()) return server.status();
-  scheduler_ = std::move(*server);
-  scheduler_port_ = scheduler_->port();
+  auto server = scheduler::SchedulerServer::Start(*replica.client, *scheduler_clock_, std::move(o));
+  if (!server.ok()) {
+    replica.client.reset();
+    return server.status();
+  }
+  replica.server = std::move(*server);
+  replica.port = replica.server->port();
+  Log(fmt::format("scheduler{}: extender and webhooks serving {}",
+                  options_.scheduler_replicas > 1 ? fmt::format("-{}", replica.index) : "",
+                  replica.server->url()));
+  return absl::OkStatus();
+}
+
+void LocalCluster::StopReplicaLocked(Replica& replica) {
+  if (replica.server == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(route_mu_);
+    std::erase_if(routes_, [&](const auto& r) { return r.first == replica.server->url(); });
+  }
+  replica.server->Stop();
+  replica.server.reset();
+  replica.client.reset();
+}
+
+LocalCluster::Replica* LocalCluster::RouteTarget() const {
+  Replica* running = nullptr;
+  for (const auto& r : replicas_) {
+    if (r->server == nullptr) continue;
+    if (r->server->elector() == nullptr || r->server->elector()->IsLeader()) return r.get();
+    if (running == nullptr) running = r.get();
+  }
+  return running;
+}
+
+std::string LocalCluster::ExtenderUrl() const {
+  std::lock_guard<std::mutex> lock(route_mu_);
+  for (const auto& [url, elector] : routes_) {
+    if (elector == nullptr || elector->IsLeader()) return url;
+  }
+  return routes_.empty() ? "" : routes_.front().first;
+}
+
+void LocalCluster::RouteLocked() {
+  {
+    std::lock_guard<std::mutex> lock(route_mu_);
+    routes_.clear();
+    for (const auto& r : replicas_) {
+      if (r->server != nullptr) routes_.emplace_back(r->server->url(), r->server->elector());
+    }
+  }
+  const Replica* target = RouteTarget();
+  if (target == nullptr) return;  // the webhooks keep the last address: calls fail, as in a cluster
   // The webhook configurations of deploy/base/webhook/webhooks.yaml, pointed at this scheduler.
   std::vector<kube::AdmissionWebhook> hooks(2);
   hooks[0].name = "mutate.dynmig.io";
-  hooks[0].url = scheduler_->url() + "/webhook";
+  hooks[0].url = target->server->url() + "/webhook";
   hooks[0].mutating = true;
   hooks[0].operations = {"CREATE"};
   hooks[1].name = "validate.dynmig.io";
-  hooks[1].url = scheduler_->url() + "/validate";
+  hooks[1].url = target->server->url() + "/validate";
   hooks[1].mutating = false;
   hooks[1].operations = {"CREATE", "UPDATE"};
   hooks[1].excluded_users = {std::string(kSchedulerUser), std::string(kDevicePluginUser)};
@@ -540,8 +684,6 @@ absl::Status LocalCluster::StartSchedulerLocked() {
     h.timeout = absl::Seconds(10);
   }
   api_->SetAdmissionWebhooks(std::move(hooks));
-  Log(fmt::format("scheduler: extender and webhooks serving {}", scheduler_->url()));
-  return absl::OkStatus();
 }
 
 absl::Status LocalCluster::StartDevicePluginLocked(Node& node) {
@@ -556,17 +698,32 @@ absl::Status LocalCluster::StartDevicePluginLocked(Node& node) {
   auto client = Client(kDevicePluginUser);
   if (!client.ok()) return client.status();
   node.plugin_nvml = std::move(*sim);
-  node.plugin_client = std::move(*client);
+  node.plugin_client = std::make_unique<FencedKubeClient>(std::move(*client));
   deviceplugin::DevicePluginOptions o;
   o.core.node_name = node.spec.name;
   o.core.resource_name = config->resources.count;
   o.core.allowlist = config->allowlist;
+  o.core.warm = config->warm_instances;
   o.core.state_file = node.dir + "/device-plugin-state.json";
   o.kubelet_dir = node.kubelet_dir;
   o.reconcile_interval = options_.reconcile_interval;
   o.register_interval = options_.register_interval;
   o.kubelet_poll_interval = absl::Milliseconds(200);
   o.metrics_listen = fmt::format("{}:{}", node.address, options_.nvml_port);
+  // A crash point armed for this node crashes this process once: fenced at once, restarted by the
+  // supervisor.
+  FencedKubeClient* fence = node.plugin_client.get();
+  o.core.crash_point = [this, fence, name = node.spec.name](std::string_view point) {
+    std::lock_guard<std::mutex> lock(crash_mu_);
+    auto it = armed_.find(name);
+    if (it == armed_.end() || it->second != point) return false;
+    armed_.erase(it);
+    fence->Fence();
+    ++crashes_[fmt::format("device-plugin crash {}", point)];
+    crashed_plugins_.push_back(name);
+    crash_cv_.notify_all();
+    return true;
+  };
   auto plugin =
       deviceplugin::DevicePlugin::Start(std::move(o), *node.plugin_nvml, *node.plugin_client);
   if (!plugin.ok()) {
@@ -584,6 +741,13 @@ absl::Status LocalCluster::StartDevicePluginLocked(Node& node) {
 }
 
 void LocalCluster::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(crash_mu_);
+    supervisor_stop_ = true;
+  }
+  crash_cv_.notify_all();
+  if (supervisor_.joinable() && supervisor_.get_id() != std::this_thread::get_id())
+    supervisor_.join();
   std::lock_guard<std::mutex> lock(mu_);
   if (stopped_) return;
   stopped_ = true;
@@ -598,7 +762,7 @@ void LocalCluster::Stop() {
     node->plugin_nvml.reset();
     if (node->kubelet) node->kubelet->Stop();
   }
-  if (scheduler_) scheduler_->Stop();
+  for (auto& r : replicas_) StopReplicaLocked(*r);
   if (api_) api_->Stop();
   for (auto& node : nodes_) {
     if (node->kubelet_dir.rfind("/tmp/dynmig-local-", 0) == 0) {
@@ -612,7 +776,8 @@ std::string LocalCluster::api_url() const { return api_ ? api_->url() : ""; }
 
 std::string LocalCluster::scheduler_url() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return scheduler_ ? scheduler_->url() : "";
+  const Replica* r = RouteTarget();
+  return r != nullptr ? r->server->url() : "";
 }
 
 std::string LocalCluster::node_address(std::string_view node) const {
@@ -637,13 +802,15 @@ LocalCluster::Node* LocalCluster::FindNode(std::string_view name) const {
 
 std::vector<scheduler::NodeReport> LocalCluster::Layout() const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!scheduler_) return {};
-  return scheduler_->state().Report(absl::Now());
+  const Replica* r = RouteTarget();
+  if (r == nullptr) return {};
+  return r->server->state().Report(scheduler_clock_->Now());
 }
 
 scheduler::SchedulerServer* LocalCluster::scheduler() {
   std::lock_guard<std::mutex> lock(mu_);
-  return scheduler_.get();
+  const Replica* r = RouteTarget();
+  return r != nullptr ? r->server.get() : nullptr;
 }
 
 absl::Status LocalCluster::StopDevicePlugin(std::string_view name) {
@@ -664,6 +831,8 @@ absl::Status LocalCluster::StartDevicePlugin(std::string_view name) {
   if (stopped_) return absl::FailedPreconditionError("the local cluster is stopped");
   Node* node = FindNode(name);
   if (node == nullptr) return absl::NotFoundError(fmt::format("no node {}", name));
+  // Already running (the supervisor restarted it after a crash meanwhile): nothing to wait for.
+  if (node->plugin != nullptr) return absl::OkStatus();
   const int before = node->kubelet->registrations();
   if (auto st = StartDevicePluginLocked(*node); !st.ok()) return st;
   if (!node->kubelet->WaitForRegistrations(before + 1, absl::Seconds(30))) {
@@ -697,23 +866,127 @@ deviceplugin::TestKubelet* LocalCluster::kubelet(std::string_view name) {
 
 absl::Status LocalCluster::StopScheduler() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!scheduler_) return absl::OkStatus();
-  scheduler_->Stop();
-  scheduler_.reset();
-  scheduler_client_.reset();
-  Log("scheduler: stopped");
+  bool any = false;
+  for (auto& r : replicas_) {
+    any = any || r->server != nullptr;
+    StopReplicaLocked(*r);
+  }
+  if (any) Log("scheduler: stopped");
   return absl::OkStatus();
 }
 
 absl::Status LocalCluster::StartScheduler() {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopped_) return absl::FailedPreconditionError("the local cluster is stopped");
-  if (scheduler_) return absl::OkStatus();
-  if (auto st = StartSchedulerLocked(); !st.ok()) return st;
-  if (!scheduler_->WaitUntilReady(absl::Seconds(30))) {
-    return absl::DeadlineExceededError("the restarted scheduler's caches did not sync");
+  for (auto& r : replicas_) {
+    if (r->server != nullptr) continue;
+    if (auto st = StartSchedulerLocked(*r); !st.ok()) {
+      RouteLocked();
+      return st;
+    }
+    if (!r->server->WaitUntilReady(absl::Seconds(30))) {
+      RouteLocked();
+      return absl::DeadlineExceededError("the restarted scheduler's caches did not sync");
+    }
+  }
+  RouteLocked();
+  return absl::OkStatus();
+}
+
+bool LocalCluster::SchedulerRunning() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& r : replicas_) {
+    if (r->server == nullptr) return false;
+  }
+  return true;
+}
+
+int LocalCluster::SchedulerLeader() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& r : replicas_) {
+    if (r->server == nullptr) continue;
+    if (r->server->elector() == nullptr || r->server->elector()->IsLeader()) return r->index;
+  }
+  return -1;
+}
+
+absl::Status LocalCluster::ArmDevicePluginCrash(std::string_view node, std::string_view point) {
+  if (FindNode(node) == nullptr) return absl::NotFoundError(fmt::format("no node {}", node));
+  std::lock_guard<std::mutex> lock(crash_mu_);
+  if (point.empty()) {
+    armed_.erase(std::string(node));
+  } else {
+    armed_[std::string(node)] = std::string(point);
   }
   return absl::OkStatus();
+}
+
+void LocalCluster::DisarmCrashes() {
+  std::lock_guard<std::mutex> lock(crash_mu_);
+  armed_.clear();
+}
+
+absl::StatusOr<int> LocalCluster::CrashSchedulerLeader() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Replica* target = RouteTarget();
+  if (target == nullptr) return absl::FailedPreconditionError("no scheduler replica runs");
+  // The process is gone: no request of it reaches the API server any more (so a leader does not
+  // hand its Lease back: the others wait out the lease), and nobody can call it.
+  target->client->Fence();
+  StopReplicaLocked(*target);
+  RouteLocked();
+  Log(fmt::format("scheduler-{}: crashed", target->index));
+  std::lock_guard<std::mutex> crash(crash_mu_);
+  ++crashes_["scheduler crash"];
+  crashed_replicas_.push_back(target->index);
+  crash_cv_.notify_all();
+  return target->index;
+}
+
+std::map<std::string, int64_t> LocalCluster::Crashes() const {
+  std::lock_guard<std::mutex> lock(crash_mu_);
+  return crashes_;
+}
+
+bool LocalCluster::CrashesRestarted() const {
+  std::lock_guard<std::mutex> lock(crash_mu_);
+  return crashed_plugins_.empty() && crashed_replicas_.empty() && !supervising_;
+}
+
+void LocalCluster::Supervise() {
+  std::unique_lock<std::mutex> lock(crash_mu_);
+  while (true) {
+    crash_cv_.wait(lock, [this] {
+      return supervisor_stop_ || !crashed_plugins_.empty() || !crashed_replicas_.empty();
+    });
+    if (supervisor_stop_) return;
+    std::vector<std::string> plugins = std::exchange(crashed_plugins_, {});
+    std::vector<int> replicas = std::exchange(crashed_replicas_, {});
+    supervising_ = true;
+    lock.unlock();
+    for (const auto& node : plugins) {
+      // The crashed process is gone; its replacement recovers from the state file and NVML.
+      absl::Status st = StopDevicePlugin(node);
+      if (st.ok()) st = StartDevicePlugin(node);
+      if (!st.ok())
+        Log(fmt::format("{}/device-plugin: restart after a crash: {}", node,
+                        std::string(st.message())));
+    }
+    for (int index : replicas) {
+      std::lock_guard<std::mutex> l(mu_);
+      if (stopped_) break;
+      Replica& r = *replicas_[static_cast<size_t>(index)];
+      absl::Status st = StartSchedulerLocked(r);
+      if (st.ok() && !r.server->WaitUntilReady(absl::Seconds(30)))
+        st = absl::DeadlineExceededError("caches did not sync");
+      RouteLocked();
+      if (!st.ok())
+        Log(fmt::format("scheduler-{}: restart after a crash: {}", index,
+                        std::string(st.message())));
+    }
+    lock.lock();
+    supervising_ = false;
+  }
 }
 
 absl::StatusOr<std::unique_ptr<nvml::SimNvml>> LocalCluster::OpenNvml(std::string_view node) const {

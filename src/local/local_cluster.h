@@ -22,17 +22,28 @@
 // process restart: the new one shares nothing in memory with the old (new SimNvml object over the
 // same state file, new API client, new state-file reader).
 //
+// Crashes (chaos): a device plugin armed with a crash point (ArmDevicePluginCrash) crashes when
+// an Allocate reaches it; a scheduler replica crashes on CrashSchedulerLeader. A crashed process
+// makes no further API call (its client is fenced: every request fails, so a crashed leader does
+// not hand its Lease back) and a supervisor thread restarts it at once, as a DaemonSet or a
+// Deployment restarts a crashed pod. With scheduler_replicas > 1 the replicas elect a leader on a
+// Lease; kube-scheduler calls the leader (the Service selecting dynmig.io/role=leader) and the API
+// server calls the webhooks of a running replica.
+//
 // The simulated GPUs' state lives under state_dir and survives a restart of the whole local mode
 // (the API server's objects do not: the device plugins then find idle GPUs and clean them).
 // Thread-safe.
 #pragma once
 
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -45,6 +56,7 @@
 #include "nvml/sim_nvml.h"
 #include "protocol/device_config.h"
 #include "scheduler/cluster_state.h"
+#include "scheduler/leader_election.h"
 
 namespace dynmig::scheduler {
 class SchedulerServer;
@@ -120,6 +132,15 @@ struct LocalClusterOptions {
   int scheduler_threads = 64;  // as dynmig scheduler's (SchedulerServerOptions::threads)
   // How long the simulated GPUs take to create and destroy instances (the device plugins' NVML).
   mig::NvmlLatency nvml_latency;
+  // The components' API clients give up on a request after this (RestConfig::request_timeout).
+  absl::Duration api_request_timeout = absl::Seconds(60);
+  // Scheduler replicas; more than one elect a leader on the Lease with these timings (the
+  // identity is set per replica and start).
+  int scheduler_replicas = 1;
+  scheduler::LeaderElectionOptions election;
+  // The scheduler's clock (reservation expiry, node locks, leases); null = the system clock. Must
+  // outlive the cluster.
+  const Clock* scheduler_clock = nullptr;
   // One line per event of every component ("scheduler: ...", "node-a/kubelet: ..."). May be empty.
   std::function<void(const std::string&)> log;
 };
@@ -181,8 +202,24 @@ class LocalCluster {
   deviceplugin::DevicePlugin* device_plugin(std::string_view node);
   deviceplugin::TestKubelet* kubelet(std::string_view node);
 
+  // Every replica.
   absl::Status StopScheduler();
   absl::Status StartScheduler();
+  bool SchedulerRunning() const;  // every replica runs
+  // The replica that leads now (elector says so; the only one without election), or -1.
+  int SchedulerLeader() const;
+
+  // Crashes (see above). The plugin crashes when an Allocate reaches `point` (a
+  // deviceplugin::kCrash* name); arming again replaces the point, "" disarms. kNotFound: no node.
+  absl::Status ArmDevicePluginCrash(std::string_view node, std::string_view point);
+  void DisarmCrashes();
+  // Crashes the leading replica (or, when none leads, the first running one); returns its index.
+  // kFailedPrecondition when no replica runs.
+  absl::StatusOr<int> CrashSchedulerLeader();
+  // What crashed and was restarted so far: "device-plugin crash <point>", "scheduler crash".
+  std::map<std::string, int64_t> Crashes() const;
+  // No crash is waiting for its restart.
+  bool CrashesRestarted() const;
 
   // A new simulator object over the node's GPU state file (what `dynmig nvml --sim-state` opens).
   absl::StatusOr<std::unique_ptr<nvml::SimNvml>> OpenNvml(std::string_view node) const;
@@ -195,10 +232,17 @@ class LocalCluster {
 
  private:
   struct Node;
+  struct Replica;
   explicit LocalCluster(LocalClusterOptions options);
   absl::Status Init();
   absl::Status StartDevicePluginLocked(Node& node);
-  absl::Status StartSchedulerLocked();
+  absl::Status StartSchedulerLocked(Replica& replica);
+  void StopReplicaLocked(Replica& replica);
+  // Points the webhooks and kube-scheduler's extender calls at running replicas. REQUIRES mu_.
+  void RouteLocked();
+  std::string ExtenderUrl() const;  // the leader's, else a running replica's
+  Replica* RouteTarget() const;     // REQUIRES mu_
+  void Supervise();
   absl::Status MakeTls();
   Node* FindNode(std::string_view name) const;
   void Log(const std::string& line) const;
@@ -213,15 +257,31 @@ class LocalCluster {
   std::map<std::string, std::string, std::less<>> tokens_;  // user -> token
   std::unique_ptr<kube::InMemoryApiServer> api_;
   SystemClock clock_;
+  const Clock* scheduler_clock_ = nullptr;
 
   mutable std::mutex mu_;  // guards the components below against concurrent stop/start
-  std::unique_ptr<kube::KubeClient> scheduler_client_;
-  std::unique_ptr<scheduler::SchedulerServer> scheduler_;
-  int scheduler_port_ = 0;
+  std::vector<std::unique_ptr<Replica>> replicas_;
   std::unique_ptr<kube::KubeClient> loop_client_;
   std::unique_ptr<SchedulerLoop> loop_;
   std::vector<std::unique_ptr<Node>> nodes_;
   bool stopped_ = false;
+
+  // The extender routes (url, elector or null per running replica), read by kube-scheduler's
+  // thread without mu_.
+  mutable std::mutex route_mu_;
+  std::vector<std::pair<std::string, const scheduler::LeaderElector*>> routes_;
+
+  // Crashes: armed points, crashed parts waiting for the supervisor, counts. Never held while
+  // calling into a component (the crash hook runs inside a plugin's Allocate).
+  mutable std::mutex crash_mu_;
+  std::condition_variable crash_cv_;
+  std::map<std::string, std::string, std::less<>> armed_;  // node -> point
+  std::vector<std::string> crashed_plugins_;
+  std::vector<int> crashed_replicas_;
+  std::map<std::string, int64_t> crashes_;
+  bool supervising_ = false;  // a restart is under way
+  bool supervisor_stop_ = false;
+  std::thread supervisor_;
 };
 
 }  // namespace dynmig::local

@@ -428,6 +428,15 @@ void SchedulerLoop::Stop() {
   nodes_.Stop();
 }
 
+std::string SchedulerLoop::ExtenderBase() const {
+  if (options_.extender_url_source) {
+    std::string url = options_.extender_url_source();
+    if (!url.empty()) return url;
+  }
+  return options_.extender_url.empty() ? options_.config.extender.url_prefix
+                                       : options_.extender_url;
+}
+
 const ExtenderTlsConfig& SchedulerLoop::Tls() const {
   return options_.tls.has_value() ? *options_.tls : options_.config.extender.tls;
 }
@@ -480,7 +489,7 @@ void SchedulerLoop::ScheduleOne(const std::string& key) {
   };
   const std::string version_at_start = version_now();
   const ExtenderConfig& x = options_.config.extender;
-  const std::string base = options_.extender_url.empty() ? x.url_prefix : options_.extender_url;
+  const std::string base = ExtenderBase();
   // kube-scheduler's own filters before the extender: cordon (unless tolerated), node selector
   // and required node affinity.
   const bool tolerates_cordon = ToleratesCordon(*pod);
@@ -571,7 +580,7 @@ void SchedulerLoop::Bind(kube::ObjectPtr pod, std::string node, bool extender,
   std::string error;
   if (extender) {
     const ExtenderConfig& x = options_.config.extender;
-    const std::string base = options_.extender_url.empty() ? x.url_prefix : options_.extender_url;
+    const std::string base = ExtenderBase();
     json args = {{"PodName", kube::Name(*pod)},
                  {"PodNamespace", kube::Namespace(*pod)},
                  {"PodUID", kube::Uid(*pod)},

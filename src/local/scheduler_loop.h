@@ -44,6 +44,9 @@ namespace dynmig::local {
 struct SchedulerLoopOptions {
   SchedulerConfig config;
   std::string extender_url;  // overrides config.extender.url_prefix ("http://127.0.0.1:PORT")
+  // When set, asked before each extender call and preferred when it answers non-empty (a
+  // Service in front of several scheduler replicas routes to the leader).
+  std::function<std::string()> extender_url_source;
   // Overrides config.extender.tls (the local mode's own CA and client certificate).
   std::optional<ExtenderTlsConfig> tls;
   SchedulingQueueTiming timing;  // kube-scheduler v1.20's
@@ -87,6 +90,7 @@ class SchedulerLoop {
   void Failed(const std::string& key, const std::string& reason, const std::string& message);
   bool UsesManagedResources(const kube::Object& pod) const;
   const ExtenderTlsConfig& Tls() const;
+  std::string ExtenderBase() const;
   void Log(const std::string& line) const;
   void ReapBinders(bool all);
 

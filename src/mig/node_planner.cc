@@ -128,6 +128,7 @@ bool Better(const NodePlan& a, const NodePlan& b, NodePolicy policy) {
     return a.used_fraction < b.used_fraction;
   }
   if (a.score != b.score) return a.score > b.score;
+  if (a.idle_reused != b.idle_reused) return a.idle_reused > b.idle_reused;
   return !a.bind_in_flight && b.bind_in_flight;
 }
 
@@ -212,10 +213,25 @@ bool PlanSingleFast(const NodeView& node, const PodRequest& request, const Conta
   return true;
 }
 
+bool HasIdle(const NodeView& node) {
+  for (const auto& g : node.gpus) {
+    if (!g.idle.empty()) return true;
+  }
+  return false;
+}
+
+bool IsIdle(const GpuView& gpu, const PlannedInstance& inst) {
+  for (const auto& i : gpu.idle) {
+    if (i.profile_index == inst.profile_index && i.placement == inst.placement) return true;
+  }
+  return false;
+}
+
 void PlanOnNode(const NodeView& node, const PodRequest& request, Scratch& s, NodePlan& plan) {
   plan.bind_in_flight = node.bind_in_flight;
+  // Idle (warm) instances take the general path: the tables know nothing of them.
   if (node.healthy && !node.gpus.empty() && request.preference.empty() &&
-      NoFilters(request.filter)) {
+      NoFilters(request.filter) && !HasIdle(node)) {
     const ContainerRequest* only = nullptr;
     uint32_t index = 0, with_gpu = 0;
     for (uint32_t c = 0; c < request.containers.size(); ++c) {
@@ -295,6 +311,7 @@ void PlanOnNode(const NodeView& node, const PodRequest& request, Scratch& s, Nod
     auto commit_one = [&](uint32_t gpu, const PlannedInstance& inst, uint32_t device) {
       if (s.record)
         plan.assignments.push_back({c, device, gpu, inst.profile_index, inst.placement});
+      if (!node.gpus[gpu].idle.empty() && IsIdle(node.gpus[gpu], inst)) ++plan.idle_reused;
       s.usage[gpu].occupied |= inst.placement.Mask();
       ++s.usage[gpu].counts[inst.profile_index];
     };
@@ -313,17 +330,23 @@ void PlanOnNode(const NodeView& node, const PodRequest& request, Scratch& s, Nod
         const auto& planner = *node.gpus[gpu].planner;
         const uint64_t mem =
             ResolveMemory(ctr.memory.mib, ctr.memory.percent, planner.capability());
-        if (planner.PlanSingle(s.usage[gpu], mem, inst)) {
-          commit_one(gpu, inst, 0);
-          placed = true;
-          break;
+        if (!node.gpus[gpu].idle.empty()) {
+          GpuPlan gp = planner.Plan(s.usage[gpu], std::span<const uint64_t>(&mem, 1), {}, false,
+                                    node.gpus[gpu].idle);
+          if (gp.verdict != Verdict::kFits) continue;
+          inst = gp.instances.front();
+        } else if (!planner.PlanSingle(s.usage[gpu], mem, inst)) {
+          continue;
         }
+        commit_one(gpu, inst, 0);
+        placed = true;
+        break;
       }
       if (placed) continue;
     }
     for (uint32_t gpu : s.order) {
       GpuPlan gp = node.gpus[gpu].planner->Plan(s.usage[gpu], memories_for(gpu, ctr.count),
-                                                request.preference, s.explain);
+                                                request.preference, s.explain, node.gpus[gpu].idle);
       if (gp.verdict == Verdict::kFits) {
         commit(gpu, gp, 0);
         placed = true;
@@ -338,7 +361,7 @@ void PlanOnNode(const NodeView& node, const PodRequest& request, Scratch& s, Nod
     for (uint32_t gpu : s.order) {
       for (uint32_t m = remaining; m >= 1; --m) {
         GpuPlan gp = node.gpus[gpu].planner->Plan(s.usage[gpu], memories_for(gpu, m),
-                                                  request.preference, false);
+                                                  request.preference, false, node.gpus[gpu].idle);
         if (gp.verdict == Verdict::kFits) {
           commit(gpu, gp, ctr.count - remaining);
           remaining -= m;

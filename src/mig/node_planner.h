@@ -29,6 +29,10 @@ struct GpuView {
   std::string unhealthy_reason;
   std::shared_ptr<const GpuPlanner> planner;  // null: no allowlisted MIG capability
   GpuUsage usage;
+  // Idle (warm) instances the device plugin keeps (dynmig.io/idle-mig-instances), allowlisted and
+  // on free slices: their slices are free in `usage`; among otherwise equal choices a pod lands on
+  // them. Empty without warm instances (the plan is then exactly the one without them).
+  std::vector<PlannedInstance> idle;
 };
 
 struct NodeView {
@@ -83,6 +87,7 @@ struct NodePlan {
   // Free units left on the GPUs the pod lands on, in 64ths of a GPU (lower is a tighter fit).
   uint32_t leftover = 0;
   bool bind_in_flight = false;  // the node's, for the last tie-break
+  uint32_t idle_reused = 0;     // instances that land exactly on an idle (warm) instance
 
   bool fits() const { return verdict == Verdict::kFits; }
   // "node-a: fragmented: GPU 0 (GPU-…): ...; GPU 1 ...".
@@ -99,8 +104,9 @@ struct PodPlan {
 
 // Plans on every node and picks one. Node policy binpack (the default) is best-fit: the node
 // where the pod's GPUs are left with the fewest free slices, then the fullest node; spread picks
-// the emptiest node. Remaining ties go to the better fragmentation score, then to a node without a
-// bind in flight, then to node order.
+// the emptiest node. Remaining ties go to the better fragmentation score, then to the node where
+// more of the pod's instances land on idle (warm) instances, then to a node without a bind in
+// flight, then to node order.
 // Verdicts only: for the reasons of a node that does not fit, call PlanPodOnNode on it (Reason
 // needs them).
 PodPlan PlanPod(std::span<const NodeView> nodes, const PodRequest& request);

@@ -371,15 +371,19 @@ struct GpuPlanner::Search {
   uint32_t best_rank = UINT32_MAX;
   uint64_t best_score = 0;
   size_t nodes = 0;
+  uint32_t best_idle = 0;  // picks on idle instances (warm instances), the last criterion
+  uint32_t idle_hits = 0;
 
   void Run(size_t depth, SliceMask occupied, uint32_t rank_sum) {
     if (++nodes > kMaxSearchNodes) return;
     if (rank_sum > best_rank) return;
     if (depth == options.size()) {
       const uint64_t score = planner.FragmentationScore(full & ~occupied);
-      if (rank_sum < best_rank || score > best_score) {
+      if (rank_sum < best_rank || score > best_score ||
+          (score == best_score && idle_hits > best_idle)) {
         best_rank = rank_sum;
         best_score = score;
+        best_idle = idle_hits;
         best = picks;
       }
       return;
@@ -397,7 +401,9 @@ struct GpuPlanner::Search {
       if (rank_sum + o.rank > best_rank) continue;
       ++counts[o.profile_index];
       picks[depth] = k;
+      idle_hits += o.idle ? 1 : 0;
       Run(depth + 1, occupied | o.mask, rank_sum + o.rank);
+      idle_hits -= o.idle ? 1 : 0;
       --counts[o.profile_index];
     }
   }
@@ -405,7 +411,14 @@ struct GpuPlanner::Search {
 
 bool GpuPlanner::SearchJoint(const GpuUsage& usage,
                              const std::vector<std::vector<uint32_t>>& candidates,
-                             std::vector<PlannedInstance>& out) const {
+                             std::vector<PlannedInstance>& out,
+                             std::span<const PlannedInstance> idle) const {
+  auto is_idle = [&](uint32_t idx, const Placement& pl) {
+    for (const auto& i : idle) {
+      if (i.profile_index == idx && i.placement == pl) return true;
+    }
+    return false;
+  };
   const size_t n = candidates.size();
   const SliceMask full = FullMask(capability_.placement_units);
   std::vector<std::vector<Option>> opts(n);
@@ -417,7 +430,8 @@ bool GpuPlanner::SearchJoint(const GpuUsage& usage,
       for (const auto& pl : spec.placements) {
         const SliceMask m = pl.Mask();
         if ((m & usage.occupied) == 0) {
-          opts[i].push_back({idx, static_cast<uint8_t>(std::min<size_t>(r, 255)), pl, m});
+          opts[i].push_back(
+              {idx, static_cast<uint8_t>(std::min<size_t>(r, 255)), pl, m, is_idle(idx, pl)});
         }
       }
     }
@@ -431,7 +445,7 @@ bool GpuPlanner::SearchJoint(const GpuUsage& usage,
     for (const Option& o : opts[0]) {
       if (best != nullptr && o.rank > best->rank) break;
       const uint64_t score = FragmentationScore(full & ~(usage.occupied | o.mask));
-      if (best == nullptr || score > best_score) {
+      if (best == nullptr || score > best_score || (score == best_score && o.idle && !best->idle)) {
         best = &o;
         best_score = score;
       }
@@ -454,7 +468,7 @@ bool GpuPlanner::SearchJoint(const GpuUsage& usage,
     if (fa != fb) return fa > fb;
     return candidates[a] < candidates[b];
   });
-  Search search{*this, {}, {}, {}, full, usage.counts, {}, {}, UINT32_MAX, 0, 0};
+  Search search{*this, {}, {}, {}, full, usage.counts, {}, {}, UINT32_MAX, 0, 0, 0, 0};
   search.options.reserve(n);
   for (size_t d = 0; d < n; ++d) {
     search.options.push_back(std::move(opts[order[d]]));
@@ -521,11 +535,12 @@ GpuPlan GpuPlanner::Explain(const GpuUsage& usage, std::span<const uint64_t> mem
 }
 
 GpuPlan GpuPlanner::Plan(const GpuUsage& usage, std::span<const uint64_t> memories_mib,
-                         const Preference& preference, bool explain) const {
+                         const Preference& preference, bool explain,
+                         std::span<const PlannedInstance> idle) const {
   GpuPlan plan;
   const size_t n = memories_mib.size();
   if (n == 0) return plan;
-  if (n == 1 && preference.empty()) {
+  if (n == 1 && preference.empty() && idle.empty()) {
     PlannedInstance inst;
     if (PlanSingle(usage, memories_mib[0], inst)) {
       plan.instances.push_back(inst);
@@ -568,12 +583,12 @@ GpuPlan GpuPlanner::Plan(const GpuUsage& usage, std::span<const uint64_t> memori
         any = true;
       }
     }
-    if (any && SearchJoint(usage, preferred, plan.instances)) {
+    if (any && SearchJoint(usage, preferred, plan.instances, idle)) {
       plan.used_preference = true;
       return plan;
     }
   }
-  if (SearchJoint(usage, defaults, plan.instances)) return plan;
+  if (SearchJoint(usage, defaults, plan.instances, idle)) return plan;
   plan.instances.clear();
   return Explain(usage, memories_mib, defaults, explain);
 }

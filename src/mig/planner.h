@@ -10,7 +10,8 @@
 //  * joint placement of all N instances: most constrained first, exhaustive with symmetry breaking
 //    and branch-and-bound; deterministic;
 //  * among equally small choices, the one whose free slices keep the largest allowlisted profiles
-//    placeable (the fragmentation score), then the lowest start.
+//    placeable (the fragmentation score), then (warm instances) the one that lands more instances
+//    exactly on idle instances (same profile and placement), then the lowest start.
 //
 // A GpuPlanner is built once per (capability, allowlist) pair and shared by every GPU of that kind;
 // it is immutable after construction and safe to use from many threads.
@@ -76,8 +77,12 @@ class GpuPlanner {
   // Plans `memories_mib.size()` instances (each needing at least that much memory) on a GPU with
   // `usage`. Never fails: an infeasible request yields a verdict and, when `explain`, a reason
   // (hot paths that only need the verdict skip the formatting).
+  // `idle`: idle (warm) instances of the GPU (their slices are free in `usage`); among otherwise
+  // equal choices, one that lands on them exactly is preferred. Empty: the answer is the same as
+  // without warm instances.
   GpuPlan Plan(const GpuUsage& usage, std::span<const uint64_t> memories_mib,
-               const Preference& preference, bool explain = true) const;
+               const Preference& preference, bool explain = true,
+               std::span<const PlannedInstance> idle = {}) const;
 
   // The precomputed answer for one instance without a preference: true and `out` when the table
   // applies and the instance fits; false otherwise (then Plan gives the verdict). Allocation-free.
@@ -104,6 +109,7 @@ class GpuPlanner {
     uint8_t rank;  // position of the profile in the instance's candidate list
     Placement placement;
     SliceMask mask;
+    bool idle = false;  // exactly an idle (warm) instance
   };
   struct Search;
 
@@ -115,7 +121,8 @@ class GpuPlanner {
   void PreferredCandidates(uint64_t memory, const Preference& preference,
                            std::vector<uint32_t>& out) const;
   bool SearchJoint(const GpuUsage& usage, const std::vector<std::vector<uint32_t>>& candidates,
-                   std::vector<PlannedInstance>& out) const;
+                   std::vector<PlannedInstance>& out,
+                   std::span<const PlannedInstance> idle = {}) const;
   GpuPlan Explain(const GpuUsage& usage, std::span<const uint64_t> memories_mib,
                   const std::vector<std::vector<uint32_t>>& defaults, bool explain) const;
 

@@ -7,6 +7,7 @@
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "protocol/annotations.h"
+#include "protocol/idle_instances.h"
 #include "protocol/mig_allocations.h"
 #include "protocol/node_register.h"
 #include "protocol/pod_request.h"
@@ -222,6 +223,24 @@ absl::StatusOr<CommandOutput> RunInventory(kube::KubeClient& client, NvmlSource*
       } else {
         rec["registerError"] = std::string(devices.status().message());
         register_note = "unreadable register annotation";
+      }
+    }
+    // Idle (warm) instances the device plugin keeps (dynmig.io/idle-mig-instances).
+    if (auto idle = kube::Annotation(node, protocol::kNodeIdleInstancesAnnotation)) {
+      rec["idleMigInstancesAnnotation"] = *idle;
+      if (auto decoded = protocol::DecodeIdleInstances(*idle); decoded.ok()) {
+        if (!decoded->empty())
+          register_note += fmt::format(", {} idle instance(s)", decoded->size());
+        json list = json::array();
+        for (const auto& i : *decoded) {
+          list.push_back({{"gpuUUID", i.gpu_uuid},
+                          {"profile", i.profile},
+                          {"placement", {{"start", i.placement.start}, {"size", i.placement.size}}},
+                          {"idleSince", i.idle_since}});
+        }
+        rec["idleMigInstances"] = list;
+      } else {
+        rec["idleMigInstancesError"] = std::string(decoded.status().message());
       }
     }
     if (auto st = write(fmt::format("nodes/{}.json", BackupFileName(name)), rec); !st.ok())

@@ -8,7 +8,8 @@
 //                                      annotation included, with its legacy-format findings), every
 //                                      nvidia.com/mig* label (mig.config, mig.config.state, ...),
 //                                      nvidia.com/gpu.* labels, cordon state, addresses, the
-//                                      nvidia.com/* resources of status.capacity and .allocatable
+//                                      nvidia.com/* resources of status.capacity and .allocatable,
+//                                      its idle (warm) instances (dynmig.io/idle-mig-instances)
 //   DIR/mig-pods.json                  every active MIG pod: node, phase, bind phase, its
 //                                      allocations (decoded, or the raw value and the error), its
 //                                      legacy GPU-uuid[t-s] identities, device lists, requests

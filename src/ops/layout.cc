@@ -80,6 +80,7 @@ tr.gpu.unhealthy td{background:repeating-linear-gradient(45deg,#fff,#fff 6px,#fb
 text-overflow:ellipsis;border:1px solid rgba(0,0,0,.25);text-align:center}
 .res.pending{border-style:dashed}
 .reason{color:#b00020;font-size:.8em;margin-top:.3em}
+.idle{color:#2e6b30;font-size:.8em;margin-top:.3em}
 )CSS";
 
 }  // namespace
@@ -163,6 +164,12 @@ std::string RenderLayoutHtml(const std::vector<scheduler::NodeReport>& nodes, ab
             Escape(r.profile), Escape(ShortPodName(r.pod)));
       }
       out += "</div>\n";
+      for (const auto& i : g.idle) {
+        out += fmt::format(
+            "<div class=\"idle\" title=\"an idle (warm) instance: its slices are free; a pod of "
+            "this profile placed here reuses it\">idle {} at {}</div>\n",
+            Escape(i.profile), Escape(i.placement.ToString()));
+      }
       if (!g.healthy) {
         out +=
             fmt::format("<div class=\"reason\">unhealthy: {}</div>\n", Escape(g.unhealthy_reason));
@@ -199,6 +206,10 @@ std::string RenderLayoutText(const std::vector<scheduler::NodeReport>& nodes,
       for (const auto& r : g.reservations) {
         rows.push_back({r.placement.ToString(), r.profile, r.pod, RuntimeText(r)});
       }
+      for (const auto& i : g.idle) {
+        rows.push_back({i.placement.ToString(), i.profile, "(idle)",
+                        "warm instance: free, reused by a pod of this profile placed here"});
+      }
       if (!rows.empty()) out += RenderTable({"SLICES", "PROFILE", "POD", "INSTANCE"}, rows, indent);
     }
     out += "\n";
@@ -226,6 +237,12 @@ nlohmann::json LayoutJson(const std::vector<scheduler::NodeReport>& nodes) {
         }
         res.push_back(std::move(jr));
       }
+      nlohmann::json idle = nlohmann::json::array();
+      for (const auto& i : g.idle) {
+        idle.push_back({{"profile", i.profile},
+                        {"placement", {{"start", i.placement.start}, {"size", i.placement.size}}},
+                        {"idleSince", i.idle_since}});
+      }
       jgpus.push_back({{"uuid", g.uuid},
                        {"index", g.index},
                        {"model", g.model},
@@ -235,7 +252,8 @@ nlohmann::json LayoutJson(const std::vector<scheduler::NodeReport>& nodes) {
                        {"allowedProfiles", g.allowed_profiles},
                        {"healthy", g.healthy},
                        {"reason", g.unhealthy_reason},
-                       {"reservations", res}});
+                       {"reservations", res},
+                       {"idle", idle}});
     }
     jnodes.push_back({{"name", n.name},
                       {"healthy", n.healthy},

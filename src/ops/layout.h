@@ -21,13 +21,15 @@ namespace dynmig::ops {
 std::string RenderLayoutHtml(const std::vector<scheduler::NodeReport>& nodes, absl::Time now);
 
 // The terminal picture: per GPU the unit header, a row of profiles and a row of pod names drawn by
-// `painter`, then one line per reservation (placement, profile, pod, runtime identity).
+// `painter`, then one line per reservation (placement, profile, pod, runtime identity) and per idle
+// (warm) instance (pod "(idle)"; its slices are drawn free).
 std::string RenderLayoutText(const std::vector<scheduler::NodeReport>& nodes,
                              const SlicePainter& painter);
 
 // {"nodes":[{"name","healthy","reason","gpus":[{"uuid","index","model","units","allowlisted",
 //   "allowedProfiles","healthy","reason","freeUnits","reservations":[{"pod","profile",
-//   "placement":{"start","size"},"assumed","migUUID","gpuInstanceID","computeInstanceID"}]}]}]}
+//   "placement":{"start","size"},"assumed","migUUID","gpuInstanceID","computeInstanceID"}],
+//   "idle":[{"profile","placement":{"start","size"},"idleSince"}]}]}]}   (idle: warm instances)
 nlohmann::json LayoutJson(const std::vector<scheduler::NodeReport>& nodes);
 
 // Units drawn for a GPU: its axis, or (not allowlisted: unknown) the end of its reservations, 8 at

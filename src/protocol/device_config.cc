@@ -150,6 +150,55 @@ absl::Status ParseResourceName(const YAML::Node& nvidia, const char* key, std::s
   return absl::OkStatus();
 }
 
+constexpr std::string_view kWarmPath = "nvidia.migWarmInstances";
+
+// nvidia.migWarmInstances: {enabled: true|false (default true), ttl: <duration>, maxPerGpu: <n>}.
+// Strict (it is dynmig's own key): unknown keys and out-of-range values are errors.
+absl::StatusOr<WarmInstances> ParseWarmInstances(const YAML::Node& n) {
+  WarmInstances warm;
+  if (!n.IsDefined() || n.IsNull()) return warm;
+  if (!n.IsMap()) {
+    return FieldError(kWarmPath, fmt::format("must be a mapping such as {{ttl: 5m, maxPerGpu: 2}}, "
+                                             "got {}",
+                                             Describe(n)));
+  }
+  warm.enabled = true;
+  for (auto it = n.begin(); it != n.end(); ++it) {
+    const std::string key = it->first.IsScalar() ? it->first.Scalar() : "";
+    const std::string path = fmt::format("{}.{}", kWarmPath, key);
+    const YAML::Node& v = it->second;
+    if (key == "enabled") {
+      if (!v.IsScalar() || (v.Scalar() != "true" && v.Scalar() != "false")) {
+        return FieldError(path, fmt::format("must be true or false, got {}", Describe(v)));
+      }
+      warm.enabled = v.Scalar() == "true";
+    } else if (key == "ttl") {
+      absl::Duration d;
+      if (!v.IsScalar() || !absl::ParseDuration(v.Scalar(), &d)) {
+        return FieldError(
+            path, fmt::format("must be a duration such as 90s, 5m or 1h, got {}", Describe(v)));
+      }
+      if (d < absl::Seconds(1) || d > absl::Hours(24)) {
+        return FieldError(path, fmt::format("must be between 1s and 24h, got {}", v.Scalar()));
+      }
+      warm.ttl = d;
+    } else if (key == "maxPerGpu") {
+      DYNMIG_ASSIGN_OR_RETURN(const uint32_t max, UintValue(v, path, warm.max_per_gpu));
+      if (max < 1 || max > 64) {
+        return FieldError(path, fmt::format("must be between 1 and 64, got {} (to turn warm "
+                                            "instances off, set enabled: false or remove {})",
+                                            max, kWarmPath));
+      }
+      warm.max_per_gpu = max;
+    } else {
+      return FieldError(kWarmPath, fmt::format("unknown key {}; the keys are enabled, ttl and "
+                                               "maxPerGpu",
+                                               Describe(it->first)));
+    }
+  }
+  return warm;
+}
+
 absl::StatusOr<DeviceConfig> ParseNvidia(const YAML::Node& root) {
   if (!root.IsDefined() || root.IsNull()) {
     return absl::InvalidArgumentError("device-config.yaml: the document is empty");
@@ -185,6 +234,9 @@ absl::StatusOr<DeviceConfig> ParseNvidia(const YAML::Node& root) {
                                   "\"nvml\" (the memory NVML reports), got \"{}\"",
                                   match));
   }
+
+  DYNMIG_ASSIGN_OR_RETURN(cfg.warm_instances,
+                          ParseWarmInstances(Child(nvidia, "migWarmInstances")));
 
   const YAML::Node allowlist = Child(nvidia, "migProfileAllowlist");
   DYNMIG_ASSIGN_OR_RETURN(auto entries, SequenceItems(allowlist, kAllowlistPath));

@@ -8,6 +8,7 @@
 //     migProfileAllowlist:
 //       - models: ["A100-SXM4-40GB", "A100-PCIE-40GB"]
 //         profiles: ["1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"]
+//     migWarmInstances: {ttl: 5m, maxPerGpu: 2}   # optional: keep ended pods' instances idle
 #pragma once
 
 #include <string>
@@ -15,11 +16,25 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "mig/allowlist.h"
 #include "mig/legacy.h"
 #include "protocol/pod_request.h"
 
 namespace dynmig::protocol {
+
+// nvidia.migWarmInstances (lazy reclamation): the MIG instance of a pod that ended stays idle on
+// its GPU, for reuse by a later pod that reserves exactly its GPU, profile and placement (no NVML
+// create). An idle instance is destroyed after `ttl`, as soon as another reservation needs its
+// slices, or when its GPU already keeps `max_per_gpu` idle instances. Off unless the key is present
+// (and `enabled` is not false).
+struct WarmInstances {
+  bool enabled = false;
+  absl::Duration ttl = absl::Minutes(5);  // nvidia.migWarmInstances.ttl, 1s..24h
+  uint32_t max_per_gpu = 2;               // nvidia.migWarmInstances.maxPerGpu, 1..64
+
+  friend bool operator==(const WarmInstances&, const WarmInstances&) = default;
+};
 
 struct DeviceConfig {
   mig::Allowlist allowlist;                                 // nvidia.migProfileAllowlist
@@ -30,6 +45,7 @@ struct DeviceConfig {
   // (never less than NVML's memory: 20000 MiB needs 7g.40gb on an A100-40GB, whose 3g.20gb has
   // 19968 MiB).
   mig::MemoryMatch memory_match = mig::MemoryMatch::kNominal;
+  WarmInstances warm_instances;  // nvidia.migWarmInstances (off by default)
   // Notes that do not make the file invalid: legacy geometries present (not used: run
   // `dynmig config migrate`), no allowlist (no MIG profile will be offered).
   std::vector<std::string> warnings;
@@ -40,7 +56,9 @@ struct DeviceConfig {
 // "nvidia: section is missing" / "nvidia: must be a mapping";
 // "nvidia.migProfileAllowlist[1].profiles[0]: invalid MIG profile name ..." (mig::Allowlist rules);
 // "nvidia.knownMigGeometries[0].allowedGeometries[1][0].memory: must be a non-negative integer";
-// "nvidia.resourceCountName: must be a non-empty string". yaml-cpp exceptions never escape.
+// "nvidia.resourceCountName: must be a non-empty string";
+// "nvidia.migWarmInstances.ttl: must be a duration such as 90s, 5m or 1h, got \"soon\"".
+// yaml-cpp exceptions never escape.
 // allowedGeometries elements may be a list of templates (HAMi) or a mapping with a `geometries`
 // list (volcano-vgpu's grouped form).
 absl::StatusOr<DeviceConfig> ParseDeviceConfig(std::string_view yaml);

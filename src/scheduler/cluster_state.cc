@@ -182,6 +182,17 @@ void ClusterState::UpsertNode(const json& node) {
       entry.held_error = std::string(held.status().message());
     }
   }
+  entry.idle.clear();
+  entry.idle_error.clear();
+  if (HasAnnotation(node, protocol::kNodeIdleInstancesAnnotation)) {
+    auto idle =
+        protocol::DecodeIdleInstances(Annotation(node, protocol::kNodeIdleInstancesAnnotation));
+    if (idle.ok()) {
+      entry.idle = std::move(*idle);
+    } else {
+      entry.idle_error = std::string(idle.status().message());
+    }
+  }
   const std::string value = Annotation(node, protocol::kNodeRegisterAnnotation);
   if (value.empty()) return;
   auto devices = protocol::DecodeNodeRegister(value);
@@ -427,6 +438,21 @@ void ClusterState::Rebuild(NodeEntry& node) const {
       gv.unhealthy_reason = unhealthy[i];
       gr.healthy = false;
       gr.unhealthy_reason = unhealthy[i];
+    }
+    // Idle (warm) instances on slices nothing reserves or holds: preferred placements. One that a
+    // reservation overlaps is destroyed by the device plugin when that pod is allocated.
+    if (gpu.planner != nullptr && gv.healthy) {
+      for (const auto& idle : node.idle) {
+        if (idle.gpu_uuid != gv.uuid) continue;
+        const int idx = gpu.planner->ProfileIndex(idle.profile);
+        if (idx < 0 || !gpu.planner->IsAllowed(static_cast<uint32_t>(idx)) ||
+            !gpu.planner->capability().profiles[idx].IsLegal(idle.placement) ||
+            (idle.placement.Mask() & gv.usage.occupied) != 0) {
+          continue;
+        }
+        gv.idle.push_back({static_cast<uint32_t>(idx), idle.placement});
+        gr.idle.push_back({idle.profile, idle.placement, idle.idle_since});
+      }
     }
     view.gpus.push_back(std::move(gv));
   }

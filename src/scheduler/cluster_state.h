@@ -33,6 +33,7 @@
 #include "nlohmann/json.hpp"
 #include "protocol/devices.h"
 #include "protocol/held_slices.h"
+#include "protocol/idle_instances.h"
 #include "protocol/mig_allocations.h"
 #include "protocol/node_register.h"
 #include "protocol/pod_request.h"
@@ -68,6 +69,14 @@ struct GpuReport {
   bool healthy = true;
   std::string unhealthy_reason;
   std::vector<ReservationReport> reservations;
+  // Idle (warm) instances the device plugin keeps (dynmig.io/idle-mig-instances): free slices a
+  // pod of that profile would reuse.
+  struct IdleReport {
+    std::string profile;
+    mig::Placement placement;
+    int64_t idle_since = 0;  // unix seconds
+  };
+  std::vector<IdleReport> idle;
 };
 
 struct NodeReport {
@@ -191,8 +200,11 @@ class ClusterState {
     std::string register_error;             // the register annotation could not be decoded
     // dynmig.io/mig-held: slices live instances hold without an active reservation.
     std::vector<protocol::HeldSlices> held;
-    std::string held_error;               // the annotation could not be decoded
-    std::string handshake;                // hami.io/node-handshake value
+    std::string held_error;  // the annotation could not be decoded
+    // dynmig.io/idle-mig-instances: idle (warm) instances, preferred placements.
+    std::vector<protocol::IdleInstance> idle;
+    std::string idle_error;  // the annotation could not be decoded (ignored: only a preference)
+    std::string handshake;   // hami.io/node-handshake value
     std::optional<absl::Time> locked_at;  // hami.io/mutex.lock's time: a bind is in flight
     std::vector<GpuEntry> gpus;
     std::set<std::string> cordoned;

@@ -79,5 +79,48 @@ TEST_F(ReclaimTest, ATerminatingPodKeepsItsBusyInstanceWithoutBlockingOthers) {
   EXPECT_EQ(kube::Annotation(*kube_->GetNode(kNode), protocol::kNodeHeldSlicesAnnotation), "[]");
 }
 
+// Found by the chaos soak: a pod bound and then deleted before its Allocate (or a bind cut short by
+// a crashed scheduler) left hami.io/mutex.lock behind, and the node took no bind until the lock's
+// 5-minute expiry. The reconcile releases a lock whose pod will never reach Allocate here, and
+// only such a lock.
+TEST_F(ReclaimTest, ANodeLockOfAPodThatWillNeverBeAllocatedIsReleased) {
+  StartPlugin();
+  // Deleted before its Allocate.
+  CreatePod("gone", {{0, 0, 0, "1g.5gb", 0}});
+  DeletePod("gone");
+  ASSERT_TRUE(NodeLock().has_value());
+  plugin_->core().Reconcile();
+  EXPECT_FALSE(NodeLock().has_value());
+
+  // Finished.
+  CreatePod("done", {{0, 0, 0, "1g.5gb", 0}});
+  SetPhase("done", "Failed");
+  plugin_->core().Reconcile();
+  EXPECT_FALSE(NodeLock().has_value());
+
+  // Bound to another node.
+  CreatePod("elsewhere", {{0, 0, 0, "1g.5gb", 0}}, 1, /*lock=*/false,
+            [](kube::Object& pod) { pod["spec"]["nodeName"] = "other-node"; });
+  LockNodeFor("elsewhere");
+  plugin_->core().Reconcile();
+  EXPECT_FALSE(NodeLock().has_value());
+
+  // Kept: a pod not bound yet (its bind may be in progress) and a pod of this node waiting for
+  // its Allocate.
+  kube::Object unbound = {{"apiVersion", "v1"},
+                          {"kind", "Pod"},
+                          {"metadata", {{"name", "binding"}, {"namespace", "default"}}},
+                          {"spec", {{"containers", {{{"name", "c"}, {"image", "cuda"}}}}}}};
+  ASSERT_TRUE(kube_->CreatePod(unbound).ok());
+  LockNodeFor("binding");
+  plugin_->core().Reconcile();
+  EXPECT_NE(NodeLock().value_or("").find("default,binding"), std::string::npos);
+  CreatePod("waiting", {{0, 0, 0, "1g.5gb", 1}});
+  plugin_->core().Reconcile();
+  EXPECT_NE(NodeLock().value_or("").find("default,waiting"), std::string::npos);
+  // Its Allocate still goes through.
+  EXPECT_TRUE(Allocate("waiting", 0, 1).ok());
+}
+
 }  // namespace
 }  // namespace dynmig::deviceplugin::testing

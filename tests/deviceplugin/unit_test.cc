@@ -64,6 +64,28 @@ TEST(StateStoreTest, RoundTripsThroughTheFileAtomically) {
   EXPECT_EQ(files, 1u);
 }
 
+TEST(StateStoreTest, IdleInstancesRoundTrip) {
+  PluginState s = SampleState();
+  s.instances[0].idle = true;
+  s.instances[0].idle_since = 1800000300;
+  const std::string text = EncodeState(s);
+  EXPECT_NE(text.find("\"idleSince\": 1800000300"), std::string::npos) << text;
+  auto back = DecodeState(text);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, s);
+  // Not idle: no idle keys (files of older versions read the same).
+  EXPECT_EQ(EncodeState(SampleState()).find("idle"), std::string::npos);
+  auto bad = DecodeState(R"({"version":1,"nextIntentId":1,"intents":[],"instances":[)"
+                         R"({"gpuUUID":"g","profile":"1g.5gb","profileId":19,)"
+                         R"("placement":{"start":0,"size":1},"gpuInstanceID":1,)"
+                         R"("computeInstanceID":0,"migUUID":"m","origin":"created","since":1,)"
+                         R"("owner":{"podUID":"u","namespace":"n","name":"p","containerIndex":0,)"
+                         R"("deviceIndex":0},"idle":true}]})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("state.instances[0].idleSince: missing"), std::string::npos)
+      << bad.status();
+}
+
 TEST(StateStoreTest, ACorruptFileIsDataLossNamingTheField) {
   auto bad =
       DecodeState(R"({"version":1,"nextIntentId":1,"instances":[{"gpuUUID":3}],"intents":[]})");
@@ -234,6 +256,37 @@ TEST(InventoryTest, DiscoveryExposesOnlyAllowlistedModelsWithExactProfiles) {
   EXPECT_NE(inv->gpus[1].not_exposed_reason.find("matches no migProfileAllowlist entry"),
             std::string::npos);
   EXPECT_EQ(inv->RegisterDevices().size(), 1u);
+}
+
+// Found by the chaos soak: a device plugin started while NVML failed on one GPU's capability
+// never served that GPU (nor cleaned its instances) until its next restart.
+TEST(InventoryTest, AGpuWhoseDiscoveryFailedIsDiscoveredOnceNvmlAnswers) {
+  nvml::SimNvmlOptions o;
+  o.spec = "A100-SXM4-40GBx2";
+  auto sim = nvml::SimNvml::Create(o);
+  ASSERT_TRUE(sim.ok());
+  nvml::SimFault f;
+  f.op = "GetGpuInstancePossiblePlacements";
+  f.code = nvml::NvmlReturn::kUnknown;
+  f.gpu = 1;
+  ASSERT_TRUE((*sim)->InjectFault(f).ok());
+  mig::Allowlist allowlist;
+  allowlist.entries.push_back({{"A100-SXM4-40GB"}, {"1g.5gb", "7g.40gb"}});
+  auto inv = DiscoverInventory(**sim, allowlist);
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  ASSERT_EQ(inv->gpus.size(), 2u);
+  EXPECT_TRUE(inv->gpus[0].exposed);
+  EXPECT_FALSE(inv->gpus[1].exposed);
+  EXPECT_TRUE(inv->gpus[1].discovery_failed);
+  EXPECT_NE(inv->gpus[1].not_exposed_reason.find("cannot be discovered"), std::string::npos);
+  EXPECT_EQ(inv->RegisterDevices().size(), 1u);
+
+  EXPECT_TRUE(RetryDiscovery(**sim, allowlist, *inv));
+  EXPECT_TRUE(inv->gpus[1].exposed);
+  EXPECT_TRUE(inv->gpus[1].healthy);
+  EXPECT_FALSE(inv->gpus[1].discovery_failed);
+  EXPECT_EQ(inv->RegisterDevices().size(), 2u);
+  EXPECT_FALSE(RetryDiscovery(**sim, allowlist, *inv));  // nothing left to discover
 }
 
 TEST(CdiTest, SpecNamesTheDeviceByItsMigUuid) {

@@ -1,5 +1,5 @@
-// A short chaos soak (the long one is `make soak`): the whole local system under a seeded random
-// workload with NVML and API faults and restarts keeps the invariants and quiesces clean.
+// A chaos seed (the long soak is `make soak`): the whole local system under a seeded random
+// workload with every kind of fault, crash and restart keeps the invariants and quiesces clean.
 #include "local/chaos.h"
 
 #include <gtest/gtest.h>
@@ -15,13 +15,20 @@
 namespace dynmig::local {
 namespace {
 
-TEST(ChaosTest, ShortSeedKeepsEveryInvariant) {
+// Chosen so that every kind of fault comes up within the first 50 steps (of some 300).
+constexpr uint64_t kTestSeed = 5;
+
+// The 60-second seed of `make test` (the long one is `make soak`). Its own ctest test, run beside
+// the others: the settings leave room for a loaded 2-core machine (the invariants are never
+// loosened for it).
+TEST(ChaosTest, SixtySecondSeedKeepsEveryInvariant) {
   spdlog::set_level(spdlog::level::off);
   ChaosOptions o;
-  o.seed = 7;
-  o.duration = absl::Seconds(25);
+  o.seed = kTestSeed;
+  o.duration = absl::Seconds(60);
   o.step = absl::Milliseconds(150);
   o.max_pods = 8;
+  o.quiesce_timeout = absl::Seconds(90);
   o.state_dir =
       (std::filesystem::temp_directory_path() / ("dynmig-chaos-test-" + std::to_string(::getpid())))
           .string();
@@ -29,19 +36,18 @@ TEST(ChaosTest, ShortSeedKeepsEveryInvariant) {
   auto report = RunChaos(o);
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_TRUE(report->ok()) << report->Summary();
-  // The run did what it says: pods ran, faults and restarts happened, invariants were checked.
-  EXPECT_GT(report->pods_created, 5) << report->Summary();
-  EXPECT_GT(report->pods_running_seen, 1) << report->Summary();
-  EXPECT_GT(report->checks, 20) << report->Summary();
-  int64_t nvml_faults = 0, api_faults = 0, restarts = 0;
-  for (const auto& [action, n] : report->actions) {
-    if (action.starts_with("nvml-fault")) nvml_faults += n;
-    if (action.starts_with("api-fault")) api_faults += n;
-    if (action.starts_with("restart")) restarts += n;
+  std::cerr << report->Summary();
+  // The run did what it says: pods ran, every kind of fault was injected, invariants were
+  // checked. The kinds of the first steps are fixed by the seed (their own random stream);
+  // whether an armed crash point is reached depends on the Allocates that follow.
+  EXPECT_GT(report->pods_created, 10) << report->Summary();
+  EXPECT_GT(report->pods_running_seen, 3) << report->Summary();
+  EXPECT_GT(report->checks, 100) << report->Summary();
+  for (const char* kind :
+       {"nvml-fault", "api-fault", "api-timeout", "api-outage", "watch-cut", "watch-410-relist",
+        "crash armed", "scheduler crash", "clock-jump", "restart device-plugin"}) {
+    EXPECT_GT(report->Total(kind), 0) << kind << "\n" << report->Summary();
   }
-  EXPECT_GT(nvml_faults, 0) << report->Summary();
-  EXPECT_GT(api_faults, 0) << report->Summary();
-  EXPECT_GT(restarts, 0) << report->Summary();
   EXPECT_FALSE(std::filesystem::exists(o.state_dir));
 }
 

@@ -760,6 +760,23 @@ TEST_F(ConformanceTest, AdminEndpointDrivesFaultsOverHttp) {
   EXPECT_EQ(cleared->status, 200);
 }
 
+TEST_F(ConformanceTest, AWindowedFaultIsAnOutageThatEndsByItself) {
+  FaultSpec outage;
+  outage.count = -1;
+  outage.status = 503;
+  outage.window = absl::Milliseconds(400);
+  server_->AddFault(outage);
+  auto client = testing::MakeClient(server_->url(), nullptr, 1);
+  EXPECT_EQ(client->ListNodes().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(client->ListPods({}).status().code(), absl::StatusCode::kUnavailable);
+  // Nobody clears it: the window ends it.
+  EXPECT_TRUE(testing::Eventually([&] { return client->ListNodes().ok(); }));
+
+  auto parsed = FaultSpecFromJson(Object::parse(R"({"count":-1,"windowMs":2500})"));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->window, absl::Milliseconds(2500));
+}
+
 TEST_F(ConformanceTest, DiscoveryAndStatusBodies) {
   httplib::Client http("127.0.0.1", server_->port());
   auto api = http.Get("/api/v1");

@@ -208,5 +208,100 @@ TEST(NodePlannerTest, PercentageResolvesPerGpuModel) {
             "3g.40gb");
 }
 
+// Warm instances: among placements that are otherwise equally good, the one of an idle instance of
+// the chosen profile; never one with a worse fragmentation score. Every state of 1g reservations,
+// every request size, an idle instance at every free placement of the chosen profile.
+TEST(NodePlannerTest, AnIdleInstancePlacementWinsOnlyAmongEquals) {
+  int ties = 0, checked = 0;
+  for (uint32_t bits = 0; bits < 128; ++bits) {
+    std::vector<std::pair<std::string, uint32_t>> reserved;
+    for (uint32_t u = 0; u < 7; ++u) {
+      if (bits & (1u << u)) reserved.push_back({"1g.5gb", u});
+    }
+    const GpuView plain = Gpu("GPU-0", 0, reserved);
+    const auto& planner = *plain.planner;
+    const SliceMask full = FullMask(planner.units());
+    for (uint64_t mib : {4000, 9000, 19000}) {
+      const auto req = OneContainer(1, mib);
+      auto base = PlanPodOnNode(NodeView{"node-a", true, "", {plain}}, req);
+      if (!base.fits()) continue;
+      const Assignment& chosen = base.assignments[0];
+      auto score = [&](const Placement& pl) {
+        return planner.FragmentationScore(full & ~(plain.usage.occupied | pl.Mask()));
+      };
+      for (const auto& pl : planner.capability().profiles[chosen.profile_index].placements) {
+        if (pl.Mask() & plain.usage.occupied) continue;
+        GpuView warm = plain;
+        warm.idle.push_back({chosen.profile_index, pl});
+        auto plan = PlanPodOnNode(NodeView{"node-a", true, "", {warm}}, req);
+        ASSERT_TRUE(plan.fits());
+        ++checked;
+        if (score(pl) == score(chosen.placement)) {
+          EXPECT_EQ(plan.assignments[0].placement, pl)
+              << "state " << bits << ", idle at " << pl.start << ", " << mib << " MiB";
+          EXPECT_EQ(plan.idle_reused, 1u);
+          ties += pl != chosen.placement ? 1 : 0;
+        } else {
+          EXPECT_EQ(plan.assignments[0].placement, chosen.placement)
+              << "state " << bits << ", idle at " << pl.start << ": must not cost fragmentation";
+          EXPECT_EQ(plan.idle_reused, 0u);
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 100);
+  EXPECT_GT(ties, 0) << "no state had two equally good placements: the test proves nothing";
+}
+
+TEST(NodePlannerTest, AnIdleInstanceOfAnotherProfileIsNotPreferred) {
+  GpuView plain = Gpu("GPU-0", 0);
+  const NodeView without{"node-a", true, "", {plain}};
+  auto base = PlanPodOnNode(without, OneContainer(1, 4000));
+  ASSERT_TRUE(base.fits());
+  GpuView warm = plain;
+  // A 2g.10gb idle at 0: a 1g request does not land on it (it would not be reused).
+  warm.idle.push_back({static_cast<uint32_t>(plain.planner->ProfileIndex("2g.10gb")), {0, 2}});
+  auto plan = PlanPodOnNode(NodeView{"node-a", true, "", {warm}}, OneContainer(1, 4000));
+  ASSERT_TRUE(plan.fits());
+  EXPECT_EQ(plan.assignments[0].placement, base.assignments[0].placement);
+  EXPECT_EQ(plan.idle_reused, 0u);
+}
+
+TEST(NodePlannerTest, SeveralInstancesLandOnIdleInstancesWhenEquallyGood) {
+  GpuView plain = Gpu("GPU-0", 0);
+  const auto req = OneContainer(2, 4000);
+  auto base = PlanPodOnNode(NodeView{"node-a", true, "", {plain}}, req);
+  ASSERT_TRUE(base.fits());
+  // Idle instances exactly where the plan goes anyway: both reused, same plan.
+  GpuView warm = plain;
+  const uint32_t one_g = static_cast<uint32_t>(plain.planner->ProfileIndex("1g.5gb"));
+  for (const auto& a : base.assignments) warm.idle.push_back({one_g, a.placement});
+  auto plan = PlanPodOnNode(NodeView{"node-a", true, "", {warm}}, req);
+  ASSERT_TRUE(plan.fits());
+  EXPECT_EQ(plan.idle_reused, 2u);
+  for (size_t i = 0; i < plan.assignments.size(); ++i) {
+    EXPECT_EQ(plan.assignments[i].placement, base.assignments[i].placement);
+  }
+}
+
+// Between nodes that are otherwise equal, the one where the pod reuses an idle instance.
+TEST(NodePlannerTest, TheNodeWithTheIdleInstanceWinsATie) {
+  GpuView a = Gpu("GPU-a", 0);
+  GpuView b = Gpu("GPU-b", 0);
+  const auto req = OneContainer(1, 4000);
+  auto base = PlanPodOnNode(NodeView{"node-a", true, "", {a}}, req);
+  ASSERT_TRUE(base.fits());
+  b.idle.push_back(
+      {static_cast<uint32_t>(b.planner->ProfileIndex("1g.5gb")), base.assignments[0].placement});
+  std::vector<NodeView> nodes = {NodeView{"node-a", true, "", {a}},
+                                 NodeView{"node-b", true, "", {b}}};
+  auto pick = PlanPod(nodes, req);
+  EXPECT_EQ(pick.chosen, 1);
+  EXPECT_EQ(pick.nodes[1].idle_reused, 1u);
+  // Without idle instances: node order, as before.
+  nodes[1].gpus[0].idle.clear();
+  EXPECT_EQ(PlanPod(nodes, req).chosen, 0);
+}
+
 }  // namespace
 }  // namespace dynmig::mig

@@ -115,6 +115,23 @@ TEST_F(InventoryTest, BacksUpEverythingTheGuideAsksFor) {
   EXPECT_NE(summary.find("nvidia.com/mig.config=all-1g.5gb"), std::string::npos) << summary;
 }
 
+TEST_F(InventoryTest, IdleInstancesAreSaved) {
+  json c = Node("node-c", Register({{"GPU-c0"}}));
+  c["metadata"]["annotations"][std::string(protocol::kNodeIdleInstancesAnnotation)] =
+      R"([{"gpuUUID":"GPU-c0","profile":"1g.5gb","placement":{"start":6,"size":1},)"
+      R"("idleSince":1800000000}])";
+  Add(c);
+  const auto out = dir_ / "backup";
+  RunJson({"inventory", "--out", out.string()}, 0);
+  const json node = ReadJson(out / "nodes/node-c.json");
+  ASSERT_EQ(node["idleMigInstances"].size(), 1u);
+  EXPECT_EQ(node["idleMigInstances"][0]["profile"], "1g.5gb");
+  EXPECT_EQ(node["idleMigInstances"][0]["placement"]["start"], 6);
+  EXPECT_NE(ReadText(out / "summary.txt").find("node-c: 1 registered GPUs, 1 idle instance(s)"),
+            std::string::npos)
+      << ReadText(out / "summary.txt");
+}
+
 TEST_F(InventoryTest, NeverOverwritesWithoutForce) {
   const auto out = dir_ / "backup";
   ASSERT_EQ(Run({"inventory", "--out", out.string(), "--nvml-endpoint", ""}).code, 0);

@@ -3,6 +3,7 @@
 #include <regex>
 
 #include "ops/ops_test_util.h"
+#include "protocol/idle_instances.h"
 
 namespace dynmig::ops::testing {
 namespace {
@@ -69,6 +70,26 @@ TEST_F(LayoutTest, JsonListsGpusAndReservations) {
   EXPECT_EQ(a["gpus"][0]["reservations"].size(), 2u);
   EXPECT_EQ(a["gpus"][1]["healthy"], false);
   EXPECT_EQ(r["nodes"][1]["gpus"][0]["reservations"][0]["migUUID"], "MIG-x");
+}
+
+TEST_F(LayoutTest, IdleInstancesAreShownAsFreeSlicesWithTheirProfile) {
+  json c = Node("node-c", Register({{"GPU-c0"}}, {"1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"}));
+  c["metadata"]["annotations"][std::string(protocol::kNodeIdleInstancesAnnotation)] =
+      R"([{"gpuUUID":"GPU-c0","profile":"1g.5gb","placement":{"start":6,"size":1},)"
+      R"("idleSince":1800000000}])";
+  Add(c);
+  auto r = Run({"layout", "--node", "node-c"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("8 of 8 units free"), std::string::npos) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(6 +1g\.5gb +\(idle\) +warm instance)")))
+      << r.out;
+  const json j = RunJson({"layout", "--node", "node-c"}, 0);
+  const json& idle = j["nodes"][0]["gpus"][0]["idle"];
+  ASSERT_EQ(idle.size(), 1u);
+  EXPECT_EQ(idle[0]["profile"], "1g.5gb");
+  EXPECT_EQ(idle[0]["placement"]["start"], 6);
+  EXPECT_EQ(idle[0]["idleSince"], 1800000000);
+  EXPECT_EQ(j["nodes"][0]["gpus"][0]["freeUnits"], 8);
 }
 
 TEST_F(LayoutTest, HtmlPageHasARowPerGpuAndASpanPerReservation) {

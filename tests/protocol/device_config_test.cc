@@ -372,5 +372,54 @@ TEST(DeviceConfigTest, LoadDeviceConfigNamesTheFile) {
               HasSubstr("/nonexistent/device-config.yaml"));
 }
 
+TEST(DeviceConfigTest, WarmInstancesAreOffByDefault) {
+  auto cfg = ParseDeviceConfig(kSpecAllowlist);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_FALSE(cfg->warm_instances.enabled);
+}
+
+TEST(DeviceConfigTest, WarmInstancesParse) {
+  auto cfg = ParseDeviceConfig(std::string(kSpecAllowlist) +
+                               "  migWarmInstances: {ttl: 90s, maxPerGpu: 7}\n");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_TRUE(cfg->warm_instances.enabled);
+  EXPECT_EQ(cfg->warm_instances.ttl, absl::Seconds(90));
+  EXPECT_EQ(cfg->warm_instances.max_per_gpu, 7u);
+
+  auto defaults = ParseDeviceConfig(std::string(kSpecAllowlist) + "  migWarmInstances: {}\n");
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_TRUE(defaults->warm_instances.enabled);
+  EXPECT_EQ(defaults->warm_instances.ttl, absl::Minutes(5));
+  EXPECT_EQ(defaults->warm_instances.max_per_gpu, 2u);
+
+  auto off = ParseDeviceConfig(std::string(kSpecAllowlist) +
+                               "  migWarmInstances: {enabled: false, ttl: 1h}\n");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->warm_instances.enabled);
+}
+
+TEST(DeviceConfigTest, WarmInstancesErrorsNameTheKey) {
+  auto error = [](const std::string& value) {
+    auto cfg =
+        ParseDeviceConfig(std::string(kSpecAllowlist) + "  migWarmInstances: " + value + "\n");
+    EXPECT_FALSE(cfg.ok()) << value;
+    return cfg.ok() ? std::string() : std::string(cfg.status().message());
+  };
+  EXPECT_THAT(error("{ttl: soon}"),
+              HasSubstr("nvidia.migWarmInstances.ttl: must be a duration such as 90s, 5m or 1h, "
+                        "got \"soon\""));
+  EXPECT_THAT(error("{ttl: 0s}"), HasSubstr("nvidia.migWarmInstances.ttl: must be between 1s"));
+  EXPECT_THAT(error("{ttl: 48h}"), HasSubstr("nvidia.migWarmInstances.ttl: must be between"));
+  EXPECT_THAT(error("{maxPerGpu: 0}"),
+              HasSubstr("nvidia.migWarmInstances.maxPerGpu: must be between 1 and 64, got 0"));
+  EXPECT_THAT(error("{maxPerGpu: -1}"),
+              HasSubstr("nvidia.migWarmInstances.maxPerGpu: must be a non-negative integer"));
+  EXPECT_THAT(error("{enabled: yes please}"),
+              HasSubstr("nvidia.migWarmInstances.enabled: must be true or false"));
+  EXPECT_THAT(error("{maxPerGPU: 2}"),
+              HasSubstr("nvidia.migWarmInstances: unknown key \"maxPerGPU\""));
+  EXPECT_THAT(error("[5m]"), HasSubstr("nvidia.migWarmInstances: must be a mapping"));
+}
+
 }  // namespace
 }  // namespace dynmig::protocol

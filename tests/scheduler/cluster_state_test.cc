@@ -9,6 +9,7 @@
 #include "mig/catalogue.h"
 #include "protocol/annotations.h"
 #include "protocol/held_slices.h"
+#include "protocol/idle_instances.h"
 #include "protocol/node_register.h"
 #include "scheduler/node_lock.h"
 
@@ -176,6 +177,54 @@ TEST_F(ClusterStateTest, SlicesTheNodeHoldsAreNeverReserved) {
   EXPECT_FALSE(closed->reservation.has_value());
   EXPECT_NE(closed->failed["node-a"].find("dynmig.io/mig-held"), std::string::npos)
       << closed->failed["node-a"];
+}
+
+TEST_F(ClusterStateTest, IdleInstancesArePreferredAmongEqualsAndStayFree) {
+  // Two empty, equal nodes: the first in order wins, unless the other keeps an idle instance
+  // exactly where the pod would go.
+  state_.UpsertNode(Node("node-a", Register({{"GPU-a", "A100-SXM4-40GB"}})));
+  state_.UpsertNode(Node("node-b", Register({{"GPU-b", "A100-SXM4-40GB"}})));
+  auto first = state_.PlanAndReserve("default/probe", Request(4000), {"node-a", "node-b"}, kNow);
+  ASSERT_TRUE(first.ok() && first->reservation);
+  EXPECT_EQ(first->reservation->node, "node-a");
+  const mig::Placement where = first->reservation->allocations[0].placement;
+  state_.Forget("default/probe");
+
+  json b = Node("node-b", Register({{"GPU-b", "A100-SXM4-40GB"}}));
+  b["metadata"]["annotations"][std::string(protocol::kNodeIdleInstancesAnnotation)] =
+      protocol::EncodeIdleInstances({{"GPU-b", "1g.5gb", where, 1'799'999'000}});
+  state_.UpsertNode(b);
+  auto warm = state_.PlanAndReserve("default/p", Request(4000), {"node-a", "node-b"}, kNow);
+  ASSERT_TRUE(warm.ok() && warm->reservation);
+  EXPECT_EQ(warm->reservation->node, "node-b");
+  EXPECT_EQ(warm->reservation->allocations[0].placement, where);
+  EXPECT_EQ(warm->reservation->allocations[0].profile, "1g.5gb");
+
+  // Reserved now: no longer offered as idle (the next pod does not aim at it), shown until then.
+  auto view = state_.View("node-b", kNow);
+  ASSERT_TRUE(view.has_value());
+  EXPECT_TRUE(view->gpus[0].idle.empty());
+  state_.Forget("default/p");
+  view = state_.View("node-b", kNow);
+  ASSERT_EQ(view->gpus[0].idle.size(), 1u);
+  auto report = state_.Report(kNow);
+  ASSERT_EQ(report.size(), 2u);
+  ASSERT_EQ(report[1].gpus[0].idle.size(), 1u);
+  EXPECT_EQ(report[1].gpus[0].idle[0].profile, "1g.5gb");
+  EXPECT_EQ(report[1].gpus[0].idle[0].idle_since, 1'799'999'000);
+
+  // Idle slices are free: a 7g takes the whole GPU (the device plugin destroys the idle one).
+  auto big = state_.PlanAndReserve("default/big", Request(39000), {"node-b"}, kNow);
+  ASSERT_TRUE(big.ok());
+  EXPECT_TRUE(big->reservation.has_value());
+  state_.Forget("default/big");
+
+  // An unreadable value is only a lost preference: the node stays schedulable.
+  b["metadata"]["annotations"][std::string(protocol::kNodeIdleInstancesAnnotation)] = "{";
+  state_.UpsertNode(b);
+  auto plain = state_.PlanAndReserve("default/q", Request(4000), {"node-a", "node-b"}, kNow);
+  ASSERT_TRUE(plain.ok() && plain->reservation);
+  EXPECT_EQ(plain->reservation->node, "node-a");
 }
 
 TEST_F(ClusterStateTest, TheAnnotationTakesOverFromTheAssumption) {

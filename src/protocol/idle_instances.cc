@@ -1,0 +1,93 @@
+#include "protocol/idle_instances.h"
+
+#include <algorithm>
+#include <tuple>
+
+#include "fmt/format.h"
+#include "nlohmann/json.hpp"
+#include "protocol/json_fields.h"
+
+namespace dynmig::protocol {
+namespace {
+
+using internal::IntField;
+using internal::StringField;
+using nlohmann::json;
+
+constexpr int64_t kMaxUnits = 64;
+
+}  // namespace
+
+absl::StatusOr<std::vector<IdleInstance>> DecodeIdleInstances(std::string_view value) {
+  auto doc = internal::ParseJson(value, kNodeIdleInstancesAnnotation);
+  if (!doc.ok()) return doc.status();
+  if (!doc->is_array()) {
+    return absl::InvalidArgumentError(fmt::format("{}: must be a JSON array, got {}",
+                                                  kNodeIdleInstancesAnnotation, doc->type_name()));
+  }
+  std::vector<IdleInstance> out;
+  for (size_t i = 0; i < doc->size(); ++i) {
+    const json& e = (*doc)[i];
+    const std::string ctx = fmt::format("{}[{}]", kNodeIdleInstancesAnnotation, i);
+    if (!e.is_object()) {
+      return absl::InvalidArgumentError(fmt::format("{}: must be an object", ctx));
+    }
+    IdleInstance idle;
+    auto gpu = StringField(e, "gpuUUID", ctx);
+    if (!gpu.ok()) return gpu.status();
+    if (!gpu->has_value() || (*gpu)->empty()) {
+      return absl::InvalidArgumentError(fmt::format("{}.gpuUUID: missing", ctx));
+    }
+    idle.gpu_uuid = **gpu;
+    auto profile = StringField(e, "profile", ctx);
+    if (!profile.ok()) return profile.status();
+    if (!profile->has_value() || (*profile)->empty()) {
+      return absl::InvalidArgumentError(fmt::format("{}.profile: missing", ctx));
+    }
+    idle.profile = **profile;
+    const json* placement = internal::FindField(e, "placement");
+    const std::string pctx = ctx + ".placement";
+    if (placement == nullptr || !placement->is_object()) {
+      return absl::InvalidArgumentError(fmt::format("{}: must be an object {{start, size}}", pctx));
+    }
+    auto start = IntField(*placement, "start", pctx, 0, kMaxUnits - 1);
+    if (!start.ok()) return start.status();
+    auto size = IntField(*placement, "size", pctx, 1, kMaxUnits);
+    if (!size.ok()) return size.status();
+    if (!start->has_value() || !size->has_value()) {
+      return absl::InvalidArgumentError(fmt::format("{}: start and size are required", pctx));
+    }
+    if (**start + **size > kMaxUnits) {
+      return absl::InvalidArgumentError(
+          fmt::format("{}: ends at {}, beyond {} units", pctx, **start + **size, kMaxUnits));
+    }
+    idle.placement = {static_cast<uint32_t>(**start), static_cast<uint32_t>(**size)};
+    auto since = IntField(e, "idleSince", ctx, 0, INT64_MAX);
+    if (!since.ok()) return since.status();
+    idle.idle_since = since->value_or(0);
+    out.push_back(std::move(idle));
+  }
+  return out;
+}
+
+std::string EncodeIdleInstances(std::vector<IdleInstance> idle) {
+  std::sort(idle.begin(), idle.end(), [](const IdleInstance& a, const IdleInstance& b) {
+    return std::tie(a.gpu_uuid, a.placement.start, a.placement.size) <
+           std::tie(b.gpu_uuid, b.placement.start, b.placement.size);
+  });
+  idle.erase(std::unique(idle.begin(), idle.end(),
+                         [](const IdleInstance& a, const IdleInstance& b) {
+                           return a.gpu_uuid == b.gpu_uuid && a.placement == b.placement;
+                         }),
+             idle.end());
+  json out = json::array();
+  for (const auto& i : idle) {
+    out.push_back({{"gpuUUID", i.gpu_uuid},
+                   {"profile", i.profile},
+                   {"placement", {{"start", i.placement.start}, {"size", i.placement.size}}},
+                   {"idleSince", i.idle_since}});
+  }
+  return out.dump();
+}
+
+}  // namespace dynmig::protocol
