@@ -39,6 +39,7 @@ import urllib.request
 from datetime import datetime, timezone
 
 ALLOC = "hami.io/vgpu-mig-allocations"
+IDLE = "dynmig.io/idle-mig-instances"
 LABEL = "dynmig.io/burst"
 NS = "default"
 STATE = os.environ.get("RK_STATE", "/var/lib/dynmig-real-k8s")
@@ -182,23 +183,32 @@ class PodWatch(threading.Thread):
 
 # --- the device plugin's NVML view ----------------------------------------------------------------------------------
 
-def live_instances(nvml_url):
-    """MIG UUIDs of the live instances in the device plugin's GET /nvml (as scenarios.py reads them)."""
+def nvml_instances(nvml_url):
+    """The live instances of the device plugin's GET /nvml: (gpuUUID, start, size, profile) -> MIG UUIDs."""
     with urllib.request.urlopen(nvml_url, timeout=10) as r:
         view = json.loads(r.read())
-    found = set()
+    out = {}
+    for g in view.get("gpus", []) if isinstance(view, dict) else []:
+        for i in g.get("instances", []):
+            p = i.get("placement", {})
+            key = (g.get("uuid"), p.get("start"), p.get("size"), i.get("profile"))
+            out[key] = sorted(c.get("migUUID") for c in i.get("computeInstances", []) if c.get("migUUID"))
+    return out
 
-    def walk(v):
-        if isinstance(v, dict):
-            for key, x in v.items():
-                if isinstance(x, str) and x.startswith("MIG-") and key.lower() in ("uuid", "miguuid", "mig_uuid"):
-                    found.add(x)
-                walk(x)
-        elif isinstance(v, list):
-            for x in v:
-                walk(x)
-    walk(view)
-    return found
+
+def idle_listed(kube, node):
+    """The node's dynmig.io/idle-mig-instances (warm instances) as a set of (gpuUUID, start, size, profile)."""
+    value = kube.json("get", "node", node)["metadata"].get("annotations", {}).get(IDLE)
+    out = set()
+    for i in json.loads(value) if value else []:
+        p = i.get("placement", {})
+        out.add((i.get("gpuUUID"), p.get("start"), p.get("size"), i.get("profile")))
+    return out
+
+
+def not_idle(instances, idle):
+    """MIG UUIDs of `instances` (nvml_instances) that the node's idle set does not list."""
+    return sorted(u for key, uuids in instances.items() if key not in idle for u in uuids)
 
 
 # --- one round ------------------------------------------------------------------------------------------------------
@@ -214,9 +224,10 @@ def pod_manifest(name, kind, tag, image):
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
-def check_pods(pods, kind, node, live):
+def check_pods(pods, kind, node, live, idle_uuids=()):
     """The round's pods, all Running: node, scheduler, reservations (one 1g each, no overlap, no MIG UUID twice)
-    and `live`, the MIG UUIDs of the NVML view (exactly the reserved ones). Returns the problems found."""
+    and `live`, the MIG UUIDs of the NVML view: the reserved ones, and otherwise only `idle_uuids` (warm instances
+    the node's dynmig.io/idle-mig-instances lists). Returns the problems found."""
     problems = []
     for p in pods:
         if p["spec"].get("nodeName") != node:
@@ -250,13 +261,14 @@ def check_pods(pods, kind, node, live):
                 if p1["start"] < p2["start"] + p2["size"] and p2["start"] < p1["start"] + p1["size"]:
                     problems.append("%s %s and %s %s overlap on %s" % (n1, p1, n2, p2, gpu))
     not_live = sorted(u for u in uuids if u not in live)
-    extra = sorted(live - set(uuids))
+    extra = sorted(live - set(uuids) - set(idle_uuids))
     if not_live:
         problems.append("reserved but not in the NVML view: %s" % not_live)
     if extra:
         problems.append("instances in the NVML view that no pod holds: %s" % extra)
-    log("  checked: %d reservations on %d GPUs, no overlap, %d live instances = the pods' MIG UUIDs" %
-        (len(uuids), len(by_gpu), len(live)) if not problems else "  check found %d problems" % len(problems))
+    log("  checked: %d reservations on %d GPUs, no overlap, %d live instances = the pods' MIG UUIDs%s" %
+        (len(uuids), len(by_gpu), len(live), " + %d idle listed" % len(live - set(uuids)) if live - set(uuids) else "")
+        if not problems else "  check found %d problems" % len(problems))
     return problems
 
 
@@ -337,9 +349,16 @@ def one_round(a, kube, watch, kind, rnd):
     fig["apply_s"] = t_applied - t_apply
     uids = {r["obj"]["metadata"]["uid"] for r in recs}
     pods = kube.json("-n", NS, "get", "pods", "-l", "%s=%s" % (LABEL, tag))["items"]
-    problems = check_pods(pods, kind, a.node, live_instances(a.nvml_url) if kind == "gpu" else set())
+    live, idle_uuids = set(), []
+    if kind == "gpu":
+        instances = nvml_instances(a.nvml_url)
+        live = {u for uuids in instances.values() for u in uuids}
+        idle = idle_listed(kube, a.node)
+        idle_uuids = [u for key, uuids in instances.items() if key in idle for u in uuids]
+    problems = check_pods(pods, kind, a.node, live, idle_uuids)
     events = events_of(kube, uids)
     fig["warnings"], fig["notable"] = summarize_events(events)
+    fig["reused"] = sum(e.get("count") or 1 for e in events if e.get("reason") == "MigInstanceReused")
 
     log("%s round %d: deleting" % (kind, rnd))
     t_del = time.time()
@@ -348,16 +367,20 @@ def one_round(a, kube, watch, kind, rnd):
                lambda pods: all(p["deleted"] is not None for p in mine(pods).values()), a.timeout)
     fig["deleted_s"] = time.time() - t_del
     if kind == "gpu":
+        # Nothing may be left but warm instances the node lists as idle (none unless warm instances are on).
         deadline = time.monotonic() + 120
-        left = live_instances(a.nvml_url)
+        left = not_idle(nvml_instances(a.nvml_url), idle_listed(kube, a.node))
         while left and time.monotonic() < deadline:
             time.sleep(0.5)
-            left = live_instances(a.nvml_url)
+            left = not_idle(nvml_instances(a.nvml_url), idle_listed(kube, a.node))
         if left:
-            problems.append("%d instances left 120 s after the pods were deleted: %s" % (len(left), sorted(left)))
+            problems.append("%d instances left 120 s after the pods were deleted, not listed idle: %s" %
+                            (len(left), left))
         else:
             fig["reclaimed_s"] = time.time() - t_del
-            log("  checked: no instance left in the NVML view %.1f s after the delete" % fig["reclaimed_s"])
+            fig["idle_left"] = sum(len(u) for u in nvml_instances(a.nvml_url).values())
+            log("  checked: no instance left in the NVML view %.1f s after the delete but %d listed idle" %
+                (fig["reclaimed_s"], fig["idle_left"]))
     if a.artifacts:
         with open(os.path.join(a.artifacts, "%s.json" % tag), "w") as f:
             json.dump({"t_apply": t_apply, "figures": fig, "problems": problems,
@@ -373,6 +396,8 @@ def print_round(kind, rnd, f):
         (f["run_p50"], f["run_p99"], f["run_max"], f["bound_p50"], f["bound_p99"], f["bound_max"]))
     if f["api_p50"] is not None:
         log("      API timestamps (1 s resolution): creation->Ready p50 %.0f max %.0f s" % (f["api_p50"], f["api_max"]))
+    if kind == "gpu":
+        log("      instances reused (MigInstanceReused events): %d" % f.get("reused", 0))
     log("      Warning events: %s" % (", ".join("%s x%d" % kv for kv in sorted(f["warnings"].items())) or "none"))
     for key, msgs in sorted(f["notable"].items()):
         log("      %d with %r, e.g. %s" % (len(msgs), key, msgs[0][:300]))
@@ -428,9 +453,9 @@ def main():
     results, problems = {}, []
     try:
         if "gpu" in kinds:
-            left = live_instances(a.nvml_url)
+            left = not_idle(nvml_instances(a.nvml_url), idle_listed(kube, a.node))
             if left:
-                raise Failed("the NVML view has %d instances before the burst: %s" % (len(left), sorted(left)))
+                raise Failed("the NVML view has %d instances not listed idle before the burst: %s" % (len(left), sorted(left)))
         for kind in kinds:
             for rnd in range(1, a.bursts + 1):
                 fig, p = one_round(a, kube, watch, kind, rnd)

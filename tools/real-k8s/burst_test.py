@@ -54,6 +54,16 @@ class CheckPods(unittest.TestCase):
                      "d has 0 entries"):
             self.assertIn(want, text)
 
+    def test_warm_instances_listed_idle_may_stay(self):
+        pods = [gpu_pod("a", "GPU-1", 0, "MIG-a")]
+        self.assertEqual(burst.check_pods(pods, "gpu", "localhost", {"MIG-a", "MIG-idle"}, ["MIG-idle"]), [])
+        instances = {("GPU-1", 0, 1, "1g.5gb"): ["MIG-a"], ("GPU-1", 1, 1, "1g.5gb"): ["MIG-idle"]}
+        self.assertEqual(burst.not_idle(instances, {("GPU-1", 1, 1, "1g.5gb")}), ["MIG-a"])
+        self.assertEqual(burst.not_idle(instances, {("GPU-1", 0, 1, "1g.5gb"), ("GPU-1", 1, 1, "1g.5gb")}), [])
+        # Listed idle with another profile or on another GPU is not the same instance.
+        self.assertEqual(burst.not_idle(instances, {("GPU-2", 1, 1, "1g.5gb"), ("GPU-1", 0, 1, "2g.10gb")}),
+                         ["MIG-a", "MIG-idle"])
+
     def test_plain_pods_are_checked_for_their_node_only(self):
         pods = [{"metadata": {"name": "p"}, "spec": {"nodeName": "localhost", "schedulerName": "default-scheduler"}}]
         self.assertEqual(burst.check_pods(pods, "plain", "localhost", set()), [])
@@ -108,6 +118,32 @@ class Translate(unittest.TestCase):
         self.assertNotIn("--sim-latency", plain)
         slow = plugin_args(sim_latency="create-gi=250ms")
         self.assertEqual(slow[slow.index("--sim-latency") + 1], "create-gi=250ms")
+
+    def test_warm_instances_set_in_the_device_config_only_when_asked(self):
+        try:
+            import render
+            import translate
+            import yaml
+        except ImportError as e:
+            self.skipTest(str(e))
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        rendered = render.render(os.path.join(repo, "deploy", "base"))
+
+        def device_config(**kw):
+            objects, _ = translate.translate(rendered, api_host="127.0.0.1", api_port=16443, sched_port=18443,
+                                             dp_port=19400, sim="A100-SXM4-40GBx8", **kw)
+            cms = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith(
+                "dynmig-device-config")]
+            self.assertEqual(len(cms), 1)
+            return cms[0]["data"]["device-config.yaml"]
+        plain = device_config()
+        self.assertNotIn("migWarmInstances", plain)
+        warm = yaml.safe_load(device_config(warm="10m,7"))["nvidia"]
+        self.assertEqual(warm["migWarmInstances"], {"ttl": "10m", "maxPerGpu": 7})
+        self.assertEqual(warm["migProfileAllowlist"], yaml.safe_load(plain)["nvidia"]["migProfileAllowlist"])
+        for bad in ("10m", "10m,x", ",7"):
+            with self.assertRaises(ValueError):
+                device_config(warm=bad)
 
 
 if __name__ == "__main__":

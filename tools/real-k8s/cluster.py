@@ -50,6 +50,7 @@ BRIDGE = "dynmigrk0"
 NODE = "localhost"
 SIM_GPUS = os.environ.get("RK_SIM_GPUS", "A100-SXM4-40GBx1")
 SIM_LATENCY = os.environ.get("RK_SIM_LATENCY", "")  # the device plugin's --sim-latency (empty: its default)
+WARM = os.environ.get("RK_WARM_INSTANCES", "")  # "TTL,MAX_PER_GPU": nvidia.migWarmInstances on (empty: deploy/'s)
 
 PAUSE_IMAGE = "localhost/dynmig-pause:1"
 BUSYBOX_IMAGE = "localhost/busybox:local"
@@ -512,9 +513,12 @@ def cmd_deploy(args):
         rendered = render.render(os.path.join(REPO, "deploy", "base"))
     except render.RenderError as e:
         raise Failure("rendering deploy/base: %s" % e)
-    objects, ks_config = translate.translate(
-        rendered, api_host="127.0.0.1", api_port=API_PORT, sched_port=SCHED_POD_PORT, dp_port=DP_METRICS_PORT,
-        sim=SIM_GPUS, sim_latency=SIM_LATENCY)
+    try:
+        objects, ks_config = translate.translate(
+            rendered, api_host="127.0.0.1", api_port=API_PORT, sched_port=SCHED_POD_PORT, dp_port=DP_METRICS_PORT,
+            sim=SIM_GPUS, sim_latency=SIM_LATENCY, warm=WARM)
+    except ValueError as e:
+        raise Failure("translating deploy/base: %s" % e)
     manifest = os.path.join(STATE, "dynmig-deploy.json")
     with open(manifest, "w") as f:
         json.dump({"apiVersion": "v1", "kind": "List", "items": objects}, f, indent=1)
@@ -588,8 +592,9 @@ def cmd_deploy(args):
     wait_for("nvidia.com/gpu allocatable on node %s" % NODE, gpus_allocatable, 90, interval=1, logs=["kubelet"])
     wait_for("the dynmig kube-scheduler healthz", lambda: urllib.request.urlopen(
         "http://127.0.0.1:%d/healthz" % DKS_HEALTH, timeout=2).read() == b"ok", 30, logs=["dynmig-kube-scheduler"])
-    log("dynmig deployed in %.1f s (device plugin on %s%s)" % (time.monotonic() - t0, SIM_GPUS,
-                                                              ", --sim-latency " + SIM_LATENCY if SIM_LATENCY else ""))
+    log("dynmig deployed in %.1f s (device plugin on %s%s%s)" % (
+        time.monotonic() - t0, SIM_GPUS, ", --sim-latency " + SIM_LATENCY if SIM_LATENCY else "",
+        ", warm instances " + WARM if WARM else ""))
 
 
 def sa_token(namespace, name):

@@ -17,6 +17,7 @@ everything else is applied as deploy/ has it.
                                 (/var/lib/kubelet/device-plugins/dynmig/), no /proc/driver/nvidia-caps volume
 """
 import copy
+import re
 
 import yaml
 
@@ -39,9 +40,27 @@ def _host_network(spec, api_host, api_port):
         _env_set(c, "KUBERNETES_SERVICE_PORT", str(api_port))
 
 
-def translate(rendered, api_host, api_port, sched_port, dp_port, sim, sim_latency=""):
+def _with_warm(text, warm):
+    """device-config.yaml with nvidia.migWarmInstances set from "TTL,MAX_PER_GPU" (the rest as it is)."""
+    parts = warm.split(",")
+    if len(parts) != 2 or not parts[0].strip() or not parts[1].strip().isdigit():
+        raise ValueError("warm instances: %r is not TTL,MAX_PER_GPU (e.g. 10m,7)" % warm)
+    cfg = yaml.safe_load(text)
+    if "migWarmInstances" in (cfg.get("nvidia") or {}):
+        raise ValueError("deploy/'s device-config.yaml sets nvidia.migWarmInstances already")
+    line = "  migWarmInstances: {ttl: %s, maxPerGpu: %s}\n" % (parts[0].strip(), parts[1].strip())
+    out, n = re.subn(r"(?m)^nvidia:\n", lambda m: m.group(0) + line, text, count=1)
+    if n != 1:
+        raise ValueError("deploy/'s device-config.yaml has no top-level nvidia: section")
+    if yaml.safe_load(out)["nvidia"]["migWarmInstances"] != {"ttl": parts[0].strip(), "maxPerGpu": int(parts[1])}:
+        raise ValueError("warm instances: could not set nvidia.migWarmInstances")
+    return out
+
+
+def translate(rendered, api_host, api_port, sched_port, dp_port, sim, sim_latency="", warm=""):
     """rendered: deploy/base's objects (render.py), or their YAML stream. Returns (objects to apply, the
-    KubeSchedulerConfiguration text of deploy/scheduler)."""
+    KubeSchedulerConfiguration text of deploy/scheduler). sim_latency: the device plugin's --sim-latency (empty:
+    none given); warm: "TTL,MAX_PER_GPU" turns warm instances on in device-config.yaml (empty: as deploy/ has it)."""
     objects = rendered if isinstance(rendered, list) else [o for o in yaml.safe_load_all(rendered) if o]
     out = []
     ks_config = None
@@ -57,6 +76,8 @@ def translate(rendered, api_host, api_port, sched_port, dp_port, sim, sim_latenc
         elif kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
             for w in o["webhooks"]:
                 w.pop("matchConditions", None)
+        elif kind == "ConfigMap" and name.startswith("dynmig-device-config") and warm:
+            o["data"]["device-config.yaml"] = _with_warm(o["data"]["device-config.yaml"], warm)
         elif kind == "ConfigMap" and name == "dynmig-kube-scheduler-config":
             ks_config = o["data"]["kube-scheduler-config.yaml"]
         elif kind == "Deployment" and name == "dynmig-scheduler":
