@@ -407,10 +407,10 @@ def save_logs(a, kube):
     out = a.artifacts
     for comp in ("device-plugin", "scheduler"):
         pods = kube.json("-n", "dynmig-system", "get", "pods", "-l", "app.kubernetes.io/component=" + comp)["items"]
-        for p in pods:
-            text = kube.run("-n", "dynmig-system", "logs", p["metadata"]["name"], check=False, timeout=60).stdout
-            with open(os.path.join(out, "%s.log" % comp), "a") as f:
-                f.write(text)
+        text = "".join(kube.run("-n", "dynmig-system", "logs", p["metadata"]["name"], check=False, timeout=60).stdout
+                       for p in pods)
+        with open(os.path.join(out, "%s.log" % comp), "w") as f:  # a previous run's is replaced
+            f.write(text)
     logs = os.path.join(STATE, "logs")
     if os.path.isdir(logs):
         for name in ("dynmig-kube-scheduler.log", "kube-scheduler.log", "kubelet.log", "kube-apiserver.log"):
