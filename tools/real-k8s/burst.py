@@ -25,13 +25,14 @@ instance; after the delete, no instance is left. --max-ratio R also fails when g
 Standard library only; --artifacts DIR keeps the timeline, the events and the dynmig and control-plane logs.
 """
 import argparse
+import base64
 import json
 import os
 import shutil
 import ssl
-import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -76,8 +77,6 @@ class Kube:
         cluster = cfg["clusters"][0]["cluster"]
         user = cfg["users"][0]["user"]
         self.server = cluster["server"]
-        import base64
-        import tempfile
         self.ca_dir = tempfile.mkdtemp(prefix="dynmig-burst-ca-")
         ca = os.path.join(self.ca_dir, "ca.crt")
         with open(ca, "wb") as f:
