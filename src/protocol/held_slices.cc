@@ -13,8 +13,6 @@ using internal::IntField;
 using internal::StringField;
 using nlohmann::json;
 
-constexpr int64_t kMaxUnits = 64;
-
 }  // namespace
 
 absl::StatusOr<std::vector<HeldSlices>> DecodeHeldSlices(std::string_view value) {
@@ -38,23 +36,9 @@ absl::StatusOr<std::vector<HeldSlices>> DecodeHeldSlices(std::string_view value)
       return absl::InvalidArgumentError(fmt::format("{}.gpuUUID: missing", ctx));
     }
     h.gpu_uuid = **gpu;
-    const json* placement = internal::FindField(e, "placement");
-    const std::string pctx = ctx + ".placement";
-    if (placement == nullptr || !placement->is_object()) {
-      return absl::InvalidArgumentError(fmt::format("{}: must be an object {{start, size}}", pctx));
-    }
-    auto start = IntField(*placement, "start", pctx, 0, kMaxUnits - 1);
-    if (!start.ok()) return start.status();
-    auto size = IntField(*placement, "size", pctx, 1, kMaxUnits);
-    if (!size.ok()) return size.status();
-    if (!start->has_value() || !size->has_value()) {
-      return absl::InvalidArgumentError(fmt::format("{}: start and size are required", pctx));
-    }
-    if (**start + **size > kMaxUnits) {
-      return absl::InvalidArgumentError(
-          fmt::format("{}: ends at {}, beyond {} units", pctx, **start + **size, kMaxUnits));
-    }
-    h.placement = {static_cast<uint32_t>(**start), static_cast<uint32_t>(**size)};
+    auto placement = internal::SlicesField(e, "placement", ctx);
+    if (!placement.ok()) return placement.status();
+    h.placement = *placement;
     auto profile = StringField(e, "profile", ctx);
     if (!profile.ok()) return profile.status();
     h.profile = profile->value_or("");

@@ -14,8 +14,6 @@ using internal::IntField;
 using internal::StringField;
 using nlohmann::json;
 
-constexpr int64_t kMaxUnits = 64;
-
 }  // namespace
 
 absl::StatusOr<std::vector<IdleInstance>> DecodeIdleInstances(std::string_view value) {
@@ -45,23 +43,9 @@ absl::StatusOr<std::vector<IdleInstance>> DecodeIdleInstances(std::string_view v
       return absl::InvalidArgumentError(fmt::format("{}.profile: missing", ctx));
     }
     idle.profile = **profile;
-    const json* placement = internal::FindField(e, "placement");
-    const std::string pctx = ctx + ".placement";
-    if (placement == nullptr || !placement->is_object()) {
-      return absl::InvalidArgumentError(fmt::format("{}: must be an object {{start, size}}", pctx));
-    }
-    auto start = IntField(*placement, "start", pctx, 0, kMaxUnits - 1);
-    if (!start.ok()) return start.status();
-    auto size = IntField(*placement, "size", pctx, 1, kMaxUnits);
-    if (!size.ok()) return size.status();
-    if (!start->has_value() || !size->has_value()) {
-      return absl::InvalidArgumentError(fmt::format("{}: start and size are required", pctx));
-    }
-    if (**start + **size > kMaxUnits) {
-      return absl::InvalidArgumentError(
-          fmt::format("{}: ends at {}, beyond {} units", pctx, **start + **size, kMaxUnits));
-    }
-    idle.placement = {static_cast<uint32_t>(**start), static_cast<uint32_t>(**size)};
+    auto placement = internal::SlicesField(e, "placement", ctx);
+    if (!placement.ok()) return placement.status();
+    idle.placement = *placement;
     auto since = IntField(e, "idleSince", ctx, 0, INT64_MAX);
     if (!since.ok()) return since.status();
     idle.idle_since = since->value_or(0);

@@ -75,3 +75,29 @@ absl::StatusOr<nlohmann::json> ParseJson(std::string_view text, std::string_view
 }
 
 }  // namespace dynmig::protocol::internal
+
+namespace dynmig::protocol::internal {
+
+absl::StatusOr<mig::Placement> SlicesField(const nlohmann::json& obj, std::string_view key,
+                                           std::string_view context) {
+  constexpr int64_t kMaxUnits = 64;
+  const nlohmann::json* placement = FindField(obj, key);
+  const std::string pctx = FieldPath(context, key);
+  if (placement == nullptr || !placement->is_object()) {
+    return absl::InvalidArgumentError(fmt::format("{}: must be an object {{start, size}}", pctx));
+  }
+  auto start = IntField(*placement, "start", pctx, 0, kMaxUnits - 1);
+  if (!start.ok()) return start.status();
+  auto size = IntField(*placement, "size", pctx, 1, kMaxUnits);
+  if (!size.ok()) return size.status();
+  if (!start->has_value() || !size->has_value()) {
+    return absl::InvalidArgumentError(fmt::format("{}: start and size are required", pctx));
+  }
+  if (**start + **size > kMaxUnits) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: ends at {}, beyond {} units", pctx, **start + **size, kMaxUnits));
+  }
+  return mig::Placement{static_cast<uint32_t>(**start), static_cast<uint32_t>(**size)};
+}
+
+}  // namespace dynmig::protocol::internal

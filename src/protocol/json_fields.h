@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "mig/placement.h"
 #include "nlohmann/json.hpp"
 
 namespace dynmig::protocol::internal {
@@ -30,6 +31,11 @@ absl::StatusOr<std::optional<int64_t>> IntField(const nlohmann::json& obj, std::
 absl::StatusOr<std::optional<std::string>> StringField(const nlohmann::json& obj,
                                                        std::string_view key,
                                                        std::string_view context);
+
+// The required object `key` {start, size} of slices on a GPU of at most 64 units; the errors
+// name `<context>.<key>`.
+absl::StatusOr<mig::Placement> SlicesField(const nlohmann::json& obj, std::string_view key,
+                                           std::string_view context);
 
 // A JSON boolean; nullopt when absent or null.
 absl::StatusOr<std::optional<bool>> BoolField(const nlohmann::json& obj, std::string_view key,
