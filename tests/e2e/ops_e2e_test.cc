@@ -17,6 +17,7 @@
 #include "fmt/format.h"
 #include "kube/api_store.h"
 #include "protocol/device_config.h"
+#include "protocol/held_slices.h"
 #include "protocol/node_register.h"
 
 namespace dynmig::e2e {
@@ -138,6 +139,17 @@ class OpsE2eTest : public E2eTest {
     ASSERT_TRUE(st.ok() || absl::IsNotFound(st.status())) << Where() << st.status();
     ASSERT_TRUE(WaitUntil([&] { return absl::IsNotFound(kube_->GetPod(ns, name).status()); }))
         << Where() << ns << "/" << name << " was not removed";
+  }
+  // Entries of the node's published dynmig.io/mig-held (slices live instances hold without an
+  // active reservation); -1 when the node or the annotation cannot be read.
+  int HeldSlices(const std::string& node) {
+    auto obj = kube_->GetNode(node);
+    if (!obj.ok()) return -1;
+    const std::string value =
+        kube::Annotation(*obj, protocol::kNodeHeldSlicesAnnotation).value_or("");
+    if (value.empty()) return 0;
+    auto held = protocol::DecodeHeldSlices(value);
+    return held.ok() ? static_cast<int>(held->size()) : -1;
   }
   std::string GpuUuid(const std::string& node, size_t index = 0) {
     auto obj = kube_->GetNode(node);
@@ -563,6 +575,10 @@ class OpsFragmentedGpuTest : public OpsE2eTest {
     }
     ASSERT_EQ(start_of_.size(), 4u) << Where();
     ASSERT_TRUE(WaitUntil([&] { return Live().size() == 4; })) << Where();
+    // The deleted pods' slices are free once the node has published that (an instance reclaimed
+    // a moment ago may still be listed as held by the node until the next publication).
+    ASSERT_TRUE(WaitUntil([&] { return HeldSlices("node-a") == 0; }))
+        << Where() << "dynmig.io/mig-held still lists " << HeldSlices("node-a");
     Step("a 2g pod waits");
     Create(MigPod("wants-2g", 9000));
     ASSERT_TRUE(WaitUntil([&] { return !Unschedulable("wants-2g").empty(); }))
