@@ -9,19 +9,14 @@
 namespace dynmig::protocol {
 namespace {
 
-using internal::IntField;
 using internal::StringField;
 using nlohmann::json;
 
 }  // namespace
 
 absl::StatusOr<std::vector<HeldSlices>> DecodeHeldSlices(std::string_view value) {
-  auto doc = internal::ParseJson(value, kNodeHeldSlicesAnnotation);
+  auto doc = internal::ParseJsonArray(value, kNodeHeldSlicesAnnotation);
   if (!doc.ok()) return doc.status();
-  if (!doc->is_array()) {
-    return absl::InvalidArgumentError(fmt::format("{}: must be a JSON array, got {}",
-                                                  kNodeHeldSlicesAnnotation, doc->type_name()));
-  }
   std::vector<HeldSlices> out;
   for (size_t i = 0; i < doc->size(); ++i) {
     const json& e = (*doc)[i];
@@ -30,12 +25,9 @@ absl::StatusOr<std::vector<HeldSlices>> DecodeHeldSlices(std::string_view value)
       return absl::InvalidArgumentError(fmt::format("{}: must be an object", ctx));
     }
     HeldSlices h;
-    auto gpu = StringField(e, "gpuUUID", ctx);
+    auto gpu = internal::RequiredStringField(e, "gpuUUID", ctx);
     if (!gpu.ok()) return gpu.status();
-    if (!gpu->has_value() || (*gpu)->empty()) {
-      return absl::InvalidArgumentError(fmt::format("{}.gpuUUID: missing", ctx));
-    }
-    h.gpu_uuid = **gpu;
+    h.gpu_uuid = std::move(*gpu);
     auto placement = internal::SlicesField(e, "placement", ctx);
     if (!placement.ok()) return placement.status();
     h.placement = *placement;

@@ -11,18 +11,13 @@ namespace dynmig::protocol {
 namespace {
 
 using internal::IntField;
-using internal::StringField;
 using nlohmann::json;
 
 }  // namespace
 
 absl::StatusOr<std::vector<IdleInstance>> DecodeIdleInstances(std::string_view value) {
-  auto doc = internal::ParseJson(value, kNodeIdleInstancesAnnotation);
+  auto doc = internal::ParseJsonArray(value, kNodeIdleInstancesAnnotation);
   if (!doc.ok()) return doc.status();
-  if (!doc->is_array()) {
-    return absl::InvalidArgumentError(fmt::format("{}: must be a JSON array, got {}",
-                                                  kNodeIdleInstancesAnnotation, doc->type_name()));
-  }
   std::vector<IdleInstance> out;
   for (size_t i = 0; i < doc->size(); ++i) {
     const json& e = (*doc)[i];
@@ -31,18 +26,12 @@ absl::StatusOr<std::vector<IdleInstance>> DecodeIdleInstances(std::string_view v
       return absl::InvalidArgumentError(fmt::format("{}: must be an object", ctx));
     }
     IdleInstance idle;
-    auto gpu = StringField(e, "gpuUUID", ctx);
+    auto gpu = internal::RequiredStringField(e, "gpuUUID", ctx);
     if (!gpu.ok()) return gpu.status();
-    if (!gpu->has_value() || (*gpu)->empty()) {
-      return absl::InvalidArgumentError(fmt::format("{}.gpuUUID: missing", ctx));
-    }
-    idle.gpu_uuid = **gpu;
-    auto profile = StringField(e, "profile", ctx);
+    idle.gpu_uuid = std::move(*gpu);
+    auto profile = internal::RequiredStringField(e, "profile", ctx);
     if (!profile.ok()) return profile.status();
-    if (!profile->has_value() || (*profile)->empty()) {
-      return absl::InvalidArgumentError(fmt::format("{}.profile: missing", ctx));
-    }
-    idle.profile = **profile;
+    idle.profile = std::move(*profile);
     auto placement = internal::SlicesField(e, "placement", ctx);
     if (!placement.ok()) return placement.status();
     idle.placement = *placement;

@@ -78,6 +78,26 @@ absl::StatusOr<nlohmann::json> ParseJson(std::string_view text, std::string_view
 
 namespace dynmig::protocol::internal {
 
+absl::StatusOr<std::string> RequiredStringField(const nlohmann::json& obj, std::string_view key,
+                                                std::string_view context) {
+  auto value = StringField(obj, key, context);
+  if (!value.ok()) return value.status();
+  if (!value->has_value() || (*value)->empty()) {
+    return absl::InvalidArgumentError(fmt::format("{}: missing", FieldPath(context, key)));
+  }
+  return std::move(**value);
+}
+
+absl::StatusOr<nlohmann::json> ParseJsonArray(std::string_view text, std::string_view what) {
+  auto doc = ParseJson(text, what);
+  if (!doc.ok()) return doc.status();
+  if (!doc->is_array()) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: must be a JSON array, got {}", what, doc->type_name()));
+  }
+  return doc;
+}
+
 absl::StatusOr<mig::Placement> SlicesField(const nlohmann::json& obj, std::string_view key,
                                            std::string_view context) {
   constexpr int64_t kMaxUnits = 64;

@@ -32,6 +32,13 @@ absl::StatusOr<std::optional<std::string>> StringField(const nlohmann::json& obj
                                                        std::string_view key,
                                                        std::string_view context);
 
+// A JSON string that must be present and non-empty ("<context>.<key>: missing" otherwise).
+absl::StatusOr<std::string> RequiredStringField(const nlohmann::json& obj, std::string_view key,
+                                                std::string_view context);
+
+// An annotation's value that must be a JSON array ("<what>: must be a JSON array, got ...").
+absl::StatusOr<nlohmann::json> ParseJsonArray(std::string_view text, std::string_view what);
+
 // The required object `key` {start, size} of slices on a GPU of at most 64 units; the errors
 // name `<context>.<key>`.
 absl::StatusOr<mig::Placement> SlicesField(const nlohmann::json& obj, std::string_view key,
