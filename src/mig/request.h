@@ -54,4 +54,10 @@ struct PodRequest {
   }
 };
 
+// Everything of a request that the planner reads, as text: two requests with the same key get
+// the same plan on the same node view (the scheduler caches plans per node under it). Container
+// names are left out (the planner never reads them), so pods of different workloads with the same
+// shape share a key. A field added to these structs that the planner reads belongs here too.
+std::string PlanKey(const PodRequest& request);
+
 }  // namespace dynmig::mig

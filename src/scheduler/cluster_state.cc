@@ -543,37 +543,6 @@ mig::NodePlan SkippedPlan() {
 
 }  // namespace
 
-namespace {
-
-// Everything of a request that the planner reads, as text: two requests with the same key get
-// the same plan on the same node view. Container names are left out (the planner never reads
-// them), so pods of different workloads with the same shape share cached plans.
-std::string PlanKey(const mig::PodRequest& r) {
-  std::string key;
-  key.reserve(64);
-  auto add = [&key](std::string_view s) {
-    key.append(std::to_string(s.size())).push_back(':');
-    key.append(s);
-  };
-  for (const auto& c : r.containers) {
-    key.append(
-        fmt::format("c{},{},{},{};", c.init ? 1 : 0, c.count, c.memory.mib, c.memory.percent));
-  }
-  key.push_back('|');
-  for (const auto& e : r.preference.entries) add(e);
-  for (const auto* list :
-       {&r.filter.use_uuids, &r.filter.nouse_uuids, &r.filter.use_types, &r.filter.nouse_types}) {
-    key.push_back('|');
-    for (const auto& e : *list) add(e);
-  }
-  key.push_back('|');
-  add(r.filter.vgpu_mode);
-  key.append(fmt::format("|{}{}", static_cast<int>(r.gpu_policy), static_cast<int>(r.node_policy)));
-  return key;
-}
-
-}  // namespace
-
 void ClusterState::CachePlans(const Planned& p) {
   const std::vector<NodeEntry*>& entries = *p.entries;
   for (uint32_t i : p.fresh) {
@@ -605,7 +574,7 @@ ClusterState::Planned ClusterState::PlanLocked(
   out.versions.resize(n);
   out.plans.resize(n);
   FilterDecision& decision = out.decision;
-  out.request_key = PlanKey(request);
+  out.request_key = mig::PlanKey(request);
   std::vector<const mig::NodeView*> views;  // the nodes without a cached plan
   std::vector<uint32_t> at;                 // views[k] is entries[at[k]]
   views.reserve(n);
