@@ -29,6 +29,7 @@ struct SimulateFlags {
   std::string policy;
   std::string mode = "reject";
   std::string nvml_latency = "realistic";
+  std::string warm;  // --warm-instances TTL,MAX_PER_GPU
   uint64_t seed = 1;
   std::string allow;
   std::string output = "text";
@@ -121,6 +122,11 @@ void RunSimulate(const SimulateFlags& f, CliContext& ctx) {
         absl::InvalidArgumentError("--nvml-latency: " + std::string(latency.status().message())));
   }
   options.nvml_latency = *latency;
+  if (!f.warm.empty()) {
+    auto warm = sim::ParseWarmConfig(f.warm);
+    if (!warm.ok()) return fail(warm.status());
+    options.warm = *warm;
+  }
   if (f.output != "text" && f.output != "json" && f.output != "csv") {
     return fail(
         absl::InvalidArgumentError(fmt::format("-o \"{}\": expected text, json or csv", f.output)));
@@ -138,6 +144,8 @@ void RunSimulate(const SimulateFlags& f, CliContext& ctx) {
       auto p = sim::MakePolicy(name, *cluster, none);
       if (p.ok()) {
         policies.push_back(name);
+        // With --warm-instances, the production planner with warm instances beside it.
+        if (name == "dynmig" && !f.warm.empty()) policies.push_back("dynmig:warm");
       } else {
         ctx.err << "dynmig simulate: skipping " << name << ": " << p.status().message() << "\n";
       }
@@ -145,9 +153,16 @@ void RunSimulate(const SimulateFlags& f, CliContext& ctx) {
   } else {
     policies = SplitTrimmed(f.policy, ',');
     const std::vector<sim::SimPod> none;
+    bool any_warm = false;
     for (const auto& name : policies) {
-      auto p = sim::MakePolicy(name, *cluster, none);
+      auto p = sim::MakePolicy(name, *cluster, none, options.warm);
       if (!p.ok()) return fail(p.status());
+      any_warm = any_warm || (*p)->warm().enabled;
+    }
+    if (!f.warm.empty() && !any_warm) {
+      return fail(absl::InvalidArgumentError(
+          "--warm-instances: no policy of --policy has warm instances (add dynmig:warm, e.g. "
+          "--policy dynmig,dynmig:warm)"));
     }
   }
 
@@ -222,6 +237,10 @@ void RegisterSimulateCommand(CLI::App& root, CliContext& ctx) {
                   "instance create/destroy time added to each pod's time to Running: none, "
                   "realistic (about 1.5 s per instance) or [MODEL:]OP=DURATION items")
       ->capture_default_str();
+  cmd->add_option("--warm-instances", flags->warm,
+                  "warm instances of the dynmig:warm policies, TTL,MAX_PER_GPU (default 5m,2, as "
+                  "device-config.yaml nvidia.migWarmInstances); without --policy, adds dynmig:warm "
+                  "beside dynmig");
   cmd->add_option("--seed", flags->seed, "seed of --generate")->capture_default_str();
   cmd->add_option("--allow", flags->allow,
                   "allowlisted profiles (default: the base profiles of each model)");

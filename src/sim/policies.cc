@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <deque>
 #include <limits>
 #include <span>
 
@@ -121,7 +122,8 @@ class DynamicBase : public Policy {
       u.occupied &= ~m;
       --u.counts[in.profile];
       used_units_ -= in.placement.size;
-      ++destroys_;
+      DYNMIG_ASSIGN_OR_RETURN(const bool kept, KeepIdle(pod, in));
+      if (!kept) ++destroys_;
       OnRelease(sp.inst_offset + k);
       OnChange(in.gpu);
     }
@@ -168,6 +170,13 @@ class DynamicBase : public Policy {
   }
   virtual void OnChange(uint32_t /*gpu*/) {}
   virtual void OnRelease(uint32_t /*inst*/) {}
+  // A released instance (its slices already freed): true when it stays idle (warm instances),
+  // false when it is destroyed.
+  virtual absl::StatusOr<bool> KeepIdle(uint32_t /*pod*/, const Inst& /*in*/) { return false; }
+  // Before a new instance `p` is applied (checked against the live ones): true when it is exactly
+  // an idle instance, which the pod reuses (nothing created); idle instances it overlaps are
+  // destroyed first.
+  virtual absl::StatusOr<bool> ClaimIdle(uint32_t /*pod*/, const Pick& /*p*/) { return false; }
 
   // Checks picks_[0..npicks_) against the live state and applies them.
   absl::Status Commit(uint32_t pod) {
@@ -180,10 +189,11 @@ class DynamicBase : public Policy {
     for (uint32_t k = 0; k < npicks_; ++k) {
       const Pick& p = picks_[k];
       DYNMIG_RETURN_IF_ERROR(Check(pod, p, node));
+      DYNMIG_ASSIGN_OR_RETURN(const bool reused, ClaimIdle(pod, p));
       GpuUsage& u = usage_[p.gpu];
       Apply(u, p.profile, p.placement);
       used_units_ += p.placement.size;
-      ++creates_;
+      if (!reused) ++creates_;
       inst_[sp.inst_offset + k] = {p.gpu, p.profile, p.placement};
       OnChange(p.gpu);
     }
@@ -242,8 +252,15 @@ class DynamicBase : public Policy {
 class DynmigPolicy : public DynamicBase {
  public:
   DynmigPolicy(std::string name, const Cluster& cluster, const std::vector<SimPod>& pods,
-               mig::GpuPolicy gpu_policy, mig::NodePolicy node_policy, uint32_t bind_window)
+               mig::GpuPolicy gpu_policy, mig::NodePolicy node_policy, uint32_t bind_window,
+               const WarmConfig* warm)
       : DynamicBase(std::move(name), cluster, pods), bind_window_(bind_window) {
+    if (warm != nullptr) {
+      warm_.enabled = true;
+      ttl_ = absl::ToDoubleSeconds(warm->ttl);
+      max_idle_ = warm->max_per_gpu;
+      idle_.resize(cluster.gpu_count());
+    }
     for (uint32_t n = 0; n < cluster.node_count(); ++n) {
       const ModelGroup& g = cluster.group_of_node(n);
       mig::NodeView view;
@@ -307,6 +324,9 @@ class DynmigPolicy : public DynamicBase {
       picks_[npicks_++] = {cluster_.node_first_gpu[node] + a.gpu, a.profile_index, a.placement};
     }
     DYNMIG_RETURN_IF_ERROR(Commit(pod));
+    if (warm_.enabled) {
+      for (uint32_t k = 0; k < npicks_; ++k) DYNMIG_RETURN_IF_ERROR(CheckIdle(pod, picks_[k].gpu));
+    }
     return true;
   }
 
@@ -315,10 +335,142 @@ class DynmigPolicy : public DynamicBase {
     nodes_[node].gpus[gpu - cluster_.node_first_gpu[node]].usage = usage_[gpu];
   }
 
+ public:
+  // Warm instances -------------------------------------------------------------------------------
+
+  void AdvanceTo(double t) override {
+    if (!warm_.enabled) return;
+    now_ = std::max(now_, t);
+    // Instances go idle in time order, so their expiries are in order too; an entry whose instance
+    // was reused or destroyed since is skipped.
+    while (!expiry_.empty() && expiry_.front().time <= now_) {
+      const Expiry e = expiry_.front();
+      expiry_.pop_front();
+      auto& list = idle_[e.gpu];
+      for (size_t i = 0; i < list.size(); ++i) {
+        if (list[i].seq == e.seq) {
+          list.erase(list.begin() + static_cast<std::ptrdiff_t>(i));
+          ++destroys_;
+          ++warm_.destroyed_ttl;
+          --warm_.idle_at_end;
+          SyncIdle(e.gpu);
+          break;
+        }
+      }
+    }
+  }
+
+  std::vector<LiveInstance> IdleSnapshot() const override {
+    std::vector<LiveInstance> out;
+    for (uint32_t gpu = 0; gpu < idle_.size(); ++gpu) {
+      for (const auto& i : idle_[gpu]) {
+        out.push_back({i.last_pod, gpu, i.inst.profile_index, i.inst.placement});
+      }
+    }
+    return out;
+  }
+
+ private:
+  struct Idle {
+    mig::PlannedInstance inst;
+    uint64_t seq = 0;  // identifies it in expiry_
+    uint32_t last_pod = 0;
+  };
+  struct Expiry {
+    double time;
+    uint32_t gpu;
+    uint64_t seq;
+  };
+
+  // The planner's view of a GPU's idle instances follows idle_.
+  void SyncIdle(uint32_t gpu) {
+    const uint32_t node = cluster_.gpu_node[gpu];
+    auto& view = nodes_[node].gpus[gpu - cluster_.node_first_gpu[node]].idle;
+    view.clear();
+    for (const auto& i : idle_[gpu]) view.push_back(i.inst);
+  }
+
+  // As the device plugin: the ended pod's instance stays idle while its GPU keeps fewer than the
+  // cap; otherwise it is destroyed.
+  absl::StatusOr<bool> KeepIdle(uint32_t pod, const Inst& in) override {
+    if (!warm_.enabled) return false;
+    auto& list = idle_[in.gpu];
+    if (list.size() >= max_idle_) {
+      ++warm_.destroyed_cap;
+      return false;
+    }
+    const SliceMask m = in.placement.Mask();
+    for (const auto& i : list) {
+      if ((i.inst.placement.Mask() & m) != 0) {
+        return Violation(
+            pod, fmt::format("the released {} on GPU {} overlaps an idle {}",
+                             ProfileAt(cluster_.group_of_gpu(in.gpu), in.profile, in.placement),
+                             in.gpu, i.inst.placement.ToString()));
+      }
+    }
+    list.push_back({{in.profile, in.placement}, ++seq_, pod});
+    expiry_.push_back({now_ + ttl_, in.gpu, seq_});
+    ++warm_.kept;
+    ++warm_.idle_at_end;  // idle now; what is left at the end of the run
+    SyncIdle(in.gpu);
+    return true;
+  }
+
+  // Exactly an idle instance: reused. Overlapping idle instances: destroyed first (their NVML
+  // time is this pod's, as in the device plugin's Allocate).
+  absl::StatusOr<bool> ClaimIdle(uint32_t /*pod*/, const Pick& p) override {
+    if (!warm_.enabled || idle_[p.gpu].empty()) return false;
+    auto& list = idle_[p.gpu];
+    const SliceMask m = p.placement.Mask();
+    bool reused = false;
+    for (size_t i = 0; i < list.size();) {
+      const auto& in = list[i].inst;
+      if ((in.placement.Mask() & m) == 0) {
+        ++i;
+        continue;
+      }
+      if (in.profile_index == p.profile && in.placement == p.placement) {
+        reused = true;
+        ++warm_.reused;
+      } else {
+        ++destroys_;
+        ++warm_.destroyed_needed;
+      }
+      list.erase(list.begin() + static_cast<std::ptrdiff_t>(i));
+      --warm_.idle_at_end;
+    }
+    SyncIdle(p.gpu);
+    return reused;
+  }
+
+  // No idle instance overlaps a live one or another idle one.
+  absl::Status CheckIdle(uint32_t pod, uint32_t gpu) const {
+    SliceMask seen = 0;
+    for (const auto& i : idle_[gpu]) {
+      const SliceMask m = i.inst.placement.Mask();
+      if ((m & usage_[gpu].occupied) != 0 || (m & seen) != 0) {
+        return Violation(
+            pod, fmt::format(
+                     "idle {} on GPU {} overlaps {}",
+                     ProfileAt(cluster_.group_of_gpu(gpu), i.inst.profile_index, i.inst.placement),
+                     gpu, (m & seen) != 0 ? "another idle instance" : "a live instance"));
+      }
+      seen |= m;
+    }
+    return absl::OkStatus();
+  }
+
   std::vector<mig::NodeView> nodes_;
   std::vector<mig::PodRequest> requests_;  // by class
   const uint32_t bind_window_;
   std::vector<uint32_t> in_flight_;  // nodes of the last bind_window_ placements
+  // Warm instances (warm_.enabled).
+  double ttl_ = 0;
+  uint32_t max_idle_ = 0;
+  double now_ = 0;
+  uint64_t seq_ = 0;
+  std::vector<std::vector<Idle>> idle_;  // per GPU, oldest first
+  std::deque<Expiry> expiry_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -1113,16 +1265,47 @@ std::vector<std::string> DefaultPolicies() {
           "static:all-1g", "static:all-2g", "static:all-3g", "static:all-7g", "repack"};
 }
 
+absl::StatusOr<WarmConfig> ParseWarmConfig(std::string_view text) {
+  const std::vector<std::string> parts = SplitTrimmed(text, ',');
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(fmt::format(
+        "--warm-instances \"{}\": {} (expected TTL,MAX_PER_GPU, e.g. 5m,2)", text, why));
+  };
+  if (parts.size() != 2) return bad("two values separated by a comma are needed");
+  WarmConfig w;
+  if (!absl::ParseDuration(parts[0], &w.ttl)) {
+    return bad(fmt::format("the TTL \"{}\" is not a duration such as 90s, 5m or 1h", parts[0]));
+  }
+  if (w.ttl < absl::Seconds(1) || w.ttl > absl::Hours(24)) {
+    return bad(fmt::format("the TTL {} is not from 1s to 24h", parts[0]));
+  }
+  const std::string& n = parts[1];
+  if (n.empty() || n.size() > 2 || n.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoul(n) < 1 || std::stoul(n) > 64) {
+    return bad(fmt::format("MAX_PER_GPU \"{}\" is not a number from 1 to 64", n));
+  }
+  w.max_per_gpu = static_cast<uint32_t>(std::stoul(n));
+  return w;
+}
+
+std::string WarmConfigText(const WarmConfig& warm) {
+  return fmt::format("{},{}", absl::FormatDuration(warm.ttl), warm.max_per_gpu);
+}
+
 absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec, const Cluster& cluster,
-                                                   const std::vector<SimPod>& pods) {
+                                                   const std::vector<SimPod>& pods,
+                                                   const WarmConfig& warm) {
   const std::string name(spec);
   if (spec == "dynmig" || spec.starts_with("dynmig:")) {
     mig::GpuPolicy gpu = mig::PodRequest{}.gpu_policy;
     mig::NodePolicy node = mig::PodRequest{}.node_policy;
     uint32_t bind_window = 0;
+    bool with_warm = false;
     if (spec.size() > 7) {
       for (const auto& opt : SplitTrimmed(spec.substr(7), '+')) {
-        if (opt.starts_with("binds-in-flight-")) {
+        if (opt == "warm") {
+          with_warm = true;
+        } else if (opt.starts_with("binds-in-flight-")) {
           const std::string n = opt.substr(16);
           if (n.empty() || n.size() > 6 || n.find_first_not_of("0123456789") != std::string::npos) {
             return absl::InvalidArgumentError(fmt::format(
@@ -1141,12 +1324,13 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec, const 
         } else {
           return absl::InvalidArgumentError(fmt::format(
               "--policy {}: unknown option \"{}\" (gpu-binpack, gpu-spread, node-binpack, "
-              "node-spread, binds-in-flight-N, joined with '+')",
+              "node-spread, binds-in-flight-N, warm, joined with '+')",
               spec, opt));
         }
       }
     }
-    return std::unique_ptr<Policy>(new DynmigPolicy(name, cluster, pods, gpu, node, bind_window));
+    return std::unique_ptr<Policy>(
+        new DynmigPolicy(name, cluster, pods, gpu, node, bind_window, with_warm ? &warm : nullptr));
   }
   if (spec == "hami-v2.10" || spec == "hami") {
     return std::unique_ptr<Policy>(new HamiPolicy(name, cluster, pods));

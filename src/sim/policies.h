@@ -5,7 +5,10 @@
 //                        GPU spread, node binpack); "dynmig:gpu-binpack", "dynmig:node-spread"
 //                        (joined with '+') change the pod's policies; "binds-in-flight-N" marks
 //                        the nodes of the last N placements as having a bind in flight (a burst:
-//                        the planner chooses them last among equally good nodes);
+//                        the planner chooses them last among equally good nodes); "warm" keeps
+//                        the instances of ended pods idle for reuse as the device plugin does
+//                        with nvidia.migWarmInstances (WarmConfig: TTL, per-GPU cap), and gives
+//                        the planner each GPU's idle instances;
 //   hami-v2.10           HAMi v2.10's documented order: node binpack by HAMi's node score, GPUs in
 //                        spread order, smallest covering profile with a free placement, placements
 //                        by start descending for 1g./3g. profiles and ascending otherwise, first
@@ -28,6 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "sim/cluster.h"
 #include "sim/trace.h"
 
@@ -53,6 +57,27 @@ struct LiveInstance {
   mig::Placement placement;
 };
 
+// Warm instances (the device plugin's nvidia.migWarmInstances) for the policies that model them.
+struct WarmConfig {
+  absl::Duration ttl = absl::Minutes(5);  // an instance idle this long is destroyed
+  uint32_t max_per_gpu = 2;               // idle instances a GPU keeps; beyond, the ended pod's
+                                          // instance is destroyed as without warm instances
+};
+// "TTL,MAX_PER_GPU" (e.g. "5m,2"; TTL 1s..24h, MAX 1..64 as in device-config.yaml).
+absl::StatusOr<WarmConfig> ParseWarmConfig(std::string_view text);
+std::string WarmConfigText(const WarmConfig& warm);  // "5m,2"
+
+// What warm instances did in one run (all zero for a policy without them).
+struct WarmStats {
+  bool enabled = false;
+  uint64_t kept = 0;              // instances of ended pods kept idle
+  uint64_t reused = 0;            // idle instances a pod was placed on exactly (nothing created)
+  uint64_t destroyed_ttl = 0;     // idle instances destroyed after the TTL
+  uint64_t destroyed_cap = 0;     // ended pods' instances destroyed because the GPU was at its cap
+  uint64_t destroyed_needed = 0;  // idle instances destroyed because a placement overlapped them
+  uint64_t idle_at_end = 0;       // still idle at the end of the horizon
+};
+
 class Policy {
  public:
   virtual ~Policy() = default;
@@ -70,6 +95,12 @@ class Policy {
   virtual uint32_t NodeOf(uint32_t pod) const = 0;
   // Every live instance (slow; for tests and dumps).
   virtual std::vector<LiveInstance> Snapshot() const = 0;
+  // Every idle (warm) instance; `pod` is the last pod that had it (tests and dumps).
+  virtual std::vector<LiveInstance> IdleSnapshot() const { return {}; }
+  // Simulated time moves to `seconds` (never backwards): warm instances idle past their TTL are
+  // destroyed. Called before every event.
+  virtual void AdvanceTo(double /*seconds*/) {}
+  const WarmStats& warm() const { return warm_; }
 
   uint64_t used_units() const { return used_units_; }
   uint64_t creates() const { return creates_; }    // GPU instances created
@@ -86,13 +117,16 @@ class Policy {
   uint64_t used_units_ = 0;
   uint64_t creates_ = 0;
   uint64_t destroys_ = 0;
+  WarmStats warm_;
 };
 
 // The policy names MakePolicy knows, in the default order.
 std::vector<std::string> DefaultPolicies();
 
-// `pods` must outlive the policy; instance slots are sized from it.
+// `pods` must outlive the policy; instance slots are sized from it. `warm` configures the
+// policies with warm instances ("dynmig:warm").
 absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec, const Cluster& cluster,
-                                                   const std::vector<SimPod>& pods);
+                                                   const std::vector<SimPod>& pods,
+                                                   const WarmConfig& warm = {});
 
 }  // namespace dynmig::sim

@@ -124,6 +124,26 @@ std::string FormatText(const SimResult& r) {
                        FineDuration(p.running_p50), FineDuration(p.running_p99),
                        FineDuration(p.nvml_mean), p.creates, p.destroys, p.seconds);
   }
+  if (!r.warm.empty()) {
+    // Warm instances beside the same policies' acceptance and time to Running above.
+    out += fmt::format("\nwarm instances ({}: idle for at most {}, at most {} per GPU)\n", r.warm,
+                       r.warm.substr(0, r.warm.find(',')), r.warm.substr(r.warm.find(',') + 1));
+    out += fmt::format("{:<{}}  {:>9}  {:>8}  {:>11}  {:>11}  {:>14}  {:>11}\n", "policy", w,
+                       "kept idle", "reused", "TTL destroy", "cap destroy", "needed destroy",
+                       "idle at end");
+    for (const auto& p : r.policies) {
+      if (!p.warm.enabled) continue;
+      out += fmt::format("{:<{}}  {:>9}  {:>8}  {:>11}  {:>11}  {:>14}  {:>11}\n", p.name, w,
+                         p.warm.kept, p.warm.reused, p.warm.destroyed_ttl, p.warm.destroyed_cap,
+                         p.warm.destroyed_needed, p.warm.idle_at_end);
+    }
+    out +=
+        "reused = instances placed exactly on an idle one (no NVML time); TTL / cap / needed = "
+        "idle "
+        "instances destroyed\nafter the TTL, ended pods' instances destroyed at once on a GPU at "
+        "its cap, idle ones a placement\noverlapped (their destroy time counts in that pod's NVML "
+        "time)\n";
+  }
   if (!r.profiles.empty()) {
     out += fmt::format("\n{:<{}}", queue ? "not started by" : "rejected by", w);
     for (size_t k = 0; k < r.profiles.size(); ++k) {
@@ -165,6 +185,7 @@ std::string FormatJson(const SimResult& r) {
   j["capacitySlices"] = r.capacity_units;
   j["mode"] = ModeName(r.mode);
   j["nvmlLatency"] = r.nvml_latency;
+  if (!r.warm.empty()) j["warmInstances"] = r.warm;
   j["pods"] = r.pods;
   j["cpuOnlySkipped"] = r.cpu_only;
   j["unservable"] = r.unservable;
@@ -212,6 +233,14 @@ std::string FormatJson(const SimResult& r) {
     }
     q["giCreates"] = p.creates;
     q["giDestroys"] = p.destroys;
+    if (p.warm.enabled) {
+      q["warm"] = {{"kept", p.warm.kept},
+                   {"reused", p.warm.reused},
+                   {"destroyedTtl", p.warm.destroyed_ttl},
+                   {"destroyedCap", p.warm.destroyed_cap},
+                   {"destroyedNeeded", p.warm.destroyed_needed},
+                   {"idleAtEnd", p.warm.idle_at_end}};
+    }
     q["utilization"] = p.utilization;
     q["seconds"] = p.seconds;
     j["policies"].push_back(std::move(q));
@@ -231,21 +260,27 @@ std::string FormatCsv(const SimResult& r) {
       "policy,accepted,acceptedCount,acceptedSliceTime,gapClosed,meanUtilization,"
       "peakUtilization,fragmentation,pendingP50Seconds,pendingP99Seconds,pendingMeanSeconds,"
       "neverStarted,giCreates,giDestroys,filled,seconds,timeToRunningP50Seconds,"
-      "timeToRunningP99Seconds,nvmlMeanSeconds\n";
+      "timeToRunningP99Seconds,nvmlMeanSeconds,warmKept,warmReused,warmDestroyedTtl,"
+      "warmDestroyedCap,warmDestroyedNeeded\n";
   for (const auto& p : r.policies) {
+    const std::string warm =
+        p.warm.enabled
+            ? fmt::format(",{},{},{},{},{}", p.warm.kept, p.warm.reused, p.warm.destroyed_ttl,
+                          p.warm.destroyed_cap, p.warm.destroyed_needed)
+            : ",,,,,";
     out += fmt::format(
         "{},{},{:.6f},{:.6f},{},{:.6f},{:.6f},{:.6f},{:.3f},{:.3f},{:.3f},{},{},{},{},{:.3f},{:.3f}"
         ","
-        "{:.3f},{:.3f}\n",
+        "{:.3f},{:.3f}{}\n",
         p.name, p.accepted, p.accepted_count, p.accepted_slice_time,
         p.gap_closed ? fmt::format("{:.6f}", *p.gap_closed) : "", p.mean_utilization,
         p.peak_utilization, p.fragmentation, p.pending_p50, p.pending_p99, p.pending_mean,
         p.never_started, p.creates, p.destroys,
         r.mode == Mode::kFill ? fmt::format("{:.6f}", p.filled) : "", p.seconds, p.running_p50,
-        p.running_p99, p.nvml_mean);
+        p.running_p99, p.nvml_mean, warm);
   }
   if (r.bound) {
-    out += fmt::format("bound,{},,,,,,,,,,,,,{:.6f},,,,\n", r.bound->pods, r.bound->filled);
+    out += fmt::format("bound,{},,,,,,,,,,,,,{:.6f},,,,,,,,,\n", r.bound->pods, r.bound->filled);
   }
   return out;
 }

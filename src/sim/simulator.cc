@@ -74,6 +74,7 @@ class Run {
     }
     out_.creates = policy_.creates();
     out_.destroys = policy_.destroys();
+    out_.warm = policy_.warm();
     return std::move(out_);
   }
 
@@ -86,6 +87,7 @@ class Run {
 
   void Advance(double t) {
     t = std::min(t, res_.end);
+    policy_.AdvanceTo(t);
     while (next_sample_ < res_.sample_x.size() && res_.sample_x[next_sample_] <= t) {
       out_.utilization[next_sample_++] = Utilization();
     }
@@ -406,7 +408,7 @@ absl::StatusOr<SimResult> Simulate(const Trace& trace, const Cluster& cluster,
   }
 
   for (size_t k = 0; k < policies.size(); ++k) {
-    DYNMIG_ASSIGN_OR_RETURN(auto policy, MakePolicy(policies[k], cluster, pods));
+    DYNMIG_ASSIGN_OR_RETURN(auto policy, MakePolicy(policies[k], cluster, pods, options.warm));
     std::function<void(double)> progress;
     if (options.progress) {
       progress = [&, k](double f) { options.progress((k + f) / policies.size()); };
@@ -415,6 +417,7 @@ absl::StatusOr<SimResult> Simulate(const Trace& trace, const Cluster& cluster,
     Run run(pods, res, profile_of, options, classes, asked_total, *policy, cluster, progress);
     DYNMIG_ASSIGN_OR_RETURN(PolicyResult r, run.Go());
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r.warm.enabled) res.warm = WarmConfigText(options.warm);
     res.policies.push_back(std::move(r));
   }
   if (options.progress) options.progress(1.0);

@@ -4,7 +4,9 @@
 // Time to Running: a started pod's wait (queue mode) plus the NVML time of the reconfigurations its
 // placement needed (GI and CI created, and destroyed when a policy moves instances), from the
 // latency model of the GPU model it landed on. A policy that places a pod on an existing instance
-// (static geometries) adds none. The NVML time of different pods is not queued behind each other.
+// (static geometries, an idle warm instance) adds none; destroying the idle instances a placement
+// overlaps adds their destroy time. The NVML time of different pods is not queued behind each
+// other.
 //
 // Modes: reject (a pod that does not fit is lost), queue (it waits; FIFO with backfill: arrivals
 // are tried at once, waiting pods are retried in order on every departure), fill (arrivals only,
@@ -22,6 +24,7 @@
 #include "mig/nvml_latency.h"
 #include "sim/bound.h"
 #include "sim/cluster.h"
+#include "sim/policies.h"
 #include "sim/trace.h"
 
 namespace dynmig::sim {
@@ -35,6 +38,7 @@ struct SimOptions {
   uint32_t fragmentation_samples = 4000;  // arrivals at which fragmentation is measured (at most)
   std::function<void(double)> progress;   // fraction done, 0..1, called now and then
   mig::NvmlLatency nvml_latency;          // instant by default
+  WarmConfig warm;                        // for the policies with warm instances ("dynmig:warm")
 };
 
 struct PolicyResult {
@@ -59,7 +63,8 @@ struct PolicyResult {
   double nvml_mean = 0;  // of which NVML reconfiguration, mean over started pods
   uint64_t creates = 0;  // GPU instances created (static: none after setup)
   uint64_t destroys = 0;
-  double filled = 0;                          // fill mode: asked units accepted / capacity
+  WarmStats warm;     // warm instances (warm.enabled: the policy models them)
+  double filled = 0;  // fill mode: asked units accepted / capacity
   std::vector<uint64_t> rejected_by_profile;  // by SimResult::profiles: pods not accepted
   std::vector<double> utilization;            // at SimResult::sample_x
   double seconds = 0;                         // wall time of this policy's run
@@ -85,6 +90,7 @@ struct SimResult {
   std::optional<FillBound> bound;  // fill mode, one model
   std::string bound_note;          // why there is no bound
   std::string nvml_latency;        // the latency model, as text ("none", "create-gi=1s,...")
+  std::string warm;                // "5m,2" when a policy has warm instances, else empty
 };
 
 absl::StatusOr<SimResult> Simulate(const Trace& trace, const Cluster& cluster,
