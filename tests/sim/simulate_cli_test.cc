@@ -119,6 +119,38 @@ TEST_F(SimulateCliTest, ASnapshotWithoutTimingServesFillModeOnly) {
   }
 }
 
+// --warm-instances: without --policy, dynmig:warm runs beside dynmig; with --policy, it configures
+// the listed warm policies and needs one.
+TEST_F(SimulateCliTest, WarmInstances) {
+  ASSERT_EQ(Run({"simulate", "--trace", trace_, "--gpus", "A100-SXM4-40GBx1", "--warm-instances",
+                 "90s,3", "-o", "json"}),
+            kExitOk)
+      << err_.str();
+  auto j = nlohmann::json::parse(out_.str());
+  EXPECT_EQ(j["warmInstances"], "1m30s,3");
+  ASSERT_GE(j["policies"].size(), 2u);
+  EXPECT_EQ(j["policies"][0]["name"], "dynmig");
+  EXPECT_EQ(j["policies"][1]["name"], "dynmig:warm");
+  EXPECT_TRUE(j["policies"][1]["warm"].is_object());
+  EXPECT_EQ(j["policies"][1]["acceptedCount"], j["policies"][0]["acceptedCount"]);
+
+  ASSERT_EQ(Run({"simulate", "--trace", trace_, "--gpus", "A100-SXM4-40GBx1", "--policy",
+                 "dynmig,dynmig:warm+gpu-binpack"}),
+            kExitOk)
+      << err_.str();
+  EXPECT_THAT(out_.str(),
+              HasSubstr("warm instances (5m,2: idle for at most 5m, at most 2 per GPU)"));
+  EXPECT_THAT(out_.str(), HasSubstr("dynmig:warm+gpu-binpack"));
+
+  EXPECT_EQ(Run({"simulate", "--trace", trace_, "--policy", "dynmig", "--warm-instances", "5m,2"}),
+            kExitBadInput);
+  EXPECT_THAT(err_.str(), HasSubstr("no policy of --policy has warm instances"));
+  EXPECT_EQ(Run({"simulate", "--trace", trace_, "--warm-instances", "5m"}), kExitBadInput);
+  EXPECT_THAT(err_.str(), HasSubstr("--warm-instances \"5m\": two values"));
+  EXPECT_EQ(Run({"simulate", "--trace", trace_, "--warm-instances", "5m,100"}), kExitBadInput);
+  EXPECT_THAT(err_.str(), HasSubstr("MAX_PER_GPU \"100\" is not a number from 1 to 64"));
+}
+
 TEST_F(SimulateCliTest, BadInput) {
   EXPECT_EQ(Run({"simulate", "--trace", trace_, "--mode", "sometimes"}), kExitBadInput);
   EXPECT_THAT(err_.str(), HasSubstr("--mode \"sometimes\": expected reject, queue or fill"));
