@@ -34,6 +34,7 @@ struct SchedulerFlags {
   std::string extender_client_ca;
   std::string scheduler_name = "dynmig-scheduler";
   std::string reservation_ttl = "10m";
+  std::string node_lock_wait = "75s";
   std::string expiry_interval = "30s";
   bool leader_elect = false;
   std::string lease_namespace;
@@ -77,6 +78,11 @@ int RunScheduler(const SchedulerFlags& flags, CliContext& ctx) {
     return bad("--reservation-ttl: '" + flags.reservation_ttl +
                "' is not a positive duration (e.g. 10m, 90s)");
   }
+  absl::Duration node_lock_wait;
+  if (!ParsePositiveDuration(flags.node_lock_wait, &node_lock_wait)) {
+    return bad("--node-lock-wait: '" + flags.node_lock_wait +
+               "' is not a positive duration (e.g. 75s; keep it below the extender's httpTimeout)");
+  }
   if (!ParsePositiveDuration(flags.expiry_interval, &expiry_interval)) {
     return bad("--expiry-interval: '" + flags.expiry_interval + "' is not a positive duration");
   }
@@ -108,6 +114,7 @@ int RunScheduler(const SchedulerFlags& flags, CliContext& ctx) {
   options.state.memory_match = config->memory_match;
   options.state.resources = config->resources;
   options.extender.reservation_ttl = ttl;
+  options.extender.lock_queue.wait = node_lock_wait;
   options.extender.scheduler_name = flags.scheduler_name;
   options.expiry_interval = expiry_interval;
   options.admission.scheduler_name = flags.scheduler_name;
@@ -173,6 +180,10 @@ void RegisterSchedulerCommand(CLI::App& root, CliContext& ctx) {
       ->capture_default_str();
   cmd->add_option("--reservation-ttl", flags->reservation_ttl,
                   "release reservations not allocated after this long")
+      ->capture_default_str();
+  cmd->add_option("--node-lock-wait", flags->node_lock_wait,
+                  "how long a bind waits in line for its node's lock (hami.io/mutex.lock) before it "
+                  "fails; keep it below kube-scheduler's extender httpTimeout (90s in deploy/)")
       ->capture_default_str();
   cmd->add_option("--expiry-interval", flags->expiry_interval,
                   "how often the leader looks for expired reservations")

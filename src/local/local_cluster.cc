@@ -454,6 +454,7 @@ absl::Status LocalCluster::Init() {
     const std::string prefix = node->spec.name + "/kubelet: ";
     ao.log = [this, prefix](const std::string& line) { Log(prefix + line); };
     ao.first_pid = 10000 + 1000 * static_cast<uint32_t>(i);
+    ao.admission_delay = options_.kubelet_admission_delay;
     node->agent = std::make_unique<NodeAgent>(*node->agent_client, *node->allocator, std::move(ao));
     nodes_.push_back(std::move(node));
   }

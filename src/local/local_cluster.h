@@ -129,7 +129,10 @@ struct LocalClusterOptions {
   bool default_scheduler = true;
   // HTTP threads of the in-process scheduler (extender and webhooks share them; a bind waiting
   // for the node lock holds one).
-  int scheduler_threads = 64;  // as dynmig scheduler's (SchedulerServerOptions::threads)
+  int scheduler_threads = 128;  // as dynmig scheduler's (SchedulerServerOptions::threads)
+  // How long each kubelet stand-in takes from seeing a pod bound to admitting it (Allocate);
+  // NodeAgentOptions::admission_delay. Zero: at once.
+  absl::Duration kubelet_admission_delay = absl::ZeroDuration();
   // How long the simulated GPUs take to create and destroy instances (the device plugins' NVML).
   mig::NvmlLatency nvml_latency;
   // The components' API clients give up on a request after this (RestConfig::request_timeout).

@@ -86,6 +86,10 @@ void NodeAgent::Start() {
       for (const auto& [uid, r] : running_) {
         if (r.ends_at) wait = std::min(wait, std::max(absl::ZeroDuration(), *r.ends_at - now));
       }
+      // And for the next pod to admit.
+      if (next_admission_ != absl::InfiniteFuture()) {
+        wait = std::min(wait, std::max(absl::ZeroDuration(), next_admission_ - now));
+      }
       cv_.wait_for(lock, absl::ToChronoMilliseconds(wait) + std::chrono::milliseconds(5),
                    [this] { return stop_ || dirty_; });
     }
@@ -116,6 +120,7 @@ void NodeAgent::WriteStatus(const kube::Object& pod, nlohmann::json status) {
 
 void NodeAgent::Reconcile() {
   std::set<std::string> present;
+  next_admission_ = absl::InfiniteFuture();
   for (const auto& pod : pods_.List()) {
     const std::string uid = kube::Uid(*pod);
     present.insert(uid);
@@ -135,6 +140,16 @@ void NodeAgent::Reconcile() {
     }
     const std::string phase = kube::Phase(*pod);
     if ((phase.empty() || phase == "Pending") && !started_uid_.count(uid)) {
+      if (options_.admission_delay > absl::ZeroDuration()) {
+        const absl::Time now = absl::Now();
+        const absl::Time admit =
+            first_seen_.emplace(uid, now).first->second + options_.admission_delay;
+        if (now < admit) {
+          next_admission_ = std::min(next_admission_, admit);
+          continue;
+        }
+        first_seen_.erase(uid);
+      }
       StartPod(*pod);
       continue;
     }
@@ -145,6 +160,9 @@ void NodeAgent::Reconcile() {
   }
   for (auto it = unsynced_.begin(); it != unsynced_.end();) {
     it = present.count(it->first) ? std::next(it) : unsynced_.erase(it);
+  }
+  for (auto it = first_seen_.begin(); it != first_seen_.end();) {
+    it = present.count(it->first) ? std::next(it) : first_seen_.erase(it);
   }
   // Pods removed without a graceful deletion: their processes end too.
   for (auto it = running_.begin(); it != running_.end();) {

@@ -82,7 +82,8 @@ Extender::Extender(kube::KubeClient& client, ClusterState& state, const Clock& c
                            .resources = options_.resources,
                            .reservation_ttl = options_.reservation_ttl},
           options_.reservation_lookup ? options_.reservation_lookup
-                                      : [this](const kube::Object& pod) { return HeldBy(pod); }) {}
+                                      : [this](const kube::Object& pod) { return HeldBy(pod); }),
+      lock_queue_(options_.lock_queue) {}
 
 std::optional<HeldReservation> Extender::HeldBy(const kube::Object& pod) const {
   // A reservation still in memory (between filter and bind) first, then the pod's annotations.
@@ -424,7 +425,8 @@ std::string Extender::Bind(const ExtenderBindingArgs& args) {
     }
   } end_bind{state_, key, reservation->has_value()};
 
-  if (absl::Status locked = AcquireNodeLock(client_, args.node, ns, name, now, options_.node_lock);
+  if (absl::Status locked =
+          lock_queue_.Acquire(client_, args.node, ns, name, clock_, options_.node_lock);
       !locked.ok()) {
     return finish(fmt::format("bind {}: {}", key, std::string(locked.message())));
   }

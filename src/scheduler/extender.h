@@ -15,7 +15,8 @@
 //
 // Bind: claims the in-memory reservation (a replica without one, after a restart or a change of
 // leader, refuses in BindGuard: kube-scheduler schedules the pod again), takes the node lock
-// (node_lock.h; waiting a bounded time for another pod's bind to finish), then writes the
+// (node_lock.h; queued first come first served behind other binds to the node, lock_queue.h, for a
+// bounded time), then writes the
 // reservation (hami.io/vgpu-node, -time, -devices-to-allocate, -devices-allocated,
 // -mig-allocations, the hami.io/vgpu-node label) together with hami.io/bind-phase=allocating and
 // hami.io/bind-time in one merge patch carrying the pod's resourceVersion (kube-scheduler ignores
@@ -52,6 +53,7 @@
 #include "scheduler/cluster_state.h"
 #include "scheduler/events.h"
 #include "scheduler/extender_api.h"
+#include "scheduler/lock_queue.h"
 #include "scheduler/metrics.h"
 #include "scheduler/node_lock.h"
 
@@ -60,9 +62,14 @@ namespace dynmig::scheduler {
 struct ExtenderOptions {
   protocol::ResourceNames resources;
   absl::Duration reservation_ttl = absl::Minutes(10);
-  // A bind that finds the node locked by another pod's bind waits up to 10 s for it (well inside
-  // kube-scheduler's extender httpTimeout, 30 s in deploy/scheduler/kube-scheduler-config.yaml).
-  NodeLockOptions node_lock{.wait = absl::Seconds(10)};
+  // The node lock's expiry and conflict retries (its `wait` is unused: binds wait in lock_queue).
+  NodeLockOptions node_lock;
+  // A bind that finds the node locked by another pod's bind queues for it (lock_queue.h), first
+  // come first served, up to 75 s (`dynmig scheduler --node-lock-wait`): inside kube-scheduler's
+  // extender httpTimeout (90 s in deploy/scheduler/kube-scheduler-config.yaml), which also covers
+  // the writes after the lock. A node holds at most 56 MIG instances (8 GPUs x 7), and a real
+  // kubelet takes 0.5-1 s from bind to Allocate, the lock held all along: the whole burst fits.
+  NodeLockQueueOptions lock_queue;
   int patch_attempts = 3;  // reservation writes retried after unrelated changes of the pod
   // Pods whose spec.schedulerName is this are ours (bind_guard.h); others are refused.
   std::string scheduler_name = "dynmig-scheduler";
@@ -104,6 +111,12 @@ class Extender {
   // One expiry pass (see above). Does nothing when the gate is closed.
   ExpiryResult ExpireReservations();
 
+  // The node informer saw `node` change: a bind queued for its lock looks again.
+  void NodeChanged(std::string_view node) { lock_queue_.NodeChanged(node); }
+  // Fails the binds waiting for node locks (shutdown).
+  void StopWaiting() { lock_queue_.Stop(); }
+  const NodeLockQueue& lock_queue() const { return lock_queue_; }
+
  private:
   std::string Gate() const { return gate_ ? gate_() : ""; }
   // BindGuard's filter check on the request's pod; with untrusted callers also on the pod read
@@ -134,7 +147,8 @@ class Extender {
   const ExtenderOptions options_;
   const BindGuard guard_;
   std::function<std::string()> gate_;
-  NodeNamesCache node_names_;  // the last NodeNames list, recognised without parsing it again
+  NodeNamesCache node_names_;
+  NodeLockQueue lock_queue_;  // the last NodeNames list, recognised without parsing it again
 };
 
 }  // namespace dynmig::scheduler

@@ -69,6 +69,9 @@ absl::Status SchedulerServer::Init() {
   // Only kube-scheduler reaches /filter then, and the Pod it sends is its own view of the pod.
   options_.extender.trusted_callers = client_auth_ != nullptr;
   options_.extender.resources = options_.state.resources;
+  // Binds waiting for node locks leave threads to the filters and webhooks.
+  options_.extender.lock_queue.max_waiters =
+      std::max(1, std::min(options_.extender.lock_queue.max_waiters, options_.threads * 3 / 4));
   options_.admission.resources = options_.state.resources;
   state_ = std::make_unique<ClusterState>(options_.state);
   metrics_ = std::make_unique<SchedulerMetrics>();
@@ -104,8 +107,11 @@ absl::Status SchedulerServer::Init() {
   nodes_ = std::make_unique<kube::Informer>(client_, kube::Resource::kNodes, node_options);
   nodes_->AddHandlers({
       .on_add = [this](const kube::Object& node) { state_->UpsertNode(node); },
-      .on_update = [this](const kube::Object&,
-                          const kube::Object& node) { state_->UpsertNode(node); },
+      .on_update =
+          [this](const kube::Object&, const kube::Object& node) {
+            state_->UpsertNode(node);
+            extender_->NodeChanged(kube::Name(node));  // its lock may be gone
+          },
       .on_delete = [this](const kube::Object& node) { state_->RemoveNode(kube::Name(node)); },
   });
   pods_->Start();
@@ -349,6 +355,7 @@ void SchedulerServer::Stop() {
     stopped_ = true;
   }
   loop_cv_.notify_all();
+  if (extender_ != nullptr) extender_->StopWaiting();
   if (expiry_thread_.joinable()) expiry_thread_.join();
   if (elector_ != nullptr) elector_->Stop();
   if (http_ != nullptr) {

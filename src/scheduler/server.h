@@ -84,10 +84,11 @@ struct SchedulerServerOptions {
   absl::Duration expiry_interval = absl::Seconds(30);
   size_t max_body_bytes = size_t{16} << 20;
   // HTTP threads, shared by /filter, /bind and the webhooks. kube-scheduler binds every pod of a
-  // burst at once and a bind waits up to 10 s for the node lock in one of them, so there must be
-  // room for a burst's binds besides the filters (16 threads stalled a 56-pod burst for 90 s as
-  // filters and webhooks queued behind waiting binds; 64: 5.8 s, bench_burst).
-  int threads = 64;
+  // burst at once and a bind may wait up to 25 s for the node lock in one of them (lock_queue.h),
+  // so there must be room for a burst's binds besides the filters and webhooks: at most 3/4 of
+  // the threads wait for node locks (16 threads stalled a 56-pod burst for 90 s as filters and
+  // webhooks queued behind waiting binds; 64: 5.8 s, bench_burst).
+  int threads = 128;
   kube::InformerOptions informer;  // filters are set by the server
   // GET /layout's renderers (ops::RenderLayoutHtml and ops::LayoutJson; injected because the ops
   // library builds on this one). Unset: GET /layout answers 404 (?format=json: 404 too).

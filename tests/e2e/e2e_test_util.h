@@ -106,6 +106,7 @@ class E2eTest : public ::testing::Test {
     // requeues a pod unschedulable for 60 s, checked every 30 s, and the device plugin's
     // reclamation is announced by a Node annotation, which requeues nothing).
     o.scheduler_timing = local::SchedulingQueueTiming{}.Scaled(20);
+    o.kubelet_admission_delay = kubelet_admission_delay_;
     o.log = [this](const std::string& line) {
       std::lock_guard<std::mutex> lock(log_mu_);
       log_.push_back(line);
@@ -279,6 +280,8 @@ class E2eTest : public ::testing::Test {
     return *p;
   }
 
+  // Set before StartCluster: the kubelet stand-ins' delay from bind to Allocate.
+  absl::Duration kubelet_admission_delay_ = absl::ZeroDuration();
   std::filesystem::path dir_;
   local::LocalClusterOptions options_;
   std::unique_ptr<local::LocalCluster> cluster_;

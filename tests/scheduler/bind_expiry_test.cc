@@ -20,7 +20,7 @@ class BindTest : public SchedulerTest {
     SchedulerTest::SetUp();
     CreateNode(MigNode("node-a", {"GPU-a0"}));
     SchedulerServerOptions options = DefaultOptions();
-    options.extender.node_lock.wait = absl::Seconds(2);
+    options.extender.lock_queue.wait = absl::Seconds(2);
     s_ = StartScheduler(std::move(options));
     WaitForNodes(s_, {"node-a"});
   }
@@ -51,7 +51,7 @@ TEST_F(BindTest, BindTakesTheNodeLockMarksAllocatingAndBinds) {
   EXPECT_THAT(s_->MetricsText(), HasSubstr("dynmig_scheduler_bind_total{outcome=\"bound\"} 1"));
 
   // The lock is held until the device plugin releases it: the next pod's bind waits for it (up
-  // to node_lock.wait) instead of bouncing off it.
+  // to lock_queue.wait) instead of bouncing off it.
   const kube::Object q = Reserved("q");
   HttpResult waited;
   std::thread binding([&] { waited = Bind(s_, q, "node-a"); });

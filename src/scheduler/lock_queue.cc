@@ -1,0 +1,110 @@
+#include "scheduler/lock_queue.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "fmt/format.h"
+
+namespace dynmig::scheduler {
+
+NodeLockQueue::NodeLockQueue(NodeLockQueueOptions options) : options_(options) {}
+
+NodeLockQueue::~NodeLockQueue() { Stop(); }
+
+void NodeLockQueue::Stop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stopped_ = true;
+  cv_.notify_all();
+}
+
+void NodeLockQueue::NodeChanged(std::string_view node) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = queues_.find(node);
+  if (it == queues_.end()) return;
+  ++it->second.changes;
+  cv_.notify_all();
+}
+
+int NodeLockQueue::Waiting(std::string_view node) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = queues_.find(node);
+  return it == queues_.end() ? 0 : static_cast<int>(it->second.tickets.size());
+}
+
+int NodeLockQueue::Waiting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waiting_;
+}
+
+void NodeLockQueue::Leave(const std::string& node, uint64_t ticket) {
+  auto it = queues_.find(node);
+  if (it == queues_.end()) return;
+  auto& tickets = it->second.tickets;
+  tickets.erase(std::remove(tickets.begin(), tickets.end(), ticket), tickets.end());
+  --waiting_;
+  if (tickets.empty()) queues_.erase(it);
+  cv_.notify_all();  // the next one may be the head now
+}
+
+absl::Status NodeLockQueue::Acquire(kube::KubeClient& client, std::string_view node_view,
+                                    std::string_view ns, std::string_view pod, const Clock& clock,
+                                    const NodeLockOptions& lock_options) {
+  const std::string node(node_view);
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + options_.wait;
+  NodeLockOptions once = lock_options;
+  once.wait = absl::ZeroDuration();
+
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stopped_) return absl::CancelledError(fmt::format("lock node {}: shutting down", node));
+  if (waiting_ >= options_.max_waiters) {
+    return absl::FailedPreconditionError(fmt::format(
+        "lock node {}: {} binds already wait for node locks in this scheduler (at most {})", node,
+        waiting_, options_.max_waiters));
+  }
+  const uint64_t ticket = next_ticket_++;
+  queues_[node].tickets.push_back(ticket);
+  ++waiting_;
+  absl::Duration poll = options_.poll;
+  const int ahead_at_start = static_cast<int>(queues_[node].tickets.size()) - 1;
+  absl::Status last = absl::OkStatus();
+  while (true) {
+    // Wait to be the head (the binds ahead leave when they took the lock or gave up).
+    cv_.wait_until(lock, absl::ToChronoTime(deadline),
+                   [&] { return stopped_ || queues_[node].tickets.front() == ticket; });
+    if (stopped_) {
+      Leave(node, ticket);
+      return absl::CancelledError(fmt::format("lock node {}: shutting down", node));
+    }
+    if (queues_[node].tickets.front() != ticket) {  // the deadline, still behind others
+      const int ahead = static_cast<int>(
+          std::find(queues_[node].tickets.begin(), queues_[node].tickets.end(), ticket) -
+          queues_[node].tickets.begin());
+      Leave(node, ticket);
+      return absl::FailedPreconditionError(
+          fmt::format("lock node {}: waited {} behind other binds to the node ({} ahead of this "
+                      "one when it came, {} still ahead)",
+                      node, absl::FormatDuration(options_.wait), ahead_at_start, ahead));
+    }
+    const uint64_t seen = queues_[node].changes;
+    lock.unlock();
+    last = AcquireNodeLock(client, node, ns, pod, clock.Now(), once);
+    lock.lock();
+    if (last.code() != absl::StatusCode::kFailedPrecondition) {  // taken, or a real error
+      Leave(node, ticket);
+      return last;
+    }
+    // Still held: wait for the node to change (or poll), unless the time is up.
+    if (absl::Now() >= deadline) break;
+    const absl::Time wake = std::min(deadline, absl::Now() + poll);
+    cv_.wait_until(lock, absl::ToChronoTime(wake),
+                   [&] { return stopped_ || queues_[node].changes != seen; });
+    if (queues_[node].changes == seen) poll = std::min(poll * 2, options_.max_poll);
+  }
+  Leave(node, ticket);
+  return absl::FailedPreconditionError(fmt::format(
+      "{}; waited {} for it ({} binds to the node were ahead of this one when it came)",
+      std::string(last.message()), absl::FormatDuration(options_.wait), ahead_at_start));
+}
+
+}  // namespace dynmig::scheduler
