@@ -14,6 +14,7 @@ int FuzzAdmissionReview(const uint8_t* data, size_t size);
 int FuzzDeviceConfig(const uint8_t* data, size_t size);
 int FuzzExtenderArgs(const uint8_t* data, size_t size);
 int FuzzHeldSlices(const uint8_t* data, size_t size);
+int FuzzIdleInstances(const uint8_t* data, size_t size);
 int FuzzKubeconfig(const uint8_t* data, size_t size);
 int FuzzMigAllocations(const uint8_t* data, size_t size);
 int FuzzMigMinors(const uint8_t* data, size_t size);
@@ -36,6 +37,7 @@ constexpr Entry kTargets[] = {
     {"device_config", FuzzDeviceConfig},
     {"extender_args", FuzzExtenderArgs},
     {"held_slices", FuzzHeldSlices},
+    {"idle_instances", FuzzIdleInstances},
     {"kubeconfig", FuzzKubeconfig},
     {"mig_allocations", FuzzMigAllocations},
     {"mig_minors", FuzzMigMinors},
