@@ -26,7 +26,7 @@ using ::testing::HasSubstr;
 
 using cli::testing::CliResult;
 
-constexpr const char* kLegacyConfig = R"(nvidia:
+constexpr const char* kRollbackLegacyConfig = R"(nvidia:
   resourceCountName: nvidia.com/gpu
   knownMigGeometries:
     - models: ["A100-SXM4-40GB"]
@@ -149,7 +149,7 @@ TEST_F(RollbackE2eTest, BeforeProductionResumesRestoresHamisConfigAndTheFixedGeo
   Step("the node before the migration: HAMi's legacy plugin, its config and fixed geometry");
   ASSERT_TRUE(cluster_->StopDevicePlugin("node-a").ok());
   CreateFixedGeometry();
-  SetDeviceConfig(kLegacyConfig);
+  SetDeviceConfig(kRollbackLegacyConfig);
   PatchNode({{"metadata",
               {{"labels", {{"dynmig.io/mig", nullptr}}},
                {"annotations",
@@ -221,7 +221,7 @@ TEST_F(RollbackE2eTest, BeforeProductionResumesRestoresHamisConfigAndTheFixedGeo
       << Where() << applied.dump(2);
   EXPECT_THAT(changes, HasSubstr("4g.20gb at slices 0-3: created")) << Where();
   EXPECT_THAT(changes, HasSubstr("3g.20gb at slices 4-7: created")) << Where();
-  EXPECT_EQ(DeviceConfigNow(), kLegacyConfig) << Where();
+  EXPECT_EQ(DeviceConfigNow(), kRollbackLegacyConfig) << Where();
   const auto live = Live();
   ASSERT_EQ(live.size(), 2u) << Where();
   EXPECT_EQ(live[0].placement.size, 4u) << Where();

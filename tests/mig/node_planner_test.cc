@@ -10,7 +10,7 @@ namespace {
 using testing::MakePlanner;
 using testing::UsageOf;
 
-const std::vector<std::string> kA100Base = {"1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"};
+const std::vector<std::string> kA100BaseNo4g = {"1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"};
 
 GpuView Gpu(const std::string& uuid, uint32_t index,
             const std::vector<std::pair<std::string, uint32_t>>& reserved = {},
@@ -19,7 +19,7 @@ GpuView Gpu(const std::string& uuid, uint32_t index,
   g.uuid = uuid;
   g.index = index;
   g.planner =
-      MakePlanner(model, model == "A100-SXM4-40GB" ? kA100Base : std::vector<std::string>{});
+      MakePlanner(model, model == "A100-SXM4-40GB" ? kA100BaseNo4g : std::vector<std::string>{});
   g.model = g.planner->capability().model;
   g.usage = UsageOf(*g.planner, reserved);
   return g;

@@ -7,7 +7,7 @@
 namespace dynmig::ops::testing {
 namespace {
 
-const std::vector<std::string> kProfiles = {"1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"};
+const std::vector<std::string> kExplainProfiles = {"1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"};
 
 class ExplainTest : public OpsTest {
  protected:
@@ -15,13 +15,13 @@ class ExplainTest : public OpsTest {
     OpsTest::SetUp();
     AddDeviceConfig();
     // node-a: 1g at 1 and 1g at 5, six slices free but both 3g placements cut.
-    Add(Node("node-a", Register({{"GPU-a0"}}, kProfiles)));
+    Add(Node("node-a", Register({{"GPU-a0"}}, kExplainProfiles)));
     Add(PlacedPod("small-a", "node-a", 4000,
                   {{"GPU-a0", "1g.5gb", 1, 1, Runtime{"MIG-sa", 9, 0}}}));
     Add(PlacedPod("small-b", "node-a", 4000,
                   {{"GPU-a0", "1g.5gb", 5, 1, Runtime{"MIG-sb", 13, 0}}}));
     // node-b: full.
-    Add(Node("node-b", Register({{"GPU-b0"}}, kProfiles)));
+    Add(Node("node-b", Register({{"GPU-b0"}}, kExplainProfiles)));
     Add(PlacedPod("big-c", "node-b", 19000, {{"GPU-b0", "3g.20gb", 0, 4, Runtime{"MIG-c", 1, 0}}}));
     Add(PlacedPod("big-d", "node-b", 19000, {{"GPU-b0", "3g.20gb", 4, 4, Runtime{"MIG-d", 2, 0}}}));
   }
@@ -88,7 +88,7 @@ TEST_F(ExplainTest, PodThatFitsNowIsWaitingOutsideTheExtender) {
 }
 
 TEST_F(ExplainTest, CordonedNodesAreNotOffered) {
-  Add(Node("node-c", Register({{"GPU-c0"}}, kProfiles), json::object(), /*cordoned=*/true));
+  Add(Node("node-c", Register({{"GPU-c0"}}, kExplainProfiles), json::object(), /*cordoned=*/true));
   Add(Pod("wants-7g", "", 40000, "Pending"));
   const json r = RunJson({"explain", "wants-7g"}, 0);
   EXPECT_EQ(r["status"], "pending");

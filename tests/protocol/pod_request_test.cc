@@ -35,7 +35,7 @@ json PodWithLimits(const json& limits, const json& annotations = json::object())
   return pod;
 }
 
-absl::Status ParseError(const json& pod) {
+absl::Status PodParseError(const json& pod) {
   auto r = ParsePodRequest(pod);
   EXPECT_FALSE(r.ok());
   return r.status();
@@ -145,7 +145,7 @@ struct BadValue {
 class PodRequestBadValueTest : public ::testing::TestWithParam<BadValue> {};
 
 TEST_P(PodRequestBadValueTest, NamesContainerAndResource) {
-  absl::Status s = ParseError(PodWithLimits(GetParam().limits));
+  absl::Status s = PodParseError(PodWithLimits(GetParam().limits));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("container \"c\" (containers[0])"));
   EXPECT_THAT(std::string(s.message()), HasSubstr(GetParam().want));
@@ -253,14 +253,14 @@ TEST(PodRequestTest, SchedulerPolicies) {
   ASSERT_TRUE(only_ignored.ok()) << only_ignored.status();
   EXPECT_EQ(only_ignored->gpu_policy, mig::GpuPolicy::kBinpack);
 
-  absl::Status unknown = ParseError(
+  absl::Status unknown = PodParseError(
       PodWithLimits({{"nvidia.com/gpu", 1}}, {{"hami.io/gpu-scheduler-policy", "packed"}}));
   EXPECT_THAT(std::string(unknown.message()),
               HasSubstr("hami.io/gpu-scheduler-policy: unknown policy \"packed\""));
-  absl::Status both = ParseError(
+  absl::Status both = PodParseError(
       PodWithLimits({{"nvidia.com/gpu", 1}}, {{"hami.io/gpu-scheduler-policy", "binpack,spread"}}));
   EXPECT_THAT(std::string(both.message()), HasSubstr("names both binpack and spread"));
-  absl::Status node = ParseError(PodWithLimits(
+  absl::Status node = PodParseError(PodWithLimits(
       {{"nvidia.com/gpu", 1}}, {{"hami.io/node-scheduler-policy", "topology-aware"}}));
   EXPECT_THAT(std::string(node.message()),
               HasSubstr("hami.io/node-scheduler-policy: unknown policy \"topology-aware\""));
@@ -284,7 +284,7 @@ TEST(PodRequestTest, GpuFilterAnnotations) {
 
 TEST(PodRequestTest, NonStringAnnotationIsAnError) {
   json pod = PodWithLimits({{"nvidia.com/gpu", 1}}, {{"nvidia.com/use-gpuuuid", 5}});
-  absl::Status s = ParseError(pod);
+  absl::Status s = PodParseError(pod);
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("annotation nvidia.com/use-gpuuuid: must be a string"));
 }
@@ -314,10 +314,10 @@ TEST(PodRequestTest, IsMigPodFollowsVgpuMode) {
 }
 
 TEST(PodRequestTest, MalformedPodShapes) {
-  EXPECT_EQ(ParseError(json::array()).code(), absl::StatusCode::kInvalidArgument);
-  absl::Status containers = ParseError(json::parse(R"({"spec":{"containers":{}}})"));
+  EXPECT_EQ(PodParseError(json::array()).code(), absl::StatusCode::kInvalidArgument);
+  absl::Status containers = PodParseError(json::parse(R"({"spec":{"containers":{}}})"));
   EXPECT_THAT(std::string(containers.message()), HasSubstr("spec.containers must be an array"));
-  absl::Status limits = ParseError(
+  absl::Status limits = PodParseError(
       json::parse(R"({"spec":{"containers":[{"name":"x","resources":{"limits":[]}}]}})"));
   EXPECT_THAT(std::string(limits.message()),
               HasSubstr("container \"x\" (containers[0]): resources.limits must be an object"));

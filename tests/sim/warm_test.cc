@@ -216,7 +216,7 @@ SimOptions Latency(Mode mode, WarmConfig warm = {}) {
   return o;
 }
 
-const PolicyResult& Get(const SimResult& r, const std::string& name) {
+const PolicyResult& PolicyOf(const SimResult& r, const std::string& name) {
   for (const auto& p : r.policies) {
     if (p.name == name) return p;
   }
@@ -237,8 +237,8 @@ TEST(WarmSimulate, NvmlTimeOfReuseTtlAndNeededDestroys) {
   auto r = Simulate(t, c, {"dynmig", "dynmig:warm"}, Latency(Mode::kReject, warm));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->warm, "1m40s,2");
-  const PolicyResult& cold = Get(*r, "dynmig");
-  const PolicyResult& hot = Get(*r, "dynmig:warm");
+  const PolicyResult& cold = PolicyOf(*r, "dynmig");
+  const PolicyResult& hot = PolicyOf(*r, "dynmig:warm");
   EXPECT_FALSE(cold.warm.enabled);
   EXPECT_DOUBLE_EQ(cold.nvml_mean, 1.5);
   EXPECT_EQ(cold.creates, 4u);
@@ -267,8 +267,8 @@ TEST(WarmSimulate, SameAcceptanceWhereEverythingFitsAndLessNvmlTime) {
   for (Mode mode : {Mode::kReject, Mode::kQueue}) {
     auto r = Simulate(*t, c, {"dynmig", "dynmig:warm"}, Latency(mode));
     ASSERT_TRUE(r.ok()) << r.status();
-    const PolicyResult& cold = Get(*r, "dynmig");
-    const PolicyResult& hot = Get(*r, "dynmig:warm");
+    const PolicyResult& cold = PolicyOf(*r, "dynmig");
+    const PolicyResult& hot = PolicyOf(*r, "dynmig:warm");
     EXPECT_EQ(cold.accepted, r->pods) << ModeName(mode);
     EXPECT_EQ(hot.accepted, cold.accepted) << ModeName(mode);
     EXPECT_GT(hot.warm.reused, r->pods / 4) << ModeName(mode);
