@@ -101,7 +101,8 @@ void SchedulerMetrics::CountUnauthenticated(std::string_view path) {
   unauthenticated_total_->Add({{"path", std::string(known)}}).Increment();
 }
 
-std::string SchedulerMetrics::Render(const std::vector<NodeReport>& nodes, bool leader) const {
+std::string SchedulerMetrics::Render(const std::vector<NodeReport>& nodes, bool leader,
+                                     int binds_waiting) const {
   std::vector<prometheus::MetricFamily> families = registry_->Collect();
   auto info = GaugeFamily("hami_node_gpu_mig_instance_info",
                           "A MIG instance realized for a pod's reservation (always 1)");
@@ -154,11 +155,15 @@ std::string SchedulerMetrics::Render(const std::vector<NodeReport>& nodes, bool 
   auto leader_family = GaugeFamily("dynmig_scheduler_leader",
                                    "1 when this replica holds the leader lease (or runs alone)");
   leader_family.metric.push_back(Gauge(leader ? 1 : 0, {}));
+  auto waiting = GaugeFamily("dynmig_scheduler_binds_waiting_for_node_lock",
+                             "Binds queued for a node's lock (hami.io/mutex.lock) now");
+  waiting.metric.push_back(Gauge(static_cast<double>(binds_waiting), {}));
   families.push_back(std::move(info));
   families.push_back(std::move(fail_closed));
   families.push_back(std::move(node_unhealthy));
   families.push_back(std::move(reserved));
   families.push_back(std::move(leader_family));
+  families.push_back(std::move(waiting));
   std::ostringstream out;
   prometheus::TextSerializer().Serialize(out, families);
   return out.str();

@@ -9,6 +9,8 @@
 //   dynmig_scheduler_node_unhealthy{node,reason} 1
 //   dynmig_scheduler_reserved_instances{state="assumed|reserved|ready"}
 //   dynmig_scheduler_leader 0|1
+//   dynmig_scheduler_binds_waiting_for_node_lock   binds queued for a node's lock now
+//   (lock_queue.h)
 //   dynmig_scheduler_filter_total{outcome="reserved|already-reserved|pending|passthrough|error"}
 //   dynmig_scheduler_reservations_total, dynmig_scheduler_reservation_expiries_total{action}
 //   dynmig_scheduler_bind_total{outcome="bound|error"}
@@ -52,8 +54,10 @@ class SchedulerMetrics {
   // A /filter or /bind refused for want of a valid client certificate.
   void CountUnauthenticated(std::string_view path);
 
-  // The exposition text: the registry's metrics plus the state-derived gauges of `nodes`.
-  std::string Render(const std::vector<NodeReport>& nodes, bool leader) const;
+  // The exposition text: the registry's metrics plus the state-derived gauges of `nodes` and the
+  // binds waiting for node locks.
+  std::string Render(const std::vector<NodeReport>& nodes, bool leader,
+                     int binds_waiting = 0) const;
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;

@@ -342,8 +342,8 @@ void SchedulerServer::HandleLayout(const std::string& node, const std::string& f
 }
 
 std::string SchedulerServer::MetricsText() const {
-  return metrics_->Render(state_->Report(clock_.Now()),
-                          elector_ == nullptr || elector_->IsLeader());
+  return metrics_->Render(state_->Report(clock_.Now()), elector_ == nullptr || elector_->IsLeader(),
+                          extender_->lock_queue().Waiting());
 }
 
 SchedulerServer::~SchedulerServer() { Stop(); }

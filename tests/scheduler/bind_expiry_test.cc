@@ -59,8 +59,13 @@ TEST_F(BindTest, BindTakesTheNodeLockMarksAllocatingAndBinds) {
     auto a = s_->state().Assumed("default/q");
     return a.has_value() && a->binding;
   }));
+  ASSERT_TRUE(kube::testing::Eventually([&] {
+    return s_->MetricsText().find("dynmig_scheduler_binds_waiting_for_node_lock 1\n") !=
+           std::string::npos;
+  }));
   ASSERT_TRUE(ReleaseNodeLock(*client_, "node-a", "default", "p").ok());
   binding.join();
+  EXPECT_THAT(s_->MetricsText(), HasSubstr("dynmig_scheduler_binds_waiting_for_node_lock 0\n"));
   EXPECT_EQ(waited.body["Error"], "") << waited.text;
   EXPECT_EQ(kube::NodeName(GetPod("q")), "node-a");
   EXPECT_EQ(Lock(), FormatNodeLock({clock_.Now(), "default", "q"}));
