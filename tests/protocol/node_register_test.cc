@@ -12,6 +12,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 using ::testing::SizeIs;
 
 const mig::GpuCapability& A100() {
@@ -226,6 +227,21 @@ TEST(NodeRegisterTest, DetectsLegacyFormats) {
       R"([{"id":"GPU-a","mode":"mig","migtemplate":[[{"name":"1g.5gb","memory":5120}]]}])");
   ASSERT_THAT(tmpl, SizeIs(1));
   EXPECT_THAT(tmpl[0], HasSubstr("legacy \"migtemplate\""));
+  // The flag is decode-only: encoding drops the legacy field, the rest round-trips (the input
+  // the node_register fuzz target found).
+  auto legacy = DecodeNodeRegister(
+      R"([{"id":"GPU-a","mode":"mig","health":true,"migtemplate":[{"name":"2g.10gb"}],)"
+      R"("migProfiles":[{"name":"2g.10gb","memoryMB":9856,"placements":[{"start":4,"size":2}]}]}])");
+  ASSERT_TRUE(legacy.ok()) << legacy.status();
+  ASSERT_THAT(*legacy, SizeIs(1));
+  EXPECT_TRUE((*legacy)[0].legacy_mig_template);
+  const std::string encoded = EncodeNodeRegister(*legacy);
+  EXPECT_THAT(encoded, Not(HasSubstr("migtemplate")));
+  auto again = DecodeNodeRegister(encoded);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE((*again)[0].legacy_mig_template);
+  (*legacy)[0].legacy_mig_template = false;
+  EXPECT_EQ(*again, *legacy);
 
   auto colon = DetectLegacyNodeRegister("GPU-a,10,40960,100,NVIDIA-A100,0,true:");
   ASSERT_THAT(colon, SizeIs(1));
