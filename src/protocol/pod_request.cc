@@ -1,6 +1,7 @@
 #include "protocol/pod_request.h"
 
 #include <charconv>
+#include <cmath>
 #include <limits>
 #include <optional>
 
@@ -56,6 +57,10 @@ absl::StatusOr<int64_t> QuantityValue(const json& v, std::string_view where, boo
     shown = v.dump();
   } else if (v.is_number_float()) {
     const double d = v.get<double>();
+    // Range first: converting a double beyond int64 (or NaN) to an integer is undefined.
+    if (!(std::fabs(d) <= static_cast<double>(kMaxValue))) {
+      return absl::InvalidArgumentError(fmt::format("{}: {} is too large", where, v.dump()));
+    }
     if (d != static_cast<double>(static_cast<int64_t>(d))) {
       return absl::InvalidArgumentError(
           fmt::format("{}: {} is not a whole number: write a whole number such as {}", where,

@@ -80,7 +80,9 @@ absl::StatusOr<Trace> ParseAlibabaCsv(std::string_view text, std::string_view so
                                        {col_milli, "gpu_milli"},
                                        {col_create, "creation_time"},
                                        {col_delete, "deletion_time"}}) {
-        const bool timing = col == col_create || col == col_delete;
+        // By name: with both timing columns absent a missing num_gpu (-1) would equal them.
+        const std::string_view column = cname;
+        const bool timing = column == "creation_time" || column == "deletion_time";
         if (col < 0 && !(timing && trace.snapshot)) {
           return absl::InvalidArgumentError(
               fmt::format("{}:{}: missing column \"{}\" (the header has: {})", source, line_no,

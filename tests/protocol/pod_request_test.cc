@@ -185,6 +185,12 @@ INSTANTIATE_TEST_SUITE_P(
                  {{"nvidia.com/gpumem", true}},
                  "nvidia.com/gpumem: true is not an integer"},
         BadValue{"HugeMemory", {{"nvidia.com/gpumem", "99999999999"}}, "is too large"},
+        // Beyond int64 as a JSON float (found by the pod_request fuzz target: the conversion to
+        // an integer was undefined).
+        BadValue{"HugeFloat",
+                 {{"nvidia.com/gpumem", 2.2e124}},
+                 "nvidia.com/gpumem: 2.2e+124 is too large"},
+        BadValue{"HugeNegativeFloat", {{"nvidia.com/gpu", -1e30}}, "is too large"},
         BadValue{"ZeroPercent",
                  {{"nvidia.com/gpumem-percentage", 0}},
                  "nvidia.com/gpumem-percentage: 0 is outside 1..100"},

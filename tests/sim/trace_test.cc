@@ -94,6 +94,16 @@ TEST(ParseAlibabaCsv, MissingColumnIsNamed) {
               HasSubstr("pods.csv:1: missing column \"gpu_milli\""));
 }
 
+// A snapshot (no timing columns) that also lacks num_gpu: the missing column is named (the
+// trace_csv fuzz target found it read column -1: the check took -1 for a timing column).
+TEST(ParseAlibabaCsv, MissingColumnOfASnapshotIsNamed) {
+  for (const char* csv : {"name,gpu_milli\np,1000\n", "gpu_milli,num_gpu\n1000,1\n"}) {
+    auto t = ParseAlibabaCsv(csv, "snap.csv");
+    ASSERT_FALSE(t.ok()) << csv;
+    EXPECT_THAT(std::string(t.status().message()), HasSubstr("snap.csv:1: missing column")) << csv;
+  }
+}
+
 TEST(ParseAlibabaCsv, BadNumberNamesLineAndColumn) {
   const std::string csv =
       std::string(kHeader) + "p0,1,1,1,1000,,LS,Running,0,100,0\np1,1,1,1,abc,,LS,Running,0,1,0\n";
