@@ -764,11 +764,18 @@ TEST_F(ConformanceTest, AWindowedFaultIsAnOutageThatEndsByItself) {
   FaultSpec outage;
   outage.count = -1;
   outage.status = 503;
-  outage.window = absl::Milliseconds(400);
-  server_->AddFault(outage);
+  outage.window = absl::Seconds(2);
   auto client = testing::MakeClient(server_->url(), nullptr, 1);
-  EXPECT_EQ(client->ListNodes().status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(client->ListPods({}).status().code(), absl::StatusCode::kUnavailable);
+  const absl::Time start = absl::Now();
+  server_->AddFault(outage);
+  // Answered within the window: 503. A loaded machine (TSan) may only get a request there after
+  // the window; then it succeeds.
+  auto in_window = [&](const absl::Status& st) {
+    return st.ok() ? absl::Now() - start >= outage.window
+                   : st.code() == absl::StatusCode::kUnavailable;
+  };
+  EXPECT_TRUE(in_window(client->ListNodes().status()));
+  EXPECT_TRUE(in_window(client->ListPods({}).status()));
   // Nobody clears it: the window ends it.
   EXPECT_TRUE(testing::Eventually([&] { return client->ListNodes().ok(); }));
 
