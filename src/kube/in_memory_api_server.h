@@ -83,7 +83,8 @@ struct InMemoryApiServerOptions {
   absl::Duration watch_heartbeat = absl::Seconds(2);
   // An idle keep-alive connection is closed after this (whole seconds, at least 1). Stop() waits
   // for it: httplib 0.11 does not wake idle connections on stop(), so this test double keeps it
-  // short. Clients reconnect on their next request.
+  // short. Clients reconnect on their next request. (httplib also gives a new connection only
+  // this long to send its first request; libcurl sends it at once.)
   absl::Duration keep_alive_timeout = absl::Seconds(1);
   // How often pods whose graceful deletion period has passed are removed (0 = only when
   // CollectGarbage() is called).

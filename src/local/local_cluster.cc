@@ -609,9 +609,6 @@ absl::Status LocalCluster::StartSchedulerLocked(Replica& replica) {
   for (const auto& n : options_.nodes)
     o.admission.annotation_writers.push_back("system:node:" + n.name);
   o.threads = options_.scheduler_threads;
-  // Restarts (crashes, leader changes) wait this long for the simulated kube-scheduler's idle
-  // connections to the stopped replica.
-  o.keep_alive_timeout = absl::Seconds(1);
   o.layout_html = ops::RenderLayoutHtml;  // GET /layout, as `dynmig scheduler` serves it
   o.layout_json = [](const std::vector<scheduler::NodeReport>& n) {
     return ops::LayoutJson(n).dump(2);

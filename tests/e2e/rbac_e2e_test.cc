@@ -343,7 +343,6 @@ class RbacE2eTest : public E2eTest {
     o.pod_namespace = "dynmig-system";
     o.pod_name = pod;
     o.expiry_interval = absl::ZeroDuration();
-    o.keep_alive_timeout = absl::Seconds(1);
     o.threads = 4;
     auto server = scheduler::SchedulerServer::Start(client, clock_, std::move(o));
     EXPECT_TRUE(server.ok()) << Where() << server.status();

@@ -132,7 +132,6 @@ class SchedulerTest : public ::testing::Test {
     o.expiry_interval = absl::ZeroDuration();  // tests expire by hand
     o.informer.min_backoff = absl::Milliseconds(10);
     o.informer.max_backoff = absl::Milliseconds(100);
-    o.keep_alive_timeout = absl::Seconds(1);  // Stop() waits this long for idle connections
     return o;
   }
 
