@@ -784,6 +784,25 @@ TEST_F(ConformanceTest, AWindowedFaultIsAnOutageThatEndsByItself) {
   EXPECT_EQ(parsed->window, absl::Milliseconds(2500));
 }
 
+// Stop() cannot wake an idle keep-alive connection (httplib 0.11): it waits at most the
+// keep_alive_timeout (1 s here) for it instead of shutting descriptors down behind the workers'
+// backs, and the client connects anew to the restarted server.
+TEST_F(ConformanceTest, StopOutwaitsAnIdleKeepAliveConnectionAndTheClientReconnects) {
+  auto client = testing::MakeClient(server_->url(), nullptr, 1);
+  ASSERT_TRUE(client->ListNodes().ok());  // its connection stays open, idle
+  InMemoryApiServerOptions options = testing::FastServerOptions();
+  options.port = server_->port();
+  options.shared_store = server_->shared_store();
+  const absl::Time start = absl::Now();
+  server_->Stop();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "Stop() must not hang on idle connections";
+  EXPECT_EQ(client->ListNodes().status().code(), absl::StatusCode::kUnavailable);
+  auto restarted = InMemoryApiServer::Start(options);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  server_ = std::move(*restarted);
+  EXPECT_TRUE(client->ListNodes().ok());
+}
+
 TEST_F(ConformanceTest, DiscoveryAndStatusBodies) {
   httplib::Client http("127.0.0.1", server_->port());
   auto api = http.Get("/api/v1");
