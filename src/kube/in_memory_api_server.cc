@@ -1,13 +1,8 @@
 #include "kube/in_memory_api_server.h"
 
-#include <arpa/inet.h>
-#include <dirent.h>
 #include <fmt/format.h>
 #include <httplib.h>
-#include <netinet/in.h>
 #include <spdlog/spdlog.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -532,42 +527,10 @@ void InMemoryApiServer::Stop() {
   // Wake the watch streams so they see stopping_ now; the store itself lives on (it may be
   // served again by another server, as after a restart).
   store_->CutWatches();
-  if (http_) {
-    http_->stop();
-    ShutdownAcceptedSockets();
-  }
+  // httplib 0.11 closes an idle keep-alive connection only when its keep_alive_timeout passes
+  // (stop() does not wake it), so this waits up to that long for connections clients keep open.
+  if (http_) http_->stop();
   if (listener_.joinable()) listener_.join();
-}
-
-// httplib 0.11 keeps idle keep-alive connections until their timeout even after stop(); shut
-// down this server's accepted sockets (local port == ours) so Stop() returns at once.
-void InMemoryApiServer::ShutdownAcceptedSockets() {
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return;
-  while (dirent* entry = readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(entry->d_name, &end, 10);
-    if (end == entry->d_name || *end != '\0' || fd == dirfd(dir)) continue;
-    struct stat st;
-    if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    sockaddr_storage local{};
-    socklen_t len = sizeof(local);
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &len) != 0) {
-      continue;
-    }
-    int local_port = -1;
-    if (local.ss_family == AF_INET) {
-      local_port = ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port);
-    } else if (local.ss_family == AF_INET6) {
-      local_port = ntohs(reinterpret_cast<sockaddr_in6*>(&local)->sin6_port);
-    }
-    if (local_port != port_) continue;
-    sockaddr_storage peer{};
-    len = sizeof(peer);
-    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &len) != 0) continue;
-    shutdown(static_cast<int>(fd), SHUT_RDWR);
-  }
-  closedir(dir);
 }
 
 void InMemoryApiServer::AddFault(FaultSpec fault) {

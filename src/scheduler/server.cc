@@ -1,12 +1,8 @@
 #include "scheduler/server.h"
 
-#include <arpa/inet.h>
-#include <dirent.h>
 #include <httplib.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "fmt/format.h"
@@ -176,7 +172,8 @@ absl::Status SchedulerServer::Listen() {
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http_->set_payload_max_length(options_.max_body_bytes);
   http_->set_keep_alive_max_count(100000);
-  http_->set_keep_alive_timeout(5);
+  http_->set_keep_alive_timeout(
+      std::max<time_t>(1, absl::ToInt64Seconds(options_.keep_alive_timeout)));
   http_->set_read_timeout(30, 0);
   http_->set_write_timeout(30, 0);
   http_->set_tcp_nodelay(true);
@@ -358,45 +355,12 @@ void SchedulerServer::Stop() {
   if (extender_ != nullptr) extender_->StopWaiting();
   if (expiry_thread_.joinable()) expiry_thread_.join();
   if (elector_ != nullptr) elector_->Stop();
-  if (http_ != nullptr) {
-    http_->stop();
-    ShutdownAcceptedSockets();
-  }
+  // Waits for in-flight requests and, as httplib 0.11 does not wake idle keep-alive connections
+  // on stop(), up to options.keep_alive_timeout for those.
+  if (http_ != nullptr) http_->stop();
   if (listener_.joinable()) listener_.join();
   if (pods_ != nullptr) pods_->Stop();
   if (nodes_ != nullptr) nodes_->Stop();
-}
-
-// httplib 0.11 keeps idle keep-alive connections open until their timeout even after stop();
-// shut down the sockets accepted on our port so Stop() returns at once.
-void SchedulerServer::ShutdownAcceptedSockets() {
-  if (port_ <= 0) return;
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return;
-  while (dirent* entry = readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(entry->d_name, &end, 10);
-    if (end == entry->d_name || *end != '\0' || fd == dirfd(dir)) continue;
-    struct stat st;
-    if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    sockaddr_storage local{};
-    socklen_t len = sizeof(local);
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &len) != 0) {
-      continue;
-    }
-    int local_port = -1;
-    if (local.ss_family == AF_INET) {
-      local_port = ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port);
-    } else if (local.ss_family == AF_INET6) {
-      local_port = ntohs(reinterpret_cast<sockaddr_in6*>(&local)->sin6_port);
-    }
-    if (local_port != port_) continue;
-    sockaddr_storage peer{};
-    len = sizeof(peer);
-    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &len) != 0) continue;
-    shutdown(static_cast<int>(fd), SHUT_RDWR);
-  }
-  closedir(dir);
 }
 
 }  // namespace dynmig::scheduler

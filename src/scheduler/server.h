@@ -68,6 +68,15 @@ struct SchedulerServerOptions {
   // these CAs (kube-scheduler's extender tlsConfig certFile/keyFile). Re-read when it changes.
   // Empty: no client authentication (the extender's own checks, bind_guard.h, still hold).
   std::string extender_client_ca_file;
+  // An idle keep-alive connection is closed after this (whole seconds, at least 1), and Stop()
+  // waits up to this long for such connections (httplib 0.11 does not wake them on stop()).
+  // httplib also gives a new connection only this long to send its first request, so a short
+  // value drops slow clients. kube-scheduler and kube-apiserver (Go's net/http) notice a
+  // connection the server closed while idle, drop it from their pool and connect again for the
+  // next request; a request that meets the close before anything of it was written is retried on
+  // a new connection by Go itself, and an extender call that still fails is retried by
+  // kube-scheduler with the pod. Our own clients (tests, local mode) close after each request.
+  absl::Duration keep_alive_timeout = absl::Seconds(5);
   ClusterStateOptions state;
   ExtenderOptions extender;
   webhook::AdmissionOptions admission;
@@ -135,7 +144,6 @@ class SchedulerServer {
   absl::Status Init();
   absl::Status Listen();
   void OnLeadership(bool leading, const std::string& previous_holder);
-  void ShutdownAcceptedSockets();
   // False (and `res` holds the 401 answer) when client authentication is on and the caller of an
   // extender verb did not authenticate.
   bool AuthenticateExtenderCall(const httplib::Request& req, httplib::Response& res) const;
