@@ -752,9 +752,16 @@ void LocalCluster::Stop() {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopped_) return;
   stopped_ = true;
+  // Components stop, then their API clients go, closing their idle keep-alive connections: the
+  // API server's Stop() would otherwise wait each one's keep-alive timeout out (httplib cannot
+  // wake an idle connection).
   if (loop_) loop_->Stop();
+  loop_.reset();
+  loop_client_.reset();
   for (auto& node : nodes_) {
     if (node->agent) node->agent->Stop();
+    node->agent.reset();
+    node->agent_client.reset();
   }
   for (auto& node : nodes_) {
     if (node->plugin) node->plugin->Stop();
