@@ -33,18 +33,12 @@ struct Entry {
 };
 
 constexpr Entry kTargets[] = {
-    {"admission_review", FuzzAdmissionReview},
-    {"device_config", FuzzDeviceConfig},
-    {"extender_args", FuzzExtenderArgs},
-    {"held_slices", FuzzHeldSlices},
-    {"idle_instances", FuzzIdleInstances},
-    {"kubeconfig", FuzzKubeconfig},
-    {"mig_allocations", FuzzMigAllocations},
-    {"mig_minors", FuzzMigMinors},
-    {"node_register", FuzzNodeRegister},
-    {"pod_devices", FuzzPodDevices},
-    {"pod_request", FuzzPodRequest},
-    {"trace_csv", FuzzTraceCsv},
+    {"admission_review", FuzzAdmissionReview}, {"device_config", FuzzDeviceConfig},
+    {"extender_args", FuzzExtenderArgs},       {"held_slices", FuzzHeldSlices},
+    {"idle_instances", FuzzIdleInstances},     {"kubeconfig", FuzzKubeconfig},
+    {"mig_allocations", FuzzMigAllocations},   {"mig_minors", FuzzMigMinors},
+    {"node_register", FuzzNodeRegister},       {"pod_devices", FuzzPodDevices},
+    {"pod_request", FuzzPodRequest},           {"trace_csv", FuzzTraceCsv},
 };
 
 Target chosen = nullptr;

@@ -181,9 +181,10 @@ void RegisterSchedulerCommand(CLI::App& root, CliContext& ctx) {
   cmd->add_option("--reservation-ttl", flags->reservation_ttl,
                   "release reservations not allocated after this long")
       ->capture_default_str();
-  cmd->add_option("--node-lock-wait", flags->node_lock_wait,
-                  "how long a bind waits in line for its node's lock (hami.io/mutex.lock) before it "
-                  "fails; keep it below kube-scheduler's extender httpTimeout (90s in deploy/)")
+  cmd->add_option(
+         "--node-lock-wait", flags->node_lock_wait,
+         "how long a bind waits in line for its node's lock (hami.io/mutex.lock) before it "
+         "fails; keep it below kube-scheduler's extender httpTimeout (90s in deploy/)")
       ->capture_default_str();
   cmd->add_option("--expiry-interval", flags->expiry_interval,
                   "how often the leader looks for expired reservations")

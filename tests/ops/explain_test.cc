@@ -7,7 +7,8 @@
 namespace dynmig::ops::testing {
 namespace {
 
-const std::vector<std::string> kExplainProfiles = {"1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"};
+const std::vector<std::string> kExplainProfiles = {"1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb",
+                                                   "7g.40gb"};
 
 class ExplainTest : public OpsTest {
  protected:
