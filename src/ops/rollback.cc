@@ -535,10 +535,13 @@ absl::StatusOr<RollbackCheck> RunRollbackCheck(kube::KubeClient& client,
         evidence.push_back(
             "a dynamic-MIG instance outlived its pod: delete its pods while dynmig's device "
             "plugin runs, or destroy it on the node (dynmig nvml destroy) once no process uses it");
+        // Refused for what the node publishes as held when NVML shows nothing extra: say so.
         r.Add("instances", name, CheckStatus::kFail,
-              fmt::format("{} dynamic-MIG instance{} remain{} ({})", d.extra.size(),
-                          d.extra.size() == 1 ? "" : "s", d.extra.size() == 1 ? "s" : "",
-                          current.origin),
+              d.extra.empty() ? fmt::format("the node still publishes slices dynmig holds ({}; {})",
+                                            protocol::kNodeHeldSlicesAnnotation, current.origin)
+                              : fmt::format("{} dynamic-MIG instance{} remain{} ({})",
+                                            d.extra.size(), d.extra.size() == 1 ? "" : "s",
+                                            d.extra.size() == 1 ? "s" : "", current.origin),
               std::move(evidence));
       }
     } else {

@@ -206,6 +206,14 @@ TEST_F(RollbackE2eTest, BeforeProductionResumesRestoresHamisConfigAndTheFixedGeo
   EXPECT_TRUE(Live().empty()) << Where();
 
   Step("stop dynmig's MIG service on the node: safe to restore");
+  // The plugin publishes the end of its holds (dynmig.io/mig-held) a cycle after the instances
+  // went (a slow run stopped it before that, and the check refused): wait, as an operator would.
+  ASSERT_TRUE(WaitUntil([&] {
+    auto n = kube_->GetNode("node-a");
+    const std::string held =
+        n.ok() ? kube::Annotation(*n, protocol::kNodeHeldSlicesAnnotation).value_or("") : "?";
+    return held.empty() || held == "[]";
+  })) << Where();
   StopMigService();
   r = RollbackJson("check", nvml, 1);
   EXPECT_EQ(r["refused"], json::array()) << Where() << r.dump(2);
