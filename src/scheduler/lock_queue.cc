@@ -50,10 +50,7 @@ absl::Status NodeLockQueue::Acquire(kube::KubeClient& client, std::string_view n
                                     std::string_view ns, std::string_view pod, const Clock& clock,
                                     const NodeLockOptions& lock_options) {
   const std::string node(node_view);
-  const absl::Time start = absl::Now();
-  const absl::Time deadline = start + options_.wait;
-  NodeLockOptions once = lock_options;
-  once.wait = absl::ZeroDuration();
+  const absl::Time deadline = absl::Now() + options_.wait;
 
   std::unique_lock<std::mutex> lock(mu_);
   if (stopped_) return absl::CancelledError(fmt::format("lock node {}: shutting down", node));
@@ -63,32 +60,34 @@ absl::Status NodeLockQueue::Acquire(kube::KubeClient& client, std::string_view n
         waiting_, options_.max_waiters));
   }
   const uint64_t ticket = next_ticket_++;
-  queues_[node].tickets.push_back(ticket);
+  // Stays in the map (at the same address) while this bind is in it: Leave() erases it only
+  // once empty, and `q` is not used after Leave().
+  NodeQueue& q = queues_[node];
+  q.tickets.push_back(ticket);
   ++waiting_;
   absl::Duration poll = options_.poll;
-  const int ahead_at_start = static_cast<int>(queues_[node].tickets.size()) - 1;
+  const int ahead_at_start = static_cast<int>(q.tickets.size()) - 1;
   absl::Status last = absl::OkStatus();
   while (true) {
     // Wait to be the head (the binds ahead leave when they took the lock or gave up).
     cv_.wait_until(lock, absl::ToChronoTime(deadline),
-                   [&] { return stopped_ || queues_[node].tickets.front() == ticket; });
+                   [&] { return stopped_ || q.tickets.front() == ticket; });
     if (stopped_) {
       Leave(node, ticket);
       return absl::CancelledError(fmt::format("lock node {}: shutting down", node));
     }
-    if (queues_[node].tickets.front() != ticket) {  // the deadline, still behind others
-      const int ahead = static_cast<int>(
-          std::find(queues_[node].tickets.begin(), queues_[node].tickets.end(), ticket) -
-          queues_[node].tickets.begin());
+    if (q.tickets.front() != ticket) {  // the deadline, still behind others
+      const int ahead = static_cast<int>(std::find(q.tickets.begin(), q.tickets.end(), ticket) -
+                                         q.tickets.begin());
       Leave(node, ticket);
       return absl::FailedPreconditionError(
           fmt::format("lock node {}: waited {} behind other binds to the node ({} ahead of this "
                       "one when it came, {} still ahead)",
                       node, absl::FormatDuration(options_.wait), ahead_at_start, ahead));
     }
-    const uint64_t seen = queues_[node].changes;
+    const uint64_t seen = q.changes;
     lock.unlock();
-    last = AcquireNodeLock(client, node, ns, pod, clock.Now(), once);
+    last = AcquireNodeLock(client, node, ns, pod, clock.Now(), lock_options);
     lock.lock();
     if (last.code() != absl::StatusCode::kFailedPrecondition) {  // taken, or a real error
       Leave(node, ticket);
@@ -97,9 +96,8 @@ absl::Status NodeLockQueue::Acquire(kube::KubeClient& client, std::string_view n
     // Still held: wait for the node to change (or poll), unless the time is up.
     if (absl::Now() >= deadline) break;
     const absl::Time wake = std::min(deadline, absl::Now() + poll);
-    cv_.wait_until(lock, absl::ToChronoTime(wake),
-                   [&] { return stopped_ || queues_[node].changes != seen; });
-    if (queues_[node].changes == seen) poll = std::min(poll * 2, options_.max_poll);
+    cv_.wait_until(lock, absl::ToChronoTime(wake), [&] { return stopped_ || q.changes != seen; });
+    if (q.changes == seen) poll = std::min(poll * 2, options_.max_poll);
   }
   Leave(node, ticket);
   return absl::FailedPreconditionError(fmt::format(

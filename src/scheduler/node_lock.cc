@@ -43,10 +43,7 @@ absl::Status AcquireNodeLock(kube::KubeClient& client, std::string_view node, st
                              std::string_view pod, absl::Time now, const NodeLockOptions& options) {
   const std::string key(protocol::kNodeLockAnnotation);
   absl::Status last = absl::AbortedError("no attempt made");
-  const absl::Time wait_start = absl::Now();
-  absl::Duration poll = options.poll;
   for (int attempt = 0; attempt < std::max(1, options.attempts); ++attempt) {
-    const absl::Duration waited = absl::Now() - wait_start;
     auto current = client.GetNode(node);
     if (!current.ok()) return Annotate(current.status(), fmt::format("lock node {}", node));
     if (auto held = kube::Annotation(*current, key); held.has_value() && !held->empty()) {
@@ -56,23 +53,12 @@ absl::Status AcquireNodeLock(kube::KubeClient& client, std::string_view node, st
                      std::string(parsed.status().message()));
       } else if (parsed->ns == ns && parsed->pod == pod) {
         // Ours already (a retried bind): refresh it below.
-      } else if (now + waited - parsed->time < options.expiry) {
-        if (waited < options.wait) {
-          // Held by a pod between bind and device allocation: wait for its release rather
-          // than bounce the bind (kube-scheduler would back the pod off for seconds to a minute).
-          absl::SleepFor(std::min(poll, options.wait - waited));
-          poll = std::min(poll * 2, options.max_poll);
-          --attempt;  // waiting is not a conflict
-          continue;
-        }
+      } else if (now - parsed->time < options.expiry) {
         return absl::FailedPreconditionError(fmt::format(
             "node {} is locked by {}/{} since {} (a pod between bind and device allocation; the "
-            "lock expires after {}){}",
+            "lock expires after {})",
             node, parsed->ns.empty() ? "?" : parsed->ns, parsed->pod.empty() ? "?" : parsed->pod,
-            kube::Rfc3339(parsed->time), absl::FormatDuration(options.expiry),
-            options.wait > absl::ZeroDuration()
-                ? fmt::format("; waited {} for it", absl::FormatDuration(options.wait))
-                : ""));
+            kube::Rfc3339(parsed->time), absl::FormatDuration(options.expiry)));
       } else {
         spdlog::info("node {}: taking over the stale lock of {}/{} from {}", node, parsed->ns,
                      parsed->pod, kube::Rfc3339(parsed->time));

@@ -33,21 +33,13 @@ absl::StatusOr<NodeLockValue> ParseNodeLock(std::string_view value);
 struct NodeLockOptions {
   absl::Duration expiry = kDefaultNodeLockExpiry;
   int attempts = 5;  // tries when the Node changed between our read and our patch (409)
-  // How long AcquireNodeLock waits for another pod's lock to go (re-reading the Node every
-  // `poll`, doubling up to `max_poll`); zero = refuse at once. Real time, not the injected clock:
-  // it bounds how long kube-scheduler's bind call takes.
-  absl::Duration wait = absl::ZeroDuration();
-  absl::Duration poll = absl::Milliseconds(20);
-  absl::Duration max_poll = absl::Milliseconds(200);
 };
 
 // Takes the lock of `node` for pod ns/name at `now`. OK when taken, or when this pod already
-// holds it (refreshed). While another pod holds a lock younger than the expiry it waits up to
-// `options.wait` for it to be released (or to expire: the lock's age is `now` plus the time
-// waited). Errors: kFailedPrecondition "node N is locked by ns/pod since T" when the lock is
-// still held after the wait; kAborted when the Node kept changing under
-// us; the client's errors (kNotFound for a missing node, ...). A stale or unreadable lock is
-// taken over.
+// holds it (refreshed). Errors: kFailedPrecondition "node N is locked by ns/pod since T" while
+// another pod holds a lock younger than the expiry (waiting for it is NodeLockQueue's, in
+// lock_queue.h); kAborted when the Node kept changing under us; the client's errors (kNotFound
+// for a missing node, ...). A stale or unreadable lock is taken over.
 absl::Status AcquireNodeLock(kube::KubeClient& client, std::string_view node, std::string_view ns,
                              std::string_view pod, absl::Time now,
                              const NodeLockOptions& options = {});

@@ -93,7 +93,7 @@ struct SchedulerServerOptions {
   absl::Duration expiry_interval = absl::Seconds(30);
   size_t max_body_bytes = size_t{16} << 20;
   // HTTP threads, shared by /filter, /bind and the webhooks. kube-scheduler binds every pod of a
-  // burst at once and a bind may wait up to 25 s for the node lock in one of them (lock_queue.h),
+  // burst at once and a bind may wait up to 75 s for the node lock in one of them (lock_queue.h),
   // so there must be room for a burst's binds besides the filters and webhooks: at most 3/4 of
   // the threads wait for node locks (16 threads stalled a 56-pod burst for 90 s as filters and
   // webhooks queued behind waiting binds; 64: 5.8 s, bench_burst).
