@@ -178,16 +178,19 @@ absl::StatusOr<WarmInstances> ParseWarmInstances(const YAML::Node& n) {
         return FieldError(
             path, fmt::format("must be a duration such as 90s, 5m or 1h, got {}", Describe(v)));
       }
-      if (d < absl::Seconds(1) || d > absl::Hours(24)) {
-        return FieldError(path, fmt::format("must be between 1s and 24h, got {}", v.Scalar()));
+      if (d < WarmInstances::kMinTtl || d > WarmInstances::kMaxTtl) {
+        return FieldError(path,
+                          fmt::format("must be between {} and {}, got {}",
+                                      absl::FormatDuration(WarmInstances::kMinTtl),
+                                      absl::FormatDuration(WarmInstances::kMaxTtl), v.Scalar()));
       }
       warm.ttl = d;
     } else if (key == "maxPerGpu") {
       DYNMIG_ASSIGN_OR_RETURN(const uint32_t max, UintValue(v, path, warm.max_per_gpu));
-      if (max < 1 || max > 64) {
-        return FieldError(path, fmt::format("must be between 1 and 64, got {} (to turn warm "
+      if (max < 1 || max > WarmInstances::kMaxPerGpuLimit) {
+        return FieldError(path, fmt::format("must be between 1 and {}, got {} (to turn warm "
                                             "instances off, set enabled: false or remove {})",
-                                            max, kWarmPath));
+                                            WarmInstances::kMaxPerGpuLimit, max, kWarmPath));
       }
       warm.max_per_gpu = max;
     } else {

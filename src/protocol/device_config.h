@@ -29,9 +29,13 @@ namespace dynmig::protocol {
 // slices, or when its GPU already keeps `max_per_gpu` idle instances. Off unless the key is present
 // (and `enabled` is not false).
 struct WarmInstances {
+  static constexpr absl::Duration kMinTtl = absl::Seconds(1);
+  static constexpr absl::Duration kMaxTtl = absl::Hours(24);
+  static constexpr uint32_t kMaxPerGpuLimit = 64;
+
   bool enabled = false;
-  absl::Duration ttl = absl::Minutes(5);  // nvidia.migWarmInstances.ttl, 1s..24h
-  uint32_t max_per_gpu = 2;               // nvidia.migWarmInstances.maxPerGpu, 1..64
+  absl::Duration ttl = absl::Minutes(5);  // nvidia.migWarmInstances.ttl, kMinTtl..kMaxTtl
+  uint32_t max_per_gpu = 2;               // nvidia.migWarmInstances.maxPerGpu, 1..kMaxPerGpuLimit
 
   friend bool operator==(const WarmInstances&, const WarmInstances&) = default;
 };

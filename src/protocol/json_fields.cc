@@ -74,10 +74,6 @@ absl::StatusOr<nlohmann::json> ParseJson(std::string_view text, std::string_view
   }
 }
 
-}  // namespace dynmig::protocol::internal
-
-namespace dynmig::protocol::internal {
-
 absl::StatusOr<std::string> RequiredStringField(const nlohmann::json& obj, std::string_view key,
                                                 std::string_view context) {
   auto value = StringField(obj, key, context);

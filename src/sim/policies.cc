@@ -1276,13 +1276,17 @@ absl::StatusOr<WarmConfig> ParseWarmConfig(std::string_view text) {
   if (!absl::ParseDuration(parts[0], &w.ttl)) {
     return bad(fmt::format("the TTL \"{}\" is not a duration such as 90s, 5m or 1h", parts[0]));
   }
-  if (w.ttl < absl::Seconds(1) || w.ttl > absl::Hours(24)) {
-    return bad(fmt::format("the TTL {} is not from 1s to 24h", parts[0]));
+  using protocol::WarmInstances;
+  if (w.ttl < WarmInstances::kMinTtl || w.ttl > WarmInstances::kMaxTtl) {
+    return bad(fmt::format("the TTL {} is not from {} to {}", parts[0],
+                           absl::FormatDuration(WarmInstances::kMinTtl),
+                           absl::FormatDuration(WarmInstances::kMaxTtl)));
   }
   const std::string& n = parts[1];
   if (n.empty() || n.size() > 2 || n.find_first_not_of("0123456789") != std::string::npos ||
-      std::stoul(n) < 1 || std::stoul(n) > 64) {
-    return bad(fmt::format("MAX_PER_GPU \"{}\" is not a number from 1 to 64", n));
+      std::stoul(n) < 1 || std::stoul(n) > WarmInstances::kMaxPerGpuLimit) {
+    return bad(fmt::format("MAX_PER_GPU \"{}\" is not a number from 1 to {}", n,
+                           WarmInstances::kMaxPerGpuLimit));
   }
   w.max_per_gpu = static_cast<uint32_t>(std::stoul(n));
   return w;

@@ -32,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "protocol/device_config.h"
 #include "sim/cluster.h"
 #include "sim/trace.h"
 
@@ -57,13 +58,16 @@ struct LiveInstance {
   mig::Placement placement;
 };
 
-// Warm instances (the device plugin's nvidia.migWarmInstances) for the policies that model them.
+// Warm instances (the device plugin's nvidia.migWarmInstances) for the policies that model them;
+// defaults and limits are device-config.yaml's (protocol::WarmInstances).
 struct WarmConfig {
-  absl::Duration ttl = absl::Minutes(5);  // an instance idle this long is destroyed
-  uint32_t max_per_gpu = 2;               // idle instances a GPU keeps; beyond, the ended pod's
-                                          // instance is destroyed as without warm instances
+  // An instance idle this long is destroyed.
+  absl::Duration ttl = protocol::WarmInstances{}.ttl;
+  // Idle instances a GPU keeps; beyond, the ended pod's instance is destroyed as without warm
+  // instances.
+  uint32_t max_per_gpu = protocol::WarmInstances{}.max_per_gpu;
 };
-// "TTL,MAX_PER_GPU" (e.g. "5m,2"; TTL 1s..24h, MAX 1..64 as in device-config.yaml).
+// "TTL,MAX_PER_GPU" (e.g. "5m,2"; the limits of device-config.yaml).
 absl::StatusOr<WarmConfig> ParseWarmConfig(std::string_view text);
 std::string WarmConfigText(const WarmConfig& warm);  // "5m,2"
 

@@ -124,10 +124,11 @@ std::string FormatText(const SimResult& r) {
                        FineDuration(p.running_p50), FineDuration(p.running_p99),
                        FineDuration(p.nvml_mean), p.creates, p.destroys, p.seconds);
   }
-  if (!r.warm.empty()) {
+  if (r.warm) {
     // Warm instances beside the same policies' acceptance and time to Running above.
-    out += fmt::format("\nwarm instances ({}: idle for at most {}, at most {} per GPU)\n", r.warm,
-                       r.warm.substr(0, r.warm.find(',')), r.warm.substr(r.warm.find(',') + 1));
+    out += fmt::format("\nwarm instances ({}: idle for at most {}, at most {} per GPU)\n",
+                       WarmConfigText(*r.warm), absl::FormatDuration(r.warm->ttl),
+                       r.warm->max_per_gpu);
     out += fmt::format("{:<{}}  {:>9}  {:>8}  {:>11}  {:>11}  {:>14}  {:>11}\n", "policy", w,
                        "kept idle", "reused", "TTL destroy", "cap destroy", "needed destroy",
                        "idle at end");
@@ -185,7 +186,7 @@ std::string FormatJson(const SimResult& r) {
   j["capacitySlices"] = r.capacity_units;
   j["mode"] = ModeName(r.mode);
   j["nvmlLatency"] = r.nvml_latency;
-  if (!r.warm.empty()) j["warmInstances"] = r.warm;
+  if (r.warm) j["warmInstances"] = WarmConfigText(*r.warm);
   j["pods"] = r.pods;
   j["cpuOnlySkipped"] = r.cpu_only;
   j["unservable"] = r.unservable;

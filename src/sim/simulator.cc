@@ -417,7 +417,7 @@ absl::StatusOr<SimResult> Simulate(const Trace& trace, const Cluster& cluster,
     Run run(pods, res, profile_of, options, classes, asked_total, *policy, cluster, progress);
     DYNMIG_ASSIGN_OR_RETURN(PolicyResult r, run.Go());
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (r.warm.enabled) res.warm = WarmConfigText(options.warm);
+    if (r.warm.enabled) res.warm = options.warm;
     res.policies.push_back(std::move(r));
   }
   if (options.progress) options.progress(1.0);

@@ -90,7 +90,7 @@ struct SimResult {
   std::optional<FillBound> bound;  // fill mode, one model
   std::string bound_note;          // why there is no bound
   std::string nvml_latency;        // the latency model, as text ("none", "create-gi=1s,...")
-  std::string warm;                // "5m,2" when a policy has warm instances, else empty
+  std::optional<WarmConfig> warm;  // when a policy has warm instances
 };
 
 absl::StatusOr<SimResult> Simulate(const Trace& trace, const Cluster& cluster,
