@@ -203,11 +203,8 @@ TEST(Policies, Names) {
 TEST(Policies, RandomChurnNeverOverlaps) {
   Cluster c = A100(6, 3);
   std::vector<P> ps;
-  uint64_t x = 12345;
-  auto next = [&] {
-    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-    return static_cast<uint32_t>(x >> 33);
-  };
+  testing::Lcg lcg(12345);
+  auto next = [&] { return lcg.Next(); };
   const uint32_t sizes[] = {k1g5, k1g5, k1g10, k3g20, 30, kWhole, 8, 60};
   for (int i = 0; i < 400; ++i) {
     const uint32_t pct = sizes[next() % 8];

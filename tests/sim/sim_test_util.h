@@ -10,6 +10,7 @@
 #include "fmt/format.h"
 #include "sim/cluster.h"
 #include "sim/policies.h"
+#include "sim/simulator.h"
 #include "sim/trace.h"
 
 namespace dynmig::sim::testing {
@@ -76,6 +77,28 @@ inline Cluster A100(uint32_t gpus, uint32_t per_node = 8) {
   auto c = BuildCluster(fmt::format("A100-SXM4-40GBx{}", gpus), per_node, {});
   EXPECT_TRUE(c.ok()) << c.status();
   return std::move(*c);
+}
+
+// A seeded pseudo-random sequence for the churn tests (a 64-bit LCG; the same on every machine).
+class Lcg {
+ public:
+  explicit Lcg(uint64_t seed) : x_(seed) {}
+  uint32_t Next() {
+    x_ = x_ * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<uint32_t>(x_ >> 33);
+  }
+
+ private:
+  uint64_t x_;
+};
+
+// The result of policy `name` in `r` (a test failure when there is none).
+inline const PolicyResult& PolicyResultOf(const SimResult& r, const std::string& name) {
+  for (const auto& p : r.policies) {
+    if (p.name == name) return p;
+  }
+  ADD_FAILURE() << "no policy " << name;
+  return r.policies.front();
 }
 
 }  // namespace dynmig::sim::testing

@@ -28,14 +28,6 @@ SimResult Sim(const Trace& t, const Cluster& c, std::vector<std::string> policie
   return r.ok() ? *r : SimResult{};
 }
 
-const PolicyResult& Get(const SimResult& r, const std::string& name) {
-  for (const auto& p : r.policies) {
-    if (p.name == name) return p;
-  }
-  ADD_FAILURE() << "no policy " << name;
-  return r.policies.front();
-}
-
 TEST(Simulate, RejectModeLosesWhatDoesNotFit) {
   Cluster c = A100(1);
   Trace t = MakeTrace({{0, 10, kWhole}, {5, 15, kWhole}});
@@ -84,13 +76,13 @@ TEST(Simulate, TimeToRunningAddsTheNvmlTimeOfCreatedInstances) {
   auto r = Simulate(t, c, {"hami-v2.10", "static:all-1g"}, o);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->nvml_latency, "create-gi=1s,create-ci=500ms");
-  const PolicyResult& hami = Get(*r, "hami-v2.10");
+  const PolicyResult& hami = testing::PolicyResultOf(*r, "hami-v2.10");
   // Waits 0, 29, 0, 0; each pod created one instance (1.5 s).
   EXPECT_DOUBLE_EQ(hami.nvml_mean, 1.5);
   EXPECT_DOUBLE_EQ(hami.running_p50, 1.5);
   EXPECT_DOUBLE_EQ(hami.running_p99, 30.5);
   EXPECT_DOUBLE_EQ(hami.running_mean, (1.5 * 4 + 29) / 4);
-  const PolicyResult& fixed = Get(*r, "static:all-1g");
+  const PolicyResult& fixed = testing::PolicyResultOf(*r, "static:all-1g");
   EXPECT_EQ(fixed.accepted, 1u);  // only the 1g pod fits an all-1g GPU
   EXPECT_DOUBLE_EQ(fixed.nvml_mean, 0);
   EXPECT_DOUBLE_EQ(fixed.running_p99, 0);
@@ -119,13 +111,13 @@ TEST(Simulate, GapClosedBetweenHamiAndRepack) {
   Trace t = MakeTrace({{0, 9, k1g5}, {1, 10, k3g20}, {2, 11, k1g10}, {3, 12, k1g5}});
   SimResult r = Sim(t, c, {"dynmig", "hami-v2.10", "first-fit", "repack"}, Mode::kReject);
   EXPECT_TRUE(r.has_gap);
-  EXPECT_EQ(Get(r, "hami-v2.10").accepted, 3u);
-  EXPECT_EQ(Get(r, "repack").accepted, 4u);
-  EXPECT_NEAR(Get(r, "hami-v2.10").accepted_slice_time, 7.0 / 8.0, 1e-9);
-  ASSERT_TRUE(Get(r, "dynmig").gap_closed.has_value());
-  EXPECT_DOUBLE_EQ(*Get(r, "dynmig").gap_closed, 1.0);
-  EXPECT_DOUBLE_EQ(*Get(r, "hami-v2.10").gap_closed, 0.0);
-  EXPECT_DOUBLE_EQ(*Get(r, "first-fit").gap_closed, 1.0);
+  EXPECT_EQ(testing::PolicyResultOf(r, "hami-v2.10").accepted, 3u);
+  EXPECT_EQ(testing::PolicyResultOf(r, "repack").accepted, 4u);
+  EXPECT_NEAR(testing::PolicyResultOf(r, "hami-v2.10").accepted_slice_time, 7.0 / 8.0, 1e-9);
+  ASSERT_TRUE(testing::PolicyResultOf(r, "dynmig").gap_closed.has_value());
+  EXPECT_DOUBLE_EQ(*testing::PolicyResultOf(r, "dynmig").gap_closed, 1.0);
+  EXPECT_DOUBLE_EQ(*testing::PolicyResultOf(r, "hami-v2.10").gap_closed, 0.0);
+  EXPECT_DOUBLE_EQ(*testing::PolicyResultOf(r, "first-fit").gap_closed, 1.0);
   EXPECT_NEAR(r.gap_span, 1.0 / 8.0, 1e-9);
 }
 
@@ -136,11 +128,12 @@ TEST(Simulate, FillModeStopsAtFirstRejectionAndReportsTheBound) {
   ASSERT_TRUE(r.bound.has_value());
   EXPECT_EQ(r.bound->pods, 2u);
   EXPECT_DOUBLE_EQ(r.bound->filled, 1.0);
-  EXPECT_EQ(Get(r, "dynmig").accepted, 2u);
-  EXPECT_DOUBLE_EQ(Get(r, "dynmig").filled, 1.0);
-  EXPECT_EQ(Get(r, "static:all-1g").accepted, 0u);  // the first 3g is already rejected
+  EXPECT_EQ(testing::PolicyResultOf(r, "dynmig").accepted, 2u);
+  EXPECT_DOUBLE_EQ(testing::PolicyResultOf(r, "dynmig").filled, 1.0);
+  EXPECT_EQ(testing::PolicyResultOf(r, "static:all-1g").accepted,
+            0u);  // the first 3g is already rejected
   EXPECT_EQ(r.sample_axis, "arrivals");
-  EXPECT_EQ(Get(r, "dynmig").utilization.back(), 1.0);
+  EXPECT_EQ(testing::PolicyResultOf(r, "dynmig").utilization.back(), 1.0);
 }
 
 TEST(Simulate, UnservablePodsAreSkipped) {
@@ -277,10 +270,11 @@ TEST(Simulate, GeneratedChurnInEveryMode) {
     for (Mode m : {Mode::kReject, Mode::kQueue, Mode::kFill}) {
       SimResult r = Sim(*t, c, DefaultPolicies(), m);
       ASSERT_EQ(r.policies.size(), DefaultPolicies().size());
-      const auto& repack = Get(r, "repack");
+      const auto& repack = testing::PolicyResultOf(r, "repack");
       if (m == Mode::kReject) {
         EXPECT_GT(repack.accepted_count, 0.5);
-        EXPECT_GE(repack.accepted_count + 0.02, Get(r, "first-fit").accepted_count);
+        EXPECT_GE(repack.accepted_count + 0.02,
+                  testing::PolicyResultOf(r, "first-fit").accepted_count);
       }
       if (m == Mode::kFill) {
         ASSERT_TRUE(r.bound.has_value());

@@ -216,14 +216,6 @@ SimOptions Latency(Mode mode, WarmConfig warm = {}) {
   return o;
 }
 
-const PolicyResult& PolicyOf(const SimResult& r, const std::string& name) {
-  for (const auto& p : r.policies) {
-    if (p.name == name) return p;
-  }
-  ADD_FAILURE() << "no policy " << name;
-  return r.policies.front();
-}
-
 // The time to Running: a reused instance costs nothing, a destroyed idle instance costs its
 // destroy time in the pod that needed its slices, an expired one nothing.
 TEST(WarmSimulate, NvmlTimeOfReuseTtlAndNeededDestroys) {
@@ -236,9 +228,10 @@ TEST(WarmSimulate, NvmlTimeOfReuseTtlAndNeededDestroys) {
   Trace t = MakeTrace({{0, 10, k1g5}, {20, 30, k1g5}, {40, 150, kWhole}, {300, 310, k1g5}});
   auto r = Simulate(t, c, {"dynmig", "dynmig:warm"}, Latency(Mode::kReject, warm));
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->warm, "1m40s,2");
-  const PolicyResult& cold = PolicyOf(*r, "dynmig");
-  const PolicyResult& hot = PolicyOf(*r, "dynmig:warm");
+  ASSERT_TRUE(r->warm.has_value());
+  EXPECT_EQ(WarmConfigText(*r->warm), "1m40s,2");
+  const PolicyResult& cold = testing::PolicyResultOf(*r, "dynmig");
+  const PolicyResult& hot = testing::PolicyResultOf(*r, "dynmig:warm");
   EXPECT_FALSE(cold.warm.enabled);
   EXPECT_DOUBLE_EQ(cold.nvml_mean, 1.5);
   EXPECT_EQ(cold.creates, 4u);
@@ -267,8 +260,8 @@ TEST(WarmSimulate, SameAcceptanceWhereEverythingFitsAndLessNvmlTime) {
   for (Mode mode : {Mode::kReject, Mode::kQueue}) {
     auto r = Simulate(*t, c, {"dynmig", "dynmig:warm"}, Latency(mode));
     ASSERT_TRUE(r.ok()) << r.status();
-    const PolicyResult& cold = PolicyOf(*r, "dynmig");
-    const PolicyResult& hot = PolicyOf(*r, "dynmig:warm");
+    const PolicyResult& cold = testing::PolicyResultOf(*r, "dynmig");
+    const PolicyResult& hot = testing::PolicyResultOf(*r, "dynmig:warm");
     EXPECT_EQ(cold.accepted, r->pods) << ModeName(mode);
     EXPECT_EQ(hot.accepted, cold.accepted) << ModeName(mode);
     EXPECT_GT(hot.warm.reused, r->pods / 4) << ModeName(mode);
@@ -287,11 +280,8 @@ TEST(WarmSimulate, SameAcceptanceWhereEverythingFitsAndLessNvmlTime) {
 TEST(WarmPolicy, RandomChurnKeepsIdleInstancesDisjointAndCapped) {
   Cluster c = A100(6, 3);
   std::vector<P> ps;
-  uint64_t x = 4242;
-  auto next = [&] {
-    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-    return static_cast<uint32_t>(x >> 33);
-  };
+  testing::Lcg lcg(4242);
+  auto next = [&] { return lcg.Next(); };
   const uint32_t sizes[] = {k1g5, k1g5, testing::k1g10, k3g20, 30, kWhole, 8, 60};
   for (int i = 0; i < 600; ++i) {
     const uint32_t count = next() % 10 == 0 ? 1 + next() % 3 : 1;
