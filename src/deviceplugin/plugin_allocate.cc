@@ -104,9 +104,8 @@ void PluginCore::ReleaseNodeLock(const PodMig& pod, std::optional<kube::Object> 
       }
       node = std::move(*fresh);
     }
-    auto value = kube::Annotation(*node, protocol::kNodeLockAnnotation);
-    auto lock = value.has_value() ? ParseNodeLock(*value) : std::nullopt;
-    if (!lock.has_value() || lock->ns != pod.ns || lock->name != pod.name) {  // not ours
+    const auto lock = NodeLockOf(*node);
+    if (!lock.has_value() || !lock->OwnedBy(pod.ns, pod.name, pod.uid)) {  // not ours
       lock_released_ = true;
       return;
     }
@@ -182,11 +181,11 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> PluginCore::AllocateLocked(
   // Free what finished pods hold first, so their placements can be reused at once.
   ReconcileLocked(pods);
 
-  std::optional<NodeLock> lock;
+  std::optional<protocol::NodeLock> lock;
   node_.reset();
   lock_released_ = false;
   if (auto node = kube_.GetNode(options_.node_name); node.ok()) {
-    if (auto v = kube::Annotation(*node, protocol::kNodeLockAnnotation)) lock = ParseNodeLock(*v);
+    lock = NodeLockOf(*node);
     node_ = std::move(*node);
   }
   const PendingPod pending = FindPendingPod(pods, options_.node_name, lock, InProgress());
@@ -216,7 +215,7 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> PluginCore::AllocateLocked(
   // so that the next bind to this node need not wait for this one's instances. The pod's later
   // containers are found as the allocation in progress.
   in_progress_ = InProgressPod{pod.uid, Now()};
-  if (lock.has_value() && lock->ns == pod.ns && lock->name == pod.name) {
+  if (lock.has_value() && lock->OwnedBy(pod.ns, pod.name, pod.uid)) {
     ReleaseNodeLock(pod, node_);
   } else {
     lock_released_ = true;  // not this pod's (released by its first container's Allocate)
@@ -757,12 +756,8 @@ v1beta1::ContainerPreferredAllocationResponse PluginCore::PreferredAllocation(
     std::lock_guard<std::mutex> lock(mu_);
     auto pods = ListPods();
     if (pods.ok()) {
-      std::optional<NodeLock> node_lock;
-      if (auto node = kube_.GetNode(options_.node_name); node.ok()) {
-        if (auto v = kube::Annotation(*node, protocol::kNodeLockAnnotation)) {
-          node_lock = ParseNodeLock(*v);
-        }
-      }
+      std::optional<protocol::NodeLock> node_lock;
+      if (auto node = kube_.GetNode(options_.node_name); node.ok()) node_lock = NodeLockOf(*node);
       if (const PodMig* pod =
               FindPendingPod(*pods, options_.node_name, node_lock, InProgress()).pod) {
         for (const auto& d : (*pod->to_allocate)[pod->NextContainer()]) {

@@ -45,19 +45,22 @@ void PluginCore::ReleaseOrphanedNodeLock(const std::vector<PodMig>& pods) {
   auto node = kube_.GetNode(options_.node_name);
   if (!node.ok()) return;
   const auto value = kube::Annotation(*node, protocol::kNodeLockAnnotation);
-  if (!value.has_value()) return;
-  const auto lock = ParseNodeLock(*value);
-  if (!lock.has_value() || lock->name.empty()) return;  // names no pod: left to its expiry
+  const auto lock = NodeLockOf(*node);
+  if (!lock.has_value() || lock->pod.empty()) return;  // names no pod: left to its expiry
   std::string why;
   const auto here = std::find_if(pods.begin(), pods.end(), [&](const PodMig& p) {
-    return p.ns == lock->ns && p.name == lock->name;
+    return lock->OwnedBy(p.ns, p.name, p.uid);
   });
   if (here != pods.end()) {
     if (!here->terminated) return;
     why = "has finished";
   } else {
-    auto pod = kube_.GetPod(lock->ns, lock->name);
-    if (pod.ok()) {
+    auto pod = kube_.GetPod(lock->ns, lock->pod);
+    if (pod.ok() && !lock->uid.empty() && kube::Uid(*pod) != lock->uid) {
+      // Deleted; a pod recreated under its name is another pod, which never holds this lock.
+      why = fmt::format("no longer exists (pod {}/{} now has uid {})", lock->ns, lock->pod,
+                        kube::Uid(*pod));
+    } else if (pod.ok()) {
       const std::string phase = kube::Phase(*pod);
       const std::string bound = kube::NodeName(*pod);
       if (phase == "Succeeded" || phase == "Failed") {
@@ -77,8 +80,8 @@ void PluginCore::ReleaseOrphanedNodeLock(const std::vector<PodMig>& pods) {
   patch[std::string(protocol::kNodeLockAnnotation)] = std::nullopt;
   auto st = kube_.PatchNodeAnnotations(options_.node_name, patch, kube::ResourceVersion(*node));
   if (st.ok()) {
-    spdlog::info("released the node lock {} of node {}: pod {}/{} {}", *value, options_.node_name,
-                 lock->ns, lock->name, why);
+    spdlog::info("released the node lock {} of node {}: pod {} {}", value.value_or(""),
+                 options_.node_name, lock->Owner(), why);
   }
 }
 

@@ -47,15 +47,12 @@ bool IsTerminated(const kube::Object& pod) {
 
 bool IsActive(const kube::Object& pod) { return !IsTerminated(pod) && !kube::IsBeingDeleted(pod); }
 
-std::optional<NodeLock> ParseNodeLock(std::string_view value) {
-  const size_t a = value.find(',');
-  if (a == std::string_view::npos) return std::nullopt;
-  const size_t b = value.find(',', a + 1);
-  if (b == std::string_view::npos) return std::nullopt;
-  NodeLock lock{std::string(value.substr(0, a)), std::string(value.substr(a + 1, b - a - 1)),
-                std::string(value.substr(b + 1))};
-  if (lock.ns.empty() || lock.name.empty()) return std::nullopt;
-  return lock;
+std::optional<protocol::NodeLock> NodeLockOf(const kube::Object& node) {
+  const auto value = kube::Annotation(node, protocol::kNodeLockAnnotation);
+  if (!value.has_value()) return std::nullopt;
+  auto lock = protocol::ParseNodeLock(*value);
+  if (!lock.ok()) return std::nullopt;
+  return *std::move(lock);
 }
 
 bool PodMig::ContainerAllocated(int index) const {
@@ -133,7 +130,8 @@ PodMig AnalyzePod(const kube::Object& pod) {
 }
 
 PendingPod FindPendingPod(const std::vector<PodMig>& pods, std::string_view node,
-                          const std::optional<NodeLock>& lock, std::string_view in_progress) {
+                          const std::optional<protocol::NodeLock>& lock,
+                          std::string_view in_progress) {
   PendingPod out;
   auto claims = [&](const PodMig& p) {  // says it is being allocated here
     return p.active && p.NextContainer() >= 0 && p.bind_phase == protocol::kBindPhaseAllocating &&
@@ -150,7 +148,7 @@ PendingPod FindPendingPod(const std::vector<PodMig>& pods, std::string_view node
   const PodMig* owner = nullptr;
   if (lock.has_value()) {
     for (const auto& p : pods) {
-      if (p.ns == lock->ns && p.name == lock->name) owner = &p;
+      if (lock->OwnedBy(p.ns, p.name, p.uid)) owner = &p;
     }
   }
   if (out.pod == nullptr && owner != nullptr && owner->active && owner->NextContainer() >= 0) {
@@ -177,8 +175,8 @@ PendingPod FindPendingPod(const std::vector<PodMig>& pods, std::string_view node
     if (!lock.has_value()) {
       why = fmt::format("the node lock ({}) is not held", protocol::kNodeLockAnnotation);
     } else {
-      why = fmt::format("the node lock ({}) names {}/{}", protocol::kNodeLockAnnotation, lock->ns,
-                        lock->name);
+      why =
+          fmt::format("the node lock ({}) names {}", protocol::kNodeLockAnnotation, lock->Owner());
     }
     if (!p.has_allocations) {
       why += fmt::format(", and it has no reservation ({})", protocol::kMigAllocationsAnnotation);

@@ -13,6 +13,7 @@
 #include "kube/object.h"
 #include "protocol/devices.h"
 #include "protocol/mig_allocations.h"
+#include "protocol/node_lock.h"
 
 namespace dynmig::deviceplugin {
 
@@ -22,13 +23,8 @@ bool IsTerminated(const kube::Object& pod);
 // are reclaimed once the processes are gone.
 bool IsActive(const kube::Object& pod);
 
-// `hami.io/mutex.lock`: "<RFC3339 time>,<namespace>,<pod>".
-struct NodeLock {
-  std::string time;
-  std::string ns;
-  std::string name;
-};
-std::optional<NodeLock> ParseNodeLock(std::string_view value);
+// The node's `hami.io/mutex.lock` (protocol/node_lock.h); nullopt when absent or unreadable.
+std::optional<protocol::NodeLock> NodeLockOf(const kube::Object& node);
 
 // One pod, analysed once per cycle.
 struct PodMig {
@@ -86,13 +82,15 @@ struct PendingPod {
 //   1. `in_progress` (uid): the pod whose earlier containers this plugin allocated moments ago
 //      (it released the node lock once it had identified the pod), while it still has a
 //      container left;
-//   2. otherwise the node lock's owner, when the pod agrees with it: active, bound here
-//      (hami.io/vgpu-node=node), hami.io/bind-phase=allocating, a reservation
+//   2. otherwise the node lock's owner (same namespace and name, and the same UID when the lock
+//      records one: a pod recreated under the owner's name is not the owner), when it agrees:
+//      active, bound here (hami.io/vgpu-node=node), hami.io/bind-phase=allocating, a reservation
 //      (hami.io/vgpu-mig-allocations; or legacy device ids, which Allocate refuses with the
 //      migration procedure) and a container left in hami.io/vgpu-devices-to-allocate.
 // Every other active pod that says bind-phase allocating on this node with a container left (and a
 // lock owner that does not agree) is listed in `mismatches`, with why.
 PendingPod FindPendingPod(const std::vector<PodMig>& pods, std::string_view node,
-                          const std::optional<NodeLock>& lock, std::string_view in_progress = "");
+                          const std::optional<protocol::NodeLock>& lock,
+                          std::string_view in_progress = "");
 
 }  // namespace dynmig::deviceplugin

@@ -161,7 +161,8 @@ void ClusterState::UpsertNode(const json& node) {
   Touch(entry);
   entry.locked_at.reset();
   if (const std::string held = Annotation(node, protocol::kNodeLockAnnotation); !held.empty()) {
-    if (auto lock_value = ParseNodeLock(held); lock_value.ok()) entry.locked_at = lock_value->time;
+    if (auto lock_value = protocol::ParseNodeLock(held); lock_value.ok())
+      entry.locked_at = lock_value->time;
   }
   for (const auto& gpu : entry.gpus) Uncount(gpu.info.type);
   entry.gpus.clear();

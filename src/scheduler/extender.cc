@@ -425,13 +425,16 @@ std::string Extender::Bind(const ExtenderBindingArgs& args) {
     }
   } end_bind{state_, key, reservation->has_value()};
 
+  // The lock names the pod's UID as the API has it (CheckBind verified it is the bind's).
+  const std::string uid = kube::Uid(*pod);
+  const LockOwner owner{ns, name, uid};
   if (absl::Status locked =
-          lock_queue_.Acquire(client_, args.node, ns, name, clock_, options_.node_lock);
+          lock_queue_.Acquire(client_, args.node, owner, clock_, options_.node_lock);
       !locked.ok()) {
     return finish(fmt::format("bind {}: {}", key, std::string(locked.message())));
   }
   auto fail = [&](std::string error) {
-    if (absl::Status st = ReleaseNodeLock(client_, args.node, ns, name, options_.node_lock);
+    if (absl::Status st = ReleaseNodeLock(client_, args.node, owner, options_.node_lock);
         !st.ok()) {
       error +=
           fmt::format(" (and the node lock could not be released: {})", std::string(st.message()));

@@ -47,7 +47,7 @@ void NodeLockQueue::Leave(const std::string& node, uint64_t ticket) {
 }
 
 absl::Status NodeLockQueue::Acquire(kube::KubeClient& client, std::string_view node_view,
-                                    std::string_view ns, std::string_view pod, const Clock& clock,
+                                    const LockOwner& owner, const Clock& clock,
                                     const NodeLockOptions& lock_options) {
   const std::string node(node_view);
   const absl::Time deadline = absl::Now() + options_.wait;
@@ -87,7 +87,7 @@ absl::Status NodeLockQueue::Acquire(kube::KubeClient& client, std::string_view n
     }
     const uint64_t seen = q.changes;
     lock.unlock();
-    last = AcquireNodeLock(client, node, ns, pod, clock.Now(), lock_options);
+    last = AcquireNodeLock(client, node, owner, clock.Now(), lock_options);
     lock.lock();
     if (last.code() != absl::StatusCode::kFailedPrecondition) {  // taken, or a real error
       Leave(node, ticket);

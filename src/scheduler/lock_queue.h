@@ -47,13 +47,13 @@ class NodeLockQueue {
   NodeLockQueue(const NodeLockQueue&) = delete;
   NodeLockQueue& operator=(const NodeLockQueue&) = delete;
 
-  // Takes the lock of `node` for pod ns/name (AcquireNodeLock with `lock.wait` ignored: the queue
+  // Takes the lock of `node` for `owner` (AcquireNodeLock with `lock.wait` ignored: the queue
   // waits); the lock records `clock`'s time when it is taken. The wait is in real time (it bounds
   // the bind's HTTP call). Errors: those of
   // AcquireNodeLock; kFailedPrecondition when the lock is still held after `wait`, or too many
   // binds wait already; kCancelled after Stop().
-  absl::Status Acquire(kube::KubeClient& client, std::string_view node, std::string_view ns,
-                       std::string_view pod, const Clock& clock, const NodeLockOptions& lock = {});
+  absl::Status Acquire(kube::KubeClient& client, std::string_view node, const LockOwner& owner,
+                       const Clock& clock, const NodeLockOptions& lock = {});
 
   // The node informer saw `node` change (its lock may be gone): wake the head of its queue.
   void NodeChanged(std::string_view node);

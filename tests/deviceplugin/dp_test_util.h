@@ -240,14 +240,15 @@ class PluginTest : public ::testing::Test {
     if (tweak) tweak(pod);
     auto created = kube_->CreatePod(pod);
     EXPECT_TRUE(created.ok()) << created.status();
-    if (lock) LockNodeFor(name);
+    if (lock) LockNodeFor(name, created.ok() ? kube::Uid(*created) : "");
     return created.ok() ? *created : kube::Object{};
   }
 
-  void LockNodeFor(const std::string& name) {
+  // The lock as the scheduler writes it (with the pod's UID), or HAMi's form without one.
+  void LockNodeFor(const std::string& name, const std::string& uid = "") {
     kube::KeyPatch patch;
     patch[std::string(protocol::kNodeLockAnnotation)] =
-        fmt::format("{},default,{}", kube::Rfc3339(absl::Now()), name);
+        protocol::FormatNodeLock({absl::Now(), "default", name, uid});
     ASSERT_TRUE(kube_->PatchNodeAnnotations(kNode, patch).ok());
   }
 

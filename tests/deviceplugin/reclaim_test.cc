@@ -122,5 +122,39 @@ TEST_F(ReclaimTest, ANodeLockOfAPodThatWillNeverBeAllocatedIsReleased) {
   EXPECT_TRUE(Allocate("waiting", 0, 1).ok());
 }
 
+// Issue 27: the lock names the owner's UID. A bound pod force-deleted and recreated under the same
+// name (unschedulable, never bound) used to keep the node locked until the lock's expiry, again at
+// every expiry; the recreated pod is another pod: the lock is released, and the recreated pod's
+// claims never take an Allocate.
+TEST_F(ReclaimTest, ANodeLockIsReleasedWhenItsOwnerUidIsGoneWhateverTheName) {
+  StartPlugin();
+  const kube::Object first = CreatePod("reborn", {{0, 0, 0, "1g.5gb", 0}});
+  const std::string first_uid = kube::Uid(first);
+  ASSERT_NE(NodeLock().value_or("").find(first_uid), std::string::npos);
+  DeletePod("reborn");
+  kube::Object again = {{"apiVersion", "v1"},
+                        {"kind", "Pod"},
+                        {"metadata", {{"name", "reborn"}, {"namespace", "default"}}},
+                        {"spec", {{"containers", {{{"name", "c"}, {"image", "cuda"}}}}}}};
+  auto recreated = kube_->CreatePod(again);
+  ASSERT_TRUE(recreated.ok());
+  ASSERT_NE(kube::Uid(*recreated), first_uid);
+  plugin_->core().Reconcile();
+  EXPECT_FALSE(NodeLock().has_value());
+
+  // A pod recreated under the name with the same claims as the owner (bind-phase allocating, a
+  // reservation, bound here) is still not the owner of a lock that names the old UID.
+  CreatePod("twin", {{0, 0, 0, "1g.5gb", 0}}, 1, /*lock=*/false);
+  LockNodeFor("twin", "uid-of-a-deleted-twin");
+  auto a = Allocate("twin", 0, 1);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("names default/twin (uid uid-of-a-deleted-twin)"),
+            std::string::npos)
+      << a.status();
+  EXPECT_EQ(TotalGis(), 0u);
+  plugin_->core().Reconcile();  // the owner UID is gone: released
+  EXPECT_FALSE(NodeLock().has_value());
+}
+
 }  // namespace
 }  // namespace dynmig::deviceplugin::testing

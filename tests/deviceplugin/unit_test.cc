@@ -114,13 +114,21 @@ kube::Object Pod(const std::string& name, std::map<std::string, std::string> ann
   return pod;
 }
 
-TEST(PodsTest, ParsesTheNodeLock) {
-  auto lock = ParseNodeLock("2026-01-02T03:04:05Z,team-a,pod-1");
+TEST(PodsTest, ReadsTheNodeLockOfANode) {
+  auto node = [](const std::string& lock) {
+    return kube::Object{{"metadata", {{"annotations", {{"hami.io/mutex.lock", lock}}}}}};
+  };
+  auto lock = NodeLockOf(node("2026-01-02T03:04:05Z,team-a,pod-1,uid-1"));
   ASSERT_TRUE(lock.has_value());
   EXPECT_EQ(lock->ns, "team-a");
-  EXPECT_EQ(lock->name, "pod-1");
-  EXPECT_FALSE(ParseNodeLock("2026-01-02T03:04:05Z").has_value());
-  EXPECT_FALSE(ParseNodeLock("t,,p").has_value());
+  EXPECT_EQ(lock->pod, "pod-1");
+  EXPECT_EQ(lock->uid, "uid-1");
+  EXPECT_FALSE(NodeLockOf(node("t,,p")).has_value());
+  EXPECT_FALSE(NodeLockOf(kube::Object{{"metadata", kube::Object::object()}}).has_value());
+}
+
+protocol::NodeLock Lock(const std::string& pod, std::string uid = "") {
+  return protocol::NodeLock{absl::UnixEpoch(), "default", pod, std::move(uid)};
 }
 
 // bind-phase alone never picks the pod of an Allocate: the node lock, bind-phase, vgpu-node and
@@ -147,7 +155,7 @@ TEST(PodsTest, ThePendingPodIsConfirmedByTheLockAndItsReservation) {
   };
   std::vector<PodMig> pods = {make("late", "200"), make("early", "100")};
   // The lock owner, whatever the bind times; the other claimant is reported.
-  PendingPod found = FindPendingPod(pods, "n", NodeLock{"t", "default", "late"});
+  PendingPod found = FindPendingPod(pods, "n", Lock("late"));
   ASSERT_NE(found.pod, nullptr);
   EXPECT_EQ(found.pod->name, "late");
   EXPECT_FALSE(found.in_progress);
@@ -159,11 +167,20 @@ TEST(PodsTest, ThePendingPodIsConfirmedByTheLockAndItsReservation) {
   EXPECT_EQ(found.pod, nullptr);
   ASSERT_EQ(found.mismatches.size(), 2u);
   EXPECT_EQ(found.mismatches[0].why, "the node lock (hami.io/mutex.lock) is not held");
+  // A lock that records the owner's UID takes only that pod, not one recreated under its name.
+  found = FindPendingPod(pods, "n", Lock("late", "uid-late"));
+  ASSERT_NE(found.pod, nullptr);
+  EXPECT_EQ(found.pod->name, "late");
+  found = FindPendingPod(pods, "n", Lock("late", "uid-of-the-deleted-late"));
+  EXPECT_EQ(found.pod, nullptr);
+  ASSERT_EQ(found.mismatches.size(), 2u);
+  EXPECT_EQ(found.mismatches[0].why,
+            "the node lock (hami.io/mutex.lock) names default/late (uid uid-of-the-deleted-late)");
   // A lock on a pod that is not here: nobody.
-  EXPECT_EQ(FindPendingPod(pods, "n", NodeLock{"t", "default", "gone"}).pod, nullptr);
-  EXPECT_EQ(FindPendingPod(pods, "other-node", NodeLock{"t", "default", "late"}).pod, nullptr);
+  EXPECT_EQ(FindPendingPod(pods, "n", Lock("gone")).pod, nullptr);
+  EXPECT_EQ(FindPendingPod(pods, "other-node", Lock("late")).pod, nullptr);
   // The allocation in progress goes on without the lock (it released it), before a newer owner.
-  found = FindPendingPod(pods, "n", NodeLock{"t", "default", "late"}, "uid-early");
+  found = FindPendingPod(pods, "n", Lock("late"), "uid-early");
   ASSERT_NE(found.pod, nullptr);
   EXPECT_EQ(found.pod->name, "early");
   EXPECT_TRUE(found.in_progress);
@@ -180,7 +197,7 @@ TEST(PodsTest, ThePendingPodIsConfirmedByTheLockAndItsReservation) {
                         Case{"hami.io/vgpu-mig-allocations", "", "it has no reservation"}}) {
     SCOPED_TRACE(c.key + "=" + c.value);
     std::vector<PodMig> one = {make("p", "100", {{c.key, c.value}})};
-    found = FindPendingPod(one, "n", NodeLock{"t", "default", "p"});
+    found = FindPendingPod(one, "n", Lock("p"));
     EXPECT_EQ(found.pod, nullptr);
     ASSERT_EQ(found.mismatches.size(), 1u);
     EXPECT_NE(found.mismatches[0].why.find(c.why), std::string::npos) << found.mismatches[0].why;
@@ -189,7 +206,7 @@ TEST(PodsTest, ThePendingPodIsConfirmedByTheLockAndItsReservation) {
   }
   // A pod with nothing left to allocate is no candidate.
   std::vector<PodMig> done = {make("d", "100", {{"hami.io/vgpu-devices-to-allocate", ";"}})};
-  found = FindPendingPod(done, "n", NodeLock{"t", "default", "d"});
+  found = FindPendingPod(done, "n", Lock("d"));
   EXPECT_EQ(found.pod, nullptr);
   EXPECT_TRUE(found.mismatches.empty());
 }

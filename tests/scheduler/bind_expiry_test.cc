@@ -34,6 +34,15 @@ class BindTest : public SchedulerTest {
   std::optional<std::string> Lock() {
     return kube::Annotation(*client_->GetNode("node-a"), protocol::kNodeLockAnnotation);
   }
+  // The lock as the bind writes it for pod `name` now: with the pod's UID.
+  std::string LockOf(const std::string& name) {
+    return protocol::FormatNodeLock({clock_.Now(), "default", name, kube::Uid(GetPod(name))});
+  }
+  // What the device plugin does once it has identified pod `name`.
+  absl::Status Unlock(const std::string& name) {
+    const std::string uid = kube::Uid(GetPod(name));
+    return ReleaseNodeLock(*client_, "node-a", {"default", name, uid});
+  }
   SchedulerServer* s_ = nullptr;
 };
 
@@ -47,7 +56,7 @@ TEST_F(BindTest, BindTakesTheNodeLockMarksAllocatingAndBinds) {
   EXPECT_EQ(kube::Annotation(bound, "hami.io/bind-phase"), "allocating");
   EXPECT_EQ(kube::Annotation(bound, "hami.io/bind-time"),
             std::to_string(absl::ToUnixSeconds(clock_.Now())));
-  EXPECT_EQ(Lock(), FormatNodeLock({clock_.Now(), "default", "p"}));
+  EXPECT_EQ(Lock(), LockOf("p"));
   EXPECT_THAT(s_->MetricsText(), HasSubstr("dynmig_scheduler_bind_total{outcome=\"bound\"} 1"));
 
   // The lock is held until the device plugin releases it: the next pod's bind waits for it (up
@@ -63,26 +72,27 @@ TEST_F(BindTest, BindTakesTheNodeLockMarksAllocatingAndBinds) {
     return s_->MetricsText().find("dynmig_scheduler_binds_waiting_for_node_lock 1\n") !=
            std::string::npos;
   }));
-  ASSERT_TRUE(ReleaseNodeLock(*client_, "node-a", "default", "p").ok());
+  ASSERT_TRUE(Unlock("p").ok());
   binding.join();
   EXPECT_THAT(s_->MetricsText(), HasSubstr("dynmig_scheduler_binds_waiting_for_node_lock 0\n"));
   EXPECT_EQ(waited.body["Error"], "") << waited.text;
   EXPECT_EQ(kube::NodeName(GetPod("q")), "node-a");
-  EXPECT_EQ(Lock(), FormatNodeLock({clock_.Now(), "default", "q"}));
+  EXPECT_EQ(Lock(), LockOf("q"));
   // A lock that stays is refused after the wait (2 s here), with the reason.
   const kube::Object v = Reserved("v");
   r = Bind(s_, v, "node-a");
-  EXPECT_THAT(r.body["Error"].get<std::string>(),
-              HasSubstr("node node-a is locked by default/q since"));
+  EXPECT_THAT(
+      r.body["Error"].get<std::string>(),
+      HasSubstr("node node-a is locked by default/q (uid " + kube::Uid(GetPod("q")) + ") since"));
   EXPECT_THAT(r.body["Error"].get<std::string>(), HasSubstr("waited 2s for it"));
   EXPECT_EQ(kube::NodeName(GetPod("v")), "");
-  ASSERT_TRUE(ReleaseNodeLock(*client_, "node-a", "default", "q").ok());
+  ASSERT_TRUE(Unlock("q").ok());
   EXPECT_EQ(Bind(s_, v, "node-a").body["Error"], "");
   // A lock left behind for more than five minutes is taken over.
   const kube::Object w = Reserved("w");
   clock_.Advance(absl::Minutes(6));
   EXPECT_EQ(Bind(s_, w, "node-a").body["Error"], "");
-  EXPECT_EQ(Lock(), FormatNodeLock({clock_.Now(), "default", "w"}));
+  EXPECT_EQ(Lock(), LockOf("w"));
 }
 
 // A second bind of a pod already bound (a retry whose answer was lost, a lagging scheduler cache)
@@ -93,7 +103,7 @@ TEST_F(BindTest, ABoundPodIsNeverBoundAgain) {
   // The device plugin allocated it: success, lock released.
   ASSERT_TRUE(
       client_->PatchPodAnnotations("default", "p", {{"hami.io/bind-phase", "success"}}).ok());
-  ASSERT_TRUE(ReleaseNodeLock(*client_, "node-a", "default", "p").ok());
+  ASSERT_TRUE(Unlock("p").ok());
   EXPECT_EQ(Bind(s_, pod, "node-a").body["Error"], "") << "the same node: already done";
   EXPECT_EQ(kube::Annotation(GetPod("p"), "hami.io/bind-phase"), "success");
   EXPECT_FALSE(Lock().has_value()) << "the lock was taken again";
@@ -219,7 +229,7 @@ TEST_F(BindTest, BoundPodsKeepTheirReservationUnlessTheDevicePluginFailed) {
   const kube::Object p = Reserved("p", 19000);
   const kube::Object q = Reserved("q", 19000);
   ASSERT_EQ(Bind(s_, p, "node-a").body["Error"], "");
-  ASSERT_TRUE(ReleaseNodeLock(*client_, "node-a", "default", "p").ok());
+  ASSERT_TRUE(Unlock("p").ok());
   ASSERT_EQ(Bind(s_, q, "node-a").body["Error"], "");
   // The device plugin failed q's Allocate; p is still allocating.
   ASSERT_TRUE(

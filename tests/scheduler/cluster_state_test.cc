@@ -470,7 +470,7 @@ TEST_F(ClusterStateTest, TimeAloneChangesHealthAndBindInFlight) {
   };
   json a = Node("node-a", reg, reported(kNow - absl::Minutes(1)));
   a["metadata"]["annotations"][std::string(protocol::kNodeLockAnnotation)] =
-      FormatNodeLock({kNow, "default", "binding"});
+      protocol::FormatNodeLock({kNow, "default", "binding", "uid-binding"});
   state_.UpsertNode(a);
   state_.UpsertNode(Node("node-b", reg, reported(kNow)));
   int n = 0;
@@ -501,7 +501,7 @@ TEST_F(ClusterStateTest, TimeAloneChangesHealthAndBindInFlight) {
   // A lock taken again at kNow + 4m expires at kNow + 9m.
   a = Node("node-a", reg, reported(kNow + absl::Minutes(6)));
   a["metadata"]["annotations"][std::string(protocol::kNodeLockAnnotation)] =
-      FormatNodeLock({kNow + absl::Minutes(4), "default", "binding"});
+      protocol::FormatNodeLock({kNow + absl::Minutes(4), "default", "binding", "uid-binding"});
   state_.UpsertNode(a);
   state_.UpsertNode(Node("node-b", reg, reported(kNow + absl::Minutes(6))));
   EXPECT_EQ(node_at(kNow + absl::Minutes(6)), "node-b");

@@ -78,22 +78,6 @@ TEST(ExtenderApiTest, FilterResultUsesTheGoFieldNames) {
   EXPECT_EQ(ToJsonText(r), ToJson(r).dump());
 }
 
-TEST(NodeLockValueTest, FormatsAndParsesHamisForms) {
-  const absl::Time t = absl::FromUnixSeconds(1'800'000'000);
-  EXPECT_EQ(FormatNodeLock({t, "ns", "pod"}), "2027-01-15T08:00:00Z,ns,pod");
-  auto v = ParseNodeLock("2027-01-15T08:00:00Z,ns,pod");
-  ASSERT_TRUE(v.ok());
-  EXPECT_EQ(v->time, t);
-  EXPECT_EQ(v->pod, "pod");
-  v = ParseNodeLock("2027-01-15T08:00:00+02:00");  // HAMi's older time-only form
-  ASSERT_TRUE(v.ok());
-  EXPECT_EQ(v->pod, "");
-  EXPECT_THAT(std::string(ParseNodeLock("yesterday,ns,pod").status().message()),
-              HasSubstr("does not start with an RFC 3339 time"));
-  EXPECT_THAT(std::string(ParseNodeLock("2027-01-15T08:00:00Z,ns").status().message()),
-              HasSubstr("is not <time>,<namespace>,<pod>"));
-}
-
 class NodeLockTest : public SchedulerTest {
  protected:
   void SetUp() override {
@@ -109,26 +93,34 @@ class NodeLockTest : public SchedulerTest {
 
 TEST_F(NodeLockTest, OnePodAtATimeStaleLocksAreTakenOver) {
   const absl::Time t0 = clock_.Now();
-  ASSERT_TRUE(AcquireNodeLock(*client_, "node-a", "default", "p1", t0).ok());
-  EXPECT_EQ(Lock(), FormatNodeLock({t0, "default", "p1"}));
+  ASSERT_TRUE(AcquireNodeLock(*client_, "node-a", {"default", "p1", "uid-p1"}, t0).ok());
+  EXPECT_EQ(Lock(), protocol::FormatNodeLock({t0, "default", "p1", "uid-p1"}));
   // The holder may take it again (a retried bind); another pod may not.
-  EXPECT_TRUE(AcquireNodeLock(*client_, "node-a", "default", "p1", t0).ok());
-  absl::Status other = AcquireNodeLock(*client_, "node-a", "default", "p2", t0 + absl::Minutes(4));
+  EXPECT_TRUE(AcquireNodeLock(*client_, "node-a", {"default", "p1", "uid-p1"}, t0).ok());
+  absl::Status other =
+      AcquireNodeLock(*client_, "node-a", {"default", "p2", "uid-p2"}, t0 + absl::Minutes(4));
   EXPECT_EQ(other.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(other.message()),
-              HasSubstr("node node-a is locked by default/p1 since 2027-01-15T08:00:00Z"));
+  EXPECT_THAT(
+      std::string(other.message()),
+      HasSubstr("node node-a is locked by default/p1 (uid uid-p1) since 2027-01-15T08:00:00Z"));
+  // A pod recreated under the holder's name is another pod: it neither takes nor releases it.
+  EXPECT_EQ(AcquireNodeLock(*client_, "node-a", {"default", "p1", "uid-new"}, t0).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(ReleaseNodeLock(*client_, "node-a", {"default", "p1", "uid-new"}).ok());
+  EXPECT_EQ(Lock(), protocol::FormatNodeLock({t0, "default", "p1", "uid-p1"}));
   // Releasing someone else's lock leaves it.
-  EXPECT_TRUE(ReleaseNodeLock(*client_, "node-a", "default", "p2").ok());
+  EXPECT_TRUE(ReleaseNodeLock(*client_, "node-a", {"default", "p2", "uid-p2"}).ok());
   EXPECT_TRUE(Lock().has_value());
   // Five minutes later the lock is stale and is taken over.
-  ASSERT_TRUE(AcquireNodeLock(*client_, "node-a", "default", "p2", t0 + absl::Minutes(5)).ok());
-  EXPECT_EQ(Lock(), FormatNodeLock({t0 + absl::Minutes(5), "default", "p2"}));
-  ASSERT_TRUE(ReleaseNodeLock(*client_, "node-a", "default", "p2").ok());
+  ASSERT_TRUE(
+      AcquireNodeLock(*client_, "node-a", {"default", "p2", "uid-p2"}, t0 + absl::Minutes(5)).ok());
+  EXPECT_EQ(Lock(), protocol::FormatNodeLock({t0 + absl::Minutes(5), "default", "p2", "uid-p2"}));
+  ASSERT_TRUE(ReleaseNodeLock(*client_, "node-a", {"default", "p2", "uid-p2"}).ok());
   EXPECT_FALSE(Lock().has_value());
   // An unreadable lock is taken over too.
   ASSERT_TRUE(client_->PatchNodeAnnotations("node-a", {{"hami.io/mutex.lock", "garbage"}}).ok());
-  EXPECT_TRUE(AcquireNodeLock(*client_, "node-a", "default", "p3", t0).ok());
-  EXPECT_EQ(AcquireNodeLock(*client_, "node-x", "default", "p3", t0).code(),
+  EXPECT_TRUE(AcquireNodeLock(*client_, "node-a", {"default", "p3", "uid-p3"}, t0).ok());
+  EXPECT_EQ(AcquireNodeLock(*client_, "node-x", {"default", "p3", "uid-p3"}, t0).code(),
             absl::StatusCode::kNotFound);
 }
 
@@ -137,8 +129,8 @@ TEST_F(NodeLockTest, RacingBindsGetTheLockOnce) {
   std::vector<std::thread> threads;
   for (int i = 0; i < 8; ++i) {
     threads.emplace_back([&, i] {
-      absl::Status st =
-          AcquireNodeLock(*client_, "node-a", "default", fmt::format("p{}", i), clock_.Now());
+      absl::Status st = AcquireNodeLock(*client_, "node-a", {"default", fmt::format("p{}", i), "u"},
+                                        clock_.Now());
       (st.ok() ? won : refused)++;
     });
   }

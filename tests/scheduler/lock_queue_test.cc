@@ -30,20 +30,21 @@ class NodeLockQueueTest : public SchedulerTest {
     if (!node.ok()) return "";
     auto value = kube::Annotation(*node, protocol::kNodeLockAnnotation);
     if (!value.has_value()) return "";
-    auto parsed = ParseNodeLock(*value);
+    auto parsed = protocol::ParseNodeLock(*value);
     return parsed.ok() ? parsed->pod : "unreadable";
   }
   void Hold(const std::string& pod) {
-    ASSERT_TRUE(AcquireNodeLock(*client_, "node-a", "default", pod, clock_.Now()).ok());
+    ASSERT_TRUE(
+        AcquireNodeLock(*client_, "node-a", {"default", pod, "uid-" + pod}, clock_.Now()).ok());
   }
   void Release(const std::string& pod) {
-    ASSERT_TRUE(ReleaseNodeLock(*client_, "node-a", "default", pod).ok());
+    ASSERT_TRUE(ReleaseNodeLock(*client_, "node-a", {"default", pod, "uid-" + pod}).ok());
   }
   // Starts a bind of `pod` that queues; returns once it waits.
   void StartWaiting(NodeLockQueue& queue, const std::string& pod) {
     const int before = queue.Waiting("node-a");
     threads_.emplace_back([this, &queue, pod] {
-      absl::Status st = queue.Acquire(*client_, "node-a", "default", pod, clock_);
+      absl::Status st = queue.Acquire(*client_, "node-a", {"default", pod, "uid-" + pod}, clock_);
       std::lock_guard<std::mutex> lock(mu_);
       results_.emplace_back(pod, st);
     });
@@ -130,14 +131,15 @@ TEST_F(NodeLockQueueTest, ALockThatStaysFailsTheBindsAfterTheWait) {
   JoinAll();
   const absl::Status a = ResultOf("a");
   EXPECT_EQ(a.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(a.message(), HasSubstr("node node-a is locked by default/holder since"));
+  EXPECT_THAT(a.message(),
+              HasSubstr("node node-a is locked by default/holder (uid uid-holder) since"));
   EXPECT_THAT(a.message(), HasSubstr("waited 500ms for it (0 binds to the node were ahead"));
   const absl::Status b = ResultOf("b");
   EXPECT_EQ(b.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(b.message(), HasSubstr("waited 500ms"));
   EXPECT_EQ(Holder(), "holder");
   Release("holder");
-  EXPECT_TRUE(queue.Acquire(*client_, "node-a", "default", "c", clock_).ok());
+  EXPECT_TRUE(queue.Acquire(*client_, "node-a", {"default", "c", "uid-c"}, clock_).ok());
   EXPECT_EQ(Holder(), "c");
   EXPECT_EQ(queue.Waiting(), 0);
 }
@@ -148,7 +150,7 @@ TEST_F(NodeLockQueueTest, BindsBeyondTheCapFailAtOnce) {
   Hold("holder");
   StartWaiting(queue, "a");
   StartWaiting(queue, "b");
-  const absl::Status c = queue.Acquire(*client_, "node-a", "default", "c", clock_);
+  const absl::Status c = queue.Acquire(*client_, "node-a", {"default", "c", "uid-c"}, clock_);
   EXPECT_EQ(c.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(c.message(),
             "lock node node-a: 2 binds already wait for node locks in this scheduler (at most 2)");
@@ -167,11 +169,11 @@ TEST_F(NodeLockQueueTest, BindsBeyondTheCapFailAtOnce) {
 TEST_F(NodeLockQueueTest, OwnAndExpiredLocksAreTakenAtOnce) {
   NodeLockQueue queue({.wait = absl::Seconds(60), .max_waiters = 8});
   Hold("a");
-  EXPECT_TRUE(queue.Acquire(*client_, "node-a", "default", "a", clock_).ok());
+  EXPECT_TRUE(queue.Acquire(*client_, "node-a", {"default", "a", "uid-a"}, clock_).ok());
   clock_.Advance(absl::Minutes(6));
-  EXPECT_TRUE(queue.Acquire(*client_, "node-a", "default", "b", clock_).ok());
+  EXPECT_TRUE(queue.Acquire(*client_, "node-a", {"default", "b", "uid-b"}, clock_).ok());
   EXPECT_EQ(Holder(), "b");
-  EXPECT_EQ(queue.Acquire(*client_, "node-b", "default", "c", clock_).code(),
+  EXPECT_EQ(queue.Acquire(*client_, "node-b", {"default", "c", "uid-c"}, clock_).code(),
             absl::StatusCode::kNotFound);
   EXPECT_EQ(queue.Waiting(), 0);
 }
