@@ -40,6 +40,7 @@ struct SchedulerFlags {
   std::string lease_namespace;
   std::string lease_name = "dynmig-scheduler";
   std::string annotation_writers = std::string(webhook::kDefaultAnnotationWriters);
+  std::string binders = std::string(webhook::kDefaultBinders);
   std::string log_level = "info";
 };
 
@@ -121,6 +122,7 @@ int RunScheduler(const SchedulerFlags& flags, CliContext& ctx) {
   options.admission.allowlist = config->allowlist;
   options.admission.memory_match = config->memory_match;
   options.admission.annotation_writers = SplitTrimmed(flags.annotation_writers, ',');
+  options.admission.binders = SplitTrimmed(flags.binders, ',');
   options.pod_name = Env("POD_NAME");
   options.pod_namespace = Env("POD_NAMESPACE");
   options.layout_html = ops::RenderLayoutHtml;  // GET /layout: `dynmig layout --html`'s page
@@ -196,6 +198,10 @@ void RegisterSchedulerCommand(CLI::App& root, CliContext& ctx) {
   cmd->add_option("--lease-name", flags->lease_name, "name of the Lease")->capture_default_str();
   cmd->add_option("--allowed-annotation-writers", flags->annotation_writers,
                   "comma list of users that may write the protocol's pod annotations (hami.io/...)")
+      ->capture_default_str();
+  cmd->add_option("--allowed-binders", flags->binders,
+                  "comma list of users that may bind pods that request the managed resources "
+                  "(pods/binding): the extender's identity")
       ->capture_default_str();
   cmd->add_option("--log-level", flags->log_level, "trace|debug|info|warn|error|off")
       ->capture_default_str();

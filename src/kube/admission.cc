@@ -214,10 +214,12 @@ Object MakeAdmissionReview(const AdmissionAttributes& attrs, const std::string& 
   const ResourceInfo& info = InfoFor(attrs.resource);
   Object groups = Object::array();
   for (const auto& g : attrs.user.groups) groups.push_back(g);
+  Object kind = GroupVersionKind(info);
+  if (attrs.resource == Resource::kPods && attrs.subresource == "binding") kind["kind"] = "Binding";
   Object request = {{"uid", uid},
-                    {"kind", GroupVersionKind(info)},
+                    {"kind", kind},
                     {"resource", GroupVersionResource(info)},
-                    {"requestKind", GroupVersionKind(info)},
+                    {"requestKind", kind},
                     {"requestResource", GroupVersionResource(info)},
                     {"name", attrs.name},
                     {"namespace", attrs.ns},

@@ -36,7 +36,7 @@ struct AdmissionWebhook {
   std::vector<std::string> operations = {"CREATE", "UPDATE"};
   // As a rule's `resources`: "pods" (the main resource only), "pods/status" (that subresource),
   // "pods/*" (every subresource), "*" (every main resource), "*/*" (everything). Admitted
-  // subresources: status (UPDATE). pods/binding is never admitted.
+  // subresources: status (UPDATE), pods/binding (CREATE; the object is the Binding).
   std::vector<std::string> resources = {"pods"};
   // Requests in these namespaces skip the webhook (a namespaceSelector `kubernetes.io/metadata.name
   // NotIn [...]`). Cluster-scoped objects are never excluded by this.
@@ -54,7 +54,7 @@ struct AdmissionWebhook {
 struct AdmissionAttributes {
   std::string operation;  // CREATE, UPDATE, DELETE
   Resource resource;
-  std::string subresource;  // "" or "status"
+  std::string subresource;  // "", "status" or "binding"
   std::string ns;
   std::string name;
   Object object;      // null for DELETE

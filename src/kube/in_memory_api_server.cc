@@ -1020,7 +1020,22 @@ void InMemoryApiServer::Serve(const httplib::Request& req, httplib::Response& re
       return send(201, store_->Create(route->resource, route->ns, *body, dry_run));
     }
     if (route->resource == Resource::kPods && route->subresource == "binding") {
-      // Not admitted (a webhook would have to name pods/binding; see kube/admission.h).
+      // Admitted as kube-apiserver does: a CREATE of the Binding (kind Binding, resource pods,
+      // subresource binding, named after the pod).
+      attrs.operation = "CREATE";
+      std::vector<AdmissionWebhook> hooks = MatchingWebhooks(attrs);
+      if (!hooks.empty()) {
+        Object binding = *body;
+        if (binding.is_object()) {
+          if (!binding.contains("kind")) binding["kind"] = "Binding";
+          if (!binding.contains("apiVersion")) binding["apiVersion"] = "v1";
+        }
+        attrs.object = std::move(binding);
+        attrs.options = options_object("CreateOptions");
+        auto admitted = RunAdmission(hooks, attrs, &warnings);
+        if (!admitted.ok()) return send(0, admitted.status());
+        body = std::move(*admitted);
+      }
       auto bound = store_->Bind(route->ns, route->name, *body);
       if (!bound.ok()) return SendError(res, bound.status());
       return SendJson(res, 201, bound->dump());

@@ -330,6 +330,7 @@ absl::Status LocalCluster::Init() {
   tokens_[std::string(kDevicePluginUser)] = RandomToken();
   tokens_[std::string(kKubeSchedulerUser)] = RandomToken();
   for (const auto& n : options_.nodes) tokens_["system:node:" + n.name] = RandomToken();
+  for (const auto& user : options_.users) tokens_[user] = RandomToken();
 
   kube::InMemoryApiServerOptions api;
   api.host = options_.api_host;
@@ -609,6 +610,7 @@ absl::Status LocalCluster::StartSchedulerLocked(Replica& replica) {
   // The kubelet stand-ins write dynmig.io/visible-devices, one of the system's annotations.
   for (const auto& n : options_.nodes)
     o.admission.annotation_writers.push_back("system:node:" + n.name);
+  o.admission.binders = {std::string(kSchedulerUser)};
   o.threads = options_.scheduler_threads;
   o.layout_html = ops::RenderLayoutHtml;  // GET /layout, as `dynmig scheduler` serves it
   o.layout_json = [](const std::vector<scheduler::NodeReport>& n) {
@@ -667,19 +669,25 @@ void LocalCluster::RouteLocked() {
   const Replica* target = RouteTarget();
   if (target == nullptr) return;  // the webhooks keep the last address: calls fail, as in a cluster
   // The webhook configurations of deploy/base/webhook/webhooks.yaml, pointed at this scheduler.
-  std::vector<kube::AdmissionWebhook> hooks(2);
+  std::vector<kube::AdmissionWebhook> hooks(3);
   hooks[0].name = "mutate.dynmig.io";
   hooks[0].url = target->server->url() + "/webhook";
   hooks[0].mutating = true;
   hooks[0].operations = {"CREATE"};
+  hooks[0].resources = {"pods"};
   hooks[1].name = "validate.dynmig.io";
   hooks[1].url = target->server->url() + "/validate";
   hooks[1].mutating = false;
   hooks[1].operations = {"CREATE", "UPDATE"};
   hooks[1].excluded_users = {std::string(kSchedulerUser), std::string(kDevicePluginUser)};
+  hooks[1].resources = {"pods"};
+  // Its pods/binding rule (matchConditions: the kube-scheduler stand-in's bindings are not sent).
+  hooks[2] = hooks[1];
+  hooks[2].operations = {"CREATE"};
+  hooks[2].excluded_users.push_back(std::string(kKubeSchedulerUser));
+  hooks[2].resources = {"pods/binding"};
   for (auto& h : hooks) {
     h.ca_file = tls_.ca_file;  // the API server verifies the webhook's serving certificate
-    h.resources = {"pods"};
     h.excluded_namespaces = {"dynmig-system", "kube-system"};
     h.failure_policy_fail = true;
     h.timeout = absl::Seconds(10);

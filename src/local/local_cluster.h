@@ -144,6 +144,9 @@ struct LocalClusterOptions {
   // The scheduler's clock (reservation expiry, node locks, leases); null = the system clock. Must
   // outlive the cluster.
   const Clock* scheduler_clock = nullptr;
+  // More identities, each with a token of its own (Client(user)): tenants of tests. The
+  // in-memory API server authorizes every identity; the webhooks tell them apart.
+  std::vector<std::string> users;
   // One line per event of every component ("scheduler: ...", "node-a/kubelet: ..."). May be empty.
   std::function<void(const std::string&)> log;
 };

@@ -34,7 +34,8 @@ inline constexpr std::string_view kVisibleDevicesAnnotation = "dynmig.io/visible
 // Every pod annotation above that the system writes (scheduler extender, device plugin, the local
 // mode's kubelet stand-in). The validating webhook lets only the configured identities add, change
 // or remove any of them: the device plugin picks the pod of an Allocate and recovery, `explain`,
-// `validate` and metrics read their story from them.
+// `validate` and metrics read their story from them. (kRoutingPodAnnotations, below, lists the
+// user-set ones that are fixed at creation.)
 inline constexpr std::string_view kSystemPodAnnotations[] = {
     kMigAllocationsAnnotation, kDevicesToAllocateAnnotation, kDevicesAllocatedAnnotation,
     kVgpuNodeAnnotation,       kVgpuTimeAnnotation,          kBindPhaseAnnotation,
@@ -65,6 +66,16 @@ inline constexpr std::string_view kNoUseGpuUuidAnnotation = "nvidia.com/nouse-gp
 // Comma lists of GPU model substrings.
 inline constexpr std::string_view kUseGpuTypeAnnotation = "nvidia.com/use-gputype";
 inline constexpr std::string_view kNoUseGpuTypeAnnotation = "nvidia.com/nouse-gputype";
+
+// Every user-set pod annotation above: they decide whether a pod is dynmig's, which GPUs and
+// profiles it may get and how it is placed. The validating webhook lets nobody add, change or
+// remove any of them on a pod that requests the managed resources once it exists (fixed at
+// creation), so a pod cannot leave or change its routing after its reservation was made.
+inline constexpr std::string_view kRoutingPodAnnotations[] = {
+    kVgpuModeAnnotation,           kUseGpuTypeAnnotation,          kNoUseGpuTypeAnnotation,
+    kUseGpuUuidAnnotation,         kNoUseGpuUuidAnnotation,        kMigProfilePreferenceAnnotation,
+    kGpuSchedulerPolicyAnnotation, kNodeSchedulerPolicyAnnotation,
+};
 
 inline constexpr std::string_view kVgpuModeMig = "mig";
 inline constexpr std::string_view kVgpuModeHamiCore = "hami-core";

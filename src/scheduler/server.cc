@@ -7,6 +7,7 @@
 
 #include "fmt/format.h"
 #include "kube/object.h"
+#include "protocol/annotations.h"
 #include "spdlog/spdlog.h"
 
 namespace dynmig::scheduler {
@@ -79,6 +80,20 @@ absl::Status SchedulerServer::Init() {
   if (!options_.admission.cluster_models) {
     options_.admission.cluster_models = [state = state_.get()] { return state->Models(); };
   }
+  // The webhook reads the pod of a binding from the API server (the pod cache keeps metadata
+  // only, and a binding races the pod's creation).
+  if (!options_.admission.pod_lookup) {
+    options_.admission.pod_lookup = [this](const std::string& ns, const std::string& name) {
+      return client_.GetPod(ns, name);
+    };
+  }
+  // Instance counts are bounded by the largest node the registers describe.
+  if (!options_.admission.max_instances_per_node) {
+    node_capacity_ = std::make_unique<webhook::NodeCapacityIndex>(options_.state.allowlist);
+    options_.admission.max_instances_per_node = [index = node_capacity_.get()] {
+      return index->Max();
+    };
+  }
   admission_ = std::make_unique<webhook::AdmissionHandler>(options_.admission);
 
   kube::InformerOptions pod_options = options_.informer;
@@ -102,13 +117,22 @@ absl::Status SchedulerServer::Init() {
   if (!node_options.cache_transform) node_options.cache_transform = kube::MetadataOnly;
   nodes_ = std::make_unique<kube::Informer>(client_, kube::Resource::kNodes, node_options);
   nodes_->AddHandlers({
-      .on_add = [this](const kube::Object& node) { state_->UpsertNode(node); },
+      .on_add =
+          [this](const kube::Object& node) {
+            state_->UpsertNode(node);
+            UpdateNodeCapacity(node);
+          },
       .on_update =
           [this](const kube::Object&, const kube::Object& node) {
             state_->UpsertNode(node);
+            UpdateNodeCapacity(node);
             extender_->NodeChanged(kube::Name(node));  // its lock may be gone
           },
-      .on_delete = [this](const kube::Object& node) { state_->RemoveNode(kube::Name(node)); },
+      .on_delete =
+          [this](const kube::Object& node) {
+            state_->RemoveNode(kube::Name(node));
+            if (node_capacity_ != nullptr) node_capacity_->Remove(kube::Name(node));
+          },
   });
   pods_->Start();
   nodes_->Start();
@@ -136,6 +160,12 @@ absl::Status SchedulerServer::Init() {
     });
   }
   return absl::OkStatus();
+}
+
+void SchedulerServer::UpdateNodeCapacity(const kube::Object& node) {
+  if (node_capacity_ == nullptr) return;
+  node_capacity_->Upsert(kube::Name(node),
+                         kube::Annotation(node, protocol::kNodeRegisterAnnotation).value_or(""));
 }
 
 void SchedulerServer::OnLeadership(bool leading, const std::string& previous_holder) {

@@ -144,6 +144,8 @@ class SchedulerServer {
   absl::Status Init();
   absl::Status Listen();
   void OnLeadership(bool leading, const std::string& previous_holder);
+  // Feeds node_capacity_ (when the webhook's instance bound is ours to keep).
+  void UpdateNodeCapacity(const kube::Object& node);
   // False (and `res` holds the 401 answer) when client authentication is on and the caller of an
   // extender verb did not authenticate.
   bool AuthenticateExtenderCall(const httplib::Request& req, httplib::Response& res) const;
@@ -159,6 +161,7 @@ class SchedulerServer {
   std::unique_ptr<EventRecorder> events_;
   std::unique_ptr<Extender> extender_;
   std::unique_ptr<webhook::AdmissionHandler> admission_;
+  std::unique_ptr<webhook::NodeCapacityIndex> node_capacity_;  // null: max_instances_per_node given
   std::unique_ptr<webhook::CertReloader> cert_reloader_;
   std::unique_ptr<ClientCertAuth> client_auth_;
   std::unique_ptr<kube::Informer> pods_;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <climits>
+#include <span>
 
 #include "absl/strings/escaping.h"
 #include "fmt/format.h"
@@ -56,7 +58,89 @@ void Deny(json& response, int code, std::string_view reason, std::string message
                         {"message", std::move(message)}};
 }
 
+bool Listed(const std::vector<std::string>& list, std::string_view value) {
+  return std::find(list.begin(), list.end(), value) != list.end();
+}
+
+// The keys whose annotation differs between `object` and `old_object` (added, changed or removed);
+// without `old_object` (a CREATE), the keys `object` carries.
+std::vector<std::string> ChangedAnnotations(std::span<const std::string_view> keys,
+                                            const json& object, const json* old_object) {
+  std::vector<std::string> out;
+  for (const std::string_view key : keys) {
+    const auto value = PodAnnotation(object, key);
+    if (old_object == nullptr ? value.has_value() : value != PodAnnotation(*old_object, key)) {
+      out.emplace_back(key);
+    }
+  }
+  return out;
+}
+
+// "nvidia.com/gpu, nvidia.com/gpumem, ...": what makes a pod dynmig's.
+std::string ManagedResources(const protocol::ResourceNames& r) {
+  return fmt::format("{}, {}, {} or {}", r.count, r.memory, r.memory_percentage, r.cores);
+}
+
+// The refusal of protocol annotations written by someone other than `writers`.
+std::string SystemAnnotationsMessage(std::string_view subject,
+                                     const std::vector<std::string>& written,
+                                     const std::vector<std::string>& writers,
+                                     std::string_view username, std::string_view verb) {
+  return fmt::format(
+      "{}: {} {} written only by the dynmig scheduler and device plugin ({}); user \"{}\" may not "
+      "{} {}",
+      subject, fmt::join(written, ", "), written.size() == 1 ? "is" : "are",
+      fmt::join(writers, ", "), username, verb, written.size() == 1 ? "it" : "them");
+}
+
 }  // namespace
+
+int NodeInstanceCapacity(const std::vector<protocol::DeviceInfo>& gpus,
+                         const mig::Allowlist& allowlist) {
+  int64_t total = 0;
+  for (const auto& gpu : gpus) {
+    if (gpu.mode.find(protocol::kVgpuModeMig) == std::string::npos || gpu.mig_profiles.empty()) {
+      continue;
+    }
+    const mig::AllowlistEntry* entry = allowlist.Match(gpu.type);
+    if (entry == nullptr) continue;
+    uint32_t most = 0;
+    for (const auto& p : protocol::ToCapability(gpu).profiles) {
+      if (Listed(entry->profiles, p.name)) most = std::max(most, p.instance_count);
+    }
+    total = std::min<int64_t>(total + most, INT_MAX);
+  }
+  return static_cast<int>(total);
+}
+
+void NodeCapacityIndex::Upsert(const std::string& node, std::string_view register_value) {
+  const size_t hash = std::hash<std::string_view>{}(register_value);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = nodes_.find(node);
+  if (it != nodes_.end() && it->second.hash == hash) return;
+  auto gpus = protocol::DecodeNodeRegister(register_value);
+  const int capacity = gpus.ok() ? NodeInstanceCapacity(*gpus, allowlist_) : 0;
+  if (it != nodes_.end()) {
+    capacities_.erase(capacities_.find(it->second.capacity));
+    it->second = Entry{hash, capacity};
+  } else {
+    nodes_.emplace(node, Entry{hash, capacity});
+  }
+  capacities_.insert(capacity);
+}
+
+void NodeCapacityIndex::Remove(const std::string& node) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = nodes_.find(node);
+  if (it == nodes_.end()) return;
+  capacities_.erase(capacities_.find(it->second.capacity));
+  nodes_.erase(it);
+}
+
+int NodeCapacityIndex::Max() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return capacities_.empty() ? 0 : *capacities_.rbegin();
+}
 
 std::vector<std::string> PreferenceChoices(const mig::Allowlist& allowlist) {
   std::vector<std::string> out = allowlist.AllProfileNames();
@@ -287,16 +371,25 @@ json AdmissionHandler::ReviewJson(const json& review, bool mutate) const {
     return answer();
   }
   const json* kind = Member(*request, "kind");
-  const bool pod = kind != nullptr && StringMember(*kind, "kind") == "Pod" &&
-                   StringMember(*kind, "group").empty();
+  const std::string kind_name = kind != nullptr ? StringMember(*kind, "kind") : "";
+  const bool core = kind != nullptr && StringMember(*kind, "group").empty();
+  const json* resource = Member(*request, "resource");
+  const std::string resource_name = resource != nullptr ? StringMember(*resource, "resource") : "";
   const std::string sub = StringMember(*request, "subResource");
-  if (pod && sub.empty()) ReviewPod(*request, mutate, response);
+  if (core && kind_name == "Pod" && sub.empty()) {
+    ReviewPod(*request, mutate, response);
+  } else if (core && kind_name == "Binding" &&
+             ((resource_name == "pods" && sub == "binding") ||
+              (resource_name == "bindings" && sub.empty()))) {
+    ReviewBinding(*request, response);
+  }
   return answer();
 }
 
 void AdmissionHandler::ReviewPod(const json& request, bool mutate, json& response) const {
   const std::string operation = StringMember(request, "operation");
   if (operation != "CREATE" && operation != "UPDATE") return;
+  const bool create = operation == "CREATE";
   const json* object = Member(request, "object");
   if (object == nullptr || !object->is_object()) {
     Deny(response, 400, "BadRequest", fmt::format("{} of a pod without request.object", operation));
@@ -318,31 +411,41 @@ void AdmissionHandler::ReviewPod(const json& request, bool mutate, json& respons
   const std::string pod = fmt::format("pod {}/{}", ns.empty() ? "default" : ns, name);
 
   // The protocol's pod annotations are written only by the system's own identities.
-  std::vector<std::string> written;
-  for (const std::string_view key : protocol::kSystemPodAnnotations) {
-    const auto value = PodAnnotation(*object, key);
-    if (operation == "CREATE" ? value.has_value() : value != PodAnnotation(*old_object, key)) {
-      written.emplace_back(key);
-    }
-  }
-  if (!written.empty() &&
-      std::find(options_.annotation_writers.begin(), options_.annotation_writers.end(), username) ==
-          options_.annotation_writers.end()) {
+  const std::vector<std::string> written =
+      ChangedAnnotations(protocol::kSystemPodAnnotations, *object, create ? nullptr : old_object);
+  if (!written.empty() && !Listed(options_.annotation_writers, username)) {
     Deny(response, 403, "Forbidden",
-         fmt::format("{}: {} {} written only by the dynmig scheduler and device plugin ({}); "
-                     "user \"{}\" may not {} {}",
-                     pod, fmt::join(written, ", "), written.size() == 1 ? "is" : "are",
-                     fmt::join(options_.annotation_writers, ", "), username,
-                     operation == "CREATE" ? "set" : "change or remove",
-                     written.size() == 1 ? "it" : "them"));
+         SystemAnnotationsMessage(pod, written, options_.annotation_writers, username,
+                                  create ? "set" : "change or remove"));
     return;
+  }
+
+  // A GPU pod's routing annotations are fixed at creation, for everyone: a pod that leaves MIG
+  // mode (or changes its GPUs) after its reservation was made would be misread by the scheduler
+  // and the device plugin. A pod that requests no managed resource at creation cannot gain one
+  // (container resources are immutable; in-place resize covers only cpu and memory), so its
+  // routing annotations decide nothing and stay free.
+  if (!create && (protocol::RequestsGpuResources(*object, options_.resources) ||
+                  protocol::RequestsGpuResources(*old_object, options_.resources))) {
+    const std::vector<std::string> changed =
+        ChangedAnnotations(protocol::kRoutingPodAnnotations, *object, old_object);
+    if (!changed.empty()) {
+      Deny(response, 403, "Forbidden",
+           fmt::format("{}: {} {} fixed at creation for a pod that requests {}; user \"{}\" may "
+                       "not add, change or remove {} (delete the pod and create it again with the "
+                       "annotations it needs)",
+                       pod, fmt::join(changed, ", "), changed.size() == 1 ? "is" : "are",
+                       ManagedResources(options_.resources), username,
+                       changed.size() == 1 ? "it" : "them"));
+      return;
+    }
   }
 
   // The preference must name allowlisted profiles (typos are caught when the pod is created).
   const std::string preference_key(protocol::kMigProfilePreferenceAnnotation);
   const auto preference = PodAnnotation(*object, preference_key);
   if (preference.has_value() &&
-      (operation == "CREATE" || preference != PodAnnotation(*old_object, preference_key))) {
+      (create || preference != PodAnnotation(*old_object, preference_key))) {
     if (absl::Status st = ValidatePreference(
             *preference, options_.allowlist, &*object, options_.resources,
             options_.cluster_models ? options_.cluster_models() : std::vector<std::string>{});
@@ -351,30 +454,52 @@ void AdmissionHandler::ReviewPod(const json& request, bool mutate, json& respons
       return;
     }
   }
-  if (operation != "CREATE") return;
-  if (!protocol::RequestsGpuResources(*object, options_.resources)) return;
+  if (!create || !protocol::RequestsGpuResources(*object, options_.resources)) return;
+  ReviewGpuPodCreate(*object, pod, mutate, response);
+}
 
+void AdmissionHandler::ReviewGpuPodCreate(const json& object, const std::string& pod, bool mutate,
+                                          json& response) const {
   std::vector<std::string> warnings;
-  auto parsed = protocol::ParsePodRequest(*object, options_.resources, &warnings);
+  auto parsed = protocol::ParsePodRequest(object, options_.resources, &warnings);
   if (!parsed.ok()) {
     Deny(response, 400, "BadRequest",
          fmt::format("{}: {}", pod, std::string(parsed.status().message())));
     return;
   }
-  const json* spec = Member(*object, "spec");
-  const std::string node_name = spec != nullptr ? StringMember(*spec, "nodeName") : "";
-  if (!node_name.empty() && protocol::IsMigPod(*object, options_.resources)) {
-    Deny(response, 400, "BadRequest",
-         fmt::format("{}: spec.nodeName is set ({}): MIG pods must be placed by {}, which "
-                     "reserves their slices",
-                     pod, node_name, options_.scheduler_name));
+  if (const std::string too_many = InstanceBoundError(*parsed); !too_many.empty()) {
+    Deny(response, 400, "BadRequest", fmt::format("{}: {}", pod, too_many));
     return;
   }
-  if (mutate && protocol::IsMigPod(*object, options_.resources)) {
+  const json* spec = Member(object, "spec");
+  const std::string node_name = spec != nullptr ? StringMember(*spec, "nodeName") : "";
+  if (!node_name.empty()) {
+    Deny(
+        response, 400, "BadRequest",
+        fmt::format("{}: spec.nodeName is set ({}): a pod that requests {} must be placed by {}, "
+                    "which reserves its devices and holds the node's lock until the device "
+                    "plugin served it; leave spec.nodeName out (choose nodes with a nodeSelector "
+                    "or node affinity)",
+                    pod, node_name, ManagedResources(options_.resources), options_.scheduler_name));
+    return;
+  }
+  const std::string current = spec != nullptr ? StringMember(*spec, "schedulerName") : "";
+  if (!mutate && current != options_.scheduler_name) {
+    // The mutating answer sets it; seeing another one here means that answer was bypassed or
+    // overridden by a later mutating webhook.
+    Deny(response, 400, "BadRequest",
+         fmt::format("{}: spec.schedulerName is \"{}\": a pod that requests {} is placed only by "
+                     "{} (the mutating webhook sets it; remove spec.schedulerName or set it to "
+                     "\"{}\")",
+                     pod, current.empty() ? "default-scheduler" : current,
+                     ManagedResources(options_.resources), options_.scheduler_name,
+                     options_.scheduler_name));
+    return;
+  }
+  if (mutate && protocol::IsMigPod(object, options_.resources)) {
     for (std::string& w : SizingWarnings(*parsed)) warnings.push_back(std::move(w));
   }
   if (!warnings.empty()) response["warnings"] = warnings;
-  const std::string current = spec != nullptr ? StringMember(*spec, "schedulerName") : "";
   if (!mutate || current == options_.scheduler_name) return;
   json patch = json::array();
   patch.push_back(
@@ -384,6 +509,92 @@ void AdmissionHandler::ReviewPod(const json& request, bool mutate, json& respons
        {"value", options_.scheduler_name}});
   response["patchType"] = "JSONPatch";
   response["patch"] = absl::Base64Escape(patch.dump());
+}
+
+std::string AdmissionHandler::InstanceBoundError(const mig::PodRequest& request) const {
+  const int known = options_.max_instances_per_node ? options_.max_instances_per_node() : 0;
+  const bool from_cluster = known > 0 && known < kMaxInstancesCeiling;
+  const uint64_t limit = static_cast<uint64_t>(from_cluster ? known : kMaxInstancesCeiling);
+  const std::string why =
+      from_cluster ? fmt::format("the most MIG instances one node of this cluster can hold")
+                   : fmt::format("dynmig's ceiling of MIG instances per pod");
+  const std::string& count_name = options_.resources.count;
+  uint64_t total = 0;
+  size_t init_index = 0, app_index = 0;
+  for (const auto& c : request.containers) {
+    const std::string where = c.init ? fmt::format("initContainers[{}]", init_index++)
+                                     : fmt::format("containers[{}]", app_index++);
+    if (c.count > limit) {
+      return fmt::format("container \"{}\" ({}): {}: {} is more than {}, {}", c.name, where,
+                         count_name, c.count, limit, why);
+    }
+    if (c.memory.mib > kMaxMemoryMibPerInstance) {
+      return fmt::format(
+          "container \"{}\" ({}): {}: {} MiB per instance is more than {} MiB (1 TiB), more "
+          "than any GPU has",
+          c.name, where, options_.resources.memory, c.memory.mib, kMaxMemoryMibPerInstance);
+    }
+    total += c.count;
+  }
+  if (total > limit) {
+    return fmt::format("its containers ask for {} {} in all, more than {}, {}", total, count_name,
+                       limit, why);
+  }
+  return "";
+}
+
+void AdmissionHandler::ReviewBinding(const json& request, json& response) const {
+  if (StringMember(request, "operation") != "CREATE") return;
+  const json* object = Member(request, "object");
+  if (object == nullptr || !object->is_object()) {
+    Deny(response, 400, "BadRequest", "CREATE of a binding without request.object");
+    return;
+  }
+  const json* meta = Member(*object, "metadata");
+  std::string ns = StringMember(request, "namespace");
+  if (ns.empty() && meta != nullptr) ns = StringMember(*meta, "namespace");
+  if (ns.empty()) ns = "default";
+  const std::string name = meta != nullptr ? StringMember(*meta, "name") : "";
+  const std::string url_name = StringMember(request, "name");
+  if (name.empty() || (!url_name.empty() && url_name != name)) {
+    Deny(response, 400, "BadRequest",
+         fmt::format("binding in {}: metadata.name must name the pod (got \"{}\", request for "
+                     "\"{}\")",
+                     ns, name, url_name));
+    return;
+  }
+  const std::string pod = fmt::format("pod {}/{}", ns, name);
+  const json* target = Member(*object, "target");
+  const std::string node = target != nullptr ? StringMember(*target, "name") : "";
+  const json* user = Member(request, "userInfo");
+  const std::string username = user != nullptr ? StringMember(*user, "username") : "";
+
+  // The API server copies a Binding's annotations onto the pod.
+  const std::vector<std::string> written =
+      ChangedAnnotations(protocol::kSystemPodAnnotations, *object, nullptr);
+  if (!written.empty() && !Listed(options_.annotation_writers, username)) {
+    Deny(response, 403, "Forbidden",
+         SystemAnnotationsMessage("binding of " + pod, written, options_.annotation_writers,
+                                  username, "set"));
+    return;
+  }
+  if (Listed(options_.binders, username)) return;
+  const std::string managed = ManagedResources(options_.resources);
+  absl::StatusOr<json> found =
+      options_.pod_lookup ? options_.pod_lookup(ns, name)
+                          : absl::StatusOr<json>(absl::UnavailableError("no pod lookup is set"));
+  if (!found.ok()) {
+    Deny(response, 403, "Forbidden",
+         fmt::format("binding of {} to node {} refused: the pod could not be read to check "
+                     "whether it requests {} ({}); bindings are refused while it cannot be read",
+                     pod, node, managed, std::string(found.status().message())));
+    return;
+  }
+  if (!protocol::RequestsGpuResources(*found, options_.resources)) return;
+  Deny(response, 403, "Forbidden",
+       fmt::format("{}: only {} may bind a pod that requests {} (the extender reserves its "
+                   "devices first); user \"{}\" may not bind it to node {}",
+                   pod, fmt::join(options_.binders, ", "), managed, username, node));
 }
 
 std::vector<std::string> AdmissionHandler::SizingWarnings(const mig::PodRequest& request) const {

@@ -1,37 +1,56 @@
 // The admission webhook (admission.k8s.io/v1 AdmissionReview, one endpoint, mutating and
-// validating in one answer) for pods:
-//   - mutating: a pod that requests the managed resources (protocol::RequestsGpuResources) gets
-//     spec.schedulerName = the dynmig scheduler (a base64 JSONPatch), on CREATE only (the field
-//     is immutable afterwards);
-//   - validating, on CREATE: the pod's request must parse (protocol::ParsePodRequest's error, which
-//     names the container and resource, is the rejection), a MIG pod may not set spec.nodeName
-//     (it would bypass the reservation and make the node's GPUs fail closed);
+// validating in one answer) for pods and their bindings. "GPU pod" below: a pod that requests the
+// managed resources (protocol::RequestsGpuResources), whatever its nvidia.com/vgpu-mode or other
+// annotations say; every GPU pod is dynmig's to place.
+//   - mutating: a GPU pod gets spec.schedulerName = the dynmig scheduler (a base64 JSONPatch), on
+//     CREATE only (the field is immutable afterwards);
+//   - validating, on CREATE of a GPU pod: the pod's request must parse (protocol::ParsePodRequest's
+//     error, which names the container and resource, is the rejection); no container may ask for
+//     more nvidia.com/gpu instances than one node of the cluster can hold
+//     (max_instances_per_node, kMaxInstancesCeiling when unknown), nor all containers together;
+//     no instance may ask for more than kMaxMemoryMibPerInstance; spec.nodeName may not be set
+//     (it would bypass the reservation and the node lock); and the validating answer (mutate
+//     false) refuses a spec.schedulerName other than the dynmig scheduler's (a mutating webhook
+//     bypassed, reordered or overridden);
 //   - validating, on CREATE and on UPDATE when the value changed: every entry of
 //     nvidia.com/mig-profile-preference must name a profile (exact name or slice class) of some
 //     allowlist entry; the message names the bad entry and lists the valid choices;
+//   - validating, on UPDATE of a GPU pod: nobody may add, change or remove any of
+//     protocol::kRoutingPodAnnotations (vgpu-mode, use/nouse-gputype, use/nouse-gpuuuid, the
+//     preference, the scheduler policies): they are fixed at creation;
 //   - only the system's own identities (annotation_writers) may set, change or remove any of
 //     protocol::kSystemPodAnnotations (the reservation hami.io/vgpu-mig-allocations, bind-phase,
 //     bind-time, vgpu-node, vgpu-time, the device lists, dynmig.io/visible-devices): CREATE with
-//     one present; UPDATE where its value differs from oldObject, removal included. Deleting a
-//     pod is not reviewed, so users may still delete their pods.
+//     one present; UPDATE where its value differs from oldObject, removal included; a Binding
+//     carrying one (the API server copies a Binding's annotations onto the pod). Deleting a pod is
+//     not reviewed, so users may still delete their pods.
+//   - bindings (CREATE of pods/binding, or of the legacy bindings resource): only `binders` may
+//     bind a GPU pod; the pod is read through pod_lookup, and a binding whose pod cannot be read is
+//     refused (fail closed). Bindings of other pods pass unchanged.
 //   - warnings (kubectl prints them as "Warning: ..."), on CREATE of an admitted MIG pod from the
 //     mutating answer only (so they are printed once): per GPU model, when a container's
 //     memory request resolves to a profile with less NVML memory than asked, or (NVML matching)
 //     to a profile more than twice the request (mig::SizingNote).
-// Other resources and operations are allowed unchanged. Pure; thread-safe (const after
-// construction).
+// Other resources and operations are allowed unchanged. Thread-safe (const after construction;
+// the injected functions must be thread-safe).
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <map>
+#include <mutex>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "mig/allowlist.h"
 #include "mig/profile.h"
 #include "mig/request.h"
 #include "nlohmann/json.hpp"
+#include "protocol/node_register.h"
 #include "protocol/pod_request.h"
 
 namespace dynmig::webhook {
@@ -39,6 +58,15 @@ namespace dynmig::webhook {
 inline constexpr std::string_view kDefaultAnnotationWriters =
     "system:serviceaccount:dynmig-system:dynmig-scheduler,"
     "system:serviceaccount:dynmig-system:dynmig-device-plugin";
+
+inline constexpr std::string_view kDefaultBinders =
+    "system:serviceaccount:dynmig-system:dynmig-scheduler";
+
+// The most nvidia.com/gpu instances a pod may ask for (per container and in all) when the
+// cluster's node capacity is unknown, and the most max_instances_per_node may raise it to.
+inline constexpr int kMaxInstancesCeiling = 1024;
+// The most memory one instance may ask for (nvidia.com/gpumem, MiB): 1 TiB, above any GPU.
+inline constexpr uint64_t kMaxMemoryMibPerInstance = uint64_t{1} << 20;
 
 struct AdmissionOptions {
   std::string scheduler_name = "dynmig-scheduler";
@@ -55,6 +83,15 @@ struct AdmissionOptions {
   std::vector<std::string> annotation_writers = {
       "system:serviceaccount:dynmig-system:dynmig-scheduler",
       "system:serviceaccount:dynmig-system:dynmig-device-plugin"};
+  // Usernames allowed to bind GPU pods (pods/binding): the extender's identity.
+  std::vector<std::string> binders = {std::string(kDefaultBinders)};
+  // Reads a pod (namespace, name) for the review of its binding. Unset, or an error: the binding
+  // is refused, naming the error.
+  std::function<absl::StatusOr<nlohmann::json>(const std::string& ns, const std::string& name)>
+      pod_lookup;
+  // The most MIG instances one node of the cluster could hold (NodeInstanceCapacity of its
+  // largest node). Unset or <= 0 (unknown): kMaxInstancesCeiling; never above it.
+  std::function<int()> max_instances_per_node;
 };
 
 // The valid values of nvidia.com/mig-profile-preference entries: every profile name of the
@@ -75,6 +112,35 @@ absl::Status ValidatePreference(std::string_view value, const mig::Allowlist& al
                                 const protocol::ResourceNames& resources = {},
                                 const std::vector<std::string>& present_models = {});
 
+// The most MIG instances the GPUs of one node's register could hold for the scheduler: per GPU in
+// MIG mode whose model the allowlist names, the largest instance count of its allowlisted
+// profiles; other GPUs hold none (dynmig places only MIG pods).
+int NodeInstanceCapacity(const std::vector<protocol::DeviceInfo>& gpus,
+                         const mig::Allowlist& allowlist);
+
+// The largest NodeInstanceCapacity among the nodes, fed with each node's
+// hami.io/node-nvidia-register value (a node informer's handlers): what max_instances_per_node
+// reads. A register that does not decode holds nothing. Thread-safe.
+class NodeCapacityIndex {
+ public:
+  explicit NodeCapacityIndex(mig::Allowlist allowlist) : allowlist_(std::move(allowlist)) {}
+  // The register is decoded again only when its value changed.
+  void Upsert(const std::string& node, std::string_view register_value);
+  void Remove(const std::string& node);
+  // 0 when no node holds any MIG instance.
+  int Max() const;
+
+ private:
+  struct Entry {
+    size_t hash = 0;
+    int capacity = 0;
+  };
+  const mig::Allowlist allowlist_;
+  mutable std::mutex mu_;
+  std::map<std::string, Entry> nodes_;
+  std::multiset<int> capacities_;
+};
+
 class AdmissionHandler {
  public:
   explicit AdmissionHandler(AdmissionOptions options);
@@ -92,6 +158,13 @@ class AdmissionHandler {
  private:
   // Fills response.allowed/status/patch for a pod request.
   void ReviewPod(const nlohmann::json& request, bool mutate, nlohmann::json& response) const;
+  // The checks of a GPU pod's CREATE (request, placement, scheduler name) and its patch.
+  void ReviewGpuPodCreate(const nlohmann::json& object, const std::string& pod, bool mutate,
+                          nlohmann::json& response) const;
+  // Fills response.allowed/status for a Binding (pods/binding or bindings).
+  void ReviewBinding(const nlohmann::json& request, nlohmann::json& response) const;
+  // The refusal of a request asking more instances than a node holds; "" when within bounds.
+  std::string InstanceBoundError(const mig::PodRequest& request) const;
   // The sizing notes of a parsed request, one per model at most.
   std::vector<std::string> SizingWarnings(const mig::PodRequest& request) const;
 

@@ -384,8 +384,13 @@ def group_objects(c):
             c.equal(w["admissionReviewVersions"], ["v1"], f"{what} admissionReviewVersions")
             c.equal(w["sideEffects"], "None", f"{what} sideEffects")
             c.equal(w["failurePolicy"], "Fail", f"{what} failurePolicy")
-            c.equal(w["rules"], [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ops,
-                                  "resources": ["pods"], "scope": "Namespaced"}], f"{what} rules")
+            rules = [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ops,
+                      "resources": ["pods"], "scope": "Namespaced"}]
+            if kind == "ValidatingWebhookConfiguration":
+                # Only the extender binds pods that request dynmig's resources.
+                rules.append({"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                              "resources": ["pods/binding", "bindings"], "scope": "Namespaced"})
+            c.equal(w["rules"], rules, f"{what} rules")
             c.equal(w["namespaceSelector"], {"matchExpressions": [{
                 "key": "kubernetes.io/metadata.name", "operator": "NotIn",
                 "values": ["dynmig-system", "kube-system"]}]}, f"{what} namespaceSelector")
@@ -401,6 +406,10 @@ def group_objects(c):
                 c.check(f"system:serviceaccount:{NS}:{sa}" in text,
                         f"the validating webhook must leave {sa}'s own writes alone")
             c.check("hami.io/" in text, "the validating webhook must match hami.io/ annotations")
+            c.check("request.subResource == 'binding'" in text,
+                    "the validating webhook must match every binding (its pod decides)")
+            c.check("c.resources.limits.exists(r, r.startsWith('nvidia.com/'))" in text,
+                    "the validating webhook must match pods that request nvidia.com/ resources")
 
     # Certificate Job: the webhooks it patches exist; the Secret it writes is the one the pods mount.
     job = get(base, "Job", "dynmig-certgen")

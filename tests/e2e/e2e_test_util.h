@@ -107,6 +107,7 @@ class E2eTest : public ::testing::Test {
     // reclamation is announced by a Node annotation, which requeues nothing).
     o.scheduler_timing = local::SchedulingQueueTiming{}.Scaled(20);
     o.kubelet_admission_delay = kubelet_admission_delay_;
+    o.users = users_;
     o.log = [this](const std::string& line) {
       std::lock_guard<std::mutex> lock(log_mu_);
       log_.push_back(line);
@@ -282,6 +283,8 @@ class E2eTest : public ::testing::Test {
 
   // Set before StartCluster: the kubelet stand-ins' delay from bind to Allocate.
   absl::Duration kubelet_admission_delay_ = absl::ZeroDuration();
+  // Set before StartCluster: more identities (tenants) for cluster_->Client(user).
+  std::vector<std::string> users_;
   std::filesystem::path dir_;
   local::LocalClusterOptions options_;
   std::unique_ptr<local::LocalCluster> cluster_;

@@ -436,6 +436,43 @@ TEST_F(AdmissionTest, SubresourcesNeedTheirOwnRule) {
   EXPECT_EQ(hooks_->RequestsTo("/validate").size(), 2u);
 }
 
+// pods/binding is reviewed as kube-apiserver reviews it: a CREATE whose kind is Binding, resource
+// pods, subresource binding, named after the pod; a denial leaves the pod unbound.
+TEST_F(AdmissionTest, BindingsAreAdmittedAsACreateOfTheBinding) {
+  AdmissionWebhook hook = Hook("validate.test", hooks_->url("/validate"), false);
+  hook.operations = {"CREATE"};
+  hook.resources = {"pods/binding"};
+  server_->SetAdmissionWebhooks({hook});
+  ASSERT_TRUE(server_->store().Create(Resource::kPods, "default", MakePod("p1")).ok());
+  ASSERT_TRUE(server_->store().Create(Resource::kPods, "default", MakePod("p2")).ok());
+  ASSERT_TRUE(server_->store().Create(Resource::kNodes, "", testing::MakeNode("n1")).ok());
+  ASSERT_TRUE(alice_->BindPod("default", "p1", "n1", "").ok());
+  auto requests = hooks_->RequestsTo("/validate");
+  ASSERT_EQ(requests.size(), 1u);
+  const Object& r = requests[0];
+  EXPECT_EQ(r["kind"], (Object{{"group", ""}, {"version", "v1"}, {"kind", "Binding"}}));
+  EXPECT_EQ(r["resource"], (Object{{"group", ""}, {"version", "v1"}, {"resource", "pods"}}));
+  EXPECT_EQ(r["subResource"], "binding");
+  EXPECT_EQ(r["operation"], "CREATE");
+  EXPECT_EQ(r["name"], "p1");
+  EXPECT_EQ(r["namespace"], "default");
+  EXPECT_EQ(r["userInfo"]["username"], "alice");
+  EXPECT_EQ(r["object"]["kind"], "Binding");
+  EXPECT_EQ(r["object"]["target"]["name"], "n1");
+  EXPECT_EQ(NodeName(*server_->store().Get(Resource::kPods, "default", "p1")), "n1");
+
+  // Denied: not bound, the webhook's message and code.
+  const Object binding = {{"apiVersion", "v1"},
+                          {"kind", "Binding"},
+                          {"metadata", {{"name", "p2"}, {"annotations", {{"test/deny", "1"}}}}},
+                          {"target", {{"kind", "Node"}, {"name", "n1"}}}};
+  auto res = Raw("POST", "/api/v1/namespaces/default/pods/p2/binding", binding.dump());
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 403) << res->body;
+  EXPECT_THAT(res->body, HasSubstr("pods with test/deny are refused"));
+  EXPECT_EQ(NodeName(*server_->store().Get(Resource::kPods, "default", "p2")), "");
+}
+
 TEST_F(AdmissionTest, DryRunIsAdmittedAndNotStored) {
   auto res = Raw("POST", "/api/v1/namespaces/default/pods?dryRun=All", MakePod("dry").dump());
   ASSERT_TRUE(res);

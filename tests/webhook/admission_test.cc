@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/escaping.h"
+#include "mig/catalogue.h"
 #include "protocol/annotations.h"
+#include "protocol/node_register.h"
 
 namespace dynmig::webhook {
 namespace {
@@ -89,7 +91,9 @@ TEST_F(AdmissionTest, GpuPodsGetTheSchedulerNameAsABase64JsonPatch) {
 }
 
 TEST_F(AdmissionTest, AsAValidatingWebhookItNeverPatches) {
-  const json r = handler_.ReviewJson(Review(GpuPod()), /*mutate=*/false)["response"];
+  json mutated = GpuPod();
+  mutated["spec"]["schedulerName"] = "dynmig-scheduler";  // as the mutating answer left it
+  const json r = handler_.ReviewJson(Review(mutated), /*mutate=*/false)["response"];
   EXPECT_EQ(r["allowed"], true);
   EXPECT_FALSE(r.contains("patch"));
   EXPECT_FALSE(r.contains("patchType"));
@@ -325,6 +329,309 @@ TEST_F(AdmissionTest, OnlyTheSystemWritesAnyProtocolAnnotation) {
                            {{std::string(protocol::kBindPhaseAnnotation), "allocating"}}),
                     "DELETE", json(), "alice");
   EXPECT_EQ(handler_.ReviewJson(del)["response"]["allowed"], true);
+}
+
+// ---- Issue 27: only dynmig places pods that request the managed resources. ----
+
+std::string Message(const json& response) {
+  return response.value("status", json::object()).value("message", "");
+}
+
+// A hami-core (or any other mode) pod with spec.nodeName would reach the node without a
+// reservation and be served whichever pod holds the node lock.
+TEST_F(AdmissionTest, NodeNameIsRefusedForEveryGpuPodWhateverItsMode) {
+  for (const std::string mode : {"hami-core", "mps", "mig", ""}) {
+    SCOPED_TRACE(mode);
+    json annotations = json::object();
+    if (!mode.empty()) annotations[std::string(protocol::kVgpuModeAnnotation)] = mode;
+    json pod = GpuPod({{"nvidia.com/gpu", 1}}, annotations);
+    EXPECT_EQ(handler_.ReviewJson(Review(pod))["response"]["allowed"], true);
+    pod["spec"]["nodeName"] = "node-a";
+    for (const bool mutate : {true, false}) {
+      const json r = handler_.ReviewJson(Review(pod), mutate)["response"];
+      EXPECT_EQ(r["allowed"], false);
+      EXPECT_EQ(r["status"]["code"], 400);
+      EXPECT_THAT(Message(r), HasSubstr("pod jobs/p: spec.nodeName is set (node-a): a pod that "
+                                        "requests nvidia.com/gpu, nvidia.com/gpumem"));
+      EXPECT_THAT(Message(r), HasSubstr("must be placed by dynmig-scheduler"));
+    }
+  }
+  // Any managed resource makes the pod dynmig's, a count of 0 included.
+  for (const json& limits : {json{{"nvidia.com/gpumem", 4000}}, json{{"nvidia.com/gpucores", 30}},
+                             json{{"nvidia.com/gpu", 0}}}) {
+    json pod = GpuPod(limits, {{std::string(protocol::kVgpuModeAnnotation), "hami-core"}});
+    pod["spec"]["nodeName"] = "node-a";
+    EXPECT_EQ(handler_.ReviewJson(Review(pod))["response"]["allowed"], false) << limits.dump();
+  }
+  // Other pods may name their node.
+  json plain = GpuPod({{"cpu", "1"}});
+  plain["spec"]["nodeName"] = "node-a";
+  EXPECT_EQ(handler_.ReviewJson(Review(plain))["response"]["allowed"], true);
+}
+
+// The mutating answer rewrites schedulerName; the validating answer refuses any other name, which
+// it sees only when the mutating webhook was bypassed or overridden.
+TEST_F(AdmissionTest, TheValidatingAnswerRefusesAForeignSchedulerName) {
+  json pod =
+      GpuPod({{"nvidia.com/gpu", 1}}, {{std::string(protocol::kVgpuModeAnnotation), "hami-core"}});
+  pod["spec"]["schedulerName"] = "default-scheduler";
+  json r = handler_.ReviewJson(Review(pod), /*mutate=*/true)["response"];
+  EXPECT_EQ(r["allowed"], true);
+  EXPECT_EQ(Patch(r)[0]["value"], "dynmig-scheduler");
+  r = handler_.ReviewJson(Review(pod), /*mutate=*/false)["response"];
+  EXPECT_EQ(r["allowed"], false);
+  EXPECT_THAT(Message(r), HasSubstr("pod jobs/p: spec.schedulerName is \"default-scheduler\": a "
+                                    "pod that requests nvidia.com/gpu"));
+  EXPECT_THAT(Message(r), HasSubstr("is placed only by dynmig-scheduler"));
+  pod["spec"]["schedulerName"] = "my-scheduler";
+  EXPECT_THAT(Message(handler_.ReviewJson(Review(pod), false)["response"]),
+              HasSubstr("spec.schedulerName is \"my-scheduler\""));
+  pod["spec"].erase("schedulerName");
+  EXPECT_EQ(handler_.ReviewJson(Review(pod), false)["response"]["allowed"], false);
+  pod["spec"]["schedulerName"] = "dynmig-scheduler";
+  EXPECT_EQ(handler_.ReviewJson(Review(pod), false)["response"]["allowed"], true);
+  // Other pods keep their scheduler.
+  json plain = GpuPod({{"cpu", "1"}});
+  plain["spec"]["schedulerName"] = "my-scheduler";
+  EXPECT_EQ(handler_.ReviewJson(Review(plain), false)["response"]["allowed"], true);
+}
+
+// Issue 27, behaviour 1: nvidia.com/gpu: 50000 kept the planner busy for minutes.
+TEST_F(AdmissionTest, InstanceCountsAboveWhatANodeHoldsAreRefused) {
+  int largest_node = 14;
+  AdmissionOptions o = Options();
+  o.max_instances_per_node = [&] { return largest_node; };
+  AdmissionHandler handler(o);
+  auto review = [&](const json& pod) { return handler.ReviewJson(Review(pod))["response"]; };
+  json r = review(GpuPod({{"nvidia.com/gpu", 50000}, {"nvidia.com/gpumem", 1000}}));
+  EXPECT_EQ(r["allowed"], false);
+  EXPECT_EQ(r["status"]["code"], 400);
+  EXPECT_THAT(Message(r),
+              HasSubstr("pod jobs/p: container \"workload\" (containers[0]): nvidia.com/gpu: "
+                        "50000 is more than 14, the most MIG instances one node of this cluster "
+                        "can hold"));
+  EXPECT_EQ(review(GpuPod({{"nvidia.com/gpu", 14}}))["allowed"], true);
+  EXPECT_EQ(review(GpuPod({{"nvidia.com/gpu", 15}}))["allowed"], false);
+  // All containers together, init containers included.
+  json pod = GpuPod({{"nvidia.com/gpu", 8}});
+  pod["spec"]["initContainers"] =
+      json::array({{{"name", "prepare"}, {"resources", {{"limits", {{"nvidia.com/gpu", 7}}}}}}});
+  EXPECT_THAT(Message(review(pod)),
+              HasSubstr("pod jobs/p: its containers ask for 15 nvidia.com/gpu in all, more than "
+                        "14"));
+  pod["spec"]["initContainers"][0]["resources"]["limits"]["nvidia.com/gpu"] = 20;
+  EXPECT_THAT(Message(review(pod)),
+              HasSubstr("container \"prepare\" (initContainers[0]): nvidia.com/gpu: 20 is more "
+                        "than 14"));
+  // Unknown capacity (no node registered yet): the ceiling, which a larger figure cannot raise.
+  for (const int unknown_or_huge : {0, -1, 5000}) {
+    largest_node = unknown_or_huge;
+    EXPECT_EQ(review(GpuPod({{"nvidia.com/gpu", kMaxInstancesCeiling}}))["allowed"], true);
+    EXPECT_THAT(Message(review(GpuPod({{"nvidia.com/gpu", 50000}}))),
+                HasSubstr("nvidia.com/gpu: 50000 is more than 1024, dynmig's ceiling of MIG "
+                          "instances per pod"));
+  }
+  // The handler without the function: the ceiling too.
+  EXPECT_EQ(handler_.ReviewJson(Review(GpuPod({{"nvidia.com/gpu", 1025}})))["response"]["allowed"],
+            false);
+  // Memory per instance above any GPU.
+  r = review(GpuPod({{"nvidia.com/gpu", 1}, {"nvidia.com/gpumem", 2000000000}}));
+  EXPECT_THAT(Message(r), HasSubstr("container \"workload\" (containers[0]): nvidia.com/gpumem: "
+                                    "2000000000 MiB per instance is more than 1048576 MiB"));
+  EXPECT_EQ(review(GpuPod({{"nvidia.com/gpu", 1}, {"nvidia.com/gpumem", 1048576}}))["allowed"],
+            true);
+}
+
+protocol::DeviceInfo MigGpu(std::string_view model, const std::vector<std::string>& profiles) {
+  const mig::CatalogueModel* m = mig::FindModelByNvmlName(model);
+  EXPECT_NE(m, nullptr) << model;
+  std::vector<const mig::ProfileSpec*> allowed;
+  for (const auto& name : profiles) allowed.push_back(m->capability.FindProfile(name));
+  return protocol::MigDeviceInfo({.uuid = "GPU-1"}, m->capability, allowed);
+}
+
+TEST(NodeInstanceCapacityTest, SumsTheLargestAllowlistedInstanceCountOfEachMigGpu) {
+  const mig::Allowlist allowlist = TestAllowlist();
+  const protocol::DeviceInfo a100 =
+      MigGpu("NVIDIA A100-SXM4-40GB", {"1g.5gb", "3g.20gb", "7g.40gb"});
+  EXPECT_EQ(NodeInstanceCapacity({a100}, allowlist), 7);
+  EXPECT_EQ(NodeInstanceCapacity({a100, a100}, allowlist), 14);
+  // Only allowlisted profiles count.
+  mig::Allowlist large_only;
+  large_only.entries.push_back({{"A100-SXM4-40GB"}, {"3g.20gb", "7g.40gb"}});
+  EXPECT_EQ(NodeInstanceCapacity({a100}, large_only), 2);
+  // A GPU not in MIG mode, or of a model the allowlist does not name, holds none.
+  protocol::DeviceInfo plain = a100;
+  plain.mode = "hami-core";
+  EXPECT_EQ(NodeInstanceCapacity({plain, a100}, allowlist), 7);
+  mig::Allowlist other;
+  other.entries.push_back({{"H100"}, {"1g.10gb"}});
+  EXPECT_EQ(NodeInstanceCapacity({a100}, other), 0);
+
+  NodeCapacityIndex index(allowlist);
+  EXPECT_EQ(index.Max(), 0);
+  index.Upsert("n1", protocol::EncodeNodeRegister({a100}));
+  index.Upsert("n2", protocol::EncodeNodeRegister({a100, a100}));
+  EXPECT_EQ(index.Max(), 14);
+  index.Upsert("n2", protocol::EncodeNodeRegister({a100}));
+  EXPECT_EQ(index.Max(), 7);
+  index.Upsert("n2", "not json");  // holds nothing
+  index.Remove("n1");
+  EXPECT_EQ(index.Max(), 0);
+}
+
+// Issue 27, behaviour 4: a bound pod with nvidia.com/gpu: 0 whose vgpu-mode the user removed made
+// the scheduler fail its node closed.
+TEST_F(AdmissionTest, RoutingAnnotationsAreFixedAtCreationForGpuPods) {
+  ASSERT_EQ(std::size(protocol::kRoutingPodAnnotations), 8u);
+  for (const std::string_view k : protocol::kRoutingPodAnnotations) {
+    const std::string key(k);
+    SCOPED_TRACE(key);
+    const json limits = {{"nvidia.com/gpu", 1}};
+    const json plain = GpuPod(limits);
+    const json with = GpuPod(limits, {{key, "1g"}});
+    const json changed = GpuPod(limits, {{key, "2g"}});
+    for (const auto& [object, old_object] :
+         std::vector<std::pair<json, json>>{{with, plain}, {changed, with}, {plain, with}}) {
+      for (const std::string user : {"alice", kScheduler}) {
+        const json r = handler_.ReviewJson(Review(object, "UPDATE", old_object, user))["response"];
+        EXPECT_EQ(r["allowed"], false) << user << " " << object.dump();
+        EXPECT_EQ(r["status"]["code"], 403);
+        EXPECT_THAT(Message(r), HasSubstr("pod jobs/p: " + key +
+                                          " is fixed at creation for a pod that requests "
+                                          "nvidia.com/gpu"));
+        EXPECT_THAT(Message(r), HasSubstr("user \"" + user +
+                                          "\" may not add, change or remove "
+                                          "it"));
+      }
+    }
+    // Unchanged, other edits pass.
+    json labelled = with;
+    labelled["metadata"]["labels"] = {{"team", "a"}};
+    labelled["metadata"]["annotations"]["note"] = "mine";
+    EXPECT_EQ(handler_.ReviewJson(Review(labelled, "UPDATE", with))["response"]["allowed"], true);
+    // A pod without managed resources cannot gain them, so its annotations decide nothing.
+    const json cpu = GpuPod({{"cpu", "1"}});
+    const json cpu_with = GpuPod({{"cpu", "1"}}, {{key, "1g"}});
+    EXPECT_EQ(handler_.ReviewJson(Review(cpu, "UPDATE", cpu_with))["response"]["allowed"], true);
+  }
+  // The attack: gpu 0, vgpu-mode removed after the bind.
+  json bound = GpuPod({{"nvidia.com/gpu", 0}}, {{"nvidia.com/vgpu-mode", "mig"}});
+  bound["spec"]["nodeName"] = "node-a";
+  bound["spec"]["schedulerName"] = "dynmig-scheduler";
+  json removed = bound;
+  removed["metadata"]["annotations"].erase("nvidia.com/vgpu-mode");
+  const json r = handler_.ReviewJson(Review(removed, "UPDATE", bound), false)["response"];
+  EXPECT_EQ(r["allowed"], false);
+  EXPECT_THAT(Message(r), HasSubstr("nvidia.com/vgpu-mode is fixed at creation"));
+  // Several at once are named together.
+  json two = bound;
+  two["metadata"]["annotations"]["nvidia.com/use-gputype"] = "A100";
+  two["metadata"]["annotations"]["hami.io/node-scheduler-policy"] = "spread";
+  EXPECT_THAT(Message(handler_.ReviewJson(Review(two, "UPDATE", bound))["response"]),
+              HasSubstr("nvidia.com/use-gputype, hami.io/node-scheduler-policy are fixed at "
+                        "creation"));
+}
+
+json BindingReview(const std::string& user, const std::string& pod = "p",
+                   json annotations = json::object(), std::string resource = "pods",
+                   std::string sub = "binding") {
+  json binding = {{"apiVersion", "v1"},
+                  {"kind", "Binding"},
+                  {"metadata", {{"name", pod}, {"namespace", "jobs"}}},
+                  {"target", {{"apiVersion", "v1"}, {"kind", "Node"}, {"name", "node-a"}}}};
+  if (!annotations.empty()) binding["metadata"]["annotations"] = annotations;
+  json request = {{"uid", "b0"},
+                  {"kind", {{"group", ""}, {"version", "v1"}, {"kind", "Binding"}}},
+                  {"resource", {{"group", ""}, {"version", "v1"}, {"resource", resource}}},
+                  {"namespace", "jobs"},
+                  {"name", pod},
+                  {"operation", "CREATE"},
+                  {"userInfo", {{"username", user}}},
+                  {"object", binding},
+                  {"oldObject", nullptr}};
+  if (!sub.empty()) request["subResource"] = sub;
+  return {{"apiVersion", "admission.k8s.io/v1"}, {"kind", "AdmissionReview"}, {"request", request}};
+}
+
+class BindingTest : public ::testing::Test {
+ protected:
+  BindingTest() {
+    AdmissionOptions o = Options();
+    o.pod_lookup = [this](const std::string& ns, const std::string& name) -> absl::StatusOr<json> {
+      lookups_.push_back(ns + "/" + name);
+      auto it = pods_.find(name);
+      if (it == pods_.end()) return absl::NotFoundError("pods \"" + name + "\" not found");
+      return it->second;
+    };
+    handler_ = std::make_unique<AdmissionHandler>(o);
+  }
+  json Answer(const json& review) { return handler_->ReviewJson(review, false)["response"]; }
+
+  std::map<std::string, json> pods_ = {
+      {"p", GpuPod({{"nvidia.com/gpu", 1}}, {{"nvidia.com/vgpu-mode", "hami-core"}})},
+      {"plain", GpuPod({{"cpu", "1"}})}};
+  std::vector<std::string> lookups_;
+  std::unique_ptr<AdmissionHandler> handler_;
+};
+
+// Issue 27: only the extender binds pods that request the managed resources.
+TEST_F(BindingTest, OnlyTheExtenderBindsGpuPods) {
+  json r = Answer(BindingReview("alice"));
+  EXPECT_EQ(r["allowed"], false);
+  EXPECT_EQ(r["status"]["code"], 403);
+  EXPECT_THAT(Message(r), HasSubstr("pod jobs/p: only " + std::string(kScheduler) +
+                                    " may bind a pod that requests nvidia.com/gpu"));
+  EXPECT_THAT(Message(r), HasSubstr("user \"alice\" may not bind it to node node-a"));
+  EXPECT_EQ(lookups_, std::vector<std::string>{"jobs/p"});
+  // The legacy bindings resource too.
+  EXPECT_EQ(Answer(BindingReview("alice", "p", json::object(), "bindings", ""))["allowed"], false);
+  // The extender: allowed without reading the pod.
+  lookups_.clear();
+  EXPECT_EQ(Answer(BindingReview(kScheduler))["allowed"], true);
+  EXPECT_TRUE(lookups_.empty());
+  // Pods without managed resources: anyone binds them (the default kube-scheduler does).
+  EXPECT_EQ(Answer(BindingReview("alice", "plain"))["allowed"], true);
+  EXPECT_EQ(Answer(BindingReview("system:kube-scheduler", "plain"))["allowed"], true);
+}
+
+TEST_F(BindingTest, ABindingWhosePodCannotBeReadIsRefused) {
+  json r = Answer(BindingReview("alice", "gone"));
+  EXPECT_EQ(r["allowed"], false);
+  EXPECT_THAT(Message(r), HasSubstr("binding of pod jobs/gone to node node-a refused: the pod "
+                                    "could not be read to check whether it requests "
+                                    "nvidia.com/gpu"));
+  EXPECT_THAT(Message(r), HasSubstr("pods \"gone\" not found"));
+  // Without a lookup at all.
+  AdmissionHandler blind(Options());
+  r = blind.ReviewJson(BindingReview("alice", "plain"), false)["response"];
+  EXPECT_EQ(r["allowed"], false);
+  EXPECT_THAT(Message(r), HasSubstr("could not be read"));
+  EXPECT_EQ(blind.ReviewJson(BindingReview(kScheduler), false)["response"]["allowed"], true);
+}
+
+// The API server copies a Binding's annotations onto the pod: the system's annotations stay the
+// system's, whatever the pod.
+TEST_F(BindingTest, ABindingMayNotCarryTheSystemsAnnotations) {
+  const json forged = {{std::string(protocol::kMigAllocationsAnnotation), "[]"}};
+  json r = Answer(BindingReview("alice", "plain", forged));
+  EXPECT_EQ(r["allowed"], false);
+  EXPECT_THAT(Message(r), HasSubstr("binding of pod jobs/plain: hami.io/vgpu-mig-allocations is "
+                                    "written only by the dynmig scheduler and device plugin"));
+  EXPECT_EQ(Answer(BindingReview(kScheduler, "p", forged))["allowed"], true);
+  EXPECT_EQ(Answer(BindingReview("alice", "plain", {{"note", "x"}}))["allowed"], true);
+}
+
+TEST_F(BindingTest, MalformedBindingsAreRefused) {
+  json review = BindingReview("alice");
+  review["request"]["object"]["metadata"]["name"] = "other";
+  EXPECT_THAT(Message(Answer(review)), HasSubstr("metadata.name must name the pod"));
+  review["request"].erase("object");
+  EXPECT_THAT(Message(Answer(review)), HasSubstr("binding without request.object"));
+  // Only CREATE is a binding.
+  review = BindingReview("alice");
+  review["request"]["operation"] = "UPDATE";
+  EXPECT_EQ(Answer(review)["allowed"], true);
 }
 
 TEST_F(AdmissionTest, MalformedReviewsGetAnErrorStatus) {
