@@ -14,6 +14,20 @@ std::string FormatBytes(size_t bytes) {
   return fmt::format("{} bytes", bytes);
 }
 
+std::string PrintableText(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte < 0x7f) {
+      out += c;
+    } else {
+      out += fmt::format("\\x{:02x}", byte);
+    }
+  }
+  return out;
+}
+
 int JsonNestingDepth(std::string_view text, int stop_above) {
   int depth = 0;
   int deepest = 0;
@@ -62,7 +76,8 @@ absl::StatusOr<nlohmann::json> ParseBoundedJson(std::string_view text, const Jso
   try {
     return nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(fmt::format("{}: invalid JSON: {}", what, e.what()));
+    return absl::InvalidArgumentError(
+        fmt::format("{}: invalid JSON: {}", what, PrintableText(e.what())));
   }
 }
 

@@ -66,6 +66,11 @@ inline constexpr JsonLimits kKubeResponseJsonLimits{1024 * kMiB, kKubeObjectDept
 // "3 MiB", "256 KiB", "3145729 bytes (3.0 MiB)" or "1234 bytes".
 std::string FormatBytes(size_t bytes);
 
+// `text` with every byte outside printable ASCII written as \xNN, so that a message quoting
+// input (a parser's "last read: '...'") is valid UTF-8 wherever it goes: nlohmann's dump() throws
+// on invalid UTF-8.
+std::string PrintableText(std::string_view text);
+
 // The deepest nesting of arrays and objects in `text`, counting brackets outside strings, and
 // stopping as soon as it exceeds `stop_above` (then returns stop_above + 1). O(n), no allocation.
 // Does not validate the text: nlohmann does that after.
@@ -78,7 +83,7 @@ absl::Status CheckJsonLimits(std::string_view text, const JsonLimits& limits,
 
 // Parses `text` as JSON after checking it against `limits`. Errors (all kInvalidArgument, the
 // message starting with `what`): "<what>: 3 MiB exceeds the 1 MiB limit", "<what>: nesting deeper
-// than 64 levels", "<what>: invalid JSON: <the parser's message>".
+// than 64 levels", "<what>: invalid JSON: <the parser's message, PrintableText>".
 absl::StatusOr<nlohmann::json> ParseBoundedJson(std::string_view text, const JsonLimits& limits,
                                                 std::string_view what);
 

@@ -182,9 +182,9 @@ absl::StatusOr<Object> ParseObject(std::string_view text, std::string_view what,
     try {
       Object ignored = Object::parse(text.begin(), text.end());
     } catch (const nlohmann::json::exception& e) {
-      detail = e.what();
+      detail = PrintableText(e.what());
     }
-    std::string excerpt(text.substr(0, 80));
+    const std::string excerpt = PrintableText(text.substr(0, 80));
     return absl::DataLossError(fmt::format("malformed JSON in {} ({} bytes, starts '{}'): {}", what,
                                            text.size(), excerpt, detail));
   }

@@ -142,5 +142,14 @@ TEST_F(HostileRequestTest, AnOverDeepBodyIs400BadRequestAndTheServerStaysUp) {
   EXPECT_EQ(res->status, 201) << res->body.substr(0, 300);
 }
 
+TEST_F(HostileRequestTest, InvalidBytesInABrokenBodyAre400WithAValidStatus) {
+  auto res = Post(std::string(R"({"kind":"Pod","metadata":{)") + "\xd5\xff\x01" + "}}");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 400);
+  const Object status = Object::parse(res->body);  // valid JSON, valid UTF-8
+  EXPECT_EQ(status["reason"], "BadRequest");
+  EXPECT_THAT(status["message"].get<std::string>(), HasSubstr("\\xd5\\xff"));
+}
+
 }  // namespace
 }  // namespace dynmig::kube

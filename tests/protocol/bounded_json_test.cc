@@ -84,6 +84,19 @@ TEST(BoundedJsonTest, InvalidJsonNamesWhatAndTheParserMessage) {
   EXPECT_FALSE(ParseBoundedJson("]]]]", {kKiB, 8}, "x").ok());
 }
 
+TEST(BoundedJsonTest, TheParserMessageQuotesInputAsPrintableAscii) {
+  // nlohmann quotes the bytes it last read; raw, they would make the message invalid UTF-8 and
+  // every dump() of an answer carrying it throw (found by the admission_review fuzzer).
+  auto bad = ParseBoundedJson("{\"kind\": {\xd5N\x01\x00}}", {kKiB, 8}, "body");
+  ASSERT_FALSE(bad.ok());
+  const std::string message(bad.status().message());
+  EXPECT_THAT(message, HasSubstr("\\xd5"));
+  for (const char c : message) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << message;
+  const nlohmann::json answer = {{"message", message}};
+  EXPECT_NO_THROW((void)answer.dump());
+  EXPECT_EQ(PrintableText("a\n\xff"), "a\\x0a\\xff");
+}
+
 TEST(BoundedJsonTest, HundredsOfThousandsOfNestedArraysAreRefusedWithoutRecursion) {
   // The attack of issue 27: a value nlohmann would parse, and dump() would then overflow the
   // stack on. The pre-scan stops at the first level past the limit.

@@ -89,6 +89,19 @@ TEST(HostileAdmissionReviewTest, NestingWithinTheLimitIsReviewedAsUsual) {
   EXPECT_EQ(ok["response"]["allowed"], true) << ok.dump();
 }
 
+TEST(HostileAdmissionReviewTest, InvalidBytesInABrokenBodyGetAnAnswerNotAnException) {
+  // The parser's message quotes the bytes it stopped at; the answer must still serialise.
+  AdmissionHandler handler{AdmissionOptions{}};
+  const std::string body =
+      std::string(R"({"apiVersion":"admission.k8s.io/v1","request":{"kind":{)") + "\xd5N\x01" +
+      std::string(1, '\0') + "}}}";
+  std::string answer;
+  ASSERT_NO_THROW(answer = handler.Review(body));
+  const json out = json::parse(answer);
+  EXPECT_EQ(out["response"]["allowed"], false);
+  EXPECT_THAT(out["response"]["status"]["message"].get<std::string>(), HasSubstr("invalid JSON"));
+}
+
 TEST(HostileAdmissionReviewTest, ABodyOverTheAdmissionReviewLimitIsDeniedNamingIt) {
   AdmissionHandler handler{AdmissionOptions{}};
   const std::string padded =
