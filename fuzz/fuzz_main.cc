@@ -11,6 +11,7 @@
 namespace dynmig::fuzz {
 
 int FuzzAdmissionReview(const uint8_t* data, size_t size);
+int FuzzBoundedJson(const uint8_t* data, size_t size);
 int FuzzDeviceConfig(const uint8_t* data, size_t size);
 int FuzzExtenderArgs(const uint8_t* data, size_t size);
 int FuzzHeldSlices(const uint8_t* data, size_t size);
@@ -33,12 +34,19 @@ struct Entry {
 };
 
 constexpr Entry kTargets[] = {
-    {"admission_review", FuzzAdmissionReview}, {"device_config", FuzzDeviceConfig},
-    {"extender_args", FuzzExtenderArgs},       {"held_slices", FuzzHeldSlices},
-    {"idle_instances", FuzzIdleInstances},     {"kubeconfig", FuzzKubeconfig},
-    {"mig_allocations", FuzzMigAllocations},   {"mig_minors", FuzzMigMinors},
-    {"node_register", FuzzNodeRegister},       {"pod_devices", FuzzPodDevices},
-    {"pod_request", FuzzPodRequest},           {"trace_csv", FuzzTraceCsv},
+    {"admission_review", FuzzAdmissionReview},
+    {"bounded_json", FuzzBoundedJson},
+    {"device_config", FuzzDeviceConfig},
+    {"extender_args", FuzzExtenderArgs},
+    {"held_slices", FuzzHeldSlices},
+    {"idle_instances", FuzzIdleInstances},
+    {"kubeconfig", FuzzKubeconfig},
+    {"mig_allocations", FuzzMigAllocations},
+    {"mig_minors", FuzzMigMinors},
+    {"node_register", FuzzNodeRegister},
+    {"pod_devices", FuzzPodDevices},
+    {"pod_request", FuzzPodRequest},
+    {"trace_csv", FuzzTraceCsv},
 };
 
 Target chosen = nullptr;

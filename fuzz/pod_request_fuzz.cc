@@ -1,5 +1,6 @@
 // Pod requests: any JSON document (a pod, or not) is parsed or refused without crashing, and the
 // three pod predicates agree (a MIG pod requests GPU resources).
+#include "common/bounded_json.h"
 #include "fuzz/fuzz_util.h"
 #include "nlohmann/json.hpp"
 #include "protocol/pod_request.h"
@@ -7,8 +8,10 @@
 namespace dynmig::fuzz {
 
 int FuzzPodRequest(const uint8_t* data, size_t size) {
-  const auto pod = nlohmann::json::parse(AsText(data, size), nullptr, /*allow_exceptions=*/false);
-  if (pod.is_discarded()) return 0;
+  // Pods reach these functions only through the bounded parsers (API responses, webhook bodies).
+  const auto parsed = ParseBoundedJson(AsText(data, size), kKubeObjectJsonLimits, "pod");
+  if (!parsed.ok()) return 0;
+  const nlohmann::json& pod = *parsed;
   std::vector<std::string> warnings;
   (void)protocol::ParsePodRequest(pod, {}, &warnings);
   const bool requests = protocol::RequestsGpuResources(pod);

@@ -11,6 +11,17 @@ jobs=${FUZZ_JOBS:-1}
 targets=${FUZZ_TARGETS:-$(ls fuzz/corpus)}
 failed=()
 
+# The largest input libFuzzer generates for a target. The JSON targets get 1 MiB: without it
+# libFuzzer stays near its seeds' size (4 KiB), too small for the nesting that overflows a stack
+# (tens of thousands of brackets) or the bodies that hit the size limits.
+max_len_of() {
+  case $1 in
+    admission_review | bounded_json | extender_args | held_slices | idle_instances | \
+      mig_allocations | node_register | pod_request) echo 1048576 ;;
+    *) echo 65536 ;;
+  esac
+}
+
 # One target: runs it, prints its line, exits non-zero on a crash.
 run_one() {
   local t=$1
@@ -22,6 +33,7 @@ run_one() {
   mkdir -p "build-fuzz/corpus/$t" build-fuzz/crashes
   log=build-fuzz/$t.log
   "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+    -max_len="$(max_len_of "$t")" \
     -artifact_prefix="build-fuzz/crashes/$t-" "build-fuzz/corpus/$t" "fuzz/corpus/$t" >"$log" 2>&1
   local rc=$?
   local runs cov

@@ -221,6 +221,7 @@ int RunLocal(const LocalFlags& f, CliContext& ctx) {
       if (verb == "start") return c.StartDevicePlugin(node);
       return c.RestartDevicePlugin(node);
     };
+    control.set_payload_max_length(4096);  // its requests carry no body: 413 for one over 4 KiB
     control.Post(R"(/(restart|stop|start)/(device-plugin)/([a-z0-9.-]+))",
                  [part](const httplib::Request& req, httplib::Response& res) {
                    auto st = part(req.matches[1], req.matches[2], req.matches[3]);

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <chrono>
 
+#include "common/bounded_json.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
@@ -68,6 +69,16 @@ absl::Status DevicePlugin::StartHttp() {
   std::string host = listen.substr(0, colon);
   if (host.empty()) host = "0.0.0.0";
   http_ = std::make_unique<httplib::Server>();
+  // Its endpoints take no request body: anything larger than 4 KiB is refused unread with 413.
+  constexpr size_t kMaxBody = 4 * kKiB;
+  http_->set_payload_max_length(kMaxBody);
+  http_->set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request&,
+                                                                   httplib::Response& res) {
+    if (res.status != 413 || !res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    res.set_content(fmt::format("request body too large: the limit is {}\n", FormatBytes(kMaxBody)),
+                    "text/plain");
+    return httplib::Server::HandlerResponse::Handled;
+  }));
   http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_->Serialize(), "text/plain; version=0.0.4; charset=utf-8");
   });

@@ -4,7 +4,6 @@
 
 #include "common/strings.h"
 #include "fmt/format.h"
-#include "nlohmann/json.hpp"
 #include "protocol/annotations.h"
 
 namespace dynmig::deviceplugin {
@@ -94,18 +93,9 @@ PodMig AnalyzePod(const kube::Object& pod) {
     } else {
       m.unreadable = std::string(m.allocations.status().message());
       // The strict decoder refused it; still learn which GPUs it names, if it is JSON at all.
-      const nlohmann::json j = nlohmann::json::parse(*v, nullptr, /*allow_exceptions=*/false);
-      if (j.is_array()) {
-        for (const auto& e : j) {
-          if (e.is_object() && e.contains("gpuUUID") && e["gpuUUID"].is_string()) {
-            m.referenced_gpus.insert(e["gpuUUID"].get<std::string>());
-          } else {
-            m.gpus_unknown = true;
-          }
-        }
-      } else {
-        m.gpus_unknown = true;
-      }
+      protocol::ReferencedGpuSet named = protocol::ReferencedGpus(*v);
+      m.referenced_gpus.merge(named.gpu_uuids);
+      if (!named.complete) m.gpus_unknown = true;
     }
   }
   if (auto v = kube::Annotation(pod, protocol::kDevicesToAllocateAnnotation)) {

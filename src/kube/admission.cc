@@ -10,6 +10,7 @@
 #include <variant>
 
 #include "absl/strings/escaping.h"
+#include "common/bounded_json.h"
 #include "kube/api_status.h"
 #include "kube/patch.h"
 
@@ -106,12 +107,9 @@ std::variant<Object, CallError> CallWebhook(const AdmissionWebhook& hook, const 
     return CallError{fmt::format("received HTTP {} from the webhook: {}", res->status,
                                  res->body.substr(0, 512))};
   }
-  Object body;
-  try {
-    body = Object::parse(res->body);
-  } catch (const nlohmann::json::exception& e) {
-    return CallError{fmt::format("the webhook response is not JSON: {}", e.what())};
-  }
+  auto parsed = ParseBoundedJson(res->body, kKubeObjectJsonLimits, "the webhook response");
+  if (!parsed.ok()) return CallError{std::string(parsed.status().message())};
+  Object body = std::move(*parsed);
   if (!body.is_object() || !body.contains("response") || !body["response"].is_object()) {
     return CallError{"webhook response was absent"};
   }
@@ -271,15 +269,11 @@ absl::StatusOr<Object> RunAdmission(const std::vector<AdmissionWebhook>& hooks,
         return InternalError(
             fmt::format("webhook \"{}\" returned a patch that is not base64", hook.name));
       }
-      Object patch;
-      try {
-        patch = Object::parse(decoded);
-      } catch (const nlohmann::json::exception& e) {
-        return InternalError(fmt::format("webhook \"{}\" returned a patch that is not JSON: {}",
-                                         hook.name, e.what()));
-      }
+      auto patch = ParseBoundedJson(decoded, kKubeObjectJsonLimits,
+                                    fmt::format("webhook \"{}\" returned a patch", hook.name));
+      if (!patch.ok()) return InternalError(std::string(patch.status().message()));
       if (current.object.is_null()) continue;  // DELETE: nothing to patch
-      auto patched = ApplyJsonPatch(current.object, patch);
+      auto patched = ApplyJsonPatch(current.object, *patch);
       if (!patched.ok()) {
         return InternalError(fmt::format("webhook \"{}\": applying its JSONPatch: {}", hook.name,
                                          std::string(patched.status().message())));

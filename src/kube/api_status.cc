@@ -125,12 +125,12 @@ absl::Status StatusFromApiStatus(const Object& status, std::string_view context)
 absl::Status StatusFromHttp(int http_code, std::string_view body, std::string_view context) {
   std::string reason;
   std::string message;
-  Object parsed = Object::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-  if (!parsed.is_discarded() && parsed.is_object() && Kind(parsed) == "Status") {
-    if (auto it = parsed.find("reason"); it != parsed.end() && it->is_string()) {
+  auto parsed = ParseObject(body, "error response");
+  if (parsed.ok() && parsed->is_object() && Kind(*parsed) == "Status") {
+    if (auto it = parsed->find("reason"); it != parsed->end() && it->is_string()) {
       reason = it->get<std::string>();
     }
-    if (auto it = parsed.find("message"); it != parsed.end() && it->is_string()) {
+    if (auto it = parsed->find("message"); it != parsed->end() && it->is_string()) {
       message = it->get<std::string>();
     }
   } else if (!body.empty()) {

@@ -23,6 +23,11 @@ constexpr size_t kMaxEventsPerChunk = 1000;
 constexpr auto kWatchPoll = std::chrono::milliseconds(100);
 
 constexpr std::string_view kJson = "application/json";
+// A request body as the real apiserver takes it: at most 3 MiB (MaxRequestBodyBytes; more is 413
+// RequestEntityTooLarge "limit is 3145728"). Its JSON decoder allows 10000 levels of nesting and
+// answers deeper bodies 400 BadRequest; this double refuses from 64 levels, deeper than any object
+// it stores, so that no request can recurse through its store.
+constexpr JsonLimits kRequestBodyLimits{kApiRequestBytes, kKubeObjectDepth};
 constexpr std::string_view kWatchContentType = "application/json;stream=watch";
 
 int HttpCodeOf(const absl::Status& status) {
@@ -468,6 +473,17 @@ absl::Status InMemoryApiServer::Listen() {
   http_->set_read_timeout(30, 0);
   http_->set_write_timeout(30, 0);
   http_->set_tcp_nodelay(true);
+  http_->set_payload_max_length(kRequestBodyLimits.max_bytes);
+  http_->set_error_handler(
+      httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
+        if (res.status != 413 || !res.body.empty())
+          return httplib::Server::HandlerResponse::Unhandled;
+        const std::string message =
+            fmt::format("Request entity too large: limit is {}", kRequestBodyLimits.max_bytes);
+        res.set_content(MakeApiStatus(413, "RequestEntityTooLarge", message).dump(),
+                        std::string(kJson));
+        return httplib::Server::HandlerResponse::Handled;
+      }));
   auto handler = [this](const httplib::Request& req, httplib::Response& res) { Handle(req, res); };
   http_->Get(".*", handler);
   http_->Post(".*", handler);
@@ -627,7 +643,7 @@ bool InMemoryApiServer::ApplyFault(const httplib::Request& req, httplib::Respons
 void InMemoryApiServer::HandleAdmin(const httplib::Request& req, httplib::Response& res) {
   const std::string& path = req.path;
   if (path == "/_dynmig/faults" && req.method == "POST") {
-    auto body = ParseObject(req.body, "fault spec");
+    auto body = ParseObject(req.body, "fault spec", kRequestBodyLimits);
     if (!body.ok())
       return SendError(res, ApiError(400, "BadRequest", std::string(body.status().message())));
     auto spec = FaultSpecFromJson(*body);
@@ -927,7 +943,7 @@ void InMemoryApiServer::Serve(const httplib::Request& req, httplib::Response& re
                                                  "application/json (got {})",
                                                  content_type)));
     }
-    auto parsed = ParseObject(req.body, "request body");
+    auto parsed = ParseObject(req.body, "request body", kRequestBodyLimits);
     if (!parsed.ok()) {
       return SendError(res, ApiError(400, "BadRequest", std::string(parsed.status().message())));
     }

@@ -170,7 +170,11 @@ absl::StatusOr<absl::Time> ParseRfc3339(std::string_view rfc3339) {
   return t;
 }
 
-absl::StatusOr<Object> ParseObject(std::string_view text, std::string_view what) {
+absl::StatusOr<Object> ParseObject(std::string_view text, std::string_view what,
+                                   const JsonLimits& limits) {
+  if (absl::Status st = CheckJsonLimits(text, limits, what); !st.ok()) {
+    return absl::DataLossError(st.message());
+  }
   Object parsed = Object::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded()) {
     // Re-parse with exceptions only to obtain the parser's message (position and token).
@@ -178,9 +182,9 @@ absl::StatusOr<Object> ParseObject(std::string_view text, std::string_view what)
     try {
       Object ignored = Object::parse(text.begin(), text.end());
     } catch (const nlohmann::json::exception& e) {
-      detail = e.what();
+      detail = PrintableText(e.what());
     }
-    std::string excerpt(text.substr(0, 80));
+    const std::string excerpt = PrintableText(text.substr(0, 80));
     return absl::DataLossError(fmt::format("malformed JSON in {} ({} bytes, starts '{}'): {}", what,
                                            text.size(), excerpt, detail));
   }

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/bounded_json.h"
 #include "nlohmann/json.hpp"
 
 namespace dynmig::kube {
@@ -81,8 +82,11 @@ std::string Rfc3339(absl::Time t);    // RFC 3339, seconds: 2026-01-02T03:04:05Z
 std::string MicroTime(absl::Time t);  // RFC 3339, 6 fractional digits (Lease MicroTime)
 absl::StatusOr<absl::Time> ParseRfc3339(std::string_view rfc3339);
 
-// Parses JSON text into an Object. kDataLoss with `what` and the parser's message on bad input.
-absl::StatusOr<Object> ParseObject(std::string_view text, std::string_view what);
+// Parses JSON text into an Object within `limits` (by default one object or watch event of the
+// API server: kKubeObjectJsonLimits). kDataLoss with `what` and the parser's message on bad input,
+// or naming the limit it exceeds.
+absl::StatusOr<Object> ParseObject(std::string_view text, std::string_view what,
+                                   const JsonLimits& limits = kKubeObjectJsonLimits);
 
 // Builds a core/v1 Event about `involved` (a Pod or Node object): type "Normal" or "Warning".
 Object NewEvent(const Object& involved, std::string_view type, std::string_view reason,

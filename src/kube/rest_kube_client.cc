@@ -21,7 +21,7 @@ namespace dynmig::kube {
 namespace {
 
 constexpr size_t kMaxErrorBody = 64 * 1024;
-constexpr size_t kMaxWatchLine = 64 * 1024 * 1024;
+constexpr size_t kMaxWatchLine = kKubeObjectJsonLimits.max_bytes;
 
 void GlobalInit() {
   static std::once_flag once;
@@ -107,8 +107,20 @@ absl::Status TransportError(CURLcode code, const char* errbuf, std::string_view 
   }
 }
 
+// A response body being received, refused (the transfer aborted) once it would exceed `limit`.
+struct BoundedBody {
+  std::string* body;
+  size_t limit;
+  bool exceeded = false;
+};
+
 size_t AppendBody(char* data, size_t size, size_t n, void* user) {
-  static_cast<std::string*>(user)->append(data, size * n);
+  auto* sink = static_cast<BoundedBody*>(user);
+  if (sink->body->size() + size * n > sink->limit) {
+    sink->exceeded = true;
+    return 0;  // CURLE_WRITE_ERROR
+  }
+  sink->body->append(data, size * n);
   return size * n;
 }
 
@@ -272,14 +284,14 @@ class RestWatchStream : public WatchStream {
   void ProcessLine(std::string_view line) {
     line = Trim(line);
     if (line.empty()) return;  // heartbeat whitespace between events
-    Object parsed = Object::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
-    if (parsed.is_discarded() || !parsed.is_object()) {
-      auto detail = ParseObject(line, "watch event");
+    auto read = ParseObject(line, "watch event");
+    if (!read.ok() || !read->is_object()) {
       Abort(absl::DataLossError(
           fmt::format("{}: malformed watch event: {}", context_,
-                      detail.ok() ? "not a JSON object" : std::string(detail.status().message()))));
+                      read.ok() ? "not a JSON object" : std::string(read.status().message()))));
       return;
     }
+    Object& parsed = *read;
     const std::string type = parsed.value("type", "");
     auto obj_it = parsed.find("object");
     if (obj_it == parsed.end() || !obj_it->is_object()) {
@@ -551,8 +563,9 @@ absl::StatusOr<RestKubeClient::HttpResponse> RestKubeClient::SendOnce(
   }
   curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS,
                    static_cast<long>(absl::ToInt64Milliseconds(config_.request_timeout)));
+  BoundedBody sink{&response.body, kKubeResponseJsonLimits.max_bytes};
   curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, &AppendBody);
-  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &response.body);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &sink);
   curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, &CaptureHeader);
   curl_easy_setopt(curl, CURLOPT_HEADERDATA, &response.retry_after);
   curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, errbuf);
@@ -562,6 +575,10 @@ absl::StatusOr<RestKubeClient::HttpResponse> RestKubeClient::SendOnce(
   curl_easy_setopt(curl, CURLOPT_HTTPHEADER, nullptr);
   curl_slist_free_all(headers);
   Release(curl);
+  if (sink.exceeded) {
+    return absl::DataLossError(fmt::format("{} {}: the response exceeds the {} limit", method,
+                                           path_and_query, FormatBytes(sink.limit)));
+  }
   if (rc != CURLE_OK) {
     *connect_failed = rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_HOST;
     return TransportError(rc, errbuf, fmt::format("{} {}", method, path_and_query));
@@ -624,7 +641,8 @@ absl::StatusOr<Object> RestKubeClient::Call(std::string_view method,
   if (response->code < 200 || response->code >= 300) {
     return StatusFromHttp(static_cast<int>(response->code), response->body, context);
   }
-  auto obj = ParseObject(response->body, fmt::format("response to {}", context));
+  auto obj =
+      ParseObject(response->body, fmt::format("response to {}", context), kKubeResponseJsonLimits);
   if (!obj.ok()) return obj.status();
   if (!obj->is_object()) {
     return absl::DataLossError(fmt::format("{}: response is not a JSON object", context));

@@ -9,6 +9,7 @@
 #include <set>
 #include <thread>
 
+#include "common/bounded_json.h"
 #include "deviceplugin/plugin_core.h"
 #include "fmt/format.h"
 #include "kube/in_memory_api_server.h"
@@ -438,9 +439,9 @@ class Chaos {
       }
       auto visible = kube::Annotation(*it->second, kVisibleDevicesAnnotation);
       if (!visible) continue;
-      const json v = json::parse(*visible, nullptr, false);
-      if (!v.is_object()) continue;
-      for (const auto& [container, devices] : v.items()) {
+      const auto v = ParseBoundedJson(*visible, kAnnotationJsonLimits, kVisibleDevicesAnnotation);
+      if (!v.ok() || !v->is_object()) continue;
+      for (const auto& [container, devices] : v->items()) {
         if (!devices.is_string()) continue;
         const std::string text = devices.get<std::string>();
         for (size_t at = text.find("MIG-"); at != std::string::npos;

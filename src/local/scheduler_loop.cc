@@ -7,6 +7,7 @@
 #include <optional>
 #include <set>
 
+#include "common/bounded_json.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 
@@ -64,11 +65,11 @@ absl::StatusOr<json> Post(const std::string& base, const std::string& verb, cons
     return absl::UnavailableError(
         fmt::format("extender {}: HTTP {}: {}", verb, res->status, res->body));
   }
-  try {
-    return json::parse(res->body);
-  } catch (const json::exception& e) {
-    return absl::DataLossError(fmt::format("extender {}: malformed response: {}", verb, e.what()));
-  }
+  // The extender's answer lists the nodes of the request: sized like the request.
+  auto doc = ParseBoundedJson(res->body, kExtenderArgsJsonLimits,
+                              fmt::format("extender {}: malformed response", verb));
+  if (!doc.ok()) return absl::DataLossError(doc.status().message());
+  return doc;
 }
 
 bool NodeCordoned(const kube::Object& node) {

@@ -4,6 +4,7 @@
 
 #include <mutex>
 
+#include "common/bounded_json.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
 #include "ops/cluster.h"
@@ -232,11 +233,11 @@ absl::StatusOr<nlohmann::json> HttpNvmlSource::Fetch(const kube::Object& node) {
   if (code != 200) {
     return absl::UnavailableError(fmt::format("GET {}: HTTP {}", url, code));
   }
-  try {
-    return json::parse(body);
-  } catch (const json::exception& e) {
-    return absl::DataLossError(fmt::format("GET {}: not JSON: {}", url, e.what()));
-  }
+  // A node's /nvml document is a few KiB per GPU; 16 MiB and 64 levels bound a hostile endpoint.
+  constexpr JsonLimits kNvmlViewLimits{16 * kMiB, kKubeObjectDepth};
+  auto doc = ParseBoundedJson(body, kNvmlViewLimits, fmt::format("GET {}", url));
+  if (!doc.ok()) return absl::DataLossError(doc.status().message());
+  return doc;
 }
 
 NvmlResult FetchNvmlView(NvmlSource& source, const kube::Object& node) {

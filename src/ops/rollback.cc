@@ -7,6 +7,7 @@
 #include <map>
 #include <sstream>
 
+#include "common/bounded_json.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "ops/cluster.h"
@@ -39,10 +40,12 @@ absl::StatusOr<json> ReadJsonFile(const fs::path& path, const std::string& what)
   if (!f) return absl::InvalidArgumentError(fmt::format("{}: cannot read {}", what, path.string()));
   std::stringstream ss;
   ss << f.rdbuf();
-  json doc = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) {
-    return absl::InvalidArgumentError(
-        fmt::format("{}: {} is not JSON (a damaged backup?)", what, path.string()));
+  // A backup holds every pod and node of the cluster: the limits of an API server response.
+  auto doc = ParseBoundedJson(ss.str(), kKubeResponseJsonLimits, path.string());
+  if (!doc.ok()) {
+    return absl::InvalidArgumentError(fmt::format("{}: {} is not JSON (a damaged backup?): {}",
+                                                  what, path.string(),
+                                                  std::string(doc.status().message())));
   }
   return doc;
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "common/bounded_json.h"
 #include "common/strings.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
@@ -174,13 +175,9 @@ void CheckDevicePlugin(const Object& node, const NodeNvml& nv, bool nvml_configu
 
 absl::StatusOr<std::map<std::string, std::vector<std::string>>> ParseVisibleDevices(
     std::string_view value) {
-  nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(value);
-  } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(
-        fmt::format("{}: not JSON: {}", kVisibleDevicesAnnotation, e.what()));
-  }
+  auto parsed = ParseBoundedJson(value, kAnnotationJsonLimits, kVisibleDevicesAnnotation);
+  if (!parsed.ok()) return parsed.status();
+  const nlohmann::json& doc = *parsed;
   if (!doc.is_object()) {
     return absl::InvalidArgumentError(
         fmt::format("{}: must be a JSON object (container -> devices)", kVisibleDevicesAnnotation));

@@ -1,6 +1,7 @@
 #include "protocol/json_fields.h"
 
 #include "absl/status/status.h"
+#include "common/bounded_json.h"
 #include "fmt/format.h"
 
 namespace dynmig::protocol::internal {
@@ -67,11 +68,7 @@ absl::StatusOr<std::optional<bool>> BoolField(const nlohmann::json& obj, std::st
 }
 
 absl::StatusOr<nlohmann::json> ParseJson(std::string_view text, std::string_view what) {
-  try {
-    return nlohmann::json::parse(text.begin(), text.end());
-  } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(fmt::format("{}: invalid JSON: {}", what, e.what()));
-  }
+  return ParseBoundedJson(text, kAnnotationJsonLimits, what);
 }
 
 absl::StatusOr<std::string> RequiredStringField(const nlohmann::json& obj, std::string_view key,

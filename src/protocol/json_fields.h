@@ -48,7 +48,8 @@ absl::StatusOr<mig::Placement> SlicesField(const nlohmann::json& obj, std::strin
 absl::StatusOr<std::optional<bool>> BoolField(const nlohmann::json& obj, std::string_view key,
                                               std::string_view context);
 
-// Parses JSON text; a syntax error is kInvalidArgument naming `what` and the parser's message.
+// Parses an annotation's JSON text within kAnnotationJsonLimits (256 KiB, 8 levels deep); a
+// syntax error or a limit exceeded is kInvalidArgument naming `what` and the cause.
 absl::StatusOr<nlohmann::json> ParseJson(std::string_view text, std::string_view what);
 
 }  // namespace dynmig::protocol::internal

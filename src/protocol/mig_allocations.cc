@@ -121,6 +121,24 @@ absl::StatusOr<std::vector<MigAllocation>> DecodeMigAllocations(std::string_view
   return out;
 }
 
+ReferencedGpuSet ReferencedGpus(std::string_view value) {
+  ReferencedGpuSet out;
+  auto doc = internal::ParseJsonArray(value, kMigAllocationsAnnotation);
+  if (!doc.ok()) {
+    out.complete = false;
+    return out;
+  }
+  for (const json& e : *doc) {
+    const json* uuid = e.is_object() ? internal::FindField(e, "gpuUUID") : nullptr;
+    if (uuid != nullptr && uuid->is_string()) {
+      out.gpu_uuids.insert(uuid->get<std::string>());
+    } else {
+      out.complete = false;
+    }
+  }
+  return out;
+}
+
 std::string EncodeMigAllocations(const std::vector<MigAllocation>& allocations) {
   nlohmann::ordered_json doc = nlohmann::ordered_json::array();
   for (const auto& a : allocations) {

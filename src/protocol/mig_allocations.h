@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -51,6 +52,16 @@ struct MigAllocation {
 // identity" listing the fields present and missing), a duplicate (containerIndex, deviceIndex).
 // Unknown fields are ignored; JSON null counts as absent.
 absl::StatusOr<std::vector<MigAllocation>> DecodeMigAllocations(std::string_view value);
+
+// The GPUs an allocations value names, read leniently (for a value DecodeMigAllocations refuses):
+// every string gpuUUID of an object entry. `complete` is false when some entry names no GPU (not
+// an object, gpuUUID missing or not a string) or the value is no JSON array at all (invalid JSON,
+// or beyond the annotation limits of 256 KiB and 8 levels of nesting).
+struct ReferencedGpuSet {
+  std::set<std::string> gpu_uuids;
+  bool complete = true;
+};
+ReferencedGpuSet ReferencedGpus(std::string_view value);
 
 // Encodes in HAMi's compact form and field order; runtime fields only when present.
 // An empty list encodes as "[]".

@@ -2,6 +2,7 @@
 
 #include <cctype>
 
+#include "common/bounded_json.h"
 #include "fmt/format.h"
 
 namespace dynmig::scheduler {
@@ -20,12 +21,11 @@ bool EqualFold(std::string_view a, std::string_view b) {
   return true;
 }
 
-absl::StatusOr<json> ParseBody(std::string_view body, std::string_view what) {
-  json doc = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) {
-    return absl::InvalidArgumentError(fmt::format("{}: the request body is not valid JSON", what));
-  }
-  if (!doc.is_object()) {
+absl::StatusOr<json> ParseBody(std::string_view body, const JsonLimits& limits,
+                               std::string_view what) {
+  auto doc = ParseBoundedJson(body, limits, what);
+  if (!doc.ok()) return doc.status();
+  if (!doc->is_object()) {
     return absl::InvalidArgumentError(
         fmt::format("{}: the request body must be a JSON object", what));
   }
@@ -179,7 +179,7 @@ std::optional<ExtenderArgs> ParseExtenderArgsFast(std::string_view body, NodeNam
     } else if (EqualFold(m.key, "Nodes")) {
       if (m.value != "null") return std::nullopt;  // the NodeList form: the full parse
       continue;
-    } else if (!json::accept(m.value.begin(), m.value.end())) {
+    } else if (!json::accept(m.value.begin(), m.value.end())) {  // no tree: no recursion
       return std::nullopt;
     } else {
       continue;
@@ -189,12 +189,15 @@ std::optional<ExtenderArgs> ParseExtenderArgsFast(std::string_view body, NodeNam
   }
   if (pod == nullptr || names == nullptr || names->value == "null") return std::nullopt;
   ExtenderArgs args;
-  args.pod = json::parse(pod->value.begin(), pod->value.end(), nullptr, false);
-  if (args.pod.is_discarded() || !args.pod.is_object()) return std::nullopt;
+  auto pod_doc = ParseBoundedJson(pod->value, kExtenderArgsJsonLimits, "ExtenderArgs.Pod");
+  if (!pod_doc.ok() || !pod_doc->is_object()) return std::nullopt;
+  args.pod = std::move(*pod_doc);
   args.shared_node_names = cache.Find(names->value);
   if (args.shared_node_names == nullptr) {
-    json list = json::parse(names->value.begin(), names->value.end(), nullptr, false);
-    if (list.is_discarded() || !list.is_array()) return std::nullopt;
+    auto names_doc =
+        ParseBoundedJson(names->value, kExtenderArgsJsonLimits, "ExtenderArgs.NodeNames");
+    if (!names_doc.ok() || !names_doc->is_array()) return std::nullopt;
+    json& list = *names_doc;
     auto parsed = std::make_shared<std::vector<std::string>>();
     parsed->reserve(list.size());
     for (json& name : list) {
@@ -210,11 +213,13 @@ std::optional<ExtenderArgs> ParseExtenderArgsFast(std::string_view body, NodeNam
 }  // namespace
 
 absl::StatusOr<ExtenderArgs> ParseExtenderArgs(std::string_view body, NodeNamesCache* cache) {
+  constexpr std::string_view kWhat = "ExtenderArgs";
+  // Checked before the fast path, which parses pieces of this text.
+  if (absl::Status st = CheckJsonLimits(body, kExtenderArgsJsonLimits, kWhat); !st.ok()) return st;
   if (cache != nullptr) {
     if (auto fast = ParseExtenderArgsFast(body, *cache); fast.has_value()) return std::move(*fast);
   }
-  constexpr std::string_view kWhat = "ExtenderArgs";
-  auto doc = ParseBody(body, kWhat);
+  auto doc = ParseBody(body, kExtenderArgsJsonLimits, kWhat);
   if (!doc.ok()) return doc.status();
   ExtenderArgs args;
   // The parsed document is ours: move its parts out instead of copying them.
@@ -289,7 +294,7 @@ json ToJson(const ExtenderFilterResult& result) {
 
 absl::StatusOr<ExtenderBindingArgs> ParseExtenderBindingArgs(std::string_view body) {
   constexpr std::string_view kWhat = "ExtenderBindingArgs";
-  auto doc = ParseBody(body, kWhat);
+  auto doc = ParseBody(body, kExtenderBindingJsonLimits, kWhat);
   if (!doc.ok()) return doc.status();
   ExtenderBindingArgs args;
   auto name = StringField(*doc, "PodName", kWhat, true);

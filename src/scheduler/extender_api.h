@@ -47,7 +47,8 @@ class NodeNamesCache {
   std::shared_ptr<const std::vector<std::string>> names_;
 };
 
-// Parses the request body. kInvalidArgument for text that is not JSON, a body that is not an
+// Parses the request body. kInvalidArgument for a body beyond kExtenderArgsJsonLimits (16 MiB, 64
+// levels of nesting; the message names the limit), text that is not JSON, a body that is not an
 // object, a missing or non-object Pod, NodeNames that is not a list of strings, Nodes that is not
 // a NodeList. With a cache, the members are located first and only Pod (and NodeNames when it
 // differs from the cached list) are parsed; any doubt falls back to parsing the whole body.
@@ -79,7 +80,8 @@ struct ExtenderBindingArgs {
   std::string node;           // "Node"
 };
 
-// kInvalidArgument for bad JSON or a missing PodName, PodNamespace or Node.
+// kInvalidArgument for bad JSON, a body beyond kExtenderBindingJsonLimits (64 KiB, 8 levels) or
+// a missing PodName, PodNamespace or Node.
 absl::StatusOr<ExtenderBindingArgs> ParseExtenderBindingArgs(std::string_view body);
 
 // {"Error":"..."}: the ExtenderBindingResult (and the error form of every extender answer).

@@ -36,6 +36,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/bounded_json.h"
 #include "common/clock.h"
 #include "kube/informer.h"
 #include "kube/kube_client.h"
@@ -91,7 +92,9 @@ struct SchedulerServerOptions {
   // How often the leader expires reservations; zero = never by itself (tests call
   // ExpireReservations()).
   absl::Duration expiry_interval = absl::Seconds(30);
-  size_t max_body_bytes = size_t{16} << 20;
+  // The largest body of any endpoint: /filter's ExtenderArgs (16 MiB); an AdmissionReview is then
+  // held to its own 7 MiB and a /bind body to 64 KiB as they are parsed (common/bounded_json.h).
+  size_t max_body_bytes = kExtenderArgsJsonLimits.max_bytes;
   // HTTP threads, shared by /filter, /bind and the webhooks. kube-scheduler binds every pod of a
   // burst at once and a bind may wait up to 75 s for the node lock in one of them (lock_queue.h),
   // so there must be room for a burst's binds besides the filters and webhooks: at most 3/4 of

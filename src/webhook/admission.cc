@@ -6,6 +6,7 @@
 #include <span>
 
 #include "absl/strings/escaping.h"
+#include "common/bounded_json.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "mig/catalogue.h"
@@ -329,15 +330,17 @@ absl::Status ValidatePreference(std::string_view value, const mig::Allowlist& al
 AdmissionHandler::AdmissionHandler(AdmissionOptions options) : options_(std::move(options)) {}
 
 std::string AdmissionHandler::Review(std::string_view body, bool mutate) const {
-  json review = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-  if (review.is_discarded()) {
+  // Bounded before anything walks the tree: dump() and copies recurse once per nesting level.
+  auto review =
+      ParseBoundedJson(body, kAdmissionReviewJsonLimits, "AdmissionReview: the request body");
+  if (!review.ok()) {
     json response = {{"uid", ""}};
-    Deny(response, 400, "BadRequest", "AdmissionReview: the request body is not valid JSON");
+    Deny(response, 400, "BadRequest", std::string(review.status().message()));
     return json{
         {"apiVersion", "admission.k8s.io/v1"}, {"kind", "AdmissionReview"}, {"response", response}}
         .dump();
   }
-  return ReviewJson(review, mutate).dump();
+  return ReviewJson(*review, mutate).dump();
 }
 
 json AdmissionHandler::ReviewJson(const json& review, bool mutate) const {

@@ -253,7 +253,7 @@ TEST_F(AdmissionTest, InvalidResponsesAreCallFailures) {
   });
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"/wrong-uid", "expected response.uid="},
-      {"/not-json", "not JSON"},
+      {"/not-json", "the webhook response: invalid JSON"},
       {"/http-500", "received HTTP 500"},
       {"/slow", "failed to call webhook"},
   };

@@ -638,7 +638,7 @@ TEST_F(AdmissionTest, MalformedReviewsGetAnErrorStatus) {
   json out = json::parse(handler_.Review(std::string_view("{not json")));
   EXPECT_EQ(out["response"]["allowed"], false);
   EXPECT_EQ(out["response"]["status"]["code"], 400);
-  EXPECT_THAT(out["response"]["status"]["message"].get<std::string>(), HasSubstr("not valid JSON"));
+  EXPECT_THAT(out["response"]["status"]["message"].get<std::string>(), HasSubstr("invalid JSON"));
   out = handler_.ReviewJson(json{{"apiVersion", "v1"}, {"kind", "Pod"}});
   EXPECT_THAT(out["response"]["status"]["message"].get<std::string>(),
               HasSubstr("expected an admission.k8s.io/v1 AdmissionReview"));
