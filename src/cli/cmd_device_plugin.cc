@@ -27,6 +27,7 @@ struct DevicePluginFlags {
   bool in_cluster = false;
   std::string kubelet_dir = "/var/lib/kubelet/device-plugins";
   std::string socket_name = "dynmig.sock";
+  std::string pod_resources_socket = std::string(deviceplugin::kDefaultPodResourcesSocket);
   std::string state_file;
   std::string sim;
   std::string sim_state;
@@ -103,6 +104,7 @@ int Run(const DevicePluginFlags& f, CliContext& ctx) {
   options.core.cdi_dir = f.cdi_dir;
   options.kubelet_dir = f.kubelet_dir;
   options.socket_name = f.socket_name;
+  options.pod_resources_socket = f.pod_resources_socket;
   options.reconcile_interval = reconcile;
   options.register_interval = register_every;
   options.metrics_listen = f.metrics_listen;
@@ -141,6 +143,10 @@ void RegisterDevicePluginCommand(CLI::App& root, CliContext& ctx) {
   cmd->add_option("--kubelet-dir", f->kubelet_dir, "the kubelet's device-plugin directory")
       ->capture_default_str();
   cmd->add_option("--socket-name", f->socket_name, "this plugin's socket in --kubelet-dir")
+      ->capture_default_str();
+  cmd->add_option("--pod-resources-socket", f->pod_resources_socket,
+                  "the kubelet's PodResources API socket: PreStartContainer proves there that the "
+                  "devices it starts a container with went to the reserved pod")
       ->capture_default_str();
   cmd->add_option("--state-file", f->state_file,
                   "node-local state (default <kubelet-dir>/dynmig/state.json)");

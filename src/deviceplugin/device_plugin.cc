@@ -15,9 +15,9 @@ namespace dynmig::deviceplugin {
 DevicePlugin::DevicePlugin(DevicePluginOptions options, nvml::Nvml& nvml, kube::KubeClient& kube)
     : options_(std::move(options)), nvml_(nvml), kube_(kube) {}
 
-absl::StatusOr<std::unique_ptr<DevicePlugin>> DevicePlugin::Start(DevicePluginOptions options,
-                                                                  nvml::Nvml& nvml,
-                                                                  kube::KubeClient& kube) {
+absl::StatusOr<std::unique_ptr<DevicePlugin>> DevicePlugin::Start(
+    DevicePluginOptions options, nvml::Nvml& nvml, kube::KubeClient& kube,
+    PodResourcesSource* pod_resources) {
   if (options.kubelet_dir.empty()) {
     return absl::InvalidArgumentError("device plugin: the kubelet directory is required");
   }
@@ -34,8 +34,18 @@ absl::StatusOr<std::unique_ptr<DevicePlugin>> DevicePlugin::Start(DevicePluginOp
   p.metrics_ = std::make_unique<Metrics>();
   p.events_ =
       std::make_unique<EventRecorder>(kube, p.options_.core.component, p.options_.core.clock);
-  DYNMIG_ASSIGN_OR_RETURN(p.core_,
-                          PluginCore::Create(p.options_.core, nvml, kube, *p.metrics_, *p.events_));
+  if (pod_resources == nullptr) {
+    PodResourcesClientOptions client;
+    client.socket = p.options_.pod_resources_socket.empty()
+                        ? PodResourcesSocketBeside(p.options_.kubelet_dir)
+                        : p.options_.pod_resources_socket;
+    client.timeout = p.options_.pod_resources_timeout;
+    p.own_pod_resources_ = std::make_unique<GrpcPodResources>(std::move(client));
+    pod_resources = p.own_pod_resources_.get();
+  }
+  spdlog::info("the kubelet's PodResources API: {}", pod_resources->Describe());
+  DYNMIG_ASSIGN_OR_RETURN(p.core_, PluginCore::Create(p.options_.core, nvml, kube, *p.metrics_,
+                                                      *p.events_, pod_resources));
   DYNMIG_RETURN_IF_ERROR(p.core_->Start());
   if (auto st = p.core_->PublishNode(); !st.ok()) {
     spdlog::warn("{} (retried every {})", std::string(st.message()),

@@ -2,7 +2,8 @@
 // and by `dynmig device-plugin`:
 //
 //   nvml::SimNvml / DlopenNvml  ─┐
-//   kube::KubeClient            ─┼─> PluginCore ──> GrpcEndpoint (kubelet socket, registration)
+//   kube::KubeClient            ─┤
+//   PodResourcesSource (kubelet)─┼─> PluginCore ──> GrpcEndpoint (kubelet socket, registration)
 //                                │                ─> HTTP listener (/metrics, /nvml, /healthz)
 //                                └─> EventRecorder, Metrics
 //   plus a loop: every reconcile interval RefreshDevices + Reconcile, every register interval
@@ -33,6 +34,7 @@
 #include "deviceplugin/grpc_endpoint.h"
 #include "deviceplugin/metrics.h"
 #include "deviceplugin/plugin_core.h"
+#include "deviceplugin/pod_resources.h"
 #include "kube/kube_client.h"
 #include "nvml/nvml.h"
 
@@ -54,16 +56,22 @@ struct DevicePluginOptions {
   absl::Duration kubelet_poll_interval = absl::Seconds(1);
   // "HOST:PORT" for /metrics, /nvml and /healthz; port 0 picks a free one; "" = no listener.
   std::string metrics_listen;
+  // The kubelet's PodResources socket; "" = beside kubelet_dir (PodResourcesSocketBeside:
+  // /var/lib/kubelet/device-plugins -> /var/lib/kubelet/pod-resources/kubelet.sock).
+  std::string pod_resources_socket;
+  absl::Duration pod_resources_timeout = absl::Seconds(5);
 };
 
 class DevicePlugin {
  public:
   // Starts everything: core (discovery, recovery), gRPC endpoint (serve + register), HTTP
-  // listener, loop. `nvml` and `kube` must outlive the plugin. Errors: bad options, NVML
-  // unreadable, the state file unwritable, the socket or the listen address unusable.
-  static absl::StatusOr<std::unique_ptr<DevicePlugin>> Start(DevicePluginOptions options,
-                                                             nvml::Nvml& nvml,
-                                                             kube::KubeClient& kube);
+  // listener, loop. `nvml` and `kube` (and `pod_resources` when given) must outlive the plugin;
+  // without `pod_resources` the plugin reads the kubelet's PodResources API on
+  // options.pod_resources_socket. Errors: bad options, NVML unreadable, the state file
+  // unwritable, the socket or the listen address unusable.
+  static absl::StatusOr<std::unique_ptr<DevicePlugin>> Start(
+      DevicePluginOptions options, nvml::Nvml& nvml, kube::KubeClient& kube,
+      PodResourcesSource* pod_resources = nullptr);
   ~DevicePlugin();  // Stop()
   DevicePlugin(const DevicePlugin&) = delete;
   DevicePlugin& operator=(const DevicePlugin&) = delete;
@@ -93,6 +101,7 @@ class DevicePlugin {
   kube::KubeClient& kube_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<EventRecorder> events_;
+  std::unique_ptr<PodResourcesSource> own_pod_resources_;  // when none was given
   std::unique_ptr<PluginCore> core_;
   std::unique_ptr<GrpcEndpoint> endpoint_;
   std::unique_ptr<httplib::Server> http_;

@@ -34,6 +34,9 @@ inline constexpr std::string_view kReasonReconcileSkipped = "MigReconcileSkipped
 // A pod says hami.io/bind-phase=allocating on this node, but the node lock or its reservation does
 // not confirm it: it is not taken as the pod of an Allocate.
 inline constexpr std::string_view kReasonBindMismatch = "MigBindMismatch";
+// The devices the kubelet is about to start a container with (PreStartContainer), or an Allocate,
+// cannot be proven to be the reserved pod's: that container does not start (identity.h).
+inline constexpr std::string_view kReasonIdentityMismatch = "MigIdentityMismatch";
 // Warm instances: an ended pod's instance kept idle for reuse, and an idle instance given to a pod.
 inline constexpr std::string_view kReasonIdled = "MigInstanceIdle";
 inline constexpr std::string_view kReasonReused = "MigInstanceReused";

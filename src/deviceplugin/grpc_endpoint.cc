@@ -75,9 +75,11 @@ class GrpcEndpoint::Service final : public v1beta1::DevicePlugin::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status PreStartContainer(grpc::ServerContext*, const v1beta1::PreStartContainerRequest*,
+  grpc::Status PreStartContainer(grpc::ServerContext*,
+                                 const v1beta1::PreStartContainerRequest* request,
                                  v1beta1::PreStartContainerResponse*) override {
-    return grpc::Status::OK;
+    std::vector<std::string> ids(request->devices_ids().begin(), request->devices_ids().end());
+    return ToGrpc(core_.PreStartContainer(ids));
   }
 
  private:

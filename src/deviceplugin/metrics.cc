@@ -44,6 +44,11 @@ Metrics::Metrics()
                     .Name("dynmig_deviceplugin_refusals_total")
                     .Help("Allocate calls refused, by reason")
                     .Register(*registry_)),
+      prestart_refusals_(prometheus::BuildCounter()
+                             .Name("dynmig_deviceplugin_prestart_refusals_total")
+                             .Help("PreStartContainer calls refused (the container does not "
+                                   "start), by reason")
+                             .Register(*registry_)),
       reconcile_(prometheus::BuildCounter()
                      .Name("dynmig_deviceplugin_reconcile_cycles_total")
                      .Help("reconciliation cycles by result (ok, skipped_list, skipped_decode)")
@@ -135,6 +140,9 @@ void Metrics::InstanceAdopted(std::string_view origin) {
 void Metrics::AdoptionFailed() { adoption_failures_.Add({}).Increment(); }
 void Metrics::Refused(std::string_view reason) {
   refusals_.Add({{"reason", std::string(reason)}}).Increment();
+}
+void Metrics::PreStartRefused(std::string_view reason) {
+  prestart_refusals_.Add({{"reason", std::string(reason)}}).Increment();
 }
 void Metrics::ReconcileDone(std::string_view result, double seconds) {
   reconcile_.Add({{"result", std::string(result)}}).Increment();

@@ -13,7 +13,11 @@
 //   dynmig_deviceplugin_idle_instances{gpu,profile}          gauge: idle (warm) instances
 //   dynmig_deviceplugin_instances_adopted_total{origin}      annotation | intent
 //   dynmig_deviceplugin_adoption_failures_total               allocations that could not be
-//   verified dynmig_deviceplugin_refusals_total{reason}                refused Allocates, by reason
+//                                                             verified
+//   dynmig_deviceplugin_refusals_total{reason}                refused Allocates, by reason
+//   dynmig_deviceplugin_prestart_refusals_total{reason}       refused PreStartContainers (the
+//                                                             container does not start), by reason
+//                                                             (identity.h kIdentity*)
 //   dynmig_deviceplugin_reconcile_cycles_total{result}        ok | skipped_list | skipped_decode
 //   dynmig_deviceplugin_reconcile_duration_seconds            histogram
 //   dynmig_deviceplugin_destroy_failures_total                destroy attempts NVML refused
@@ -58,6 +62,7 @@ class Metrics {
   void InstanceAdopted(std::string_view origin);
   void AdoptionFailed();
   void Refused(std::string_view reason);
+  void PreStartRefused(std::string_view reason);
   void ReconcileDone(std::string_view result, double seconds);
   void DestroyFailed();
   void Registered();
@@ -86,6 +91,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& adopted_;
   prometheus::Family<prometheus::Counter>& adoption_failures_;
   prometheus::Family<prometheus::Counter>& refusals_;
+  prometheus::Family<prometheus::Counter>& prestart_refusals_;
   prometheus::Family<prometheus::Counter>& reconcile_;
   prometheus::Family<prometheus::Histogram>& reconcile_duration_;
   prometheus::Family<prometheus::Counter>& destroy_failures_;

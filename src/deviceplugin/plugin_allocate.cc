@@ -210,6 +210,13 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> PluginCore::AllocateLocked(
     for (const auto& m : pending.mismatches) why += fmt::format("; {}: {}", m.pod->key, m.why);
     return absl::FailedPreconditionError(why);
   }
+  if (auto known = KubeletKnows(*pending.pod); !known.ok()) {
+    // Not the owner's Allocate: refused without touching the owner (its bind and lock stay).
+    *result = "refused";
+    metrics_.Refused("owner_unknown_to_kubelet");
+    Event(pending.pod, "Warning", kReasonIdentityMismatch, std::string(known.message()));
+    return known;
+  }
   const PodMig pod = *pending.pod;
   // The pod is identified: the node lock has done its job. Release it now, before any NVML work,
   // so that the next bind to this node need not wait for this one's instances. The pod's later
@@ -542,8 +549,9 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> PluginCore::AllocateLocked(
     return absl::AbortedError("simulated crash after the annotation");
   }
 
-  // Commit: managed instances and closed intents in one write.
+  // Commit: managed instances, closed intents and the ledger entry in one write.
   for (const auto& m : instances) Manage(m);
+  RecordLedger(device_ids, pod, container, instances);
   std::erase_if(state_.intents, [&](const Intent& i) {
     return std::find(intents.begin(), intents.end(), i.id) != intents.end();
   });

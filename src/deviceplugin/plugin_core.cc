@@ -16,11 +16,9 @@
 #include "spdlog/spdlog.h"
 
 namespace dynmig::deviceplugin {
-absl::StatusOr<std::unique_ptr<PluginCore>> PluginCore::Create(PluginCoreOptions options,
-                                                               nvml::Nvml& nvml,
-                                                               kube::KubeClient& kube,
-                                                               Metrics& metrics,
-                                                               EventRecorder& events) {
+absl::StatusOr<std::unique_ptr<PluginCore>> PluginCore::Create(
+    PluginCoreOptions options, nvml::Nvml& nvml, kube::KubeClient& kube, Metrics& metrics,
+    EventRecorder& events, PodResourcesSource* pod_resources) {
   if (options.node_name.empty()) {
     return absl::InvalidArgumentError("device plugin: the node name is required (--node)");
   }
@@ -36,16 +34,17 @@ absl::StatusOr<std::unique_ptr<PluginCore>> PluginCore::Create(PluginCoreOptions
   if (options.annotation_attempts < 1) options.annotation_attempts = 1;
   if (!options.clock) options.clock = [] { return absl::Now(); };
   return std::unique_ptr<PluginCore>(
-      new PluginCore(std::move(options), nvml, kube, metrics, events));
+      new PluginCore(std::move(options), nvml, kube, metrics, events, pod_resources));
 }
 
 PluginCore::PluginCore(PluginCoreOptions options, nvml::Nvml& nvml, kube::KubeClient& kube,
-                       Metrics& metrics, EventRecorder& events)
+                       Metrics& metrics, EventRecorder& events, PodResourcesSource* pod_resources)
     : options_(std::move(options)),
       nvml_(nvml),
       kube_(kube),
       metrics_(metrics),
       events_(events),
+      pod_resources_(pod_resources),
       store_(options_.state_file, options_.fsync),
       cdi_(options_.cdi_dir, options_.fsync) {}
 

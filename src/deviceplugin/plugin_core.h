@@ -14,6 +14,19 @@
 //                 first), the runtime identity written into hami.io/vgpu-mig-allocations under a
 //                 resourceVersion precondition, the answer (NVIDIA_VISIBLE_DEVICES + device nodes,
 //                 or CDI names). On failure only what this call created is destroyed.
+//                 Before the node lock's owner is served, the kubelet (PodResources) must list it:
+//                 the kubelet knows the pod it admits before it calls Allocate, so an Allocate
+//                 while it does not is another pod's (one that reached the node around the
+//                 scheduler) and is refused, keeping the lock for the owner. Every served
+//                 Allocate is recorded in the ledger (device IDs -> pod UID, namespace, name,
+//                 container, MIG UUIDs), persisted in the state file.
+//   PreStartContainer()  the kubelet calls it before every start of a container that got this
+//                 plugin's devices (GetDevicePluginOptions says pre_start_required): the ledger
+//                 entry for exactly these device IDs, the kubelet's PodResources (which container
+//                 holds exactly them) and the API (that pod's UID) must agree (identity.h
+//                 CheckIdentity). Anything else fails that container's start (fail closed: it
+//                 gets nothing), with a Warning event MigIdentityMismatch on the pods concerned and
+//                 dynmig_deviceplugin_prestart_refusals_total{reason}; nothing is destroyed.
 //   Reconcile()   destroys CI then GI of every managed instance whose owner pod is no longer active
 //                 (processes still running: retried next cycle, others go on); adopts live
 //                 instances that a pod's verified annotation describes; cleans untracked instances
@@ -21,6 +34,7 @@
 //                 a non-terminated pod's MIG annotations cannot be read.
 //                 Releases a node lock whose pod will never reach Allocate here (deleted,
 //                 finished, or bound to another node), so the node does not wait out its expiry.
+//                 Drops the ledger entries of pods that ended.
 //   PublishNode() hami.io/node-nvidia-register + hami.io/node-handshake "Reported_<RFC3339>",
 //                 dynmig.io/mig-held and dynmig.io/idle-mig-instances.
 //
@@ -34,7 +48,7 @@
 // idle instances that NVML still shows (never cleans them as untracked).
 //
 // Sources: plugin_core.cc (start, state, shared helpers), plugin_allocate.cc, plugin_reclaim.cc,
-// plugin_warm.cc, plugin_recovery.cc, plugin_publish.cc.
+// plugin_warm.cc, plugin_recovery.cc, plugin_publish.cc, plugin_identity.cc (ledger, PreStart).
 //
 // Thread-safe: mutating operations are serialized by one mutex (they touch node-global state);
 // Devices()/WaitForDeviceChange() use their own lock so ListAndWatch never waits on NVML.
@@ -59,6 +73,7 @@
 #include "deviceplugin/events.h"
 #include "deviceplugin/inventory.h"
 #include "deviceplugin/metrics.h"
+#include "deviceplugin/pod_resources.h"
 #include "deviceplugin/pods.h"
 #include "deviceplugin/state_store.h"
 #include "deviceplugin/v1beta1/api.pb.h"
@@ -129,13 +144,13 @@ struct QuarantinedSlices {
 
 class PluginCore {
  public:
-  // `nvml`, `kube`, `metrics` and `events` must outlive the core. kInvalidArgument: node name or
-  // state file missing, or an invalid allowlist.
-  static absl::StatusOr<std::unique_ptr<PluginCore>> Create(PluginCoreOptions options,
-                                                            nvml::Nvml& nvml,
-                                                            kube::KubeClient& kube,
-                                                            Metrics& metrics,
-                                                            EventRecorder& events);
+  // `nvml`, `kube`, `metrics`, `events` and `pod_resources` must outlive the core. Without
+  // `pod_resources` (the kubelet's PodResources API) no PreStartContainer is proven (every one is
+  // refused) and Allocate skips its check of the lock owner. kInvalidArgument: node name or state
+  // file missing, or an invalid allowlist.
+  static absl::StatusOr<std::unique_ptr<PluginCore>> Create(
+      PluginCoreOptions options, nvml::Nvml& nvml, kube::KubeClient& kube, Metrics& metrics,
+      EventRecorder& events, PodResourcesSource* pod_resources = nullptr);
   PluginCore(const PluginCore&) = delete;
   PluginCore& operator=(const PluginCore&) = delete;
 
@@ -157,6 +172,10 @@ class PluginCore {
   // placement busy), NVML's codes when creation fails, kAborted (annotation conflicts persisted).
   absl::StatusOr<v1beta1::ContainerAllocateResponse> Allocate(
       const std::vector<std::string>& device_ids);
+  // Whether the container about to start with `device_ids` is the pod container they were served
+  // for (see the header comment). kFailedPrecondition naming what differs; kUnavailable when the
+  // kubelet's PodResources or the API cannot be read.
+  absl::Status PreStartContainer(const std::vector<std::string>& device_ids);
   // Prefers replicas of the GPUs the pending pod's next container reserved.
   v1beta1::ContainerPreferredAllocationResponse PreferredAllocation(
       const v1beta1::ContainerPreferredAllocationRequest& request);
@@ -175,6 +194,7 @@ class PluginCore {
   nlohmann::json NvmlView();
   std::vector<ManagedInstance> Managed() const;
   std::vector<Intent> OpenIntents() const;
+  std::vector<LedgerEntry> Ledger() const;
   std::vector<QuarantinedSlices> Quarantined() const;
   // Slices live instances hold that no active pod's reservation names (published as
   // dynmig.io/mig-held so the scheduler does not reserve them): instances of ended pods not
@@ -190,7 +210,7 @@ class PluginCore {
 
  private:
   PluginCore(PluginCoreOptions options, nvml::Nvml& nvml, kube::KubeClient& kube, Metrics& metrics,
-             EventRecorder& events);
+             EventRecorder& events, PodResourcesSource* pod_resources);
 
   struct Plan;
   struct Created;
@@ -199,8 +219,9 @@ class PluginCore {
   int64_t NowUnix() const { return absl::ToUnixSeconds(Now()); }
   bool Crash(std::string_view point) const;
 
-  // All below REQUIRE mu_ held.
+  // The node's pods from the API (needs no lock).
   absl::StatusOr<std::vector<PodMig>> ListPods();
+  // All below REQUIRE mu_ held.
   absl::Status Persist();
   void UpdateDevices();
   void UpdateGauges();
@@ -229,6 +250,16 @@ class PluginCore {
   std::vector<protocol::IdleInstance> IdleLocked() const;
   absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateLocked(
       const std::vector<std::string>& device_ids, std::string* result);
+  // Ledger (plugin_identity.cc). Records that `device_ids` were served for container `container`
+  // of `pod` with `instances` (replacing an entry with the same IDs).
+  void RecordLedger(const std::vector<std::string>& device_ids, const PodMig& pod, int container,
+                    const std::vector<ManagedInstance>& instances);
+  // Drops the entries whose pod is not among the non-terminated `pods`; true when any was.
+  bool PruneLedger(const std::vector<PodMig>& pods);
+  // Allocate's check of the pod it is about to serve: kFailedPrecondition when the kubelet's
+  // PodResources answers and does not list `pod` (this Allocate is another pod's). OK when it
+  // lists it, and when PodResources cannot be read (PreStartContainer then fails closed).
+  absl::Status KubeletKnows(const PodMig& pod);
   absl::Status Refuse(const PodMig& pod, std::string_view reason, absl::Status status,
                       std::string* result);
   // bind-phase failed; releases the node lock unless this Allocate already did.
@@ -283,6 +314,7 @@ class PluginCore {
   kube::KubeClient& kube_;
   Metrics& metrics_;
   EventRecorder& events_;
+  PodResourcesSource* const pod_resources_;  // may be null
   const StateStore store_;
   const CdiWriter cdi_;
 

@@ -41,7 +41,7 @@ void PluginCore::UpdateDevices() {
 
 v1beta1::DevicePluginOptions PluginCore::PluginOptions() const {
   v1beta1::DevicePluginOptions o;
-  o.set_pre_start_required(false);
+  o.set_pre_start_required(true);  // PreStartContainer proves whom the devices went to
   o.set_get_preferred_allocation_available(true);
   return o;
 }

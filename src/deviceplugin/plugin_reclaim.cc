@@ -115,7 +115,7 @@ ReconcileReport PluginCore::ReconcileLocked(const std::vector<PodMig>& pods) {
 
   std::map<std::string, const PodMig*> by_uid;
   for (const auto& p : pods) by_uid[p.uid] = &p;
-  bool changed = false;
+  bool changed = PruneLedger(pods);  // entries of ended pods
   const std::vector<ManagedInstance> managed = state_.instances;
   ended_held_.clear();
   for (const auto& m : managed) {

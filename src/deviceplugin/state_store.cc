@@ -79,6 +79,24 @@ class Reader {
             static_cast<int>(U32(*v, "containerIndex", p)),
             static_cast<int>(U32(*v, "deviceIndex", p))};
   }
+  std::vector<std::string> Strings(const Json& obj, const std::string& key,
+                                   const std::string& path) {
+    const Json* v = Field(obj, key, path);
+    std::vector<std::string> out;
+    if (v == nullptr) return out;
+    if (!v->is_array()) {
+      Fail(fmt::format("{}.{}: must be an array of strings", path, key));
+      return out;
+    }
+    for (const auto& e : *v) {
+      if (!e.is_string()) {
+        Fail(fmt::format("{}.{}: must be an array of strings", path, key));
+        return {};
+      }
+      out.push_back(e.get<std::string>());
+    }
+    return out;
+  }
   void Fail(std::string message) {
     if (error_->empty()) *error_ = std::move(message);
   }
@@ -92,6 +110,33 @@ absl::Status ErrnoStatus(int err, const std::string& what) {
   if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(message);
   if (err == ENOENT) return absl::NotFoundError(message);
   return absl::UnavailableError(message);
+}
+
+// "ledger" is optional (absent in files written before it existed).
+void DecodeLedger(const Json& doc, Reader& r, PluginState& state) {
+  if (!doc.contains("ledger")) return;
+  const Json& ledger = doc.at("ledger");
+  if (!ledger.is_array()) {
+    r.Fail("state.ledger: must be an array");
+    return;
+  }
+  for (size_t k = 0; k < ledger.size(); ++k) {
+    const Json& j = ledger[k];
+    const std::string path = fmt::format("state.ledger[{}]", k);
+    LedgerEntry e;
+    e.device_ids = r.Strings(j, "deviceIDs", path);
+    e.pod_uid = r.String(j, "podUID", path);
+    e.ns = r.String(j, "namespace", path);
+    e.name = r.String(j, "name", path);
+    e.container = r.String(j, "container", path);
+    e.container_index = static_cast<int>(r.U32(j, "containerIndex", path));
+    const Json* init = r.Field(j, "initContainer", path);
+    if (init != nullptr && !init->is_boolean()) r.Fail(path + ".initContainer: must be a boolean");
+    e.init_container = init != nullptr && init->is_boolean() && init->get<bool>();
+    e.mig_uuids = r.Strings(j, "migUUIDs", path);
+    e.since = r.Int(j, "since", path);
+    state.ledger.push_back(std::move(e));
+  }
 }
 
 }  // namespace
@@ -124,10 +169,23 @@ std::string EncodeState(const PluginState& state) {
                            {"created", i.created},
                            {"owner", OwnerJson(i.owner)}});
   }
+  Json ledger = Json::array();
+  for (const auto& e : state.ledger) {
+    ledger.push_back(Json{{"deviceIDs", e.device_ids},
+                          {"podUID", e.pod_uid},
+                          {"namespace", e.ns},
+                          {"name", e.name},
+                          {"container", e.container},
+                          {"containerIndex", e.container_index},
+                          {"initContainer", e.init_container},
+                          {"migUUIDs", e.mig_uuids},
+                          {"since", e.since}});
+  }
   Json doc = {{"version", 1},
               {"nextIntentId", state.next_intent_id},
               {"instances", instances},
-              {"intents", intents}};
+              {"intents", intents},
+              {"ledger", ledger}};
   return doc.dump(1) + "\n";
 }
 
@@ -181,6 +239,8 @@ absl::StatusOr<PluginState> DecodeState(std::string_view text) {
     i.owner = r.Owner(j, path);
     state.intents.push_back(std::move(i));
   }
+  if (!error.empty()) return absl::DataLossError(error);
+  DecodeLedger(doc, r, state);
   if (!error.empty()) return absl::DataLossError(error);
   return state;
 }

@@ -11,7 +11,11 @@
 //                  "owner":{"podUID":"…","namespace":"default","name":"p","containerIndex":0,
 //                           "deviceIndex":0}}],
 //    "intents":[{"id":2,"gpuUUID":"GPU-…","profile":"1g.5gb","placement":{"start":5,"size":1},
-//                "created":1800000000,"owner":{…}}]}
+//                "created":1800000000,"owner":{…}}],
+//    "ledger":[{"deviceIDs":["GPU-…::0"],"podUID":"…","namespace":"default","name":"p",
+//               "container":"main","containerIndex":0,"initContainer":false,
+//               "migUUIDs":["MIG-…"],"since":1800000000}]}
+// "ledger" may be absent (a file written before it existed): an empty ledger.
 // Value types are thread-compatible; StateStore is thread-compatible (callers serialize).
 #pragma once
 
@@ -73,9 +77,29 @@ struct Intent {
   friend bool operator==(const Intent&, const Intent&) = default;
 };
 
+// One container's Allocate as this plugin served it: the device IDs the kubelet sent and the pod
+// container it was served for. PreStartContainer proves it against the kubelet's own record
+// (plugin_identity.cc). A later Allocate with the same device IDs replaces it; Reconcile drops it
+// once its pod has ended.
+struct LedgerEntry {
+  std::vector<std::string> device_ids;  // sorted, unique
+  std::string pod_uid;
+  std::string ns;
+  std::string name;
+  std::string container;    // the container's name
+  int container_index = 0;  // init containers first, then app containers (HAMi's index)
+  bool init_container = false;
+  std::vector<std::string> mig_uuids;  // what the answer gave the container
+  int64_t since = 0;                   // unix seconds
+
+  std::string PodKey() const { return ns + "/" + name; }
+  friend bool operator==(const LedgerEntry&, const LedgerEntry&) = default;
+};
+
 struct PluginState {
   std::vector<ManagedInstance> instances;
   std::vector<Intent> intents;
+  std::vector<LedgerEntry> ledger;
   uint64_t next_intent_id = 1;
 
   friend bool operator==(const PluginState&, const PluginState&) = default;

@@ -6,11 +6,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <set>
 
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
 #include "fmt/format.h"
+#include "podresources/v1/api.grpc.pb.h"
+#include "podresources/v1alpha1/api.grpc.pb.h"
 #include "spdlog/spdlog.h"
 
 namespace dynmig::deviceplugin {
@@ -34,7 +37,63 @@ bool IsExtendedResourceName(std::string_view name) {
   return domain != "kubernetes.io" && !domain.ends_with(".kubernetes.io");
 }
 
+// grpc-go's names of the status codes, as the kubelet's error text shows them.
+std::string_view GoCodeName(absl::StatusCode code) {
+  static constexpr std::string_view kNames[] = {
+      "OK",       "Canceled",       "Unknown",          "InvalidArgument",   "DeadlineExceeded",
+      "NotFound", "AlreadyExists",  "PermissionDenied", "ResourceExhausted", "FailedPrecondition",
+      "Aborted",  "OutOfRange",     "Unimplemented",    "Internal",          "Unavailable",
+      "DataLoss", "Unauthenticated"};
+  const int i = static_cast<int>(code);
+  return i >= 0 && i < static_cast<int>(std::size(kNames)) ? kNames[i] : "Unknown";
+}
+
+// The PodResources answer in either version's messages (their shared fields).
+template <typename Response>
+void FillPodResources(const PodResourcesList& pods, Response* out) {
+  for (const auto& p : pods) {
+    auto* pod = out->add_pod_resources();
+    pod->set_name(p.name);
+    pod->set_namespace_(p.ns);
+    for (const auto& c : p.containers) {
+      auto* container = pod->add_containers();
+      container->set_name(c.name);
+      for (const auto& [resource, ids] : c.devices) {
+        auto* d = container->add_devices();
+        d->set_resource_name(resource);
+        for (const auto& id : ids) d->add_device_ids(id);
+      }
+    }
+  }
+}
+
 }  // namespace
+
+class TestKubelet::PodResourcesV1 final : public ::v1::PodResourcesLister::Service {
+ public:
+  explicit PodResourcesV1(TestKubelet& kubelet) : kubelet_(kubelet) {}
+  grpc::Status List(grpc::ServerContext*, const ::v1::ListPodResourcesRequest*,
+                    ::v1::ListPodResourcesResponse* out) override {
+    FillPodResources(kubelet_.PodResources(), out);
+    return grpc::Status::OK;
+  }
+
+ private:
+  TestKubelet& kubelet_;
+};
+
+class TestKubelet::PodResourcesV1alpha1 final : public ::v1alpha1::PodResourcesLister::Service {
+ public:
+  explicit PodResourcesV1alpha1(TestKubelet& kubelet) : kubelet_(kubelet) {}
+  grpc::Status List(grpc::ServerContext*, const ::v1alpha1::ListPodResourcesRequest*,
+                    ::v1alpha1::ListPodResourcesResponse* out) override {
+    FillPodResources(kubelet_.PodResources(), out);
+    return grpc::Status::OK;
+  }
+
+ private:
+  TestKubelet& kubelet_;
+};
 
 struct TestKubelet::Plugin {
   KubeletPluginInfo info;  // guarded by TestKubelet::mu_
@@ -58,17 +117,27 @@ class TestKubelet::RegistrationService final : public v1beta1::Registration::Ser
   TestKubelet& kubelet_;
 };
 
-TestKubelet::TestKubelet(std::string dir)
-    : dir_(std::move(dir)), service_(std::make_unique<RegistrationService>(*this)) {}
+TestKubelet::TestKubelet(std::string dir, std::string pod_resources_socket)
+    : dir_(std::move(dir)),
+      pod_resources_socket_(std::move(pod_resources_socket)),
+      service_(std::make_unique<RegistrationService>(*this)),
+      pod_resources_v1_(std::make_unique<PodResourcesV1>(*this)),
+      pod_resources_v1alpha1_(std::make_unique<PodResourcesV1alpha1>(*this)) {}
 
-absl::StatusOr<std::unique_ptr<TestKubelet>> TestKubelet::Start(std::string dir) {
+absl::StatusOr<std::unique_ptr<TestKubelet>> TestKubelet::Start(std::string dir,
+                                                                std::string pod_resources_socket) {
+  if (pod_resources_socket.empty()) pod_resources_socket = PodResourcesSocketBeside(dir);
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) {
-    return absl::UnavailableError(
-        fmt::format("cannot create {}: {}", dir, std::string(ec.message())));
+  for (const std::string& d :
+       {dir, std::filesystem::path(pod_resources_socket).parent_path().string()}) {
+    std::filesystem::create_directories(d, ec);
+    if (ec) {
+      return absl::UnavailableError(
+          fmt::format("cannot create {}: {}", d, std::string(ec.message())));
+    }
   }
-  std::unique_ptr<TestKubelet> kubelet(new TestKubelet(std::move(dir)));
+  std::unique_ptr<TestKubelet> kubelet(
+      new TestKubelet(std::move(dir), std::move(pod_resources_socket)));
   if (auto st = kubelet->Serve(); !st.ok()) return st;
   return kubelet;
 }
@@ -90,6 +159,24 @@ absl::Status TestKubelet::Serve() {
   if (server_ == nullptr) {
     return absl::UnavailableError(fmt::format("cannot serve gRPC on unix://{}", path));
   }
+  return ServePodResources();
+}
+
+absl::Status TestKubelet::ServePodResources() {
+  const std::string& path = pod_resources_socket_;
+  if (path.size() > 107) {
+    return absl::InvalidArgumentError(fmt::format(
+        "socket path {} is {} bytes; a unix socket path holds at most 107", path, path.size()));
+  }
+  ::unlink(path.c_str());
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix://" + path, grpc::InsecureServerCredentials());
+  builder.RegisterService(pod_resources_v1_.get());
+  builder.RegisterService(pod_resources_v1alpha1_.get());
+  pod_resources_server_ = builder.BuildAndStart();
+  if (pod_resources_server_ == nullptr) {
+    return absl::UnavailableError(fmt::format("cannot serve gRPC on unix://{}", path));
+  }
   return absl::OkStatus();
 }
 
@@ -101,6 +188,12 @@ void TestKubelet::Stop() {
       server_->Wait();
       server_.reset();
       ::unlink(socket_path().c_str());
+    }
+    if (pod_resources_server_ != nullptr) {
+      pod_resources_server_->Shutdown(Deadline(absl::Seconds(1)));
+      pod_resources_server_->Wait();
+      pod_resources_server_.reset();
+      ::unlink(pod_resources_socket_.c_str());
     }
   }
   std::vector<std::thread> threads;
@@ -268,11 +361,84 @@ std::vector<std::string> TestKubelet::FreeDevices(std::string_view resource) con
   return out;
 }
 
+void TestKubelet::AddPod(const std::string& pod, std::vector<std::string> containers,
+                         std::vector<std::string> init_containers) {
+  std::lock_guard<std::mutex> lock(mu_);
+  pods_[pod] = KnownPod{std::move(containers), std::move(init_containers)};
+}
+
+PodResourcesList TestKubelet::PodResources() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  PodResourcesList out;
+  for (const auto& [key, known] : pods_) {
+    const size_t slash = key.find('/');
+    PodResourcesPod pod{slash == std::string::npos ? "" : key.substr(0, slash),
+                        slash == std::string::npos ? key : key.substr(slash + 1),
+                        {}};
+    for (const auto& name : known.containers) {  // not init containers, as the kubelet
+      PodResourcesContainer c{name, {}};
+      for (const auto& a : allocations_) {
+        if (a.pod != key || a.container != name) continue;
+        auto& ids = c.devices[a.resource_name];
+        ids.insert(ids.end(), a.device_ids.begin(), a.device_ids.end());
+        std::sort(ids.begin(), ids.end());
+      }
+      pod.containers.push_back(std::move(c));
+    }
+    out.push_back(std::move(pod));
+  }
+  return out;
+}
+
+int TestKubelet::prestart_calls() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return prestart_calls_;
+}
+
+absl::Status TestKubelet::PreStart(const std::string& pod, const std::string& container,
+                                   std::string_view resource) {
+  auto plugin = Get(resource);
+  if (!plugin.ok()) return plugin.status();
+  std::vector<std::string> ids;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!(*plugin)->info.options.pre_start_required()) return absl::OkStatus();
+    for (const auto& a : allocations_) {
+      if (a.pod == pod && a.container == container &&
+          a.resource_name == (*plugin)->info.resource_name) {
+        ids.insert(ids.end(), a.device_ids.begin(), a.device_ids.end());
+      }
+    }
+    if (ids.empty()) return absl::OkStatus();
+    ++prestart_calls_;
+  }
+  absl::Status st = PreStartContainer(ids, resource);
+  if (st.ok()) return st;
+  // PreStartContainer's error is "PreStartContainer: <desc>"; the kubelet shows grpc-go's text.
+  std::string desc(st.message());
+  if (desc.rfind("PreStartContainer: ", 0) == 0) desc.erase(0, std::strlen("PreStartContainer: "));
+  return absl::Status(st.code(),
+                      fmt::format("device plugin PreStartContainer rpc failed with err: rpc "
+                                  "error: code = {} desc = {}",
+                                  GoCodeName(st.code()), desc));
+}
+
 absl::StatusOr<v1beta1::ContainerAllocateResponse> TestKubelet::Allocate(
     const std::string& pod, const std::string& container,
     const std::vector<std::string>& device_ids, std::string_view resource) {
   auto plugin = Get(resource);
   if (!plugin.ok()) return plugin.status();
+  {
+    // The kubelet knows the pod it admits before it asks for its devices.
+    std::lock_guard<std::mutex> lock(mu_);
+    KnownPod& known = pods_[pod];
+    if (std::find(known.containers.begin(), known.containers.end(), container) ==
+            known.containers.end() &&
+        std::find(known.init_containers.begin(), known.init_containers.end(), container) ==
+            known.init_containers.end()) {
+      known.containers.push_back(container);
+    }
+  }
   grpc::ClientContext ctx;
   ctx.set_deadline(Deadline(absl::Seconds(60)));
   v1beta1::AllocateRequest request;
@@ -355,6 +521,7 @@ absl::Status TestKubelet::PreStartContainer(const std::vector<std::string>& devi
 void TestKubelet::ReleasePod(const std::string& pod) {
   std::lock_guard<std::mutex> lock(mu_);
   std::erase_if(allocations_, [&](const KubeletAllocation& a) { return a.pod == pod; });
+  pods_.erase(pod);
 }
 
 std::vector<KubeletAllocation> TestKubelet::allocations() const {

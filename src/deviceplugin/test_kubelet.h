@@ -10,6 +10,15 @@
 // socket of the directory is removed and kubelet.sock is created anew, so plugins must register
 // again. Keep `dir` short: unix socket paths hold at most 107 bytes.
 //
+// Like the kubelet it serves the PodResources API (v1 and v1alpha1 PodResourcesLister/List) on
+// its own socket, by default <parent of dir>/pod-resources/kubelet.sock (the kubelet's layout:
+// device-plugins/ and pod-resources/ side by side): every pod it knows (AddPod, or a pod it
+// allocated for) with its app containers (init containers are not listed, as in v1.20) and the
+// devices each holds. It knows a pod before it calls Allocate for it, and records the devices
+// right after Allocate returns, as the kubelet does. PreStart(pod, container) is the kubelet's
+// call before a container starts: PreStartContainer with the container's devices when the
+// plugin's options ask for it, failing with the kubelet's error text.
+//
 //   auto kubelet = TestKubelet::Start("/tmp/dp-x");
 //   (*kubelet)->WaitForRegistrations(1, absl::Seconds(10));
 //   auto a = (*kubelet)->AllocateCount("default/pod-a", "main", 1);   // GetPreferred + Allocate
@@ -31,6 +40,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "deviceplugin/pod_resources.h"
 #include "deviceplugin/v1beta1/api.pb.h"
 
 namespace grpc {
@@ -63,9 +73,11 @@ struct KubeletAllocation {
 
 class TestKubelet {
  public:
-  // Serves <dir>/kubelet.sock (dir is created; a stale kubelet.sock is replaced). kUnavailable
-  // when gRPC cannot listen; kInvalidArgument when the socket path is too long.
-  static absl::StatusOr<std::unique_ptr<TestKubelet>> Start(std::string dir);
+  // Serves <dir>/kubelet.sock (dir is created; a stale kubelet.sock is replaced) and the
+  // PodResources API on `pod_resources_socket` ("" = PodResourcesSocketBeside(dir)). kUnavailable
+  // when gRPC cannot listen; kInvalidArgument when a socket path is too long.
+  static absl::StatusOr<std::unique_ptr<TestKubelet>> Start(std::string dir,
+                                                            std::string pod_resources_socket = "");
   ~TestKubelet();  // Stop()
   TestKubelet(const TestKubelet&) = delete;
   TestKubelet& operator=(const TestKubelet&) = delete;
@@ -78,6 +90,7 @@ class TestKubelet {
 
   const std::string& dir() const { return dir_; }
   std::string socket_path() const { return dir_ + "/kubelet.sock"; }
+  const std::string& pod_resources_socket() const { return pod_resources_socket_; }
 
   // `resource` "" = the only (or first) registered resource.
   int registrations(std::string_view resource = "") const;
@@ -89,6 +102,20 @@ class TestKubelet {
                       absl::Duration timeout, std::string_view resource = "");
   // Healthy devices not allocated to any container.
   std::vector<std::string> FreeDevices(std::string_view resource = "") const;
+
+  // The kubelet learns of a pod ("namespace/name") with its app and init containers (by name).
+  // Allocate adds a pod it does not know yet, with the container as an app container.
+  void AddPod(const std::string& pod, std::vector<std::string> containers,
+              std::vector<std::string> init_containers = {});
+  // What the PodResources API answers now.
+  PodResourcesList PodResources() const;
+  // The kubelet's PreStartContainer call before `container` of `pod` starts: nothing unless the
+  // container holds devices of the resource and the plugin asked for pre_start_required; then
+  // PreStartContainer with its devices. Errors read as the kubelet's ("device plugin
+  // PreStartContainer rpc failed with err: rpc error: code = ... desc = ...").
+  absl::Status PreStart(const std::string& pod, const std::string& container,
+                        std::string_view resource = "");
+  int prestart_calls() const;
 
   // Allocate for one container with these device ids (recorded on success).
   absl::StatusOr<v1beta1::ContainerAllocateResponse> Allocate(
@@ -104,16 +131,23 @@ class TestKubelet {
       int size, std::string_view resource = "");
   absl::Status PreStartContainer(const std::vector<std::string>& device_ids,
                                  std::string_view resource = "");
-  // Forgets the pod's allocations (the pod was deleted).
+  // Forgets the pod and its allocations (the pod was deleted).
   void ReleasePod(const std::string& pod);
   std::vector<KubeletAllocation> allocations() const;
 
  private:
   struct Plugin;
+  struct KnownPod {
+    std::vector<std::string> containers;  // app containers, in order
+    std::vector<std::string> init_containers;
+  };
   class RegistrationService;
+  class PodResourcesV1;
+  class PodResourcesV1alpha1;
 
-  explicit TestKubelet(std::string dir);
+  TestKubelet(std::string dir, std::string pod_resources_socket);
   absl::Status Serve();
+  absl::Status ServePodResources();
   // The Registration handler.
   absl::Status OnRegister(const v1beta1::RegisterRequest& request);
   void WatchDevices(std::shared_ptr<Plugin> plugin);
@@ -122,8 +156,12 @@ class TestKubelet {
   absl::StatusOr<std::shared_ptr<Plugin>> Get(std::string_view resource) const;
 
   const std::string dir_;
+  const std::string pod_resources_socket_;
   std::unique_ptr<RegistrationService> service_;
+  std::unique_ptr<PodResourcesV1> pod_resources_v1_;
+  std::unique_ptr<PodResourcesV1alpha1> pod_resources_v1alpha1_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> pod_resources_server_;
   std::mutex server_mu_;
 
   mutable std::mutex mu_;
@@ -131,6 +169,8 @@ class TestKubelet {
   std::map<std::string, std::shared_ptr<Plugin>> plugins_;  // by resource name
   std::map<std::string, int> registrations_;
   std::vector<KubeletAllocation> allocations_;
+  std::map<std::string, KnownPod> pods_;  // by "namespace/name"
+  int prestart_calls_ = 0;
   std::vector<std::thread> retired_;  // stream threads of replaced plugins, joined on Stop
 };
 

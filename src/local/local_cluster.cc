@@ -103,6 +103,13 @@ class KubeletAllocator : public DeviceAllocator {
     return out;
   }
   void Release(const std::string& pod) override { kubelet_.ReleasePod(pod); }
+  void Admit(const std::string& pod, const std::vector<std::string>& containers,
+             const std::vector<std::string>& init_containers) override {
+    kubelet_.AddPod(pod, containers, init_containers);
+  }
+  absl::Status PreStart(const std::string& pod, const std::string& container) override {
+    return kubelet_.PreStart(pod, container);
+  }
 
  private:
   deviceplugin::TestKubelet& kubelet_;
@@ -384,13 +391,15 @@ absl::Status LocalCluster::Init() {
       return absl::PermissionDeniedError(
           fmt::format("cannot create {}: {}", node->dir, std::string(ec.message())));
     }
+    // The kubelet's layout: <root>/kubelet is the device-plugin directory, the PodResources
+    // socket is <root>/pod-resources/kubelet.sock beside it.
     node->kubelet_dir = node->dir + "/kubelet";
-    if (node->kubelet_dir.size() + std::string_view("/kubelet.sock").size() > kMaxSocketPath) {
+    if (deviceplugin::PodResourcesSocketBeside(node->kubelet_dir).size() > kMaxSocketPath) {
       std::string tmpl = "/tmp/dynmig-local-XXXXXX";
       if (::mkdtemp(tmpl.data()) == nullptr) {
         return absl::PermissionDeniedError(fmt::format("mkdtemp: {}", std::strerror(errno)));
       }
-      node->kubelet_dir = tmpl;
+      node->kubelet_dir = tmpl + "/kubelet";
     }
     // The GPUs exist before anything runs (the simulated hardware).
     {
@@ -715,6 +724,7 @@ absl::Status LocalCluster::StartDevicePluginLocked(Node& node) {
   o.core.warm = config->warm_instances;
   o.core.state_file = node.dir + "/device-plugin-state.json";
   o.kubelet_dir = node.kubelet_dir;
+  o.pod_resources_socket = node.kubelet->pod_resources_socket();
   o.reconcile_interval = options_.reconcile_interval;
   o.register_interval = options_.register_interval;
   o.kubelet_poll_interval = absl::Milliseconds(200);
@@ -783,7 +793,7 @@ void LocalCluster::Stop() {
   for (auto& node : nodes_) {
     if (node->kubelet_dir.rfind("/tmp/dynmig-local-", 0) == 0) {
       std::error_code ec;
-      fs::remove_all(node->kubelet_dir, ec);
+      fs::remove_all(fs::path(node->kubelet_dir).parent_path(), ec);
     }
   }
 }

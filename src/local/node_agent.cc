@@ -85,6 +85,8 @@ void NodeAgent::Start() {
       const absl::Time now = absl::Now();
       for (const auto& [uid, r] : running_) {
         if (r.ends_at) wait = std::min(wait, std::max(absl::ZeroDuration(), *r.ends_at - now));
+        if (!r.waiting.empty())
+          wait = std::min(wait, std::max(absl::ZeroDuration(), r.retry_at - now));
       }
       // And for the next pod to admit.
       if (next_admission_ != absl::InfiniteFuture()) {
@@ -154,6 +156,9 @@ void NodeAgent::Reconcile() {
       continue;
     }
     auto it = running_.find(uid);
+    if (it != running_.end() && !it->second.waiting.empty() && it->second.retry_at <= absl::Now()) {
+      StartContainers(*pod, it->second);  // the pod worker's next sync
+    }
     if (it != running_.end() && it->second.ends_at && *it->second.ends_at <= absl::Now()) {
       FinishPod(*pod, "Succeeded");
     }
@@ -185,60 +190,88 @@ void NodeAgent::StartPod(const kube::Object& pod) {
   const std::string key = kube::ObjectKey(pod);
   const std::string uid = kube::Uid(pod);
   const std::string resource = allocator_.ResourceName();
-  std::vector<const json*> containers;
+  std::vector<std::pair<const json*, bool>> containers;  // (container, init), in start order
+  std::vector<std::string> app_names, init_names;
   for (const char* list : {"initContainers", "containers"}) {
     const json* cs = nullptr;
     if (pod.contains("spec") && pod["spec"].contains(list)) cs = &pod["spec"][list];
     if (cs == nullptr || !cs->is_array()) continue;
-    for (const auto& c : *cs) containers.push_back(&c);
+    const bool init = std::string_view(list) == "initContainers";
+    for (const auto& c : *cs) {
+      containers.push_back({&c, init});
+      (init ? init_names : app_names).push_back(c.value("name", ""));
+    }
   }
   // Every container's device count first: a pod waits until the plugin is registered.
   uint32_t wanted = 0;
-  for (const json* c : containers)
+  for (const auto& [c, init] : containers)
     wanted += CountOf(*c, resource.empty() ? "nvidia.com/gpu" : resource);
   if (wanted > 0 && resource.empty()) return;  // plugin not registered yet: retry later
 
+  // Admission: the kubelet knows the pod, then allocates each container's devices.
+  allocator_.Admit(key, app_names, init_names);
   Running running;
-  json visible = json::object();
   std::set<std::string> used;
   const std::vector<std::string> ids = allocator_.DeviceIds();
-  for (const json* c : containers) {
+  for (const auto& [c, init] : containers) {
+    Admitted admitted{c->value("name", ""), init, "", ""};
     const uint32_t n = resource.empty() ? 0 : CountOf(*c, resource);
-    if (n == 0) continue;
-    std::vector<std::string> chosen;
-    for (const auto& id : ids) {
-      if (chosen.size() == n) break;
-      if (!used.count(id)) chosen.push_back(id);
-    }
-    absl::StatusOr<ContainerAllocation> alloc =
-        chosen.size() < n
-            ? absl::ResourceExhaustedError(fmt::format(
-                  "the node advertises {} {} devices, {} asked", ids.size(), resource, n))
-            : allocator_.Allocate(key, c->value("name", ""), chosen);
-    if (!alloc.ok()) {
-      const std::string msg =
-          fmt::format("Allocate failed for container {}: {}", c->value("name", ""),
-                      std::string(alloc.status().message()));
-      Log(fmt::format("{} failed on {}: {}", key, options_.node, msg));
-      json status = {
-          {"status",
-           {{"phase", "Failed"}, {"reason", "UnexpectedAdmissionError"}, {"message", msg}}}};
-      WriteStatus(pod, std::move(status));
-      (void)client_.CreateEvent(kube::NewEvent(pod, "Warning", "UnexpectedAdmissionError", msg,
-                                               "dynmig-local-kubelet", absl::Now()));
-      for (const auto& [uuid, pid] : running.processes) {
-        if (options_.processes.detach) (void)options_.processes.detach(uuid, pid);
+    if (n > 0) {
+      std::vector<std::string> chosen;
+      for (const auto& id : ids) {
+        if (chosen.size() == n) break;
+        if (!used.count(id)) chosen.push_back(id);
       }
-      allocator_.Release(key);
-      started_uid_[uid] = key;
-      return;
+      absl::StatusOr<ContainerAllocation> alloc =
+          chosen.size() < n
+              ? absl::ResourceExhaustedError(fmt::format(
+                    "the node advertises {} {} devices, {} asked", ids.size(), resource, n))
+              : allocator_.Allocate(key, admitted.name, chosen);
+      if (!alloc.ok()) {
+        const std::string msg = fmt::format("Allocate failed for container {}: {}", admitted.name,
+                                            std::string(alloc.status().message()));
+        Log(fmt::format("{} failed on {}: {}", key, options_.node, msg));
+        json status = {
+            {"status",
+             {{"phase", "Failed"}, {"reason", "UnexpectedAdmissionError"}, {"message", msg}}}};
+        WriteStatus(pod, std::move(status));
+        (void)client_.CreateEvent(kube::NewEvent(pod, "Warning", "UnexpectedAdmissionError", msg,
+                                                 "dynmig-local-kubelet", absl::Now()));
+        allocator_.Release(key);
+        started_uid_[uid] = key;
+        return;
+      }
+      for (const auto& id : chosen) used.insert(id);
+      admitted.devices = alloc->envs.count("NVIDIA_VISIBLE_DEVICES")
+                             ? alloc->envs.at("NVIDIA_VISIBLE_DEVICES")
+                             : fmt::format("{}", fmt::join(alloc->cdi_devices, ","));
     }
-    for (const auto& id : chosen) used.insert(id);
-    const std::string devices = alloc->envs.count("NVIDIA_VISIBLE_DEVICES")
-                                    ? alloc->envs.at("NVIDIA_VISIBLE_DEVICES")
-                                    : fmt::format("{}", fmt::join(alloc->cdi_devices, ","));
-    visible[c->value("name", "")] = devices;
-    for (const auto& part : SplitTrimmed(devices, ',')) {
+    running.waiting.push_back(std::move(admitted));
+  }
+  started_uid_[uid] = key;
+  StartContainers(pod, running_[uid] = std::move(running));
+}
+
+void NodeAgent::StartContainers(const kube::Object& pod, Running& running) {
+  const std::string key = kube::ObjectKey(pod);
+  const absl::Time now = absl::Now();
+  bool started_any = false;
+  for (auto it = running.waiting.begin(); it != running.waiting.end();) {
+    if (auto st = allocator_.PreStart(key, it->name); !st.ok()) {
+      // The container is not created: it gets nothing, and the pod waits for it.
+      it->error = std::string(st.message());
+      Log(fmt::format("{}: container {} does not start: {}", key, it->name, it->error));
+      (void)client_.CreateEvent(kube::NewEvent(pod, "Warning", "Failed", "Error: " + it->error,
+                                               "dynmig-local-kubelet", now));
+      if (it->init) break;  // init containers run one after the other, before the app ones
+      ++it;
+      continue;
+    }
+    if (!it->devices.empty()) {
+      running.visible[it->name] = it->devices;
+      started_any = true;
+    }
+    for (const auto& part : SplitTrimmed(it->devices, ',')) {
       const std::string uuid =
           part.substr(part.rfind('=') == std::string::npos ? 0 : part.rfind('=') + 1);
       if (uuid.rfind("MIG-", 0) != 0) continue;
@@ -251,45 +284,73 @@ void NodeAgent::StartPod(const kube::Object& pod) {
       }
       running.processes.push_back({uuid, pid});
     }
+    it = running.waiting.erase(it);
   }
-  std::optional<int64_t> longest;
-  bool forever = false;
-  if (pod.contains("spec") && pod["spec"].contains("containers")) {
-    for (const auto& c : pod["spec"]["containers"]) {
-      auto s = SleepSeconds(c);
-      if (!s)
-        forever = true;
-      else
-        longest = std::max(longest.value_or(0), *s);
+  if (started_any) {
+    (void)client_.PatchPodAnnotations(
+        kube::Namespace(pod), kube::Name(pod),
+        {{std::string(kVisibleDevicesAnnotation), running.visible.dump()}});
+  }
+  running.retry_at = absl::InfiniteFuture();
+  if (!running.waiting.empty()) {
+    running.retry_at = now + options_.prestart_retry;
+  } else {
+    std::optional<int64_t> longest;
+    bool forever = false;
+    if (pod.contains("spec") && pod["spec"].contains("containers")) {
+      for (const auto& c : pod["spec"]["containers"]) {
+        auto s = SleepSeconds(c);
+        if (!s)
+          forever = true;
+        else
+          longest = std::max(longest.value_or(0), *s);
+      }
     }
+    if (!forever && longest) running.ends_at = now + absl::Seconds(*longest);
   }
-  const absl::Time now = absl::Now();
-  if (!forever && longest) running.ends_at = now + absl::Seconds(*longest);
-  if (!visible.empty()) {
-    (void)client_.PatchPodAnnotations(kube::Namespace(pod), kube::Name(pod),
-                                      {{std::string(kVisibleDevicesAnnotation), visible.dump()}});
-  }
+  WriteStartedStatus(pod, running);
+}
+
+void NodeAgent::WriteStartedStatus(const kube::Object& pod, const Running& running) {
+  const std::string now = kube::Rfc3339(absl::Now());
   json statuses = json::array();
   if (pod["spec"].contains("containers")) {
     for (const auto& c : pod["spec"]["containers"]) {
-      statuses.push_back({{"name", c.value("name", "")},
-                          {"ready", true},
+      const std::string name = c.value("name", "");
+      auto waiting = std::find_if(running.waiting.begin(), running.waiting.end(),
+                                  [&](const Admitted& a) { return a.name == name; });
+      json state = {{"running", {{"startedAt", now}}}};
+      if (waiting != running.waiting.end()) {
+        state =
+            waiting->error.empty()
+                ? json{{"waiting", {{"reason", "PodInitializing"}}}}
+                : json{{"waiting",
+                        {{"reason", "CreateContainerConfigError"}, {"message", waiting->error}}}};
+      }
+      statuses.push_back({{"name", name},
+                          {"ready", waiting == running.waiting.end()},
                           {"restartCount", 0},
                           {"image", c.value("image", "")},
-                          {"state", {{"running", {{"startedAt", kube::Rfc3339(now)}}}}}});
+                          {"state", state}});
     }
   }
-  json status = {{"status",
-                  {{"phase", "Running"},
-                   {"startTime", kube::Rfc3339(now)},
-                   {"conditions", json::array({{{"type", "Ready"}, {"status", "True"}},
-                                               {{"type", "PodScheduled"}, {"status", "True"}}})},
-                   {"containerStatuses", statuses}}}};
+  const bool all = running.waiting.empty();
+  json status = {
+      {"status",
+       {{"phase", all ? "Running" : "Pending"},
+        {"startTime", now},
+        {"conditions", json::array({{{"type", "Ready"}, {"status", all ? "True" : "False"}},
+                                    {{"type", "PodScheduled"}, {"status", "True"}}})},
+        {"containerStatuses", statuses}}}};
   WriteStatus(pod, std::move(status));
-  Log(fmt::format("{} running on {}{}", key, options_.node,
-                  visible.empty() ? "" : " with " + visible.dump()));
-  started_uid_[uid] = key;
-  running_[uid] = std::move(running);
+  const std::string key = kube::ObjectKey(pod);
+  if (all) {
+    Log(fmt::format("{} running on {}{}", key, options_.node,
+                    running.visible.empty() ? "" : " with " + running.visible.dump()));
+  } else {
+    Log(fmt::format("{} pending on {}: {} container(s) not started", key, options_.node,
+                    running.waiting.size()));
+  }
 }
 
 void NodeAgent::FinishPod(const kube::Object& pod, const std::string& phase) {

@@ -7,6 +7,15 @@
 // removed, as a kubelet confirms a graceful deletion). Allocate failures fail the pod
 // (UnexpectedAdmissionError), as the kubelet does.
 //
+// As the kubelet, it tells the kubelet side of the device plugin API about a pod before it
+// allocates for it (so the PodResources API lists it), and before each container starts (init
+// containers first, one after the other; then app containers) it asks for PreStartContainer when
+// the plugin wants it. A container whose PreStartContainer fails does not start and gets nothing:
+// it stays Waiting with reason CreateContainerConfigError and the kubelet's message, a Warning
+// event "Failed" ("Error: device plugin PreStartContainer rpc failed with err: ...") is recorded,
+// the pod stays Pending (no app container starts while an init container waits), and the start is
+// tried again every prestart_retry, as the kubelet's pod worker does after a failed sync.
+//
 // Thread-safe; owns one thread.
 #pragma once
 
@@ -48,6 +57,17 @@ class DeviceAllocator {
                                                        const std::vector<std::string>& ids) = 0;
   // The pod's containers ended: its devices are free again (the kubelet's checkpoint forgets it).
   virtual void Release(const std::string& pod) { (void)pod; }
+  // The kubelet learns of a pod before admitting it: its app and init containers, by name.
+  virtual void Admit(const std::string& pod, const std::vector<std::string>& containers,
+                     const std::vector<std::string>& init_containers) {
+    (void)pod, (void)containers, (void)init_containers;
+  }
+  // The kubelet's PreStartContainer call before `container` starts (a no-op unless the plugin
+  // asked for it and the container holds its devices). An error: the container does not start.
+  virtual absl::Status PreStart(const std::string& pod, const std::string& container) {
+    (void)pod, (void)container;
+    return absl::OkStatus();
+  }
 };
 
 // The workload stand-in: processes on MIG devices (SimNvml::AttachProcess/DetachProcess).
@@ -66,6 +86,9 @@ struct NodeAgentOptions {
   // 0.6 s median, up to 2 s, on the 2-core real-cluster harness during a burst), and the node
   // lock is held all that time; the local mode models it to show what a cluster shows.
   absl::Duration admission_delay = absl::ZeroDuration();
+  // After a container's PreStartContainer failed, when its start is tried again (the kubelet's
+  // pod worker backs off 10 s after a failed sync).
+  absl::Duration prestart_retry = absl::Seconds(10);
 };
 
 class NodeAgent {
@@ -81,11 +104,25 @@ class NodeAgent {
   void Reconcile();
 
  private:
+  // A container admitted (its devices allocated) but not started yet.
+  struct Admitted {
+    std::string name;
+    bool init = false;
+    std::string devices;  // what the device plugin answered (MIG UUIDs or CDI names)
+    std::string error;    // why its last start failed ("" = not tried yet)
+  };
   struct Running {
     std::vector<std::pair<std::string, uint32_t>> processes;  // (MIG UUID, pid)
     std::optional<absl::Time> ends_at;
+    std::vector<Admitted> waiting;  // not started yet (a PreStartContainer failed)
+    nlohmann::json visible = nlohmann::json::object();  // started containers' devices
+    absl::Time retry_at = absl::InfiniteFuture();
   };
   void StartPod(const kube::Object& pod);
+  // Starts the waiting containers of `running` in the kubelet's order: each after its
+  // PreStartContainer; stops at an init container that cannot start. Then writes the status.
+  void StartContainers(const kube::Object& pod, Running& running);
+  void WriteStartedStatus(const kube::Object& pod, const Running& running);
   void FinishPod(const kube::Object& pod, const std::string& phase);
   // Writes the pod's status; a failed write is kept and retried by every Reconcile until it
   // lands or the pod is gone, as the kubelet's status manager does (a status lost to one API

@@ -354,6 +354,8 @@ def group_objects(c):
     denv = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in dp["env"]}
     c.equal(denv.get("NODE_NAME"), "spec.nodeName", "NODE_NAME from the downward API")
     c.equal(flag(dargs, "--metrics-listen"), "0.0.0.0:9400", "device plugin --metrics-listen")
+    c.equal(flag(dargs, "--pod-resources-socket"), "/var/lib/kubelet/pod-resources/kubelet.sock",
+            "device plugin --pod-resources-socket (the mounted kubelet PodResources socket)")
     c.check(configmap_file(base, dspec, dp, flag(dargs, "--device-config") or "") is not None,
             "device plugin --device-config is not a file of a mounted ConfigMap")
     c.equal({p["name"]: p["containerPort"] for p in dp["ports"]}, {"metrics": 9400}, "device plugin ports")
@@ -361,6 +363,7 @@ def group_objects(c):
             for path, (vol, ro) in mounts_by_path(dspec, dp).items() if "hostPath" in vol}
     c.equal(host, {
         "/var/lib/kubelet/device-plugins": ("/var/lib/kubelet/device-plugins", False),
+        "/var/lib/kubelet/pod-resources": ("/var/lib/kubelet/pod-resources", True),
         "/dev": ("/dev", False),
         "/proc/driver/nvidia-caps": ("/proc/driver/nvidia-caps", True),
         "/var/run/cdi": ("/var/run/cdi", False),

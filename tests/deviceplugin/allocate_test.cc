@@ -377,7 +377,11 @@ TEST_F(AllocateTest, PreferredAllocationPicksReplicasOfTheReservedGpu) {
   ASSERT_TRUE(with_must.ok());
   EXPECT_EQ(with_must->front(), free.front());
   EXPECT_EQ(with_must->size(), 2u);
-  EXPECT_TRUE(kubelet_->PreStartContainer(*chosen).ok());
+  // Devices no Allocate was served for do not start a container.
+  auto prestart = kubelet_->PreStartContainer(*chosen);
+  EXPECT_EQ(prestart.code(), absl::StatusCode::kFailedPrecondition) << prestart;
+  EXPECT_NE(prestart.message().find("not served by this device plugin"), std::string::npos)
+      << prestart;
 }
 
 TEST_F(AllocateTest, ARetriedAllocateReusesTheInstanceItAlreadyCreated) {

@@ -29,7 +29,8 @@ TEST_F(KubeletTest, RegistersAndListsSevenReplicasPerAllowlistedGpu) {
   EXPECT_EQ(info->resource_name, "nvidia.com/gpu");
   EXPECT_EQ(info->endpoint, "dynmig.sock");
   EXPECT_TRUE(info->options.get_preferred_allocation_available());
-  EXPECT_FALSE(info->options.pre_start_required());
+  EXPECT_TRUE(info->options.pre_start_required())
+      << "PreStartContainer proves whom devices went to";
   EXPECT_TRUE(info->stream_open);
   auto devices = kubelet_->devices();
   ASSERT_EQ(devices.size(), 7u);  // A100 1g.5gb instance count; the A30 is not exposed

@@ -433,6 +433,103 @@ TEST_F(LocalTest, NodeAgentRunsPodsAttachesProcessesAndEndsThem) {
   agent.Stop();
 }
 
+// The kubelet's PreStartContainer: a container whose call fails does not start and gets nothing;
+// it waits with the kubelet's reason and message, an event says why, and its start is tried again.
+class PreStartAllocator : public FakeAllocator {
+ public:
+  void Admit(const std::string& pod, const std::vector<std::string>& containers,
+             const std::vector<std::string>& init_containers) override {
+    std::lock_guard<std::mutex> lock(mu);
+    admitted[pod] = {containers, init_containers};
+  }
+  absl::Status PreStart(const std::string&, const std::string& container) override {
+    ++prestarts;
+    if (refuse && container == "main") {
+      return absl::FailedPreconditionError(
+          "device plugin PreStartContainer rpc failed with err: rpc error: code = "
+          "FailedPrecondition desc = the container does not start: not yours");
+    }
+    return absl::OkStatus();
+  }
+  std::mutex mu;
+  std::map<std::string, std::pair<std::vector<std::string>, std::vector<std::string>>> admitted;
+  std::atomic<bool> refuse{true};
+  std::atomic<int> prestarts{0};
+};
+
+TEST_F(LocalTest, NodeAgentDoesNotStartAContainerWhosePreStartFails) {
+  PreStartAllocator alloc;
+  std::mutex mu;
+  std::set<std::string> attached;
+  NodeAgentOptions opts;
+  opts.node = "node-a";
+  opts.prestart_retry = absl::Milliseconds(200);
+  opts.processes.attach = [&](const std::string& uuid, uint32_t) {
+    std::lock_guard<std::mutex> lock(mu);
+    attached.insert(uuid);
+    return absl::OkStatus();
+  };
+  NodeAgent agent(*client_, alloc, opts);
+  agent.Start();
+  auto pod = GpuPod("thief");
+  pod["spec"]["nodeName"] = "node-a";
+  pod["spec"]["initContainers"] = json::array({{{"name", "setup"}, {"image", "busybox"}}});
+  ASSERT_TRUE(client_->CreatePod(pod).ok());
+  std::string message;
+  ASSERT_TRUE(WaitUntil([&] {
+    auto p = client_->GetPod("default", "thief");
+    if (!p.ok() || !p->contains("status") || !(*p)["status"].contains("containerStatuses")) {
+      return false;
+    }
+    const json& state = (*p)["status"]["containerStatuses"][0]["state"];
+    if (!state.contains("waiting")) return false;
+    EXPECT_EQ(state["waiting"].value("reason", ""), "CreateContainerConfigError");
+    message = state["waiting"].value("message", "");
+    return true;
+  }));
+  EXPECT_NE(message.find("device plugin PreStartContainer rpc failed with err"), std::string::npos)
+      << message;
+  auto thief = client_->GetPod("default", "thief");
+  EXPECT_EQ(kube::Phase(*thief), "Pending");
+  EXPECT_FALSE(kube::Annotation(*thief, kVisibleDevicesAnnotation).has_value())
+      << "the container got devices";
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_TRUE(attached.empty()) << "a process ran on the devices";
+  }
+  {
+    std::lock_guard<std::mutex> lock(alloc.mu);
+    EXPECT_EQ(alloc.admitted["default/thief"].first, std::vector<std::string>{"main"});
+    EXPECT_EQ(alloc.admitted["default/thief"].second, std::vector<std::string>{"setup"});
+  }
+  EXPECT_TRUE(WaitUntil([&] {
+    auto events = client_->List(kube::Resource::kEvents, {});
+    if (!events.ok()) return false;
+    for (const auto& e : events->items) {
+      if (e.value("reason", "") == "Failed" && e.value("type", "") == "Warning" &&
+          e.value("message", "").rfind("Error: device plugin PreStartContainer rpc failed", 0) ==
+              0) {
+        return true;
+      }
+    }
+    return false;
+  }));
+  // Tried again, as the kubelet's pod worker does; once the plugin agrees, it starts.
+  const int before = alloc.prestarts.load();
+  EXPECT_TRUE(WaitUntil([&] { return alloc.prestarts.load() >= before + 2; }));
+  EXPECT_NE(kube::Phase(*client_->GetPod("default", "thief")), "Running");
+  alloc.refuse = false;
+  EXPECT_TRUE(WaitUntil([&] {
+    auto p = client_->GetPod("default", "thief");
+    return p.ok() && kube::Phase(*p) == "Running";
+  }));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(attached.size(), 1u);
+  }
+  agent.Stop();
+}
+
 TEST(SleepSecondsTest, FindsTheSleepInCommandAndArgs) {
   EXPECT_EQ(SleepSeconds(json{{"command", {"bash", "-c", "sleep 3600"}}}), 3600);
   EXPECT_EQ(SleepSeconds(json{{"command", {"sleep"}}, {"args", {"5"}}}), 5);
