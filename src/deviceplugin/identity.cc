@@ -5,6 +5,7 @@
 
 #include "fmt/format.h"
 #include "fmt/ranges.h"
+#include "protocol/annotations.h"
 
 namespace dynmig::deviceplugin {
 namespace {
@@ -59,13 +60,23 @@ IdentityVerdict CheckHolder(const std::vector<std::string>& key, const LedgerEnt
     for (const auto& h : partial) some.push_back(h.Text());
     const std::string others =
         some.empty() ? "" : fmt::format("; some of them: {}", fmt::join(some, ", "));
+    if (e.init_container && partial.empty() &&
+        std::any_of(kubelet.begin(), kubelet.end(),
+                    [&](const PodResourcesPod& p) { return p.Key() == e.PodKey(); })) {
+      // The kubelet's PodResources API lists no init containers (v1.20 and later), so an init
+      // container's devices cannot be matched to it. The weaker proof: the kubelet knows the
+      // recorded pod and no container it lists holds any of these devices. The UID is checked
+      // next, as for every container.
+      return IdentityVerdict{};
+    }
     if (e.init_container) {
       v.reason = kIdentityInitContainer;
       v.message = fmt::format(
           "devices {} were served for {}, but the kubelet's PodResources API lists no init "
-          "containers, so it cannot prove that they went there; no container it lists holds "
-          "exactly them{}",
-          ids, Served(e), others);
+          "containers, and {}{}",
+          ids, Served(e),
+          partial.empty() ? "it does not list that pod" : "other containers hold some of them",
+          others);
       return v;
     }
     v.reason = kIdentityNoHolder;
@@ -95,7 +106,8 @@ IdentityVerdict CheckHolder(const std::vector<std::string>& key, const LedgerEnt
     return v;
   }
   for (const auto& h : exact) {
-    if (h.container->name == e.container) return IdentityVerdict{};
+    // The kubelet hands an init container's devices on to the pod's app containers.
+    if (h.container->name == e.container || e.init_container) return IdentityVerdict{};
   }
   v.reason = kIdentityOtherContainer;
   v.message = fmt::format("devices {} were served for {}, but the kubelet gave them to {}", ids,
@@ -135,6 +147,29 @@ IdentityVerdict CheckUid(const LedgerEntry& e, const std::vector<PodMig>& pods) 
   return v;
 }
 
+// No ledger entry: devices allocated before this plugin kept a ledger (an upgrade), or never served
+// by it. Proven only when the kubelet gives exactly these devices to one container of one pod, and
+// that pod, in the API, is active on this node with its whole reservation realized by the device
+// plugin (bind-phase success, every entry with its MIG UUID): the allocation this plugin adopts at
+// recovery. Returns the pod, or nullptr.
+const PodMig* AdoptableHolder(const std::vector<std::string>& key, const PodResourcesList& kubelet,
+                              std::string_view resource, const std::vector<PodMig>& pods) {
+  std::vector<Holder> exact, partial;
+  FindHolders(kubelet, resource, key, exact, partial);
+  if (exact.size() != 1 || !partial.empty()) return nullptr;
+  for (const auto& p : pods) {
+    if (p.ns + "/" + p.name != exact[0].pod->Key() || !p.active) continue;
+    if (p.bind_phase != protocol::kBindPhaseSuccess || !p.allocations.ok() ||
+        p.allocations->empty())
+      return nullptr;
+    for (const auto& a : *p.allocations) {
+      if (!a.runtime.has_value()) return nullptr;
+    }
+    return &p;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 std::vector<std::string> DeviceKey(const std::vector<std::string>& device_ids) {
@@ -155,11 +190,15 @@ IdentityVerdict CheckIdentity(const std::vector<std::string>& device_ids, const 
     v.message = "PreStartContainer names no devices";
     return v;
   }
+  if (entry == nullptr && kubelet.ok() && pods.ok() &&
+      AdoptableHolder(key, *kubelet, resource, *pods) != nullptr) {
+    return IdentityVerdict{};
+  }
   if (entry == nullptr) {
     v.reason = kIdentityNoRecord;
     v.message = fmt::format(
         "devices {} {} were not served by this device plugin for any pod (no Allocate with exactly "
-        "these IDs is recorded)",
+        "these IDs is recorded, and no pod the kubelet gave them to has a realized reservation)",
         resource, fmt::join(key, ","));
     if (kubelet.ok()) {
       std::vector<Holder> exact, partial;

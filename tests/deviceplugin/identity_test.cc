@@ -410,15 +410,68 @@ TEST_F(CheckIdentityTest, RefusesEverythingThatDoesNotAgree) {
             kIdentityApiUnreachable);
 }
 
-// The v1.20 kubelet does not list init containers: devices of an init container cannot be
-// proven, and are refused with a message that says so.
-TEST_F(CheckIdentityTest, AnInitContainersDevicesCannotBeProvenAndAreRefused) {
+// The v1.20 kubelet does not list init containers: an init container's devices are proven by the
+// weaker evidence (the kubelet knows the recorded pod, no container it lists holds any of them, the
+// UID agrees), and refused when any of that fails.
+TEST_F(CheckIdentityTest, AnInitContainersDevicesNeedThePodKnownAndNoOtherHolder) {
   LedgerEntry init = entry_;
   init.container = "setup";
   init.init_container = true;
   auto v = Check(Kubelet({{"victim", "main", {}}}), {ApiPod("victim", "uid-v")}, &init);
+  EXPECT_TRUE(v.ok()) << v.message;
+  // The kubelet hands them on to an app container of the same pod.
+  v = Check(Kubelet({{"victim", "main", {"GPU-a::0", "GPU-a::1"}}}), {ApiPod("victim", "uid-v")},
+            &init);
+  EXPECT_TRUE(v.ok()) << v.message;
+  // The kubelet does not know the pod.
+  v = Check(Kubelet({{"thief", "main", {}}}), {ApiPod("victim", "uid-v")}, &init);
   EXPECT_EQ(v.reason, kIdentityInitContainer);
   EXPECT_NE(v.message.find("lists no init containers"), std::string::npos) << v.message;
+  // Another pod holds some of them.
+  v = Check(Kubelet({{"victim", "main", {}}, {"thief", "main", {"GPU-a::0"}}}),
+            {ApiPod("victim", "uid-v")}, &init);
+  EXPECT_EQ(v.reason, kIdentityInitContainer);
+  // Another pod holds exactly them.
+  v = Check(Kubelet({{"victim", "main", {}}, {"thief", "main", {"GPU-a::0", "GPU-a::1"}}}),
+            {ApiPod("victim", "uid-v")}, &init);
+  EXPECT_EQ(v.reason, kIdentityOtherPod);
+  // A recreated pod under the name.
+  v = Check(Kubelet({{"victim", "main", {}}}), {ApiPod("victim", "uid-new")}, &init);
+  EXPECT_EQ(v.reason, kIdentityUidMismatch);
+}
+
+// Devices allocated before the plugin kept a ledger (an upgrade): a container restart is proven
+// when the kubelet's single holder is a pod whose whole reservation the device plugin realized; a
+// pod without one (a thief served another pod's reservation) is still refused.
+TEST_F(CheckIdentityTest, AnUnrecordedAllocationIsAdoptedOnlyForARealizedReservation) {
+  const std::string realized =
+      R"([{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-a","profile":"1g.5gb",)"
+      R"("placement":{"start":0,"size":1},"migUUID":"MIG-1","gpuInstanceID":7,"computeInstanceID":0}])";
+  auto pod = [&](const std::string& name, const std::string& phase, const std::string& alloc) {
+    kube::Object p = {{"metadata",
+                       {{"name", name},
+                        {"namespace", "default"},
+                        {"uid", "uid-" + name},
+                        {"annotations", kube::Object::object()}}},
+                      {"status", {{"phase", "Running"}}}};
+    if (!phase.empty()) p["metadata"]["annotations"]["hami.io/bind-phase"] = phase;
+    if (!alloc.empty()) p["metadata"]["annotations"]["hami.io/vgpu-mig-allocations"] = alloc;
+    return AnalyzePod(p);
+  };
+  const auto held = Kubelet({{"old", "main", {"GPU-a::0", "GPU-a::1"}}});
+  auto check = [&](const PodMig& p) {
+    return CheckIdentity({"GPU-a::0", "GPU-a::1"}, nullptr, held, "nvidia.com/gpu",
+                         std::vector<PodMig>{p});
+  };
+  EXPECT_TRUE(check(pod("old", "success", realized)).ok());
+  std::string unrealized = realized;
+  unrealized.erase(
+      unrealized.find(R"(,"migUUID")"),
+      std::string(R"(,"migUUID":"MIG-1","gpuInstanceID":7,"computeInstanceID":0)").size());
+  EXPECT_EQ(check(pod("old", "success", unrealized)).reason, kIdentityNoRecord);
+  EXPECT_EQ(check(pod("old", "allocating", realized)).reason, kIdentityNoRecord);
+  EXPECT_EQ(check(pod("old", "", "")).reason, kIdentityNoRecord);
+  EXPECT_EQ(check(pod("other", "success", realized)).reason, kIdentityNoRecord);
 }
 
 TEST(LedgerStateTest, RoundTripsAndReadsFilesWithoutALedger) {
