@@ -308,8 +308,9 @@ bool SchedulerServer::AuthenticateExtenderCall(const httplib::Request& req,
 }
 
 bool SchedulerServer::AuthorizeLayout(const httplib::Request& req, httplib::Response& res) const {
-  if (client_auth_ != nullptr) return AuthenticateExtenderCall(req, res);
+  // A loopback listener is reachable from this host (or pod) alone: the local mode's.
   if (IsLoopbackHost(options_.host)) return true;
+  if (client_auth_ != nullptr) return AuthenticateExtenderCall(req, res);
   const std::string message = fmt::format(
       "GET /layout refused: it shows the pods of every namespace, so it is served only to callers "
       "with a client certificate of the extender client CA (--extender-client-ca) or on a "

@@ -9,9 +9,10 @@
 //   GET  /layout   the slices of every GPU and who holds them (ClusterState::Report rendered by
 //                  the injected layout_html, `dynmig layout --html`'s page); ?node=NAME for one
 //                  node, ?format=json for layout_json's document. 404 when no renderer is set.
-//                  It names the pods of every namespace, so only an authenticated caller gets it
-//                  (the extender client CA, as /filter; 401 otherwise), and without client
-//                  authentication only a listener on a loopback address serves it (403 otherwise).
+//                  It names the pods of every namespace: a listener on a loopback address serves
+//                  it (reachable from this host or pod alone: the local mode); any other only to a
+//                  caller with a client certificate of the extender client CA, as /filter (401
+//                  otherwise; 403 without client authentication).
 // over list+watch informers (pods that have not terminated, nodes) that feed a ClusterState.
 // Errors travel in the protocols' error fields with HTTP 200; request bodies above
 // max_body_bytes get HTTP 413 with an error body. TLS from a certificate and key that are

@@ -390,6 +390,7 @@ TEST_F(ClientAuthTest, FilterAndBindNeedKubeSchedulersClientCertificate) {
 // extender client CA gets it (issue 27); /metrics, which names none, stays open.
 TEST_F(ClientAuthTest, LayoutNeedsAClientCertificate) {
   SchedulerServerOptions o = DefaultOptions();
+  o.host = "0.0.0.0";  // not loopback: reachable by tenants
   o.tls_cert_file = server_cert_;
   o.tls_key_file = server_key_;
   o.extender_client_ca_file = client_ca_file_;
