@@ -20,7 +20,7 @@
 //
 // No series carries a pod or namespace name (reasons are codes; the full reasons, which name pods,
 // are on the authenticated /layout and in the pods' events), so /metrics needs no authentication:
-// it shows node names, GPU UUIDs and counts, what any tenant may learn from the Node objects.
+// it shows node names, GPU and MIG UUIDs, profiles, placements and counts, no workload identity.
 //
 // Thread-safe.
 #pragma once
