@@ -36,6 +36,7 @@ struct DevicePluginFlags {
   std::string reconcile_interval = "5s";
   std::string register_interval = "30s";
   std::string metrics_listen;
+  std::string nvml_listen = "127.0.0.1:9401";
   std::string log_level = "info";
 };
 
@@ -108,6 +109,7 @@ int Run(const DevicePluginFlags& f, CliContext& ctx) {
   options.reconcile_interval = reconcile;
   options.register_interval = register_every;
   options.metrics_listen = f.metrics_listen;
+  options.nvml_listen = f.nvml_listen;
 
   // Blocked before any thread starts (they inherit the mask), then waited for.
   StopSignals stop;
@@ -120,6 +122,7 @@ int Run(const DevicePluginFlags& f, CliContext& ctx) {
   ctx.out << "dynmig device-plugin serving " << (*plugin)->options().core.resource_name
           << " for node " << f.node << " on " << (*plugin)->endpoint().socket_path();
   if ((*plugin)->http_port() > 0) ctx.out << ", metrics on port " << (*plugin)->http_port();
+  if ((*plugin)->nvml_port() > 0) ctx.out << ", /nvml on port " << (*plugin)->nvml_port();
   ctx.out << std::endl;
   const int signal_number = stop.Wait();
   ctx.out << "dynmig device-plugin: signal " << signal_number << ", stopping" << std::endl;
@@ -164,7 +167,12 @@ void RegisterDevicePluginCommand(CLI::App& root, CliContext& ctx) {
                   "period of the node register/handshake annotations")
       ->capture_default_str();
   cmd->add_option("--metrics-listen", f->metrics_listen,
-                  "HOST:PORT for /metrics, /nvml and /healthz (port 0 picks one)");
+                  "HOST:PORT for /metrics and /healthz (port 0 picks one; also /nvml when HOST is "
+                  "a loopback address and --nvml-listen is empty)");
+  cmd->add_option("--nvml-listen", f->nvml_listen,
+                  "HOST:PORT for /nvml, which names the pods owning MIG instances: keep it on "
+                  "loopback (\"\": only on a loopback --metrics-listen)")
+      ->capture_default_str();
   cmd->add_option("--log-level", f->log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
   cmd->callback([f, &ctx] { ctx.exit_code = Run(*f, ctx); });

@@ -37,4 +37,20 @@ inline std::vector<std::string> SplitTrimmed(std::string_view s, char sep) {
   return out;
 }
 
+// Whether `host` (the host part of a listen address) is a loopback address: "localhost", "::1"
+// or a dotted quad in 127.0.0.0/8. What listens there is reachable from its own host only.
+inline bool IsLoopbackHost(std::string_view host) {
+  if (host == "localhost" || host == "::1" || host == "[::1]") return true;
+  if (!host.starts_with("127.")) return false;
+  int dots = 0;
+  for (char c : host) {
+    if (c == '.') {
+      ++dots;
+    } else if (c < '0' || c > '9') {
+      return false;
+    }
+  }
+  return dots == 3;
+}
+
 }  // namespace dynmig

@@ -7,6 +7,7 @@
 
 #include "common/bounded_json.h"
 #include "common/status_macros.h"
+#include "common/strings.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
 
@@ -58,13 +59,16 @@ absl::StatusOr<std::unique_ptr<DevicePlugin>> DevicePlugin::Start(
   endpoint.kubelet_poll_interval = p.options_.kubelet_poll_interval;
   p.endpoint_ = std::make_unique<GrpcEndpoint>(endpoint, *p.core_, *p.metrics_);
   DYNMIG_RETURN_IF_ERROR(p.endpoint_->Start());
-  if (!p.options_.metrics_listen.empty()) DYNMIG_RETURN_IF_ERROR(p.StartHttp());
+  DYNMIG_RETURN_IF_ERROR(p.StartHttp());
   p.loop_ = std::thread([&p] { p.Loop(); });
   return plugin;
 }
 
-absl::Status DevicePlugin::StartHttp() {
-  const std::string& listen = options_.metrics_listen;
+namespace {
+
+// "HOST:PORT" (HOST may be empty: all interfaces) into its parts; `flag` names it in the error.
+absl::StatusOr<std::pair<std::string, int>> ParseListen(const std::string& listen,
+                                                        std::string_view flag) {
   const size_t colon = listen.rfind(':');
   int port = -1;
   if (colon != std::string::npos) {
@@ -74,44 +78,78 @@ absl::Status DevicePlugin::StartHttp() {
   }
   if (colon == std::string::npos || port < 0 || port > 65535) {
     return absl::InvalidArgumentError(
-        fmt::format("--metrics-listen must be HOST:PORT, got \"{}\"", listen));
+        fmt::format("{} must be HOST:PORT, got \"{}\"", flag, listen));
   }
   std::string host = listen.substr(0, colon);
   if (host.empty()) host = "0.0.0.0";
-  http_ = std::make_unique<httplib::Server>();
+  return std::make_pair(std::move(host), port);
+}
+
+}  // namespace
+
+bool DevicePlugin::MetricsListenerServesNvml(const DevicePluginOptions& o) {
+  if (o.metrics_listen.empty()) return false;
+  if (o.nvml_listen == o.metrics_listen) return true;
+  if (!o.nvml_listen.empty()) return false;
+  auto parsed = ParseListen(o.metrics_listen, "--metrics-listen");
+  return parsed.ok() && IsLoopbackHost(parsed->first);
+}
+
+absl::Status DevicePlugin::StartHttp() {
+  // /nvml names the pods that own instances: it is served on a loopback listener only, unless
+  // the operator names another address for it (--nvml-listen).
+  if (!options_.metrics_listen.empty()) {
+    DYNMIG_RETURN_IF_ERROR(Listen(options_.metrics_listen, "--metrics-listen", /*metrics=*/true,
+                                  MetricsListenerServesNvml(options_), metrics_http_));
+  }
+  if (!options_.nvml_listen.empty() && options_.nvml_listen != options_.metrics_listen) {
+    DYNMIG_RETURN_IF_ERROR(Listen(options_.nvml_listen, "--nvml-listen", /*metrics=*/false,
+                                  /*nvml=*/true, nvml_http_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DevicePlugin::Listen(const std::string& listen, std::string_view flag, bool metrics,
+                                  bool nvml, HttpListener& out) {
+  auto parsed = ParseListen(listen, flag);
+  if (!parsed.ok()) return parsed.status();
+  const auto& [host, port] = *parsed;
+  out.server = std::make_unique<httplib::Server>();
+  httplib::Server& http = *out.server;
   // Its endpoints take no request body: anything larger than 4 KiB is refused unread with 413.
   constexpr size_t kMaxBody = 4 * kKiB;
-  http_->set_payload_max_length(kMaxBody);
-  http_->set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request&,
-                                                                   httplib::Response& res) {
+  http.set_payload_max_length(kMaxBody);
+  http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request&,
+                                                                 httplib::Response& res) {
     if (res.status != 413 || !res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     res.set_content(fmt::format("request body too large: the limit is {}\n", FormatBytes(kMaxBody)),
                     "text/plain");
     return httplib::Server::HandlerResponse::Handled;
   }));
-  http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_->Serialize(), "text/plain; version=0.0.4; charset=utf-8");
-  });
-  http_->Get("/nvml", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(core_->NvmlView().dump(1) + "\n", "application/json");
-  });
-  http_->Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+  if (metrics) {
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(metrics_->Serialize(), "text/plain; version=0.0.4; charset=utf-8");
+    });
+  }
+  if (nvml) {
+    http.Get("/nvml", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(core_->NvmlView().dump(1) + "\n", "application/json");
+    });
+  }
+  http.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("ok\n", "text/plain");
   });
-  if (port == 0) {
-    http_port_ = http_->bind_to_any_port(host);
-  } else {
-    http_port_ = http_->bind_to_port(host, port) ? port : -1;
+  out.port = port == 0 ? http.bind_to_any_port(host) : (http.bind_to_port(host, port) ? port : -1);
+  if (out.port <= 0) {
+    out.port = 0;
+    return absl::UnavailableError(fmt::format("cannot listen on {} ({})", listen, flag));
   }
-  if (http_port_ <= 0) {
-    http_port_ = 0;
-    return absl::UnavailableError(fmt::format("cannot listen on {}", listen));
-  }
-  http_thread_ = std::thread([this] { http_->listen_after_bind(); });
-  for (int i = 0; i < 500 && !http_->is_running(); ++i) {
+  out.thread = std::thread([&http] { http.listen_after_bind(); });
+  for (int i = 0; i < 500 && !http.is_running(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
-  spdlog::info("metrics and /nvml on http://{}:{}", host, http_port_);
+  spdlog::info("{} on http://{}:{}", metrics ? (nvml ? "/metrics, /nvml" : "/metrics") : "/nvml",
+               host, out.port);
   return absl::OkStatus();
 }
 
@@ -168,9 +206,10 @@ void DevicePlugin::Stop() {
   cv_.notify_all();
   if (loop_.joinable()) loop_.join();
   if (endpoint_) endpoint_->Stop();
-  if (http_) {
-    http_->stop();
-    if (http_thread_.joinable()) http_thread_.join();
+  for (HttpListener* l : {&metrics_http_, &nvml_http_}) {
+    if (l->server == nullptr) continue;
+    l->server->stop();
+    if (l->thread.joinable()) l->thread.join();
   }
   if (events_) events_->Flush(absl::Seconds(2));
 }

@@ -4,7 +4,7 @@
 //   nvml::SimNvml / DlopenNvml  ─┐
 //   kube::KubeClient            ─┤
 //   PodResourcesSource (kubelet)─┼─> PluginCore ──> GrpcEndpoint (kubelet socket, registration)
-//                                │                ─> HTTP listener (/metrics, /nvml, /healthz)
+//                                │                ─> HTTP listeners (/metrics, /healthz; /nvml)
 //                                └─> EventRecorder, Metrics
 //   plus a loop: every reconcile interval RefreshDevices + Reconcile, every register interval
 //   (and whenever health changes) PublishNode.
@@ -54,12 +54,18 @@ struct DevicePluginOptions {
   absl::Duration reconcile_interval = absl::Seconds(5);
   absl::Duration register_interval = absl::Seconds(30);
   absl::Duration kubelet_poll_interval = absl::Seconds(1);
-  // "HOST:PORT" for /metrics, /nvml and /healthz; port 0 picks a free one; "" = no listener.
+  // "HOST:PORT" for /metrics and /healthz; port 0 picks a free one; "" = no listener. /metrics
+  // names no pod (GPU UUIDs, profiles, counts), so it may listen on every interface.
   std::string metrics_listen;
   // The kubelet's PodResources socket; "" = beside kubelet_dir (PodResourcesSocketBeside:
   // /var/lib/kubelet/device-plugins -> /var/lib/kubelet/pod-resources/kubelet.sock).
   std::string pod_resources_socket;
   absl::Duration pod_resources_timeout = absl::Seconds(5);
+  // "HOST:PORT" for /nvml (and /healthz), which names the pods that own MIG instances: keep it on
+  // a loopback address (`dynmig device-plugin` defaults to 127.0.0.1:9401). "" or equal to
+  // metrics_listen: /nvml is served on the metrics listener when that listener is on a loopback
+  // address (or equal to this), else nowhere.
+  std::string nvml_listen;
 };
 
 class DevicePlugin {
@@ -84,8 +90,15 @@ class DevicePlugin {
   Metrics& metrics() { return *metrics_; }
   EventRecorder& events() { return *events_; }
   const DevicePluginOptions& options() const { return options_; }
-  // The HTTP listener's port (0 without one).
-  int http_port() const { return http_port_; }
+  // The metrics listener's port (0 without one).
+  int http_port() const { return metrics_http_.port; }
+  // The port /nvml is served on (0: not served).
+  int nvml_port() const {
+    return nvml_http_.port != 0 ? nvml_http_.port
+                                : (MetricsListenerServesNvml(options_) ? metrics_http_.port : 0);
+  }
+  // Whether the metrics listener serves /nvml too under `options` (see nvml_listen).
+  static bool MetricsListenerServesNvml(const DevicePluginOptions& options);
 
   // Runs a loop cycle now (refresh, reconcile, publish) and waits for it (bounded).
   bool RunCycle(absl::Duration timeout = absl::Seconds(30));
@@ -93,7 +106,15 @@ class DevicePlugin {
 
  private:
   DevicePlugin(DevicePluginOptions options, nvml::Nvml& nvml, kube::KubeClient& kube);
+  struct HttpListener {
+    std::unique_ptr<httplib::Server> server;
+    std::thread thread;
+    int port = 0;
+  };
   absl::Status StartHttp();
+  // Serves /healthz, and /metrics and /nvml when asked, on `listen` (named `flag` in errors).
+  absl::Status Listen(const std::string& listen, std::string_view flag, bool metrics, bool nvml,
+                      HttpListener& out);
   void Loop();
 
   DevicePluginOptions options_;
@@ -104,9 +125,8 @@ class DevicePlugin {
   std::unique_ptr<PodResourcesSource> own_pod_resources_;  // when none was given
   std::unique_ptr<PluginCore> core_;
   std::unique_ptr<GrpcEndpoint> endpoint_;
-  std::unique_ptr<httplib::Server> http_;
-  std::thread http_thread_;
-  int http_port_ = 0;
+  HttpListener metrics_http_;
+  HttpListener nvml_http_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

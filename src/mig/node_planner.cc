@@ -106,6 +106,7 @@ std::string NodePlan::Reason(const NodeView& node) const {
                                                  ? "device plugin stopped reporting"
                                                  : node.unhealthy_reason);
   }
+  if (!reason.empty()) return fmt::format("{}: {}", VerdictName(verdict), reason);
   if (node.gpus.empty()) return "no-mig-gpu: the node registers no MIG GPU";
   std::string out = VerdictName(verdict);
   out += ":";
@@ -134,6 +135,7 @@ bool Better(const NodePlan& a, const NodePlan& b, NodePolicy policy) {
 
 // Buffers reused across the nodes of one pod, so the common path allocates nothing per node.
 struct Scratch {
+  const RequestSummary* shape = nullptr;  // the request's, computed once per pod
   bool explain = true;
   bool record = true;  // fill plan.assignments (PlanPod only needs them for the chosen node)
   std::vector<GpuOutcome> screened;
@@ -227,21 +229,31 @@ bool IsIdle(const GpuView& gpu, const PlannedInstance& inst) {
   return false;
 }
 
+// A pod asking for more instances than the GPUs it may use on this node hold when empty never
+// fits there: refused in O(GPUs), before any per-instance work (true; plan says why).
+bool TooManyInstances(const NodeView& node, const Scratch& s, NodePlan& plan) {
+  uint64_t capacity = 0;
+  for (uint32_t i : s.eligible) capacity += node.gpus[i].planner->max_instances();
+  if (s.shape->instances <= capacity) return false;
+  plan.assignments.clear();
+  plan.verdict = Verdict::kCapacityExhausted;
+  if (s.explain) {
+    plan.reason = fmt::format(
+        "the pod asks for {} MIG instances; the {} GPU(s) of this node it may use hold at most {}",
+        s.shape->instances, s.eligible.size(), capacity);
+  }
+  return true;
+}
+
 void PlanOnNode(const NodeView& node, const PodRequest& request, Scratch& s, NodePlan& plan) {
   plan.bind_in_flight = node.bind_in_flight;
   // Idle (warm) instances take the general path: the tables know nothing of them.
   if (node.healthy && !node.gpus.empty() && request.preference.empty() &&
       NoFilters(request.filter) && !HasIdle(node)) {
-    const ContainerRequest* only = nullptr;
-    uint32_t index = 0, with_gpu = 0;
-    for (uint32_t c = 0; c < request.containers.size(); ++c) {
-      if (request.containers[c].count == 0) continue;
-      ++with_gpu;
-      only = &request.containers[c];
-      index = c;
-    }
-    if (with_gpu == 1 && only->count == 1 &&
-        PlanSingleFast(node, request, *only, index, s.record, plan)) {
+    const std::vector<uint32_t>& with_gpu = s.shape->containers;
+    if (with_gpu.size() == 1 && request.containers[with_gpu[0]].count == 1 &&
+        PlanSingleFast(node, request, request.containers[with_gpu[0]], with_gpu[0], s.record,
+                       plan)) {
       return;
     }
   }
@@ -274,10 +286,10 @@ void PlanOnNode(const NodeView& node, const PodRequest& request, Scratch& s, Nod
   }
   plan.used_fraction = mig_gpus == 0 ? 0.0 : used / mig_gpus;
   if (s.eligible.empty()) return Fail(plan, s, g);
+  if (TooManyInstances(node, s, plan)) return;
 
-  for (uint32_t c = 0; c < request.containers.size(); ++c) {
+  for (uint32_t c : s.shape->containers) {
     const auto& ctr = request.containers[c];
-    if (ctr.count == 0) continue;
     // GPU order for this container: binpack fullest first, spread emptiest first.
     s.order.assign(s.eligible.begin(), s.eligible.end());
     for (uint32_t i : s.order) {
@@ -331,6 +343,7 @@ void PlanOnNode(const NodeView& node, const PodRequest& request, Scratch& s, Nod
         const uint64_t mem =
             ResolveMemory(ctr.memory.mib, ctr.memory.percent, planner.capability());
         if (!node.gpus[gpu].idle.empty()) {
+          ++plan.gpu_plans;
           GpuPlan gp = planner.Plan(s.usage[gpu], std::span<const uint64_t>(&mem, 1), {}, false,
                                     node.gpus[gpu].idle);
           if (gp.verdict != Verdict::kFits) continue;
@@ -345,6 +358,7 @@ void PlanOnNode(const NodeView& node, const PodRequest& request, Scratch& s, Nod
       if (placed) continue;
     }
     for (uint32_t gpu : s.order) {
+      ++plan.gpu_plans;
       GpuPlan gp = node.gpus[gpu].planner->Plan(s.usage[gpu], memories_for(gpu, ctr.count),
                                                 request.preference, s.explain, node.gpus[gpu].idle);
       if (gp.verdict == Verdict::kFits) {
@@ -356,10 +370,13 @@ void PlanOnNode(const NodeView& node, const PodRequest& request, Scratch& s, Nod
     }
     if (placed) continue;
     if (ctr.count == 1) return Fail(plan, s, g);
-    // Spread: as many as fit on each GPU in policy order.
+    // Spread: as many as fit on each GPU in policy order (never more than MaxInstances: larger
+    // counts cannot fit).
     uint32_t remaining = ctr.count;
     for (uint32_t gpu : s.order) {
-      for (uint32_t m = remaining; m >= 1; --m) {
+      const uint32_t room = node.gpus[gpu].planner->MaxInstances(s.usage[gpu].occupied);
+      for (uint32_t m = std::min(remaining, room); m >= 1; --m) {
+        ++plan.gpu_plans;
         GpuPlan gp = node.gpus[gpu].planner->Plan(s.usage[gpu], memories_for(gpu, m),
                                                   request.preference, false, node.gpus[gpu].idle);
         if (gp.verdict == Verdict::kFits) {
@@ -400,6 +417,8 @@ NodeSummary Summarize(const NodeView& node) {
   for (const GpuView& gpu : node.gpus) {
     if (gpu.planner == nullptr || !gpu.healthy || !ModeAllowsMig(gpu.mode)) continue;
     const auto& profiles = gpu.planner->capability().profiles;
+    out.max_instances += gpu.planner->max_instances();
+    out.free_instances += gpu.planner->MaxInstances(gpu.usage.occupied);
     for (uint32_t idx : gpu.planner->allowed()) {
       const ProfileSpec& spec = profiles[idx];
       // What sizing accepts (nominal by default: 3g.20gb takes a 20000 MiB request although NVML
@@ -418,31 +437,46 @@ NodeSummary Summarize(const NodeView& node) {
   return out;
 }
 
-namespace {
-
-bool AllInstancesAtMost(const PodRequest& request, uint64_t mib) {
-  for (const auto& c : request.containers) {
-    if (c.count == 0 || c.memory.mib == 0) continue;  // none, or sized by percentage
-    if (c.memory.mib > mib) return false;
+RequestSummary SummarizeRequest(const PodRequest& request) {
+  RequestSummary out;
+  for (uint32_t c = 0; c < request.containers.size(); ++c) {
+    const ContainerRequest& ctr = request.containers[c];
+    if (ctr.count == 0) continue;
+    out.instances += ctr.count;
+    out.containers.push_back(c);
+    out.max_mib = std::max(out.max_mib, ctr.memory.mib);  // 0: sized by percentage
   }
-  return true;
+  return out;
 }
 
-}  // namespace
+bool MayFit(const NodeSummary& summary, const RequestSummary& request) {
+  return request.instances <= summary.free_instances &&
+         request.max_mib <= summary.max_placeable_mib;
+}
 
 bool MayFit(const NodeSummary& summary, const PodRequest& request) {
-  return AllInstancesAtMost(request, summary.max_placeable_mib);
+  return MayFit(summary, SummarizeRequest(request));
+}
+
+bool MayEverFit(const NodeSummary& summary, const RequestSummary& request) {
+  return request.instances <= summary.max_instances && request.max_mib <= summary.max_profile_mib;
 }
 
 bool MayEverFit(const NodeSummary& summary, const PodRequest& request) {
-  return AllInstancesAtMost(request, summary.max_profile_mib);
+  return MayEverFit(summary, SummarizeRequest(request));
 }
 
-NodePlan PlanPodOnNode(const NodeView& node, const PodRequest& request) {
+NodePlan PlanPodOnNode(const NodeView& node, const PodRequest& request,
+                       const RequestSummary& summary) {
   Scratch scratch;
+  scratch.shape = &summary;
   NodePlan plan;
   PlanOnNode(node, request, scratch, plan);
   return plan;
+}
+
+NodePlan PlanPodOnNode(const NodeView& node, const PodRequest& request) {
+  return PlanPodOnNode(node, request, SummarizeRequest(request));
 }
 
 PodPlan PlanPod(std::span<const NodeView> nodes, const PodRequest& request) {
@@ -455,7 +489,9 @@ PodPlan PlanPod(std::span<const NodeView> nodes, const PodRequest& request) {
 PodPlan PlanPod(std::span<const NodeView* const> nodes, const PodRequest& request) {
   PodPlan out;
   out.nodes.resize(nodes.size());
+  const RequestSummary shape = SummarizeRequest(request);
   Scratch scratch;
+  scratch.shape = &shape;
   scratch.explain = false;
   scratch.record = false;
   for (size_t i = 0; i < nodes.size(); ++i) {

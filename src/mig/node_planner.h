@@ -55,13 +55,31 @@ struct NodeSummary {
   uint64_t max_placeable_mib = 0;
   // The largest sizing memory of any allowlisted profile of a schedulable GPU, free or not.
   uint64_t max_profile_mib = 0;
+  // The most instances the schedulable GPUs hold when empty (GpuPlanner::max_instances summed),
+  // and the most they could still take now (each also at most its free units).
+  uint64_t max_instances = 0;
+  uint64_t free_instances = 0;
 };
 NodeSummary Summarize(const NodeView& node);
+
+// What planning needs of a request before it looks at any node, computed once per pod in
+// O(containers): with it every per-node step is bounded by the node's size, never by the numbers
+// in the pod (a pod asking for 50,000 instances is refused per node in constant time).
+struct RequestSummary {
+  uint64_t instances = 0;            // MIG instances over all containers
+  uint64_t max_mib = 0;              // the largest per-instance memory asked in MiB (0: none)
+  std::vector<uint32_t> containers;  // indices of the containers that ask for instances
+};
+RequestSummary SummarizeRequest(const PodRequest& request);
+
 // False when the node certainly cannot take the pod now: an instance asks for more memory (MiB)
-// than any free placement offers. Instances sized by percentage never rule a node out.
+// than any free placement offers, or the pod for more instances than the node could still take.
+// Instances sized by percentage never rule a node out by their memory.
+bool MayFit(const NodeSummary& summary, const RequestSummary& request);
 bool MayFit(const NodeSummary& summary, const PodRequest& request);
 // False when no release of slices could make the node take the pod (no profile is big enough on
-// any schedulable GPU). Conservative in the same way as MayFit.
+// any schedulable GPU, or more instances than it holds when empty). Conservative like MayFit.
+bool MayEverFit(const NodeSummary& summary, const RequestSummary& request);
 bool MayEverFit(const NodeSummary& summary, const PodRequest& request);
 
 // One reserved instance of the pod.
@@ -88,14 +106,23 @@ struct NodePlan {
   uint32_t leftover = 0;
   bool bind_in_flight = false;  // the node's, for the last tie-break
   uint32_t idle_reused = 0;     // instances that land exactly on an idle (warm) instance
+  // A reason about the node as a whole (the pod asks for more instances than its GPUs hold);
+  // empty: the per-GPU outcomes explain it.
+  std::string reason;
+  // GpuPlanner::Plan calls made for this plan: bounded by the node's GPUs and their units,
+  // whatever the request (tests check it).
+  uint32_t gpu_plans = 0;
 
   bool fits() const { return verdict == Verdict::kFits; }
   // "node-a: fragmented: GPU 0 (GPU-…): ...; GPU 1 ...".
   std::string Reason(const NodeView& node) const;
 };
 
-// Plans the pod on one node, with a reason for every GPU when it does not fit.
+// Plans the pod on one node, with a reason for every GPU when it does not fit. `summary`:
+// SummarizeRequest(request), when the caller plans the pod on many nodes.
 NodePlan PlanPodOnNode(const NodeView& node, const PodRequest& request);
+NodePlan PlanPodOnNode(const NodeView& node, const PodRequest& request,
+                       const RequestSummary& summary);
 
 struct PodPlan {
   int chosen = -1;  // index into nodes, -1 when no node fits

@@ -165,6 +165,12 @@ absl::StatusOr<std::shared_ptr<const GpuPlanner>> GpuPlanner::Create(
     }
   }
   for (uint32_t idx : planner->allowed_) {
+    for (const auto& pl : profiles[idx].placements) planner->by_end_.push_back(pl);
+  }
+  std::sort(planner->by_end_.begin(), planner->by_end_.end(),
+            [](const Placement& a, const Placement& b) { return a.end() < b.end(); });
+  planner->max_instances_ = planner->MaxInstances(0);
+  for (uint32_t idx : planner->allowed_) {
     const auto& spec = profiles[idx];
     planner->allowed_memory_.push_back(spec.SizingMib());
     if (spec.instance_count < spec.placements.size()) planner->count_limited_.push_back(idx);
@@ -239,6 +245,18 @@ GpuPlan GpuPlanner::PlanWithoutTable(const GpuUsage& usage, uint64_t memory_mib)
   if (defaults[0].empty() || allowed_.empty()) return Plan(usage, m, {});
   if (SearchJoint(usage, defaults, plan.instances)) return plan;
   return Explain(usage, m, defaults, true);
+}
+
+uint32_t GpuPlanner::MaxInstances(SliceMask occupied) const {
+  // Placements are intervals on the unit axis: taking the free one that ends first, again and
+  // again, gives the most disjoint ones.
+  uint32_t count = 0, free_from = 0;
+  for (const Placement& pl : by_end_) {
+    if (pl.start < free_from || (pl.Mask() & occupied) != 0) continue;
+    ++count;
+    free_from = pl.end();
+  }
+  return count;
 }
 
 bool GpuPlanner::IsAllowed(uint32_t profile_index) const {
@@ -551,6 +569,17 @@ GpuPlan GpuPlanner::Plan(const GpuUsage& usage, std::span<const uint64_t> memori
   if (allowed_.empty()) {
     plan.verdict = Verdict::kNotAllowlisted;
     if (explain) plan.reason = fmt::format("no allowlisted MIG profile for {}", capability_.model);
+    return plan;
+  }
+  if (n > max_instances_) {
+    // Never fits, whatever is free: refused before any per-instance work.
+    plan.verdict = Verdict::kCapacityExhausted;
+    if (explain) {
+      plan.reason = fmt::format(
+          "capacity exhausted: {} instances asked; {} holds at most {} MIG instances of its "
+          "allowlisted profiles",
+          n, capability_.model, max_instances_);
+    }
     return plan;
   }
   std::vector<std::vector<uint32_t>> defaults(n);

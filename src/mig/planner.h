@@ -73,10 +73,17 @@ class GpuPlanner {
   const std::vector<uint32_t>& allowed() const { return allowed_; }
   bool IsAllowed(uint32_t profile_index) const;
   uint32_t units() const { return capability_.placement_units; }
+  // The most instances this GPU holds at once: the most non-overlapping placements of allowlisted
+  // profiles (instance-count limits aside, so an upper bound). Plan refuses more without a search.
+  uint32_t max_instances() const { return max_instances_; }
+  // The same with the units of `occupied` taken: the most instances that could still be added.
+  uint32_t MaxInstances(SliceMask occupied) const;
 
   // Plans `memories_mib.size()` instances (each needing at least that much memory) on a GPU with
   // `usage`. Never fails: an infeasible request yields a verdict and, when `explain`, a reason
-  // (hot paths that only need the verdict skip the formatting).
+  // (hot paths that only need the verdict skip the formatting). More instances than
+  // max_instances() are refused (kCapacityExhausted) before anything else is looked at, so the
+  // work is bounded by the GPU's size whatever the request.
   // `idle`: idle (warm) instances of the GPU (their slices are free in `usage`); among otherwise
   // equal choices, one that lands on them exactly is preferred. Empty: the answer is the same as
   // without warm instances.
@@ -140,6 +147,8 @@ class GpuPlanner {
   std::vector<Single> single_table_;      // [mask * allowed_.size() + first]
   std::vector<uint32_t> count_limited_;   // allowlisted profiles with a binding count
   std::vector<uint64_t> allowed_memory_;  // memory of allowed_[i]
+  uint32_t max_instances_ = 0;
+  std::vector<Placement> by_end_;  // every allowlisted placement, by end (for MaxInstances)
 
   GpuCapability capability_;
   std::vector<uint32_t> allowed_;   // default order

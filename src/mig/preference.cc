@@ -1,6 +1,6 @@
 #include "mig/preference.h"
 
-#include <algorithm>
+#include <unordered_set>
 
 #include "common/strings.h"
 #include "mig/profile.h"
@@ -9,10 +9,10 @@ namespace dynmig::mig {
 
 Preference ParsePreference(std::string_view value) {
   Preference out;
+  // Linear in the value's length: the value is a user's annotation (up to 256 KiB).
+  std::unordered_set<std::string> seen;
   for (auto& piece : SplitTrimmed(value, ',')) {
-    if (std::find(out.entries.begin(), out.entries.end(), piece) == out.entries.end()) {
-      out.entries.push_back(std::move(piece));
-    }
+    if (seen.insert(piece).second) out.entries.push_back(std::move(piece));
   }
   return out;
 }

@@ -60,4 +60,12 @@ struct PodRequest {
 // shape share a key. A field added to these structs that the planner reads belongs here too.
 std::string PlanKey(const PodRequest& request);
 
+// Bounds on the lists a request carries (the scheduler refuses longer ones before planning). The
+// planner reads each of them per GPU, so without a bound a pod's annotations (up to 256 KiB) would
+// decide how long a filter takes. Meaningful
+// lists are far shorter: the catalogue has 62 profile names and 8 slice classes, 24 models.
+inline constexpr size_t kMaxPreferenceEntries = 128;  // nvidia.com/mig-profile-preference
+inline constexpr size_t kMaxGpuTypeEntries = 64;      // nvidia.com/use-gputype, nouse-gputype
+inline constexpr size_t kMaxGpuUuidEntries = 256;     // nvidia.com/use-gpuuuid, nouse-gpuuuid
+
 }  // namespace dynmig::mig

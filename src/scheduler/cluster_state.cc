@@ -1,12 +1,14 @@
 #include "scheduler/cluster_state.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include "common/strings.h"
 #include "fmt/format.h"
 #include "protocol/annotations.h"
 #include "protocol/node_register.h"
 #include "scheduler/node_lock.h"
+#include "spdlog/spdlog.h"
 
 namespace dynmig::scheduler {
 namespace {
@@ -57,7 +59,59 @@ std::string CapabilityKey(const mig::GpuCapability& cap, const std::vector<std::
   return key;
 }
 
+// The GPU UUIDs ("GPU-…") an unreadable annotation's text names, each once.
+std::vector<std::string> GpuUuidsIn(std::string_view text) {
+  std::vector<std::string> out;
+  auto token_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-'; };
+  size_t i = 0;
+  while ((i = text.find("GPU-", i)) != std::string_view::npos) {
+    if (i > 0 && token_char(text[i - 1])) {
+      i += 4;
+      continue;
+    }
+    size_t end = i + 4;
+    while (end < text.size() && token_char(text[end])) ++end;
+    std::string uuid(text.substr(i, end - i));
+    if (std::find(out.begin(), out.end(), uuid) == out.end()) out.push_back(std::move(uuid));
+    i = end;
+  }
+  return out;
+}
+
 }  // namespace
+
+void ClusterState::AddUnreadable(PodEntry& entry, std::string_view key, std::string_view value,
+                                 const absl::Status& error) {
+  if (!entry.unreadable.empty()) entry.unreadable += "; ";
+  entry.unreadable += fmt::format("an unreadable {}: {}", key, std::string(error.message()));
+  for (auto& uuid : GpuUuidsIn(value)) {
+    if (std::find(entry.unreadable_gpus.begin(), entry.unreadable_gpus.end(), uuid) ==
+        entry.unreadable_gpus.end()) {
+      entry.unreadable_gpus.push_back(std::move(uuid));
+    }
+  }
+}
+
+void ClusterState::ReadDeviceEvidence(const json& pod, PodEntry& entry) {
+  for (std::string_view key :
+       {protocol::kDevicesAllocatedAnnotation, protocol::kDevicesToAllocateAnnotation}) {
+    if (!HasAnnotation(pod, key)) continue;
+    const std::string value = Annotation(pod, key);
+    auto devices = protocol::DecodePodDevices(value);
+    if (!devices.ok()) {
+      AddUnreadable(entry, key, value, devices.status());
+      continue;
+    }
+    for (const auto& ctr : *devices) {
+      for (const auto& dev : ctr) {
+        if (std::find(entry.device_gpus.begin(), entry.device_gpus.end(), dev.uuid) ==
+            entry.device_gpus.end()) {
+          entry.device_gpus.push_back(dev.uuid);
+        }
+      }
+    }
+  }
+}
 
 bool NeverFits(mig::Verdict verdict) {
   switch (verdict) {
@@ -265,13 +319,13 @@ void ClusterState::UpsertPod(const json& pod) {
   entry.mig = protocol::IsMigPod(pod, options_.resources);
   entry.has_annotation = HasAnnotation(pod, protocol::kMigAllocationsAnnotation);
   if (entry.has_annotation) {
-    entry.allocations =
-        protocol::DecodeMigAllocations(Annotation(pod, protocol::kMigAllocationsAnnotation));
+    const std::string value = Annotation(pod, protocol::kMigAllocationsAnnotation);
+    entry.allocations = protocol::DecodeMigAllocations(value);
+    if (!entry.allocations.ok()) {
+      AddUnreadable(entry, protocol::kMigAllocationsAnnotation, value, entry.allocations.status());
+    }
   }
-  if (HasAnnotation(pod, protocol::kDevicesAllocatedAnnotation)) {
-    entry.devices =
-        protocol::DecodePodDevices(Annotation(pod, protocol::kDevicesAllocatedAnnotation));
-  }
+  ReadDeviceEvidence(pod, entry);
   const std::string t = Annotation(pod, protocol::kVgpuTimeAnnotation);
   if (!t.empty()) entry.reserved_at = std::atoll(t.c_str());
   // The pod's own annotation supersedes an assumption once it carries the reservation.
@@ -295,6 +349,44 @@ void ClusterState::RemovePod(const std::string& ns, const std::string& name) {
   if (auto a = assumed_.find(key); a != assumed_.end()) DropAssumed(a);
 }
 
+void ClusterState::FailClosedOnEvidence(const NodeEntry& node, const PodEntry& pod,
+                                        std::vector<GpuFault>& unhealthy) const {
+  auto mark = [&](const std::string& uuid, std::string_view code, const std::string& why) {
+    for (size_t g = 0; g < node.gpus.size(); ++g) {
+      if (node.gpus[g].info.id != uuid) continue;
+      unhealthy[g].Set(code, why);
+      return true;
+    }
+    return false;
+  };
+  // An unreadable annotation is the reason on every GPU named (by its text or by the readable
+  // device annotations); otherwise the devices held without a reservation are.
+  bool marked = false;
+  const bool unreadable = !pod.unreadable.empty();
+  const std::string code = unreadable ? "unreadable-reservation" : "devices-without-reservation";
+  const std::string why = unreadable ? fmt::format("pod {} has {}", pod.key, pod.unreadable)
+                                     : fmt::format(
+                                           "pod {} holds devices of this GPU without a MIG "
+                                           "reservation (its {} or {} names it)",
+                                           pod.key, protocol::kDevicesAllocatedAnnotation,
+                                           protocol::kDevicesToAllocateAnnotation);
+  for (const auto& uuid : pod.unreadable_gpus) marked = mark(uuid, code, why) || marked;
+  for (const auto& uuid : pod.device_gpus) marked = mark(uuid, code, why) || marked;
+  if (marked) return;
+  if (!pod.unreadable.empty()) {
+    // Only dynmig writes these annotations, so an unreadable one means something of this node is
+    // reserved or allocated, and nothing says which GPU: the whole node fails closed.
+    const std::string all =
+        fmt::format("pod {} has {}, naming none of this node's GPUs", pod.key, pod.unreadable);
+    for (auto& u : unhealthy) u.Set("unreadable-reservation", all);
+    return;
+  }
+  // No evidence: the pod asks for GPUs (or says mig) but holds none of this node's devices
+  // according to anything dynmig wrote. What its owner may write alone never blocks a GPU.
+  spdlog::debug("pod {} on {} holds no MIG reservation and no dynmig device annotation: ignored",
+                pod.key, node.name);
+}
+
 void ClusterState::Rebuild(NodeEntry& node) const {
   mig::NodeView& view = node.view;
   NodeReport& report = node.report;
@@ -306,17 +398,15 @@ void ClusterState::Rebuild(NodeEntry& node) const {
     view.unhealthy_reason = "unreadable hami.io/node-nvidia-register: " + node.register_error;
   }
   std::vector<std::vector<mig::Reservation>> reserved(node.gpus.size());
-  std::vector<std::string> unhealthy(node.gpus.size());
+  std::vector<GpuFault> unhealthy(node.gpus.size());
   auto gpu_index = [&](const std::string& uuid) -> int {
     for (size_t i = 0; i < node.gpus.size(); ++i) {
       if (node.gpus[i].info.id == uuid) return static_cast<int>(i);
     }
     return -1;
   };
-  auto fail_all = [&](const std::string& why) {
-    for (auto& u : unhealthy) {
-      if (u.empty()) u = why;
-    }
+  auto fail_all = [&](std::string_view code, const std::string& why) {
+    for (auto& u : unhealthy) u.Set(code, why);
   };
   report.gpus.resize(node.gpus.size());
   auto add = [&](const std::string& pod, const std::vector<protocol::MigAllocation>& allocs,
@@ -324,7 +414,8 @@ void ClusterState::Rebuild(NodeEntry& node) const {
     for (const auto& a : allocs) {
       const int g = gpu_index(a.gpu_uuid);
       if (g < 0) {
-        fail_all(fmt::format("pod {} holds a reservation on {}, which this node does not register",
+        fail_all("unregistered-gpu",
+                 fmt::format("pod {} holds a reservation on {}, which this node does not register",
                              pod, a.gpu_uuid));
         continue;
       }
@@ -349,26 +440,7 @@ void ClusterState::Rebuild(NodeEntry& node) const {
       }
       continue;
     }
-    if (!pod.mig) continue;
-    // A MIG pod on this node without a readable reservation: fail closed on the GPUs it uses.
-    const std::string why =
-        pod.has_annotation && !pod.allocations.ok()
-            ? fmt::format("pod {} has an unreadable MIG reservation: {}", key,
-                          std::string(pod.allocations.status().message()))
-            : fmt::format("pod {} uses this node's GPUs without a MIG reservation", key);
-    bool marked = false;
-    if (pod.devices.ok()) {
-      for (const auto& ctr : *pod.devices) {
-        for (const auto& dev : ctr) {
-          const int g = gpu_index(dev.uuid);
-          if (g >= 0 && unhealthy[g].empty()) {
-            unhealthy[g] = why;
-            marked = true;
-          }
-        }
-      }
-    }
-    if (!marked) fail_all(why);
+    FailClosedOnEvidence(node, pod, unhealthy);
   }
   for (const auto& key : node.assumed) {
     if (auto a = assumed_.find(key); a != assumed_.end()) {
@@ -378,6 +450,7 @@ void ClusterState::Rebuild(NodeEntry& node) const {
   // Slices the node's live instances hold without an active reservation: occupied as well.
   if (!node.held_error.empty()) {
     fail_all(
+        "unreadable-held-slices",
         fmt::format("unreadable {}: {}", protocol::kNodeHeldSlicesAnnotation, node.held_error));
   }
   std::vector<mig::SliceMask> held_mask(node.gpus.size(), 0);
@@ -386,11 +459,10 @@ void ClusterState::Rebuild(NodeEntry& node) const {
     const int g = gpu_index(h.gpu_uuid);
     if (g < 0 || node.gpus[g].planner == nullptr) continue;
     if (h.placement.end() > node.gpus[g].planner->units()) {
-      if (unhealthy[g].empty()) {
-        unhealthy[g] = fmt::format("{} names slices {} beyond the GPU's {} units",
+      unhealthy[g].Set("held-slices-beyond-gpu",
+                       fmt::format("{} names slices {} beyond the GPU's {} units",
                                    protocol::kNodeHeldSlicesAnnotation, h.placement.ToString(),
-                                   node.gpus[g].planner->units());
-      }
+                                   node.gpus[g].planner->units()));
       continue;
     }
     held_mask[g] |= h.placement.Mask();
@@ -420,8 +492,12 @@ void ClusterState::Rebuild(NodeEntry& node) const {
         gr.allowed_profiles.push_back(gpu.planner->capability().profiles[idx].name);
       }
     }
-    if (!gpu.info.health) unhealthy[i] = "the device plugin reports this GPU unhealthy";
-    if (node.cordoned.count(gv.uuid)) unhealthy[i] = "cordoned (hami.io/device-cordon)";
+    if (!gpu.info.health) {
+      unhealthy[i] = {"device-unhealthy", "the device plugin reports this GPU unhealthy"};
+    }
+    if (node.cordoned.count(gv.uuid)) {
+      unhealthy[i] = {"cordoned", "cordoned (hami.io/device-cordon)"};
+    }
     if (gpu.planner != nullptr && unhealthy[i].empty()) {
       auto usage = gpu.planner->UsageOf(reserved[i]);
       if (usage.ok()) {
@@ -431,14 +507,16 @@ void ClusterState::Rebuild(NodeEntry& node) const {
           if (idx >= 0 && static_cast<size_t>(idx) < gv.usage.counts.size()) ++gv.usage.counts[idx];
         }
       } else {
-        unhealthy[i] = "conflicting reservations: " + std::string(usage.status().message());
+        unhealthy[i] = {"conflicting-reservations",
+                        "conflicting reservations: " + std::string(usage.status().message())};
       }
     }
     if (!unhealthy[i].empty()) {
       gv.healthy = false;
-      gv.unhealthy_reason = unhealthy[i];
+      gv.unhealthy_reason = unhealthy[i].reason;
       gr.healthy = false;
-      gr.unhealthy_reason = unhealthy[i];
+      gr.unhealthy_reason = std::move(unhealthy[i].reason);
+      gr.unhealthy_code = std::move(unhealthy[i].code);
     }
     // Idle (warm) instances on slices nothing reserves or holds: preferred placements. One that a
     // reservation overlaps is destroyed by the device plugin when that pod is allocated.
@@ -494,19 +572,22 @@ const mig::NodeView& ClusterState::ViewOf(NodeEntry& node, absl::Time now) const
   if (node.dirty) Rebuild(node);
   // Health from the last report and the bind lock change with time alone: decided here, and
   // every reader checks them (Stale) before it trusts the cached view.
-  std::string reason;
+  std::string reason, code;
   bool healthy = true;
   if (!node.register_error.empty()) {
     healthy = false;
+    code = "unreadable-register";
     reason = "unreadable hami.io/node-nvidia-register: " + node.register_error;
   } else if (auto why = ReportHealth(node.handshake, node.reported_at, options_.report_timeout, now,
                                      true)) {
     healthy = false;
+    code = node.handshake.starts_with("Deleted") ? "deregistered" : "stopped-reporting";
     reason = std::move(*why);
   }
   node.view.healthy = node.report.healthy = healthy;
   node.view.unhealthy_reason = reason;
   node.report.unhealthy_reason = std::move(reason);
+  node.report.unhealthy_code = std::move(code);
   node.view.bind_in_flight =
       node.locked_at.has_value() && now - *node.locked_at < kDefaultNodeLockExpiry;
   // The next instant at which time alone flips either: a report older than the timeout makes
@@ -530,8 +611,9 @@ namespace {
 
 // The reason of a node that does not fit (PlanPod computes verdicts alone).
 std::pair<mig::Verdict, std::string> Explain(const mig::NodeView& view,
-                                             const mig::PodRequest& request) {
-  const mig::NodePlan explained = mig::PlanPodOnNode(view, request);
+                                             const mig::PodRequest& request,
+                                             const mig::RequestSummary& shape) {
+  const mig::NodePlan explained = mig::PlanPodOnNode(view, request, shape);
   return {explained.verdict, explained.Reason(view)};
 }
 
@@ -576,6 +658,7 @@ ClusterState::Planned ClusterState::PlanLocked(
   out.plans.resize(n);
   FilterDecision& decision = out.decision;
   out.request_key = mig::PlanKey(request);
+  const mig::RequestSummary shape = mig::SummarizeRequest(request);  // once, not per node
   std::vector<const mig::NodeView*> views;  // the nodes without a cached plan
   std::vector<uint32_t> at;                 // views[k] is entries[at[k]]
   views.reserve(n);
@@ -588,7 +671,7 @@ ClusterState::Planned ClusterState::PlanLocked(
       continue;
     }
     out.versions[i] = e->version;
-    if (!mig::MayFit(e->summary, request)) {
+    if (!mig::MayFit(e->summary, shape)) {
       out.plans[i] = SkippedPlan();  // ruled out by its summary, no per-GPU search
       continue;
     }
@@ -617,18 +700,18 @@ ClusterState::Planned ClusterState::PlanLocked(
   }
   if (out.chosen >= 0 && out.plans[out.chosen].assignments.empty()) {
     // Plans are verdicts and scores; the winner's assignments are recorded now.
-    out.plans[out.chosen] = mig::PlanPodOnNode(entries[out.chosen]->view, request);
+    out.plans[out.chosen] = mig::PlanPodOnNode(entries[out.chosen]->view, request, shape);
   }
   if (out.chosen >= 0) {
     // A node was chosen: only the nodes that can never run the pod get an entry.
     for (size_t i = 0; i < n; ++i) {
       const NodeEntry* e = entries[i];
       if (e == nullptr || static_cast<int>(i) == out.chosen || out.plans[i].fits()) continue;
-      const bool planned = mig::MayFit(e->summary, request);
-      if (planned ? !NeverFits(out.plans[i].verdict) : mig::MayEverFit(e->summary, request)) {
+      const bool planned = mig::MayFit(e->summary, shape);
+      if (planned ? !NeverFits(out.plans[i].verdict) : mig::MayEverFit(e->summary, shape)) {
         continue;
       }
-      auto [verdict, reason] = Explain(e->view, request);
+      auto [verdict, reason] = Explain(e->view, request, shape);
       if (NeverFits(verdict)) decision.failed[e->name] = std::move(reason);
     }
     return out;
@@ -639,7 +722,7 @@ ClusterState::Planned ClusterState::PlanLocked(
   for (const NodeEntry* e : entries) {
     if (e == nullptr) continue;
     any = true;
-    auto [verdict, reason] = Explain(e->view, request);
+    auto [verdict, reason] = Explain(e->view, request, shape);
     decision.failed[e->name] = std::move(reason);
     if (static_cast<int>(verdict) < static_cast<int>(decision.verdict)) decision.verdict = verdict;
   }
@@ -650,6 +733,7 @@ ClusterState::Planned ClusterState::PlanLocked(
 bool ClusterState::Repair(Planned& p, const mig::PodRequest& request, absl::Time now) {
   if (nodes_generation_ != p.generation) return false;
   const std::vector<NodeEntry*>& entries = *p.entries;
+  const mig::RequestSummary shape = mig::SummarizeRequest(request);
   bool changed = false;
   for (size_t i = 0; i < entries.size(); ++i) {
     NodeEntry* e = entries[i];
@@ -660,15 +744,15 @@ bool ClusterState::Repair(Planned& p, const mig::PodRequest& request, absl::Time
     ViewOf(*e, now);
     p.versions[i] = e->version;
     p.decision.failed.erase(e->name);
-    if (!mig::MayFit(e->summary, request)) {
+    if (!mig::MayFit(e->summary, shape)) {
       p.plans[i] = SkippedPlan();
-      if (!mig::MayEverFit(e->summary, request)) {
-        auto [verdict, reason] = Explain(e->view, request);
+      if (!mig::MayEverFit(e->summary, shape)) {
+        auto [verdict, reason] = Explain(e->view, request, shape);
         if (NeverFits(verdict)) p.decision.failed[e->name] = std::move(reason);
       }
       continue;
     }
-    p.plans[i] = mig::PlanPodOnNode(e->view, request);
+    p.plans[i] = mig::PlanPodOnNode(e->view, request, shape);
     p.fresh.push_back(static_cast<uint32_t>(i));
     if (!p.plans[i].fits() && NeverFits(p.plans[i].verdict)) {
       p.decision.failed[e->name] = p.plans[i].Reason(e->view);
@@ -686,7 +770,7 @@ bool ClusterState::Repair(Planned& p, const mig::PodRequest& request, absl::Time
   if (chosen < 0) return false;  // nothing fits any more: plan afresh for the reasons
   if (p.plans[chosen].assignments.empty()) {
     // PlanPod records the assignments of its winner only.
-    p.plans[chosen] = mig::PlanPodOnNode(entries[chosen]->view, request);
+    p.plans[chosen] = mig::PlanPodOnNode(entries[chosen]->view, request, shape);
   }
   p.chosen = chosen;
   return true;

@@ -4,9 +4,15 @@
 // terminated (`hami.io/vgpu-mig-allocations`), plus reservations this scheduler made whose
 // annotation has not come back through the watch yet ("assumed").
 //
-// Fail closed: a MIG pod on a node without a readable reservation makes the GPUs it uses (all MIG
-// GPUs of the node when that is unknown) unschedulable; so does a reservation naming a GPU the
-// node does not have, or one that is illegal or overlaps another. Each such GPU carries the reason.
+// Fail closed, per GPU and on evidence: a pod on a node without a readable reservation makes a GPU
+// unschedulable only when annotations that only dynmig writes (the webhook refuses them from
+// anyone else) say it holds devices there: hami.io/vgpu-devices-allocated or -to-allocate naming
+// the GPU, or an unreadable hami.io/vgpu-mig-allocations (or device annotation) whose text names
+// it. An unreadable one that names none of the node's GPUs fails the whole node (dynmig wrote it,
+// so something is reserved there, and nothing says where). What a user may write (resource
+// requests, nvidia.com/vgpu-mode, other annotations) never blocks a GPU by itself. A reservation
+// naming a GPU the node does not have, or one that is illegal or overlaps another, fails closed
+// too. Each such GPU carries the reason.
 //
 // Thread-safe: informer handlers update it while filters plan on it. A reader-writer lock guards
 // the nodes and pods; a filter plans under the shared lock (filters plan in parallel) and takes
@@ -68,6 +74,10 @@ struct GpuReport {
   std::vector<std::string> allowed_profiles;
   bool healthy = true;
   std::string unhealthy_reason;
+  // A stable code for unhealthy_reason without names in it (a metric label): unregistered-gpu,
+  // unreadable-reservation, devices-without-reservation, unreadable-held-slices,
+  // held-slices-beyond-gpu, device-unhealthy, cordoned, conflicting-reservations.
+  std::string unhealthy_code;
   std::vector<ReservationReport> reservations;
   // Idle (warm) instances the device plugin keeps (dynmig.io/idle-mig-instances): free slices a
   // pod of that profile would reuse.
@@ -83,6 +93,8 @@ struct NodeReport {
   std::string name;
   bool healthy = true;
   std::string unhealthy_reason;
+  // unreadable-register, deregistered or stopped-reporting (a metric label, no names in it).
+  std::string unhealthy_code;
   std::vector<GpuReport> gpus;
 };
 
@@ -222,7 +234,12 @@ class ClusterState {
     absl::StatusOr<std::vector<protocol::MigAllocation>> allocations =
         std::vector<protocol::MigAllocation>{};
     bool has_annotation = false;
-    absl::StatusOr<protocol::PodDevices> devices = protocol::PodDevices{};
+    // Evidence of the GPUs the pod holds, from annotations only dynmig writes: the UUIDs its
+    // readable device annotations name, and for unreadable ones (mig-allocations or devices)
+    // why, and the GPU UUIDs their text names.
+    std::vector<std::string> device_gpus;
+    std::string unreadable;
+    std::vector<std::string> unreadable_gpus;
     int64_t reserved_at = 0;  // hami.io/vgpu-time (unix seconds)
   };
   struct AssumedEntry {
@@ -231,6 +248,12 @@ class ClusterState {
     std::string uid;
     bool binding = false;
   };
+
+  // Records an unreadable system annotation of the pod (`key`, its `value`, why) as evidence.
+  static void AddUnreadable(PodEntry& entry, std::string_view key, std::string_view value,
+                            const absl::Status& error);
+  // The device annotations' evidence (UUIDs, or unreadable values) into `entry`.
+  static void ReadDeviceEvidence(const nlohmann::json& pod, PodEntry& entry);
 
   // All REQUIRE mu_ held.
   std::shared_ptr<const mig::GpuPlanner> PlannerFor(const protocol::DeviceInfo& info);
@@ -241,6 +264,21 @@ class ClusterState {
   // with time). REQUIRES mu_ held (shared is enough).
   bool Stale(const NodeEntry& node, absl::Time now) const;
   void Rebuild(NodeEntry& node) const;
+  // Why a GPU is kept out of scheduling: a stable code and the reason; the first one set stays.
+  struct GpuFault {
+    std::string code;
+    std::string reason;
+    bool empty() const { return reason.empty(); }
+    void Set(std::string_view c, const std::string& why) {
+      if (!empty()) return;
+      code = c;
+      reason = why;
+    }
+  };
+  // The GPUs (indices into node.gpus) a pod without a readable reservation makes unschedulable,
+  // with the reason for each into `unhealthy`. See the header comment.
+  void FailClosedOnEvidence(const NodeEntry& node, const PodEntry& pod,
+                            std::vector<GpuFault>& unhealthy) const;
   void Unlink(const std::string& pod_key);
   void MarkDirty(const std::string& node);
   // Erases an assumption, from its node's set too, and marks that node dirty.

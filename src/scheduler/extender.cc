@@ -60,6 +60,31 @@ std::string PendingMessage(mig::Verdict verdict, const std::map<std::string, std
   return out;
 }
 
+// The lists of a request that the planner reads per GPU, within mig::kMax*Entries: without a
+// bound, the pod's annotations would decide how long its filters hold the cluster state.
+absl::Status CheckRequestLimits(const mig::PodRequest& r) {
+  struct List {
+    std::string_view annotation;
+    size_t size;
+    size_t limit;
+  };
+  const List lists[] = {
+      {protocol::kMigProfilePreferenceAnnotation, r.preference.entries.size(),
+       mig::kMaxPreferenceEntries},
+      {protocol::kUseGpuTypeAnnotation, r.filter.use_types.size(), mig::kMaxGpuTypeEntries},
+      {protocol::kNoUseGpuTypeAnnotation, r.filter.nouse_types.size(), mig::kMaxGpuTypeEntries},
+      {protocol::kUseGpuUuidAnnotation, r.filter.use_uuids.size(), mig::kMaxGpuUuidEntries},
+      {protocol::kNoUseGpuUuidAnnotation, r.filter.nouse_uuids.size(), mig::kMaxGpuUuidEntries},
+  };
+  for (const List& l : lists) {
+    if (l.size > l.limit) {
+      return absl::InvalidArgumentError(fmt::format("{} lists {} entries; at most {} are accepted",
+                                                    l.annotation, l.size, l.limit));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::vector<std::string> ReservationAnnotationKeys() {
@@ -221,6 +246,9 @@ ExtenderFilterResult Extender::Filter(const ExtenderArgs& args) {
   if (!request->WantsGpu()) {
     result.node_names = candidates;
     return finish("passthrough");
+  }
+  if (absl::Status bounded = CheckRequestLimits(*request); !bounded.ok()) {
+    return fail(fmt::format("pod {}: {}", key, std::string(bounded.message())));
   }
   // The reservation is recorded in memory only: no pod update while kube-scheduler is still
   // deciding (it would requeue the pod and report "is in the cache, so can't be assumed"). The

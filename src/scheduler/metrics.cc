@@ -97,7 +97,8 @@ void SchedulerMetrics::CountExpiry(std::string_view action) {
 }
 
 void SchedulerMetrics::CountUnauthenticated(std::string_view path) {
-  const std::string_view known = path == "/filter" || path == "/bind" ? path : "other";
+  const std::string_view known =
+      path == "/filter" || path == "/bind" || path == "/layout" ? path : "other";
   unauthenticated_total_->Add({{"path", std::string(known)}}).Increment();
 }
 
@@ -118,14 +119,14 @@ std::string SchedulerMetrics::Render(const std::vector<NodeReport>& nodes, bool 
   for (const auto& node : nodes) {
     if (!node.healthy) {
       node_unhealthy.metric.push_back(
-          Gauge(1, {{"node", node.name}, {"reason", node.unhealthy_reason}}));
+          Gauge(1, {{"node", node.name}, {"reason", node.unhealthy_code}}));
     }
     for (const auto& gpu : node.gpus) {
       if (!gpu.healthy) {
         fail_closed.metric.push_back(Gauge(1, {{"node", node.name},
                                                {"device_uuid", gpu.uuid},
                                                {"device_index", std::to_string(gpu.index)},
-                                               {"reason", gpu.unhealthy_reason}}));
+                                               {"reason", gpu.unhealthy_code}}));
       }
       for (const auto& r : gpu.reservations) {
         if (r.assumed) {

@@ -5,8 +5,9 @@
 //       gpu_instance_id,compute_instance_id,placement_start,placement_size} 1
 //       one per reservation the device plugin has realized (runtime identity known); HAMi's name
 //   dynmig_scheduler_gpu_fail_closed{node,device_uuid,device_index,reason} 1
-//       GPUs kept out of scheduling (unreadable or conflicting reservations, cordoned, unhealthy)
-//   dynmig_scheduler_node_unhealthy{node,reason} 1
+//       GPUs kept out of scheduling (unreadable or conflicting reservations, cordoned, unhealthy);
+//       reason is GpuReport::unhealthy_code
+//   dynmig_scheduler_node_unhealthy{node,reason} 1     reason: NodeReport::unhealthy_code
 //   dynmig_scheduler_reserved_instances{state="assumed|reserved|ready"}
 //   dynmig_scheduler_leader 0|1
 //   dynmig_scheduler_binds_waiting_for_node_lock   binds queued for a node's lock now
@@ -14,8 +15,12 @@
 //   dynmig_scheduler_filter_total{outcome="reserved|already-reserved|pending|passthrough|error"}
 //   dynmig_scheduler_reservations_total, dynmig_scheduler_reservation_expiries_total{action}
 //   dynmig_scheduler_bind_total{outcome="bound|error"}
-//   dynmig_scheduler_unauthenticated_total{path="/filter|/bind"}
+//   dynmig_scheduler_unauthenticated_total{path="/filter|/bind|/layout"}
 //   dynmig_scheduler_filter_duration_seconds, dynmig_scheduler_bind_duration_seconds (histograms)
+//
+// No series carries a pod or namespace name (reasons are codes; the full reasons, which name pods,
+// are on the authenticated /layout and in the pods' events), so /metrics needs no authentication:
+// it shows node names, GPU and MIG UUIDs, profiles, placements and counts, no workload identity.
 //
 // Thread-safe.
 #pragma once

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "common/strings.h"
 #include "fmt/format.h"
 #include "kube/object.h"
 #include "protocol/annotations.h"
@@ -238,6 +239,7 @@ absl::Status SchedulerServer::Listen() {
     res.set_content(MetricsText(), "text/plain; version=0.0.4; charset=utf-8");
   });
   http_->Get("/layout", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!AuthorizeLayout(req, res)) return;
     HandleLayout(req.get_param_value("node"), req.get_param_value("format"), res);
   });
   const size_t limit = options_.max_body_bytes;
@@ -327,11 +329,26 @@ bool SchedulerServer::AuthenticateExtenderCall(const httplib::Request& req,
   absl::Status st = client_auth_->Authenticate(req.ssl);
   if (st.ok()) return true;
   const std::string message =
-      fmt::format("POST {} refused: {}", req.path, std::string(st.message()));
+      fmt::format("{} {} refused: {}", req.method, req.path, std::string(st.message()));
   spdlog::warn("{} (from {}:{})", message, req.remote_addr, req.remote_port);
   metrics_->CountUnauthenticated(req.path);
   res.status = 401;
   res.set_content(ErrorResult(message).dump(), kJson);
+  return false;
+}
+
+bool SchedulerServer::AuthorizeLayout(const httplib::Request& req, httplib::Response& res) const {
+  // A loopback listener is reachable from this host (or pod) alone: the local mode's.
+  if (IsLoopbackHost(options_.host)) return true;
+  if (client_auth_ != nullptr) return AuthenticateExtenderCall(req, res);
+  const std::string message = fmt::format(
+      "GET /layout refused: it shows the pods of every namespace, so it is served only to callers "
+      "with a client certificate of the extender client CA (--extender-client-ca) or on a "
+      "loopback listener; this scheduler has neither ({})",
+      options_.host);
+  spdlog::warn("{} (from {}:{})", message, req.remote_addr, req.remote_port);
+  res.status = 403;
+  res.set_content(message + "\n", "text/plain; charset=utf-8");
   return false;
 }
 

@@ -9,12 +9,17 @@
 //   GET  /layout   the slices of every GPU and who holds them (ClusterState::Report rendered by
 //                  the injected layout_html, `dynmig layout --html`'s page); ?node=NAME for one
 //                  node, ?format=json for layout_json's document. 404 when no renderer is set.
+//                  It names the pods of every namespace: a listener on a loopback address serves
+//                  it (reachable from this host or pod alone: the local mode); any other only to a
+//                  caller with a client certificate of the extender client CA, as /filter (401
+//                  otherwise; 403 without client authentication).
 // over list+watch informers (pods that have not terminated, nodes) that feed a ClusterState.
 // Errors travel in the protocols' error fields with HTTP 200; request bodies above
 // max_body_bytes get HTTP 413 with an error body. TLS from a certificate and key that are
 // re-read when the files change (webhook/cert_reloader.h). With extender_client_ca_file, /filter
 // and /bind answer 401 with an Error unless the caller presented a client certificate of that CA
-// (client_auth.h); the webhooks, /metrics, the probes and /layout need none.
+// (client_auth.h), and so does /layout; the webhooks, /metrics (which names no pod) and the probes
+// need none.
 //
 // With leader election, only the leader writes: a follower answers filter and bind with an Error
 // saying it is not the leader, and does not expire reservations. The leader labels its own pod
@@ -152,6 +157,8 @@ class SchedulerServer {
   // False (and `res` holds the 401 answer) when client authentication is on and the caller of an
   // extender verb did not authenticate.
   bool AuthenticateExtenderCall(const httplib::Request& req, httplib::Response& res) const;
+  // False (and `res` holds the 401 or 403 answer) when GET /layout may not be served to `req`.
+  bool AuthorizeLayout(const httplib::Request& req, httplib::Response& res) const;
   void HandleLayout(const std::string& node, const std::string& format,
                     httplib::Response& res) const;
 

@@ -356,6 +356,7 @@ def group_objects(c):
     c.equal(flag(dargs, "--metrics-listen"), "0.0.0.0:9400", "device plugin --metrics-listen")
     c.equal(flag(dargs, "--pod-resources-socket"), "/var/lib/kubelet/pod-resources/kubelet.sock",
             "device plugin --pod-resources-socket (the mounted kubelet PodResources socket)")
+    c.equal(flag(dargs, "--nvml-listen"), "127.0.0.1:9401", "device plugin --nvml-listen (loopback: /nvml names pods)")
     c.check(configmap_file(base, dspec, dp, flag(dargs, "--device-config") or "") is not None,
             "device plugin --device-config is not a file of a mounted ConfigMap")
     c.equal({p["name"]: p["containerPort"] for p in dp["ports"]}, {"metrics": 9400}, "device plugin ports")

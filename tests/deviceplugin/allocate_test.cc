@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "dp_test_util.h"
+#include "fmt/format.h"
 #include "nlohmann/json.hpp"
 
 namespace dynmig::deviceplugin::testing {
@@ -479,6 +480,69 @@ TEST_F(AllocateTest, CdiSpecIsWrittenPerMigDeviceAndRemovedWithTheInstance) {
   DeletePod("p");
   EXPECT_EQ(plugin_->core().Reconcile().destroyed, 1);
   EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+// The local addresses (hex "AABBCCDD:PORT" of /proc/net/tcp, little-endian IPv4) this process
+// listens on at `port`.
+std::vector<std::string> ListeningAddresses(int port) {
+  std::vector<std::string> out;
+  std::ifstream tcp("/proc/net/tcp");
+  std::string line;
+  std::getline(tcp, line);  // header
+  while (std::getline(tcp, line)) {
+    std::istringstream in(line);
+    std::string slot, local, remote, state;
+    in >> slot >> local >> remote >> state;
+    const size_t colon = local.find(':');
+    if (state != "0A" || colon == std::string::npos) continue;  // 0A: LISTEN
+    if (std::stoi(local.substr(colon + 1), nullptr, 16) == port) out.push_back(local);
+  }
+  return out;
+}
+
+// /nvml names the pods that own instances (issue 27): on a listener of its own on loopback, never
+// on a /metrics listener that is open to the network.
+TEST_F(AllocateTest, TheNvmlViewListensOnLoopbackOnly) {
+  using O = DevicePluginOptions;
+  auto serves = [](std::string metrics, std::string nvml) {
+    O o;
+    o.metrics_listen = std::move(metrics);
+    o.nvml_listen = std::move(nvml);
+    return DevicePlugin::MetricsListenerServesNvml(o);
+  };
+  EXPECT_TRUE(serves("127.0.0.1:0", ""));  // tests, local mode: one loopback listener
+  EXPECT_TRUE(serves("127.0.0.10:9400", ""));
+  EXPECT_FALSE(serves("0.0.0.0:9400", ""));
+  EXPECT_FALSE(serves(":9400", ""));
+  EXPECT_FALSE(serves("0.0.0.0:9400", "127.0.0.1:9401"));
+  EXPECT_FALSE(serves("127.0.0.1:9400", "127.0.0.1:9401"));
+  EXPECT_TRUE(serves("0.0.0.0:9400", "0.0.0.0:9400"));  // asked for explicitly
+
+  StartPlugin([](DevicePluginOptions& o) {
+    o.metrics_listen = "0.0.0.0:0";
+    o.nvml_listen = "127.0.0.1:0";
+  });
+  ASSERT_GT(plugin_->http_port(), 0);
+  ASSERT_GT(plugin_->nvml_port(), 0);
+  ASSERT_NE(plugin_->nvml_port(), plugin_->http_port());
+  // Bound to 127.0.0.1 ("0100007F"), not to every interface.
+  EXPECT_EQ(ListeningAddresses(plugin_->nvml_port()),
+            std::vector<std::string>{fmt::format("0100007F:{:04X}", plugin_->nvml_port())});
+  EXPECT_EQ(ListeningAddresses(plugin_->http_port()),
+            std::vector<std::string>{fmt::format("00000000:{:04X}", plugin_->http_port())});
+  httplib::Client open("127.0.0.1", plugin_->http_port());
+  auto metrics = open.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(metrics->status, 200);
+  auto refused = open.Get("/nvml");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 404);
+  httplib::Client loopback("127.0.0.1", plugin_->nvml_port());
+  auto view = loopback.Get("/nvml");
+  ASSERT_TRUE(view);
+  EXPECT_EQ(view->status, 200);
+  EXPECT_EQ(nlohmann::json::parse(view->body)["node"], kNode);
+  EXPECT_EQ(loopback.Get("/metrics")->status, 404);
 }
 
 TEST_F(AllocateTest, MetricsAndTheNvmlViewAreServedOverHttp) {

@@ -700,7 +700,7 @@ def main():
     ap.add_argument("--kubectl", default=os.environ.get("KUBECTL") or shutil.which("kubectl"))
     ap.add_argument("--kubeconfig", help="real: the cluster's admin kubeconfig")
     ap.add_argument("--node", default="localhost", help="real: the GPU node")
-    ap.add_argument("--nvml-url", default="http://127.0.0.1:19400/nvml", help="real: the device plugin's /nvml")
+    ap.add_argument("--nvml-url", default="http://127.0.0.1:19401/nvml", help="real: the device plugin's /nvml")
     ap.add_argument("--extender-url", default="https://127.0.0.1:18443",
                     help="real: the dynmig extender as kube-scheduler reaches it")
     ap.add_argument("--logs-cmd", default="", help="real: a command whose stderr shows the cluster's logs")

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "fmt/format.h"
 #include "test_util.h"
 
 namespace dynmig::mig {
@@ -301,6 +302,57 @@ TEST(NodePlannerTest, TheNodeWithTheIdleInstanceWinsATie) {
   // Without idle instances: node order, as before.
   nodes[1].gpus[0].idle.clear();
   EXPECT_EQ(PlanPod(nodes, req).chosen, 0);
+}
+
+// Attack (issue 27): a pod asking for 50,000 instances of 1000 MiB. The work once grew with the
+// count squared per GPU; the node refuses it before any per-GPU plan, with a reason that says
+// what the node holds. A count of 2^32-1 would take ages (and 32 GiB) by any O(count) path.
+TEST(NodePlannerTest, MoreInstancesThanTheNodeHoldsAreRefusedWithoutPlanning) {
+  NodeView node{"node-a", true, "", {Gpu("GPU-0", 0), Gpu("GPU-1", 1)}};
+  for (uint32_t count : {50000u, UINT32_MAX, 15u}) {
+    const NodePlan plan = PlanPodOnNode(node, OneContainer(count, 1000));
+    EXPECT_EQ(plan.verdict, Verdict::kCapacityExhausted) << count;
+    EXPECT_EQ(plan.gpu_plans, 0u) << count;  // refused before any GpuPlanner::Plan
+    EXPECT_EQ(plan.Reason(node),
+              fmt::format("capacity-exhausted: the pod asks for {} MIG instances; the 2 GPU(s) "
+                          "of this node it may use hold at most 14",
+                          count));
+  }
+  // Spread over many containers: the total counts.
+  PodRequest many;
+  for (int c = 0; c < 15; ++c) many.containers.push_back({"c", false, 1, {1000, 0}});
+  EXPECT_EQ(PlanPodOnNode(node, many).gpu_plans, 0u);
+  EXPECT_FALSE(PlanPodOnNode(node, many).fits());
+  // Over a cluster: no node is planned, none fits.
+  const std::vector<NodeView> nodes(3, node);
+  const PodPlan cluster = PlanPod(nodes, OneContainer(50000, 1000));
+  EXPECT_EQ(cluster.chosen, -1);
+  for (const auto& p : cluster.nodes) EXPECT_EQ(p.gpu_plans, 0u);
+  // The summaries rule such a pod out before any per-GPU work too.
+  const RequestSummary huge = SummarizeRequest(OneContainer(50000, 1000));
+  EXPECT_EQ(huge.instances, 50000u);
+  EXPECT_FALSE(MayFit(Summarize(node), huge));
+  EXPECT_FALSE(MayEverFit(Summarize(node), huge));
+}
+
+// What the node holds exactly still plans as before, and the work stays bounded by its size.
+TEST(NodePlannerTest, AsManyInstancesAsTheNodeHoldsStillFit) {
+  NodeView node{"node-a", true, "", {Gpu("GPU-0", 0), Gpu("GPU-1", 1)}};
+  const NodeSummary s = Summarize(node);
+  EXPECT_EQ(s.max_instances, 14u);
+  EXPECT_EQ(s.free_instances, 14u);
+  const NodePlan plan = PlanPodOnNode(node, OneContainer(14, 1000));
+  ASSERT_TRUE(plan.fits()) << plan.Reason(node);
+  EXPECT_EQ(plan.assignments.size(), 14u);
+  // One plan of all 14 on each GPU, then the spread: at most 7 + 1 tries per GPU.
+  EXPECT_LE(plan.gpu_plans, 2u + 2u * 8u);
+  EXPECT_TRUE(MayFit(s, SummarizeRequest(OneContainer(14, 1000))));
+  // 13 free instances now: a pod of 14 cannot fit until something is released.
+  node.gpus[0] = Gpu("GPU-0", 0, {{"1g.5gb", 0}});
+  EXPECT_EQ(Summarize(node).free_instances, 13u);
+  EXPECT_FALSE(MayFit(Summarize(node), SummarizeRequest(OneContainer(14, 1000))));
+  EXPECT_TRUE(MayEverFit(Summarize(node), SummarizeRequest(OneContainer(14, 1000))));
+  EXPECT_FALSE(PlanPodOnNode(node, OneContainer(14, 1000)).fits());
 }
 
 }  // namespace

@@ -452,5 +452,25 @@ TEST(PlannerTableTest, IdenticalToThePlainSearchOnEveryState) {
   EXPECT_GT(checked, 10000u);
 }
 
+// A GPU holds at most as many instances as it has disjoint allowlisted placements: more are
+// refused at once, whatever the count (issue 27: the work once grew with it).
+TEST(PlannerTest, MoreInstancesThanTheGpuHoldsAreRefusedAtOnce) {
+  auto planner = MakePlanner("A100-SXM4-40GB", {"1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"});
+  EXPECT_EQ(planner->max_instances(), 7u);
+  EXPECT_EQ(MakePlanner("A100-SXM4-40GB", {"7g.40gb"})->max_instances(), 1u);
+  EXPECT_EQ(MakePlanner("A100-SXM4-40GB", {"3g.20gb"})->max_instances(), 2u);
+  const std::vector<uint64_t> eight(8, 1000);
+  GpuPlan plan = planner->Plan({}, eight, {});
+  EXPECT_EQ(plan.verdict, Verdict::kCapacityExhausted);
+  EXPECT_EQ(plan.reason,
+            "capacity exhausted: 8 instances asked; NVIDIA A100-SXM4-40GB holds at most 7 MIG "
+            "instances of its allowlisted profiles");
+  const std::vector<uint64_t> seven(7, 1000);
+  EXPECT_EQ(planner->Plan({}, seven, {}).verdict, Verdict::kFits);
+  // With units taken: 1g.5gb at slice 0 leaves slices 1-7, of which 1g placements cover 1-6.
+  EXPECT_EQ(planner->MaxInstances(UsageOf(*planner, {{"1g.5gb", 0}}).occupied), 6u);
+  EXPECT_EQ(planner->MaxInstances(UsageOf(*planner, {{"7g.40gb", 0}}).occupied), 0u);
+}
+
 }  // namespace
 }  // namespace dynmig::mig

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "cli/cli.h"
+#include "ops/layout.h"
 #include "protocol/device_config.h"
 #include "scheduler/bind_guard.h"
 #include "scheduler_test_util.h"
@@ -22,6 +23,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 
 // A plain pod of another scheduler, no GPU: the issue's victim.
 kube::Object ForeignPod(const std::string& name) {
@@ -315,7 +317,7 @@ class ClientAuthTest : public SchedulerTest {
     client->set_ca_cert_path(ca_file_.c_str());
     client->enable_server_certificate_verification(true);
     client->set_read_timeout(30, 0);
-    return ToHttpResult(path == "/healthz" || path == "/metrics"
+    return ToHttpResult(path == "/healthz" || path == "/metrics" || path.starts_with("/layout")
                             ? client->Get(path.c_str())
                             : client->Post(path.c_str(), body, "application/json"));
   }
@@ -382,6 +384,39 @@ TEST_F(ClientAuthTest, FilterAndBindNeedKubeSchedulersClientCertificate) {
   EXPECT_THAT(r.body["Error"].get<std::string>(),
               HasSubstr("is not scheduled by dynmig-scheduler"));
   EXPECT_EQ(kube::NodeName(GetPod("victim")), "");
+}
+
+// GET /layout names the pods of every namespace: only a caller with a client certificate of the
+// extender client CA gets it (issue 27); /metrics, which names none, stays open.
+TEST_F(ClientAuthTest, LayoutNeedsAClientCertificate) {
+  SchedulerServerOptions o = DefaultOptions();
+  o.host = "0.0.0.0";  // not loopback: reachable by tenants
+  o.tls_cert_file = server_cert_;
+  o.tls_key_file = server_key_;
+  o.extender_client_ca_file = client_ca_file_;
+  o.layout_json = [](const std::vector<NodeReport>& n) { return ops::LayoutJson(n).dump(); };
+  SchedulerServer* s = StartScheduler(o);
+  ASSERT_NE(s, nullptr);
+  WaitForNodes(s, {"node-a"});
+  ASSERT_THAT(
+      PostTls(s->port(), "/filter",
+              FilterBody(CreatePod(MigPod("secret-job", 4000)), {"node-a"}).dump(), kube_scheduler_)
+          .body["NodeNames"],
+      ElementsAre("node-a"));
+  for (const auto& cert : {std::pair<std::string, std::string>{}, rogue_, serving_as_client_}) {
+    HttpResult r = PostTls(s->port(), "/layout?format=json", "", cert);
+    EXPECT_EQ(r.status, 401) << r.text;
+    EXPECT_THAT(r.text, HasSubstr("GET /layout refused"));
+    EXPECT_THAT(r.text, Not(HasSubstr("secret-job")));
+  }
+  EXPECT_THAT(s->MetricsText(),
+              HasSubstr("dynmig_scheduler_unauthenticated_total{path=\"/layout\"} 3"));
+  HttpResult r = PostTls(s->port(), "/layout?format=json", "", kube_scheduler_);
+  EXPECT_EQ(r.status, 200) << r.text;
+  EXPECT_THAT(r.text, HasSubstr("default/secret-job"));
+  r = PostTls(s->port(), "/metrics", "");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_THAT(r.text, Not(HasSubstr("secret-job")));
 }
 
 TEST_F(ClientAuthTest, ARotatedClientCaIsTrustedWithoutARestart) {

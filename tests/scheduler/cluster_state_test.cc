@@ -260,38 +260,91 @@ TEST_F(ClusterStateTest, DeletedAndTerminatedPodsReleaseTerminatingPodsHold) {
   EXPECT_EQ(state_.View("node-a", kNow)->gpus[0].usage.occupied, 0u);
 }
 
-TEST_F(ClusterStateTest, FailClosedOnMissingUnreadableUnknownOrConflictingReservations) {
+// Attack (issue 27): a tenant's bound pod asking for `nvidia.com/gpu: 0`, its vgpu-mode removed
+// after binding, carries nothing dynmig wrote: it blocks no GPU, and another tenant's pod is
+// placed on the node. What the user may write alone (requests, modes, selection hints) is no
+// evidence.
+TEST_F(ClusterStateTest, APodWithoutDynmigsAnnotationsBlocksNothing) {
+  state_.UpsertNode(
+      Node("node-a", Register({{"GPU-0", "A100-SXM4-40GB"}, {"GPU-1", "A100-SXM4-40GB"}})));
+  json plain = Pod("plain0", "node-a", "", false);
+  plain["metadata"]["namespace"] = "tenant-b";
+  plain["spec"]["containers"][0]["resources"]["limits"] = {{"nvidia.com/gpu", 0}};
+  state_.UpsertPod(plain);
+  json hinted = Pod("hinted", "node-a", "", false);  // a MIG pod naming GPUs in user annotations
+  hinted["metadata"]["annotations"][std::string(protocol::kUseGpuUuidAnnotation)] = "GPU-0";
+  hinted["metadata"]["annotations"][std::string(protocol::kVgpuModeAnnotation)] = "mig";
+  state_.UpsertPod(hinted);
+  auto view = state_.View("node-a", kNow);
+  EXPECT_TRUE(view->gpus[0].healthy) << view->gpus[0].unhealthy_reason;
+  EXPECT_TRUE(view->gpus[1].healthy) << view->gpus[1].unhealthy_reason;
+  auto d = state_.PlanAndReserve("tenant-a/canary", Request(4000), {"node-a"}, kNow);
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE(d->reservation.has_value()) << d->failed["node-a"];
+  EXPECT_EQ(d->reservation->node, "node-a");
+}
+
+TEST_F(ClusterStateTest, FailClosedPerGpuOnEvidenceOnly) {
   const std::string reg = Register({{"GPU-0", "A100-SXM4-40GB"}, {"GPU-1", "A100-SXM4-40GB"}});
   state_.UpsertNode(Node("node-a", reg));
-  // A MIG pod bound without any reservation: both GPUs unschedulable.
-  state_.UpsertPod(Pod("bare", "node-a", "", false));
-  auto view = state_.View("node-a", kNow);
-  EXPECT_FALSE(view->gpus[0].healthy);
-  EXPECT_FALSE(view->gpus[1].healthy);
-  EXPECT_NE(view->gpus[0].unhealthy_reason.find("default/bare"), std::string::npos);
-  auto d = state_.PlanAndReserve("default/x", Request(4000), {}, kNow);
-  ASSERT_TRUE(d.ok());
-  EXPECT_FALSE(d->reservation.has_value());
-  EXPECT_EQ(d->verdict, mig::Verdict::kGpuUnhealthy);
-  EXPECT_NE(d->failed["node-a"].find("without a MIG reservation"), std::string::npos);
-  state_.RemovePod("default", "bare");
-
-  // Known devices: only the GPU the pod uses.
+  auto expect_blocked = [&](bool gpu0, bool gpu1, const std::string& code) {
+    auto view = state_.View("node-a", kNow);
+    EXPECT_EQ(view->gpus[0].healthy, !gpu0) << view->gpus[0].unhealthy_reason;
+    EXPECT_EQ(view->gpus[1].healthy, !gpu1) << view->gpus[1].unhealthy_reason;
+    for (const auto& node : state_.Report(kNow)) {
+      for (const auto& gpu : node.gpus) {
+        EXPECT_EQ(gpu.unhealthy_code, gpu.healthy ? "" : code) << gpu.uuid;
+      }
+    }
+  };
+  // Devices dynmig wrote (allocated, or to allocate) without a reservation: those GPUs only.
   auto known = Pod("known", "node-a", "", false);
   known["metadata"]["annotations"][std::string(protocol::kDevicesAllocatedAnnotation)] =
       "GPU-1,NVIDIA,4864,15:;";
   state_.UpsertPod(known);
-  view = state_.View("node-a", kNow);
-  EXPECT_TRUE(view->gpus[0].healthy);
-  EXPECT_FALSE(view->gpus[1].healthy);
+  expect_blocked(false, true, "devices-without-reservation");
+  EXPECT_THAT(state_.View("node-a", kNow)->gpus[1].unhealthy_reason,
+              ::testing::HasSubstr("pod default/known holds devices of this GPU without a MIG "
+                                   "reservation"));
   state_.RemovePod("default", "known");
+  auto to_allocate = Pod("to-allocate", "node-a", "[]");  // readable, empty
+  to_allocate["metadata"]["annotations"][std::string(protocol::kDevicesToAllocateAnnotation)] =
+      "GPU-0,NVIDIA,4864,15:;";
+  state_.UpsertPod(to_allocate);
+  expect_blocked(true, false, "devices-without-reservation");
+  state_.RemovePod("default", "to-allocate");
 
-  // Unreadable annotation.
+  // An unreadable reservation whose text names GPU-0: GPU-0 only.
+  state_.UpsertPod(Pod("named", "node-a", R"([{"containerIndex":0,"gpuUUID":"GPU-0"}])"));
+  expect_blocked(true, false, "unreadable-reservation");
+  state_.RemovePod("default", "named");
+  // An unreadable device annotation naming GPU-1: GPU-1 only.
+  auto bad_devices = Pod("bad-devices", "node-a", "", false);
+  bad_devices["metadata"]["annotations"][std::string(protocol::kDevicesAllocatedAnnotation)] =
+      "GPU-1,NVIDIA,notanumber";
+  state_.UpsertPod(bad_devices);
+  expect_blocked(false, true, "unreadable-reservation");
+  state_.RemovePod("default", "bad-devices");
+
+  // An unreadable reservation naming none of the node's GPUs: only dynmig writes it, so
+  // something is reserved here and nothing says where: the whole node.
   state_.UpsertPod(Pod("garbled", "node-a", R"([{"containerIndex":0}])"));
-  view = state_.View("node-a", kNow);
-  EXPECT_FALSE(view->gpus[0].healthy);
-  EXPECT_NE(view->gpus[0].unhealthy_reason.find("unreadable"), std::string::npos);
+  expect_blocked(true, true, "unreadable-reservation");
+  auto view = state_.View("node-a", kNow);
+  EXPECT_THAT(view->gpus[0].unhealthy_reason,
+              ::testing::HasSubstr("naming none of this node's GPUs"));
+  auto d = state_.PlanAndReserve("default/x", Request(4000), {}, kNow);
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->reservation.has_value());
+  EXPECT_EQ(d->verdict, mig::Verdict::kGpuUnhealthy);
   state_.RemovePod("default", "garbled");
+  expect_blocked(false, false, "");
+}
+
+TEST_F(ClusterStateTest, FailClosedOnUnknownOrConflictingReservations) {
+  const std::string reg = Register({{"GPU-0", "A100-SXM4-40GB"}, {"GPU-1", "A100-SXM4-40GB"}});
+  state_.UpsertNode(Node("node-a", reg));
+  std::optional<mig::NodeView> view;
 
   // Unknown GPU.
   state_.UpsertPod(Pod("stray", "node-a", Alloc("GPU-9", "1g.5gb", 0, 1)));

@@ -16,6 +16,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 
 // kube-scheduler v1.20 ignores only annotation and nodeName updates of a pod it has assumed: any
 // other change before the binding requeues the pod, whose second attempt fails with "pod <uid> is
@@ -316,10 +317,90 @@ TEST_F(SchedulerTest, BadRequestsAreErrorsNamingContainerAndResource) {
               HasSubstr("no-profile-big-enough"));
 }
 
-TEST_F(SchedulerTest, FailClosedGpusAndNodesAreNeverChosen) {
-  // node-a: a MIG pod runs there without any reservation: its GPUs fail closed.
+// Attack (issue 27): a pod asking for 50,000 instances of 1000 MiB once pinned a core inside the
+// planner under the cluster-state lock. Now every node refuses it in constant time with a reason
+// that names what the node holds, and the next pod is served at once.
+TEST_F(SchedulerTest, APodAskingForMoreInstancesThanANodeHoldsIsRefusedWithTheReason) {
   CreateNode(MigNode("node-a", {"GPU-a0", "GPU-a1"}));
-  kube::Object rogue = MigPod("rogue", 4000);
+  CreateNode(MigNode("node-b", {"GPU-b0"}));
+  SchedulerServer* s = StartScheduler();
+  WaitForNodes(s, {"node-a", "node-b"});
+  HttpResult r =
+      Filter(s, CreatePod(MigPod("greedy", {{"workload", 50000, 1000}})), {"node-a", "node-b"});
+  EXPECT_EQ(r.body["Error"], "") << r.text;
+  EXPECT_THAT(r.body["NodeNames"], IsEmpty());
+  EXPECT_EQ(r.body["FailedNodes"]["node-a"],
+            "capacity-exhausted: the pod asks for 50000 MIG instances; the 2 GPU(s) of this node "
+            "it may use hold at most 14");
+  EXPECT_EQ(r.body["FailedNodes"]["node-b"],
+            "capacity-exhausted: the pod asks for 50000 MIG instances; the 1 GPU(s) of this node "
+            "it may use hold at most 7");
+  const auto pending = EventMessages("greedy", "MigPending");
+  ASSERT_EQ(pending.size(), 1u);
+  EXPECT_THAT(pending[0], HasSubstr("capacity-exhausted: the pod asks for 50000 MIG instances"));
+  // Many containers count together; legal pods are still placed.
+  r = Filter(s, CreatePod(MigPod("many", std::vector<Ctr>(8, Ctr{"c", 1, 1000}))), {"node-b"});
+  EXPECT_THAT(r.body["FailedNodes"]["node-b"].get<std::string>(),
+              HasSubstr("asks for 8 MIG instances"));
+  r = Filter(s, CreatePod(MigPod("seven", {{"workload", 7, 1000}})), {"node-b"});
+  EXPECT_THAT(r.body["NodeNames"], ElementsAre("node-b")) << r.text;
+}
+
+// Lists the planner reads per GPU are bounded: a longer one is an Error naming the annotation.
+TEST_F(SchedulerTest, OverlongSelectionListsAreRefusedBeforePlanning) {
+  CreateNode(MigNode("node-a", {"GPU-a0"}));
+  SchedulerServer* s = StartScheduler();
+  WaitForNodes(s, {"node-a"});
+  std::string preference;
+  for (int i = 0; i < 129; ++i) preference += fmt::format("{}p{},", i == 0 ? "" : " ", i);
+  HttpResult r = Filter(
+      s, CreatePod(MigPod("picky", 4000, {{"nvidia.com/mig-profile-preference", preference}})),
+      {"node-a"});
+  EXPECT_EQ(r.body["Error"],
+            "pod default/picky: nvidia.com/mig-profile-preference lists 129 entries; at most 128 "
+            "are accepted");
+  std::string uuids;
+  for (int i = 0; i < 257; ++i) uuids += fmt::format("GPU-{},", i);
+  r = Filter(s, CreatePod(MigPod("pinned", 4000, {{"nvidia.com/use-gpuuuid", uuids}})), {"node-a"});
+  EXPECT_EQ(r.body["Error"],
+            "pod default/pinned: nvidia.com/use-gpuuuid lists 257 entries; at most 256 are "
+            "accepted");
+  preference.resize(preference.rfind(" p128"));  // 128 entries: accepted
+  r = Filter(s, CreatePod(MigPod("ok", 4000, {{"nvidia.com/mig-profile-preference", preference}})),
+             {"node-a"});
+  EXPECT_THAT(r.body["NodeNames"], ElementsAre("node-a")) << r.text;
+}
+
+// Attack (issue 27): a bound pod with nvidia.com/gpu: 0 whose vgpu-mode its owner removed holds
+// nothing dynmig wrote: the node stays schedulable for another tenant.
+TEST_F(SchedulerTest, APodWithoutDynmigsAnnotationsDoesNotBlockTheNode) {
+  CreateNode(MigNode("node-a", {"GPU-a0"}));
+  kube::Object plain = MigPod("plain0", {{"workload", 0, 0}}, json::object(), "tenant-b");
+  plain["spec"]["nodeName"] = "node-a";
+  CreatePod(plain);
+  SchedulerServer* s = StartScheduler();
+  WaitForNodes(s, {"node-a"});
+  ASSERT_TRUE(
+      kube::testing::Eventually([&] { return s->state().Report(clock_.Now()).size() == 1; }));
+  HttpResult r =
+      Filter(s, CreatePod(MigPod("canary", {{"workload", 1, 4000}}, json::object(), "tenant-a")),
+             {"node-a"});
+  EXPECT_THAT(r.body["NodeNames"], ElementsAre("node-a")) << r.text;
+  const auto view = s->state().View("node-a", clock_.Now());
+  ASSERT_TRUE(view.has_value());
+  for (const auto& gpu : view->gpus) {
+    EXPECT_TRUE(gpu.healthy) << gpu.unhealthy_reason;
+  }
+}
+
+TEST_F(SchedulerTest, FailClosedGpusAndNodesAreNeverChosen) {
+  // node-a: a MIG pod holds devices of both GPUs there (dynmig's device annotation) without a
+  // reservation: they fail closed.
+  CreateNode(MigNode("node-a", {"GPU-a0", "GPU-a1"}));
+  kube::Object rogue =
+      MigPod("rogue", 4000,
+             {{"hami.io/vgpu-devices-allocated",
+               "GPU-a0,NVIDIA A100-SXM4-40GB,4864,15:GPU-a1,NVIDIA A100-SXM4-40GB,4864,15:;"}});
   rogue["spec"]["nodeName"] = "node-a";
   CreatePod(rogue);
   // node-b: its register annotation is unreadable.
@@ -350,7 +431,7 @@ TEST_F(SchedulerTest, FailClosedGpusAndNodesAreNeverChosen) {
   EXPECT_EQ(r.body["Error"], "");
   EXPECT_THAT(r.body["NodeNames"], IsEmpty());
   EXPECT_THAT(r.body["FailedNodes"]["node-a"].get<std::string>(),
-              HasSubstr("uses this node's GPUs without a MIG reservation"));
+              HasSubstr("holds devices of this GPU without a MIG reservation"));
   EXPECT_THAT(r.body["FailedNodes"]["node-b"].get<std::string>(),
               HasSubstr("unreadable hami.io/node-nvidia-register"));
   EXPECT_THAT(r.body["FailedNodes"]["node-c"].get<std::string>(), HasSubstr("stopped reporting"));
@@ -360,9 +441,14 @@ TEST_F(SchedulerTest, FailClosedGpusAndNodesAreNeverChosen) {
 
   const std::string metrics = s->MetricsText();
   EXPECT_THAT(metrics, HasSubstr("dynmig_scheduler_gpu_fail_closed{node=\"node-d\","
-                                 "device_uuid=\"GPU-d0\",device_index=\"0\",reason=\"pod "
-                                 "default/garbled has an unreadable MIG reservation"));
-  EXPECT_THAT(metrics, HasSubstr("dynmig_scheduler_node_unhealthy{node=\"node-b\""));
+                                 "device_uuid=\"GPU-d0\",device_index=\"0\",reason=\""
+                                 "unreadable-reservation\"}"));
+  EXPECT_THAT(metrics, HasSubstr("dynmig_scheduler_node_unhealthy{node=\"node-b\",reason=\""
+                                 "unreadable-register\"}"));
+  // /metrics names no pod or namespace: the reasons that do are on /layout and in events.
+  EXPECT_THAT(metrics, Not(HasSubstr("garbled")));
+  EXPECT_THAT(metrics, Not(HasSubstr("rogue")));
+  EXPECT_THAT(metrics, Not(HasSubstr("default/")));
 }
 
 TEST_F(SchedulerTest, ConcurrentFiltersFromManyThreadsNeverOverlap) {

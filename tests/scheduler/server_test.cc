@@ -85,6 +85,26 @@ TEST_F(SchedulerTest, ReadinessFollowsTheInformersAndGatesWrites) {
   EXPECT_EQ(Filter(s, pod, {"node-a"}).body["Error"], "");
 }
 
+// GET /layout names the pods of every namespace: without client authentication only a loopback
+// listener serves it (issue 27).
+TEST_F(SchedulerTest, LayoutOnAnOpenListenerWithoutClientAuthenticationIsRefused) {
+  CreateNode(MigNode("node-a", {"GPU-a0"}));
+  SchedulerServerOptions o = DefaultOptions();
+  o.host = "0.0.0.0";
+  o.layout_html = ops::RenderLayoutHtml;
+  SchedulerServer* s = StartScheduler(o);
+  ASSERT_NE(s, nullptr);
+  WaitForNodes(s, {"node-a"});
+  ASSERT_EQ(Filter(s, CreatePod(MigPod("secret-job", 4000)), {"node-a"}).body["NodeNames"],
+            json::array({"node-a"}));
+  HttpResult r = Get(s->port(), "/layout");
+  EXPECT_EQ(r.status, 403);
+  EXPECT_THAT(r.text, HasSubstr("GET /layout refused: it shows the pods of every namespace"));
+  EXPECT_THAT(r.text, ::testing::Not(HasSubstr("secret-job")));
+  EXPECT_EQ(Get(s->port(), "/healthz").status, 200);
+  EXPECT_EQ(Get(s->port(), "/metrics").status, 200);
+}
+
 // GET /layout answers with the injected renderer (the CLI and the local mode inject
 // ops::RenderLayoutHtml / ops::LayoutJson), 404 without one.
 TEST_F(SchedulerTest, LayoutIsServedOnlyWithAnInjectedRenderer) {

@@ -423,7 +423,7 @@ def main():
     ap.add_argument("--kubectl", default=os.environ.get("KUBECTL") or shutil.which("kubectl"))
     ap.add_argument("--kubeconfig", default=os.path.join(STATE, "admin.kubeconfig"))
     ap.add_argument("--node", default="localhost")
-    ap.add_argument("--nvml-url", default="http://127.0.0.1:19400/nvml", help="the device plugin's GET /nvml")
+    ap.add_argument("--nvml-url", default="http://127.0.0.1:19401/nvml", help="the device plugin's GET /nvml")
     ap.add_argument("--image", default="localhost/busybox:local")
     ap.add_argument("--pods", type=int, default=56, help="pods per burst (default 56: 8 A100-40GB x 7 1g)")
     ap.add_argument("--bursts", type=int, default=1, help="apply/delete rounds per kind")

@@ -11,7 +11,7 @@
 Every wait is bounded and names what it waited for. Binaries come from build-k8s.sh's cache.
 Ports (none collides with `dynmig local`): etcd 22379/22380, apiserver 16443, controller-manager 20257,
 kube-scheduler 20259, dynmig kube-scheduler 20261 (healthz/metrics 127.0.0.1:20251), kubelet 20250
-(healthz 20248), dynmig scheduler pod 18443, device-plugin metrics 19400.
+(healthz 20248), dynmig scheduler pod 18443, device-plugin metrics 19400 (/nvml on 127.0.0.1:19401).
 """
 import argparse
 import base64
@@ -408,7 +408,8 @@ def cmd_up(args):
     def busy_ports():
         busy = [p for p in (API_PORT, ETCD_CLIENT, ETCD_PEER, KCM_PORT, KS_PORT, DKS_PORT, DKS_HEALTH, KUBELET_PORT,
                             KUBELET_HEALTHZ) if not port_free(p)]
-        return busy + [p for p in (SCHED_POD_PORT, DP_METRICS_PORT) if not port_free(p, "0.0.0.0")]
+        return busy + [p for p in (SCHED_POD_PORT, DP_METRICS_PORT, DP_METRICS_PORT + 1)
+                       if not port_free(p, "0.0.0.0")]
     # Connections of a cluster that was just stopped keep a port for up to tcp_fin_timeout (FIN_WAIT2): wait that out.
     deadline = time.monotonic() + 75
     busy = busy_ports()

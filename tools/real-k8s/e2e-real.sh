@@ -64,8 +64,8 @@ phase bring-up "$PY" "$here/cluster.py" up
 phase deploy "$PY" "$here/cluster.py" deploy
 if [ $mode = burst ]; then
   phase burst "$PY" "$here/burst.py" --kubeconfig "$RK_STATE/admin.kubeconfig" --kubectl "$RK_CACHE/bin/kubectl" \
-    --node localhost --nvml-url http://127.0.0.1:19400/nvml "$@"
+    --node localhost --nvml-url http://127.0.0.1:19401/nvml "$@"
   exit
 fi
 phase suite "$PY" "$repo/tests/e2e-real/scenarios.py" --backend real --kubeconfig "$RK_STATE/admin.kubeconfig" \
-  --kubectl "$RK_CACHE/bin/kubectl" --node localhost --nvml-url http://127.0.0.1:19400/nvml ${E2E_ONLY:+--only "$E2E_ONLY"}
+  --kubectl "$RK_CACHE/bin/kubectl" --node localhost --nvml-url http://127.0.0.1:19401/nvml ${E2E_ONLY:+--only "$E2E_ONLY"}

@@ -9,7 +9,7 @@ everything else is applied as deploy/ has it.
                                 (kube-system is labelled by cluster.py)
                                 KubeSchedulerConfiguration v1 -> v1beta1 (scheduler_config())
   one node, no kube-proxy       pods of dynmig-system on the host network, KUBERNETES_SERVICE_HOST/PORT pointing at
-                                the apiserver; the scheduler on port 18443, the device plugin's metrics on 19400;
+                                the apiserver; the scheduler on port 18443, the device plugin's metrics on 19400 (/nvml on 127.0.0.1:19401);
                                 one scheduler replica (two would want the same host port)
   no kube-scheduler image       the kube-scheduler sidecar runs as a host process with the same configuration, the
                                 same ServiceAccount and the same client certificate (cluster.py deploy)
@@ -96,6 +96,8 @@ def translate(rendered, api_host, api_port, sched_port, dp_port, sim, sim_latenc
             c = spec["containers"][0]
             c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] != "nvidia-caps"]
             _replace_arg(c["args"], "--metrics-listen", "0.0.0.0:%d" % dp_port)
+            # /nvml on the host's loopback (host network), where the harness reads it.
+            _replace_arg(c["args"], "--nvml-listen", "127.0.0.1:%d" % (dp_port + 1))
             c["args"] += ["--sim", sim, "--sim-state", "/var/lib/kubelet/device-plugins/dynmig/sim-nvml.json"]
             if sim_latency:
                 c["args"] += ["--sim-latency", sim_latency]
