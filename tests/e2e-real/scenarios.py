@@ -98,6 +98,10 @@ class Backend:
     node = "?"
     kube = None
     extender_url = None  # https://HOST:PORT of the dynmig extender (/filter, /bind)
+    tenant_args = []  # kubectl arguments that act as an ordinary tenant (see Suite.tenant)
+
+    def make_tenant(self):
+        """Whatever the backend needs so that tenant_args act as a user who may only manage pods in NS."""
 
     def nvml(self):
         """The device plugin's NVML view (GET /nvml)."""
@@ -199,6 +203,29 @@ class RealBackend(Backend):
 
     def stop(self):
         pass
+
+    # The attack scenarios act as a ServiceAccount that may only manage pods in its own namespace (kubectl --as:
+    # the API server authorizes every request as that user, RBAC included, and the webhooks see its username).
+    TENANT = "system:serviceaccount:%s:tenant" % NS
+
+    def make_tenant(self):
+        if self.tenant_args:
+            return
+        rbac = [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "tenant", "namespace": NS}},
+                {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                 "metadata": {"name": "tenant-pods", "namespace": NS},
+                 "rules": [{"apiGroups": [""], "resources": ["pods"],
+                            "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]},
+                {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                 "metadata": {"name": "tenant-pods", "namespace": NS},
+                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant-pods"},
+                 "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": NS}]}]
+        self.kube.apply({"apiVersion": "v1", "kind": "List", "items": rbac})
+        self.tenant_args = ["--as=" + self.TENANT]
+        p = self.kube.run("auth", "can-i", "create", "pods/binding", "-n", NS, *self.tenant_args, check=False)
+        if p.stdout.strip() != "no":
+            raise StepFailed("the tenant ServiceAccount may create pods/binding (%s): the RBAC is too wide" %
+                             p.stdout.strip())
 
     def visible_devices(self, pod):
         """What the container's environment says (kubectl exec ... env: busybox has no printenv applet)."""
@@ -677,6 +704,138 @@ def checklist_node_capability(s):
         raise StepFailed("node %s has no allocatable nvidia.com/gpu (%r)" % (s.b.node, alloc))
 
 
+# --- issue 27: what a hostile tenant tries ------------------------------------------------------------------------
+# Each attack runs as an ordinary tenant (real backend: a ServiceAccount that may only manage pods in its
+# namespace; local backend: the kubeconfig's user, which the webhooks treat as any non-dynmig user) and ends with
+# another tenant's MIG pod scheduling and running on the same node, which is what the attack used to prevent.
+
+def tenant_apply(s, manifest):
+    s.b.make_tenant()
+    if isinstance(manifest, dict):
+        s.created.add(manifest["metadata"]["name"])
+    return s.k.run(*s.b.tenant_args, "-n", NS, "apply", "-f", "-", input=json.dumps(manifest), check=False)
+
+
+def plain_gpu_pod(s, name, limits, annotations=None, **spec):
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": annotations or {}},
+           "spec": dict({"restartPolicy": "Never", "terminationGracePeriodSeconds": 2,
+                         "containers": [{"name": "c", "image": s.image, "command": ["sh", "-c", "sleep 3600"],
+                                         "resources": {"limits": limits}}]}, **spec)}
+    return pod
+
+
+def expect_refused(s, p, name, *words):
+    if p.returncode == 0 or s.k.pod(name) is not None:
+        raise StepFailed("pod %s was admitted: %s %s" % (name, p.stdout.strip(), p.stderr.strip()))
+    for w in words:
+        if w not in p.stderr:
+            raise StepFailed("the refusal of pod %s does not say %r: %s" % (name, w, p.stderr.strip()))
+    log("    refused: %s" % p.stderr.strip()[:300])
+
+
+def another_tenant_still_runs(s, name):
+    s.step("another tenant's MIG pod still schedules and runs on the node")
+    s.create(s.mig_pod(name, 4000))
+    pod, allocs = s.running(name)
+    s.expect_realized(name, pod, allocs)
+
+
+def attack1_huge_instance_count(s):
+    s.step("a pod asking nvidia.com/gpu: 50000 with nvidia.com/gpumem: 1000 is refused at creation, naming the limit")
+    p = tenant_apply(s, plain_gpu_pod(s, "greedy", {"nvidia.com/gpu": 50000, "nvidia.com/gpumem": 1000},
+                                      {"nvidia.com/vgpu-mode": "mig"}))
+    expect_refused(s, p, "greedy", "50000")
+    another_tenant_still_runs(s, "after-greedy")
+
+
+def attack2_deep_json_to_the_webhook(s):
+    s.step("an AdmissionReview with 300,000 nested arrays in a pod annotation, POSTed straight to /webhook")
+    deep = "[" * 300000 + "]" * 300000
+    body = ('{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u1",'
+            '"kind":{"group":"","version":"v1","kind":"Pod"},"operation":"CREATE","namespace":"%s",'
+            '"userInfo":{"username":"attacker"},"object":{"apiVersion":"v1","kind":"Pod","metadata":{"name":"x",'
+            '"annotations":{"%s":%s}},"spec":{"containers":[{"name":"c","image":"i","resources":{"limits":'
+            '{"nvidia.com/gpu":1}}}]}}}}' % (NS, ALLOC, deep)).encode()
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE  # what is checked is the server's answer to any caller
+    req = urllib.request.Request(s.b.extender_url + "/webhook", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30, context=ctx) as r:
+            status, answer = r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        status, answer = e.code, e.read().decode(errors="replace")
+    except (urllib.error.URLError, ssl.SSLError, ConnectionError) as e:
+        raise StepFailed("the webhook did not answer (crashed?): %s" % e)
+    log("    answer: %s %s" % (status, answer[:200]))
+    if '"allowed":true' in answer.replace(" ", ""):
+        raise StepFailed("the deep AdmissionReview was allowed: %s" % answer[:300])
+    if "nest" not in answer and "deep" not in answer and status not in (400, 413):
+        raise StepFailed("the answer does not name the nesting limit: %s %s" % (status, answer[:300]))
+    s.step("the scheduler is still up: /webhook answers a normal review")
+    another_tenant_still_runs(s, "after-deep")
+
+
+def attack3_node_name_around_the_scheduler(s):
+    for mode in ("hami-core", "mig", None):
+        name = "thief-%s" % (mode or "nomode")
+        s.step("a pod with spec.nodeName=%s, nvidia.com/gpu: 1 and vgpu-mode %s is refused" % (s.b.node, mode))
+        ann = {"nvidia.com/vgpu-mode": mode} if mode else {}
+        p = tenant_apply(s, plain_gpu_pod(s, name, {"nvidia.com/gpu": 1}, ann, nodeName=s.b.node))
+        expect_refused(s, p, name, "spec.nodeName")
+    s.step("a GPU pod naming another scheduler is routed to dynmig's (or refused), never left to it")
+    p = tenant_apply(s, plain_gpu_pod(s, "own-sched", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4000},
+                                      {"nvidia.com/vgpu-mode": "hami-core"}, schedulerName="default-scheduler"))
+    pod = s.k.pod("own-sched")
+    if p.returncode == 0 and pod is not None and pod["spec"].get("schedulerName") != "dynmig-scheduler":
+        raise StepFailed("a GPU pod kept schedulerName %r" % pod["spec"].get("schedulerName"))
+    if pod is not None:
+        s.delete("own-sched")
+        s.gone("own-sched")
+    another_tenant_still_runs(s, "after-thief")
+
+
+def attack4_routing_annotation_removed(s):
+    s.step("a pod with nvidia.com/gpu: 0 and vgpu-mode mig, bound by dynmig")
+    s.created.add("zero")
+    p = tenant_apply(s, plain_gpu_pod(s, "zero", {"nvidia.com/gpu": 0}, {"nvidia.com/vgpu-mode": "mig"}))
+    if p.returncode != 0:
+        raise StepFailed("a gpu:0 pod was refused: %s" % p.stderr.strip())
+    wait_for("pod zero bound", lambda: (s.k.pod("zero") or {}).get("spec", {}).get("nodeName"), POD_TIMEOUT)
+    s.step("removing its nvidia.com/vgpu-mode annotation is refused, naming the key")
+    p = s.k.run(*s.b.tenant_args, "-n", NS, "annotate", "pod", "zero", "nvidia.com/vgpu-mode-", check=False)
+    if p.returncode == 0:
+        raise StepFailed("a tenant removed nvidia.com/vgpu-mode of a bound GPU pod: %s" % p.stdout.strip())
+    if "nvidia.com/vgpu-mode" not in p.stderr:
+        raise StepFailed("the refusal does not name nvidia.com/vgpu-mode: %s" % p.stderr.strip())
+    log("    refused: %s" % p.stderr.strip()[:300])
+    another_tenant_still_runs(s, "after-zero")
+
+
+def attack5_recreated_pod_keeps_no_lock(s):
+    s.step("a pod holds the node lock (as a bind takes it), is force-deleted and recreated under its name, "
+           "unschedulable")
+    holder = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "locker"},
+              "spec": {"terminationGracePeriodSeconds": 0, "nodeSelector": {"dynmig.io/no-such-node": "x"},
+                       "containers": [{"name": "c", "image": s.image, "command": ["sh", "-c", "sleep 3600"]}]}}
+    s.create(holder)
+    uid = wait_for("pod locker", lambda: (s.k.pod("locker") or {}).get("metadata", {}).get("uid"), 30)
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    s.k.run("annotate", "node", s.b.node, "--overwrite", "hami.io/mutex.lock=%s,%s,locker,%s" % (now, NS, uid))
+    s.k.run("-n", NS, "delete", "pod", "locker", "--grace-period=0", "--force", check=False)
+    s.gone("locker", timeout=60)
+    s.create(holder)
+    wait_for("pod locker recreated", lambda: (s.k.pod("locker") or {}).get("metadata", {}).get("uid") not in
+             (None, uid), 30)
+    s.step("the device plugin releases the lock: its owner's UID is gone (it used to stay until its 5-minute expiry)")
+
+    def released():
+        return "hami.io/mutex.lock" not in s.k.json("get", "node", s.b.node)["metadata"].get("annotations", {})
+    wait_for("the node lock released", released, 60)
+    another_tenant_still_runs(s, "after-locker")
+
+
 SCENARIOS = [
     ("scenario 1: create and delete one 1g pod", scenario1_create_and_delete_one_1g),
     ("scenario 2: several non-overlapping 1g on one GPU", scenario2_several_non_overlapping_1g),
@@ -691,6 +850,11 @@ SCENARIOS = [
     ("example: preference 4g (examples/mig-prefer-4g.yaml)", example_preference),
     ("example: a typo is refused (examples/mig-typo.yaml)", example_typo_refused),
     ("example: a short job ends and is reclaimed (examples/mig-short-job.yaml)", example_short_job),
+    ("attack 1: a pod asking 50000 instances stalls nothing", attack1_huge_instance_count),
+    ("attack 2: a deeply nested AdmissionReview crashes nothing", attack2_deep_json_to_the_webhook),
+    ("attack 3: no GPU pod reaches a node around dynmig", attack3_node_name_around_the_scheduler),
+    ("attack 4: a routing annotation cannot be removed to block a node", attack4_routing_annotation_removed),
+    ("attack 5: a recreated pod keeps no node lock", attack5_recreated_pod_keeps_no_lock),
 ]
 
 
