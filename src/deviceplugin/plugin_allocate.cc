@@ -57,6 +57,7 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> PluginCore::Allocate(
     std::lock_guard<std::mutex> lock(mu_);
     out = AllocateLocked(device_ids, &result);
     UpdateGauges();
+    RefreshViewLocked();
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -54,6 +54,7 @@
 // Devices()/WaitForDeviceChange() use their own lock so ListAndWatch never waits on NVML.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -190,8 +191,11 @@ class PluginCore {
 
   // ---- observers ----
   // The node's NVML view as JSON (GET /nvml): GPUs, profiles, instances with their owners, intents,
-  // quarantined slices.
+  // quarantined slices, and `snapshotAt` (RFC 3339). Never waits for Allocate or Reconcile: when
+  // the core is busy (or the last snapshot is younger than kViewMinAge) it answers the last
+  // snapshot, which every Allocate, Reconcile and Start refresh on their way out.
   nlohmann::json NvmlView();
+  static constexpr absl::Duration kViewMinAge = absl::Milliseconds(200);
   std::vector<ManagedInstance> Managed() const;
   std::vector<Intent> OpenIntents() const;
   std::vector<LedgerEntry> Ledger() const;
@@ -222,6 +226,8 @@ class PluginCore {
   // The node's pods from the API (needs no lock).
   absl::StatusOr<std::vector<PodMig>> ListPods();
   // All below REQUIRE mu_ held.
+  nlohmann::json NvmlViewLocked();
+  void RefreshViewLocked();
   absl::Status Persist();
   void UpdateDevices();
   void UpdateGauges();
@@ -319,6 +325,11 @@ class PluginCore {
   const CdiWriter cdi_;
 
   mutable std::mutex mu_;  // serializes every mutating operation
+  // The last NvmlView snapshot and when it was taken (guarded by view_mu_, written under mu_ too).
+  mutable std::mutex view_mu_;
+  nlohmann::json view_;
+  absl::Time view_at_ = absl::InfinitePast();           // the injected clock's time, shown
+  std::chrono::steady_clock::time_point view_taken_{};  // monotonic, for kViewMinAge
   PluginState state_;
   Inventory inventory_;
   std::optional<nvml::MigMinors> minors_;

@@ -116,8 +116,32 @@ absl::Status PluginCore::PublishNode() {
 }
 
 nlohmann::json PluginCore::NvmlView() {
+  {
+    std::unique_lock<std::mutex> core(mu_, std::try_to_lock);
+    bool old = false;
+    {
+      std::lock_guard<std::mutex> view(view_mu_);
+      old = view_.is_null() || std::chrono::steady_clock::now() - view_taken_ >=
+                                   absl::ToChronoNanoseconds(kViewMinAge);
+    }
+    if (core.owns_lock() && old) RefreshViewLocked();
+  }
+  std::lock_guard<std::mutex> view(view_mu_);
+  nlohmann::json out = view_;
+  out["snapshotAt"] = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", view_at_, absl::UTCTimeZone());
+  return out;
+}
+
+void PluginCore::RefreshViewLocked() {
+  nlohmann::json fresh = NvmlViewLocked();
+  std::lock_guard<std::mutex> view(view_mu_);
+  view_ = std::move(fresh);
+  view_at_ = Now();
+  view_taken_ = std::chrono::steady_clock::now();
+}
+
+nlohmann::json PluginCore::NvmlViewLocked() {
   using Json = nlohmann::json;
-  std::lock_guard<std::mutex> lock(mu_);
   auto placement = [](const mig::Placement& p) {
     return Json{{"start", p.start}, {"size", p.size}};
   };

@@ -2,6 +2,7 @@
 #include <httplib.h>
 
 #include <fstream>
+#include <future>
 #include <set>
 #include <sstream>
 
@@ -161,6 +162,35 @@ TEST_F(AllocateTest, ContainersAreAllocatedInTurnAndTheLastOneCompletesTheBind) 
   EXPECT_TRUE(GiAt(1, 0).has_value());
   EXPECT_FALSE(NodeLock().has_value());
   EXPECT_FALSE(HasEvent(kReasonBindMismatch));
+}
+
+// Issue 27: GET /nvml never waits for Allocate's lock (a caller hammering it cannot stall the
+// kubelet's Allocate, nor the other way round): while an Allocate holds the core, the view answers
+// the last snapshot at once; after it, the snapshot shows the new instance.
+TEST_F(AllocateTest, TheNvmlViewNeverWaitsForAnAllocate) {
+  std::vector<bool> answered_during;
+  StartPlugin([&](DevicePluginOptions& o) {
+    o.core.crash_point = [&](std::string_view point) {
+      if (point == kCrashAfterGpuInstance) {
+        auto view = std::async(std::launch::async, [&] { return plugin_->core().NvmlView(); });
+        answered_during.push_back(view.wait_for(std::chrono::seconds(10)) ==
+                                  std::future_status::ready);
+        if (answered_during.back()) {
+          // The snapshot from before this Allocate: no instance yet.
+          answered_during.push_back(view.get().dump().find("\"gpuInstanceID\"") ==
+                                    std::string::npos);
+        }
+      }
+      return false;
+    };
+  });
+  (void)plugin_->core().NvmlView();  // a first snapshot
+  CreatePod("p", {{0, 0, 0, "1g.5gb", 0}});
+  ASSERT_TRUE(Allocate("p", 0, 1).ok());
+  EXPECT_EQ(answered_during, (std::vector<bool>{true, true}));
+  const nlohmann::json after = plugin_->core().NvmlView();
+  EXPECT_NE(after.dump().find("\"gpuInstanceID\""), std::string::npos) << after.dump();
+  EXPECT_TRUE(after.contains("snapshotAt"));
 }
 
 // The node lock is held only until Allocate knows its pod: it is gone before NVML is touched.
