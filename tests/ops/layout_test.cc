@@ -29,7 +29,8 @@ class LayoutTest : public OpsTest {
                   {{"GPU-a0", "3g.20gb", 4, 4, Runtime{"MIG-train", 2, 0}}}));
     Add(PlacedPod("infer", "node-a", 4000, {{"GPU-a0", "1g.5gb", 0, 1}}, "Pending"));
     Add(PlacedPod("x", "node-b", 9000, {{"GPU-b0", "2g.10gb", 2, 2, Runtime{"MIG-x", 5, 0}}}));
-    // GPU-a1 fails closed: a MIG pod uses it without a reservation.
+    // GPU-a1 fails closed: a pod holds its devices (the system's device annotation) without a
+    // reservation.
     json rogue = Pod("rogue", "node-a", 4000);
     Annotate(rogue, protocol::kDevicesAllocatedAnnotation,
              "GPU-a1,NVIDIA A100-SXM4-40GB,4864,15:;");
@@ -49,7 +50,7 @@ TEST_F(LayoutTest, TerminalPictureLabelsEachReservation) {
   EXPECT_NE(r.out.find("MIG-train (GI 2, CI 0)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("default/infer"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("not realized yet"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("UNHEALTHY: pod default/rogue uses this node's GPUs without a MIG "
+  EXPECT_NE(r.out.find("UNHEALTHY: pod default/rogue holds devices of this GPU without a MIG "
                        "reservation"),
             std::string::npos)
       << r.out;
@@ -107,7 +108,7 @@ TEST_F(LayoutTest, HtmlPageHasARowPerGpuAndASpanPerReservation) {
             std::string::npos);
   EXPECT_NE(page.find("<tr class=\"gpu unhealthy\" data-node=\"node-a\" data-gpu=\"GPU-a1\">"),
             std::string::npos);
-  EXPECT_NE(page.find("unhealthy: pod default/rogue uses this node&#39;s GPUs"), std::string::npos);
+  EXPECT_NE(page.find("unhealthy: pod default/rogue holds devices of this GPU"), std::string::npos);
   EXPECT_EQ(Count(page, "<span class=\"res"), 3u);
   // A cell per placement unit: 8 unit labels per GPU.
   EXPECT_EQ(Count(page, "<span class=\"unit\""), 24u);
