@@ -797,16 +797,19 @@ def attack3_node_name_around_the_scheduler(s):
 
 
 def attack4_routing_annotation_removed(s):
-    s.step("a pod with nvidia.com/gpu: 0 and vgpu-mode mig, bound by dynmig")
-    s.created.add("zero")
+    s.step("a pod with nvidia.com/gpu: 0 and vgpu-mode mig cannot be placed on the node around dynmig")
+    p = tenant_apply(s, plain_gpu_pod(s, "zero-bound", {"nvidia.com/gpu": 0}, {"nvidia.com/vgpu-mode": "mig"},
+                                      nodeName=s.b.node))
+    expect_refused(s, p, "zero-bound", "spec.nodeName")
+    s.step("the same pod through dynmig: admitted (dynmig binds only pods it reserved for)")
     p = tenant_apply(s, plain_gpu_pod(s, "zero", {"nvidia.com/gpu": 0}, {"nvidia.com/vgpu-mode": "mig"}))
     if p.returncode != 0:
         raise StepFailed("a gpu:0 pod was refused: %s" % p.stderr.strip())
-    wait_for("pod zero bound", lambda: (s.k.pod("zero") or {}).get("spec", {}).get("nodeName"), POD_TIMEOUT)
+    wait_for("pod zero", lambda: s.k.pod("zero"), 30)
     s.step("removing its nvidia.com/vgpu-mode annotation is refused, naming the key")
     p = s.k.run(*s.b.tenant_args, "-n", NS, "annotate", "pod", "zero", "nvidia.com/vgpu-mode-", check=False)
     if p.returncode == 0:
-        raise StepFailed("a tenant removed nvidia.com/vgpu-mode of a bound GPU pod: %s" % p.stdout.strip())
+        raise StepFailed("a tenant removed nvidia.com/vgpu-mode of a GPU pod: %s" % p.stdout.strip())
     if "nvidia.com/vgpu-mode" not in p.stderr:
         raise StepFailed("the refusal does not name nvidia.com/vgpu-mode: %s" % p.stderr.strip())
     log("    refused: %s" % p.stderr.strip()[:300])
