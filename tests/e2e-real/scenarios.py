@@ -222,7 +222,8 @@ class RealBackend(Backend):
                  "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": NS}]}]
         self.kube.apply({"apiVersion": "v1", "kind": "List", "items": rbac})
         self.tenant_args = ["--as=" + self.TENANT]
-        p = self.kube.run("auth", "can-i", "create", "pods/binding", "-n", NS, *self.tenant_args, check=False)
+        p = self.kube.run("auth", "can-i", "create", "pods", "--subresource=binding", "-n", NS, *self.tenant_args,
+                          check=False)
         if p.stdout.strip() != "no":
             raise StepFailed("the tenant ServiceAccount may create pods/binding (%s): the RBAC is too wide" %
                              p.stdout.strip())
