@@ -166,7 +166,7 @@ absl::StatusOr<WarmInstances> ParseWarmInstances(const YAML::Node& n) {
   for (auto it = n.begin(); it != n.end(); ++it) {
     const std::string key = it->first.IsScalar() ? it->first.Scalar() : "";
     const std::string path = fmt::format("{}.{}", kWarmPath, key);
-    const YAML::Node& v = it->second;
+    const YAML::Node v = it->second;  // a copy: `it->` points into a temporary
     if (key == "enabled") {
       if (!v.IsScalar() || (v.Scalar() != "true" && v.Scalar() != "false")) {
         return FieldError(path, fmt::format("must be true or false, got {}", Describe(v)));
