@@ -840,6 +840,49 @@ def attack5_recreated_pod_keeps_no_lock(s):
     another_tenant_still_runs(s, "after-locker")
 
 
+def https_get(url, timeout=10):
+    """(status, body) of an HTTPS GET without a client certificate; status None when TLS refused it."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE  # the caller's identity is what is checked, not the server's
+    try:
+        with urllib.request.urlopen(url, timeout=timeout, context=ctx) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except (urllib.error.URLError, ssl.SSLError, ConnectionError) as e:
+        return None, str(e)
+
+
+def attack6_endpoints_expose_no_pod_names(s):
+    s.step("a tenant's MIG pod runs")
+    s.create(s.mig_pod("secret-name-7f3a", 4000))
+    s.running("secret-name-7f3a")
+    s.step("the scheduler's /metrics, open to any pod, names no pod")
+    status, body = https_get(s.b.extender_url + "/metrics")
+    if status != 200:
+        raise StepFailed("GET /metrics answered %s: %s" % (status, body[:200]))
+    if "secret-name-7f3a" in body:
+        raise StepFailed("/metrics names the tenant's pod: %s" %
+                         [l for l in body.splitlines() if "secret-name-7f3a" in l][:3])
+    if s.b.name == "real":
+        s.step("the scheduler's /layout refuses a caller without the client certificate")
+        status, body = https_get(s.b.extender_url + "/layout")
+        if status not in (None, 401, 403) or "secret-name-7f3a" in body:
+            raise StepFailed("GET /layout without a client certificate answered %s: %s" % (status, body[:200]))
+        log("    /layout: %s %s" % (status, body.strip()[:120]))
+        s.step("the device plugin's metrics port (all interfaces) does not serve /nvml")
+        metrics = s.b.nvml_url.replace(":19401/", ":19400/")
+        try:
+            with urllib.request.urlopen(metrics, timeout=5) as r:
+                raise StepFailed("GET %s answered %s: /nvml is served on all interfaces" % (metrics, r.status))
+        except urllib.error.HTTPError as e:
+            if e.code != 404:
+                raise StepFailed("GET %s answered %s, expected 404" % (metrics, e.code))
+    else:
+        log("    local mode: /layout and /nvml listen on loopback addresses only, where they are served")
+
+
 SCENARIOS = [
     ("scenario 1: create and delete one 1g pod", scenario1_create_and_delete_one_1g),
     ("scenario 2: several non-overlapping 1g on one GPU", scenario2_several_non_overlapping_1g),
@@ -859,6 +902,7 @@ SCENARIOS = [
     ("attack 3: no GPU pod reaches a node around dynmig", attack3_node_name_around_the_scheduler),
     ("attack 4: a routing annotation cannot be removed to block a node", attack4_routing_annotation_removed),
     ("attack 5: a recreated pod keeps no node lock", attack5_recreated_pod_keeps_no_lock),
+    ("attack 6: endpoints show no tenant's pod names to other pods", attack6_endpoints_expose_no_pod_names),
 ]
 
 
