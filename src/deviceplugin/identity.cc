@@ -158,7 +158,7 @@ const PodMig* AdoptableHolder(const std::vector<std::string>& key, const PodReso
   FindHolders(kubelet, resource, key, exact, partial);
   if (exact.size() != 1 || !partial.empty()) return nullptr;
   for (const auto& p : pods) {
-    if (p.ns + "/" + p.name != exact[0].pod->Key() || !p.active) continue;
+    if (p.key != exact[0].pod->Key() || !p.active) continue;
     if (p.bind_phase != protocol::kBindPhaseSuccess || !p.allocations.ok() ||
         p.allocations->empty())
       return nullptr;

@@ -6,6 +6,7 @@
 
 #include "fmt/format.h"
 #include "fmt/ranges.h"
+#include "mig/capacity.h"
 
 namespace dynmig::mig {
 namespace {
@@ -248,15 +249,7 @@ GpuPlan GpuPlanner::PlanWithoutTable(const GpuUsage& usage, uint64_t memory_mib)
 }
 
 uint32_t GpuPlanner::MaxInstances(SliceMask occupied) const {
-  // Placements are intervals on the unit axis: taking the free one that ends first, again and
-  // again, gives the most disjoint ones.
-  uint32_t count = 0, free_from = 0;
-  for (const Placement& pl : by_end_) {
-    if (pl.start < free_from || (pl.Mask() & occupied) != 0) continue;
-    ++count;
-    free_from = pl.end();
-  }
-  return count;
+  return DisjointPlacements(by_end_, occupied);
 }
 
 bool GpuPlanner::IsAllowed(uint32_t profile_index) const {

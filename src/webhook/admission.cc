@@ -9,6 +9,7 @@
 #include "common/bounded_json.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
+#include "mig/capacity.h"
 #include "mig/catalogue.h"
 #include "mig/preference.h"
 #include "mig/sizing.h"
@@ -105,11 +106,8 @@ int NodeInstanceCapacity(const std::vector<protocol::DeviceInfo>& gpus,
     }
     const mig::AllowlistEntry* entry = allowlist.Match(gpu.type);
     if (entry == nullptr) continue;
-    uint32_t most = 0;
-    for (const auto& p : protocol::ToCapability(gpu).profiles) {
-      if (Listed(entry->profiles, p.name)) most = std::max(most, p.instance_count);
-    }
-    total = std::min<int64_t>(total + most, INT_MAX);
+    total = std::min<int64_t>(
+        total + mig::MostInstances(protocol::ToCapability(gpu), entry->profiles), INT_MAX);
   }
   return static_cast<int>(total);
 }

@@ -113,8 +113,8 @@ absl::Status ValidatePreference(std::string_view value, const mig::Allowlist& al
                                 const std::vector<std::string>& present_models = {});
 
 // The most MIG instances the GPUs of one node's register could hold for the scheduler: per GPU in
-// MIG mode whose model the allowlist names, the largest instance count of its allowlisted
-// profiles; other GPUs hold none (dynmig places only MIG pods).
+// MIG mode whose model the allowlist names, mig::MostInstances of its allowlisted profiles (the
+// planner's own bound); other GPUs hold none (dynmig places only MIG pods).
 int NodeInstanceCapacity(const std::vector<protocol::DeviceInfo>& gpus,
                          const mig::Allowlist& allowlist);
 

@@ -450,7 +450,7 @@ protocol::DeviceInfo MigGpu(std::string_view model, const std::vector<std::strin
   return protocol::MigDeviceInfo({.uuid = "GPU-1"}, m->capability, allowed);
 }
 
-TEST(NodeInstanceCapacityTest, SumsTheLargestAllowlistedInstanceCountOfEachMigGpu) {
+TEST(NodeInstanceCapacityTest, SumsThePlannersBoundOfEachMigGpu) {
   const mig::Allowlist allowlist = TestAllowlist();
   const protocol::DeviceInfo a100 =
       MigGpu("NVIDIA A100-SXM4-40GB", {"1g.5gb", "3g.20gb", "7g.40gb"});
