@@ -1,5 +1,7 @@
 #include "protocol/devices.h"
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <limits>
 
@@ -120,5 +122,23 @@ std::optional<LegacyMigIdentity> ParseLegacyMigIdentity(std::string_view id) {
 }
 
 bool IsLegacyMigIdentity(std::string_view id) { return ParseLegacyMigIdentity(id).has_value(); }
+
+std::vector<std::string> GpuUuidsNamedIn(std::string_view text) {
+  std::vector<std::string> out;
+  auto token_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-'; };
+  size_t i = 0;
+  while ((i = text.find("GPU-", i)) != std::string_view::npos) {
+    if (i > 0 && token_char(text[i - 1])) {
+      i += 4;
+      continue;
+    }
+    size_t end = i + 4;
+    while (end < text.size() && token_char(text[end])) ++end;
+    std::string uuid(text.substr(i, end - i));
+    if (std::find(out.begin(), out.end(), uuid) == out.end()) out.push_back(std::move(uuid));
+    i = end;
+  }
+  return out;
+}
 
 }  // namespace dynmig::protocol

@@ -54,4 +54,9 @@ bool IsLegacyMigIdentity(std::string_view id);
 // Parses it; nullopt when IsLegacyMigIdentity(id) is false.
 std::optional<LegacyMigIdentity> ParseLegacyMigIdentity(std::string_view id);
 
+// The GPU UUIDs ("GPU-" followed by letters, digits and dashes, standing alone) that the text of
+// a device list or allocations value names, each once in order of appearance, read without
+// decoding: for a value its decoder refuses, to fail closed on exactly the GPUs it names.
+std::vector<std::string> GpuUuidsNamedIn(std::string_view text);
+
 }  // namespace dynmig::protocol

@@ -1,11 +1,11 @@
 #include "scheduler/cluster_state.h"
 
 #include <algorithm>
-#include <cctype>
 
 #include "common/strings.h"
 #include "fmt/format.h"
 #include "protocol/annotations.h"
+#include "protocol/devices.h"
 #include "protocol/node_register.h"
 #include "scheduler/node_lock.h"
 #include "spdlog/spdlog.h"
@@ -59,32 +59,13 @@ std::string CapabilityKey(const mig::GpuCapability& cap, const std::vector<std::
   return key;
 }
 
-// The GPU UUIDs ("GPU-…") an unreadable annotation's text names, each once.
-std::vector<std::string> GpuUuidsIn(std::string_view text) {
-  std::vector<std::string> out;
-  auto token_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-'; };
-  size_t i = 0;
-  while ((i = text.find("GPU-", i)) != std::string_view::npos) {
-    if (i > 0 && token_char(text[i - 1])) {
-      i += 4;
-      continue;
-    }
-    size_t end = i + 4;
-    while (end < text.size() && token_char(text[end])) ++end;
-    std::string uuid(text.substr(i, end - i));
-    if (std::find(out.begin(), out.end(), uuid) == out.end()) out.push_back(std::move(uuid));
-    i = end;
-  }
-  return out;
-}
-
 }  // namespace
 
 void ClusterState::AddUnreadable(PodEntry& entry, std::string_view key, std::string_view value,
                                  const absl::Status& error) {
   if (!entry.unreadable.empty()) entry.unreadable += "; ";
   entry.unreadable += fmt::format("an unreadable {}: {}", key, std::string(error.message()));
-  for (auto& uuid : GpuUuidsIn(value)) {
+  for (auto& uuid : protocol::GpuUuidsNamedIn(value)) {
     if (std::find(entry.unreadable_gpus.begin(), entry.unreadable_gpus.end(), uuid) ==
         entry.unreadable_gpus.end()) {
       entry.unreadable_gpus.push_back(std::move(uuid));

@@ -124,5 +124,20 @@ TEST(DevicesTest, LegacyIdentityInsideADevicesAnnotationIsDetectable) {
   EXPECT_TRUE(IsLegacyMigIdentity((*decoded)[0][0].uuid));
 }
 
+// A value its decoder refuses still names its GPUs, read from the text alone; a "GPU-" inside
+// another token is not one.
+TEST(DevicesTest, GpuUuidsNamedInReadsUnreadableValuesLeniently) {
+  EXPECT_EQ(GpuUuidsNamedIn("GPU-a1,NVIDIA A100,4864,bad-field:;GPU-b2,x;GPU-a1,y"),
+            (std::vector<std::string>{"GPU-a1", "GPU-b2"}));
+  EXPECT_EQ(GpuUuidsNamedIn(R"([{"gpuUUID":"GPU-1f-2e","profile":7}, garbage)"),
+            (std::vector<std::string>{"GPU-1f-2e"}));
+  EXPECT_TRUE(GpuUuidsNamedIn("MYGPU-x notGPU-y").empty());
+  EXPECT_TRUE(GpuUuidsNamedIn("").empty());
+  // Bounded: a long run of "GPU-GPU-..." is read once, as one token.
+  std::string run;
+  for (int i = 0; i < 10000; ++i) run += "GPU-";
+  EXPECT_EQ(GpuUuidsNamedIn(run).size(), 1u);
+}
+
 }  // namespace
 }  // namespace dynmig::protocol
