@@ -1,5 +1,5 @@
 # Thin wrapper over CMake presets. `make run` and `make test` work on a fresh Debian 12 machine.
-.PHONY: deps configure build build-all test run bench asan fuzz tsan soak format clean e2e-real e2e-real-burst e2e-scenarios-local e2e-real-down
+.PHONY: deps configure build build-all test run bench asan fuzz tsan thread-safety soak format clean e2e-real e2e-real-burst e2e-scenarios-local e2e-real-down
 
 JOBS ?= $(shell nproc)
 
@@ -48,6 +48,12 @@ tsan: deps
 	@cmake --preset tsan >/dev/null
 	@cmake --build --preset tsan -j $(JOBS) --target $(TSAN_TESTS)
 	@TSAN_TESTS="$(TSAN_TESTS)" tools/run-tsan.sh
+
+# The thread-safety build: src/ compiled by clang with -Wthread-safety -Werror (syntax only, the optimized build's
+# flags); every lock is an annotated absl::Mutex (tools/check-thread-safety.sh).
+thread-safety: build-all
+	@tools/install-deps.sh clang-14
+	@tools/check-thread-safety.sh
 
 # The long chaos soak: SOAK_DURATION of random work and faults (default 30m), seed SOAK_SEED.
 SOAK_DURATION ?= 30m

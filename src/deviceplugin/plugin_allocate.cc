@@ -611,8 +611,9 @@ absl::Status PluginCore::WriteRuntimeIdentity(
     }
     bool already = true;
     for (const auto& [device, identity] : entries) {
+      const int wanted_device = device;  // clang 14 cannot capture a structured binding
       auto it = std::find_if(allocations->begin(), allocations->end(), [&](const auto& a) {
-        return a.container_index == container && a.device_index == device;
+        return a.container_index == container && a.device_index == wanted_device;
       });
       if (it == allocations->end()) {
         return absl::FailedPreconditionError(

@@ -98,6 +98,11 @@ bool IsBeingDeleted(const Object& obj) { return DeletionTimestamp(obj).has_value
 std::string NodeName(const Object& pod) { return StringOf(Field(pod, "spec", "nodeName")); }
 std::string Phase(const Object& pod) { return StringOf(Field(pod, "status", "phase")); }
 
+bool IsTerminated(const Object& pod) {
+  const std::string phase = Phase(pod);
+  return phase == "Succeeded" || phase == "Failed";
+}
+
 bool IsDnsSubdomain(std::string_view name) {
   if (name.empty() || name.size() > 253) return false;
   auto alnum = [](char c) {

@@ -67,29 +67,6 @@ constexpr absl::Duration kApiRequestTimeout = absl::Seconds(3);
 // cross it).
 constexpr absl::Duration kReservationTtl = absl::Seconds(30);
 
-// The scheduler's clock: the wall clock plus an offset that the chaos steps (an NTP step, a VM
-// resumed from suspension). The offset stays within [-10 s, TTL + 10 s], well inside the node
-// lock's 5-minute expiry, as two machines' clocks do after the step.
-class JumpClock final : public Clock {
- public:
-  absl::Time Now() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return absl::Now() + offset_;
-  }
-  absl::Duration offset() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return offset_;
-  }
-  void Set(absl::Duration offset) {
-    std::lock_guard<std::mutex> lock(mu_);
-    offset_ = offset;
-  }
-
- private:
-  mutable std::mutex mu_;
-  absl::Duration offset_ = absl::ZeroDuration();
-};
-
 class Chaos {
  public:
   explicit Chaos(const ChaosOptions& options)
@@ -349,7 +326,7 @@ class Chaos {
     const absl::Duration before = clock_.offset();
     const absl::Duration after = kOffsets[Pick(std::size(kOffsets))];
     if (after == before) return;
-    clock_.Set(after);
+    clock_.set_offset(after);
     Count(after > before ? "clock-jump forward" : "clock-jump back");
   }
 
@@ -484,7 +461,7 @@ class Chaos {
     Log(fmt::format("chaos: {} steps done; faults off, deleting every pod", step_));
     cluster_->api().ClearFaults();
     cluster_->DisarmCrashes();
-    clock_.Set(absl::ZeroDuration());
+    clock_.set_offset(absl::ZeroDuration());
     for (int i = 0; i < 300 && !cluster_->CrashesRestarted(); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     for (const auto& node : node_names_) {
@@ -540,7 +517,10 @@ class Chaos {
   }
 
   const ChaosOptions& o_;
-  JumpClock clock_;  // outlives cluster_ (declared before it)
+  // The scheduler's clock: the wall clock plus an offset that the chaos steps (an NTP step, a VM resumed from
+  // suspension). The offset stays within [-10 s, TTL + 10 s], well inside the node lock's 5-minute expiry, as
+  // two machines' clocks do after the step. Outlives cluster_ (declared before it).
+  SteppedClock clock_{RealClock()};
   std::mt19937_64 actions_rng_;
   std::mt19937_64 rng_;  // everything else
   ChaosReport report_;

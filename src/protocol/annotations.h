@@ -105,5 +105,32 @@ inline constexpr std::string_view kResourceMemory = "nvidia.com/gpumem";
 inline constexpr std::string_view kResourceMemoryPercentage = "nvidia.com/gpumem-percentage";
 // Percent of the GPU's SMs; not used to choose a MIG profile.
 inline constexpr std::string_view kResourceCores = "nvidia.com/gpucores";
+// Every resource, label and annotation key of NVIDIA's components starts with this.
+inline constexpr std::string_view kNvidiaKeyPrefix = "nvidia.com/";
+// HAMi's annotation keys start with this.
+inline constexpr std::string_view kHamiKeyPrefix = "hami.io/";
+// The MIG resources of NVIDIA's device plugin (mixed strategy): nvidia.com/mig-1g.10gb, ...
+inline constexpr std::string_view kMigResourcePrefix = "nvidia.com/mig-";
+
+// --- Node labels of NVIDIA's GPU Operator and MIG Manager (read by preflight, rollback, inventory) -----
+
+// The MIG Manager's wanted geometry (a name in its config) and its progress (pending, success, failed).
+inline constexpr std::string_view kMigConfigLabel = "nvidia.com/mig.config";
+inline constexpr std::string_view kMigConfigStateLabel = "nvidia.com/mig.config.state";
+// "false" stops the GPU Operator from running the MIG Manager on the node.
+inline constexpr std::string_view kMigManagerDeployLabel = "nvidia.com/gpu.deploy.mig-manager";
+// The MIG labels (nvidia.com/mig.config, .state, nvidia.com/mig.strategy, ...) start with this.
+inline constexpr std::string_view kMigLabelPrefix = "nvidia.com/mig";
+// The GPU Feature Discovery labels (nvidia.com/gpu.product, .count, ...) start with this.
+inline constexpr std::string_view kGpuLabelPrefix = "nvidia.com/gpu";
+
+// --- dynmig's own keys ----------------------------------------------------------------------------
+
+// Node label that marks a node whose GPUs dynmig serves (deploy/ selects the device plugin with it).
+inline constexpr std::string_view kMigServiceLabel = "dynmig.io/mig";
+// Pod label on the scheduler extender replicas: "leader" on the one that holds the lease (its Service selects it).
+inline constexpr std::string_view kRoleLabel = "dynmig.io/role";
+// The CDI kind of dynmig's MIG devices: the device plugin answers "dynmig.io/mig=<MIG UUID>".
+inline constexpr std::string_view kCdiKind = "dynmig.io/mig";
 
 }  // namespace dynmig::protocol
