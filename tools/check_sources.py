@@ -5,6 +5,8 @@
                   tests/ and fuzz/, generated files aside;
   protocol-keys   no string literal naming an annotation, label or resource key ("hami.io/...", "nvidia.com/...",
                   "dynmig.io/...") in src/ or bench/ outside src/protocol/: the keys are src/protocol's constants;
+  layers          a room of src/ includes only the rooms below it (LAYERS): the domain core (mig) knows no
+                  wire, the wire contract (protocol) no Kubernetes client, the adapters not each other;
   clock           no direct clock, sleep or timed wait (absl::Now, absl::SleepFor, std::chrono clocks,
                   sleep_for, timed condition-variable waits, ...) in src/ outside src/common/clock.*: time comes
                   through the injected dynmig::Clock.
@@ -184,14 +186,48 @@ def check_clock(root):
             yield rel, line, f'direct clock use "{m.group(0).strip()}": take a dynmig::Clock'
 
 
-RULES = {'function-size': check_function_size, 'protocol-keys': check_protocol_keys, 'clock': check_clock}
+# Each room of src/ and the rooms it may include; a room not listed here fails the rule until it is placed.
+LAYERS = {
+    'common': set(),
+    'mig': {'common'},
+    'protocol': {'common', 'mig'},
+    'nvml': {'common', 'mig'},
+    'kube': {'common'},
+    'webhook': {'common', 'mig', 'protocol'},
+    'sim': {'common', 'mig', 'protocol'},
+    'scheduler': {'common', 'mig', 'protocol', 'kube', 'webhook'},
+    'deviceplugin': {'common', 'mig', 'protocol', 'kube', 'nvml'},
+    'ops': {'common', 'mig', 'protocol', 'kube', 'nvml', 'scheduler'},
+    'local': {'common', 'mig', 'protocol', 'kube', 'nvml', 'webhook', 'scheduler', 'deviceplugin', 'ops'},
+    'cli': {'common', 'mig', 'protocol', 'kube', 'nvml', 'webhook', 'sim', 'scheduler', 'deviceplugin', 'ops',
+            'local'},
+}
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/', re.M)
+
+
+def check_layers(root):
+    rooms = set(os.listdir(os.path.join(root, 'src')))
+    for rel, path in cxx_files(root, ['src']):
+        room = rel.split('/')[1]
+        if room not in LAYERS:
+            yield rel, 1, f'src/{room} is not placed in the layers (tools/check_sources.py LAYERS)'
+            continue
+        text = open(path, encoding='utf-8', errors='replace').read()
+        for m in INCLUDE.finditer(text):
+            target = m.group(1)
+            if target != room and target in rooms and target not in LAYERS[room]:
+                line = text.count('\n', 0, m.start()) + 1
+                yield rel, line, f'src/{room} may not include src/{target} (it sits above or beside it)'
+
+
+RULES = {'function-size': check_function_size, 'layers': check_layers, 'protocol-keys': check_protocol_keys, 'clock': check_clock}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--root', default=os.environ.get('DYNMIG_SOURCE_DIR') or
                     os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    ap.add_argument('rules', nargs='*', help='function-size, protocol-keys, clock (default: all)')
+    ap.add_argument('rules', nargs='*', help='function-size, layers, protocol-keys, clock (default: all)')
     args = ap.parse_args()
     rules = args.rules or list(RULES)
     bad = 0
