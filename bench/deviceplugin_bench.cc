@@ -224,7 +224,7 @@ class Bench {
 
   void RunCore(int iterations) {
     Metrics metrics;
-    EventRecorder events(*client_, "bench", {});
+    EventRecorder events(*client_, "bench", RealClock());
     auto core = std::move(
         *PluginCore::Create(CoreOptions("core.json"), *timed_, *client_, metrics, events));
     if (auto st = core->Start(); !st.ok()) {

@@ -8,6 +8,7 @@
 
 #include "absl/time/time.h"
 #include "cli/cli.h"
+#include "common/clock.h"
 #include "deviceplugin/device_plugin.h"
 #include "fmt/format.h"
 #include "kube/rest_config.h"
@@ -73,9 +74,12 @@ int Run(const DevicePluginFlags& f, CliContext& ctx) {
   if (!config.ok()) return bad(std::string(config.status().message()));
   for (const auto& w : config->warnings) spdlog::warn("device config: {}", w);
 
+  // The process's one clock: the simulator's delays, the plugin's intervals, timestamps.
+  const Clock& clock = RealClock();
   std::unique_ptr<nvml::Nvml> gpu;
   if (!f.sim.empty() || !f.sim_state.empty()) {
     nvml::SimNvmlOptions o;
+    o.clock = &clock;
     o.spec = f.sim;
     o.state_file = f.sim_state;
     o.seed = f.node;
@@ -97,6 +101,7 @@ int Run(const DevicePluginFlags& f, CliContext& ctx) {
   if (!kube.ok()) return bad(std::string(kube.status().message()));
 
   deviceplugin::DevicePluginOptions options;
+  options.clock = &clock;
   options.core.node_name = f.node;
   options.core.resource_name = config->resources.count;
   options.core.allowlist = config->allowlist;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli/cli.h"
+#include "common/clock.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "nvml/dlopen_nvml.h"
@@ -72,6 +73,7 @@ std::optional<Backend> Open(const NvmlFlags& f, CliContext& ctx, std::string_vie
   Backend b;
   if (!f.sim.empty() || !f.state.empty()) {
     nvml::SimNvmlOptions o;
+    o.clock = &RealClock();  // the command's clock: injected latency sleeps on it
     o.spec = f.sim;
     o.state_file = f.state;
     o.seed = f.seed;

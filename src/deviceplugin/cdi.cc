@@ -1,22 +1,28 @@
 #include "deviceplugin/cdi.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <string>
 
 #include "deviceplugin/state_store.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
+#include "protocol/annotations.h"
 
 namespace dynmig::deviceplugin {
 
 std::string CdiWriter::QualifiedName(std::string_view mig_uuid) {
-  return fmt::format("{}={}", kCdiKind, mig_uuid);
+  return fmt::format("{}={}", protocol::kCdiKind, mig_uuid);
 }
 
 std::string CdiWriter::SpecPath(std::string_view mig_uuid) const {
-  return fmt::format("{}/dynmig.io-mig_{}.json", dir_, mig_uuid);
+  // The kind with '/' as '-' (a file name holds no '/'): "dynmig.io-mig".
+  std::string kind(protocol::kCdiKind);
+  std::replace(kind.begin(), kind.end(), '/', '-');
+  return fmt::format("{}/{}_{}.json", dir_, kind, mig_uuid);
 }
 
 std::string CdiWriter::SpecJson(std::string_view mig_uuid, const std::vector<std::string>& nodes) {
@@ -28,7 +34,7 @@ std::string CdiWriter::SpecJson(std::string_view mig_uuid, const std::vector<std
   }
   nlohmann::json spec = {
       {"cdiVersion", "0.5.0"},
-      {"kind", std::string(kCdiKind)},
+      {"kind", std::string(protocol::kCdiKind)},
       {"devices", {{{"name", std::string(mig_uuid)}, {"containerEdits", std::move(edits)}}}}};
   return spec.dump(1) + "\n";
 }

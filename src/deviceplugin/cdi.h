@@ -2,9 +2,9 @@
 // MIG device, written atomically when the instance is created (or adopted without one) and deleted
 // when it is destroyed, so a runtime never sees a device name it cannot resolve.
 //
-// Kind "dynmig.io/mig"; device name = the MIG UUID (CDI device names may not contain '/'); the
-// fully qualified name answered to the kubelet is "dynmig.io/mig=MIG-…". File
-// "<dir>/dynmig.io-mig_<MIG-UUID>.json":
+// Kind protocol::kCdiKind ("dynmig.io/mig"); device name = the MIG UUID (CDI device names may not
+// contain '/'); the fully qualified name answered to the kubelet is "dynmig.io/mig=MIG-…". File
+// "<dir>/<kind with '/' as '-'>_<MIG-UUID>.json" ("dynmig.io-mig_MIG-….json"):
 //   {"cdiVersion":"0.5.0","kind":"dynmig.io/mig","devices":[{"name":"MIG-…","containerEdits":{
 //     "env":["NVIDIA_VISIBLE_DEVICES=MIG-…"],"deviceNodes":[{"path":"/dev/nvidia0"},…]}}]}
 // Thread-compatible.
@@ -17,8 +17,6 @@
 #include "absl/status/status.h"
 
 namespace dynmig::deviceplugin {
-
-inline constexpr std::string_view kCdiKind = "dynmig.io/mig";
 
 class CdiWriter {
  public:

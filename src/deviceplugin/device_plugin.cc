@@ -3,7 +3,6 @@
 #include <httplib.h>
 
 #include <charconv>
-#include <chrono>
 
 #include "common/bounded_json.h"
 #include "common/status_macros.h"
@@ -14,7 +13,7 @@
 namespace dynmig::deviceplugin {
 
 DevicePlugin::DevicePlugin(DevicePluginOptions options, nvml::Nvml& nvml, kube::KubeClient& kube)
-    : options_(std::move(options)), nvml_(nvml), kube_(kube) {}
+    : options_(std::move(options)), clock_(*options_.clock), nvml_(nvml), kube_(kube) {}
 
 absl::StatusOr<std::unique_ptr<DevicePlugin>> DevicePlugin::Start(
     DevicePluginOptions options, nvml::Nvml& nvml, kube::KubeClient& kube,
@@ -25,7 +24,8 @@ absl::StatusOr<std::unique_ptr<DevicePlugin>> DevicePlugin::Start(
   if (options.core.state_file.empty()) {
     options.core.state_file = options.kubelet_dir + "/dynmig/state.json";
   }
-  if (!options.core.clock) options.core.clock = [] { return absl::Now(); };
+  if (options.clock == nullptr) options.clock = &RealClock();
+  if (!options.core.clock) options.core.clock = [&clock = *options.clock] { return clock.Now(); };
   if (options.reconcile_interval <= absl::ZeroDuration() ||
       options.register_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("device plugin: intervals must be positive");
@@ -33,8 +33,7 @@ absl::StatusOr<std::unique_ptr<DevicePlugin>> DevicePlugin::Start(
   std::unique_ptr<DevicePlugin> plugin(new DevicePlugin(std::move(options), nvml, kube));
   DevicePlugin& p = *plugin;
   p.metrics_ = std::make_unique<Metrics>();
-  p.events_ =
-      std::make_unique<EventRecorder>(kube, p.options_.core.component, p.options_.core.clock);
+  p.events_ = std::make_unique<EventRecorder>(kube, p.options_.core.component, p.clock_);
   if (pod_resources == nullptr) {
     PodResourcesClientOptions client;
     client.socket = p.options_.pod_resources_socket.empty()
@@ -57,7 +56,7 @@ absl::StatusOr<std::unique_ptr<DevicePlugin>> DevicePlugin::Start(
   endpoint.socket_name = p.options_.socket_name;
   endpoint.resource_name = p.options_.core.resource_name;
   endpoint.kubelet_poll_interval = p.options_.kubelet_poll_interval;
-  p.endpoint_ = std::make_unique<GrpcEndpoint>(endpoint, *p.core_, *p.metrics_);
+  p.endpoint_ = std::make_unique<GrpcEndpoint>(endpoint, *p.core_, *p.metrics_, p.clock_);
   DYNMIG_RETURN_IF_ERROR(p.endpoint_->Start());
   DYNMIG_RETURN_IF_ERROR(p.StartHttp());
   p.loop_ = std::thread([&p] { p.Loop(); });
@@ -145,65 +144,72 @@ absl::Status DevicePlugin::Listen(const std::string& listen, std::string_view fl
     return absl::UnavailableError(fmt::format("cannot listen on {} ({})", listen, flag));
   }
   out.thread = std::thread([&http] { http.listen_after_bind(); });
-  for (int i = 0; i < 500 && !http.is_running(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  // Up to a second for httplib's thread to accept (stop() before that would not end it). That
+  // thread runs on real time, whatever clock the plugin runs on.
+  const Clock& real = RealClock();
+  const absl::Duration deadline = real.Monotonic() + absl::Seconds(1);
+  while (!http.is_running() && real.Monotonic() < deadline) real.SleepFor(absl::Milliseconds(2));
   spdlog::info("{} on http://{}:{}", metrics ? (nvml ? "/metrics, /nvml" : "/metrics") : "/nvml",
                host, out.port);
   return absl::OkStatus();
 }
 
+absl::Duration DevicePlugin::Cycle(absl::Duration& next_publish) {
+  const bool changed = core_->RefreshDevices();
+  core_->Reconcile();
+  const absl::Duration now = clock_.Monotonic();
+  // Idle (warm) instances are published as they change, so the scheduler can prefer them.
+  if (changed || now >= next_publish || core_->IdleChanged()) {
+    if (auto st = core_->PublishNode(); !st.ok()) spdlog::warn("{}", std::string(st.message()));
+    next_publish = now + options_.register_interval;
+  }
+  return now;
+}
+
 void DevicePlugin::Loop() {
-  using Clock = std::chrono::steady_clock;
-  auto next_publish = Clock::now() + absl::ToChronoMilliseconds(options_.register_interval);
+  absl::Duration next_publish = clock_.Monotonic() + options_.register_interval;
   while (true) {
     uint64_t serving = 0;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       serving = wake_requests_;
     }
-    const bool changed = core_->RefreshDevices();
-    core_->Reconcile();
-    const auto now = Clock::now();
-    // Idle (warm) instances are published as they change, so the scheduler can prefer them.
-    if (changed || now >= next_publish || core_->IdleChanged()) {
-      if (auto st = core_->PublishNode(); !st.ok()) spdlog::warn("{}", std::string(st.message()));
-      next_publish = now + absl::ToChronoMilliseconds(options_.register_interval);
-    }
-    const auto next_reconcile = now + absl::ToChronoMilliseconds(options_.reconcile_interval);
-    std::unique_lock<std::mutex> lock(mu_);
+    const absl::Duration now = Cycle(next_publish);
+    const absl::Duration next_reconcile = now + options_.reconcile_interval;
+    absl::MutexLock lock(&mu_);
     ++cycles_;
     completed_wakes_ = serving;
-    cv_.notify_all();
-    cv_.wait_until(lock, std::min(next_reconcile, next_publish),
-                   [&] { return stop_ || wake_requests_ != serving; });
+    cv_.SignalAll();
+    clock_.WaitUntil(
+        cv_, mu_, std::min(next_reconcile, next_publish),
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || wake_requests_ != serving; });
     if (stop_) return;
   }
 }
 
 bool DevicePlugin::RunCycle(absl::Duration timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (stopped_) return false;
   const uint64_t requested = ++wake_requests_;
-  cv_.notify_all();
-  return cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout), [&] {
+  cv_.SignalAll();
+  return clock_.WaitFor(cv_, mu_, timeout, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return completed_wakes_ >= requested || stop_;
   }) && !stop_;
 }
 
 uint64_t DevicePlugin::cycles() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return cycles_;
 }
 
 void DevicePlugin::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopped_) return;
     stopped_ = true;
     stop_ = true;
+    cv_.SignalAll();
   }
-  cv_.notify_all();
   if (loop_.joinable()) loop_.join();
   if (endpoint_) endpoint_->Stop();
   for (HttpListener* l : {&metrics_http_, &nvml_http_}) {

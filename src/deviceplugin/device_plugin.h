@@ -21,15 +21,16 @@
 // Thread-safe.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "deviceplugin/events.h"
 #include "deviceplugin/grpc_endpoint.h"
 #include "deviceplugin/metrics.h"
@@ -49,6 +50,9 @@ struct DevicePluginOptions {
   // <kubelet_dir>/dynmig/state.json (a directory: the kubelet's restart cleanup removes sockets
   // and, in old kubelets, every plain file of kubelet_dir, but never directories).
   PluginCoreOptions core;
+  // The clock of the loop's intervals, the kubelet watcher, events and timed waits, and of the
+  // core when core.clock is unset; must outlive the plugin. null = RealClock().
+  const Clock* clock = &RealClock();
   std::string kubelet_dir = "/var/lib/kubelet/device-plugins";
   std::string socket_name = "dynmig.sock";
   absl::Duration reconcile_interval = absl::Seconds(5);
@@ -83,7 +87,7 @@ class DevicePlugin {
   DevicePlugin& operator=(const DevicePlugin&) = delete;
 
   // Stops the loop, the endpoint (its socket is removed) and the listener. Idempotent.
-  void Stop();
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
   PluginCore& core() { return *core_; }
   GrpcEndpoint& endpoint() { return *endpoint_; }
@@ -100,9 +104,10 @@ class DevicePlugin {
   // Whether the metrics listener serves /nvml too under `options` (see nvml_listen).
   static bool MetricsListenerServesNvml(const DevicePluginOptions& options);
 
-  // Runs a loop cycle now (refresh, reconcile, publish) and waits for it (bounded).
-  bool RunCycle(absl::Duration timeout = absl::Seconds(30));
-  uint64_t cycles() const;
+  // Runs a loop cycle now (refresh, reconcile, publish) and waits for it (`timeout` of the
+  // clock's time).
+  bool RunCycle(absl::Duration timeout = absl::Seconds(30)) ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t cycles() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   DevicePlugin(DevicePluginOptions options, nvml::Nvml& nvml, kube::KubeClient& kube);
@@ -115,9 +120,13 @@ class DevicePlugin {
   // Serves /healthz, and /metrics and /nvml when asked, on `listen` (named `flag` in errors).
   absl::Status Listen(const std::string& listen, std::string_view flag, bool metrics, bool nvml,
                       HttpListener& out);
-  void Loop();
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
+  // One cycle's work: refresh, reconcile, and publish when devices or idle instances changed or
+  // `next_publish` (monotonic) passed, which then moves on. Returns the monotonic time it ran at.
+  absl::Duration Cycle(absl::Duration& next_publish) ABSL_LOCKS_EXCLUDED(mu_);
 
   DevicePluginOptions options_;
+  const Clock& clock_;
   nvml::Nvml& nvml_;
   kube::KubeClient& kube_;
   std::unique_ptr<Metrics> metrics_;
@@ -128,13 +137,13 @@ class DevicePlugin {
   HttpListener metrics_http_;
   HttpListener nvml_http_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  bool stopped_ = false;
-  uint64_t wake_requests_ = 0;
-  uint64_t completed_wakes_ = 0;
-  uint64_t cycles_ = 0;
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;  // signalled on stop, on a wake request and when a cycle completes
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t wake_requests_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t completed_wakes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t cycles_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread loop_;
 };
 

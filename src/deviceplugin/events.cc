@@ -10,21 +10,21 @@ kube::Object NodeRef(std::string_view node_name) {
       {"kind", "Node"}, {"apiVersion", "v1"}, {"metadata", {{"name", std::string(node_name)}}}};
 }
 
-EventRecorder::EventRecorder(kube::KubeClient& kube, std::string component,
-                             std::function<absl::Time()> clock, size_t max_queue)
+EventRecorder::EventRecorder(kube::KubeClient& kube, std::string component, const Clock& clock,
+                             size_t max_queue)
     : kube_(kube),
       component_(std::move(component)),
-      clock_(clock ? std::move(clock) : [] { return absl::Now(); }),
+      clock_(clock),
       max_queue_(max_queue == 0 ? 1 : max_queue),
       thread_([this] { Run(); }) {}
 
 EventRecorder::~EventRecorder() {
   Flush(absl::Seconds(2));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
+    cv_.SignalAll();
   }
-  cv_.notify_all();
   thread_.join();
 }
 
@@ -42,33 +42,32 @@ void EventRecorder::Record(const kube::Object& involved, std::string_view type,
   }
   kube::Object ref = involved;
   if (!ref.contains("kind") || !ref["kind"].is_string()) ref["kind"] = kind;
-  kube::Object event = kube::NewEvent(ref, type, reason, message, component_, clock_());
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    recent_.push_back({what, std::string(type), std::string(reason), std::string(message)});
-    while (recent_.size() > 512) recent_.pop_front();
-    if (queue_.size() >= max_queue_) {
-      queue_.pop_front();
-      ++dropped_;
-    }
-    queue_.push_back(std::move(event));
+  kube::Object event = kube::NewEvent(ref, type, reason, message, component_, clock_.Now());
+  absl::MutexLock lock(&mu_);
+  recent_.push_back({what, std::string(type), std::string(reason), std::string(message)});
+  while (recent_.size() > 512) recent_.pop_front();
+  if (queue_.size() >= max_queue_) {
+    queue_.pop_front();
+    ++dropped_;
   }
-  cv_.notify_all();
+  queue_.push_back(std::move(event));
+  cv_.SignalAll();
 }
 
 bool EventRecorder::Flush(absl::Duration timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return idle_cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout),
-                           [this] { return queue_.empty() && !sending_; });
+  absl::MutexLock lock(&mu_);
+  return clock_.WaitFor(idle_cv_, mu_, timeout, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return queue_.empty() && !sending_;
+  });
 }
 
 std::vector<RecordedEvent> EventRecorder::Recent() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return {recent_.begin(), recent_.end()};
 }
 
 bool EventRecorder::Has(std::string_view reason, std::string_view text) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (const auto& e : recent_) {
     if (e.reason == reason && e.message.find(text) != std::string::npos) return true;
   }
@@ -76,33 +75,35 @@ bool EventRecorder::Has(std::string_view reason, std::string_view text) const {
 }
 
 uint64_t EventRecorder::dropped() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return dropped_;
 }
 
 uint64_t EventRecorder::failed() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return failed_;
 }
 
 void EventRecorder::Run() {
-  std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-    if (stop_) return;  // the destructor already gave the queue a bounded chance
-    kube::Object event = std::move(queue_.front());
-    queue_.pop_front();
-    sending_ = true;
-    lock.unlock();
+    kube::Object event;
+    {
+      absl::MutexLock lock(&mu_);
+      while (!stop_ && queue_.empty()) cv_.Wait(&mu_);
+      if (stop_) return;  // the destructor already gave the queue a bounded chance
+      event = std::move(queue_.front());
+      queue_.pop_front();
+      sending_ = true;
+    }
     auto created = kube_.CreateEvent(event);
     if (!created.ok()) {
       spdlog::debug("event {} not sent: {}", event.value("reason", ""),
                     std::string(created.status().message()));
     }
-    lock.lock();
+    absl::MutexLock lock(&mu_);
     if (!created.ok()) ++failed_;
     sending_ = false;
-    if (queue_.empty()) idle_cv_.notify_all();
+    if (queue_.empty()) idle_cv_.SignalAll();
   }
 }
 

@@ -3,17 +3,17 @@
 // the oldest event is dropped (and counted). Every event is also logged. Thread-safe.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <functional>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "kube/kube_client.h"
 #include "kube/object.h"
 
@@ -50,7 +50,8 @@ struct RecordedEvent {
 
 class EventRecorder {
  public:
-  EventRecorder(kube::KubeClient& kube, std::string component, std::function<absl::Time()> clock,
+  // `kube` and `clock` (event timestamps, Flush's timeout) must outlive the recorder.
+  EventRecorder(kube::KubeClient& kube, std::string component, const Clock& clock,
                 size_t max_queue = 1000);
   ~EventRecorder();  // sends what is queued (bounded wait), then stops
   EventRecorder(const EventRecorder&) = delete;
@@ -69,21 +70,21 @@ class EventRecorder {
   uint64_t failed() const;
 
  private:
-  void Run();
+  void Run() ABSL_LOCKS_EXCLUDED(mu_);
 
   kube::KubeClient& kube_;
   const std::string component_;
-  const std::function<absl::Time()> clock_;
+  const Clock& clock_;
   const size_t max_queue_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::condition_variable idle_cv_;
-  std::deque<kube::Object> queue_;
-  std::deque<RecordedEvent> recent_;
-  bool sending_ = false;
-  bool stop_ = false;
-  uint64_t dropped_ = 0;
-  uint64_t failed_ = 0;
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;       // signalled when an event is queued or the recorder stops
+  absl::CondVar idle_cv_;  // signalled when the queue drains
+  std::deque<kube::Object> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<RecordedEvent> recent_ ABSL_GUARDED_BY(mu_);
+  bool sending_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t failed_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };
 

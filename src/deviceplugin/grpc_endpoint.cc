@@ -4,8 +4,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <chrono>
-
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
@@ -87,10 +85,12 @@ class GrpcEndpoint::Service final : public v1beta1::DevicePlugin::Service {
   std::atomic<bool> stopping_{false};
 };
 
-GrpcEndpoint::GrpcEndpoint(EndpointOptions options, PluginCore& core, Metrics& metrics)
+GrpcEndpoint::GrpcEndpoint(EndpointOptions options, PluginCore& core, Metrics& metrics,
+                           const Clock& clock)
     : options_(std::move(options)),
       core_(core),
       metrics_(metrics),
+      clock_(clock),
       service_(std::make_unique<Service>(core)) {}
 
 GrpcEndpoint::~GrpcEndpoint() { Stop(); }
@@ -125,7 +125,7 @@ absl::Status GrpcEndpoint::Serve() {
 void GrpcEndpoint::StopServer() {
   if (server_ == nullptr) return;
   service_->set_stopping(true);
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server_->Shutdown(RealDeadlineAfter(absl::Seconds(2)));  // gRPC waits on real time
   server_->Wait();
   server_.reset();
 }
@@ -135,8 +135,7 @@ absl::Status GrpcEndpoint::Register() {
       grpc::CreateChannel("unix://" + kubelet_socket_path(), grpc::InsecureChannelCredentials());
   auto stub = v1beta1::Registration::NewStub(channel);
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   absl::ToChronoMilliseconds(options_.register_timeout));
+  ctx.set_deadline(RealDeadlineAfter(options_.register_timeout));  // the kubelet's real time
   v1beta1::RegisterRequest request;
   request.set_version(std::string(kDevicePluginVersion));
   request.set_endpoint(options_.socket_name);
@@ -155,28 +154,30 @@ absl::Status GrpcEndpoint::Register() {
   return absl::OkStatus();
 }
 
+void GrpcEndpoint::RegisterAndRecord() {
+  auto st = Register();
+  absl::MutexLock lock(&mu_);
+  if (st.ok()) {
+    registered_ = true;
+    ++registrations_;
+    cv_.SignalAll();
+  } else {
+    spdlog::warn("{} (retried)", std::string(st.message()));
+  }
+}
+
 absl::Status GrpcEndpoint::Start() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (started_) return absl::FailedPreconditionError("endpoint already started");
     started_ = true;
     stop_ = false;
   }
   {
-    std::lock_guard<std::mutex> lock(server_mu_);
+    absl::MutexLock lock(&server_mu_);
     if (auto st = Serve(); !st.ok()) return st;
   }
-  if (InodeOf(kubelet_socket_path()) != 0) {
-    auto st = Register();
-    std::lock_guard<std::mutex> lock(mu_);
-    if (st.ok()) {
-      registered_ = true;
-      ++registrations_;
-      cv_.notify_all();
-    } else {
-      spdlog::warn("{} (retried)", std::string(st.message()));
-    }
-  }
+  if (InodeOf(kubelet_socket_path()) != 0) RegisterAndRecord();
   watcher_ = std::thread([this] { Watch(); });
   return absl::OkStatus();
 }
@@ -186,76 +187,73 @@ void GrpcEndpoint::Watch() {
   uint64_t own_inode = InodeOf(socket_path());
   while (true) {
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, absl::ToChronoMilliseconds(options_.kubelet_poll_interval),
-                   [this] { return stop_; });
+      absl::MutexLock lock(&mu_);
+      clock_.WaitFor(cv_, mu_, options_.kubelet_poll_interval,
+                     [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; });
       if (stop_) return;
     }
-    const uint64_t kubelet_now = InodeOf(kubelet_socket_path());
-    const uint64_t own_now = InodeOf(socket_path());
-    bool reregister = false;
-    if (own_now == 0 || own_now != own_inode) {
-      // Our socket was removed (a kubelet restart cleans the directory): serve anew.
-      spdlog::info("device plugin socket {} is gone: serving again", socket_path());
-      std::lock_guard<std::mutex> lock(server_mu_);
-      StopServer();
-      if (auto st = Serve(); !st.ok()) {
-        spdlog::error("{}", std::string(st.message()));
-        continue;
-      }
-      own_inode = InodeOf(socket_path());
-      reregister = true;
-    }
-    if (kubelet_now != kubelet_inode) {
-      if (kubelet_now != 0) spdlog::info("kubelet.sock was re-created: the kubelet restarted");
-      kubelet_inode = kubelet_now;
-      reregister = true;
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (reregister) registered_ = false;
-      if (registered_ || kubelet_now == 0) continue;
-    }
-    auto st = Register();
-    std::lock_guard<std::mutex> lock(mu_);
-    if (st.ok()) {
-      registered_ = true;
-      ++registrations_;
-      cv_.notify_all();
-    } else {
-      spdlog::warn("{} (retried)", std::string(st.message()));
-    }
+    Poll(kubelet_inode, own_inode);
   }
+}
+
+void GrpcEndpoint::Poll(uint64_t& kubelet_inode, uint64_t& own_inode) {
+  const uint64_t kubelet_now = InodeOf(kubelet_socket_path());
+  const uint64_t own_now = InodeOf(socket_path());
+  bool reregister = false;
+  if (own_now == 0 || own_now != own_inode) {
+    // Our socket was removed (a kubelet restart cleans the directory): serve anew.
+    spdlog::info("device plugin socket {} is gone: serving again", socket_path());
+    absl::MutexLock lock(&server_mu_);
+    StopServer();
+    if (auto st = Serve(); !st.ok()) {
+      spdlog::error("{}", std::string(st.message()));
+      return;
+    }
+    own_inode = InodeOf(socket_path());
+    reregister = true;
+  }
+  if (kubelet_now != kubelet_inode) {
+    if (kubelet_now != 0) spdlog::info("kubelet.sock was re-created: the kubelet restarted");
+    kubelet_inode = kubelet_now;
+    reregister = true;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (reregister) registered_ = false;
+    if (registered_ || kubelet_now == 0) return;
+  }
+  RegisterAndRecord();
 }
 
 void GrpcEndpoint::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!started_) return;
     stop_ = true;
     started_ = false;
+    cv_.SignalAll();
   }
-  cv_.notify_all();
   if (watcher_.joinable()) watcher_.join();
-  std::lock_guard<std::mutex> lock(server_mu_);
+  absl::MutexLock lock(&server_mu_);
   StopServer();
   ::unlink(socket_path().c_str());
 }
 
 int GrpcEndpoint::registrations() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return registrations_;
 }
 
 bool GrpcEndpoint::registered() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return registered_;
 }
 
 bool GrpcEndpoint::WaitForRegistrations(int count, absl::Duration timeout) const {
-  std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout),
-                      [&] { return registrations_ >= count; });
+  absl::MutexLock lock(&mu_);
+  return clock_.WaitFor(cv_, mu_, timeout, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return registrations_ >= count;
+  });
 }
 
 }  // namespace dynmig::deviceplugin

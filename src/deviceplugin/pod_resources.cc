@@ -3,9 +3,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <filesystem>
 
+#include "common/clock.h"
 #include "fmt/format.h"
 #include "podresources/v1/api.grpc.pb.h"
 #include "podresources/v1alpha1/api.grpc.pb.h"
@@ -62,9 +62,8 @@ absl::StatusOr<PodResourcesList> GrpcPodResources::List() {
     }
     return absl::Status(static_cast<absl::StatusCode>(st.error_code()), message);
   };
-  auto deadline = [&] {
-    return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options_.timeout);
-  };
+  // The kubelet answers on real time, whatever clock the plugin runs on.
+  auto deadline = [&] { return RealDeadlineAfter(options_.timeout); };
   if (!v1alpha1_only_.load()) {
     auto stub = ::v1::PodResourcesLister::NewStub(channel_);
     grpc::ClientContext ctx;

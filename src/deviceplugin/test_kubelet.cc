@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -23,10 +22,6 @@ absl::Status FromGrpc(const grpc::Status& st, std::string_view what) {
   if (st.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
                       fmt::format("{}: {}", what, st.error_message()));
-}
-
-std::chrono::system_clock::time_point Deadline(absl::Duration d) {
-  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
 }
 
 // Extended resource names: "domain/name", not in the kubernetes.io domain.
@@ -117,15 +112,17 @@ class TestKubelet::RegistrationService final : public v1beta1::Registration::Ser
   TestKubelet& kubelet_;
 };
 
-TestKubelet::TestKubelet(std::string dir, std::string pod_resources_socket)
+TestKubelet::TestKubelet(std::string dir, std::string pod_resources_socket, const Clock& clock)
     : dir_(std::move(dir)),
       pod_resources_socket_(std::move(pod_resources_socket)),
+      clock_(clock),
       service_(std::make_unique<RegistrationService>(*this)),
       pod_resources_v1_(std::make_unique<PodResourcesV1>(*this)),
       pod_resources_v1alpha1_(std::make_unique<PodResourcesV1alpha1>(*this)) {}
 
 absl::StatusOr<std::unique_ptr<TestKubelet>> TestKubelet::Start(std::string dir,
-                                                                std::string pod_resources_socket) {
+                                                                std::string pod_resources_socket,
+                                                                const Clock& clock) {
   if (pod_resources_socket.empty()) pod_resources_socket = PodResourcesSocketBeside(dir);
   std::error_code ec;
   for (const std::string& d :
@@ -137,7 +134,7 @@ absl::StatusOr<std::unique_ptr<TestKubelet>> TestKubelet::Start(std::string dir,
     }
   }
   std::unique_ptr<TestKubelet> kubelet(
-      new TestKubelet(std::move(dir), std::move(pod_resources_socket)));
+      new TestKubelet(std::move(dir), std::move(pod_resources_socket), clock));
   if (auto st = kubelet->Serve(); !st.ok()) return st;
   return kubelet;
 }
@@ -145,7 +142,7 @@ absl::StatusOr<std::unique_ptr<TestKubelet>> TestKubelet::Start(std::string dir,
 TestKubelet::~TestKubelet() { Stop(); }
 
 absl::Status TestKubelet::Serve() {
-  std::lock_guard<std::mutex> lock(server_mu_);
+  absl::MutexLock lock(&server_mu_);
   const std::string path = socket_path();
   if (path.size() > 107) {
     return absl::InvalidArgumentError(fmt::format(
@@ -182,15 +179,15 @@ absl::Status TestKubelet::ServePodResources() {
 
 void TestKubelet::Stop() {
   {
-    std::lock_guard<std::mutex> lock(server_mu_);
+    absl::MutexLock lock(&server_mu_);
     if (server_ != nullptr) {
-      server_->Shutdown(Deadline(absl::Seconds(1)));
+      server_->Shutdown(RealDeadlineAfter(absl::Seconds(1)));
       server_->Wait();
       server_.reset();
       ::unlink(socket_path().c_str());
     }
     if (pod_resources_server_ != nullptr) {
-      pod_resources_server_->Shutdown(Deadline(absl::Seconds(1)));
+      pod_resources_server_->Shutdown(RealDeadlineAfter(absl::Seconds(1)));
       pod_resources_server_->Wait();
       pod_resources_server_.reset();
       ::unlink(pod_resources_socket_.c_str());
@@ -198,7 +195,7 @@ void TestKubelet::Stop() {
   }
   std::vector<std::thread> threads;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (auto& [name, plugin] : plugins_) {
       if (plugin->stream) plugin->stream->TryCancel();
       if (plugin->thread.joinable()) threads.push_back(std::move(plugin->thread));
@@ -231,25 +228,11 @@ absl::Status TestKubelet::OnRegister(const v1beta1::RegisterRequest& request) {
     return absl::InvalidArgumentError(
         fmt::format("endpoint \"{}\" must be a file name in {}", request.endpoint(), dir_));
   }
-  auto plugin = std::make_shared<Plugin>();
-  const std::string path = dir_ + "/" + request.endpoint();
-  plugin->channel = grpc::CreateChannel("unix://" + path, grpc::InsecureChannelCredentials());
-  if (!plugin->channel->WaitForConnected(Deadline(absl::Seconds(10)))) {
-    return absl::UnavailableError(fmt::format("cannot dial the plugin at {}", path));
-  }
-  plugin->stub = v1beta1::DevicePlugin::NewStub(plugin->channel);
+  auto dialed = Dial(request);
+  if (!dialed.ok()) return dialed.status();
+  std::shared_ptr<Plugin> plugin = std::move(*dialed);
   {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(Deadline(absl::Seconds(10)));
-    v1beta1::Empty empty;
-    grpc::Status st = plugin->stub->GetDevicePluginOptions(&ctx, empty, &plugin->info.options);
-    if (!st.ok()) return FromGrpc(st, "GetDevicePluginOptions");
-  }
-  plugin->info.resource_name = request.resource_name();
-  plugin->info.endpoint = request.endpoint();
-  plugin->stream = std::make_shared<grpc::ClientContext>();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = plugins_.find(request.resource_name());
     if (it != plugins_.end()) {
       if (it->second->stream) it->second->stream->TryCancel();
@@ -258,10 +241,31 @@ absl::Status TestKubelet::OnRegister(const v1beta1::RegisterRequest& request) {
     plugin->info.registrations = ++registrations_[request.resource_name()];
     plugins_[request.resource_name()] = plugin;
     plugin->thread = std::thread([this, plugin] { WatchDevices(plugin); });
+    cv_.SignalAll();
   }
-  cv_.notify_all();
-  spdlog::debug("test kubelet: registered {} at {}", request.resource_name(), path);
+  spdlog::debug("test kubelet: registered {} at {}/{}", request.resource_name(), dir_,
+                request.endpoint());
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<TestKubelet::Plugin>> TestKubelet::Dial(
+    const v1beta1::RegisterRequest& request) const {
+  auto plugin = std::make_shared<Plugin>();
+  const std::string path = dir_ + "/" + request.endpoint();
+  plugin->channel = grpc::CreateChannel("unix://" + path, grpc::InsecureChannelCredentials());
+  if (!plugin->channel->WaitForConnected(RealDeadlineAfter(absl::Seconds(10)))) {
+    return absl::UnavailableError(fmt::format("cannot dial the plugin at {}", path));
+  }
+  plugin->stub = v1beta1::DevicePlugin::NewStub(plugin->channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(RealDeadlineAfter(absl::Seconds(10)));
+  v1beta1::Empty empty;
+  grpc::Status st = plugin->stub->GetDevicePluginOptions(&ctx, empty, &plugin->info.options);
+  if (!st.ok()) return FromGrpc(st, "GetDevicePluginOptions");
+  plugin->info.resource_name = request.resource_name();
+  plugin->info.endpoint = request.endpoint();
+  plugin->stream = std::make_shared<grpc::ClientContext>();
+  return plugin;
 }
 
 void TestKubelet::WatchDevices(std::shared_ptr<Plugin> plugin) {
@@ -269,17 +273,17 @@ void TestKubelet::WatchDevices(std::shared_ptr<Plugin> plugin) {
   auto reader = plugin->stub->ListAndWatch(plugin->stream.get(), empty);
   v1beta1::ListAndWatchResponse response;
   while (reader->Read(&response)) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     plugin->info.devices.assign(response.devices().begin(), response.devices().end());
     plugin->info.stream_open = true;
     ++plugin->info.updates;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   reader->Finish();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   plugin->info.stream_open = false;
   for (auto& d : plugin->info.devices) d.set_health("Unhealthy");
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 std::shared_ptr<TestKubelet::Plugin> TestKubelet::Find(std::string_view resource) const {
@@ -290,7 +294,7 @@ std::shared_ptr<TestKubelet::Plugin> TestKubelet::Find(std::string_view resource
 
 absl::StatusOr<std::shared_ptr<TestKubelet::Plugin>> TestKubelet::Get(
     std::string_view resource) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto plugin = Find(resource);
   if (plugin == nullptr) {
     return absl::NotFoundError(fmt::format(
@@ -300,7 +304,7 @@ absl::StatusOr<std::shared_ptr<TestKubelet::Plugin>> TestKubelet::Get(
 }
 
 int TestKubelet::registrations(std::string_view resource) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (resource.empty()) {
     int total = 0;
     for (const auto& [name, n] : registrations_) total += n;
@@ -312,8 +316,8 @@ int TestKubelet::registrations(std::string_view resource) const {
 
 bool TestKubelet::WaitForRegistrations(int count, absl::Duration timeout,
                                        std::string_view resource) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout), [&] {
+  absl::MutexLock lock(&mu_);
+  return clock_.WaitFor(cv_, mu_, timeout, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     int total = 0;
     for (const auto& [name, n] : registrations_) {
       if (resource.empty() || name == resource) total += n;
@@ -323,14 +327,14 @@ bool TestKubelet::WaitForRegistrations(int count, absl::Duration timeout,
 }
 
 std::optional<KubeletPluginInfo> TestKubelet::plugin(std::string_view resource) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto p = Find(resource);
   if (p == nullptr) return std::nullopt;
   return p->info;
 }
 
 std::vector<v1beta1::Device> TestKubelet::devices(std::string_view resource) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto p = Find(resource);
   return p == nullptr ? std::vector<v1beta1::Device>{} : p->info.devices;
 }
@@ -338,15 +342,15 @@ std::vector<v1beta1::Device> TestKubelet::devices(std::string_view resource) con
 bool TestKubelet::WaitForDevices(
     const std::function<bool(const std::vector<v1beta1::Device>&)>& pred, absl::Duration timeout,
     std::string_view resource) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout), [&] {
+  absl::MutexLock lock(&mu_);
+  return clock_.WaitFor(cv_, mu_, timeout, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto p = Find(resource);
     return p != nullptr && pred(p->info.devices);
   });
 }
 
 std::vector<std::string> TestKubelet::FreeDevices(std::string_view resource) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto p = Find(resource);
   if (p == nullptr) return {};
   std::set<std::string> used;
@@ -363,12 +367,12 @@ std::vector<std::string> TestKubelet::FreeDevices(std::string_view resource) con
 
 void TestKubelet::AddPod(const std::string& pod, std::vector<std::string> containers,
                          std::vector<std::string> init_containers) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   pods_[pod] = KnownPod{std::move(containers), std::move(init_containers)};
 }
 
 PodResourcesList TestKubelet::PodResources() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   PodResourcesList out;
   for (const auto& [key, known] : pods_) {
     const size_t slash = key.find('/');
@@ -391,7 +395,7 @@ PodResourcesList TestKubelet::PodResources() const {
 }
 
 int TestKubelet::prestart_calls() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return prestart_calls_;
 }
 
@@ -401,7 +405,7 @@ absl::Status TestKubelet::PreStart(const std::string& pod, const std::string& co
   if (!plugin.ok()) return plugin.status();
   std::vector<std::string> ids;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!(*plugin)->info.options.pre_start_required()) return absl::OkStatus();
     for (const auto& a : allocations_) {
       if (a.pod == pod && a.container == container &&
@@ -430,7 +434,7 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> TestKubelet::Allocate(
   if (!plugin.ok()) return plugin.status();
   {
     // The kubelet knows the pod it admits before it asks for its devices.
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     KnownPod& known = pods_[pod];
     if (std::find(known.containers.begin(), known.containers.end(), container) ==
             known.containers.end() &&
@@ -440,7 +444,7 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> TestKubelet::Allocate(
     }
   }
   grpc::ClientContext ctx;
-  ctx.set_deadline(Deadline(absl::Seconds(60)));
+  ctx.set_deadline(RealDeadlineAfter(absl::Seconds(60)));
   v1beta1::AllocateRequest request;
   auto* c = request.add_container_requests();
   for (const auto& id : device_ids) c->add_devices_ids(id);
@@ -453,7 +457,7 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> TestKubelet::Allocate(
   }
   KubeletAllocation a{pod, container, (*plugin)->info.resource_name, device_ids,
                       response.container_responses(0)};
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   allocations_.push_back(a);
   return a.response;
 }
@@ -471,7 +475,7 @@ absl::StatusOr<KubeletAllocation> TestKubelet::AllocateCount(const std::string& 
   std::vector<std::string> ids(free.begin(), free.begin() + count);
   bool preferred = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     preferred = (*plugin)->info.options.get_preferred_allocation_available();
   }
   if (preferred) {
@@ -489,7 +493,7 @@ absl::StatusOr<std::vector<std::string>> TestKubelet::PreferredAllocation(
   auto plugin = Get(resource);
   if (!plugin.ok()) return plugin.status();
   grpc::ClientContext ctx;
-  ctx.set_deadline(Deadline(absl::Seconds(30)));
+  ctx.set_deadline(RealDeadlineAfter(absl::Seconds(30)));
   v1beta1::PreferredAllocationRequest request;
   auto* c = request.add_container_requests();
   for (const auto& id : available) c->add_available_deviceids(id);
@@ -510,7 +514,7 @@ absl::Status TestKubelet::PreStartContainer(const std::vector<std::string>& devi
   auto plugin = Get(resource);
   if (!plugin.ok()) return plugin.status();
   grpc::ClientContext ctx;
-  ctx.set_deadline(Deadline(absl::Seconds(30)));
+  ctx.set_deadline(RealDeadlineAfter(absl::Seconds(30)));
   v1beta1::PreStartContainerRequest request;
   for (const auto& id : device_ids) request.add_devices_ids(id);
   v1beta1::PreStartContainerResponse response;
@@ -519,13 +523,13 @@ absl::Status TestKubelet::PreStartContainer(const std::vector<std::string>& devi
 }
 
 void TestKubelet::ReleasePod(const std::string& pod) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::erase_if(allocations_, [&](const KubeletAllocation& a) { return a.pod == pod; });
   pods_.erase(pod);
 }
 
 std::vector<KubeletAllocation> TestKubelet::allocations() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return allocations_;
 }
 

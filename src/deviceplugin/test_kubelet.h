@@ -27,19 +27,20 @@
 // Thread-safe.
 #pragma once
 
-#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "deviceplugin/pod_resources.h"
 #include "deviceplugin/v1beta1/api.pb.h"
 
@@ -75,18 +76,20 @@ class TestKubelet {
  public:
   // Serves <dir>/kubelet.sock (dir is created; a stale kubelet.sock is replaced) and the
   // PodResources API on `pod_resources_socket` ("" = PodResourcesSocketBeside(dir)). kUnavailable
-  // when gRPC cannot listen; kInvalidArgument when a socket path is too long.
+  // when gRPC cannot listen; kInvalidArgument when a socket path is too long. The Wait* methods
+  // wait on `clock`, which must outlive the kubelet; gRPC deadlines run on real time.
   static absl::StatusOr<std::unique_ptr<TestKubelet>> Start(std::string dir,
-                                                            std::string pod_resources_socket = "");
+                                                            std::string pod_resources_socket = "",
+                                                            const Clock& clock = RealClock());
   ~TestKubelet();  // Stop()
   TestKubelet(const TestKubelet&) = delete;
   TestKubelet& operator=(const TestKubelet&) = delete;
 
   // Stops serving, ends every ListAndWatch stream, removes kubelet.sock. Idempotent.
-  void Stop();
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_, server_mu_);
   // A kubelet restart: Stop, remove every socket file of the directory (not directories or other
   // files), serve a new kubelet.sock. Registrations counted so far are kept.
-  absl::Status Restart();
+  absl::Status Restart() ABSL_LOCKS_EXCLUDED(mu_, server_mu_);
 
   const std::string& dir() const { return dir_; }
   std::string socket_path() const { return dir_ + "/kubelet.sock"; }
@@ -145,33 +148,37 @@ class TestKubelet {
   class PodResourcesV1;
   class PodResourcesV1alpha1;
 
-  TestKubelet(std::string dir, std::string pod_resources_socket);
-  absl::Status Serve();
-  absl::Status ServePodResources();
+  TestKubelet(std::string dir, std::string pod_resources_socket, const Clock& clock);
+  absl::Status Serve() ABSL_LOCKS_EXCLUDED(server_mu_);
+  absl::Status ServePodResources() ABSL_EXCLUSIVE_LOCKS_REQUIRED(server_mu_);
   // The Registration handler.
-  absl::Status OnRegister(const v1beta1::RegisterRequest& request);
-  void WatchDevices(std::shared_ptr<Plugin> plugin);
-  // REQUIRES: mu_ held.
-  std::shared_ptr<Plugin> Find(std::string_view resource) const;
-  absl::StatusOr<std::shared_ptr<Plugin>> Get(std::string_view resource) const;
+  absl::Status OnRegister(const v1beta1::RegisterRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
+  // Dials the plugin at <dir>/<endpoint> and asks for its options (both bounded).
+  absl::StatusOr<std::shared_ptr<Plugin>> Dial(const v1beta1::RegisterRequest& request) const;
+  void WatchDevices(std::shared_ptr<Plugin> plugin) ABSL_LOCKS_EXCLUDED(mu_);
+  std::shared_ptr<Plugin> Find(std::string_view resource) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::shared_ptr<Plugin>> Get(std::string_view resource) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::string dir_;
   const std::string pod_resources_socket_;
+  const Clock& clock_;
   std::unique_ptr<RegistrationService> service_;
   std::unique_ptr<PodResourcesV1> pod_resources_v1_;
   std::unique_ptr<PodResourcesV1alpha1> pod_resources_v1alpha1_;
-  std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<grpc::Server> pod_resources_server_;
-  std::mutex server_mu_;
+  absl::Mutex server_mu_;
+  std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(server_mu_);
+  std::unique_ptr<grpc::Server> pod_resources_server_ ABSL_GUARDED_BY(server_mu_);
 
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  std::map<std::string, std::shared_ptr<Plugin>> plugins_;  // by resource name
-  std::map<std::string, int> registrations_;
-  std::vector<KubeletAllocation> allocations_;
-  std::map<std::string, KnownPod> pods_;  // by "namespace/name"
-  int prestart_calls_ = 0;
-  std::vector<std::thread> retired_;  // stream threads of replaced plugins, joined on Stop
+  mutable absl::Mutex mu_;
+  mutable absl::CondVar cv_;  // signalled on every registration and ListAndWatch update
+  std::map<std::string, std::shared_ptr<Plugin>> plugins_ ABSL_GUARDED_BY(mu_);  // by resource name
+  std::map<std::string, int> registrations_ ABSL_GUARDED_BY(mu_);
+  std::vector<KubeletAllocation> allocations_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, KnownPod> pods_ ABSL_GUARDED_BY(mu_);  // by "namespace/name"
+  int prestart_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  // Stream threads of replaced plugins, joined on Stop.
+  std::vector<std::thread> retired_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace dynmig::deviceplugin

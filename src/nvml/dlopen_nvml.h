@@ -12,10 +12,10 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "nvml/nvml.h"
 
 namespace dynmig::nvml {
@@ -68,7 +68,7 @@ class DlopenNvml final : public Nvml {
   void* handle_ = nullptr;
   std::unique_ptr<Api> api_;
   std::string driver_version_;
-  std::mutex mutate_mu_;  // serializes create/destroy
+  absl::Mutex mutate_mu_;  // serializes create/destroy (NVML's own state, nothing of ours)
 };
 
 }  // namespace dynmig::nvml

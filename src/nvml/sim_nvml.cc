@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <thread>
 
 #include "fmt/format.h"
 #include "fmt/ranges.h"
@@ -75,10 +74,9 @@ uint64_t ReadGeneration(int fd) {
   return gen;
 }
 
-std::chrono::milliseconds LatencyOf(const sim::State& s, std::string_view op) {
+absl::Duration LatencyOf(const sim::State& s, std::string_view op) {
   auto it = s.latency_ms.find(op);
-  return it == s.latency_ms.end() ? std::chrono::milliseconds(0)
-                                  : std::chrono::milliseconds(it->second);
+  return it == s.latency_ms.end() ? absl::ZeroDuration() : absl::Milliseconds(it->second);
 }
 
 bool HasFaultFor(const sim::State& s, std::string_view op) {
@@ -105,11 +103,9 @@ absl::Status CheckOperation(std::string_view op) {
 
 }  // namespace
 
-SimNvml::SimNvml(SimNvmlOptions options) : options_(std::move(options)) {
-  if (!options_.sleep) {
-    options_.sleep = [](std::chrono::milliseconds d) { std::this_thread::sleep_for(d); };
-  }
-}
+SimNvml::SimNvml(SimNvmlOptions options)
+    : options_(std::move(options)),
+      clock_(options_.clock != nullptr ? *options_.clock : RealClock()) {}
 
 SimNvml::~SimNvml() {
   if (lock_fd_ >= 0) close(lock_fd_);
@@ -122,7 +118,7 @@ absl::StatusOr<std::unique_ptr<SimNvml>> SimNvml::Create(SimNvmlOptions options)
 }
 
 absl::Status SimNvml::Init() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const std::string& path = options_.state_file;
   if (path.empty()) {
     if (options_.spec.empty()) {
@@ -277,10 +273,10 @@ template <typename T>
 absl::StatusOr<T> SimNvml::Call(std::string_view op, std::optional<uint32_t> gpu, bool mutating,
                                 std::string_view context,
                                 const std::function<absl::StatusOr<T>(sim::State&)>& fn) {
-  std::chrono::milliseconds latency{0};
+  absl::Duration latency = absl::ZeroDuration();
   absl::Duration modelled = absl::ZeroDuration();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (auto st = Refresh(false); !st.ok()) return st;
     latency = LatencyOf(*state_, op);
     const std::optional<mig::NvmlOp> reconfig = ReconfigurationOf(op);
@@ -289,14 +285,41 @@ absl::StatusOr<T> SimNvml::Call(std::string_view op, std::optional<uint32_t> gpu
     }
   }
   // The latency model: one reconfiguration of a GPU at a time, held until it is applied.
-  std::unique_lock<std::mutex> gpu_lock;
   if (modelled > absl::ZeroDuration() && *gpu < gpu_mu_.size()) {
-    gpu_lock = std::unique_lock<std::mutex>(gpu_mu_[*gpu]);
-    latency += absl::ToChronoMilliseconds(modelled);
+    absl::MutexLock gpu_lock(&gpu_mu_[*gpu]);
+    clock_.SleepFor(latency + modelled);
+    return Apply<T>(op, gpu, mutating, context, fn);
   }
-  if (latency.count() > 0) options_.sleep(latency);
+  if (latency > absl::ZeroDuration()) clock_.SleepFor(latency);
+  return Apply<T>(op, gpu, mutating, context, fn);
+}
 
-  std::lock_guard<std::mutex> lock(mu_);
+std::optional<NvmlReturn> SimNvml::CountFaults(std::string_view op, std::optional<uint32_t> gpu,
+                                               bool counted, bool& changed) {
+  std::optional<NvmlReturn> injected;
+  for (auto it = state_->faults.begin(); it != state_->faults.end();) {
+    if (it->op != op || (it->gpu.has_value() && it->gpu != gpu) || !counted) {
+      ++it;
+      continue;
+    }
+    changed = true;
+    ++it->calls;
+    const bool fires = it->calls >= it->nth && (it->times == 0 || it->calls < it->nth + it->times);
+    if (fires && !injected.has_value()) injected = it->code;
+    if (it->times != 0 && it->calls >= it->nth + it->times - 1) {
+      it = state_->faults.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return injected;
+}
+
+template <typename T>
+absl::StatusOr<T> SimNvml::Apply(std::string_view op, std::optional<uint32_t> gpu, bool mutating,
+                                 std::string_view context,
+                                 const std::function<absl::StatusOr<T>(sim::State&)>& fn) {
+  absl::MutexLock lock(&mu_);
   if (auto st = Refresh(false); !st.ok()) return st;
   const bool file_backed = !options_.state_file.empty();
   FileLock file_lock;
@@ -308,23 +331,9 @@ absl::StatusOr<T> SimNvml::Call(std::string_view op, std::optional<uint32_t> gpu
   }
   // Faults first: an injected failure changes nothing but the fault counters. (A fault another
   // process injected between our check and now counts from the next call.)
-  std::optional<NvmlReturn> injected;
   bool faults_changed = false;
-  for (auto it = state_->faults.begin(); it != state_->faults.end();) {
-    if (it->op != op || (it->gpu.has_value() && it->gpu != gpu) || (file_backed && !locked)) {
-      ++it;
-      continue;
-    }
-    faults_changed = true;
-    ++it->calls;
-    const bool fires = it->calls >= it->nth && (it->times == 0 || it->calls < it->nth + it->times);
-    if (fires && !injected.has_value()) injected = it->code;
-    if (it->times != 0 && it->calls >= it->nth + it->times - 1) {
-      it = state_->faults.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  const std::optional<NvmlReturn> injected =
+      CountFaults(op, gpu, /*counted=*/!file_backed || locked, faults_changed);
   if (injected.has_value()) {
     if (faults_changed && file_backed) {
       if (auto st = Save(*state_); !st.ok()) return st;
@@ -370,7 +379,7 @@ std::string SimNvml::Description() const {
 }
 
 std::string SimNvml::spec() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return state_->spec;
 }
 

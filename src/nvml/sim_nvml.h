@@ -24,6 +24,9 @@
 // at a time (an assumption: the driver applies one MIG reconfiguration of a GPU at a time); calls
 // on different GPUs overlap.
 //
+// Delays (injected latency and the latency model) are sleeps on SimNvmlOptions::clock, so a test
+// with a FakeClock decides when they end.
+//
 // Thread-safe: calls on one object are serialized by a mutex; objects and processes sharing a
 // state file are serialized by the file lock.
 #pragma once
@@ -33,14 +36,16 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "mig/catalogue.h"
 #include "mig/nvml_latency.h"
 #include "nvml/nvml.h"
@@ -91,8 +96,9 @@ struct SimNvmlOptions {
   std::string seed = "dynmig-sim";
   // GPUs (by index) that report GI ids in the swapped-halves layout. Used when creating the state.
   std::vector<uint32_t> swapped_halves_gpus;
-  // Sleeps for injected latency; default std::this_thread::sleep_for.
-  std::function<void(std::chrono::milliseconds)> sleep;
+  // The clock the delays sleep on (injected latency, the latency model); must outlive the
+  // simulator. null = RealClock().
+  const Clock* clock = &RealClock();
   // fsync the state file and its directory on every save (crash safety). Tests that create
   // thousands of instances turn it off; the rename keeps every save atomic either way.
   bool fsync = true;
@@ -191,30 +197,46 @@ class SimNvml final : public Nvml {
     bool operator==(const FileStamp&) const = default;
   };
 
-  absl::Status Init();
-  // Reloads the state file if it changed (or always, with force). REQUIRES: mu_ held.
-  absl::Status Refresh(bool force);
-  // Writes state atomically and bumps the generation. REQUIRES: mu_ and the file lock held.
-  absl::Status Save(const sim::State& state);
+  absl::Status Init() ABSL_LOCKS_EXCLUDED(mu_);
+  // Reloads the state file if it changed (or always, with force).
+  absl::Status Refresh(bool force) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes state atomically and bumps the generation. The file lock must be held too.
+  absl::Status Save(const sim::State& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<FileStamp> CurrentStamp();
 
-  // Runs one operation: latency, fault counting, then fn on the state (a copy for mutations,
-  // committed and saved only when fn succeeds).
+  // Runs one operation: latency (sleeping on the clock, holding the GPU's reconfiguration lock
+  // when the latency model applies), then Apply.
   template <typename T>
   absl::StatusOr<T> Call(std::string_view op, std::optional<uint32_t> gpu, bool mutating,
                          std::string_view context,
-                         const std::function<absl::StatusOr<T>(sim::State&)>& fn);
+                         const std::function<absl::StatusOr<T>(sim::State&)>& fn)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The operation after its delay: fault counting, then fn on the state (a copy for mutations,
+  // committed and saved only when fn succeeds).
+  template <typename T>
+  absl::StatusOr<T> Apply(std::string_view op, std::optional<uint32_t> gpu, bool mutating,
+                          std::string_view context,
+                          const std::function<absl::StatusOr<T>(sim::State&)>& fn)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Counts this call of `op` against the faults that apply to it (`counted`: whether faults are
+  // counted now; a file-backed state counts only under the file lock). Returns the code of a
+  // fault that fires; sets `changed` when a counter moved.
+  std::optional<NvmlReturn> CountFaults(std::string_view op, std::optional<uint32_t> gpu,
+                                        bool counted, bool& changed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CallStatus(std::string_view op, std::optional<uint32_t> gpu,
                           std::string_view context,
                           const std::function<absl::Status(sim::State&)>& fn);
 
   SimNvmlOptions options_;
-  mutable std::mutex mu_;
-  std::unique_ptr<sim::State> state_;  // guarded by mu_
-  FileStamp stamp_;                    // guarded by mu_; of the loaded file
-  int lock_fd_ = -1;                   // "<state>.lock", open for the object's lifetime
-  // One MIG reconfiguration per GPU at a time, while the latency model delays it.
-  std::array<std::mutex, 32> gpu_mu_;
+  const Clock& clock_;
+  mutable absl::Mutex mu_;
+  std::unique_ptr<sim::State> state_ ABSL_GUARDED_BY(mu_) ABSL_PT_GUARDED_BY(mu_);
+  FileStamp stamp_ ABSL_GUARDED_BY(mu_);  // of the loaded file
+  int lock_fd_ = -1;  // "<state>.lock", opened by Init, open for the object's lifetime
+  // One MIG reconfiguration per GPU at a time, while the latency model delays it. Acquired
+  // before mu_.
+  std::array<absl::Mutex, 32> gpu_mu_;
 };
 
 }  // namespace dynmig::nvml

@@ -1,6 +1,7 @@
 // Registration, ListAndWatch, re-registration after a kubelet restart, node publication.
 #include <filesystem>
 
+#include "common/clock.h"
 #include "dp_test_util.h"
 #include "protocol/node_register.h"
 
@@ -20,6 +21,17 @@ class KubeletTest : public PluginTest {
  protected:
   // GPU 0 is an A100 (allowlisted), GPU 1 an A30 (not).
   std::string Spec() const override { return "A100-SXM4-40GBx1,A30x1"; }
+
+  // The plugin's clock in the tests of (re-)registration: its kubelet watcher looks at the
+  // directory only when the test moves this clock by a poll interval.
+  FakeClock clock_{absl::Now()};
+  void UseFakeClock(DevicePluginOptions& o) { o.clock = &clock_; }
+  // Once the plugin's loop and its kubelet watcher wait on the clock, moves it one poll interval:
+  // the watcher looks at the directory once.
+  void PollKubelet() {
+    ASSERT_TRUE(clock_.AwaitWaiters(2)) << "the plugin's loop and watcher do not wait on the clock";
+    clock_.Advance(Options().kubelet_poll_interval);
+  }
 };
 
 TEST_F(KubeletTest, RegistersAndListsSevenReplicasPerAllowlistedGpu) {
@@ -73,10 +85,14 @@ TEST_F(KubeletTest, PublishesTheNodeRegisterAndARecentHandshake) {
 }
 
 TEST_F(KubeletTest, ReRegistersWhenTheKubeletRestarts) {
-  StartPlugin();
+  StartPlugin([this](DevicePluginOptions& o) { UseFakeClock(o); });
   const std::string socket = plugin_->endpoint().socket_path();
   ASSERT_TRUE(std::filesystem::exists(socket));
   DP_ASSERT_OK(kubelet_->Restart());  // removes every socket, ours included
+  // The watcher notices at its next poll, not before.
+  EXPECT_FALSE(kubelet_->WaitForRegistrations(2, absl::Milliseconds(100)));
+  EXPECT_FALSE(std::filesystem::exists(socket));
+  PollKubelet();
   ASSERT_TRUE(kubelet_->WaitForRegistrations(2, absl::Seconds(10)));
   EXPECT_TRUE(plugin_->endpoint().WaitForRegistrations(2, absl::Seconds(10)));
   EXPECT_TRUE(kubelet_->WaitForDevices(
@@ -93,6 +109,7 @@ TEST_F(KubeletTest, ReRegistersWhenTheKubeletRestarts) {
 TEST_F(KubeletTest, RegistersWhenTheKubeletComesUpLater) {
   kubelet_->Stop();
   DevicePluginOptions o = Options();
+  UseFakeClock(o);
   plugin_sim_ = OpenSim("");
   auto plugin = DevicePlugin::Start(std::move(o), *plugin_sim_, *plugin_kube_);
   ASSERT_TRUE(plugin.ok()) << plugin.status();
@@ -100,6 +117,7 @@ TEST_F(KubeletTest, RegistersWhenTheKubeletComesUpLater) {
   EXPECT_FALSE(plugin_->endpoint().registered());
   auto restarted = kubelet_->Restart();
   ASSERT_TRUE(restarted.ok()) << restarted;
+  PollKubelet();
   EXPECT_TRUE(kubelet_->WaitForRegistrations(1, absl::Seconds(10)));
   EXPECT_TRUE(
       kubelet_->WaitForDevices([](const auto& d) { return d.size() == 7; }, absl::Seconds(10)));

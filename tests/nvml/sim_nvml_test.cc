@@ -7,15 +7,15 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <thread>
 
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "nvml_test_util.h"
 
 namespace dynmig::nvml {
@@ -23,6 +23,77 @@ namespace {
 
 using testing::IsNvmlError;
 using testing::TempStateFile;
+
+// A simulated clock (FakeClock) that records the simulator's sleeps. `instant`: a sleep moves the
+// simulated time by its length and returns at once; otherwise it lasts until the test advances
+// the time past it.
+class SleepLog final : public Clock {
+ public:
+  explicit SleepLog(bool instant) : instant_(instant) {}
+
+  absl::Time Now() const override { return fake_.Now(); }
+  absl::Duration Monotonic() const override { return fake_.Monotonic(); }
+  bool WaitUntil(absl::CondVar& cv, absl::Mutex& mu, absl::Duration monotonic_deadline,
+                 absl::FunctionRef<bool()> done) const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return fake_.WaitUntil(cv, mu, monotonic_deadline, done);
+  }
+  void SleepFor(absl::Duration d) const override {
+    bool instant = false;
+    {
+      absl::MutexLock lock(&mu_);
+      slept_.push_back(d);
+      most_ = std::max(most_, ++inside_);
+      instant = instant_;
+    }
+    if (instant) {
+      fake_.Advance(d);
+    } else {
+      fake_.SleepFor(d);
+    }
+    absl::MutexLock lock(&mu_);
+    --inside_;
+  }
+
+  FakeClock& fake() { return fake_; }
+  std::vector<absl::Duration> slept() const {
+    absl::MutexLock lock(&mu_);
+    return slept_;
+  }
+  void clear() {
+    absl::MutexLock lock(&mu_);
+    slept_.clear();
+    most_ = 0;
+  }
+  // The most sleeps that were under way at once.
+  int most() const {
+    absl::MutexLock lock(&mu_);
+    return most_;
+  }
+  void set_instant(bool instant) {
+    absl::MutexLock lock(&mu_);
+    instant_ = instant;
+  }
+  // Waits (real time) until `n` sleeps began since the last clear(); whether they did.
+  bool AwaitSlept(size_t n, absl::Duration real_timeout) const {
+    absl::MutexLock lock(&mu_);
+    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return slept_.size() >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&done), real_timeout);
+  }
+  // Waits (real time) until `n` sleeps are under way at once; whether they are.
+  bool AwaitInside(int n, absl::Duration real_timeout) const {
+    absl::MutexLock lock(&mu_);
+    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return inside_ >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&done), real_timeout);
+  }
+
+ private:
+  mutable FakeClock fake_;
+  mutable absl::Mutex mu_;
+  bool instant_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<absl::Duration> slept_ ABSL_GUARDED_BY(mu_);
+  mutable int inside_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable int most_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 std::unique_ptr<SimNvml> MakeSim(const std::string& spec, const std::string& state = "",
                                  std::vector<uint32_t> swapped = {}) {
@@ -385,25 +456,27 @@ TEST(SimFaultTest, RejectsBadFaults) {
 
 TEST(SimFaultTest, LatencyDelaysOnlyItsOperationAndPersists) {
   TempStateFile state;
-  std::vector<std::chrono::milliseconds> slept;
+  SleepLog clock(/*instant=*/true);
   SimNvmlOptions o = testing::SimOptions("A30x1", state.path());
-  o.sleep = [&](std::chrono::milliseconds d) { slept.push_back(d); };
+  o.clock = &clock;
   ASSERT_OK_AND_ASSIGN(auto sim, SimNvml::Create(o));
   ASSERT_OK(sim->SetLatency("CreateGpuInstance", std::chrono::milliseconds(250)));
   const auto& p = Profile("A30", "1g.6gb");
+  const absl::Duration start = clock.Monotonic();
   ASSERT_OK(sim->CreateGpuInstance(0, p.nvml_id, {0, 1}).status());
   ASSERT_OK(sim->ListGpuInstances(0).status());
-  EXPECT_EQ(slept, (std::vector<std::chrono::milliseconds>{std::chrono::milliseconds(250)}));
+  EXPECT_EQ(clock.slept(), (std::vector<absl::Duration>{absl::Milliseconds(250)}));
+  EXPECT_EQ(clock.Monotonic() - start, absl::Milliseconds(250));
   // Another process sees the latency.
-  std::vector<std::chrono::milliseconds> other_slept;
+  SleepLog other_clock(/*instant=*/true);
   SimNvmlOptions o2 = testing::SimOptions("", state.path());
-  o2.sleep = [&](std::chrono::milliseconds d) { other_slept.push_back(d); };
+  o2.clock = &other_clock;
   ASSERT_OK_AND_ASSIGN(auto other, SimNvml::Create(o2));
   ASSERT_OK(other->CreateGpuInstance(0, p.nvml_id, {1, 1}).status());
-  EXPECT_EQ(other_slept.size(), 1u);
+  EXPECT_EQ(other_clock.slept().size(), 1u);
   ASSERT_OK(sim->SetLatency("CreateGpuInstance", std::chrono::milliseconds(0)));
   ASSERT_OK(other->CreateGpuInstance(0, p.nvml_id, {2, 1}).status());
-  EXPECT_EQ(other_slept.size(), 1u);
+  EXPECT_EQ(other_clock.slept().size(), 1u);
 }
 
 // --- Layouts and model rules -----------------------------------------------------------------
@@ -544,20 +617,16 @@ namespace {
 
 // The latency model: GI/CI create and destroy take the GPU model's time; other calls none.
 TEST(SimLatencyModelTest, ReconfigurationsTakeTheModelsTimePerModel) {
-  std::mutex mu;
-  std::vector<std::chrono::milliseconds> slept;
+  SleepLog clock(/*instant=*/true);
   SimNvmlOptions o;
   o.spec = "A30x1,A100-SXM4-40GBx1";
-  o.sleep = [&](std::chrono::milliseconds d) {
-    std::lock_guard<std::mutex> lock(mu);
-    slept.push_back(d);
-  };
+  o.clock = &clock;
   auto latency = mig::ParseNvmlLatency(
       "create-gi=250ms,create-ci=50ms,destroy-ci=20ms,destroy-gi=30ms,A30:create-gi=100ms");
   ASSERT_TRUE(latency.ok()) << latency.status();
   o.latency = *latency;
   ASSERT_OK_AND_ASSIGN(auto sim, SimNvml::Create(o));
-  using std::chrono::milliseconds;
+  using Ms = std::vector<absl::Duration>;
   const auto& a30 = Profile("A30", "1g.6gb");
   ASSERT_OK_AND_ASSIGN(const auto gi, sim->CreateGpuInstance(0, a30.nvml_id, {0, 1}));
   ASSERT_OK_AND_ASSIGN(const auto ci, sim->CreateComputeInstance(0, gi.id));
@@ -565,16 +634,16 @@ TEST(SimLatencyModelTest, ReconfigurationsTakeTheModelsTimePerModel) {
   ASSERT_OK(sim->GetMigDeviceUuid(0, gi.id, ci.id).status());
   ASSERT_OK(sim->DestroyComputeInstance(0, gi.id, ci.id));
   ASSERT_OK(sim->DestroyGpuInstance(0, gi.id));
-  EXPECT_EQ(slept, (std::vector<milliseconds>{milliseconds(100), milliseconds(50), milliseconds(20),
-                                              milliseconds(30)}));
-  slept.clear();
+  EXPECT_EQ(clock.slept(), (Ms{absl::Milliseconds(100), absl::Milliseconds(50),
+                               absl::Milliseconds(20), absl::Milliseconds(30)}));
+  clock.clear();
   const auto& a100 = Profile("A100-SXM4-40GB", "1g.5gb");
   ASSERT_OK_AND_ASSIGN(const auto gi2, sim->CreateGpuInstance(1, a100.nvml_id, {0, 1}));
-  EXPECT_EQ(slept, (std::vector<milliseconds>{milliseconds(250)}));
+  EXPECT_EQ(clock.slept(), (Ms{absl::Milliseconds(250)}));
   // A failed call still took its time (the driver was asked).
-  slept.clear();
+  clock.clear();
   EXPECT_FALSE(sim->CreateGpuInstance(1, a100.nvml_id, {0, 1}).ok());
-  EXPECT_EQ(slept, (std::vector<milliseconds>{milliseconds(250)}));
+  EXPECT_EQ(clock.slept(), (Ms{absl::Milliseconds(250)}));
   (void)gi2;
 }
 
@@ -582,45 +651,49 @@ TEST(SimLatencyModelTest, ReconfigurationsTakeTheModelsTimePerModel) {
 TEST(SimLatencyModelTest, OneReconfigurationPerGpuAtATime) {
   SimNvmlOptions o;
   o.spec = "A100-SXM4-40GBx2";
-  std::mutex mu;
-  std::condition_variable cv;
-  int inside = 0, most = 0;
-  bool wait_for_pair = false;
-  o.sleep = [&](std::chrono::milliseconds d) {
-    std::unique_lock<std::mutex> lock(mu);
-    most = std::max(most, ++inside);
-    cv.notify_all();
-    if (wait_for_pair) {
-      cv.wait_for(lock, std::chrono::seconds(10), [&] { return inside >= 2; });
-    } else {
-      lock.unlock();
-      std::this_thread::sleep_for(d);
-      lock.lock();
-    }
-    --inside;
-  };
+  SleepLog clock(/*instant=*/false);  // each delay lasts until the test moves the time
+  o.clock = &clock;
   ASSERT_OK_AND_ASSIGN(o.latency, mig::ParseNvmlLatency("create-gi=20ms"));
   ASSERT_OK_AND_ASSIGN(auto sim, SimNvml::Create(o));
   const auto& p = Profile("A100-SXM4-40GB", "1g.5gb");
+  // Ends every delay (now and later), so that no thread is left waiting when a check failed.
+  auto release = [&] {
+    clock.set_instant(true);
+    clock.fake().Advance(absl::Hours(1));
+  };
   std::vector<std::thread> threads;
   for (uint32_t s : {0u, 1u, 2u}) {
     threads.emplace_back([&, s] {
       EXPECT_TRUE(sim->CreateGpuInstance(0, p.nvml_id, {s, 1}).ok());
     });
   }
+  for (size_t round = 1; round <= 3; ++round) {
+    // The round's reconfiguration is inside its delay ...
+    EXPECT_TRUE(clock.AwaitSlept(round, absl::Seconds(10)));
+    EXPECT_TRUE(clock.fake().AwaitWaiters(1));
+    // ... and the others, given a moment, do not start theirs.
+    EXPECT_FALSE(clock.AwaitInside(2, absl::Milliseconds(50)))
+        << "two reconfigurations of GPU 0 ran at once";
+    clock.fake().Advance(absl::Milliseconds(20));
+  }
+  if (HasFailure()) release();
   for (auto& t : threads) t.join();
-  EXPECT_EQ(most, 1) << "two reconfigurations of GPU 0 ran at once";
-  // One on each GPU: each waits inside its delay until the other is inside too.
-  most = 0;
-  wait_for_pair = true;
+  EXPECT_EQ(clock.most(), 1) << "two reconfigurations of GPU 0 ran at once";
+  // One on each GPU: both are inside their delay before the time moves.
+  clock.clear();
   threads.clear();
   for (uint32_t g : {0u, 1u}) {
     threads.emplace_back([&, g] {
       EXPECT_TRUE(sim->CreateGpuInstance(g, p.nvml_id, {4, 1}).ok());
     });
   }
+  EXPECT_TRUE(clock.AwaitInside(2, absl::Seconds(10)))
+      << "reconfigurations of different GPUs did not overlap";
+  EXPECT_TRUE(clock.fake().AwaitWaiters(2));
+  clock.fake().Advance(absl::Milliseconds(20));
+  if (HasFailure()) release();
   for (auto& t : threads) t.join();
-  EXPECT_EQ(most, 2) << "reconfigurations of different GPUs did not overlap";
+  EXPECT_EQ(clock.most(), 2) << "reconfigurations of different GPUs did not overlap";
   ASSERT_OK_AND_ASSIGN(auto gis, sim->ListGpuInstances(0));
   EXPECT_EQ(gis.size(), 4u);
 }
