@@ -46,8 +46,9 @@ int StopSignals::Wait() {
 // it did not rebuild every command.
 void RegisterChaosCommand(CLI::App& root, CliContext& ctx);
 
-int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  CliContext ctx{out, err};
+int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
+           const Clock& clock) {
+  CliContext ctx{out, err, clock};
   CLI::App app{"dynmig: dynamic MIG for Kubernetes", "dynmig"};
   app.require_subcommand(1);
   app.fallthrough();

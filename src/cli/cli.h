@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/clock.h"
 
 namespace CLI {
 class App;
@@ -31,11 +32,14 @@ inline constexpr int kExitBadInput = 2;  // bad flags or input; nothing was chan
 struct CliContext {
   std::ostream& out;
   std::ostream& err;
+  // The clock the commands run on: the entry point's (RealClock()), or a test's.
+  const Clock& clock;
   int exit_code = kExitOk;
 };
 
-// Runs `dynmig args...` (args excludes the program name) and returns the exit code.
-int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+// Runs `dynmig args...` (args excludes the program name) on `clock` and returns the exit code.
+int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
+           const Clock& clock = RealClock());
 
 // Registration functions, one per subcommand file.
 void RegisterConfigCommand(CLI::App& root, CliContext& ctx);

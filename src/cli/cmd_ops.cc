@@ -9,7 +9,6 @@
 #include <memory>
 #include <ostream>
 
-#include "absl/time/clock.h"
 #include "cli/cli.h"
 #include "cli/render.h"
 #include "fmt/format.h"
@@ -163,7 +162,7 @@ int RunInventoryCommand(const InventoryFlags& f, CliContext& ctx) {
   auto nvml = MakeNvml(f.nvml_endpoint, f.nvml_timeout, error);
   if (!error.ok()) return Fail(ctx, "inventory", error);
   ops::InventoryOptions options{f.out, f.force, Query(f.common)};
-  auto out = ops::RunInventory(*s->client, nvml.get(), options, absl::Now());
+  auto out = ops::RunInventory(*s->client, nvml.get(), options, ctx.clock.Now());
   if (!out.ok()) return Fail(ctx, "inventory", out.status());
   Print(ctx, s->format, out->json, out->text);
   return kExitOk;
@@ -185,7 +184,7 @@ int RunPreflightCommand(const PreflightFlags& f, CliContext& ctx) {
   int code = kExitOk;
   auto s = Open(ctx, "preflight", f.common, code);
   if (!s) return code;
-  auto report = ops::RunPreflight(*s->client, {f.node, Query(f.common)}, absl::Now());
+  auto report = ops::RunPreflight(*s->client, {f.node, Query(f.common)}, ctx.clock.Now());
   if (!report.ok()) return Fail(ctx, "preflight", report.status());
   return PrintReport(ctx, s->format, *report);
 }
@@ -234,7 +233,7 @@ int RunValidateCommand(ValidateFlags f, CliContext& ctx) {
       ctx.err << line << std::endl;
     };
   }
-  auto report = ops::RunValidate(*s->client, nvml.get(), options, absl::Now());
+  auto report = ops::RunValidate(*s->client, nvml.get(), options, ctx.clock);
   if (!report.ok()) return Fail(ctx, "validate", report.status());
   if (s->format == ops::OutputFormat::kText) report->notes.clear();  // already on stderr
   return PrintReport(ctx, s->format, *report);
@@ -256,7 +255,7 @@ int RunExplainCommand(const ExplainFlags& f, CliContext& ctx) {
   options.ns = f.ns;
   options.pod = f.pod;
   options.config = Query(f.common);
-  auto out = ops::RunExplain(*s->client, options, Painter(), absl::Now());
+  auto out = ops::RunExplain(*s->client, options, Painter(), ctx.clock.Now());
   if (!out.ok()) return Fail(ctx, "explain", out.status());
   Print(ctx, s->format, out->json, out->text);
   return kExitOk;
@@ -272,7 +271,7 @@ int RunLayoutCommand(const LayoutFlags& f, CliContext& ctx) {
   int code = kExitOk;
   auto s = Open(ctx, "layout", f.common, code);
   if (!s) return code;
-  const absl::Time now = absl::Now();
+  const absl::Time now = ctx.clock.Now();
   auto snap = ops::TakeSnapshot(*s->client, now);
   if (!snap.ok()) return Fail(ctx, "layout", snap.status());
   if (!f.node.empty() && snap->FindNode(f.node) == nullptr) {
@@ -320,7 +319,7 @@ int RunDefragCommand(const DefragFlags& f, CliContext& ctx) {
   options.node = f.node;
   options.config = Query(f.common);
   options.alternatives = f.alternatives;
-  auto out = ops::RunDefrag(*s->client, options, Painter(), absl::Now());
+  auto out = ops::RunDefrag(*s->client, options, Painter(), ctx.clock.Now());
   if (!out.ok()) return Fail(ctx, "defrag", out.status());
   Print(ctx, s->format, out->json, out->text);
   return kExitOk;
@@ -398,7 +397,7 @@ int RunRollbackCommand(const RollbackFlags& f, const std::string& verb, CliConte
   options.nvml = nvml.get();
   options.instances_file = f.instances;
   options.endpoint = endpoint.get();
-  const absl::Time now = absl::Now();
+  const absl::Time now = ctx.clock.Now();
   if (verb == "plan") {
     auto out = ops::RunRollbackPlan(*s->client, options, now);
     if (!out.ok()) return Fail(ctx, command, out.status());
@@ -417,6 +416,135 @@ int RunRollbackCommand(const RollbackFlags& f, const std::string& verb, CliConte
   return out->refused ? kExitFailure : kExitOk;
 }
 
+// ---- registration, one function per command ----
+
+void RegisterInventory(CLI::App& root, CliContext& ctx) {
+  auto f = std::make_shared<InventoryFlags>();
+  CLI::App* cmd = root.add_subcommand(
+      "inventory",
+      "Back up the device ConfigMap, MIG node annotations and labels, active MIG "
+      "pods and each node's NVML view before migrating");
+  AddCommon(cmd, f->common, false);
+  cmd->add_option("--out", f->out, "directory to write (must not exist or be empty)")->required();
+  cmd->add_flag("--force", f->force, "write into a non-empty directory, overwriting files");
+  cmd->add_option("--nvml-endpoint", f->nvml_endpoint,
+                  "URL template of the device plugin's NVML view: {node} = node address, "
+                  "{name} = node name; empty = do not fetch")
+      ->capture_default_str();
+  cmd->add_option("--nvml-timeout", f->nvml_timeout, "per-node timeout")->capture_default_str();
+  cmd->callback([f, &ctx] { ctx.exit_code = RunInventoryCommand(*f, ctx); });
+}
+
+void RegisterPreflight(CLI::App& root, CliContext& ctx) {
+  auto f = std::make_shared<PreflightFlags>();
+  CLI::App* cmd = root.add_subcommand(
+      "preflight", "Can a node be handed over to dynamic MIG? Each blocker with evidence");
+  AddCommon(cmd, f->common);
+  cmd->add_option("--node", f->node, "the node to check (default: every GPU node)");
+  cmd->callback([f, &ctx] { ctx.exit_code = RunPreflightCommand(*f, ctx); });
+}
+
+void RegisterValidate(CLI::App& root, CliContext& ctx) {
+  auto f = std::make_shared<ValidateFlags>();
+  CLI::App* cmd = root.add_subcommand(
+      "validate",
+      "The migration guide's validation checklist; --canary runs a MIG pod through "
+      "its lifecycle");
+  AddCommon(cmd, f->common);
+  cmd->add_option("--node", f->node, "the node to validate (default: every registered node)");
+  cmd->add_flag("--canary", f->canary,
+                "create the mig-canary pod, check it, delete it and check the release");
+  cmd->add_option("--timeout", f->timeout, "bound of each canary wait")->capture_default_str();
+  cmd->add_option("--canary-poll", f->poll, "interval between the canary's API reads")
+      ->capture_default_str();
+  cmd->add_option("--nvml-endpoint", f->nvml_endpoint,
+                  "URL template of the device plugin's NVML view ({node}, {name}); empty = "
+                  "compare with the catalogue")
+      ->capture_default_str();
+  cmd->add_option("--nvml-timeout", f->nvml_timeout, "per-request timeout")->capture_default_str();
+  cmd->add_option("--canary-name", f->canary_options.name)->capture_default_str();
+  cmd->add_option("--canary-namespace", f->canary_options.ns)->capture_default_str();
+  cmd->add_option("--canary-image", f->canary_options.image)->capture_default_str();
+  cmd->add_option("--canary-gpumem", f->canary_options.gpumem_mib,
+                  "MiB asked by the canary (NVML memory is below the nominal profile size)")
+      ->capture_default_str();
+  cmd->add_option("--canary-scheduler-name", f->canary_options.scheduler_name,
+                  "spec.schedulerName of the canary (default: left to the webhook)");
+  cmd->callback([f, &ctx] { ctx.exit_code = RunValidateCommand(*f, ctx); });
+}
+
+void RegisterExplain(CLI::App& root, CliContext& ctx) {
+  auto f = std::make_shared<ExplainFlags>();
+  CLI::App* cmd = root.add_subcommand(
+      "explain", "Why a pod is pending, or where it was placed, and what would make it fit");
+  AddCommon(cmd, f->common);
+  cmd->add_option("-n,--namespace", f->ns, "the pod's namespace")->capture_default_str();
+  cmd->add_option("pod", f->pod, "the pod's name")->required();
+  cmd->callback([f, &ctx] { ctx.exit_code = RunExplainCommand(*f, ctx); });
+}
+
+void RegisterLayout(CLI::App& root, CliContext& ctx) {
+  auto f = std::make_shared<LayoutFlags>();
+  CLI::App* cmd = root.add_subcommand(
+      "layout", "The slices of every GPU and who holds them (terminal picture, JSON, HTML)");
+  AddCommon(cmd, f->common);
+  cmd->add_option("--node", f->node, "only this node");
+  cmd->add_option("--html", f->html,
+                  "also write a self-contained HTML page to this file ('-': print it instead)");
+  cmd->callback([f, &ctx] { ctx.exit_code = RunLayoutCommand(*f, ctx); });
+}
+
+void RegisterDefrag(CLI::App& root, CliContext& ctx) {
+  auto f = std::make_shared<DefragFlags>();
+  CLI::App* cmd = root.add_subcommand(
+      "defrag", "The fewest pods whose move would let a profile fit (a plan; never executed)");
+  AddCommon(cmd, f->common);
+  cmd->add_option("--for", f->profile, "profile (3g.20gb) or slice class (3g)")->required();
+  cmd->add_option("--node", f->node, "only this node (default: every node not cordoned)");
+  cmd->add_option("--alternatives", f->alternatives, "further plans shown")->capture_default_str();
+  cmd->callback([f, &ctx] { ctx.exit_code = RunDefragCommand(*f, ctx); });
+}
+
+void RegisterRollback(CLI::App& root, CliContext& ctx) {
+  CLI::App* rollback = root.add_subcommand(
+      "rollback",
+      "Roll a node back from dynamic MIG to its fixed geometry, from a `dynmig inventory` "
+      "backup: plan, check, apply");
+  rollback->require_subcommand(1);
+  const std::vector<std::pair<std::string, std::string>> verbs = {
+      {"plan", "The steps for this node, each with its command and the check that proves it"},
+      {"check",
+       "Run every proof (PASS/FAIL with evidence); refuses while anything dynamic remains"},
+      {"apply",
+       "After check's safety items pass: restore the backup's ConfigMaps and MIG Manager "
+       "labels, and the fixed geometry through NVML; says what changed"}};
+  for (const auto& [verb, help] : verbs) {
+    auto f = std::make_shared<RollbackFlags>();
+    CLI::App* cmd = rollback->add_subcommand(verb, help);
+    AddCommon(cmd, f->common, false, false);
+    cmd->add_option("--node", f->node, "the node to roll back")->required();
+    cmd->add_option("--backup", f->backup, "the directory `dynmig inventory --out` wrote")
+        ->required();
+    cmd->add_option("--geometry", f->geometry,
+                    "the fixed geometry to reapply, as `dynmig nvml instances -o json` prints it "
+                    "(default: the backup's NVML view of the node)");
+    cmd->add_flag("--on-node", f->on_node,
+                  "read (apply: recreate) the node's MIG instances through NVML here, on the node");
+    cmd->add_option("--nvml-library", f->library, "with --on-node")->capture_default_str();
+    cmd->add_option("--sim-state", f->sim_state,
+                    "use the simulator's state file as the node's NVML (dynmig local)");
+    cmd->add_option("--instances", f->instances,
+                    "the node's instances as `dynmig nvml instances -o json` printed them there");
+    cmd->add_option("--nvml-endpoint", f->nvml_endpoint,
+                    "dynmig's device-plugin NVML view ({node}, {name}): answering means it still "
+                    "runs; empty = do not probe")
+        ->capture_default_str();
+    cmd->add_option("--nvml-timeout", f->nvml_timeout, "probe timeout")->capture_default_str();
+    const std::string v = verb;
+    cmd->callback([f, v, &ctx] { ctx.exit_code = RunRollbackCommand(*f, v, ctx); });
+  }
+}
+
 }  // namespace
 
 std::string RenderLayoutText(const std::vector<scheduler::NodeReport>& nodes) {
@@ -424,129 +552,13 @@ std::string RenderLayoutText(const std::vector<scheduler::NodeReport>& nodes) {
 }
 
 void RegisterOpsCommands(CLI::App& root, CliContext& ctx) {
-  {
-    auto f = std::make_shared<InventoryFlags>();
-    CLI::App* cmd = root.add_subcommand(
-        "inventory",
-        "Back up the device ConfigMap, MIG node annotations and labels, active MIG "
-        "pods and each node's NVML view before migrating");
-    AddCommon(cmd, f->common, false);
-    cmd->add_option("--out", f->out, "directory to write (must not exist or be empty)")->required();
-    cmd->add_flag("--force", f->force, "write into a non-empty directory, overwriting files");
-    cmd->add_option("--nvml-endpoint", f->nvml_endpoint,
-                    "URL template of the device plugin's NVML view: {node} = node address, "
-                    "{name} = node name; empty = do not fetch")
-        ->capture_default_str();
-    cmd->add_option("--nvml-timeout", f->nvml_timeout, "per-node timeout")->capture_default_str();
-    cmd->callback([f, &ctx] { ctx.exit_code = RunInventoryCommand(*f, ctx); });
-  }
-  {
-    auto f = std::make_shared<PreflightFlags>();
-    CLI::App* cmd = root.add_subcommand(
-        "preflight", "Can a node be handed over to dynamic MIG? Each blocker with evidence");
-    AddCommon(cmd, f->common);
-    cmd->add_option("--node", f->node, "the node to check (default: every GPU node)");
-    cmd->callback([f, &ctx] { ctx.exit_code = RunPreflightCommand(*f, ctx); });
-  }
-  {
-    auto f = std::make_shared<ValidateFlags>();
-    CLI::App* cmd = root.add_subcommand(
-        "validate",
-        "The migration guide's validation checklist; --canary runs a MIG pod through "
-        "its lifecycle");
-    AddCommon(cmd, f->common);
-    cmd->add_option("--node", f->node, "the node to validate (default: every registered node)");
-    cmd->add_flag("--canary", f->canary,
-                  "create the mig-canary pod, check it, delete it and check the release");
-    cmd->add_option("--timeout", f->timeout, "bound of each canary wait")->capture_default_str();
-    cmd->add_option("--canary-poll", f->poll, "interval between the canary's API reads")
-        ->capture_default_str();
-    cmd->add_option("--nvml-endpoint", f->nvml_endpoint,
-                    "URL template of the device plugin's NVML view ({node}, {name}); empty = "
-                    "compare with the catalogue")
-        ->capture_default_str();
-    cmd->add_option("--nvml-timeout", f->nvml_timeout, "per-request timeout")
-        ->capture_default_str();
-    cmd->add_option("--canary-name", f->canary_options.name)->capture_default_str();
-    cmd->add_option("--canary-namespace", f->canary_options.ns)->capture_default_str();
-    cmd->add_option("--canary-image", f->canary_options.image)->capture_default_str();
-    cmd->add_option("--canary-gpumem", f->canary_options.gpumem_mib,
-                    "MiB asked by the canary (NVML memory is below the nominal profile size)")
-        ->capture_default_str();
-    cmd->add_option("--canary-scheduler-name", f->canary_options.scheduler_name,
-                    "spec.schedulerName of the canary (default: left to the webhook)");
-    cmd->callback([f, &ctx] { ctx.exit_code = RunValidateCommand(*f, ctx); });
-  }
-  {
-    auto f = std::make_shared<ExplainFlags>();
-    CLI::App* cmd = root.add_subcommand(
-        "explain", "Why a pod is pending, or where it was placed, and what would make it fit");
-    AddCommon(cmd, f->common);
-    cmd->add_option("-n,--namespace", f->ns, "the pod's namespace")->capture_default_str();
-    cmd->add_option("pod", f->pod, "the pod's name")->required();
-    cmd->callback([f, &ctx] { ctx.exit_code = RunExplainCommand(*f, ctx); });
-  }
-  {
-    auto f = std::make_shared<LayoutFlags>();
-    CLI::App* cmd = root.add_subcommand(
-        "layout", "The slices of every GPU and who holds them (terminal picture, JSON, HTML)");
-    AddCommon(cmd, f->common);
-    cmd->add_option("--node", f->node, "only this node");
-    cmd->add_option("--html", f->html,
-                    "also write a self-contained HTML page to this file ('-': print it instead)");
-    cmd->callback([f, &ctx] { ctx.exit_code = RunLayoutCommand(*f, ctx); });
-  }
-  {
-    auto f = std::make_shared<DefragFlags>();
-    CLI::App* cmd = root.add_subcommand(
-        "defrag", "The fewest pods whose move would let a profile fit (a plan; never executed)");
-    AddCommon(cmd, f->common);
-    cmd->add_option("--for", f->profile, "profile (3g.20gb) or slice class (3g)")->required();
-    cmd->add_option("--node", f->node, "only this node (default: every node not cordoned)");
-    cmd->add_option("--alternatives", f->alternatives, "further plans shown")
-        ->capture_default_str();
-    cmd->callback([f, &ctx] { ctx.exit_code = RunDefragCommand(*f, ctx); });
-  }
-  {
-    CLI::App* rollback = root.add_subcommand(
-        "rollback",
-        "Roll a node back from dynamic MIG to its fixed geometry, from a `dynmig inventory` "
-        "backup: plan, check, apply");
-    rollback->require_subcommand(1);
-    const std::vector<std::pair<std::string, std::string>> verbs = {
-        {"plan", "The steps for this node, each with its command and the check that proves it"},
-        {"check",
-         "Run every proof (PASS/FAIL with evidence); refuses while anything dynamic remains"},
-        {"apply",
-         "After check's safety items pass: restore the backup's ConfigMaps and MIG Manager "
-         "labels, and the fixed geometry through NVML; says what changed"}};
-    for (const auto& [verb, help] : verbs) {
-      auto f = std::make_shared<RollbackFlags>();
-      CLI::App* cmd = rollback->add_subcommand(verb, help);
-      AddCommon(cmd, f->common, false, false);
-      cmd->add_option("--node", f->node, "the node to roll back")->required();
-      cmd->add_option("--backup", f->backup, "the directory `dynmig inventory --out` wrote")
-          ->required();
-      cmd->add_option("--geometry", f->geometry,
-                      "the fixed geometry to reapply, as `dynmig nvml instances -o json` prints it "
-                      "(default: the backup's NVML view of the node)");
-      cmd->add_flag(
-          "--on-node", f->on_node,
-          "read (apply: recreate) the node's MIG instances through NVML here, on the node");
-      cmd->add_option("--nvml-library", f->library, "with --on-node")->capture_default_str();
-      cmd->add_option("--sim-state", f->sim_state,
-                      "use the simulator's state file as the node's NVML (dynmig local)");
-      cmd->add_option("--instances", f->instances,
-                      "the node's instances as `dynmig nvml instances -o json` printed them there");
-      cmd->add_option("--nvml-endpoint", f->nvml_endpoint,
-                      "dynmig's device-plugin NVML view ({node}, {name}): answering means it still "
-                      "runs; empty = do not probe")
-          ->capture_default_str();
-      cmd->add_option("--nvml-timeout", f->nvml_timeout, "probe timeout")->capture_default_str();
-      const std::string v = verb;
-      cmd->callback([f, v, &ctx] { ctx.exit_code = RunRollbackCommand(*f, v, ctx); });
-    }
-  }
+  RegisterInventory(root, ctx);
+  RegisterPreflight(root, ctx);
+  RegisterValidate(root, ctx);
+  RegisterExplain(root, ctx);
+  RegisterLayout(root, ctx);
+  RegisterDefrag(root, ctx);
+  RegisterRollback(root, ctx);
 }
 
 }  // namespace dynmig::cli

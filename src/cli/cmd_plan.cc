@@ -11,6 +11,7 @@
 #include "mig/planner.h"
 #include "mig/sizing.h"
 #include "nlohmann/json.hpp"
+#include "protocol/annotations.h"
 
 namespace dynmig::cli {
 namespace {
@@ -253,8 +254,9 @@ void RegisterPlanCommand(CLI::App& root, CliContext& ctx) {
                   "Reserved instances, comma-separated PROFILE@START (3g.20gb@4)");
   cmd->add_option("--request", opts->request,
                   "Memory of each instance in MiB (or N% of the GPU), comma-separated");
-  cmd->add_option("--prefer", opts->prefer,
-                  "nvidia.com/mig-profile-preference value (4g or 4g.20gb,3g)");
+  cmd->add_option(
+      "--prefer", opts->prefer,
+      std::string(protocol::kMigProfilePreferenceAnnotation) + " value (4g or 4g.20gb,3g)");
   cmd->add_option("-o,--output", opts->output, "text or json")
       ->check(CLI::IsMember({"text", "json"}));
   cmd->add_flag("--demo", opts->demo, "Walk through a sequence of plans on an A100-40GB");

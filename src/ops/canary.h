@@ -22,13 +22,14 @@
 //
 // Only the Kubernetes API (and the NVML view endpoint) is used, so the same flow runs against a
 // real cluster, the local mode, or a test's in-memory API server with a fake kubelet. Waits poll
-// the API with `poll` between reads, bounded by `timeout` each; `sleep` and `clock` are injectable.
+// the API with `poll` between reads, bounded by `timeout` each, on the clock RunCanary is given.
 #pragma once
 
 #include <functional>
 #include <string>
 
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "kube/kube_client.h"
 #include "ops/nvml_view.h"
 #include "ops/report.h"
@@ -46,16 +47,15 @@ struct CanaryOptions {
   absl::Duration timeout = absl::Minutes(2);
   absl::Duration poll = absl::Milliseconds(500);
   int64_t delete_grace_seconds = 5;
-  std::function<void(absl::Duration)> sleep;         // default absl::SleepFor
-  std::function<absl::Time()> clock;                 // default absl::Now
   std::function<void(const std::string&)> progress;  // one line per step as it happens; optional
 };
 
 // The canary pod object.
 kube::Object CanaryPod(const CanaryOptions& options, const protocol::ResourceNames& resources);
 
-// Runs the lifecycle, appending items (and a step log in report.notes) to `report`.
+// Runs the lifecycle, appending items (and a step log in report.notes) to `report`. Waits and the
+// step log's times use `clock` (monotonic time; the snapshots are taken at its wall time).
 void RunCanary(kube::KubeClient& client, NvmlSource* nvml, const CanaryOptions& options,
-               const protocol::DeviceConfig& config, CheckReport& report);
+               const protocol::DeviceConfig& config, const Clock& clock, CheckReport& report);
 
 }  // namespace dynmig::ops

@@ -52,11 +52,6 @@ std::string PodNode(const kube::Object& pod) {
   return kube::NodeName(pod);
 }
 
-bool IsTerminated(const kube::Object& pod) {
-  const std::string phase = kube::Phase(pod);
-  return phase == "Succeeded" || phase == "Failed";
-}
-
 std::string PodLine(const kube::Object& pod) {
   std::string phase = kube::Phase(pod);
   if (phase.empty()) phase = "Unknown";
@@ -151,7 +146,17 @@ bool IsCordoned(const kube::Object& node) {
 std::map<std::string, std::string> MigLabels(const kube::Object& node) {
   std::map<std::string, std::string> out;
   for (const auto& [k, v] : kube::Labels(node)) {
-    if (k.rfind("nvidia.com/mig", 0) == 0) out.emplace(k, v);
+    if (k.rfind(protocol::kMigLabelPrefix, 0) == 0) out.emplace(k, v);
+  }
+  return out;
+}
+
+std::map<std::string, std::string> NvidiaResources(const nlohmann::json& obj, const char* field) {
+  std::map<std::string, std::string> out;
+  const auto it = obj.find(field);
+  if (it == obj.end() || !it->is_object()) return out;
+  for (const auto& [k, v] : it->items()) {
+    if (k.rfind(protocol::kNvidiaKeyPrefix, 0) == 0 && v.is_string()) out[k] = v.get<std::string>();
   }
   return out;
 }

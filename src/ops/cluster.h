@@ -2,8 +2,9 @@
 // device config (`device-config.yaml` in a ConfigMap, or a file), and the scheduler's own view of
 // MIG capacity rebuilt from them (scheduler::ClusterState, the same code the extender runs).
 //
-// Also the small helpers every command shares: which node a pod is on, whether it is active,
-// which MIG identities it carries (current or legacy), which nodes are GPU nodes.
+// Also the small helpers every command shares: which node a pod is on, which MIG identities it
+// carries (current or legacy), which nodes are GPU nodes. (kube::IsTerminated says whether a pod
+// has ended.)
 // Thread-compatible.
 #pragma once
 
@@ -16,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kube/kube_client.h"
+#include "nlohmann/json.hpp"
 #include "protocol/annotations.h"
 #include "protocol/device_config.h"
 #include "protocol/mig_allocations.h"
@@ -46,8 +48,6 @@ absl::StatusOr<ClusterSnapshot> TakeSnapshot(kube::KubeClient& client, absl::Tim
 
 // hami.io/vgpu-node, else spec.nodeName; "" when unscheduled.
 std::string PodNode(const kube::Object& pod);
-// status.phase Succeeded or Failed.
-bool IsTerminated(const kube::Object& pod);
 // "namespace/name".
 std::string PodKey(const kube::Object& pod);
 // "namespace/name (Phase)", ", terminating" added while it is being deleted.
@@ -66,8 +66,12 @@ bool IsGpuNode(const kube::Object& node);
 // status.addresses: InternalIP, else Hostname, else the node name.
 std::string NodeAddress(const kube::Object& node);
 bool IsCordoned(const kube::Object& node);  // spec.unschedulable
-// Labels starting with "nvidia.com/mig" (nvidia.com/mig.config, .state, mig.strategy, ...).
+// Labels starting with protocol::kMigLabelPrefix (nvidia.com/mig.config, .state, mig.strategy,
+// ...).
 std::map<std::string, std::string> MigLabels(const kube::Object& node);
+// The string values under `field` of `obj` whose keys start with protocol::kNvidiaKeyPrefix: the
+// GPU resources of a node's status ("capacity", "allocatable") or of a backup's node record.
+std::map<std::string, std::string> NvidiaResources(const nlohmann::json& obj, const char* field);
 
 // --- device config --------------------------------------------------------------------------
 

@@ -2,8 +2,6 @@
 
 #include <curl/curl.h>
 
-#include <mutex>
-
 #include "common/bounded_json.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"

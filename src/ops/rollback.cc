@@ -10,6 +10,7 @@
 #include "common/bounded_json.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
+#include "ops/checks.h"
 #include "ops/cluster.h"
 #include "ops/inventory.h"
 #include "protocol/annotations.h"
@@ -19,16 +20,19 @@
 #include "protocol/pod_request.h"
 
 namespace dynmig::ops {
+
+// The node's instances now, from the option given; nullopt + why when there is none.
+struct CurrentInstances {
+  std::optional<NvmlView> view;
+  std::string origin;
+  std::string error;
+};
+
 namespace {
 
 namespace fs = std::filesystem;
 using kube::Object;
 using nlohmann::json;
-
-// Labels through which MIG Manager applies a geometry (mig.config.state is MIG Manager's own).
-constexpr std::string_view kMigConfigLabel = "nvidia.com/mig.config";
-constexpr std::string_view kMigConfigStateLabel = "nvidia.com/mig.config.state";
-constexpr std::string_view kMigManagerDeployLabel = "nvidia.com/gpu.deploy.mig-manager";
 
 // The safety items: while one FAILs the rollback is refused.
 constexpr std::array<std::string_view, 7> kSafetyChecks = {
@@ -147,17 +151,6 @@ bool IsDevicePluginPod(const Object& pod) {
   return kube::Name(pod).rfind("dynmig-device-plugin", 0) == 0;
 }
 
-// The resources map of a node record or a node's status ("capacity" / "allocatable").
-std::map<std::string, std::string> GpuResources(const json& obj, const char* field) {
-  std::map<std::string, std::string> out;
-  const auto it = obj.find(field);
-  if (it == obj.end() || !it->is_object()) return out;
-  for (const auto& [k, v] : it->items()) {
-    if (k.rfind("nvidia.com/", 0) == 0 && v.is_string()) out[k] = v.get<std::string>();
-  }
-  return out;
-}
-
 std::map<std::string, std::string> StringMap(const json& obj, const char* field) {
   std::map<std::string, std::string> out;
   const auto it = obj.find(field);
@@ -179,8 +172,10 @@ std::optional<std::string> MapValue(const std::map<std::string, std::string>& m,
 // MIG Manager managed (the backup has one of them).
 std::vector<std::string_view> RestoredLabels(const RollbackBackup& b) {
   const auto labels = StringMap(b.node_record, "labels");
-  if (!MapValue(labels, kMigConfigLabel) && !MapValue(labels, kMigManagerDeployLabel)) return {};
-  return {kMigConfigLabel, kMigManagerDeployLabel};
+  if (!MapValue(labels, protocol::kMigConfigLabel) &&
+      !MapValue(labels, protocol::kMigManagerDeployLabel))
+    return {};
+  return {protocol::kMigConfigLabel, protocol::kMigManagerDeployLabel};
 }
 
 std::string Show(const std::optional<std::string>& v) { return v ? "=" + *v : " absent"; }
@@ -196,12 +191,6 @@ json ConfigMapData(const Object& cm) {
   return it != cm.end() && it->is_object() ? *it : json::object();
 }
 
-// The node's instances now, from the option given; nullopt + why when there is none.
-struct CurrentInstances {
-  std::optional<NvmlView> view;
-  std::string origin;
-  std::string error;
-};
 CurrentInstances ReadCurrent(const RollbackOptions& o) {
   CurrentInstances c;
   if (o.nvml != nullptr) {
@@ -278,7 +267,8 @@ absl::StatusOr<RollbackBackup> LoadRollbackBackup(const std::string& dir, const 
         node_file.string()));
   }
   b.node_record = std::move(*rec);
-  if (auto v = MapValue(StringMap(b.node_record, "labels"), kMigConfigLabel)) b.mig_config = *v;
+  if (auto v = MapValue(StringMap(b.node_record, "labels"), protocol::kMigConfigLabel))
+    b.mig_config = *v;
 
   if (fs::is_directory(root / "configmaps", ec)) {
     std::vector<fs::path> files;
@@ -364,236 +354,366 @@ absl::StatusOr<NvmlView> ReadNvmlInstances(nvml::Nvml& nvml) {
   return view;
 }
 
-absl::StatusOr<RollbackCheck> RunRollbackCheck(kube::KubeClient& client,
-                                               const RollbackOptions& options, absl::Time now) {
-  if (options.node.empty()) return absl::InvalidArgumentError("--node: a node name is required");
-  auto backup = LoadRollbackBackup(options.backup_dir, options.node, options.geometry_file);
-  if (!backup.ok()) return backup.status();
-  auto snap = TakeSnapshot(client, now);
-  if (!snap.ok()) return snap.status();
-  const Object* node = snap->FindNode(options.node);
-  if (node == nullptr) {
-    return absl::NotFoundError(fmt::format("node \"{}\" not found", options.node));
+// What `rollback check` reads beside the snapshot, once, before its checks run.
+struct RollbackFacts {
+  const RollbackBackup* backup = nullptr;
+  CurrentInstances current;
+  // dynmig's device-plugin NVML endpoint probed (null endpoint: not probed).
+  std::optional<NvmlResult> endpoint;
+  // The backup's ConfigMaps as the cluster has them now (nullopt: missing).
+  std::vector<std::optional<Object>> configmaps;
+};
+
+namespace {
+
+// Reads what the checks need beyond the snapshot. Errors: a ConfigMap read that fails other than
+// kNotFound.
+absl::StatusOr<RollbackFacts> ReadRollbackFacts(kube::KubeClient& client,
+                                                const RollbackOptions& options,
+                                                const RollbackBackup& backup, const Object& node) {
+  RollbackFacts f;
+  f.backup = &backup;
+  f.current = ReadCurrent(options);
+  if (options.endpoint != nullptr) f.endpoint = FetchNvmlView(*options.endpoint, node);
+  for (const auto& cm : backup.configmaps) {
+    auto now_cm = client.Get(kube::Resource::kConfigMaps, kube::Namespace(cm), kube::Name(cm));
+    if (!now_cm.ok()) {
+      if (!absl::IsNotFound(now_cm.status())) return now_cm.status();
+      f.configmaps.push_back(std::nullopt);
+    } else {
+      f.configmaps.push_back(std::move(*now_cm));
+    }
   }
-  const std::string name = options.node;
-  RollbackCheck out;
-  CheckReport& r = out.report;
-  r.command = "rollback check";
+  return f;
+}
+
+// A reservation of a dynamic-MIG pod, as the reservations proof lists it.
+std::string ReservationLine(const Object& pod, const protocol::MigAllocation& a) {
+  return fmt::format(
+      "{}: {} at slices {} of {}{}", PodKey(pod), a.profile, Place(a.placement), a.gpu_uuid,
+      a.runtime ? fmt::format(" ({}, GI {}, CI {})", a.runtime->mig_uuid,
+                              a.runtime->gpu_instance_id, a.runtime->compute_instance_id)
+                : "");
+}
+
+// The node's active dynamic-MIG pods: they carry a reservation, or request MIG without holding
+// legacy identities alone.
+std::vector<const Object*> DynamicPodsOf(const CheckInput& in) {
   const protocol::ResourceNames resources;
-
-  // 1. Cordoned.
-  if (IsCordoned(*node)) {
-    r.Add("cordoned", name, CheckStatus::kPass, "the node is cordoned (spec.unschedulable)");
-  } else {
-    r.Add("cordoned", name, CheckStatus::kFail,
-          "the node is schedulable: new pods can land on it mid-rollback",
-          {fmt::format("kubectl cordon {}", name)});
+  std::vector<const Object*> out;
+  for (const Object* p : in.pods) {
+    const bool allocs = kube::Annotation(*p, protocol::kMigAllocationsAnnotation).has_value();
+    const bool legacy_only = !LegacyIdentities(*p).empty() && !allocs;
+    if (legacy_only || (!allocs && !protocol::IsMigPod(*p, resources))) continue;
+    out.push_back(p);
   }
+  return out;
+}
 
-  // 2. Dynamic-MIG pods and their reservations.
-  std::vector<std::string> pods, reservations;
-  for (const auto& p : snap->pods) {
-    if (IsTerminated(p) || PodNode(p) != name) continue;
-    const auto allocs = kube::Annotation(p, protocol::kMigAllocationsAnnotation);
-    const bool legacy_only = !LegacyIdentities(p).empty() && !allocs;
-    if (legacy_only || (!allocs && !protocol::IsMigPod(p, resources))) continue;
-    pods.push_back(PodLine(p));
+// The held-slices evidence of the instances proof; true when the node publishes held slices.
+bool HeldSlicesEvidence(const Object& node, std::vector<std::string>& evidence) {
+  auto held = kube::Annotation(node, protocol::kNodeHeldSlicesAnnotation);
+  if (!held || held->empty() || *held == "[]") return false;
+  auto decoded = protocol::DecodeHeldSlices(*held);
+  if (decoded.ok()) {
+    for (const auto& h : *decoded) {
+      evidence.push_back(fmt::format("{} holds {} at slices {} of {}: {}",
+                                     protocol::kNodeHeldSlicesAnnotation, h.profile,
+                                     Place(h.placement), h.gpu_uuid, h.reason));
+    }
+  } else {
+    evidence.push_back(fmt::format("{}={}", protocol::kNodeHeldSlicesAnnotation, *held));
+  }
+  return true;
+}
+
+// The legacy-registration proof's comparison of GPU resources with the backup's.
+void CompareGpuResources(const CheckInput& in, std::vector<std::string>& evidence,
+                         std::vector<std::string>& problems) {
+  const RollbackBackup& backup = *in.rollback->backup;
+  const auto status_it = in.node->find("status");
+  const json status =
+      status_it != in.node->end() && status_it->is_object() ? *status_it : json::object();
+  auto have = NvidiaResources(status, "allocatable");
+  if (have.empty()) have = NvidiaResources(status, "capacity");
+  auto want = NvidiaResources(backup.node_record, "allocatable");
+  if (want.empty()) want = NvidiaResources(backup.node_record, "capacity");
+  if (want.empty()) {
+    bool any = false;
+    for (const auto& [k, v] : have) {
+      any = any || (v != "0" && (k == protocol::kResourceCount ||
+                                 k.rfind(protocol::kMigResourcePrefix, 0) == 0));
+    }
+    if (!any) {
+      problems.push_back(fmt::format("no {} or {}* resource is allocatable",
+                                     protocol::kResourceCount, protocol::kMigResourcePrefix));
+    }
+    evidence.push_back(fmt::format(
+        "the backup records no GPU resources (an older inventory): any {} or {}* resource counts",
+        protocol::kResourceCount, protocol::kMigResourcePrefix));
+  }
+  for (const auto& [k, v] : want) {
+    if (v == "0") continue;
+    const auto now_v = MapValue(have, k);
+    if (!now_v || *now_v == "0") {
+      problems.push_back(fmt::format("{}: backup {}, now {}", k, v, now_v.value_or("absent")));
+    } else {
+      evidence.push_back(fmt::format("{}: backup {}, now {}", k, v, *now_v));
+    }
+  }
+}
+
+// The legacy-registration proof's look at the register annotation against the backup's.
+void CompareRegister(const CheckInput& in, std::vector<std::string>& evidence,
+                     std::vector<std::string>& problems) {
+  const RollbackBackup& backup = *in.rollback->backup;
+  const auto reg = kube::Annotation(*in.node, protocol::kNodeRegisterAnnotation);
+  const json saved_findings = backup.node_record.value("registerLegacyFormat", json::array());
+  if (!BackupHasRegister(backup)) {
+    if (reg) {
+      problems.push_back(fmt::format(
+          "{} is still on the node: the backup had none, so it is dynmig's (dynmig rollback "
+          "apply removes it)",
+          protocol::kNodeRegisterAnnotation));
+    }
+  } else if (!reg) {
+    problems.push_back(fmt::format("{} is absent: the legacy device plugin has not registered",
+                                   protocol::kNodeRegisterAnnotation));
+  } else if (saved_findings.is_array() && !saved_findings.empty()) {
+    if (protocol::DetectLegacyNodeRegister(*reg).empty()) {
+      problems.push_back(fmt::format(
+          "{} is in dynmig's format, the backup's was the legacy template format: the legacy "
+          "device plugin has not registered yet",
+          protocol::kNodeRegisterAnnotation));
+    } else {
+      evidence.push_back(fmt::format("{} is in the legacy template format, as in the backup",
+                                     protocol::kNodeRegisterAnnotation));
+    }
+  } else {
+    evidence.push_back(fmt::format("{} present", protocol::kNodeRegisterAnnotation));
+  }
+}
+
+}  // namespace
+
+namespace checks {
+
+bool DynamicPods(const CheckInput& in, CheckReport& report) {
+  std::vector<std::string> pods;
+  for (const Object* p : DynamicPodsOf(in)) pods.push_back(PodLine(*p));
+  if (pods.empty()) {
+    report.Add("dynamic-pods", in.node_name, CheckStatus::kPass,
+               "no active dynamic-MIG pod on the node");
+    return true;
+  }
+  const size_t n = pods.size();
+  pods.push_back(fmt::format(
+      "drain them while dynmig's device plugin still runs (it reclaims their instances): "
+      "kubectl drain {} --ignore-daemonsets --delete-emptydir-data",
+      in.node_name));
+  report.Add("dynamic-pods", in.node_name, CheckStatus::kFail,
+             fmt::format("{} active dynamic-MIG pod{} on the node", n, n == 1 ? "" : "s"),
+             std::move(pods));
+  return true;
+}
+
+bool Reservations(const CheckInput& in, CheckReport& report) {
+  std::vector<std::string> reservations;
+  for (const Object* p : DynamicPodsOf(in)) {
+    const auto allocs = kube::Annotation(*p, protocol::kMigAllocationsAnnotation);
     if (!allocs) continue;
     auto decoded = protocol::DecodeMigAllocations(*allocs);
     if (!decoded.ok()) {
-      reservations.push_back(fmt::format("{}: unreadable {} ({})", PodKey(p),
+      reservations.push_back(fmt::format("{}: unreadable {} ({})", PodKey(*p),
                                          protocol::kMigAllocationsAnnotation,
                                          std::string(decoded.status().message())));
       continue;
     }
-    for (const auto& a : *decoded) {
-      reservations.push_back(fmt::format(
-          "{}: {} at slices {} of {}{}", PodKey(p), a.profile, Place(a.placement), a.gpu_uuid,
-          a.runtime ? fmt::format(" ({}, GI {}, CI {})", a.runtime->mig_uuid,
-                                  a.runtime->gpu_instance_id, a.runtime->compute_instance_id)
-                    : ""));
-    }
-  }
-  if (pods.empty()) {
-    r.Add("dynamic-pods", name, CheckStatus::kPass, "no active dynamic-MIG pod on the node");
-  } else {
-    const size_t n = pods.size();
-    pods.push_back(fmt::format(
-        "drain them while dynmig's device plugin still runs (it reclaims their instances): "
-        "kubectl drain {} --ignore-daemonsets --delete-emptydir-data",
-        name));
-    r.Add("dynamic-pods", name, CheckStatus::kFail,
-          fmt::format("{} active dynamic-MIG pod{} on the node", n, n == 1 ? "" : "s"),
-          std::move(pods));
+    for (const auto& a : *decoded) reservations.push_back(ReservationLine(*p, a));
   }
   if (reservations.empty()) {
-    r.Add("reservations", name, CheckStatus::kPass,
-          fmt::format("no pod holds a {} reservation on the node",
-                      protocol::kMigAllocationsAnnotation));
-  } else {
-    const size_t n = reservations.size();
-    r.Add("reservations", name, CheckStatus::kFail,
-          fmt::format("{} dynamic-MIG reservation{} on the node", n, n == 1 ? "" : "s"),
-          std::move(reservations));
+    report.Add("reservations", in.node_name, CheckStatus::kPass,
+               fmt::format("no pod holds a {} reservation on the node",
+                           protocol::kMigAllocationsAnnotation));
+    return true;
   }
+  const size_t n = reservations.size();
+  report.Add("reservations", in.node_name, CheckStatus::kFail,
+             fmt::format("{} dynamic-MIG reservation{} on the node", n, n == 1 ? "" : "s"),
+             std::move(reservations));
+  return true;
+}
 
-  // 3. dynmig's MIG service.
-  const auto service = kube::Label(*node, kMigServiceLabel);
+bool MigService(const CheckInput& in, CheckReport& report) {
+  const auto service = kube::Label(*in.node, protocol::kMigServiceLabel);
   if (service && *service == kMigServiceLabelValue) {
-    r.Add("mig-service", name, CheckStatus::kFail,
-          fmt::format("the node still carries {}={}: dynmig's device-plugin DaemonSet keeps "
-                      "serving it",
-                      kMigServiceLabel, kMigServiceLabelValue),
-          {fmt::format("kubectl label node {} {}-", name, kMigServiceLabel)});
+    report.Add(
+        "mig-service", in.node_name, CheckStatus::kFail,
+        fmt::format("the node still carries {}={}: dynmig's device-plugin DaemonSet keeps "
+                    "serving it",
+                    protocol::kMigServiceLabel, kMigServiceLabelValue),
+        {fmt::format("kubectl label node {} {}-", in.node_name, protocol::kMigServiceLabel)});
   } else {
-    r.Add("mig-service", name, CheckStatus::kPass,
-          fmt::format("the node does not carry {}={} (the device-plugin DaemonSet leaves it)",
-                      kMigServiceLabel, kMigServiceLabelValue));
+    report.Add("mig-service", in.node_name, CheckStatus::kPass,
+               fmt::format("the node does not carry {}={} (the device-plugin DaemonSet leaves it)",
+                           protocol::kMigServiceLabel, kMigServiceLabelValue));
   }
-  {
-    std::vector<std::string> running, evidence;
-    for (const auto& p : snap->pods) {
-      if (!IsTerminated(p) && kube::NodeName(p) == name && IsDevicePluginPod(p)) {
-        running.push_back("dynmig device-plugin pod on the node: " + PodLine(p));
-      }
-    }
-    if (options.endpoint != nullptr) {
-      NvmlResult nv = FetchNvmlView(*options.endpoint, *node);
-      if (nv.document.ok()) {
-        running.push_back(
-            fmt::format("its NVML view still answers at {}: the plugin still runs", nv.url));
-      } else {
-        evidence.push_back(fmt::format("NVML view at {}: not answering ({})", nv.url,
-                                       std::string(nv.document.status().message())));
-      }
-    } else {
-      evidence.push_back("NVML view endpoint not probed (--nvml-endpoint '')");
-    }
-    if (auto hs = kube::Annotation(*node, protocol::kNodeHandshakeAnnotation)) {
-      evidence.push_back(fmt::format("{}: {}", protocol::kNodeHandshakeAnnotation, *hs));
-    }
-    if (running.empty()) {
-      r.Add("device-plugin", name, CheckStatus::kPass,
-            "dynmig's device plugin does not run on the node", std::move(evidence));
-    } else {
-      for (auto& e : evidence) running.push_back(std::move(e));
-      r.Add("device-plugin", name, CheckStatus::kFail,
-            "dynmig's device plugin still runs on the node", std::move(running));
-    }
-  }
-  if (auto lock = kube::Annotation(*node, protocol::kNodeLockAnnotation)) {
-    r.Add("node-lock", name, CheckStatus::kFail,
-          fmt::format("the node lock {} is held: a bind is in progress",
-                      protocol::kNodeLockAnnotation),
-          {fmt::format("{}={}", protocol::kNodeLockAnnotation, *lock),
-           "wait for the bind to finish (the scheduler releases a stale lock after its timeout)"});
-  } else {
-    r.Add("node-lock", name, CheckStatus::kPass,
-          fmt::format("no node lock ({})", protocol::kNodeLockAnnotation));
-  }
+  return true;
+}
 
-  // Instances: nothing beyond the saved geometry, and nothing dynmig still holds.
-  const CurrentInstances current = ReadCurrent(options);
-  {
-    std::vector<std::string> evidence;
-    bool fail = false;
-    if (auto held = kube::Annotation(*node, protocol::kNodeHeldSlicesAnnotation);
-        held && !held->empty() && *held != "[]") {
-      fail = true;
-      auto decoded = protocol::DecodeHeldSlices(*held);
-      if (decoded.ok()) {
-        for (const auto& h : *decoded) {
-          evidence.push_back(fmt::format("{} holds {} at slices {} of {}: {}",
-                                         protocol::kNodeHeldSlicesAnnotation, h.profile,
-                                         Place(h.placement), h.gpu_uuid, h.reason));
-        }
-      } else {
-        evidence.push_back(fmt::format("{}={}", protocol::kNodeHeldSlicesAnnotation, *held));
-      }
-    }
-    // Once MIG Manager has its labels back (apply restores them only after this proof passed),
-    // the instances on the GPUs are the geometry it applies.
-    const bool mig_manager_back = !backup->geometry && !backup->mig_config.empty() &&
-                                  kube::Label(*node, kMigConfigLabel) == backup->mig_config &&
-                                  kube::Label(*node, kMigManagerDeployLabel) != "false";
-    if (current.view && mig_manager_back && !fail) {
-      r.Add("instances", name, CheckStatus::kPass,
-            fmt::format("MIG Manager owns the node's GPUs again ({}={}): their {} instance(s) "
-                        "are its geometry ({})",
-                        kMigConfigLabel, backup->mig_config, InstanceCount(*current.view),
-                        current.origin));
-    } else if (current.view) {
-      const GeometryDiff d =
-          Compare(backup->geometry ? &*backup->geometry : nullptr, *current.view);
-      for (const auto& e : d.extra) evidence.push_back("not in the saved geometry: " + e);
-      fail = fail || !d.extra.empty();
-      if (!fail) {
-        r.Add("instances", name, CheckStatus::kPass,
-              d.matched == 0
-                  ? fmt::format("no MIG instance on the node's GPUs ({})", current.origin)
-                  : fmt::format("only the saved geometry's instances ({}) on the "
-                                "node's GPUs ({})",
-                                d.matched, current.origin));
-      } else {
-        evidence.push_back(
-            "a dynamic-MIG instance outlived its pod: delete its pods while dynmig's device "
-            "plugin runs, or destroy it on the node (dynmig nvml destroy) once no process uses it");
-        // Refused for what the node publishes as held when NVML shows nothing extra: say so.
-        r.Add("instances", name, CheckStatus::kFail,
-              d.extra.empty() ? fmt::format("the node still publishes slices dynmig holds ({}; {})",
-                                            protocol::kNodeHeldSlicesAnnotation, current.origin)
-                              : fmt::format("{} dynamic-MIG instance{} remain{} ({})",
-                                            d.extra.size(), d.extra.size() == 1 ? "" : "s",
-                                            d.extra.size() == 1 ? "s" : "", current.origin),
-              std::move(evidence));
-      }
-    } else {
-      evidence.insert(evidence.begin(), current.error);
-      r.Add("instances", name, CheckStatus::kFail,
-            "cannot prove that no dynamic-MIG instance remains", std::move(evidence));
+bool DevicePluginStopped(const CheckInput& in, CheckReport& report) {
+  const std::string& name = in.node_name;
+  const Object* node = in.node;
+  std::vector<std::string> running, evidence;
+  for (const auto& p : in.snapshot->pods) {
+    if (!kube::IsTerminated(p) && kube::NodeName(p) == name && IsDevicePluginPod(p)) {
+      running.push_back("dynmig device-plugin pod on the node: " + PodLine(p));
     }
   }
-
-  // 4. The legacy configuration.
-  if (backup->configmaps.empty()) {
-    r.Add("legacy-config", name, CheckStatus::kWarn,
-          "the backup holds no device ConfigMap or MIG Manager config: nothing to restore");
+  if (const auto& nv = in.rollback->endpoint) {
+    if (nv->document.ok()) {
+      running.push_back(
+          fmt::format("its NVML view still answers at {}: the plugin still runs", nv->url));
+    } else {
+      evidence.push_back(fmt::format("NVML view at {}: not answering ({})", nv->url,
+                                     std::string(nv->document.status().message())));
+    }
   } else {
-    std::vector<std::string> restored, differ;
-    for (const auto& cm : backup->configmaps) {
-      const std::string key = kube::ObjectKey(cm);
-      auto now_cm = client.Get(kube::Resource::kConfigMaps, kube::Namespace(cm), kube::Name(cm));
-      if (!now_cm.ok()) {
-        if (!absl::IsNotFound(now_cm.status())) return now_cm.status();
-        differ.push_back(fmt::format("ConfigMap {}: missing", key));
-        continue;
-      }
-      const json want = ConfigMapData(cm), have = ConfigMapData(*now_cm);
-      if (want == have) {
-        restored.push_back(fmt::format("ConfigMap {}: equals the backup", key));
-        continue;
-      }
-      std::vector<std::string> keys;
-      for (const auto& [k, v] : want.items()) {
-        if (!have.contains(k) || have[k] != v) keys.push_back(k);
-      }
-      for (const auto& [k, v] : have.items()) {
-        if (!want.contains(k)) keys.push_back(k + " (not in the backup)");
-      }
-      differ.push_back(
-          fmt::format("ConfigMap {}: differs from the backup in {}", key, fmt::join(keys, ", ")));
-    }
-    if (differ.empty()) {
-      const size_t n = restored.size();
-      r.Add("legacy-config", name, CheckStatus::kPass,
-            fmt::format("the backup's {} ConfigMap(s) are restored", n), std::move(restored));
-    } else {
-      for (auto& e : restored) differ.push_back(std::move(e));
-      differ.push_back("dynmig rollback apply restores them from the backup");
-      r.Add("legacy-config", name, CheckStatus::kFail, "the legacy configuration is not restored",
-            std::move(differ));
-    }
+    evidence.push_back("NVML view endpoint not probed (--nvml-endpoint '')");
   }
+  if (auto hs = kube::Annotation(*node, protocol::kNodeHandshakeAnnotation)) {
+    evidence.push_back(fmt::format("{}: {}", protocol::kNodeHandshakeAnnotation, *hs));
+  }
+  if (running.empty()) {
+    report.Add("device-plugin", name, CheckStatus::kPass,
+               "dynmig's device plugin does not run on the node", std::move(evidence));
+  } else {
+    for (auto& e : evidence) running.push_back(std::move(e));
+    report.Add("device-plugin", name, CheckStatus::kFail,
+               "dynmig's device plugin still runs on the node", std::move(running));
+  }
+  return true;
+}
+
+bool NodeLock(const CheckInput& in, CheckReport& report) {
+  if (auto lock = kube::Annotation(*in.node, protocol::kNodeLockAnnotation)) {
+    report.Add(
+        "node-lock", in.node_name, CheckStatus::kFail,
+        fmt::format("the node lock {} is held: a bind is in progress",
+                    protocol::kNodeLockAnnotation),
+        {fmt::format("{}={}", protocol::kNodeLockAnnotation, *lock),
+         "wait for the bind to finish (the scheduler releases a stale lock after its timeout)"});
+  } else {
+    report.Add("node-lock", in.node_name, CheckStatus::kPass,
+               fmt::format("no node lock ({})", protocol::kNodeLockAnnotation));
+  }
+  return true;
+}
+
+// Nothing beyond the saved geometry, and nothing dynmig still holds.
+bool Instances(const CheckInput& in, CheckReport& report) {
+  const std::string& name = in.node_name;
+  const Object* node = in.node;
+  const RollbackBackup* backup = in.rollback->backup;
+  const CurrentInstances& current = in.rollback->current;
+  std::vector<std::string> evidence;
+  bool fail = HeldSlicesEvidence(*node, evidence);
+  // Once MIG Manager has its labels back (apply restores them only after this proof passed),
+  // the instances on the GPUs are the geometry it applies.
+  const bool mig_manager_back =
+      !backup->geometry && !backup->mig_config.empty() &&
+      kube::Label(*node, protocol::kMigConfigLabel) == backup->mig_config &&
+      kube::Label(*node, protocol::kMigManagerDeployLabel) != "false";
+  if (current.view && mig_manager_back && !fail) {
+    report.Add("instances", name, CheckStatus::kPass,
+               fmt::format("MIG Manager owns the node's GPUs again ({}={}): their {} instance(s) "
+                           "are its geometry ({})",
+                           protocol::kMigConfigLabel, backup->mig_config,
+                           InstanceCount(*current.view), current.origin));
+    return true;
+  }
+  if (!current.view) {
+    evidence.insert(evidence.begin(), current.error);
+    report.Add("instances", name, CheckStatus::kFail,
+               "cannot prove that no dynamic-MIG instance remains", std::move(evidence));
+    return true;
+  }
+  const GeometryDiff d = Compare(backup->geometry ? &*backup->geometry : nullptr, *current.view);
+  for (const auto& e : d.extra) evidence.push_back("not in the saved geometry: " + e);
+  fail = fail || !d.extra.empty();
+  if (!fail) {
+    report.Add("instances", name, CheckStatus::kPass,
+               d.matched == 0
+                   ? fmt::format("no MIG instance on the node's GPUs ({})", current.origin)
+                   : fmt::format("only the saved geometry's instances ({}) on the "
+                                 "node's GPUs ({})",
+                                 d.matched, current.origin));
+    return true;
+  }
+  evidence.push_back(
+      "a dynamic-MIG instance outlived its pod: delete its pods while dynmig's device "
+      "plugin runs, or destroy it on the node (dynmig nvml destroy) once no process uses it");
+  // Refused for what the node publishes as held when NVML shows nothing extra: say so.
+  report.Add("instances", name, CheckStatus::kFail,
+             d.extra.empty() ? fmt::format("the node still publishes slices dynmig holds ({}; {})",
+                                           protocol::kNodeHeldSlicesAnnotation, current.origin)
+                             : fmt::format("{} dynamic-MIG instance{} remain{} ({})",
+                                           d.extra.size(), d.extra.size() == 1 ? "" : "s",
+                                           d.extra.size() == 1 ? "s" : "", current.origin),
+             std::move(evidence));
+  return true;
+}
+
+bool LegacyConfig(const CheckInput& in, CheckReport& report) {
+  const RollbackBackup& backup = *in.rollback->backup;
+  const std::string& name = in.node_name;
+  if (backup.configmaps.empty()) {
+    report.Add("legacy-config", name, CheckStatus::kWarn,
+               "the backup holds no device ConfigMap or MIG Manager config: nothing to restore");
+    return true;
+  }
+  std::vector<std::string> restored, differ;
+  for (size_t i = 0; i < backup.configmaps.size(); ++i) {
+    const Object& cm = backup.configmaps[i];
+    const std::string key = kube::ObjectKey(cm);
+    const std::optional<Object>& now_cm = in.rollback->configmaps[i];
+    if (!now_cm) {
+      differ.push_back(fmt::format("ConfigMap {}: missing", key));
+      continue;
+    }
+    const json want = ConfigMapData(cm), have = ConfigMapData(*now_cm);
+    if (want == have) {
+      restored.push_back(fmt::format("ConfigMap {}: equals the backup", key));
+      continue;
+    }
+    std::vector<std::string> keys;
+    for (const auto& [k, v] : want.items()) {
+      if (!have.contains(k) || have[k] != v) keys.push_back(k);
+    }
+    for (const auto& [k, v] : have.items()) {
+      if (!want.contains(k)) keys.push_back(k + " (not in the backup)");
+    }
+    differ.push_back(
+        fmt::format("ConfigMap {}: differs from the backup in {}", key, fmt::join(keys, ", ")));
+  }
+  if (differ.empty()) {
+    const size_t n = restored.size();
+    report.Add("legacy-config", name, CheckStatus::kPass,
+               fmt::format("the backup's {} ConfigMap(s) are restored", n), std::move(restored));
+    return true;
+  }
+  for (auto& e : restored) differ.push_back(std::move(e));
+  differ.push_back("dynmig rollback apply restores them from the backup");
+  report.Add("legacy-config", name, CheckStatus::kFail, "the legacy configuration is not restored",
+             std::move(differ));
+  return true;
+}
+
+bool MigManagerLabels(const CheckInput& in, CheckReport& report) {
+  const RollbackBackup* backup = in.rollback->backup;
+  const Object* node = in.node;
+  CheckReport& r = report;
+  const std::string& name = in.node_name;
   if (const auto keys = RestoredLabels(*backup); !keys.empty()) {
     const auto saved = StringMap(backup->node_record, "labels");
     std::vector<std::string> evidence;
@@ -609,8 +729,15 @@ absl::StatusOr<RollbackCheck> RunRollbackCheck(kube::KubeClient& client,
              : "MIG Manager's labels differ from the backup (dynmig rollback apply restores them)",
           std::move(evidence));
   }
+  return true;
+}
 
-  // 5. The fixed geometry.
+bool Geometry(const CheckInput& in, CheckReport& report) {
+  const RollbackBackup* backup = in.rollback->backup;
+  const CurrentInstances& current = in.rollback->current;
+  const Object* node = in.node;
+  CheckReport& r = report;
+  const std::string& name = in.node_name;
   if (backup->geometry) {
     if (!current.view) {
       r.Add("geometry", name, CheckStatus::kFail,
@@ -636,11 +763,11 @@ absl::StatusOr<RollbackCheck> RunRollbackCheck(kube::KubeClient& client,
       }
     }
   } else if (!backup->mig_config.empty()) {
-    const auto have = kube::Label(*node, kMigConfigLabel);
-    const auto state = kube::Label(*node, kMigConfigStateLabel);
+    const auto have = kube::Label(*node, protocol::kMigConfigLabel);
+    const auto state = kube::Label(*node, protocol::kMigConfigStateLabel);
     std::vector<std::string> evidence = {
-        fmt::format("{}{} (backup: {})", kMigConfigLabel, Show(have), backup->mig_config),
-        fmt::format("{}{}", kMigConfigStateLabel, Show(state))};
+        fmt::format("{}{} (backup: {})", protocol::kMigConfigLabel, Show(have), backup->mig_config),
+        fmt::format("{}{}", protocol::kMigConfigStateLabel, Show(state))};
     if (have == backup->mig_config && state == "success") {
       r.Add("geometry", name, CheckStatus::kPass,
             fmt::format("MIG Manager applied {} (state success)", backup->mig_config),
@@ -657,80 +784,57 @@ absl::StatusOr<RollbackCheck> RunRollbackCheck(kube::KubeClient& client,
           {"pass --geometry FILE: `dynmig nvml instances -o json` (or nvidia-smi's layout turned "
            "into that shape) saved on the node before the migration"});
   }
+  return true;
+}
 
-  // 6. The legacy device plugin's registration.
-  {
-    std::vector<std::string> evidence, problems;
-    const auto status_it = node->find("status");
-    const json status =
-        status_it != node->end() && status_it->is_object() ? *status_it : json::object();
-    auto have = GpuResources(status, "allocatable");
-    if (have.empty()) have = GpuResources(status, "capacity");
-    auto want = GpuResources(backup->node_record, "allocatable");
-    if (want.empty()) want = GpuResources(backup->node_record, "capacity");
-    if (want.empty()) {
-      bool any = false;
-      for (const auto& [k, v] : have) {
-        any = any ||
-              (v != "0" && (k == protocol::kResourceCount || k.rfind("nvidia.com/mig-", 0) == 0));
-      }
-      if (!any) problems.push_back("no nvidia.com/gpu or nvidia.com/mig-* resource is allocatable");
-      evidence.push_back(
-          "the backup records no GPU resources (an older inventory): any "
-          "nvidia.com/gpu or nvidia.com/mig-* resource counts");
-    }
-    for (const auto& [k, v] : want) {
-      if (v == "0") continue;
-      const auto now_v = MapValue(have, k);
-      if (!now_v || *now_v == "0") {
-        problems.push_back(fmt::format("{}: backup {}, now {}", k, v, now_v.value_or("absent")));
-      } else {
-        evidence.push_back(fmt::format("{}: backup {}, now {}", k, v, *now_v));
-      }
-    }
-    const auto reg = kube::Annotation(*node, protocol::kNodeRegisterAnnotation);
-    const json saved_findings = backup->node_record.value("registerLegacyFormat", json::array());
-    if (!BackupHasRegister(*backup)) {
-      if (reg) {
-        problems.push_back(fmt::format(
-            "{} is still on the node: the backup had none, so it is dynmig's (dynmig rollback "
-            "apply removes it)",
-            protocol::kNodeRegisterAnnotation));
-      }
-    } else if (!reg) {
-      problems.push_back(fmt::format("{} is absent: the legacy device plugin has not registered",
-                                     protocol::kNodeRegisterAnnotation));
-    } else if (saved_findings.is_array() && !saved_findings.empty()) {
-      if (protocol::DetectLegacyNodeRegister(*reg).empty()) {
-        problems.push_back(fmt::format(
-            "{} is in dynmig's format, the backup's was the legacy template format: the legacy "
-            "device plugin has not registered yet",
-            protocol::kNodeRegisterAnnotation));
-      } else {
-        evidence.push_back(fmt::format("{} is in the legacy template format, as in the backup",
-                                       protocol::kNodeRegisterAnnotation));
-      }
-    } else {
-      evidence.push_back(fmt::format("{} present", protocol::kNodeRegisterAnnotation));
-    }
-    if (auto hs = kube::Annotation(*node, protocol::kNodeHandshakeAnnotation)) {
-      evidence.push_back(fmt::format("{}: {}", protocol::kNodeHandshakeAnnotation, *hs));
-    }
-    if (problems.empty()) {
-      evidence.push_back(fmt::format("uncordon: kubectl uncordon {}", name));
-      r.Add("legacy-registration", name, CheckStatus::kPass,
-            "the legacy device resources are registered as in the backup", std::move(evidence));
-    } else {
-      for (auto& e : evidence) problems.push_back(std::move(e));
-      problems.push_back(
-          "start the legacy device plugin (HAMi's, or the GPU Operator's with MIG Manager) and "
-          "check again before uncordoning");
-      r.Add("legacy-registration", name, CheckStatus::kFail,
-            "the legacy device resources are not registered yet", std::move(problems));
-    }
+bool LegacyRegistration(const CheckInput& in, CheckReport& report) {
+  std::vector<std::string> evidence, problems;
+  CompareGpuResources(in, evidence, problems);
+  CompareRegister(in, evidence, problems);
+  if (auto hs = kube::Annotation(*in.node, protocol::kNodeHandshakeAnnotation)) {
+    evidence.push_back(fmt::format("{}: {}", protocol::kNodeHandshakeAnnotation, *hs));
   }
+  if (problems.empty()) {
+    evidence.push_back(fmt::format("uncordon: kubectl uncordon {}", in.node_name));
+    report.Add("legacy-registration", in.node_name, CheckStatus::kPass,
+               "the legacy device resources are registered as in the backup", std::move(evidence));
+    return true;
+  }
+  for (auto& e : evidence) problems.push_back(std::move(e));
+  problems.push_back(
+      "start the legacy device plugin (HAMi's, or the GPU Operator's with MIG Manager) and "
+      "check again before uncordoning");
+  report.Add("legacy-registration", in.node_name, CheckStatus::kFail,
+             "the legacy device resources are not registered yet", std::move(problems));
+  return true;
+}
 
-  for (const auto& i : r.items) {
+}  // namespace checks
+
+absl::StatusOr<RollbackCheck> RunRollbackCheck(kube::KubeClient& client,
+                                               const RollbackOptions& options, absl::Time now) {
+  if (options.node.empty()) return absl::InvalidArgumentError("--node: a node name is required");
+  auto backup = LoadRollbackBackup(options.backup_dir, options.node, options.geometry_file);
+  if (!backup.ok()) return backup.status();
+  auto snap = TakeSnapshot(client, now);
+  if (!snap.ok()) return snap.status();
+  const Object* node = snap->FindNode(options.node);
+  if (node == nullptr) {
+    return absl::NotFoundError(fmt::format("node \"{}\" not found", options.node));
+  }
+  auto facts = ReadRollbackFacts(client, options, *backup, *node);
+  if (!facts.ok()) return facts.status();
+  CheckInput in;
+  in.snapshot = &*snap;
+  in.node = node;
+  in.node_name = options.node;
+  in.pods = ActivePodsOn(*snap, options.node);
+  in.schedulable_risk = "new pods can land on it mid-rollback";
+  in.rollback = &*facts;
+  RollbackCheck out;
+  out.report.command = "rollback check";
+  RunChecks(CheckCommand::kRollback, CheckScope::kNode, in, out.report);
+  for (const auto& i : out.report.items) {
     if (i.status != CheckStatus::kFail) continue;
     if (std::find(kSafetyChecks.begin(), kSafetyChecks.end(), i.check) != kSafetyChecks.end()) {
       out.refused.push_back(fmt::format("{}: {}", i.check, i.summary));
@@ -766,31 +870,50 @@ std::string RollbackCheck::ToText() const { return report.ToText() + Verdict() +
 
 // ---- plan -----------------------------------------------------------------------------------
 
-absl::StatusOr<CommandOutput> RunRollbackPlan(kube::KubeClient& client,
-                                              const RollbackOptions& options, absl::Time now) {
-  auto check = RunRollbackCheck(client, options, now);
-  if (!check.ok()) return check.status();
-  auto backup = LoadRollbackBackup(options.backup_dir, options.node, options.geometry_file);
-  if (!backup.ok()) return backup.status();
-  const std::string& n = options.node;
-  const std::string common =
-      fmt::format("--node {} --backup {}{}", n, options.backup_dir,
-                  options.geometry_file.empty() ? "" : " --geometry " + options.geometry_file);
-  auto result = [&](const char* id) -> std::string {
-    auto items = check->report.Find(id, n);
-    return items.empty() ? "-" : CheckStatusName(items.front()->status);
-  };
-  const auto dyn = check->report.Find("dynamic-pods", n);
-  const auto res = check->report.Find("reservations", n);
-  const bool after = (!dyn.empty() && dyn.front()->status == CheckStatus::kFail) ||
-                     (!res.empty() && res.front()->status == CheckStatus::kFail);
+namespace {
 
-  struct Step {
-    std::string title, why;
-    std::vector<std::string> commands;
-    std::vector<std::string> proves;
-  };
-  std::vector<Step> steps;
+// One step of the rollback plan: what to do, why, how, and the proofs that it was done.
+struct PlanStep {
+  std::string title, why;
+  std::vector<std::string> commands;
+  std::vector<std::string> proves;
+};
+
+// The step that reapplies the saved fixed geometry (NVML, or MIG Manager through its label).
+PlanStep GeometryStep(const RollbackBackup& backup, const std::string& common) {
+  const RollbackBackup* b = &backup;
+  std::string geometry_why;
+  std::vector<std::string> geometry_cmds;
+  if (b->geometry) {
+    std::vector<std::string> inst;
+    for (const auto& g : b->geometry->gpus) {
+      for (const auto& i : g.instances) {
+        inst.push_back(
+            fmt::format("{}: {} at slices {}", GpuName(g), i.profile, Place(i.placement)));
+      }
+    }
+    geometry_why = fmt::format("{} instance(s) from {}: {}", inst.size(), b->geometry_origin,
+                               fmt::join(inst, "; "));
+    geometry_cmds.push_back(
+        fmt::format("dynmig rollback apply {} --on-node   # on the node", common));
+  } else if (!b->mig_config.empty()) {
+    geometry_why = fmt::format(
+        "MIG Manager applies nvidia.com/mig.config={} once its label is back and it is enabled",
+        b->mig_config);
+    geometry_cmds.push_back(fmt::format("dynmig rollback apply {}   # sets the labels", common));
+  } else {
+    geometry_why =
+        "the backup holds no fixed geometry: give it with --geometry FILE (`dynmig nvml instances "
+        "-o json` saved on the node before the migration)";
+  }
+  return {"Reapply the saved fixed geometry", geometry_why, geometry_cmds, {"geometry"}};
+}
+
+// The guide's steps for node `n` (`after`: dynamic-MIG pods have run on it).
+std::vector<PlanStep> PlanSteps(const RollbackBackup& backup, const std::string& n,
+                                const std::string& common, bool after) {
+  const RollbackBackup* b = &backup;
+  std::vector<PlanStep> steps;
   steps.push_back({"Keep the node cordoned",
                    "nothing new may land on it while its MIG controller changes",
                    {fmt::format("kubectl cordon {}", n)},
@@ -808,8 +931,8 @@ absl::StatusOr<CommandOutput> RunRollbackPlan(kube::KubeClient& client,
       {"Stop dynmig's MIG service on the node",
        fmt::format("the device-plugin DaemonSet selects {}={}; without the label its pod leaves "
                    "the node and nothing of dynmig creates or destroys instances there",
-                   kMigServiceLabel, kMigServiceLabelValue),
-       {fmt::format("kubectl label node {} {}-", n, kMigServiceLabel),
+                   protocol::kMigServiceLabel, kMigServiceLabelValue),
+       {fmt::format("kubectl label node {} {}-", n, protocol::kMigServiceLabel),
         fmt::format(
             "kubectl -n dynmig-system get pods -l app.kubernetes.io/component=device-plugin "
             "--field-selector spec.nodeName={}   # until none",
@@ -823,42 +946,18 @@ absl::StatusOr<CommandOutput> RunRollbackPlan(kube::KubeClient& client,
                    {"cordoned", "dynamic-pods", "reservations", "mig-service", "device-plugin",
                     "node-lock", "instances"}});
   std::vector<std::string> cms;
-  for (const auto& cm : backup->configmaps) cms.push_back("ConfigMap " + kube::ObjectKey(cm));
+  for (const auto& cm : b->configmaps) cms.push_back("ConfigMap " + kube::ObjectKey(cm));
   std::vector<std::string> restore_proves = {"legacy-config"};
-  if (!RestoredLabels(*backup).empty()) restore_proves.push_back("mig-manager-labels");
+  if (!RestoredLabels(backup).empty()) restore_proves.push_back("mig-manager-labels");
   steps.push_back(
       {"Restore the legacy configuration",
        cms.empty()
            ? "the backup holds no ConfigMap to restore"
            : fmt::format("from the backup: {}{}", fmt::join(cms, ", "),
-                         RestoredLabels(*backup).empty() ? "" : "; MIG Manager's node labels"),
+                         RestoredLabels(backup).empty() ? "" : "; MIG Manager's node labels"),
        {fmt::format("dynmig rollback apply {}", common)},
        restore_proves});
-  std::string geometry_why;
-  std::vector<std::string> geometry_cmds;
-  if (backup->geometry) {
-    std::vector<std::string> inst;
-    for (const auto& g : backup->geometry->gpus) {
-      for (const auto& i : g.instances) {
-        inst.push_back(
-            fmt::format("{}: {} at slices {}", GpuName(g), i.profile, Place(i.placement)));
-      }
-    }
-    geometry_why = fmt::format("{} instance(s) from {}: {}", inst.size(), backup->geometry_origin,
-                               fmt::join(inst, "; "));
-    geometry_cmds.push_back(
-        fmt::format("dynmig rollback apply {} --on-node   # on the node", common));
-  } else if (!backup->mig_config.empty()) {
-    geometry_why = fmt::format(
-        "MIG Manager applies nvidia.com/mig.config={} once its label is back and it is enabled",
-        backup->mig_config);
-    geometry_cmds.push_back(fmt::format("dynmig rollback apply {}   # sets the labels", common));
-  } else {
-    geometry_why =
-        "the backup holds no fixed geometry: give it with --geometry FILE (`dynmig nvml instances "
-        "-o json` saved on the node before the migration)";
-  }
-  steps.push_back({"Reapply the saved fixed geometry", geometry_why, geometry_cmds, {"geometry"}});
+  steps.push_back(GeometryStep(backup, common));
   steps.push_back(
       {"Start the legacy controller and verify its registration, then uncordon",
        "the legacy device plugin (HAMi's, or the GPU Operator's with MIG Manager) registers the "
@@ -867,7 +966,17 @@ absl::StatusOr<CommandOutput> RunRollbackPlan(kube::KubeClient& client,
         "back in place: the legacy one cannot inherit dynmig's state)",
         fmt::format("dynmig rollback check {}", common), fmt::format("kubectl uncordon {}", n)},
        {"legacy-registration"}});
+  return steps;
+}
 
+// The plan as JSON and text, each step with the current result of its proofs.
+CommandOutput RenderPlan(const std::vector<PlanStep>& steps, const RollbackCheck& check,
+                         const RollbackOptions& options, bool after) {
+  const std::string& n = options.node;
+  auto result = [&](const std::string& id) -> std::string {
+    auto items = check.report.Find(id, n);
+    return items.empty() ? "-" : CheckStatusName(items.front()->status);
+  };
   CommandOutput out;
   out.json = {{"node", n},
               {"backup", options.backup_dir},
@@ -878,12 +987,12 @@ absl::StatusOr<CommandOutput> RunRollbackPlan(kube::KubeClient& client,
                                  after ? "dynamic-MIG pods have run: drain them first"
                                        : "no dynamic-MIG pod on the node now: the canary case");
   for (size_t i = 0; i < steps.size(); ++i) {
-    const Step& s = steps[i];
+    const PlanStep& s = steps[i];
     json proves = json::array();
     std::vector<std::string> proof_text;
     for (const auto& p : s.proves) {
-      proves.push_back({{"check", p}, {"now", result(p.c_str())}});
-      proof_text.push_back(fmt::format("{} ({} now)", p, result(p.c_str())));
+      proves.push_back({{"check", p}, {"now", result(p)}});
+      proof_text.push_back(fmt::format("{} ({} now)", p, result(p)));
     }
     out.json["steps"].push_back({{"step", i + 1},
                                  {"title", s.title},
@@ -894,44 +1003,57 @@ absl::StatusOr<CommandOutput> RunRollbackPlan(kube::KubeClient& client,
     for (const auto& c : s.commands) text += "   $ " + c + "\n";
     text += fmt::format("   proof: {}\n", fmt::join(proof_text, ", "));
   }
-  text += fmt::format("\nNow: {}\n", check->Verdict());
-  out.json["verdict"] = check->Verdict();
+  text += fmt::format("\nNow: {}\n", check.Verdict());
+  out.json["verdict"] = check.Verdict();
   out.text = std::move(text);
   return out;
 }
 
-// ---- apply ----------------------------------------------------------------------------------
+}  // namespace
 
-absl::StatusOr<RollbackApply> RunRollbackApply(kube::KubeClient& client,
-                                               const RollbackOptions& options, absl::Time now) {
+absl::StatusOr<CommandOutput> RunRollbackPlan(kube::KubeClient& client,
+                                              const RollbackOptions& options, absl::Time now) {
   auto check = RunRollbackCheck(client, options, now);
   if (!check.ok()) return check.status();
-  RollbackApply out;
-  if (!check->refused.empty()) {
-    out.refused = true;
-    out.output.json = check->ToJson();
-    out.output.json["applied"] = false;
-    out.output.text =
-        check->ToText() + "rollback apply: nothing was changed (every safety item must PASS)\n";
-    return out;
-  }
   auto backup = LoadRollbackBackup(options.backup_dir, options.node, options.geometry_file);
   if (!backup.ok()) return backup.status();
   const std::string& n = options.node;
+  const std::string common =
+      fmt::format("--node {} --backup {}{}", n, options.backup_dir,
+                  options.geometry_file.empty() ? "" : " --geometry " + options.geometry_file);
+  const auto dyn = check->report.Find("dynamic-pods", n);
+  const auto res = check->report.Find("reservations", n);
+  const bool after = (!dyn.empty() && dyn.front()->status == CheckStatus::kFail) ||
+                     (!res.empty() && res.front()->status == CheckStatus::kFail);
+  return RenderPlan(PlanSteps(*backup, n, common, after), *check, options, after);
+}
+
+// ---- apply ----------------------------------------------------------------------------------
+
+namespace {
+
+// What `rollback apply` changed, left as it was, and leaves to the operator.
+struct ApplyLog {
   std::vector<std::string> changes, unchanged, not_done;
-  auto failed = [&](const absl::Status& st, const std::string& what) {
+
+  // A failed write or read, with the changes made before it.
+  absl::Status Failed(const absl::Status& st, const std::string& what) const {
     return absl::Status(
         st.code(),
         fmt::format("{}: {}; changes made before it: {}", what, std::string(st.message()),
                     changes.empty() ? "none" : fmt::format("{}", fmt::join(changes, "; "))));
-  };
+  }
+};
 
-  // ConfigMaps.
-  for (const auto& cm : backup->configmaps) {
+// The backup's ConfigMaps: created when missing, their data restored when it differs.
+absl::Status RestoreConfigMaps(kube::KubeClient& client, const RollbackBackup& backup,
+                               ApplyLog& log) {
+  for (const auto& cm : backup.configmaps) {
     const std::string key = kube::ObjectKey(cm);
     const json want = ConfigMapData(cm);
     auto have = client.Get(kube::Resource::kConfigMaps, kube::Namespace(cm), kube::Name(cm));
-    if (!have.ok() && !absl::IsNotFound(have.status())) return failed(have.status(), "read " + key);
+    if (!have.ok() && !absl::IsNotFound(have.status()))
+      return log.Failed(have.status(), "read " + key);
     if (!have.ok()) {
       json obj = {{"apiVersion", "v1"},
                   {"kind", "ConfigMap"},
@@ -939,16 +1061,16 @@ absl::StatusOr<RollbackApply> RunRollbackApply(kube::KubeClient& client,
                   {"data", want}};
       if (const auto labels = kube::Labels(cm); !labels.empty()) obj["metadata"]["labels"] = labels;
       auto created = client.Create(kube::Resource::kConfigMaps, obj);
-      if (!created.ok()) return failed(created.status(), "create " + key);
+      if (!created.ok()) return log.Failed(created.status(), "create " + key);
       std::vector<std::string> keys;
       for (const auto& [k, v] : want.items()) keys.push_back(k);
-      changes.push_back(fmt::format("ConfigMap {}: created from the backup (keys {})", key,
-                                    fmt::join(keys, ", ")));
+      log.changes.push_back(fmt::format("ConfigMap {}: created from the backup (keys {})", key,
+                                        fmt::join(keys, ", ")));
       continue;
     }
     const json cur = ConfigMapData(*have);
     if (cur == want) {
-      unchanged.push_back(fmt::format("ConfigMap {}: already as in the backup", key));
+      log.unchanged.push_back(fmt::format("ConfigMap {}: already as in the backup", key));
       continue;
     }
     json patch = json::object();
@@ -967,124 +1089,169 @@ absl::StatusOr<RollbackApply> RunRollbackApply(kube::KubeClient& client,
     }
     auto patched = client.Patch(kube::Resource::kConfigMaps, kube::Namespace(cm), kube::Name(cm),
                                 {{"data", patch}}, kube::PatchType::kMerge, "");
-    if (!patched.ok()) return failed(patched.status(), "update " + key);
-    changes.push_back(
+    if (!patched.ok()) return log.Failed(patched.status(), "update " + key);
+    log.changes.push_back(
         fmt::format("ConfigMap {}: restored {} from the backup{}", key, fmt::join(set, ", "),
                     removed.empty() ? "" : fmt::format("; removed {}", fmt::join(removed, ", "))));
   }
+  return absl::OkStatus();
+}
 
-  // Node labels and dynmig's registration.
+// MIG Manager's labels as the backup has them; dynmig's registration annotations removed when the
+// backup had no HAMi registration.
+absl::Status RestoreNodeMetadata(kube::KubeClient& client, const RollbackBackup& backup,
+                                 const std::string& n, ApplyLog& log) {
   auto node = client.GetNode(n);
-  if (!node.ok()) return failed(node.status(), "read node " + n);
+  if (!node.ok()) return log.Failed(node.status(), "read node " + n);
   kube::MetadataPatch patch;
-  const auto saved_labels = StringMap(backup->node_record, "labels");
-  for (auto k : RestoredLabels(*backup)) {
+  const auto saved_labels = StringMap(backup.node_record, "labels");
+  for (auto k : RestoredLabels(backup)) {
     const auto want = MapValue(saved_labels, k);
     const auto have = kube::Label(*node, k);
     if (want == have) {
-      unchanged.push_back(fmt::format("node {}: label {}{}", n, k, Show(have)));
+      log.unchanged.push_back(fmt::format("node {}: label {}{}", n, k, Show(have)));
       continue;
     }
     patch.labels[std::string(k)] = want;
-    changes.push_back(fmt::format("node {}: label {}{} (was {})", n, k,
-                                  want ? "=" + *want : " removed", have.value_or("absent")));
+    log.changes.push_back(fmt::format("node {}: label {}{} (was {})", n, k,
+                                      want ? "=" + *want : " removed", have.value_or("absent")));
   }
-  if (!BackupHasRegister(*backup)) {
+  if (!BackupHasRegister(backup)) {
     for (std::string_view k :
          {protocol::kNodeRegisterAnnotation, protocol::kNodeHandshakeAnnotation,
           protocol::kNodeHeldSlicesAnnotation}) {
       if (!kube::Annotation(*node, k)) continue;
       patch.annotations[std::string(k)] = std::nullopt;
-      changes.push_back(fmt::format(
+      log.changes.push_back(fmt::format(
           "node {}: removed dynmig's annotation {} (the backup had no HAMi registration)", n, k));
     }
   }
   if (!patch.labels.empty() || !patch.annotations.empty()) {
     auto patched = client.PatchNodeMetadata(n, patch);
-    if (!patched.ok()) return failed(patched.status(), "patch node " + n);
+    if (!patched.ok()) return log.Failed(patched.status(), "patch node " + n);
   }
+  return absl::OkStatus();
+}
 
-  // The geometry.
-  if (backup->geometry && options.nvml != nullptr) {
-    nvml::Nvml& nv = *options.nvml;
-    auto current = ReadNvmlInstances(nv);
-    if (!current.ok()) return failed(current.status(), "read the node's MIG instances");
-    for (const auto& saved_gpu : backup->geometry->gpus) {
-      const NvmlGpuView* gpu = nullptr;
-      for (const auto& g : current->gpus) {
-        if (SavedGpu(*backup->geometry, g) == &saved_gpu) gpu = &g;
-      }
-      if (gpu == nullptr) {
-        return failed(absl::FailedPreconditionError(
-                          fmt::format("{} of the saved geometry is not on this node ({})",
-                                      GpuName(saved_gpu), nv.Description())),
-                      "reapply the geometry");
-      }
-      if (!gpu->mig_enabled.value_or(false) && !saved_gpu.instances.empty()) {
-        return failed(absl::FailedPreconditionError(fmt::format(
-                          "MIG mode is disabled on {}: enable it first (nvidia-smi -i {} -mig 1)",
-                          GpuName(*gpu), gpu->index)),
-                      "reapply the geometry");
-      }
-      std::vector<mig::ProfileSpec> profiles;
-      if (!saved_gpu.instances.empty()) {
-        auto p = nvml::DiscoverProfiles(nv, gpu->index);
-        if (!p.ok()) return failed(p.status(), "read the profiles of " + GpuName(*gpu));
-        profiles = std::move(*p);
-      }
-      for (const auto& si : saved_gpu.instances) {
-        bool present = false;
-        for (const auto& i : gpu->instances) present = present || SameInstance(si, i);
-        const std::string what =
-            fmt::format("{}: {} at slices {}", GpuName(*gpu), si.profile, Place(si.placement));
-        if (present) {
-          unchanged.push_back(what + ": already there");
-          continue;
-        }
-        const mig::ProfileSpec* spec = nullptr;
-        for (const auto& p : profiles) {
-          if (p.name == si.profile) spec = &p;
-        }
-        if (spec == nullptr) {
-          return failed(absl::FailedPreconditionError(
-                            fmt::format("{} has no profile {}", GpuName(*gpu), si.profile)),
-                        "reapply " + what);
-        }
-        auto gi = nv.CreateGpuInstance(gpu->index, spec->nvml_id, si.placement);
-        if (!gi.ok()) return failed(gi.status(), "create " + what);
-        auto ci = nv.CreateComputeInstance(gpu->index, gi->id);
-        if (!ci.ok())
-          return failed(ci.status(),
-                        fmt::format("create the CI of {} (GI {} was created)", what, gi->id));
-        changes.push_back(
-            fmt::format("{}: created (GI {}, CI {}, {})", what, gi->id, ci->id, ci->mig_uuid));
-      }
+// Recreates, through NVML, each instance of the saved geometry the node lacks.
+absl::Status ReapplyGeometry(nvml::Nvml& nv, const RollbackBackup& backup, ApplyLog& log) {
+  auto current = ReadNvmlInstances(nv);
+  if (!current.ok()) return log.Failed(current.status(), "read the node's MIG instances");
+  for (const auto& saved_gpu : backup.geometry->gpus) {
+    const NvmlGpuView* gpu = nullptr;
+    for (const auto& g : current->gpus) {
+      if (SavedGpu(*backup.geometry, g) == &saved_gpu) gpu = &g;
     }
-  } else if (backup->geometry) {
-    not_done.push_back(fmt::format(
+    if (gpu == nullptr) {
+      return log.Failed(absl::FailedPreconditionError(
+                            fmt::format("{} of the saved geometry is not on this node ({})",
+                                        GpuName(saved_gpu), nv.Description())),
+                        "reapply the geometry");
+    }
+    if (!gpu->mig_enabled.value_or(false) && !saved_gpu.instances.empty()) {
+      return log.Failed(absl::FailedPreconditionError(fmt::format(
+                            "MIG mode is disabled on {}: enable it first (nvidia-smi -i {} -mig 1)",
+                            GpuName(*gpu), gpu->index)),
+                        "reapply the geometry");
+    }
+    std::vector<mig::ProfileSpec> profiles;
+    if (!saved_gpu.instances.empty()) {
+      auto p = nvml::DiscoverProfiles(nv, gpu->index);
+      if (!p.ok()) return log.Failed(p.status(), "read the profiles of " + GpuName(*gpu));
+      profiles = std::move(*p);
+    }
+    for (const auto& si : saved_gpu.instances) {
+      bool present = false;
+      for (const auto& i : gpu->instances) present = present || SameInstance(si, i);
+      const std::string what =
+          fmt::format("{}: {} at slices {}", GpuName(*gpu), si.profile, Place(si.placement));
+      if (present) {
+        log.unchanged.push_back(what + ": already there");
+        continue;
+      }
+      const mig::ProfileSpec* spec = nullptr;
+      for (const auto& p : profiles) {
+        if (p.name == si.profile) spec = &p;
+      }
+      if (spec == nullptr) {
+        return log.Failed(absl::FailedPreconditionError(
+                              fmt::format("{} has no profile {}", GpuName(*gpu), si.profile)),
+                          "reapply " + what);
+      }
+      auto gi = nv.CreateGpuInstance(gpu->index, spec->nvml_id, si.placement);
+      if (!gi.ok()) return log.Failed(gi.status(), "create " + what);
+      auto ci = nv.CreateComputeInstance(gpu->index, gi->id);
+      if (!ci.ok())
+        return log.Failed(ci.status(),
+                          fmt::format("create the CI of {} (GI {} was created)", what, gi->id));
+      log.changes.push_back(
+          fmt::format("{}: created (GI {}, CI {}, {})", what, gi->id, ci->id, ci->mig_uuid));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// What dynmig leaves to the operator once the restorable is restored.
+void NotDone(const RollbackBackup& backup, bool has_nvml, const std::string& n, ApplyLog& log) {
+  if (backup.geometry && has_nvml) {
+    // Reapplied through NVML.
+  } else if (backup.geometry) {
+    log.not_done.push_back(fmt::format(
         "the fixed geometry ({} instance(s), {}) was not reapplied: no NVML access here; run "
         "`dynmig rollback apply --node {} --backup {} --on-node` on the node",
-        InstanceCount(*backup->geometry), backup->geometry_origin, n, options.backup_dir));
-  } else if (!backup->mig_config.empty()) {
-    not_done.push_back(
-        fmt::format("MIG Manager applies nvidia.com/mig.config={} when it runs on the node (watch "
-                    "nvidia.com/mig.config.state become success)",
-                    backup->mig_config));
+        InstanceCount(*backup.geometry), backup.geometry_origin, n, backup.dir));
+  } else if (!backup.mig_config.empty()) {
+    log.not_done.push_back(
+        fmt::format("MIG Manager applies {}={} when it runs on the node (watch {} become success)",
+                    protocol::kMigConfigLabel, backup.mig_config, protocol::kMigConfigStateLabel));
   } else {
-    not_done.push_back("no fixed geometry to reapply: the backup has none (pass --geometry FILE)");
+    log.not_done.push_back(
+        "no fixed geometry to reapply: the backup has none (pass --geometry FILE)");
   }
-  not_done.push_back(fmt::format(
+  log.not_done.push_back(fmt::format(
       "start the legacy device plugin, then `dynmig rollback check --node {} --backup {}` until "
       "legacy-registration PASSes, then kubectl uncordon {}",
-      n, options.backup_dir, n));
+      n, backup.dir, n));
+}
 
-  std::string text = fmt::format("rollback apply on node {}: {} change(s)\n", n, changes.size());
-  for (const auto& c : changes) text += "  changed: " + c + "\n";
-  for (const auto& u : unchanged) text += "  unchanged: " + u + "\n";
-  for (const auto& d : not_done) text += "  not done by dynmig: " + d + "\n";
+}  // namespace
+
+absl::StatusOr<RollbackApply> RunRollbackApply(kube::KubeClient& client,
+                                               const RollbackOptions& options, absl::Time now) {
+  auto check = RunRollbackCheck(client, options, now);
+  if (!check.ok()) return check.status();
+  RollbackApply out;
+  if (!check->refused.empty()) {
+    out.refused = true;
+    out.output.json = check->ToJson();
+    out.output.json["applied"] = false;
+    out.output.text =
+        check->ToText() + "rollback apply: nothing was changed (every safety item must PASS)\n";
+    return out;
+  }
+  auto backup = LoadRollbackBackup(options.backup_dir, options.node, options.geometry_file);
+  if (!backup.ok()) return backup.status();
+  const std::string& n = options.node;
+  ApplyLog log;
+  if (auto st = RestoreConfigMaps(client, *backup, log); !st.ok()) return st;
+  if (auto st = RestoreNodeMetadata(client, *backup, n, log); !st.ok()) return st;
+  if (backup->geometry && options.nvml != nullptr) {
+    if (auto st = ReapplyGeometry(*options.nvml, *backup, log); !st.ok()) return st;
+  }
+  NotDone(*backup, options.nvml != nullptr, n, log);
+
+  std::string text =
+      fmt::format("rollback apply on node {}: {} change(s)\n", n, log.changes.size());
+  for (const auto& c : log.changes) text += "  changed: " + c + "\n";
+  for (const auto& u : log.unchanged) text += "  unchanged: " + u + "\n";
+  for (const auto& d : log.not_done) text += "  not done by dynmig: " + d + "\n";
   out.output.text = std::move(text);
-  out.output.json = {{"node", n},          {"applied", true},        {"refused", false},
-                     {"changes", changes}, {"unchanged", unchanged}, {"notDone", not_done}};
+  out.output.json = {{"node", n},
+                     {"applied", true},
+                     {"refused", false},
+                     {"changes", log.changes},
+                     {"unchanged", log.unchanged},
+                     {"notDone", log.not_done}};
   return out;
 }
 

@@ -40,8 +40,8 @@
 
 namespace dynmig::ops {
 
-// The node label dynmig's device-plugin DaemonSet selects (deploy/base/device-plugin).
-inline constexpr std::string_view kMigServiceLabel = "dynmig.io/mig";
+// The value of protocol::kMigServiceLabel that dynmig's device-plugin DaemonSet selects
+// (deploy/base/device-plugin).
 inline constexpr std::string_view kMigServiceLabelValue = "enabled";
 
 // What the backup holds about one node.

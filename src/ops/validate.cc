@@ -10,11 +10,25 @@
 #include "mig/catalogue.h"
 #include "mig/occupancy.h"
 #include "mig/planner.h"
+#include "ops/checks.h"
 #include "protocol/annotations.h"
 #include "protocol/node_register.h"
 #include "protocol/pod_request.h"
 
 namespace dynmig::ops {
+
+// What a node registers (the register annotation decoded).
+struct NodeGpus {
+  absl::StatusOr<std::vector<protocol::DeviceInfo>> devices = std::vector<protocol::DeviceInfo>{};
+  const protocol::DeviceInfo* Find(const std::string& uuid) const {
+    if (!devices.ok()) return nullptr;
+    for (const auto& d : *devices) {
+      if (d.id == uuid) return &d;
+    }
+    return nullptr;
+  }
+};
+
 namespace {
 
 using kube::Object;
@@ -60,17 +74,6 @@ bool AfterAllocate(const Object& pod) {
   return kube::Phase(pod) == "Running" || (phase && *phase == protocol::kBindPhaseSuccess);
 }
 
-struct NodeGpus {
-  absl::StatusOr<std::vector<protocol::DeviceInfo>> devices = std::vector<protocol::DeviceInfo>{};
-  const protocol::DeviceInfo* Find(const std::string& uuid) const {
-    if (!devices.ok()) return nullptr;
-    for (const auto& d : *devices) {
-      if (d.id == uuid) return &d;
-    }
-    return nullptr;
-  }
-};
-
 NodeGpus GpusOf(const Object* node) {
   NodeGpus out;
   if (node == nullptr) {
@@ -94,7 +97,7 @@ size_t InitContainerCount(const Object& pod) {
 }
 
 bool IsActiveMigPod(const Object& pod, const protocol::ResourceNames& resources) {
-  if (IsTerminated(pod) || PodNode(pod).empty()) return false;
+  if (kube::IsTerminated(pod) || PodNode(pod).empty()) return false;
   return protocol::IsMigPod(pod, resources) ||
          kube::Annotation(pod, protocol::kMigAllocationsAnnotation).has_value();
 }
@@ -173,6 +176,65 @@ void CheckDevicePlugin(const Object& node, const NodeNvml& nv, bool nvml_configu
 
 }  // namespace
 
+// What validate's node checks read of one node's registration.
+struct ValidateFacts {
+  NodeGpus gpus;
+  std::string reg;                                    // the register annotation ("" when absent)
+  std::vector<const protocol::DeviceInfo*> mig_gpus;  // registered in mode mig
+  std::vector<std::string> not_mig;                   // why each other GPU is not
+};
+
+// What the per-pod checks read of one pod.
+struct PodFacts {
+  std::string key;                  // namespace/name
+  std::string node;                 // PodNode
+  std::vector<std::string> legacy;  // LegacyIdentities
+  bool annotated = false;           // it carries the reservation annotation
+  absl::StatusOr<std::vector<protocol::MigAllocation>> allocs =
+      std::vector<protocol::MigAllocation>{};
+  std::vector<std::string> missing_runtime;  // entries without a runtime identity
+  NodeGpus gpus;                             // what its node registers
+};
+
+namespace {
+
+ValidateFacts ReadValidateFacts(const Object& node) {
+  ValidateFacts f;
+  f.gpus = GpusOf(&node);
+  f.reg = kube::Annotation(node, protocol::kNodeRegisterAnnotation).value_or("");
+  if (!f.gpus.devices.ok()) return f;
+  for (const auto& d : *f.gpus.devices) {
+    if (d.legacy_mig_template) {
+      f.not_mig.push_back(
+          fmt::format("{}: legacy migtemplate field (pre-dynamic-MIG device plugin)", GpuName(d)));
+    } else if (d.mode.find("mig") != std::string::npos) {
+      f.mig_gpus.push_back(&d);
+    } else {
+      f.not_mig.push_back(fmt::format("{}: mode \"{}\"", GpuName(d), d.mode));
+    }
+  }
+  return f;
+}
+
+PodFacts ReadPodFacts(const ClusterSnapshot& snapshot, const Object& pod) {
+  PodFacts f;
+  f.key = PodKey(pod);
+  f.node = PodNode(pod);
+  f.legacy = LegacyIdentities(pod);
+  const auto annotation = kube::Annotation(pod, protocol::kMigAllocationsAnnotation);
+  f.annotated = annotation.has_value();
+  if (annotation) f.allocs = protocol::DecodeMigAllocations(*annotation);
+  if (f.allocs.ok()) {
+    for (const auto& a : *f.allocs) {
+      if (!a.runtime) f.missing_runtime.push_back(AllocName(a) + ": no MIG UUID, GI ID or CI ID");
+    }
+  }
+  f.gpus = GpusOf(snapshot.FindNode(f.node));
+  return f;
+}
+
+}  // namespace
+
 absl::StatusOr<std::map<std::string, std::vector<std::string>>> ParseVisibleDevices(
     std::string_view value) {
   auto parsed = ParseBoundedJson(value, kAnnotationJsonLimits, kVisibleDevicesAnnotation);
@@ -197,346 +259,346 @@ absl::StatusOr<std::map<std::string, std::vector<std::string>>> ParseVisibleDevi
   return out;
 }
 
-void ValidateNodes(const ClusterSnapshot& snapshot, const std::vector<const Object*>& nodes,
-                   const protocol::DeviceConfig& config, const std::string& config_origin,
-                   NvmlSource* nvml, CheckReport& report) {
-  std::map<std::string, NodeNvml> views;
-  for (const Object* node : nodes) {
-    const std::string name = kube::Name(*node);
-    NodeNvml& nv = views[name];
-    if (nvml != nullptr) {
-      NvmlResult r = FetchNvmlView(*nvml, *node);
-      nv.url = r.url;
-      nv.view = std::move(r.view);
-    } else {
-      nv.view = absl::UnavailableError("no NVML endpoint configured");
-    }
-    CheckDevicePlugin(*node, nv, nvml != nullptr, snapshot.taken, report);
-    const NodeGpus gpus = GpusOf(node);
-    const std::string reg = kube::Annotation(*node, protocol::kNodeRegisterAnnotation).value_or("");
+namespace checks {
 
-    // registered-mode
-    if (!gpus.devices.ok()) {
-      std::vector<std::string> evidence = protocol::DetectLegacyNodeRegister(reg);
-      evidence.push_back(std::string(gpus.devices.status().message()));
-      report.Add("registered-mode", name, CheckStatus::kFail,
-                 "the node's registration cannot be read", evidence);
-      continue;
-    }
-    std::vector<const protocol::DeviceInfo*> mig_gpus;
-    std::vector<std::string> not_mig;
-    for (const auto& d : *gpus.devices) {
-      if (d.legacy_mig_template) {
-        not_mig.push_back(fmt::format(
-            "{}: legacy migtemplate field (pre-dynamic-MIG device plugin)", GpuName(d)));
-      } else if (d.mode.find("mig") != std::string::npos) {
-        mig_gpus.push_back(&d);
-      } else {
-        not_mig.push_back(fmt::format("{}: mode \"{}\"", GpuName(d), d.mode));
-      }
-    }
-    if (gpus.devices->empty()) {
-      report.Add("registered-mode", name, CheckStatus::kFail,
-                 "the device plugin registers no GPU on this node");
-      continue;
-    }
-    if (!not_mig.empty()) {
-      report.Add("registered-mode", name, CheckStatus::kFail,
-                 fmt::format("{} of {} registered GPUs are not in mode mig", not_mig.size(),
-                             gpus.devices->size()),
-                 not_mig);
-    } else {
-      report.Add("registered-mode", name, CheckStatus::kPass,
-                 fmt::format("every registered GPU is in mode mig ({} GPUs)", mig_gpus.size()));
-    }
-
-    // mig-profiles
-    std::vector<std::string> empty, counts;
-    for (const auto* d : mig_gpus) {
-      if (d->mig_profiles.empty()) {
-        empty.push_back(GpuName(*d) + ": migProfiles is empty");
-      } else {
-        std::vector<std::string> names;
-        for (const auto& p : d->mig_profiles) names.push_back(p.name);
-        counts.push_back(fmt::format("{}: {}", GpuName(*d), fmt::join(names, ", ")));
-      }
-    }
-    if (!empty.empty()) {
-      report.Add("mig-profiles", name, CheckStatus::kFail,
-                 fmt::format("{} MIG GPUs publish no profile", empty.size()), empty);
-    } else if (!mig_gpus.empty()) {
-      report.Add("mig-profiles", name, CheckStatus::kPass,
-                 "every MIG GPU publishes a non-empty migProfiles", counts);
-    }
-
-    // capability
-    std::vector<std::string> mismatches, sources;
-    bool unverified = false;
-    for (const auto* d : mig_gpus) {
-      if (d->mig_profiles.empty()) continue;
-      const NvmlGpuView* ng = nv.view.ok() ? nv.view->FindGpu(d->id) : nullptr;
-      if (ng != nullptr) {
-        sources.push_back(fmt::format("{}: NVML view {}", GpuName(*d), nv.url));
-        if (ng->mig_enabled.has_value() && !*ng->mig_enabled) {
-          mismatches.push_back(fmt::format("{}: NVML reports MIG mode disabled", GpuName(*d)));
-        }
-        for (const auto& p : d->mig_profiles) {
-          const NvmlProfileView* np = ng->FindProfile(p.name);
-          if (np == nullptr) {
-            mismatches.push_back(fmt::format("{} {}: registered, but NVML has no such profile",
-                                             GpuName(*d), p.name));
-            continue;
-          }
-          CompareProfile(p, np->memory_mib, np->slice_count, np->placements, mismatches,
-                         GpuName(*d), "NVML");
-        }
-        continue;
-      }
-      const mig::CatalogueModel* model = mig::FindModelByNvmlName(d->type);
-      if (model == nullptr) {
-        unverified = true;
-        sources.push_back(
-            fmt::format("{}: {} is not catalogued and NVML is unreachable{}", GpuName(*d), d->type,
-                        nv.view.ok() ? " (GPU absent from the view)"
-                                     : ": " + std::string(nv.view.status().message())));
-        continue;
-      }
-      sources.push_back(fmt::format(
-          "{}: catalogue entry {} (NVML view unavailable: {})", GpuName(*d), model->names.front(),
-          nv.view.ok() ? "GPU absent from the view" : std::string(nv.view.status().message())));
-      for (const auto& p : d->mig_profiles) {
-        const mig::ProfileSpec* spec = model->capability.FindProfile(p.name);
-        if (spec == nullptr) {
-          mismatches.push_back(
-              fmt::format("{} {}: registered, but the catalogue's {} has no such "
-                          "profile",
-                          GpuName(*d), p.name, model->names.front()));
-          continue;
-        }
-        CompareProfile(p, spec->memory_mib, spec->compute_slices, spec->placements, mismatches,
-                       GpuName(*d), "the catalogue");
-      }
-    }
-    if (!mismatches.empty()) {
-      mismatches.insert(mismatches.end(), sources.begin(), sources.end());
-      report.Add("capability", name, CheckStatus::kFail,
-                 fmt::format("{} differences between the registered capability and NVML",
-                             mismatches.size() - sources.size()),
-                 mismatches);
-    } else if (unverified) {
-      report.Add("capability", name, CheckStatus::kWarn,
-                 "some GPUs could not be compared (no NVML view, model not catalogued)", sources);
-    } else if (!mig_gpus.empty()) {
-      const bool all_nvml = std::all_of(sources.begin(), sources.end(), [](const std::string& s) {
-        return s.find(": NVML view") != std::string::npos;
-      });
-      report.Add("capability", name, CheckStatus::kPass,
-                 all_nvml ? "profile memory, slice count and placements match NVML"
-                          : "profile memory, slice count and placements match the catalogue "
-                            "(NVML view not used)",
-                 sources);
-    }
-
-    // allowlist-exposure
-    std::vector<std::string> exposed;
-    for (const auto* d : mig_gpus) {
-      if (d->mig_profiles.empty()) continue;
-      const mig::AllowlistEntry* entry = config.allowlist.Match(d->type);
-      if (entry == nullptr) {
-        exposed.push_back(
-            fmt::format("{}: {} is exposed in MIG mode but no migProfileAllowlist "
-                        "entry matches it",
-                        GpuName(*d), d->type));
-        continue;
-      }
-      for (const auto& p : d->mig_profiles) {
-        if (std::find(entry->profiles.begin(), entry->profiles.end(), p.name) ==
-            entry->profiles.end()) {
-          exposed.push_back(fmt::format("{}: profile {} is exposed but not allowlisted for {}",
-                                        GpuName(*d), p.name, d->type));
-        }
-      }
-    }
-    if (!exposed.empty()) {
-      exposed.push_back("allowlist from " + config_origin);
-      report.Add("allowlist-exposure", name, CheckStatus::kFail,
-                 "the device plugin exposes models or profiles the allowlist does not permit",
-                 exposed);
-    } else if (!mig_gpus.empty()) {
-      report.Add("allowlist-exposure", name, CheckStatus::kPass,
-                 "only allowlisted models and profiles are exposed",
-                 {"allowlist from " + config_origin});
-    }
-  }
-
-  // Pods.
-  std::set<std::string> names;
-  for (const Object* n : nodes) names.insert(kube::Name(*n));
-  for (const auto& pod : snapshot.pods) {
-    if (!IsActiveMigPod(pod, config.resources) || !names.count(PodNode(pod))) continue;
-    ValidatePod(snapshot, pod, config, views, report);
-  }
+bool DevicePluginAlive(const CheckInput& in, CheckReport& report) {
+  CheckDevicePlugin(*in.node, *in.nvml, in.nvml_configured, in.snapshot->taken, report);
+  return true;
 }
 
-void ValidatePod(const ClusterSnapshot& snapshot, const Object& pod,
-                 const protocol::DeviceConfig& config,
-                 const std::map<std::string, NodeNvml>& nvml_views, CheckReport& report,
-                 const std::string& prefix) {
-  const std::string key = PodKey(pod);
-  const std::string node = PodNode(pod);
-  const auto annotation = kube::Annotation(pod, protocol::kMigAllocationsAnnotation);
-  const auto legacy = LegacyIdentities(pod);
-  if (!legacy.empty()) {
+bool RegisteredMode(const CheckInput& in, CheckReport& report) {
+  const ValidateFacts& f = *in.validate;
+  const std::string& name = in.node_name;
+  if (!f.gpus.devices.ok()) {
+    std::vector<std::string> evidence = protocol::DetectLegacyNodeRegister(f.reg);
+    evidence.push_back(std::string(f.gpus.devices.status().message()));
+    report.Add("registered-mode", name, CheckStatus::kFail,
+               "the node's registration cannot be read", evidence);
+    return false;
+  }
+  if (f.gpus.devices->empty()) {
+    report.Add("registered-mode", name, CheckStatus::kFail,
+               "the device plugin registers no GPU on this node");
+    return false;
+  }
+  if (!f.not_mig.empty()) {
+    report.Add("registered-mode", name, CheckStatus::kFail,
+               fmt::format("{} of {} registered GPUs are not in mode mig", f.not_mig.size(),
+                           f.gpus.devices->size()),
+               f.not_mig);
+  } else {
+    report.Add("registered-mode", name, CheckStatus::kPass,
+               fmt::format("every registered GPU is in mode mig ({} GPUs)", f.mig_gpus.size()));
+  }
+  return true;
+}
+
+bool MigProfiles(const CheckInput& in, CheckReport& report) {
+  const auto& mig_gpus = in.validate->mig_gpus;
+  std::vector<std::string> empty, counts;
+  for (const auto* d : mig_gpus) {
+    if (d->mig_profiles.empty()) {
+      empty.push_back(GpuName(*d) + ": migProfiles is empty");
+    } else {
+      std::vector<std::string> names;
+      for (const auto& p : d->mig_profiles) names.push_back(p.name);
+      counts.push_back(fmt::format("{}: {}", GpuName(*d), fmt::join(names, ", ")));
+    }
+  }
+  if (!empty.empty()) {
+    report.Add("mig-profiles", in.node_name, CheckStatus::kFail,
+               fmt::format("{} MIG GPUs publish no profile", empty.size()), empty);
+  } else if (!mig_gpus.empty()) {
+    report.Add("mig-profiles", in.node_name, CheckStatus::kPass,
+               "every MIG GPU publishes a non-empty migProfiles", counts);
+  }
+  return true;
+}
+
+bool Capability(const CheckInput& in, CheckReport& report) {
+  const auto& mig_gpus = in.validate->mig_gpus;
+  const NodeNvml& nv = *in.nvml;
+  const std::string& name = in.node_name;
+  std::vector<std::string> mismatches, sources;
+  bool unverified = false;
+  for (const auto* d : mig_gpus) {
+    if (d->mig_profiles.empty()) continue;
+    const NvmlGpuView* ng = nv.view.ok() ? nv.view->FindGpu(d->id) : nullptr;
+    if (ng != nullptr) {
+      sources.push_back(fmt::format("{}: NVML view {}", GpuName(*d), nv.url));
+      if (ng->mig_enabled.has_value() && !*ng->mig_enabled) {
+        mismatches.push_back(fmt::format("{}: NVML reports MIG mode disabled", GpuName(*d)));
+      }
+      for (const auto& p : d->mig_profiles) {
+        const NvmlProfileView* np = ng->FindProfile(p.name);
+        if (np == nullptr) {
+          mismatches.push_back(
+              fmt::format("{} {}: registered, but NVML has no such profile", GpuName(*d), p.name));
+          continue;
+        }
+        CompareProfile(p, np->memory_mib, np->slice_count, np->placements, mismatches, GpuName(*d),
+                       "NVML");
+      }
+      continue;
+    }
+    const mig::CatalogueModel* model = mig::FindModelByNvmlName(d->type);
+    if (model == nullptr) {
+      unverified = true;
+      sources.push_back(fmt::format("{}: {} is not catalogued and NVML is unreachable{}",
+                                    GpuName(*d), d->type,
+                                    nv.view.ok() ? " (GPU absent from the view)"
+                                                 : ": " + std::string(nv.view.status().message())));
+      continue;
+    }
+    sources.push_back(fmt::format(
+        "{}: catalogue entry {} (NVML view unavailable: {})", GpuName(*d), model->names.front(),
+        nv.view.ok() ? "GPU absent from the view" : std::string(nv.view.status().message())));
+    for (const auto& p : d->mig_profiles) {
+      const mig::ProfileSpec* spec = model->capability.FindProfile(p.name);
+      if (spec == nullptr) {
+        mismatches.push_back(
+            fmt::format("{} {}: registered, but the catalogue's {} has no such "
+                        "profile",
+                        GpuName(*d), p.name, model->names.front()));
+        continue;
+      }
+      CompareProfile(p, spec->memory_mib, spec->compute_slices, spec->placements, mismatches,
+                     GpuName(*d), "the catalogue");
+    }
+  }
+  if (!mismatches.empty()) {
+    mismatches.insert(mismatches.end(), sources.begin(), sources.end());
+    report.Add("capability", name, CheckStatus::kFail,
+               fmt::format("{} differences between the registered capability and NVML",
+                           mismatches.size() - sources.size()),
+               mismatches);
+  } else if (unverified) {
+    report.Add("capability", name, CheckStatus::kWarn,
+               "some GPUs could not be compared (no NVML view, model not catalogued)", sources);
+  } else if (!mig_gpus.empty()) {
+    const bool all_nvml = std::all_of(sources.begin(), sources.end(), [](const std::string& s) {
+      return s.find(": NVML view") != std::string::npos;
+    });
+    report.Add("capability", name, CheckStatus::kPass,
+               all_nvml ? "profile memory, slice count and placements match NVML"
+                        : "profile memory, slice count and placements match the catalogue "
+                          "(NVML view not used)",
+               sources);
+  }
+  return true;
+}
+
+bool AllowlistExposure(const CheckInput& in, CheckReport& report) {
+  const auto& mig_gpus = in.validate->mig_gpus;
+  const protocol::DeviceConfig& config = *in.config;
+  const std::string& config_origin = in.config_origin;
+  const std::string& name = in.node_name;
+  std::vector<std::string> exposed;
+  for (const auto* d : mig_gpus) {
+    if (d->mig_profiles.empty()) continue;
+    const mig::AllowlistEntry* entry = config.allowlist.Match(d->type);
+    if (entry == nullptr) {
+      exposed.push_back(
+          fmt::format("{}: {} is exposed in MIG mode but no migProfileAllowlist "
+                      "entry matches it",
+                      GpuName(*d), d->type));
+      continue;
+    }
+    for (const auto& p : d->mig_profiles) {
+      if (std::find(entry->profiles.begin(), entry->profiles.end(), p.name) ==
+          entry->profiles.end()) {
+        exposed.push_back(fmt::format("{}: profile {} is exposed but not allowlisted for {}",
+                                      GpuName(*d), p.name, d->type));
+      }
+    }
+  }
+  if (!exposed.empty()) {
+    exposed.push_back("allowlist from " + config_origin);
+    report.Add("allowlist-exposure", name, CheckStatus::kFail,
+               "the device plugin exposes models or profiles the allowlist does not permit",
+               exposed);
+  } else if (!mig_gpus.empty()) {
+    report.Add("allowlist-exposure", name, CheckStatus::kPass,
+               "only allowlisted models and profiles are exposed",
+               {"allowlist from " + config_origin});
+  }
+  return true;
+}
+
+bool PodReservation(const CheckInput& in, CheckReport& report) {
+  const PodFacts& f = *in.pod_facts;
+  const std::string& prefix = in.pod_prefix;
+  const std::string& key = f.key;
+  const std::string& node = f.node;
+  if (!f.legacy.empty()) {
     report.AddFor(prefix + "reservation", node, key, CheckStatus::kFail,
                   "holds legacy GPU-uuid[template-slot] identities (placed by a legacy scheduler)",
-                  legacy);
-    return;
+                  f.legacy);
+    return false;
   }
-  if (!annotation) {
+  if (!f.annotated) {
     report.AddFor(prefix + "reservation", node, key, CheckStatus::kFail,
                   fmt::format("no {}: the scheduler did not reserve a profile and placement",
                               protocol::kMigAllocationsAnnotation),
-                  {fmt::format("phase {}, scheduler {}", kube::Phase(pod),
-                               kube::StringAt(pod, "/spec/schedulerName"))});
-    return;
+                  {fmt::format("phase {}, scheduler {}", kube::Phase(*in.pod),
+                               kube::StringAt(*in.pod, "/spec/schedulerName"))});
+    return false;
   }
-  auto allocs = protocol::DecodeMigAllocations(*annotation);
-  if (!allocs.ok()) {
-    const std::string msg(std::string(allocs.status().message()));
+  if (!f.allocs.ok()) {
+    const std::string msg(f.allocs.status().message());
     if (msg.find("partial runtime identity") != std::string::npos) {
       report.AddFor(prefix + "reservation", node, key, CheckStatus::kPass,
                     fmt::format("the scheduler wrote {}", protocol::kMigAllocationsAnnotation));
       report.AddFor(prefix + "runtime", node, key, CheckStatus::kFail,
                     "the runtime identity is partial (all of MIG UUID, GI ID and CI ID, or none)",
                     {msg});
-      return;
+      return false;
     }
     report.AddFor(prefix + "reservation", node, key, CheckStatus::kFail,
                   fmt::format("{} does not decode", protocol::kMigAllocationsAnnotation), {msg});
-    return;
+    return false;
   }
-  if (allocs->empty()) {
+  if (f.allocs->empty()) {
     report.AddFor(prefix + "reservation", node, key, CheckStatus::kFail,
                   fmt::format("{} is empty", protocol::kMigAllocationsAnnotation));
-    return;
+    return false;
   }
   std::vector<std::string> lines;
-  for (const auto& a : *allocs) lines.push_back(AllocName(a));
+  for (const auto& a : *f.allocs) lines.push_back(AllocName(a));
   report.AddFor(
       prefix + "reservation", node, key, CheckStatus::kPass,
       fmt::format("the scheduler wrote {} ({} instance{})", protocol::kMigAllocationsAnnotation,
-                  allocs->size(), allocs->size() == 1 ? "" : "s"),
+                  f.allocs->size(), f.allocs->size() == 1 ? "" : "s"),
       lines);
+  return true;
+}
 
-  const NodeGpus gpus = GpusOf(snapshot.FindNode(node));
-
-  // pod-profile: memory covers the request; instance counts.
-  auto request = protocol::ParsePodRequest(pod, config.resources);
+bool PodProfile(const CheckInput& in, CheckReport& report) {
+  const PodFacts& f = *in.pod_facts;
+  const std::string& prefix = in.pod_prefix;
+  const std::string& key = f.key;
+  const std::string& node = f.node;
+  const NodeGpus& gpus = f.gpus;
+  const auto& allocs = f.allocs;
+  auto request = protocol::ParsePodRequest(*in.pod, in.config->resources);
   if (!request.ok()) {
     report.AddFor(prefix + "profile", node, key, CheckStatus::kFail,
                   "the pod's GPU request does not parse",
                   {std::string(request.status().message())});
-  } else {
-    std::vector<std::string> bad, good;
-    std::map<int, uint32_t> per_container;
-    for (const auto& a : *allocs) {
-      ++per_container[a.container_index];
-      if (a.container_index < 0 ||
-          static_cast<size_t>(a.container_index) >= request->containers.size()) {
-        bad.push_back(
-            fmt::format("{}: the pod has no container {}", AllocName(a), a.container_index));
-        continue;
-      }
-      const auto& c = request->containers[a.container_index];
-      const protocol::DeviceInfo* dev = gpus.Find(a.gpu_uuid);
-      if (dev == nullptr) {
-        bad.push_back(fmt::format("{}: GPU not registered on {}", AllocName(a), node));
-        continue;
-      }
-      const mig::GpuCapability cap = protocol::ToCapability(*dev);
-      const mig::ProfileSpec* spec = cap.FindProfile(a.profile);
-      if (spec == nullptr) {
-        bad.push_back(
-            fmt::format("{}: the GPU does not register profile {}", AllocName(a), a.profile));
-        continue;
-      }
-      const uint64_t want = mig::ResolveMemory(c.memory.mib, c.memory.percent, cap);
-      if (spec->SizingMib() < want) {
-        bad.push_back(fmt::format("{}: {} covers {} MiB, container \"{}\" asks for {} MiB",
-                                  AllocName(a), a.profile, spec->SizingMib(), c.name, want));
-      } else {
-        good.push_back(fmt::format("container \"{}\": {} ({} MiB in NVML) covers {} MiB", c.name,
-                                   a.profile, spec->memory_mib, want));
-      }
-    }
-    for (size_t i = 0; i < request->containers.size(); ++i) {
-      const auto& c = request->containers[i];
-      const uint32_t got = per_container.count(static_cast<int>(i)) ? per_container[i] : 0;
-      if (c.count != got) {
-        bad.push_back(fmt::format("container \"{}\" asks for {} instance{}, {} reserved", c.name,
-                                  c.count, c.count == 1 ? "" : "s", got));
-      }
-    }
-    if (bad.empty()) {
-      report.AddFor(prefix + "profile", node, key, CheckStatus::kPass,
-                    "every reserved profile covers its container's memory request", good);
-    } else {
-      report.AddFor(prefix + "profile", node, key, CheckStatus::kFail,
-                    "reserved profiles do not match the request", bad);
-    }
+    return true;
   }
-
-  // pod-overlap: against every other active reservation on the node.
-  {
-    std::vector<std::string> bad;
-    std::map<std::string, mig::Occupancy> others;  // by GPU uuid
-    for (const auto& other : snapshot.pods) {
-      if (IsTerminated(other) || PodNode(other) != node || PodKey(other) == key) continue;
-      const auto value = kube::Annotation(other, protocol::kMigAllocationsAnnotation);
-      if (!value) continue;
-      auto theirs = protocol::DecodeMigAllocations(*value);
-      if (!theirs.ok()) continue;
-      for (const auto& a : *theirs) {
-        const protocol::DeviceInfo* dev = gpus.Find(a.gpu_uuid);
-        if (dev == nullptr) continue;
-        const mig::GpuCapability cap = protocol::ToCapability(*dev);
-        // Illegal or mutually overlapping reservations of others are their own findings.
-        (void)others[a.gpu_uuid].Reserve(cap, a.profile, a.placement, PodKey(other));
-      }
-    }
-    std::map<std::string, mig::Occupancy> mine;
-    for (const auto& a : *allocs) {
-      const protocol::DeviceInfo* dev = gpus.Find(a.gpu_uuid);
-      if (dev == nullptr) {
-        bad.push_back(fmt::format("{}: the node does not register this GPU", AllocName(a)));
-        continue;
-      }
-      const mig::GpuCapability cap = protocol::ToCapability(*dev);
-      if (auto st = mine[a.gpu_uuid].Reserve(cap, a.profile, a.placement, key); !st.ok()) {
-        bad.push_back(fmt::format("{}: {}", AllocName(a), std::string(st.message())));
-        continue;
-      }
-      for (const auto& r : others[a.gpu_uuid].reservations()) {
-        if (r.placement.Overlaps(a.placement)) {
-          bad.push_back(fmt::format("{} overlaps {} of {} at {}", AllocName(a), r.profile, r.owner,
-                                    r.placement.ToString()));
-        }
-      }
-    }
-    if (bad.empty()) {
-      report.AddFor(prefix + "overlap", node, key, CheckStatus::kPass,
-                    "no reservation overlaps another active reservation");
-    } else {
-      report.AddFor(prefix + "overlap", node, key, CheckStatus::kFail,
-                    "reservations overlap or are illegal", bad);
-    }
-  }
-
-  // pod-runtime
-  std::vector<std::string> missing;
+  std::vector<std::string> bad, good;
+  std::map<int, uint32_t> per_container;
   for (const auto& a : *allocs) {
-    if (!a.runtime) missing.push_back(AllocName(a) + ": no MIG UUID, GI ID or CI ID");
+    ++per_container[a.container_index];
+    if (a.container_index < 0 ||
+        static_cast<size_t>(a.container_index) >= request->containers.size()) {
+      bad.push_back(
+          fmt::format("{}: the pod has no container {}", AllocName(a), a.container_index));
+      continue;
+    }
+    const auto& c = request->containers[a.container_index];
+    const protocol::DeviceInfo* dev = gpus.Find(a.gpu_uuid);
+    if (dev == nullptr) {
+      bad.push_back(fmt::format("{}: GPU not registered on {}", AllocName(a), node));
+      continue;
+    }
+    const mig::GpuCapability cap = protocol::ToCapability(*dev);
+    const mig::ProfileSpec* spec = cap.FindProfile(a.profile);
+    if (spec == nullptr) {
+      bad.push_back(
+          fmt::format("{}: the GPU does not register profile {}", AllocName(a), a.profile));
+      continue;
+    }
+    const uint64_t want = mig::ResolveMemory(c.memory.mib, c.memory.percent, cap);
+    if (spec->SizingMib() < want) {
+      bad.push_back(fmt::format("{}: {} covers {} MiB, container \"{}\" asks for {} MiB",
+                                AllocName(a), a.profile, spec->SizingMib(), c.name, want));
+    } else {
+      good.push_back(fmt::format("container \"{}\": {} ({} MiB in NVML) covers {} MiB", c.name,
+                                 a.profile, spec->memory_mib, want));
+    }
   }
+  for (size_t i = 0; i < request->containers.size(); ++i) {
+    const auto& c = request->containers[i];
+    const uint32_t got = per_container.count(static_cast<int>(i)) ? per_container[i] : 0;
+    if (c.count != got) {
+      bad.push_back(fmt::format("container \"{}\" asks for {} instance{}, {} reserved", c.name,
+                                c.count, c.count == 1 ? "" : "s", got));
+    }
+  }
+  if (bad.empty()) {
+    report.AddFor(prefix + "profile", node, key, CheckStatus::kPass,
+                  "every reserved profile covers its container's memory request", good);
+  } else {
+    report.AddFor(prefix + "profile", node, key, CheckStatus::kFail,
+                  "reserved profiles do not match the request", bad);
+  }
+  return true;
+}
+
+bool PodOverlap(const CheckInput& in, CheckReport& report) {
+  const PodFacts& f = *in.pod_facts;
+  const std::string& prefix = in.pod_prefix;
+  const std::string& key = f.key;
+  const std::string& node = f.node;
+  const NodeGpus& gpus = f.gpus;
+  const auto& allocs = f.allocs;
+  const ClusterSnapshot& snapshot = *in.snapshot;
+  std::vector<std::string> bad;
+  std::map<std::string, mig::Occupancy> others;  // by GPU uuid
+  for (const Object* on_node : ActivePodsOn(snapshot, node)) {
+    const Object& other = *on_node;
+    if (PodKey(other) == key) continue;
+    const auto value = kube::Annotation(other, protocol::kMigAllocationsAnnotation);
+    if (!value) continue;
+    auto theirs = protocol::DecodeMigAllocations(*value);
+    if (!theirs.ok()) continue;
+    for (const auto& a : *theirs) {
+      const protocol::DeviceInfo* dev = gpus.Find(a.gpu_uuid);
+      if (dev == nullptr) continue;
+      const mig::GpuCapability cap = protocol::ToCapability(*dev);
+      // Illegal or mutually overlapping reservations of others are their own findings.
+      (void)others[a.gpu_uuid].Reserve(cap, a.profile, a.placement, PodKey(other));
+    }
+  }
+  std::map<std::string, mig::Occupancy> mine;
+  for (const auto& a : *allocs) {
+    const protocol::DeviceInfo* dev = gpus.Find(a.gpu_uuid);
+    if (dev == nullptr) {
+      bad.push_back(fmt::format("{}: the node does not register this GPU", AllocName(a)));
+      continue;
+    }
+    const mig::GpuCapability cap = protocol::ToCapability(*dev);
+    if (auto st = mine[a.gpu_uuid].Reserve(cap, a.profile, a.placement, key); !st.ok()) {
+      bad.push_back(fmt::format("{}: {}", AllocName(a), std::string(st.message())));
+      continue;
+    }
+    for (const auto& r : others[a.gpu_uuid].reservations()) {
+      if (r.placement.Overlaps(a.placement)) {
+        bad.push_back(fmt::format("{} overlaps {} of {} at {}", AllocName(a), r.profile, r.owner,
+                                  r.placement.ToString()));
+      }
+    }
+  }
+  if (bad.empty()) {
+    report.AddFor(prefix + "overlap", node, key, CheckStatus::kPass,
+                  "no reservation overlaps another active reservation");
+  } else {
+    report.AddFor(prefix + "overlap", node, key, CheckStatus::kFail,
+                  "reservations overlap or are illegal", bad);
+  }
+  return true;
+}
+
+bool PodRuntime(const CheckInput& in, CheckReport& report) {
+  const PodFacts& f = *in.pod_facts;
+  const std::string& prefix = in.pod_prefix;
+  const std::string& key = f.key;
+  const std::string& node = f.node;
+  const auto& allocs = f.allocs;
+  const Object& pod = *in.pod;
+  const std::vector<std::string>& missing = f.missing_runtime;
   if (!AfterAllocate(pod)) {
     report.AddFor(prefix + "runtime", node, key, CheckStatus::kSkip,
                   fmt::format("not allocated yet (phase {})", kube::Phase(pod)));
@@ -553,8 +615,16 @@ void ValidatePod(const ClusterSnapshot& snapshot, const Object& pod,
     report.AddFor(prefix + "runtime", node, key, CheckStatus::kPass,
                   "every instance has its MIG UUID, GI ID and CI ID", ids);
   }
+  return true;
+}
 
-  // pod-visible
+bool PodVisible(const CheckInput& in, CheckReport& report) {
+  const PodFacts& f = *in.pod_facts;
+  const std::string& prefix = in.pod_prefix;
+  const std::string& key = f.key;
+  const std::string& node = f.node;
+  const auto& allocs = f.allocs;
+  const Object& pod = *in.pod;
   const auto visible = kube::Annotation(pod, kVisibleDevicesAnnotation);
   if (!visible) {
     report.AddFor(prefix + "visible", node, key, CheckStatus::kSkip,
@@ -610,8 +680,18 @@ void ValidatePod(const ClusterSnapshot& snapshot, const Object& pod,
                     "the containers see the annotated MIG UUIDs", good);
     }
   }
+  return true;
+}
 
-  // pod-nvml
+bool PodNvml(const CheckInput& in, CheckReport& report) {
+  const PodFacts& f = *in.pod_facts;
+  const std::string& prefix = in.pod_prefix;
+  const std::string& key = f.key;
+  const std::string& node = f.node;
+  const auto& allocs = f.allocs;
+  const std::vector<std::string>& missing = f.missing_runtime;
+  const auto& nvml_views = *in.nvml_views;
+  const Object& pod = *in.pod;
   auto nv = nvml_views.find(node);
   if (nv == nvml_views.end() || !nv->second.view.ok()) {
     report.AddFor(prefix + "nvml", node, key, CheckStatus::kSkip,
@@ -664,11 +744,68 @@ void ValidatePod(const ClusterSnapshot& snapshot, const Object& pod,
                     "the annotation does not match NVML", bad);
     }
   }
+  return true;
+}
+
+}  // namespace checks
+
+void ValidateNodes(const ClusterSnapshot& snapshot, const std::vector<const Object*>& nodes,
+                   const protocol::DeviceConfig& config, const std::string& config_origin,
+                   NvmlSource* nvml, CheckReport& report) {
+  std::map<std::string, NodeNvml> views;
+  CheckInput in;
+  in.snapshot = &snapshot;
+  in.config = &config;
+  in.config_origin = config_origin;
+  in.nvml_configured = nvml != nullptr;
+  for (const Object* node : nodes) {
+    in.node = node;
+    in.node_name = kube::Name(*node);
+    NodeNvml& nv = views[in.node_name];
+    if (nvml != nullptr) {
+      NvmlResult r = FetchNvmlView(*nvml, *node);
+      nv.url = r.url;
+      nv.view = std::move(r.view);
+    } else {
+      nv.view = absl::UnavailableError("no NVML endpoint configured");
+    }
+    const ValidateFacts facts = ReadValidateFacts(*node);
+    in.nvml = &nv;
+    in.validate = &facts;
+    RunChecks(CheckCommand::kValidate, CheckScope::kNode, in, report);
+  }
+  in.validate = nullptr;
+  in.nvml = nullptr;
+
+  // Pods.
+  std::set<std::string> names;
+  for (const Object* n : nodes) names.insert(kube::Name(*n));
+  for (const auto& pod : snapshot.pods) {
+    if (!IsActiveMigPod(pod, config.resources) || !names.count(PodNode(pod))) continue;
+    ValidatePod(snapshot, pod, config, views, report);
+  }
+}
+
+void ValidatePod(const ClusterSnapshot& snapshot, const Object& pod,
+                 const protocol::DeviceConfig& config,
+                 const std::map<std::string, NodeNvml>& nvml_views, CheckReport& report,
+                 const std::string& prefix) {
+  const PodFacts facts = ReadPodFacts(snapshot, pod);
+  CheckInput in;
+  in.snapshot = &snapshot;
+  in.config = &config;
+  in.node_name = facts.node;
+  in.node = snapshot.FindNode(facts.node);
+  in.pod = &pod;
+  in.pod_facts = &facts;
+  in.nvml_views = &nvml_views;
+  in.pod_prefix = prefix;
+  RunChecks(CheckCommand::kValidate, CheckScope::kPod, in, report);
 }
 
 absl::StatusOr<CheckReport> RunValidate(kube::KubeClient& client, NvmlSource* nvml,
-                                        const ValidateOptions& options, absl::Time now) {
-  auto snap = TakeSnapshot(client, now);
+                                        const ValidateOptions& options, const Clock& clock) {
+  auto snap = TakeSnapshot(client, clock.Now());
   if (!snap.ok()) return snap.status();
   auto source = FindDeviceConfig(client, options.config);
   if (!source.ok()) return source.status();
@@ -700,7 +837,7 @@ absl::StatusOr<CheckReport> RunValidate(kube::KubeClient& client, NvmlSource* nv
   if (options.canary) {
     CanaryOptions canary = options.canary_options;
     if (canary.node.empty()) canary.node = options.node;
-    RunCanary(client, nvml, canary, config, report);
+    RunCanary(client, nvml, canary, config, clock, report);
   }
   return report;
 }

@@ -49,9 +49,10 @@ struct ValidateOptions {
 };
 
 // `nvml` may be null (no endpoint: capability is compared with the catalogue, pod-nvml skipped).
+// The snapshot is taken at clock.Now(); the canary waits on `clock`.
 // Errors: kNotFound (no such node; a named config missing), the client's errors.
 absl::StatusOr<CheckReport> RunValidate(kube::KubeClient& client, NvmlSource* nvml,
-                                        const ValidateOptions& options, absl::Time now);
+                                        const ValidateOptions& options, const Clock& clock);
 
 // The static checks alone, on a snapshot (the canary reuses them on its own pod).
 void ValidateNodes(const ClusterSnapshot& snapshot, const std::vector<const kube::Object*>& nodes,

@@ -21,4 +21,11 @@ inline CliResult RunDynmig(const std::vector<std::string>& args) {
   return {code, out.str(), err.str()};
 }
 
+// The same on `clock` (a FakeClock: the commands' waits end when the test moves it).
+inline CliResult RunDynmig(const std::vector<std::string>& args, const Clock& clock) {
+  std::ostringstream out, err;
+  const int code = RunCli(args, out, err, clock);
+  return {code, out.str(), err.str()};
+}
+
 }  // namespace dynmig::cli::testing

@@ -8,8 +8,9 @@
 #include "ops/canary.h"
 
 #include <atomic>
-#include <condition_variable>
+#include <functional>
 
+#include "common/clock.h"
 #include "ops/cluster.h"
 #include "ops/ops_test_util.h"
 
@@ -49,10 +50,9 @@ class FakeCanaryCluster : public CanaryCluster {
   }
   ~FakeCanaryCluster() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       stop_ = true;
     }
-    cv_.notify_all();
     thread_.join();
   }
   std::string Kubeconfig() const override { return kubeconfig_; }
@@ -60,8 +60,17 @@ class FakeCanaryCluster : public CanaryCluster {
   std::string Node() const override { return "node-a"; }
 
   std::vector<std::string> log() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return log_;
+  }
+
+  // Blocks (real time, at most 10 s) until the loop has made one more full pass over the pods:
+  // whatever the canary did before the call has been answered.
+  bool AwaitPass() {
+    absl::MutexLock lock(&mu_);
+    const uint64_t seen = passes_;
+    auto next = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return passes_ > seen + 1 || stop_; };
+    return mu_.AwaitWithTimeout(absl::Condition(&next), absl::Seconds(10));
   }
 
  private:
@@ -71,18 +80,22 @@ class FakeCanaryCluster : public CanaryCluster {
     nvml_.Set("node-a", NvmlDoc("node-a", {{"GPU-a0"}}, list));
   }
   void Note(const std::string& line) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     log_.push_back(line);
   }
   void Loop() {
     while (true) {
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        if (cv_.wait_for(lock, std::chrono::milliseconds(5), [this] { return stop_; })) return;
+        // One pass every 5 ms of real time: the cluster runs beside the canary, not on its clock.
+        absl::MutexLock lock(&mu_);
+        if (mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(5))) return;
       }
       auto pods = server_.store().List(kube::Resource::kPods, {});
-      if (!pods.ok()) continue;
-      for (const auto& stored : pods->items) Handle(stored->object);
+      if (pods.ok()) {
+        for (const auto& stored : pods->items) Handle(stored->object);
+      }
+      absl::MutexLock lock(&mu_);
+      ++passes_;
     }
   }
   void Handle(const json& pod) {
@@ -143,10 +156,37 @@ class FakeCanaryCluster : public CanaryCluster {
   const Faults faults_;
   const std::vector<NvmlInstance> base_;
   std::map<std::string, NvmlInstance> instances_;  // loop thread only
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  std::vector<std::string> log_;
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::string> log_ ABSL_GUARDED_BY(mu_);
+  uint64_t passes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread thread_;
+};
+
+// Moves a FakeClock to the next deadline each time the code under test sleeps or waits on it, once
+// `settle` returns (the world it polls has answered), until destroyed: the canary's polls and
+// timeouts run in simulated time.
+class ClockDriver {
+ public:
+  ClockDriver(FakeClock& clock, std::function<void()> settle)
+      : clock_(clock), settle_(std::move(settle)), thread_([this] { Loop(); }) {}
+  ~ClockDriver() {
+    stop_ = true;
+    thread_.join();
+  }
+
+ private:
+  void Loop() {
+    while (!stop_) {
+      if (!clock_.AwaitWaiters(1, absl::Milliseconds(10))) continue;
+      settle_();
+      clock_.AdvanceToNextDeadline();
+    }
+  }
+
+  FakeClock& clock_;
+  const std::function<void()> settle_;
+  std::atomic<bool> stop_{false};
   std::thread thread_;
 };
 
@@ -161,7 +201,8 @@ class CanaryTest : public OpsTest {
     Add(PlacedPod("neighbour", "node-a", 9000,
                   {{"GPU-a0", "2g.10gb", 0, 2, Runtime{"MIG-n", 3, 0}}}));
   }
-  json RunCanary(CanaryCluster& cluster, int code) {
+  // `clock`: run on it (null: the real clock).
+  json RunCanary(CanaryCluster& cluster, int code, const Clock* clock = nullptr) {
     std::vector<std::string> args = {"validate",
                                      "--canary",
                                      "--node",
@@ -176,7 +217,8 @@ class CanaryTest : public OpsTest {
                                      cluster.Kubeconfig(),
                                      "-o",
                                      "json"};
-    auto r = cli::testing::RunDynmig(args);
+    auto r =
+        clock != nullptr ? cli::testing::RunDynmig(args, *clock) : cli::testing::RunDynmig(args);
     EXPECT_EQ(r.code, code) << r.out << r.err;
     try {
       return json::parse(r.out);
@@ -235,7 +277,10 @@ TEST_F(CanaryTest, CanaryPodAsTheGuideWritesIt) {
 TEST_F(CanaryTest, NeverRunningTimesOutAndCleansUp) {
   FakeCanaryCluster cluster(*server_, nvml_, kubeconfig_, {.never_schedule = true},
                             {{"GPU-a0", "2g.10gb", 0, 2, 3, 0, "MIG-n"}});
-  const json r = RunCanary(cluster, 1);
+  // The 3 s bound passes in simulated time, one poll per pass of the cluster.
+  FakeClock clock;
+  ClockDriver driver(clock, [&] { cluster.AwaitPass(); });
+  const json r = RunCanary(cluster, 1, &clock);
   EXPECT_EQ(Result(r, "canary-running"), "FAIL");
   EXPECT_NE(Evidence(r, "canary-running").find("not bound to a node"), std::string::npos)
       << Evidence(r, "canary-running");
@@ -282,7 +327,9 @@ TEST_F(CanaryTest, MismatchedVisibleUuidFails) {
 TEST_F(CanaryTest, InstanceNotReclaimedFails) {
   FakeCanaryCluster cluster(*server_, nvml_, kubeconfig_, {.keep_instance = true},
                             {{"GPU-a0", "2g.10gb", 0, 2, 3, 0, "MIG-n"}});
-  const json r = RunCanary(cluster, 1);
+  FakeClock clock;
+  ClockDriver driver(clock, [&] { cluster.AwaitPass(); });
+  const json r = RunCanary(cluster, 1, &clock);
   EXPECT_EQ(Result(r, "canary-released"), "PASS");
   EXPECT_EQ(Result(r, "canary-reclaimed"), "FAIL");
   EXPECT_NE(Evidence(r, "canary-reclaimed").find("NVML still has MIG-canary"), std::string::npos);
