@@ -39,6 +39,7 @@
 #include "kube/object.h"
 #include "local/local_cluster.h"
 #include "local/node_agent.h"
+#include "protocol/annotations.h"
 #include "protocol/device_config.h"
 #include "protocol/idle_instances.h"
 #include "spdlog/spdlog.h"
@@ -72,8 +73,11 @@ json Pod(const std::string& name, bool gpu, int64_t gpumem) {
       {"name", "work"}, {"image", "busybox"}, {"command", json::array({"sh", "-c", "sleep 3600"})}};
   json meta = {{"name", name}, {"namespace", "default"}};
   if (gpu) {
-    c["resources"] = {{"limits", {{"nvidia.com/gpu", 1}, {"nvidia.com/gpumem", gpumem}}}};
-    meta["annotations"] = {{"nvidia.com/vgpu-mode", "mig"}};
+    c["resources"] = {{"limits",
+                       {{std::string(protocol::kResourceCount), 1},
+                        {std::string(protocol::kResourceMemory), gpumem}}}};
+    meta["annotations"] = {
+        {std::string(protocol::kVgpuModeAnnotation), std::string(protocol::kVgpuModeMig)}};
   }
   return {{"apiVersion", "v1"},
           {"kind", "Pod"},

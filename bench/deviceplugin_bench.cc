@@ -193,7 +193,7 @@ class Bench {
           {"containers",
            {{{"name", "c0"},
              {"image", "cuda"},
-             {"resources", {{"limits", {{"nvidia.com/gpu", "1"}}}}}}}}}},
+             {"resources", {{"limits", {{std::string(protocol::kResourceCount), "1"}}}}}}}}}},
         {"status", {{"phase", "Pending"}}}};
     (void)client_->CreatePod(pod);
     kube::Object lock = {{"metadata",

@@ -33,6 +33,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "common/clock.h"
@@ -42,6 +43,7 @@
 #include "kube/rest_kube_client.h"
 #include "mig/catalogue.h"
 #include "mig/node_planner.h"
+#include "protocol/annotations.h"
 #include "protocol/device_config.h"
 #include "protocol/mig_allocations.h"
 #include "protocol/node_register.h"
@@ -85,17 +87,19 @@ std::string NodeName(int i) { return fmt::format("node-{:05d}", i); }
 std::string Gpu(int node, int gpu) { return fmt::format("GPU-{:05d}-{}", node, gpu); }
 
 json Pod(const std::string& ns, const std::string& name, int64_t mem) {
-  return {{"apiVersion", "v1"},
-          {"kind", "Pod"},
-          {"metadata", {{"name", name}, {"namespace", ns}, {"annotations", json::object()}}},
-          {"spec",
-           {{"schedulerName", "dynmig-scheduler"},
-            {"containers", json::array({{{"name", "main"},
-                                         {"image", "cuda"},
-                                         {"resources",
-                                          {{"limits",
-                                            {{"nvidia.com/gpu", "1"},
-                                             {"nvidia.com/gpumem", std::to_string(mem)}}}}}}})}}}};
+  return {
+      {"apiVersion", "v1"},
+      {"kind", "Pod"},
+      {"metadata", {{"name", name}, {"namespace", ns}, {"annotations", json::object()}}},
+      {"spec",
+       {{"schedulerName", "dynmig-scheduler"},
+        {"containers",
+         json::array({{{"name", "main"},
+                       {"image", "cuda"},
+                       {"resources",
+                        {{"limits",
+                          {{std::string(protocol::kResourceCount), "1"},
+                           {std::string(protocol::kResourceMemory), std::to_string(mem)}}}}}}})}}}};
 }
 
 // The child: an in-memory API server with the cluster in it. Writes its port to `port_fd`, then
@@ -127,8 +131,9 @@ json Pod(const std::string& ns, const std::string& name, int64_t mem) {
                  {"metadata",
                   {{"name", NodeName(n)},
                    {"annotations",
-                    {{"hami.io/node-nvidia-register", protocol::EncodeNodeRegister(infos)}}}}},
-                 {"status", {{"allocatable", {{"nvidia.com/gpu", "8"}}}}}};
+                    {{std::string(protocol::kNodeRegisterAnnotation),
+                      protocol::EncodeNodeRegister(infos)}}}}},
+                 {"status", {{"allocatable", {{std::string(protocol::kResourceCount), "8"}}}}}};
     (void)store.Create(kube::Resource::kNodes, "", node);
     for (int g = 0; g < 6; ++g) {
       const bool full = g >= 4;
@@ -139,13 +144,13 @@ json Pod(const std::string& ns, const std::string& name, int64_t mem) {
       a.runtime = protocol::RuntimeIdentity{fmt::format("MIG-{:05d}-{}", n, g), full ? 0u : 2u, 0};
       json pod = Pod("running", fmt::format("run-{:05d}-{}", n, g), full ? 39000 : 19000);
       auto& ann = pod["metadata"]["annotations"];
-      ann["hami.io/vgpu-node"] = NodeName(n);
-      ann["hami.io/vgpu-time"] = "1700000000";
-      ann["hami.io/vgpu-mig-allocations"] = protocol::EncodeMigAllocations({a});
+      ann[std::string(protocol::kVgpuNodeAnnotation)] = NodeName(n);
+      ann[std::string(protocol::kVgpuTimeAnnotation)] = "1700000000";
+      ann[std::string(protocol::kMigAllocationsAnnotation)] = protocol::EncodeMigAllocations({a});
       const std::string dev = fmt::format("{},NVIDIA A100-SXM4-40GB,{},{}:;", a.gpu_uuid,
                                           full ? 40192 : 19968, full ? 100 : 43);
-      ann["hami.io/vgpu-devices-allocated"] = dev;
-      ann["hami.io/bind-phase"] = "success";
+      ann[std::string(protocol::kDevicesAllocatedAnnotation)] = dev;
+      ann[std::string(protocol::kBindPhaseAnnotation)] = std::string(protocol::kBindPhaseSuccess);
       pod["spec"]["nodeName"] = NodeName(n);
       pod["status"] = {{"phase", "Running"}};
       (void)store.Create(kube::Resource::kPods, "running", pod);
@@ -299,30 +304,216 @@ struct Stats {
   int reserved = 0, pending = 0, errors = 0;
 };
 
+// The API server in a forked child, filled with the cluster; serves until Stop().
+struct ApiChild {
+  pid_t pid = -1;
+  int port = 0;
+  int control_fd = -1;  // closing it ends the child
+  double fill_s = 0;    // seconds until it served
+
+  // False when the child did not start (printed).
+  bool Start(int nodes, int pending) {
+    int port_pipe[2], control_pipe[2];
+    if (pipe(port_pipe) != 0 || pipe(control_pipe) != 0) return false;
+    const auto t_fill = SteadyClock::now();
+    pid = fork();
+    if (pid == 0) {
+      close(port_pipe[0]);
+      close(control_pipe[1]);
+      RunApiServer(nodes, pending, port_pipe[1], control_pipe[0]);
+    }
+    close(port_pipe[1]);
+    close(control_pipe[0]);
+    control_fd = control_pipe[1];
+    if (read(port_pipe[0], &port, sizeof(port)) != sizeof(port)) {
+      std::printf("api server failed to start\n");
+      return false;
+    }
+    fill_s = Since(t_fill);
+    return true;
+  }
+  void Stop() {
+    close(control_fd);
+    int status = 0;
+    waitpid(pid, &status, 0);
+  }
+};
+
+// The planner alone, in process, on this cluster: one pod (1g, 2g, 3g in turn) over every node.
+struct PlannerFigures {
+  double per_second = 0;
+  double cpu_ms = 0;  // CPU time of one decision
+};
+
+PlannerFigures MeasurePlanner(scheduler::SchedulerServer& s, const Clock& clock, int nodes) {
+  std::vector<mig::NodeView> views;
+  for (int i = 0; i < nodes; ++i) {
+    auto v = s.state().View(NodeName(i), clock.Now());
+    if (v.has_value()) views.push_back(std::move(*v));
+  }
+  std::vector<mig::PodRequest> requests(3);
+  const uint64_t mib[] = {4000, 9000, 19000};
+  for (int k = 0; k < 3; ++k) requests[k].containers.push_back({"main", false, 1, {mib[k], 0}});
+  const int reps = 300;
+  int fits = 0;
+  const auto t = SteadyClock::now();
+  const double cpu = CpuSeconds(CLOCK_THREAD_CPUTIME_ID);
+  for (int r = 0; r < reps; ++r)
+    fits += mig::PlanPod(std::span(views), requests[r % 3]).chosen >= 0;
+  PlannerFigures out;
+  out.per_second = reps / Since(t);
+  out.cpu_ms = (CpuSeconds(CLOCK_THREAD_CPUTIME_ID) - cpu) * 1000 / reps;
+  if (fits != reps) std::printf("(the planner found no node for %d pods)\n", reps - fits);
+  return out;
+}
+
+// The /filter requests of the run: pod i's request body, built outside the timed part.
+class FilterRequests {
+ public:
+  FilterRequests(const std::vector<kube::Object>& pending, int nodes) {
+    std::vector<std::string> names;
+    for (int i = 0; i < nodes; ++i) names.push_back(NodeName(i));
+    names_json_ = json(names).dump();
+    for (const auto& pod : pending) pods_.push_back(pod.dump());
+    std::sort(pods_.begin(), pods_.end());
+  }
+  std::string Body(int i) const {
+    return "{\"Pod\":" + pods_[i] + ",\"Nodes\":null,\"NodeNames\":" + names_json_ + "}";
+  }
+
+ private:
+  std::string names_json_;
+  std::vector<std::string> pods_;
+};
+
+// One /filter: its latency in ms, its outcome counted in `st`.
+double Filter(HttpConnection& http, const std::string& body, Stats& st) {
+  std::string answer;
+  const auto t = SteadyClock::now();
+  const int status = http.Post("/filter", body, answer);
+  const double ms = Since(t) * 1000;
+  if (status != 200 || answer.find("\"Error\":\"\"") == std::string::npos) {
+    ++st.errors;
+  } else if (answer.find("\"NodeNames\":[]") != std::string::npos) {
+    ++st.pending;
+  } else {
+    ++st.reserved;
+  }
+  return ms;
+}
+
+// One at a time: latency. `cpu_ms`: CPU time of this process (scheduler and client) per filter.
+Stats MeasureSequential(int port, SSL_CTX* tls, const FilterRequests& requests, int filters,
+                        double* cpu_ms) {
+  Stats seq;
+  std::vector<double> lat;
+  {
+    HttpConnection http(port, tls);
+    const auto t = SteadyClock::now();
+    const double cpu = CpuSeconds(CLOCK_PROCESS_CPUTIME_ID);
+    for (int i = 0; i < filters; ++i) lat.push_back(Filter(http, requests.Body(i), seq));
+    seq.per_second = filters / Since(t);
+    *cpu_ms = (CpuSeconds(CLOCK_PROCESS_CPUTIME_ID) - cpu) * 1000 / filters;
+  }
+  std::sort(lat.begin(), lat.end());
+  seq.p50_ms = lat[lat.size() / 2];
+  seq.p99_ms = lat[std::min(lat.size() - 1, lat.size() * 99 / 100)];
+  seq.max_ms = lat.back();
+  return seq;
+}
+
+// kThreads at once: throughput, over requests [first, first + count).
+Stats MeasureParallel(int port, SSL_CTX* tls, const FilterRequests& requests, int first,
+                      int count) {
+  Stats par;
+  std::vector<Stats> per_thread(kThreads);
+  std::vector<std::vector<double>> par_lat(kThreads);
+  {
+    const auto t = SteadyClock::now();
+    std::vector<std::thread> threads;
+    for (int k = 0; k < kThreads; ++k) {
+      threads.emplace_back([&, k] {
+        HttpConnection http(port, tls);
+        for (int i = first + k; i < first + count; i += kThreads) {
+          par_lat[k].push_back(Filter(http, requests.Body(i), per_thread[k]));
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    par.per_second = count / Since(t);
+  }
+  std::vector<double> all;
+  for (int k = 0; k < kThreads; ++k) {
+    par.reserved += per_thread[k].reserved;
+    par.pending += per_thread[k].pending;
+    par.errors += per_thread[k].errors;
+    all.insert(all.end(), par_lat[k].begin(), par_lat[k].end());
+  }
+  std::sort(all.begin(), all.end());
+  par.p50_ms = all[all.size() / 2];
+  par.p99_ms = all[std::min(all.size() - 1, all.size() * 99 / 100)];
+  return par;
+}
+
+// What one run measured.
+struct RunFigures {
+  int nodes = 0, filters = 0, concurrent = 0;
+  bool plain = false;
+  double fill_s = 0, sync_s = 0;
+  PlannerFigures planner;
+  Stats seq, par;
+  double filter_cpu_ms = 0;
+  double rss_idle = 0, rss = 0, hwm = 0;
+};
+
+void Print(const RunFigures& r) {
+  std::printf("%d nodes x %d A100 (%d GPUs, %d running pods, half the slices reserved), %s:\n",
+              r.nodes, kGpusPerNode, r.nodes * kGpusPerNode, r.nodes * 6,
+              r.plain
+                  ? "plain HTTP, no client authentication (each filter reads the pod from the API)"
+                  : "HTTPS with kube-scheduler's client certificate (as deployed)");
+  std::printf("  api server filled in %.1f s (child process); scheduler synced in %.1f s\n",
+              r.fill_s, r.sync_s);
+  std::printf(
+      "  sequential: %d filters, p50 %.2f ms, p99 %.2f ms, max %.2f ms, %.0f decisions/s "
+      "(%d reserved, %d pending, %d errors)\n",
+      r.filters, r.seq.p50_ms, r.seq.p99_ms, r.seq.max_ms, r.seq.per_second, r.seq.reserved,
+      r.seq.pending, r.seq.errors);
+  std::printf(
+      "  planner alone in process (mig::PlanPod over the same %d node views): %.0f decisions/s; "
+      "sequential /filter reaches %.0f%% of it\n",
+      r.nodes, r.planner.per_second, 100.0 * r.seq.per_second / r.planner.per_second);
+  // Wall-clock rates move with the machine's load; CPU time per decision much less.
+  std::printf(
+      "  CPU time per decision: /filter %.3f ms (scheduler and client threads together), planner "
+      "alone %.3f ms: %.0f%% (what a quiet machine's rates would show at best)\n",
+      r.filter_cpu_ms, r.planner.cpu_ms, 100.0 * r.planner.cpu_ms / r.filter_cpu_ms);
+  std::printf(
+      "  %d threads: %d filters, p50 %.2f ms, p99 %.2f ms, %.0f decisions/s (%d reserved, "
+      "%d pending, %d errors)\n",
+      kThreads, r.concurrent, r.par.p50_ms, r.par.p99_ms, r.par.per_second, r.par.reserved,
+      r.par.pending, r.par.errors);
+  std::printf(
+      "  memory: VmRSS %.0f MiB after sync, VmRSS %.0f MiB / VmHWM %.0f MiB after the "
+      "filters\n",
+      r.rss_idle, r.rss, r.hwm);
+  std::fflush(stdout);
+}
+
 void Run(int nodes, int filters, bool plain) {
-  const int concurrent = filters;  // as many again from kThreads threads
-  int port_pipe[2], control_pipe[2];
-  if (pipe(port_pipe) != 0 || pipe(control_pipe) != 0) return;
-  const auto t_fill = SteadyClock::now();
-  const pid_t child = fork();
-  if (child == 0) {
-    close(port_pipe[0]);
-    close(control_pipe[1]);
-    RunApiServer(nodes, filters + concurrent, port_pipe[1], control_pipe[0]);
-  }
-  close(port_pipe[1]);
-  close(control_pipe[0]);
-  int api_port = 0;
-  if (read(port_pipe[0], &api_port, sizeof(api_port)) != sizeof(api_port)) {
-    std::printf("api server failed to start\n");
-    return;
-  }
-  const double fill_s = Since(t_fill);
+  RunFigures r;
+  r.nodes = nodes;
+  r.filters = filters;
+  r.concurrent = filters;  // as many again from kThreads threads
+  r.plain = plain;
+  ApiChild api;
+  if (!api.Start(nodes, r.filters + r.concurrent)) return;
+  r.fill_s = api.fill_s;
 
   kube::RestConfig rest;
-  rest.server = fmt::format("http://127.0.0.1:{}", api_port);
+  rest.server = fmt::format("http://127.0.0.1:{}", api.port);
   auto client = kube::RestKubeClient::Create(rest);
-  SystemClock clock;
+  const Clock& clock = RealClock();
   scheduler::SchedulerServerOptions options;
   options.state.allowlist = protocol::DefaultAllowlist();
   options.admission.allowlist = options.state.allowlist;
@@ -348,145 +539,21 @@ void Run(int nodes, int filters, bool plain) {
   }
   scheduler::SchedulerServer& s = **server;
   s.WaitUntilReady(absl::Minutes(2));
-  const double sync_s = Since(t_sync);
-  const auto [hwm_idle, rss_idle] = Memory();
-
-  // The planner alone, in process, on this cluster: one pod (1g, 2g, 3g in turn) over every node.
-  double planner_per_second = 0;
-  double planner_cpu_ms = 0;  // CPU time of one decision
-  {
-    std::vector<mig::NodeView> views;
-    for (int i = 0; i < nodes; ++i) {
-      auto v = s.state().View(NodeName(i), absl::Now());
-      if (v.has_value()) views.push_back(std::move(*v));
-    }
-    std::vector<mig::PodRequest> requests(3);
-    const uint64_t mib[] = {4000, 9000, 19000};
-    for (int k = 0; k < 3; ++k) requests[k].containers.push_back({"main", false, 1, {mib[k], 0}});
-    const int reps = 300;
-    int fits = 0;
-    const auto t = SteadyClock::now();
-    const double cpu = CpuSeconds(CLOCK_THREAD_CPUTIME_ID);
-    for (int r = 0; r < reps; ++r)
-      fits += mig::PlanPod(std::span(views), requests[r % 3]).chosen >= 0;
-    planner_per_second = reps / Since(t);
-    planner_cpu_ms = (CpuSeconds(CLOCK_THREAD_CPUTIME_ID) - cpu) * 1000 / reps;
-    if (fits != reps) std::printf("(the planner found no node for %d pods)\n", reps - fits);
-  }
+  r.sync_s = Since(t_sync);
+  r.rss_idle = Memory().second;
+  r.planner = MeasurePlanner(s, clock, nodes);
 
   auto pending_pods = (*client)->ListPods({.ns = "bench", .limit = 500});
   if (!pending_pods.ok()) return;
-  std::vector<std::string> names;
-  for (int i = 0; i < nodes; ++i) names.push_back(NodeName(i));
-  const std::string names_json = json(names).dump();
-  std::vector<std::string> pods;
-  for (const auto& pod : pending_pods->items) pods.push_back(pod.dump());
-  std::sort(pods.begin(), pods.end());
-  // The request body of pod i, built outside the timed part.
-  auto body_of = [&](int i) {
-    return "{\"Pod\":" + pods[i] + ",\"Nodes\":null,\"NodeNames\":" + names_json + "}";
-  };
-
-  auto filter = [&](HttpConnection& http, const std::string& body, Stats& st) -> double {
-    std::string answer;
-    const auto t = SteadyClock::now();
-    const int status = http.Post("/filter", body, answer);
-    const double ms = Since(t) * 1000;
-    if (status != 200 || answer.find("\"Error\":\"\"") == std::string::npos) {
-      ++st.errors;
-    } else if (answer.find("\"NodeNames\":[]") != std::string::npos) {
-      ++st.pending;
-    } else {
-      ++st.reserved;
-    }
-    return ms;
-  };
-
-  // One at a time: latency.
-  Stats seq;
-  std::vector<double> lat;
-  double filter_cpu_ms = 0;  // CPU time of this process (scheduler and client) per filter
-  {
-    HttpConnection http(s.port(), tls);
-    const auto t = SteadyClock::now();
-    const double cpu = CpuSeconds(CLOCK_PROCESS_CPUTIME_ID);
-    for (int i = 0; i < filters; ++i) lat.push_back(filter(http, body_of(i), seq));
-    seq.per_second = filters / Since(t);
-    filter_cpu_ms = (CpuSeconds(CLOCK_PROCESS_CPUTIME_ID) - cpu) * 1000 / filters;
-  }
-  std::sort(lat.begin(), lat.end());
-  seq.p50_ms = lat[lat.size() / 2];
-  seq.p99_ms = lat[std::min(lat.size() - 1, lat.size() * 99 / 100)];
-  seq.max_ms = lat.back();
-
-  // kThreads at once: throughput.
-  Stats par;
-  std::vector<Stats> per_thread(kThreads);
-  std::vector<std::vector<double>> par_lat(kThreads);
-  {
-    const auto t = SteadyClock::now();
-    std::vector<std::thread> threads;
-    for (int k = 0; k < kThreads; ++k) {
-      threads.emplace_back([&, k] {
-        HttpConnection http(s.port(), tls);
-        for (int i = filters + k; i < filters + concurrent; i += kThreads) {
-          par_lat[k].push_back(filter(http, body_of(i), per_thread[k]));
-        }
-      });
-    }
-    for (auto& th : threads) th.join();
-    par.per_second = concurrent / Since(t);
-  }
-  std::vector<double> all;
-  for (int k = 0; k < kThreads; ++k) {
-    par.reserved += per_thread[k].reserved;
-    par.pending += per_thread[k].pending;
-    par.errors += per_thread[k].errors;
-    all.insert(all.end(), par_lat[k].begin(), par_lat[k].end());
-  }
-  std::sort(all.begin(), all.end());
-  par.p50_ms = all[all.size() / 2];
-  par.p99_ms = all[std::min(all.size() - 1, all.size() * 99 / 100)];
-  const auto [hwm, rss] = Memory();
-
-  std::printf("%d nodes x %d A100 (%d GPUs, %d running pods, half the slices reserved), %s:\n",
-              nodes, kGpusPerNode, nodes * kGpusPerNode, nodes * 6,
-              plain
-                  ? "plain HTTP, no client authentication (each filter reads the pod from the API)"
-                  : "HTTPS with kube-scheduler's client certificate (as deployed)");
-  std::printf("  api server filled in %.1f s (child process); scheduler synced in %.1f s\n", fill_s,
-              sync_s);
-  std::printf(
-      "  sequential: %d filters, p50 %.2f ms, p99 %.2f ms, max %.2f ms, %.0f decisions/s "
-      "(%d reserved, %d pending, %d errors)\n",
-      filters, seq.p50_ms, seq.p99_ms, seq.max_ms, seq.per_second, seq.reserved, seq.pending,
-      seq.errors);
-  std::printf(
-      "  planner alone in process (mig::PlanPod over the same %d node views): %.0f decisions/s; "
-      "sequential /filter reaches %.0f%% of it\n",
-      nodes, planner_per_second, 100.0 * seq.per_second / planner_per_second);
-  // Wall-clock rates move with the machine's load; CPU time per decision much less.
-  std::printf(
-      "  CPU time per decision: /filter %.3f ms (scheduler and client threads together), planner "
-      "alone %.3f ms: %.0f%% (what a quiet machine's rates would show at best)\n",
-      filter_cpu_ms, planner_cpu_ms, 100.0 * planner_cpu_ms / filter_cpu_ms);
-  std::printf(
-      "  %d threads: %d filters, p50 %.2f ms, p99 %.2f ms, %.0f decisions/s (%d reserved, "
-      "%d pending, %d errors)\n",
-      kThreads, concurrent, par.p50_ms, par.p99_ms, par.per_second, par.reserved, par.pending,
-      par.errors);
-  std::printf(
-      "  memory: VmRSS %.0f MiB after sync, VmRSS %.0f MiB / VmHWM %.0f MiB after the "
-      "filters\n",
-      rss_idle, rss, hwm);
-  (void)hwm_idle;
-  std::fflush(stdout);
+  const FilterRequests requests(pending_pods->items, nodes);
+  r.seq = MeasureSequential(s.port(), tls, requests, filters, &r.filter_cpu_ms);
+  r.par = MeasureParallel(s.port(), tls, requests, filters, r.concurrent);
+  std::tie(r.hwm, r.rss) = Memory();
+  Print(r);
 
   s.Stop();
   server->reset();
-  close(control_pipe[1]);
-  int status = 0;
-  waitpid(child, &status, 0);
+  api.Stop();
 }
 
 }  // namespace

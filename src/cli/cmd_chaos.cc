@@ -6,12 +6,13 @@
 #include <CLI/CLI.hpp>
 #include <filesystem>
 #include <memory>
-#include <mutex>
 #include <ostream>
 #include <string>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cli/cli.h"
+#include "common/clock.h"
 #include "fmt/format.h"
 #include "local/chaos.h"
 #include "spdlog/spdlog.h"
@@ -54,9 +55,9 @@ int RunChaosCommand(const ChaosFlags& f, CliContext& ctx) {
                                        fmt::format("dynmig-chaos-{}-{}", ::getpid(), f.seed))
                                           .string()
                                     : f.state_dir;
-  std::mutex mu;
+  absl::Mutex mu;  // one line at a time on each stream
   o.log = [&](const std::string& line) {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     ctx.out << line << "\n";
     ctx.out.flush();
   };
@@ -64,13 +65,13 @@ int RunChaosCommand(const ChaosFlags& f, CliContext& ctx) {
   // --verbose keeps them (spdlog on stdout, the event lines on stderr), to follow a seed.
   if (f.verbose) {
     o.component_log = [&](const std::string& line) {
-      std::lock_guard<std::mutex> lock(mu);
+      absl::MutexLock lock(&mu);
       ctx.err << line << "\n";
     };
   } else {
     spdlog::set_level(spdlog::level::off);
   }
-  auto report = local::RunChaos(o);
+  auto report = local::RunChaos(o, RealClock());
   if (!report.ok()) {
     ctx.err << "dynmig chaos: " << report.status().message() << "\n";
     return kExitFailure;

@@ -10,12 +10,13 @@
 #include <CLI/CLI.hpp>
 #include <fstream>
 #include <memory>
-#include <mutex>
 #include <ostream>
 #include <sstream>
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "cli/cli.h"
 #include "fmt/format.h"
 #include "kube/informer.h"
@@ -81,20 +82,20 @@ int FreePortOn(const std::vector<std::string>& hosts) {
 class Printer {
  public:
   explicit Printer(std::ostream& out) : out_(out) {}
-  void Line(const std::string& line) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Line(const std::string& line) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     out_ << line << "\n";
     out_.flush();
   }
-  void Block(const std::string& text) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Block(const std::string& text) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     out_ << text;
     out_.flush();
   }
 
  private:
-  std::mutex mu_;
-  std::ostream& out_;
+  absl::Mutex mu_;
+  std::ostream& out_;  // written under mu_
 };
 
 // A stream that hands complete chunks to the printer (the demo writes through it).
@@ -111,34 +112,48 @@ class PrinterBuf : public std::stringbuf {
   Printer& printer_;
 };
 
-int RunLocal(const LocalFlags& f, CliContext& ctx) {
-  auto bad = [&](const std::string& message) {
-    ctx.err << "dynmig local: " << message << "\n";
-    return kExitBadInput;
-  };
-  local::LocalClusterOptions o;
-  if (auto st = ParseHostPort("--listen", f.listen, "", &o.api_host, &o.api_port); !st.ok()) {
-    return bad(std::string(st.message()));
-  }
+// The flags as the cluster's options and the control endpoint's address.
+struct LocalSetup {
+  local::LocalClusterOptions options;
   std::string control_host;
   int control_port = 0;
+};
+
+// The addresses, ports, latency model and nodes of the flags; kInvalidArgument names the flag.
+absl::StatusOr<LocalSetup> ParseFlags(const LocalFlags& f) {
+  LocalSetup s;
+  local::LocalClusterOptions& o = s.options;
+  if (auto st = ParseHostPort("--listen", f.listen, "", &o.api_host, &o.api_port); !st.ok()) {
+    return st;
+  }
   if (!f.control.empty()) {
-    if (auto st = ParseHostPort("--control", f.control, "", &control_host, &control_port);
+    if (auto st = ParseHostPort("--control", f.control, "", &s.control_host, &s.control_port);
         !st.ok()) {
-      return bad(std::string(st.message()) + " (or empty for no control endpoint)");
+      return absl::InvalidArgumentError(std::string(st.message()) +
+                                        " (or empty for no control endpoint)");
     }
   }
-  if (f.nvml_port <= 0 || f.nvml_port > 65535) return bad("--nvml-port must be 1-65535");
+  if (f.nvml_port <= 0 || f.nvml_port > 65535) {
+    return absl::InvalidArgumentError("--nvml-port must be 1-65535");
+  }
   auto latency = mig::ParseNvmlLatency(f.sim_latency);
-  if (!latency.ok()) return bad("--sim-latency: " + std::string(latency.status().message()));
+  if (!latency.ok()) {
+    return absl::InvalidArgumentError("--sim-latency: " + std::string(latency.status().message()));
+  }
   o.nvml_latency = *latency;
   auto nodes = local::ParseNodes(f.nodes);
-  if (!nodes.ok()) return bad(std::string(nodes.status().message()));
+  if (!nodes.ok()) return nodes.status();
   o.nodes = *nodes;
   o.state_dir = f.state_dir;
   o.nvml_port = f.nvml_port;
-  // Default ports that are taken (another cluster, k3s, a second `dynmig local`): pick free ones
-  // and say which. Ports the user named are used as given (and fail loudly when taken).
+  return s;
+}
+
+// Default ports that are taken (another cluster, k3s, a second `dynmig local`) are replaced by
+// free ones; returns a line saying so for each. Ports the user named are used as given (and fail
+// loudly when taken).
+std::vector<std::string> MoveTakenPorts(const LocalFlags& f, LocalSetup& s) {
+  local::LocalClusterOptions& o = s.options;
   std::vector<std::string> moved;
   if (!f.listen_given && o.api_port != 0 && TryBind(o.api_host, o.api_port) < 0) {
     const int port = TryBind(o.api_host, 0);
@@ -150,65 +165,57 @@ int RunLocal(const LocalFlags& f, CliContext& ctx) {
       o.api_port = port;
     }
   }
-  if (!f.control.empty() && !f.control_given && control_port != 0 &&
-      TryBind(control_host, control_port) < 0) {
+  if (!f.control.empty() && !f.control_given && s.control_port != 0 &&
+      TryBind(s.control_host, s.control_port) < 0) {
     moved.push_back(fmt::format(
         "{}:{} is in use; the control endpoint listens on a free port instead (printed below; "
         "--control HOST:PORT chooses)",
-        control_host, control_port));
-    control_port = 0;
+        s.control_host, s.control_port));
+    s.control_port = 0;
   }
-  if (!f.nvml_port_given) {
-    std::vector<std::string> hosts;
-    for (size_t i = 0; i < o.nodes.size(); ++i) {
-      hosts.push_back(o.node_address_prefix +
-                      std::to_string(o.node_address_first + static_cast<int>(i)));
-    }
-    bool taken = false;
-    for (const auto& h : hosts) taken = taken || TryBind(h, o.nvml_port) < 0;
-    if (taken) {
-      const int port = FreePortOn(hosts);
-      if (port > 0) {
-        moved.push_back(fmt::format(
-            "port {} is in use on a node address; the device plugins serve /nvml on port {} "
-            "instead (--nvml-port chooses)",
-            o.nvml_port, port));
-        o.nvml_port = port;
-      }
-    }
+  if (f.nvml_port_given) return moved;
+  std::vector<std::string> hosts;
+  for (size_t i = 0; i < o.nodes.size(); ++i) {
+    hosts.push_back(o.node_address_prefix +
+                    std::to_string(o.node_address_first + static_cast<int>(i)));
   }
-  for (const auto& line : moved) ctx.err << "dynmig local: " << line << "\n";
+  bool taken = false;
+  for (const auto& h : hosts) taken = taken || TryBind(h, o.nvml_port) < 0;
+  if (!taken) return moved;
+  const int port = FreePortOn(hosts);
+  if (port > 0) {
+    moved.push_back(
+        fmt::format("port {} is in use on a node address; the device plugins serve /nvml on port "
+                    "{} instead (--nvml-port chooses)",
+                    o.nvml_port, port));
+    o.nvml_port = port;
+  }
+  return moved;
+}
+
+// --device-config (read into the options) and --log-level (applied); kInvalidArgument names the
+// flag.
+absl::Status ApplyConfigFlags(const LocalFlags& f, local::LocalClusterOptions& o) {
   if (!f.device_config.empty()) {
     std::ifstream in(f.device_config);
-    if (!in) return bad("--device-config: cannot read " + f.device_config);
+    if (!in) return absl::InvalidArgumentError("--device-config: cannot read " + f.device_config);
     std::stringstream text;
     text << in.rdbuf();
     o.device_config_yaml = text.str();
   }
   auto level = spdlog::level::from_str(f.log_level);
   if (level == spdlog::level::off && f.log_level != "off") {
-    return bad("--log-level: unknown level '" + f.log_level + "'");
+    return absl::InvalidArgumentError("--log-level: unknown level '" + f.log_level + "'");
   }
   spdlog::set_level(level);
+  return absl::OkStatus();
+}
 
-  Printer printer(ctx.out);
-  if (!f.quiet) o.log = [&printer](const std::string& line) { printer.Line(line); };
-
-  StopSignals stop;  // before any part starts a thread
-
-  auto cluster = local::LocalCluster::Start(std::move(o));
-  if (!cluster.ok()) {
-    ctx.err << "dynmig local: " << std::string(cluster.status().message()) << "\n";
-    return cluster.status().code() == absl::StatusCode::kInvalidArgument ? kExitBadInput
-                                                                         : kExitFailure;
-  }
-  local::LocalCluster& c = **cluster;
-
-  // The control endpoint: restart parts as a supervisor would restart their processes.
-  httplib::Server control;
-  std::thread control_thread;
-  int bound_control = 0;
-  if (!f.control.empty()) {
+// The control endpoint: restart parts as a supervisor would restart their processes.
+class ControlEndpoint {
+ public:
+  // Serves on host:port (port 0: a free one); returns the port, or -1 when it cannot listen.
+  int Start(local::LocalCluster& c, const std::string& host, int port) {
     auto part = [&c](const std::string& verb, const std::string& what,
                      const std::string& node) -> absl::Status {
       if (what == "scheduler") {
@@ -221,30 +228,39 @@ int RunLocal(const LocalFlags& f, CliContext& ctx) {
       if (verb == "start") return c.StartDevicePlugin(node);
       return c.RestartDevicePlugin(node);
     };
-    control.set_payload_max_length(4096);  // its requests carry no body: 413 for one over 4 KiB
-    control.Post(R"(/(restart|stop|start)/(device-plugin)/([a-z0-9.-]+))",
+    server_.set_payload_max_length(4096);  // its requests carry no body: 413 for one over 4 KiB
+    server_.Post(R"(/(restart|stop|start)/(device-plugin)/([a-z0-9.-]+))",
                  [part](const httplib::Request& req, httplib::Response& res) {
                    auto st = part(req.matches[1], req.matches[2], req.matches[3]);
                    res.status = st.ok() ? 200 : absl::IsNotFound(st) ? 404 : 500;
                    res.set_content(st.ok() ? "ok\n" : std::string(st.message()) + "\n",
                                    "text/plain");
                  });
-    control.Post(R"(/(restart|stop|start)/scheduler)", [part](const httplib::Request& req,
+    server_.Post(R"(/(restart|stop|start)/scheduler)", [part](const httplib::Request& req,
                                                               httplib::Response& res) {
       auto st = part(req.matches[1], "scheduler", "");
       res.status = st.ok() ? 200 : 500;
       res.set_content(st.ok() ? "ok\n" : std::string(st.message()) + "\n", "text/plain");
     });
-    bound_control = control_port == 0
-                        ? control.bind_to_any_port(control_host)
-                        : (control.bind_to_port(control_host, control_port) ? control_port : -1);
-    if (bound_control < 0) {
-      ctx.err << "dynmig local: --control: cannot listen on " << f.control << "\n";
-      return kExitFailure;
-    }
-    control_thread = std::thread([&control] { control.listen_after_bind(); });
+    const int bound =
+        port == 0 ? server_.bind_to_any_port(host) : (server_.bind_to_port(host, port) ? port : -1);
+    if (bound < 0) return -1;
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    return bound;
+  }
+  void Stop() {
+    if (!thread_.joinable()) return;
+    server_.stop();
+    thread_.join();
   }
 
+ private:
+  httplib::Server server_;
+  std::thread thread_;
+};
+
+// What `dynmig local` prints once the cluster is up: where everything is and what to try.
+std::string Intro(local::LocalCluster& c, const std::string& control_host, int bound_control) {
   const std::string k = c.kubeconfig_path();
   std::string intro = fmt::format(
       "\ndynmig local is up: {} node(s), API server {}\n"
@@ -272,51 +288,93 @@ int RunLocal(const LocalFlags& f, CliContext& ctx) {
         control_host, bound_control, c.nodes().front().name);
   }
   intro += "Events follow; Ctrl-C stops.\n";
-  printer.Block(intro);
+  return intro;
+}
 
-  // Kubernetes Events as they happen.
-  std::unique_ptr<kube::KubeClient> events_client;
-  std::unique_ptr<kube::Informer> events;
-  if (!f.quiet) {
+// Kubernetes Events as they happen, one line each.
+class EventPrinter {
+ public:
+  void Start(local::LocalCluster& c, Printer& printer) {
     auto client = c.Client(local::kAdminUser);
-    if (client.ok()) {
-      events_client = std::move(*client);
-      events = std::make_unique<kube::Informer>(*events_client, kube::Resource::kEvents);
-      kube::InformerHandlers h;
-      h.on_add = [&printer](const kube::Object& e) {
-        const kube::Object& inv =
-            e.contains("involvedObject") ? e["involvedObject"] : kube::Object{};
-        const std::string ns = inv.value("namespace", "");
-        printer.Line(fmt::format("event: {} {} {} {}{}: {}", e.value("type", ""),
-                                 e.value("reason", ""), inv.value("kind", ""),
-                                 ns.empty() ? "" : ns + "/", inv.value("name", ""),
-                                 e.value("message", "")));
-      };
-      events->AddHandlers(h);
-      events->Start();
-    }
+    if (!client.ok()) return;
+    client_ = std::move(*client);
+    informer_ = std::make_unique<kube::Informer>(*client_, kube::Resource::kEvents);
+    kube::InformerHandlers h;
+    h.on_add = [&printer](const kube::Object& e) {
+      const kube::Object& inv = e.contains("involvedObject") ? e["involvedObject"] : kube::Object{};
+      const std::string ns = inv.value("namespace", "");
+      printer.Line(fmt::format("event: {} {} {} {}{}: {}", e.value("type", ""),
+                               e.value("reason", ""), inv.value("kind", ""),
+                               ns.empty() ? "" : ns + "/", inv.value("name", ""),
+                               e.value("message", "")));
+    };
+    informer_->AddHandlers(h);
+    informer_->Start();
+  }
+  void Stop() {
+    if (informer_) informer_->Stop();
   }
 
-  int rc = kExitOk;
-  if (f.demo) {
-    PrinterBuf buf(printer);
-    std::ostream demo_out(&buf);
-    local::DemoOptions d;
-    d.layout = [&c] { return RenderLayoutText(c.Layout()); };
-    auto st = local::RunDemo(c, demo_out, d);
-    demo_out.flush();
-    if (!st.ok()) {
-      printer.Line(fmt::format("dynmig local: the demo failed: {}", std::string(st.message())));
-      rc = kExitFailure;
+ private:
+  std::unique_ptr<kube::KubeClient> client_;
+  std::unique_ptr<kube::Informer> informer_;
+};
+
+// The migration guide's walk-through (--demo); false when it failed (said on the printer).
+bool PlayDemo(local::LocalCluster& c, Printer& printer) {
+  PrinterBuf buf(printer);
+  std::ostream demo_out(&buf);
+  local::DemoOptions d;
+  d.layout = [&c] { return RenderLayoutText(c.Layout()); };
+  auto st = local::RunDemo(c, demo_out, d);
+  demo_out.flush();
+  if (st.ok()) return true;
+  printer.Line(fmt::format("dynmig local: the demo failed: {}", std::string(st.message())));
+  return false;
+}
+
+int RunLocal(const LocalFlags& f, CliContext& ctx) {
+  auto bad = [&](const std::string& message) {
+    ctx.err << "dynmig local: " << message << "\n";
+    return kExitBadInput;
+  };
+  auto setup = ParseFlags(f);
+  if (!setup.ok()) return bad(std::string(setup.status().message()));
+  for (const auto& line : MoveTakenPorts(f, *setup)) ctx.err << "dynmig local: " << line << "\n";
+  if (auto st = ApplyConfigFlags(f, setup->options); !st.ok())
+    return bad(std::string(st.message()));
+
+  Printer printer(ctx.out);
+  if (!f.quiet) setup->options.log = [&printer](const std::string& line) { printer.Line(line); };
+
+  StopSignals stop;  // before any part starts a thread
+
+  auto cluster = local::LocalCluster::Start(std::move(setup->options));
+  if (!cluster.ok()) {
+    ctx.err << "dynmig local: " << std::string(cluster.status().message()) << "\n";
+    return cluster.status().code() == absl::StatusCode::kInvalidArgument ? kExitBadInput
+                                                                         : kExitFailure;
+  }
+  local::LocalCluster& c = **cluster;
+
+  ControlEndpoint control;
+  int bound_control = 0;
+  if (!f.control.empty()) {
+    bound_control = control.Start(c, setup->control_host, setup->control_port);
+    if (bound_control < 0) {
+      ctx.err << "dynmig local: --control: cannot listen on " << f.control << "\n";
+      return kExitFailure;
     }
   }
+  printer.Block(Intro(c, setup->control_host, bound_control));
+  EventPrinter events;
+  if (!f.quiet) events.Start(c, printer);
+
+  const int rc = f.demo && !PlayDemo(c, printer) ? kExitFailure : kExitOk;
   const int signal_number = stop.Wait();
   printer.Line(fmt::format("dynmig local: signal {}, stopping", signal_number));
-  if (events) events->Stop();
-  if (control_thread.joinable()) {
-    control.stop();
-    control_thread.join();
-  }
+  events.Stop();
+  control.Stop();
   c.Stop();
   return rc;
 }

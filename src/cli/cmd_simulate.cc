@@ -2,13 +2,13 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 
 #include "cli/cli.h"
+#include "common/clock.h"
 #include "common/strings.h"
 #include "fmt/format.h"
 #include "sim/cluster.h"
@@ -78,15 +78,14 @@ std::vector<std::string> SearchRoots() {
 // A progress bar on stderr, only when stderr is a terminal and the run takes over a second.
 class ProgressBar {
  public:
-  explicit ProgressBar(bool enabled) : enabled_(enabled), t0_(std::chrono::steady_clock::now()) {}
+  ProgressBar(bool enabled, const Clock& clock)
+      : enabled_(enabled), clock_(clock), t0_(clock.Monotonic()) {}
   ~ProgressBar() {
     if (shown_) std::cerr << "\r" << std::string(60, ' ') << "\r" << std::flush;
   }
   void Update(double f) {
     if (!enabled_) return;
-    const double elapsed =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-    if (elapsed < 1.0) return;
+    if (clock_.Monotonic() - t0_ < absl::Seconds(1)) return;
     shown_ = true;
     const int width = 40;
     const int filled = static_cast<int>(f * width + 0.5);
@@ -96,11 +95,12 @@ class ProgressBar {
 
  private:
   bool enabled_;
+  const Clock& clock_;
   bool shown_ = false;
-  std::chrono::steady_clock::time_point t0_;
+  absl::Duration t0_;
 };
 
-void RunSimulate(const SimulateFlags& f, CliContext& ctx) {
+void RunSimulate(const SimulateFlags& f, CliContext& ctx, const Clock& clock) {
   auto fail = [&](const absl::Status& s) {
     ctx.err << "dynmig simulate: " << s.message() << "\n";
     ctx.exit_code = SimulateExitFor(s);
@@ -187,9 +187,9 @@ void RunSimulate(const SimulateFlags& f, CliContext& ctx) {
         trace->source, sim::ModeName(options.mode))));
   }
 
-  ProgressBar bar(&ctx.err == &std::cerr && isatty(STDERR_FILENO) != 0);
+  ProgressBar bar(&ctx.err == &std::cerr && isatty(STDERR_FILENO) != 0, clock);
   options.progress = [&](double x) { bar.Update(x); };
-  auto result = sim::Simulate(*trace, *cluster, policies, options);
+  auto result = sim::Simulate(*trace, *cluster, policies, options, clock);
   if (!result.ok()) return fail(result.status());
 
   if (!f.svg.empty()) {
@@ -246,7 +246,7 @@ void RegisterSimulateCommand(CLI::App& root, CliContext& ctx) {
                   "allowlisted profiles (default: the base profiles of each model)");
   cmd->add_option("-o,--output", flags->output, "text | json | csv")->capture_default_str();
   cmd->add_option("--svg", flags->svg, "write an SVG chart to this file");
-  cmd->callback([flags, &ctx] { RunSimulate(*flags, ctx); });
+  cmd->callback([flags, &ctx] { RunSimulate(*flags, ctx, RealClock()); });
 }
 
 }  // namespace dynmig::cli

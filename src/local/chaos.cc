@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <random>
 #include <set>
-#include <thread>
 
 #include "common/bounded_json.h"
 #include "deviceplugin/plugin_core.h"
@@ -69,8 +68,12 @@ constexpr absl::Duration kReservationTtl = absl::Seconds(30);
 
 class Chaos {
  public:
-  explicit Chaos(const ChaosOptions& options)
-      : o_(options), actions_rng_(options.seed), rng_(options.seed ^ 0x9e3779b97f4a7c15ULL) {
+  Chaos(const ChaosOptions& options, const Clock& clock)
+      : o_(options),
+        base_clock_(clock),
+        clock_(clock),
+        actions_rng_(options.seed),
+        rng_(options.seed ^ 0x9e3779b97f4a7c15ULL) {
     report_.seed = options.seed;
   }
 
@@ -116,12 +119,12 @@ class Chaos {
 
     Log(fmt::format("chaos: seed {}, {} of random work on {}", o_.seed,
                     absl::FormatDuration(o_.duration), o_.nodes));
-    const absl::Time end = absl::Now() + o_.duration;
-    while (absl::Now() < end) {
+    const absl::Duration end = base_clock_.Monotonic() + o_.duration;
+    while (base_clock_.Monotonic() < end) {
       ++step_;
       Act();
       Check();
-      std::this_thread::sleep_for(absl::ToChronoMilliseconds(o_.step));
+      base_clock_.SleepFor(o_.step);
     }
     report_.steps = step_;
     Quiesce();
@@ -202,11 +205,12 @@ class Chaos {
   json Container(const std::string& name, bool percentage, int gpus, const std::string& command) {
     static constexpr int64_t kMemories[] = {4000, 9000, 19000, 39000, 70000};
     static constexpr int64_t kPercents[] = {10, 25, 50, 100};
-    json limits = {{"nvidia.com/gpu", gpus}};
+    json limits = {{std::string(protocol::kResourceCount), gpus}};
     if (percentage) {
-      limits["nvidia.com/gpumem-percentage"] = kPercents[Pick(std::size(kPercents))];
+      limits[std::string(protocol::kResourceMemoryPercentage)] =
+          kPercents[Pick(std::size(kPercents))];
     } else {
-      limits["nvidia.com/gpumem"] = kMemories[Pick(std::size(kMemories))];
+      limits[std::string(protocol::kResourceMemory)] = kMemories[Pick(std::size(kMemories))];
     }
     return {{"name", name},
             {"image", "ubuntu:22.04"},
@@ -221,10 +225,11 @@ class Chaos {
     const std::string name = fmt::format("chaos-{}", Pick(2 * o_.max_pods));
     const std::string command =
         Chance(0.3) ? fmt::format("sleep {}", 1 + Pick(3)) : std::string("sleep 3600");
-    json annotations = {{"nvidia.com/vgpu-mode", "mig"}};
+    json annotations = {
+        {std::string(protocol::kVgpuModeAnnotation), std::string(protocol::kVgpuModeMig)}};
     if (Chance(0.2)) {
       static constexpr const char* kPreferences[] = {"1g", "2g", "3g", "1g.5gb,2g.10gb", "1g.10gb"};
-      annotations["nvidia.com/mig-profile-preference"] =
+      annotations[std::string(protocol::kMigProfilePreferenceAnnotation)] =
           kPreferences[Pick(std::size(kPreferences))];
     }
     // One draw per statement: argument evaluation order is unspecified, the sequence must not be.
@@ -357,11 +362,6 @@ class Chaos {
     return decoded.ok() ? *decoded : std::vector<protocol::MigAllocation>{};
   }
 
-  static bool Terminal(const json& pod) {
-    const std::string phase = kube::Phase(pod);
-    return phase == "Succeeded" || phase == "Failed";
-  }
-
   void Check() {
     auto before = kube_->ListPods({.ns = "default"});
     std::vector<Live> live;
@@ -439,7 +439,7 @@ class Chaos {
     };
     std::vector<Reserved> reserved;
     for (const auto& pod : after->items) {
-      if (Terminal(pod)) continue;
+      if (kube::IsTerminated(pod)) continue;
       for (auto& a : Allocations(pod)) reserved.push_back({kube::Name(pod), a});
     }
     for (size_t i = 0; i < reserved.size(); ++i) {
@@ -463,21 +463,21 @@ class Chaos {
     cluster_->DisarmCrashes();
     clock_.set_offset(absl::ZeroDuration());
     for (int i = 0; i < 300 && !cluster_->CrashesRestarted(); ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      base_clock_.SleepFor(absl::Milliseconds(100));
     for (const auto& node : node_names_) {
       if (auto nvml = cluster_->OpenNvml(node); nvml.ok()) (void)(*nvml)->ClearFaults();
       if (!cluster_->DevicePluginRunning(node)) (void)cluster_->StartDevicePlugin(node);
     }
     if (!cluster_->SchedulerRunning()) (void)cluster_->StartScheduler();
-    const absl::Time start = absl::Now();
-    const absl::Time deadline = start + o_.quiesce_timeout;
+    const absl::Duration start = base_clock_.Monotonic();
+    const absl::Duration deadline = start + o_.quiesce_timeout;
     std::string remaining;
     while (true) {
       remaining = Remaining();
-      if (remaining.empty() || absl::Now() >= deadline) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      if (remaining.empty() || base_clock_.Monotonic() >= deadline) break;
+      base_clock_.SleepFor(absl::Milliseconds(200));
     }
-    report_.quiesce_time = absl::Now() - start;
+    report_.quiesce_time = base_clock_.Monotonic() - start;
     if (!remaining.empty()) {
       step_ = -1;
       Violation(fmt::format("after {} without faults: {}", absl::FormatDuration(o_.quiesce_timeout),
@@ -517,10 +517,12 @@ class Chaos {
   }
 
   const ChaosOptions& o_;
-  // The scheduler's clock: the wall clock plus an offset that the chaos steps (an NTP step, a VM resumed from
-  // suspension). The offset stays within [-10 s, TTL + 10 s], well inside the node lock's 5-minute expiry, as
-  // two machines' clocks do after the step. Outlives cluster_ (declared before it).
-  SteppedClock clock_{RealClock()};
+  const Clock& base_clock_;  // the steps, the waits
+  // The scheduler's clock: base_clock_ plus an offset that the chaos steps (an NTP step, a VM
+  // resumed from suspension). The offset stays within [-10 s, TTL + 10 s], well inside the node
+  // lock's 5-minute expiry, as two machines' clocks do after the step. Outlives cluster_ (declared
+  // before it).
+  SteppedClock clock_;
   std::mt19937_64 actions_rng_;
   std::mt19937_64 rng_;  // everything else
   ChaosReport report_;
@@ -568,6 +570,8 @@ std::string ChaosReport::Summary() const {
   return out;
 }
 
-absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options) { return Chaos(options).Run(); }
+absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, const Clock& clock) {
+  return Chaos(options, clock).Run();
+}
 
 }  // namespace dynmig::local

@@ -33,6 +33,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 
 namespace dynmig::local {
 
@@ -76,8 +77,9 @@ struct ChaosReport {
   std::string Summary() const;
 };
 
-// Runs the soak. Errors: the cluster did not start (bad nodes, ports), state_dir is unset or not
-// empty; violations are in the report, not errors.
-absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options);
+// Runs the soak on `clock` (its steps, its quiescence deadline; the scheduler's clock is `clock`
+// with the offset the clock jumps step). Errors: the cluster did not start (bad nodes, ports),
+// state_dir is unset or not empty; violations are in the report, not errors.
+absl::StatusOr<ChaosReport> RunChaos(const ChaosOptions& options, const Clock& clock);
 
 }  // namespace dynmig::local

@@ -2,7 +2,6 @@
 
 #include <map>
 #include <set>
-#include <thread>
 #include <vector>
 
 #include "deviceplugin/device_plugin.h"
@@ -19,23 +18,24 @@ using nlohmann::json;
 
 json MigPod(const std::string& ns, const std::string& name, int64_t gpumem_mib,
             const std::string& preference = "") {
-  json annotations = {{std::string(protocol::kVgpuModeAnnotation), "mig"}};
+  json annotations = {
+      {std::string(protocol::kVgpuModeAnnotation), std::string(protocol::kVgpuModeMig)}};
   if (!preference.empty()) {
     annotations[std::string(protocol::kMigProfilePreferenceAnnotation)] = preference;
   }
-  return {
-      {"apiVersion", "v1"},
-      {"kind", "Pod"},
-      {"metadata", {{"name", name}, {"namespace", ns}, {"annotations", annotations}}},
-      {"spec",
-       {{"restartPolicy", "Never"},
-        {"containers",
-         json::array(
-             {{{"name", "workload"},
-               {"image", "ubuntu:22.04"},
-               {"command", json::array({"bash", "-c", "sleep 3600"})},
-               {"resources",
-                {{"limits", {{"nvidia.com/gpu", 1}, {"nvidia.com/gpumem", gpumem_mib}}}}}}})}}}};
+  return {{"apiVersion", "v1"},
+          {"kind", "Pod"},
+          {"metadata", {{"name", name}, {"namespace", ns}, {"annotations", annotations}}},
+          {"spec",
+           {{"restartPolicy", "Never"},
+            {"containers",
+             json::array({{{"name", "workload"},
+                           {"image", "ubuntu:22.04"},
+                           {"command", json::array({"bash", "-c", "sleep 3600"})},
+                           {"resources",
+                            {{"limits",
+                              {{std::string(protocol::kResourceCount), 1},
+                               {std::string(protocol::kResourceMemory), gpumem_mib}}}}}}})}}}};
 }
 
 class Demo {
@@ -199,12 +199,14 @@ class Demo {
     return absl::OkStatus();
   }
 
+  // Polls `pred` every 50 ms of the cluster's clock until it holds or the step's time is up.
   template <typename F>
   bool WaitFor(F pred) {
-    const absl::Time end = absl::Now() + options_.step_timeout;
-    while (absl::Now() < end) {
+    const Clock& clock = cluster_.clock();
+    const absl::Duration end = clock.Monotonic() + options_.step_timeout;
+    while (clock.Monotonic() < end) {
       if (pred()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      clock.SleepFor(absl::Milliseconds(50));
     }
     return pred();
   }
@@ -229,8 +231,7 @@ class Demo {
       auto pod = client_->GetPod(options_.ns, name);
       if (!pod.ok()) return false;
       last = *pod;
-      const std::string phase = kube::Phase(*pod);
-      return phase == "Running" || phase == "Failed";
+      return kube::Phase(*pod) == "Running" || kube::IsTerminated(*pod);
     });
     if (!ok || kube::Phase(last) != "Running") {
       std::string why = UnschedulableMessage(last);

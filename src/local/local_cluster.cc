@@ -304,6 +304,37 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(LocalClusterOp
 }
 
 absl::Status LocalCluster::Init() {
+  if (auto st = PrepareStateDir(); !st.ok()) return st;
+  // Configurations first: bad input is reported before anything listens.
+  auto sched_config = LoadConfigs();
+  if (!sched_config.ok()) return sched_config.status();
+  // TLS: a CA of this run, the scheduler's serving certificate, kube-scheduler's client
+  // certificate (the extender requires it, as deploy/ configures it).
+  if (auto st = MakeTls(); !st.ok()) return st;
+  MakeIdentities();
+  if (auto st = StartApiServer(); !st.ok()) return st;
+  auto admin = Client(kAdminUser);
+  if (!admin.ok()) return admin.status();
+  if (auto st = CreateSystemObjects(**admin); !st.ok()) return st;
+  for (size_t i = 0; i < options_.nodes.size(); ++i) {
+    auto node = AddNode(i, **admin);
+    if (!node.ok()) return node.status();
+    nodes_.push_back(std::move(*node));
+  }
+
+  absl::MutexLock lock(&mu_);
+  if (auto st = StartControlPlaneLocked(*sched_config); !st.ok()) return st;
+  // The nodes: device plugins, then the kubelets' pod loops.
+  for (auto& node : nodes_) {
+    if (auto st = StartDevicePluginLocked(*node); !st.ok()) return st;
+    node->agent->Start();
+  }
+  if (auto st = AwaitReadyLocked(**admin); !st.ok()) return st;
+  supervisor_ = std::thread([this] { Supervise(); });
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::PrepareStateDir() {
   std::error_code ec;
   fs::create_directories(options_.state_dir, ec);
   if (ec) {
@@ -313,8 +344,10 @@ absl::Status LocalCluster::Init() {
   options_.state_dir = fs::absolute(options_.state_dir).lexically_normal().string();
   while (options_.state_dir.size() > 1 && options_.state_dir.back() == '/')
     options_.state_dir.pop_back();
+  return absl::OkStatus();
+}
 
-  // Configurations first: bad input is reported before anything listens.
+absl::StatusOr<SchedulerConfig> LocalCluster::LoadConfigs() {
   device_config_yaml_ = options_.device_config_yaml.empty() ? protocol::DefaultDeviceConfigYaml()
                                                             : options_.device_config_yaml;
   auto device_config = protocol::ParseDeviceConfig(device_config_yaml_);
@@ -325,12 +358,10 @@ absl::Status LocalCluster::Init() {
                                                : options_.scheduler_config_yaml);
   if (!sched_config.ok()) return sched_config.status();
   scheduler_name_ = sched_config->scheduler_name;
+  return sched_config;
+}
 
-  // TLS: a CA of this run, the scheduler's serving certificate, kube-scheduler's client
-  // certificate (the extender requires it, as deploy/ configures it).
-  if (auto st = MakeTls(); !st.ok()) return st;
-
-  // Identities.
+void LocalCluster::MakeIdentities() {
   admin_token_ = RandomToken();
   tokens_[std::string(kAdminUser)] = admin_token_;
   tokens_[std::string(kSchedulerUser)] = RandomToken();
@@ -338,7 +369,9 @@ absl::Status LocalCluster::Init() {
   tokens_[std::string(kKubeSchedulerUser)] = RandomToken();
   for (const auto& n : options_.nodes) tokens_["system:node:" + n.name] = RandomToken();
   for (const auto& user : options_.users) tokens_[user] = RandomToken();
+}
 
+absl::Status LocalCluster::StartApiServer() {
   kube::InMemoryApiServerOptions api;
   api.host = options_.api_host;
   api.port = options_.api_port;
@@ -356,121 +389,138 @@ absl::Status LocalCluster::Init() {
     return st;
   }
   Log(fmt::format("apiserver: serving {} (kubeconfig {})", api_url(), kubeconfig_path_));
+  return absl::OkStatus();
+}
 
-  // What an operator creates before installing: namespaces, the device ConfigMap, the nodes.
-  auto admin = Client(kAdminUser);
-  if (!admin.ok()) return admin.status();
+absl::Status LocalCluster::CreateSystemObjects(kube::KubeClient& admin) {
   for (const char* ns : {"default", "kube-system", "dynmig-system"}) {
-    auto created = (*admin)->Create(
+    auto created = admin.Create(
         kube::Resource::kNamespaces,
         {{"apiVersion", "v1"},
          {"kind", "Namespace"},
          {"metadata", {{"name", ns}, {"labels", {{"kubernetes.io/metadata.name", ns}}}}}});
     if (!created.ok() && !absl::IsAlreadyExists(created.status())) return created.status();
   }
-  {
-    auto created = (*admin)->Create(
-        kube::Resource::kConfigMaps,
-        {{"apiVersion", "v1"},
-         {"kind", "ConfigMap"},
-         {"metadata", {{"name", kDeviceConfigMap}, {"namespace", kSystemNamespace}}},
-         {"data", {{"device-config.yaml", device_config_yaml_}}}});
-    if (!created.ok() && !absl::IsAlreadyExists(created.status())) return created.status();
+  auto created =
+      admin.Create(kube::Resource::kConfigMaps,
+                   {{"apiVersion", "v1"},
+                    {"kind", "ConfigMap"},
+                    {"metadata", {{"name", kDeviceConfigMap}, {"namespace", kSystemNamespace}}},
+                    {"data", {{"device-config.yaml", device_config_yaml_}}}});
+  if (!created.ok() && !absl::IsAlreadyExists(created.status())) return created.status();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster::Node>> LocalCluster::AddNode(size_t i,
+                                                                          kube::KubeClient& admin) {
+  auto node = std::make_unique<Node>();
+  node->spec = options_.nodes[i];
+  node->index = static_cast<int>(i);
+  node->address = options_.node_address_prefix +
+                  std::to_string(options_.node_address_first + static_cast<int>(i));
+  if (auto st = PrepareNodeDirs(*node); !st.ok()) return st;
+  if (auto st = CreateGpus(*node); !st.ok()) return st;
+  if (auto st = CreateNodeObject(*node, admin); !st.ok()) return st;
+  if (auto st = StartKubelet(*node); !st.ok()) return st;
+  return node;
+}
+
+absl::Status LocalCluster::PrepareNodeDirs(Node& node) {
+  node.dir = options_.state_dir + "/nodes/" + node.spec.name;
+  std::error_code ec;
+  fs::create_directories(node.dir, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(
+        fmt::format("cannot create {}: {}", node.dir, std::string(ec.message())));
   }
-
-  // Per node: the Node object, the kubelet and its agent.
-  for (size_t i = 0; i < options_.nodes.size(); ++i) {
-    auto node = std::make_unique<Node>();
-    node->spec = options_.nodes[i];
-    node->index = static_cast<int>(i);
-    node->address = options_.node_address_prefix +
-                    std::to_string(options_.node_address_first + static_cast<int>(i));
-    node->dir = options_.state_dir + "/nodes/" + node->spec.name;
-    fs::create_directories(node->dir, ec);
-    if (ec) {
-      return absl::PermissionDeniedError(
-          fmt::format("cannot create {}: {}", node->dir, std::string(ec.message())));
+  // The kubelet's layout: <root>/kubelet is the device-plugin directory, the PodResources
+  // socket is <root>/pod-resources/kubelet.sock beside it.
+  node.kubelet_dir = node.dir + "/kubelet";
+  if (deviceplugin::PodResourcesSocketBeside(node.kubelet_dir).size() > kMaxSocketPath) {
+    std::string tmpl = "/tmp/dynmig-local-XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      return absl::PermissionDeniedError(fmt::format("mkdtemp: {}", std::strerror(errno)));
     }
-    // The kubelet's layout: <root>/kubelet is the device-plugin directory, the PodResources
-    // socket is <root>/pod-resources/kubelet.sock beside it.
-    node->kubelet_dir = node->dir + "/kubelet";
-    if (deviceplugin::PodResourcesSocketBeside(node->kubelet_dir).size() > kMaxSocketPath) {
-      std::string tmpl = "/tmp/dynmig-local-XXXXXX";
-      if (::mkdtemp(tmpl.data()) == nullptr) {
-        return absl::PermissionDeniedError(fmt::format("mkdtemp: {}", std::strerror(errno)));
-      }
-      node->kubelet_dir = tmpl + "/kubelet";
-    }
-    // The GPUs exist before anything runs (the simulated hardware).
-    {
-      nvml::SimNvmlOptions o;
-      o.spec = node->spec.gpus;
-      o.state_file = nvml_state_file(node->spec.name);
-      o.seed = node->spec.name;
-      auto sim = nvml::SimNvml::Create(std::move(o));
-      if (!sim.ok()) {
-        return absl::FailedPreconditionError(
-            fmt::format("node {}: {} (remove {} to start from new GPUs)", node->spec.name,
-                        std::string(sim.status().message()), node->dir));
-      }
-      node->workload_nvml = std::move(*sim);
-    }
-    // The workloads of an earlier run ended with it (its API objects are gone too): as after a node
-    // reboot, no process is left on the GPUs. The device plugin then finds idle GPUs.
-    if (int ended = EndProcessesOn(*node->workload_nvml); ended > 0) {
-      Log(fmt::format("{}: {} simulated process(es) of an earlier run ended", node->spec.name,
-                      ended));
-    }
-    json obj = {
-        {"apiVersion", "v1"},
-        {"kind", "Node"},
-        {"metadata",
-         {{"name", node->spec.name},
-          {"labels",
-           {{"kubernetes.io/hostname", node->spec.name},
-            {"kubernetes.io/os", "linux"},
-            {"dynmig.io/mig", "enabled"}}}}},
-        {"status",
-         {{"addresses", json::array({{{"type", "InternalIP"}, {"address", node->address}},
-                                     {{"type", "Hostname"}, {"address", node->spec.name}}})},
-          {"capacity", {{"cpu", "64"}, {"memory", "512Gi"}, {"pods", "110"}}},
-          {"allocatable", {{"cpu", "64"}, {"memory", "512Gi"}, {"pods", "110"}}},
-          {"conditions", json::array({{{"type", "Ready"},
-                                       {"status", "True"},
-                                       {"reason", "KubeletReady"},
-                                       {"message", "dynmig local kubelet stand-in"}}})}}}};
-    auto created = (*admin)->CreateNode(obj);
-    if (!created.ok() && !absl::IsAlreadyExists(created.status())) return created.status();
-
-    auto kubelet = deviceplugin::TestKubelet::Start(node->kubelet_dir);
-    if (!kubelet.ok()) {
-      return absl::UnavailableError(fmt::format("node {}: kubelet: {}", node->spec.name,
-                                                std::string(kubelet.status().message())));
-    }
-    node->kubelet = std::move(*kubelet);
-    node->allocator = std::make_unique<KubeletAllocator>(*node->kubelet);
-    auto agent_client = Client("system:node:" + node->spec.name);
-    if (!agent_client.ok()) return agent_client.status();
-    node->agent_client = std::move(*agent_client);
-    NodeAgentOptions ao;
-    ao.node = node->spec.name;
-    nvml::SimNvml* workload = node->workload_nvml.get();
-    ao.processes.attach = [workload](const std::string& uuid, uint32_t pid) {
-      return workload->AttachProcess(uuid, pid, 1024);
-    };
-    ao.processes.detach = [workload](const std::string& uuid, uint32_t pid) {
-      return workload->DetachProcess(uuid, pid);
-    };
-    const std::string prefix = node->spec.name + "/kubelet: ";
-    ao.log = [this, prefix](const std::string& line) { Log(prefix + line); };
-    ao.first_pid = 10000 + 1000 * static_cast<uint32_t>(i);
-    ao.admission_delay = options_.kubelet_admission_delay;
-    node->agent = std::make_unique<NodeAgent>(*node->agent_client, *node->allocator, std::move(ao));
-    nodes_.push_back(std::move(node));
+    node.kubelet_dir = tmpl + "/kubelet";
   }
+  return absl::OkStatus();
+}
 
-  std::lock_guard<std::mutex> lock(mu_);
-  // The control plane: the extender and webhooks, then kube-scheduler.
+absl::Status LocalCluster::CreateGpus(Node& node) {
+  // The GPUs exist before anything runs (the simulated hardware).
+  nvml::SimNvmlOptions o;
+  o.spec = node.spec.gpus;
+  o.state_file = nvml_state_file(node.spec.name);
+  o.seed = node.spec.name;
+  auto sim = nvml::SimNvml::Create(std::move(o));
+  if (!sim.ok()) {
+    return absl::FailedPreconditionError(
+        fmt::format("node {}: {} (remove {} to start from new GPUs)", node.spec.name,
+                    std::string(sim.status().message()), node.dir));
+  }
+  node.workload_nvml = std::move(*sim);
+  // The workloads of an earlier run ended with it (its API objects are gone too): as after a node
+  // reboot, no process is left on the GPUs. The device plugin then finds idle GPUs.
+  if (int ended = EndProcessesOn(*node.workload_nvml); ended > 0) {
+    Log(fmt::format("{}: {} simulated process(es) of an earlier run ended", node.spec.name, ended));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::CreateNodeObject(const Node& node, kube::KubeClient& admin) {
+  json obj = {{"apiVersion", "v1"},
+              {"kind", "Node"},
+              {"metadata",
+               {{"name", node.spec.name},
+                {"labels",
+                 {{"kubernetes.io/hostname", node.spec.name},
+                  {"kubernetes.io/os", "linux"},
+                  {std::string(protocol::kMigServiceLabel), "enabled"}}}}},
+              {"status",
+               {{"addresses", json::array({{{"type", "InternalIP"}, {"address", node.address}},
+                                           {{"type", "Hostname"}, {"address", node.spec.name}}})},
+                {"capacity", {{"cpu", "64"}, {"memory", "512Gi"}, {"pods", "110"}}},
+                {"allocatable", {{"cpu", "64"}, {"memory", "512Gi"}, {"pods", "110"}}},
+                {"conditions", json::array({{{"type", "Ready"},
+                                             {"status", "True"},
+                                             {"reason", "KubeletReady"},
+                                             {"message", "dynmig local kubelet stand-in"}}})}}}};
+  auto created = admin.CreateNode(obj);
+  if (!created.ok() && !absl::IsAlreadyExists(created.status())) return created.status();
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::StartKubelet(Node& node) {
+  auto kubelet = deviceplugin::TestKubelet::Start(node.kubelet_dir);
+  if (!kubelet.ok()) {
+    return absl::UnavailableError(fmt::format("node {}: kubelet: {}", node.spec.name,
+                                              std::string(kubelet.status().message())));
+  }
+  node.kubelet = std::move(*kubelet);
+  node.allocator = std::make_unique<KubeletAllocator>(*node.kubelet);
+  auto agent_client = Client("system:node:" + node.spec.name);
+  if (!agent_client.ok()) return agent_client.status();
+  node.agent_client = std::move(*agent_client);
+  NodeAgentOptions ao;
+  ao.node = node.spec.name;
+  nvml::SimNvml* workload = node.workload_nvml.get();
+  ao.processes.attach = [workload](const std::string& uuid, uint32_t pid) {
+    return workload->AttachProcess(uuid, pid, 1024);
+  };
+  ao.processes.detach = [workload](const std::string& uuid, uint32_t pid) {
+    return workload->DetachProcess(uuid, pid);
+  };
+  const std::string prefix = node.spec.name + "/kubelet: ";
+  ao.log = [this, prefix](const std::string& line) { Log(prefix + line); };
+  ao.first_pid = 10000 + 1000 * static_cast<uint32_t>(node.index);
+  ao.admission_delay = options_.kubelet_admission_delay;
+  node.agent =
+      std::make_unique<NodeAgent>(*node.agent_client, *node.allocator, clock_, std::move(ao));
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::StartControlPlaneLocked(const SchedulerConfig& config) {
+  // The extender and webhooks, then kube-scheduler.
   for (int i = 0; i < options_.scheduler_replicas; ++i) {
     replicas_.push_back(std::make_unique<Replica>());
     replicas_.back()->index = i;
@@ -481,10 +531,10 @@ absl::Status LocalCluster::Init() {
   if (!loop_client.ok()) return loop_client.status();
   loop_client_ = std::move(*loop_client);
   SchedulerLoopOptions lo;
-  lo.config = *sched_config;
+  lo.config = config;
   lo.extender_url = replicas_.front()->server->url();
   lo.extender_url_source = [this] { return ExtenderUrl(); };
-  lo.tls = sched_config->extender.tls;
+  lo.tls = config.extender.tls;
   lo.tls->insecure = false;
   lo.tls->ca_file = tls_.ca_file;
   lo.tls->cert_file = tls_.client_cert_file;
@@ -492,46 +542,48 @@ absl::Status LocalCluster::Init() {
   lo.timing = options_.scheduler_timing;
   lo.default_scheduler = options_.default_scheduler;
   lo.log = [this](const std::string& line) { Log("kube-scheduler: " + line); };
-  loop_ = std::make_unique<SchedulerLoop>(*loop_client_, std::move(lo));
+  loop_ = std::make_unique<SchedulerLoop>(*loop_client_, clock_, std::move(lo));
   loop_->Start();
+  return absl::OkStatus();
+}
 
-  // The nodes: device plugins, then the kubelets' pod loops.
+absl::Status LocalCluster::AwaitReadyLocked(kube::KubeClient& admin) {
+  const absl::Duration deadline = clock_.Monotonic() + absl::Seconds(30);
   for (auto& node : nodes_) {
-    if (auto st = StartDevicePluginLocked(*node); !st.ok()) return st;
-    node->agent->Start();
-  }
-  // Ready when every node published its GPUs and every plugin registered.
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  for (auto& node : nodes_) {
-    if (!node->kubelet->WaitForRegistrations(1, deadline - absl::Now())) {
-      return absl::DeadlineExceededError(fmt::format(
-          "node {}: the device plugin did not register with the kubelet", node->spec.name));
-    }
-    while (true) {
-      auto obj = (*admin)->GetNode(node->spec.name);
-      if (obj.ok() && kube::Annotation(*obj, protocol::kNodeRegisterAnnotation)) break;
-      if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(
-            fmt::format("node {}: the device plugin did not publish {}", node->spec.name,
-                        protocol::kNodeRegisterAnnotation));
-      }
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    // The kubelet reports the plugin's devices in the node's capacity.
-    const std::string count = std::to_string(node->kubelet->devices().size());
-    const std::string resource = node->allocator->ResourceName().empty()
-                                     ? std::string("nvidia.com/gpu")
-                                     : node->allocator->ResourceName();
-    (void)node->agent_client->PatchNodeStatus(
-        node->spec.name,
-        {{"status", {{"capacity", {{resource, count}}}, {"allocatable", {{resource, count}}}}}});
+    if (auto st = AwaitNodeReady(*node, admin, deadline); !st.ok()) return st;
   }
   for (auto& r : replicas_) {
-    if (!r->server->WaitUntilReady(deadline - absl::Now())) {
+    if (!r->server->WaitUntilReady(deadline - clock_.Monotonic())) {
       return absl::DeadlineExceededError("the scheduler's caches did not sync");
     }
   }
-  supervisor_ = std::thread([this] { Supervise(); });
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::AwaitNodeReady(Node& node, kube::KubeClient& admin,
+                                          absl::Duration monotonic_deadline) {
+  if (!node.kubelet->WaitForRegistrations(1, monotonic_deadline - clock_.Monotonic())) {
+    return absl::DeadlineExceededError(fmt::format(
+        "node {}: the device plugin did not register with the kubelet", node.spec.name));
+  }
+  while (true) {
+    auto obj = admin.GetNode(node.spec.name);
+    if (obj.ok() && kube::Annotation(*obj, protocol::kNodeRegisterAnnotation)) break;
+    if (clock_.Monotonic() > monotonic_deadline) {
+      return absl::DeadlineExceededError(
+          fmt::format("node {}: the device plugin did not publish {}", node.spec.name,
+                      protocol::kNodeRegisterAnnotation));
+    }
+    clock_.SleepFor(absl::Milliseconds(20));
+  }
+  // The kubelet reports the plugin's devices in the node's capacity.
+  const std::string count = std::to_string(node.kubelet->devices().size());
+  const std::string resource = node.allocator->ResourceName().empty()
+                                   ? std::string(protocol::kResourceCount)
+                                   : node.allocator->ResourceName();
+  (void)node.agent_client->PatchNodeStatus(
+      node.spec.name,
+      {{"status", {{"capacity", {{resource, count}}}, {"allocatable", {{resource, count}}}}}});
   return absl::OkStatus();
 }
 
@@ -641,7 +693,7 @@ absl::Status LocalCluster::StartSchedulerLocked(Replica& replica) {
 void LocalCluster::StopReplicaLocked(Replica& replica) {
   if (replica.server == nullptr) return;
   {
-    std::lock_guard<std::mutex> lock(route_mu_);
+    absl::MutexLock lock(&route_mu_);
     std::erase_if(routes_, [&](const auto& r) { return r.first == replica.server->url(); });
   }
   replica.server->Stop();
@@ -660,7 +712,7 @@ LocalCluster::Replica* LocalCluster::RouteTarget() const {
 }
 
 std::string LocalCluster::ExtenderUrl() const {
-  std::lock_guard<std::mutex> lock(route_mu_);
+  absl::MutexLock lock(&route_mu_);
   for (const auto& [url, elector] : routes_) {
     if (elector == nullptr || elector->IsLeader()) return url;
   }
@@ -669,7 +721,7 @@ std::string LocalCluster::ExtenderUrl() const {
 
 void LocalCluster::RouteLocked() {
   {
-    std::lock_guard<std::mutex> lock(route_mu_);
+    absl::MutexLock lock(&route_mu_);
     routes_.clear();
     for (const auto& r : replicas_) {
       if (r->server != nullptr) routes_.emplace_back(r->server->url(), r->server->elector());
@@ -733,14 +785,14 @@ absl::Status LocalCluster::StartDevicePluginLocked(Node& node) {
   // supervisor.
   FencedKubeClient* fence = node.plugin_client.get();
   o.core.crash_point = [this, fence, name = node.spec.name](std::string_view point) {
-    std::lock_guard<std::mutex> lock(crash_mu_);
+    absl::MutexLock lock(&crash_mu_);
     auto it = armed_.find(name);
     if (it == armed_.end() || it->second != point) return false;
     armed_.erase(it);
     fence->Fence();
     ++crashes_[fmt::format("device-plugin crash {}", point)];
     crashed_plugins_.push_back(name);
-    crash_cv_.notify_all();
+    crash_cv_.SignalAll();
     return true;
   };
   auto plugin =
@@ -761,13 +813,13 @@ absl::Status LocalCluster::StartDevicePluginLocked(Node& node) {
 
 void LocalCluster::Stop() {
   {
-    std::lock_guard<std::mutex> lock(crash_mu_);
+    absl::MutexLock lock(&crash_mu_);
     supervisor_stop_ = true;
   }
-  crash_cv_.notify_all();
+  crash_cv_.SignalAll();
   if (supervisor_.joinable() && supervisor_.get_id() != std::this_thread::get_id())
     supervisor_.join();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (stopped_) return;
   stopped_ = true;
   // Components stop, then their API clients go, closing their idle keep-alive connections: the
@@ -801,7 +853,7 @@ void LocalCluster::Stop() {
 std::string LocalCluster::api_url() const { return api_ ? api_->url() : ""; }
 
 std::string LocalCluster::scheduler_url() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const Replica* r = RouteTarget();
   return r != nullptr ? r->server->url() : "";
 }
@@ -827,20 +879,20 @@ LocalCluster::Node* LocalCluster::FindNode(std::string_view name) const {
 }
 
 std::vector<scheduler::NodeReport> LocalCluster::Layout() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const Replica* r = RouteTarget();
   if (r == nullptr) return {};
   return r->server->state().Report(scheduler_clock_->Now());
 }
 
 scheduler::SchedulerServer* LocalCluster::scheduler() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const Replica* r = RouteTarget();
   return r != nullptr ? r->server.get() : nullptr;
 }
 
 absl::Status LocalCluster::StopDevicePlugin(std::string_view name) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Node* node = FindNode(name);
   if (node == nullptr) return absl::NotFoundError(fmt::format("no node {}", name));
   if (node->plugin == nullptr) return absl::OkStatus();
@@ -853,7 +905,7 @@ absl::Status LocalCluster::StopDevicePlugin(std::string_view name) {
 }
 
 absl::Status LocalCluster::StartDevicePlugin(std::string_view name) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (stopped_) return absl::FailedPreconditionError("the local cluster is stopped");
   Node* node = FindNode(name);
   if (node == nullptr) return absl::NotFoundError(fmt::format("no node {}", name));
@@ -874,13 +926,13 @@ absl::Status LocalCluster::RestartDevicePlugin(std::string_view name) {
 }
 
 bool LocalCluster::DevicePluginRunning(std::string_view name) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const Node* node = FindNode(name);
   return node != nullptr && node->plugin != nullptr;
 }
 
 deviceplugin::DevicePlugin* LocalCluster::device_plugin(std::string_view name) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Node* node = FindNode(name);
   return node != nullptr ? node->plugin.get() : nullptr;
 }
@@ -891,7 +943,7 @@ deviceplugin::TestKubelet* LocalCluster::kubelet(std::string_view name) {
 }
 
 absl::Status LocalCluster::StopScheduler() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   bool any = false;
   for (auto& r : replicas_) {
     any = any || r->server != nullptr;
@@ -902,7 +954,7 @@ absl::Status LocalCluster::StopScheduler() {
 }
 
 absl::Status LocalCluster::StartScheduler() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (stopped_) return absl::FailedPreconditionError("the local cluster is stopped");
   for (auto& r : replicas_) {
     if (r->server != nullptr) continue;
@@ -920,7 +972,7 @@ absl::Status LocalCluster::StartScheduler() {
 }
 
 bool LocalCluster::SchedulerRunning() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (const auto& r : replicas_) {
     if (r->server == nullptr) return false;
   }
@@ -928,7 +980,7 @@ bool LocalCluster::SchedulerRunning() const {
 }
 
 int LocalCluster::SchedulerLeader() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (const auto& r : replicas_) {
     if (r->server == nullptr) continue;
     if (r->server->elector() == nullptr || r->server->elector()->IsLeader()) return r->index;
@@ -938,7 +990,7 @@ int LocalCluster::SchedulerLeader() const {
 
 absl::Status LocalCluster::ArmDevicePluginCrash(std::string_view node, std::string_view point) {
   if (FindNode(node) == nullptr) return absl::NotFoundError(fmt::format("no node {}", node));
-  std::lock_guard<std::mutex> lock(crash_mu_);
+  absl::MutexLock lock(&crash_mu_);
   if (point.empty()) {
     armed_.erase(std::string(node));
   } else {
@@ -948,12 +1000,12 @@ absl::Status LocalCluster::ArmDevicePluginCrash(std::string_view node, std::stri
 }
 
 void LocalCluster::DisarmCrashes() {
-  std::lock_guard<std::mutex> lock(crash_mu_);
+  absl::MutexLock lock(&crash_mu_);
   armed_.clear();
 }
 
 absl::StatusOr<int> LocalCluster::CrashSchedulerLeader() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Replica* target = RouteTarget();
   if (target == nullptr) return absl::FailedPreconditionError("no scheduler replica runs");
   // The process is gone: no request of it reaches the API server any more (so a leader does not
@@ -962,56 +1014,63 @@ absl::StatusOr<int> LocalCluster::CrashSchedulerLeader() {
   StopReplicaLocked(*target);
   RouteLocked();
   Log(fmt::format("scheduler-{}: crashed", target->index));
-  std::lock_guard<std::mutex> crash(crash_mu_);
+  absl::MutexLock crash(&crash_mu_);
   ++crashes_["scheduler crash"];
   crashed_replicas_.push_back(target->index);
-  crash_cv_.notify_all();
+  crash_cv_.SignalAll();
   return target->index;
 }
 
 std::map<std::string, int64_t> LocalCluster::Crashes() const {
-  std::lock_guard<std::mutex> lock(crash_mu_);
+  absl::MutexLock lock(&crash_mu_);
   return crashes_;
 }
 
 bool LocalCluster::CrashesRestarted() const {
-  std::lock_guard<std::mutex> lock(crash_mu_);
+  absl::MutexLock lock(&crash_mu_);
   return crashed_plugins_.empty() && crashed_replicas_.empty() && !supervising_;
 }
 
 void LocalCluster::Supervise() {
-  std::unique_lock<std::mutex> lock(crash_mu_);
-  while (true) {
-    crash_cv_.wait(lock, [this] {
-      return supervisor_stop_ || !crashed_plugins_.empty() || !crashed_replicas_.empty();
-    });
-    if (supervisor_stop_) return;
-    std::vector<std::string> plugins = std::exchange(crashed_plugins_, {});
-    std::vector<int> replicas = std::exchange(crashed_replicas_, {});
-    supervising_ = true;
-    lock.unlock();
-    for (const auto& node : plugins) {
-      // The crashed process is gone; its replacement recovers from the state file and NVML.
-      absl::Status st = StopDevicePlugin(node);
-      if (st.ok()) st = StartDevicePlugin(node);
-      if (!st.ok())
-        Log(fmt::format("{}/device-plugin: restart after a crash: {}", node,
-                        std::string(st.message())));
-    }
-    for (int index : replicas) {
-      std::lock_guard<std::mutex> l(mu_);
-      if (stopped_) break;
-      Replica& r = *replicas_[static_cast<size_t>(index)];
-      absl::Status st = StartSchedulerLocked(r);
-      if (st.ok() && !r.server->WaitUntilReady(absl::Seconds(30)))
-        st = absl::DeadlineExceededError("caches did not sync");
-      RouteLocked();
-      if (!st.ok())
-        Log(fmt::format("scheduler-{}: restart after a crash: {}", index,
-                        std::string(st.message())));
-    }
-    lock.lock();
+  CrashBatch batch;
+  while (NextCrashes(&batch)) {
+    RestartCrashed(batch);
+    absl::MutexLock lock(&crash_mu_);
     supervising_ = false;
+  }
+}
+
+bool LocalCluster::NextCrashes(CrashBatch* batch) {
+  absl::MutexLock lock(&crash_mu_);
+  while (!supervisor_stop_ && crashed_plugins_.empty() && crashed_replicas_.empty()) {
+    crash_cv_.Wait(&crash_mu_);
+  }
+  if (supervisor_stop_) return false;
+  batch->plugins = std::exchange(crashed_plugins_, {});
+  batch->replicas = std::exchange(crashed_replicas_, {});
+  supervising_ = true;
+  return true;
+}
+
+void LocalCluster::RestartCrashed(const CrashBatch& batch) {
+  for (const auto& node : batch.plugins) {
+    // The crashed process is gone; its replacement recovers from the state file and NVML.
+    absl::Status st = StopDevicePlugin(node);
+    if (st.ok()) st = StartDevicePlugin(node);
+    if (!st.ok())
+      Log(fmt::format("{}/device-plugin: restart after a crash: {}", node,
+                      std::string(st.message())));
+  }
+  for (int index : batch.replicas) {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) break;
+    Replica& r = *replicas_[static_cast<size_t>(index)];
+    absl::Status st = StartSchedulerLocked(r);
+    if (st.ok() && !r.server->WaitUntilReady(absl::Seconds(30)))
+      st = absl::DeadlineExceededError("caches did not sync");
+    RouteLocked();
+    if (!st.ok())
+      Log(fmt::format("scheduler-{}: restart after a crash: {}", index, std::string(st.message())));
   }
 }
 

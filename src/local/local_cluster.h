@@ -35,22 +35,23 @@
 // Thread-safe.
 #pragma once
 
-#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "kube/in_memory_api_server.h"
 #include "kube/kube_client.h"
+#include "local/scheduler_config.h"
 #include "local/scheduling_queue.h"
 #include "mig/nvml_latency.h"
 #include "nvml/sim_nvml.h"
@@ -163,18 +164,21 @@ class LocalCluster {
 
   // Stops every part, the API server last. Simulated processes stay attached (their state is on
   // disk). Idempotent.
-  void Stop();
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_, crash_mu_);
 
   std::string api_url() const;
   // A kubeconfig for the cluster admin (written to <state_dir>/kubeconfig).
   const std::string& kubeconfig_path() const { return kubeconfig_path_; }
-  std::string scheduler_url() const;
+  std::string scheduler_url() const ABSL_LOCKS_EXCLUDED(mu_);
   const std::vector<LocalNode>& nodes() const { return options_.nodes; }
   const LocalClusterOptions& options() const { return options_; }
   std::string node_address(std::string_view node) const;
   // "http://{node}:<nvml_port>/nvml", for --nvml-endpoint.
   std::string nvml_endpoint_template() const;
   const std::string& admin_token() const { return admin_token_; }
+  // The clock every local part runs on (the kube-scheduler and kubelet stand-ins, the waits of
+  // start and restart): the system clock. The scheduler's is options().scheduler_clock when set.
+  const Clock& clock() const { return clock_; }
 
   // The TLS files of this run, under <state_dir>/pki: a CA made at start signs the scheduler's
   // serving certificate (127.0.0.1, localhost) and kube-scheduler's client certificate, which the
@@ -194,38 +198,39 @@ class LocalCluster {
       std::string_view user = kAdminUser) const;
 
   // The scheduler's view, as `dynmig layout` shows it.
-  std::vector<scheduler::NodeReport> Layout() const;
+  std::vector<scheduler::NodeReport> Layout() const ABSL_LOCKS_EXCLUDED(mu_);
   // The scheduler, while it runs (null between StopScheduler and StartScheduler).
-  scheduler::SchedulerServer* scheduler();
+  scheduler::SchedulerServer* scheduler() ABSL_LOCKS_EXCLUDED(mu_);
 
   // A device plugin process: stop (its socket goes away; instances and processes stay), start
   // again (recovery: verify and adopt, clean idle GPUs). kNotFound for an unknown node.
-  absl::Status StopDevicePlugin(std::string_view node);
-  absl::Status StartDevicePlugin(std::string_view node);
-  absl::Status RestartDevicePlugin(std::string_view node);
-  bool DevicePluginRunning(std::string_view node) const;
+  absl::Status StopDevicePlugin(std::string_view node) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status StartDevicePlugin(std::string_view node) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status RestartDevicePlugin(std::string_view node) ABSL_LOCKS_EXCLUDED(mu_);
+  bool DevicePluginRunning(std::string_view node) const ABSL_LOCKS_EXCLUDED(mu_);
   // The running plugin of a node, or null.
-  deviceplugin::DevicePlugin* device_plugin(std::string_view node);
+  deviceplugin::DevicePlugin* device_plugin(std::string_view node) ABSL_LOCKS_EXCLUDED(mu_);
   deviceplugin::TestKubelet* kubelet(std::string_view node);
 
   // Every replica.
-  absl::Status StopScheduler();
-  absl::Status StartScheduler();
-  bool SchedulerRunning() const;  // every replica runs
+  absl::Status StopScheduler() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status StartScheduler() ABSL_LOCKS_EXCLUDED(mu_);
+  bool SchedulerRunning() const ABSL_LOCKS_EXCLUDED(mu_);  // every replica runs
   // The replica that leads now (elector says so; the only one without election), or -1.
-  int SchedulerLeader() const;
+  int SchedulerLeader() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Crashes (see above). The plugin crashes when an Allocate reaches `point` (a
   // deviceplugin::kCrash* name); arming again replaces the point, "" disarms. kNotFound: no node.
-  absl::Status ArmDevicePluginCrash(std::string_view node, std::string_view point);
-  void DisarmCrashes();
+  absl::Status ArmDevicePluginCrash(std::string_view node, std::string_view point)
+      ABSL_LOCKS_EXCLUDED(crash_mu_);
+  void DisarmCrashes() ABSL_LOCKS_EXCLUDED(crash_mu_);
   // Crashes the leading replica (or, when none leads, the first running one); returns its index.
   // kFailedPrecondition when no replica runs.
-  absl::StatusOr<int> CrashSchedulerLeader();
+  absl::StatusOr<int> CrashSchedulerLeader() ABSL_LOCKS_EXCLUDED(mu_, crash_mu_);
   // What crashed and was restarted so far: "device-plugin crash <point>", "scheduler crash".
-  std::map<std::string, int64_t> Crashes() const;
+  std::map<std::string, int64_t> Crashes() const ABSL_LOCKS_EXCLUDED(crash_mu_);
   // No crash is waiting for its restart.
-  bool CrashesRestarted() const;
+  bool CrashesRestarted() const ABSL_LOCKS_EXCLUDED(crash_mu_);
 
   // A new simulator object over the node's GPU state file (what `dynmig nvml --sim-state` opens).
   absl::StatusOr<std::unique_ptr<nvml::SimNvml>> OpenNvml(std::string_view node) const;
@@ -239,17 +244,55 @@ class LocalCluster {
  private:
   struct Node;
   struct Replica;
+  // Crashed parts the supervisor restarts in one round.
+  struct CrashBatch {
+    std::vector<std::string> plugins;  // node names
+    std::vector<int> replicas;
+  };
   explicit LocalCluster(LocalClusterOptions options);
-  absl::Status Init();
-  absl::Status StartDevicePluginLocked(Node& node);
-  absl::Status StartSchedulerLocked(Replica& replica);
-  void StopReplicaLocked(Replica& replica);
-  // Points the webhooks and kube-scheduler's extender calls at running replicas. REQUIRES mu_.
-  void RouteLocked();
-  std::string ExtenderUrl() const;  // the leader's, else a running replica's
-  Replica* RouteTarget() const;     // REQUIRES mu_
-  void Supervise();
+
+  // Start, step by step (Init runs them in this order).
+  absl::Status Init() ABSL_LOCKS_EXCLUDED(mu_);
+  // Creates the state directory and makes its path absolute.
+  absl::Status PrepareStateDir();
+  // Parses the device configuration (kept) and the KubeSchedulerConfiguration (returned).
+  absl::StatusOr<SchedulerConfig> LoadConfigs();
   absl::Status MakeTls();
+  // A token per identity: the components', the nodes', options_.users.
+  void MakeIdentities();
+  // The API server and the admin's kubeconfig.
+  absl::Status StartApiServer();
+  // What an operator creates before installing: the namespaces and the device ConfigMap.
+  absl::Status CreateSystemObjects(kube::KubeClient& admin);
+  // Node i: its directories, its GPUs, its Node object, its kubelet and the kubelet's agent (not
+  // started yet).
+  absl::StatusOr<std::unique_ptr<Node>> AddNode(size_t i, kube::KubeClient& admin);
+  absl::Status PrepareNodeDirs(Node& node);
+  absl::Status CreateGpus(Node& node);
+  absl::Status CreateNodeObject(const Node& node, kube::KubeClient& admin);
+  absl::Status StartKubelet(Node& node);
+  // The scheduler replicas, the routes to them, then kube-scheduler.
+  absl::Status StartControlPlaneLocked(const SchedulerConfig& config)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Bounded: every node published its GPUs and every plugin registered, every replica synced.
+  absl::Status AwaitReadyLocked(kube::KubeClient& admin) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status AwaitNodeReady(Node& node, kube::KubeClient& admin,
+                              absl::Duration monotonic_deadline);
+
+  absl::Status StartDevicePluginLocked(Node& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status StartSchedulerLocked(Replica& replica) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StopReplicaLocked(Replica& replica) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_)
+      ABSL_LOCKS_EXCLUDED(route_mu_);
+  // Points the webhooks and kube-scheduler's extender calls at running replicas.
+  void RouteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) ABSL_LOCKS_EXCLUDED(route_mu_);
+  std::string ExtenderUrl() const
+      ABSL_LOCKS_EXCLUDED(route_mu_);  // the leader's, else a running one's
+  Replica* RouteTarget() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The supervisor thread: restarts crashed parts until Stop().
+  void Supervise() ABSL_LOCKS_EXCLUDED(mu_, crash_mu_);
+  // Waits for crashes to restart; false once the supervisor is to stop.
+  bool NextCrashes(CrashBatch* batch) ABSL_LOCKS_EXCLUDED(crash_mu_);
+  void RestartCrashed(const CrashBatch& batch) ABSL_LOCKS_EXCLUDED(mu_, crash_mu_);
   Node* FindNode(std::string_view name) const;
   void Log(const std::string& line) const;
 
@@ -265,28 +308,33 @@ class LocalCluster {
   SystemClock clock_;
   const Clock* scheduler_clock_ = nullptr;
 
-  mutable std::mutex mu_;  // guards the components below against concurrent stop/start
-  std::vector<std::unique_ptr<Replica>> replicas_;
-  std::unique_ptr<kube::KubeClient> loop_client_;
-  std::unique_ptr<SchedulerLoop> loop_;
+  // Guards the components below against concurrent stop/start. nodes_ itself is fixed once Init
+  // added them (read without it); a node's device plugin "process" (plugin, plugin_client,
+  // plugin_nvml) is guarded by it.
+  mutable absl::Mutex mu_;
+  std::vector<std::unique_ptr<Replica>> replicas_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<kube::KubeClient> loop_client_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<SchedulerLoop> loop_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Node>> nodes_;
-  bool stopped_ = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 
   // The extender routes (url, elector or null per running replica), read by kube-scheduler's
   // thread without mu_.
-  mutable std::mutex route_mu_;
-  std::vector<std::pair<std::string, const scheduler::LeaderElector*>> routes_;
+  mutable absl::Mutex route_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::vector<std::pair<std::string, const scheduler::LeaderElector*>> routes_
+      ABSL_GUARDED_BY(route_mu_);
 
   // Crashes: armed points, crashed parts waiting for the supervisor, counts. Never held while
   // calling into a component (the crash hook runs inside a plugin's Allocate).
-  mutable std::mutex crash_mu_;
-  std::condition_variable crash_cv_;
-  std::map<std::string, std::string, std::less<>> armed_;  // node -> point
-  std::vector<std::string> crashed_plugins_;
-  std::vector<int> crashed_replicas_;
-  std::map<std::string, int64_t> crashes_;
-  bool supervising_ = false;  // a restart is under way
-  bool supervisor_stop_ = false;
+  mutable absl::Mutex crash_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  absl::CondVar crash_cv_;
+  std::map<std::string, std::string, std::less<>> armed_
+      ABSL_GUARDED_BY(crash_mu_);  // node -> point
+  std::vector<std::string> crashed_plugins_ ABSL_GUARDED_BY(crash_mu_);
+  std::vector<int> crashed_replicas_ ABSL_GUARDED_BY(crash_mu_);
+  std::map<std::string, int64_t> crashes_ ABSL_GUARDED_BY(crash_mu_);
+  bool supervising_ ABSL_GUARDED_BY(crash_mu_) = false;  // a restart is under way
+  bool supervisor_stop_ ABSL_GUARDED_BY(crash_mu_) = false;
   std::thread supervisor_;
 };
 

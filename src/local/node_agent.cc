@@ -45,17 +45,19 @@ std::optional<int64_t> SleepSeconds(const kube::Object& container) {
   return std::nullopt;
 }
 
-NodeAgent::NodeAgent(kube::KubeClient& client, DeviceAllocator& allocator, NodeAgentOptions options)
+NodeAgent::NodeAgent(kube::KubeClient& client, DeviceAllocator& allocator, const Clock& clock,
+                     NodeAgentOptions options)
     : client_(client),
       allocator_(allocator),
+      clock_(clock),
       options_(std::move(options)),
       pods_(client, kube::Resource::kPods,
             kube::InformerOptions{.filter = {.field_selector = "spec.nodeName=" + options_.node}}),
       next_pid_(options_.first_pid) {
   auto poke = [this] {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     dirty_ = true;
-    cv_.notify_all();
+    cv_.SignalAll();
   };
   kube::InformerHandlers h;
   h.on_add = [poke](const kube::Object&) { poke(); };
@@ -72,37 +74,45 @@ void NodeAgent::Log(const std::string& line) const {
 
 void NodeAgent::Start() {
   pods_.Start();
-  thread_ = std::thread([this] {
-    pods_.WaitForSync(absl::Seconds(30));
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!stop_) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void NodeAgent::Loop() {
+  pods_.WaitForSync(absl::Seconds(30));
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return;
       dirty_ = false;
-      lock.unlock();
-      Reconcile();
-      lock.lock();
-      // Wake for the next pod whose sleep ends, for changes, and every second to retry.
-      absl::Duration wait = absl::Seconds(1);
-      const absl::Time now = absl::Now();
-      for (const auto& [uid, r] : running_) {
-        if (r.ends_at) wait = std::min(wait, std::max(absl::ZeroDuration(), *r.ends_at - now));
-        if (!r.waiting.empty())
-          wait = std::min(wait, std::max(absl::ZeroDuration(), r.retry_at - now));
-      }
-      // And for the next pod to admit.
-      if (next_admission_ != absl::InfiniteFuture()) {
-        wait = std::min(wait, std::max(absl::ZeroDuration(), next_admission_ - now));
-      }
-      cv_.wait_for(lock, absl::ToChronoMilliseconds(wait) + std::chrono::milliseconds(5),
-                   [this] { return stop_ || dirty_; });
     }
-  });
+    Reconcile();
+    const absl::Duration wait = NextWake() + absl::Milliseconds(5);
+    absl::MutexLock lock(&mu_);
+    clock_.WaitFor(cv_, mu_, wait,
+                   [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || dirty_; });
+  }
+}
+
+absl::Duration NodeAgent::NextWake() const {
+  // The next pod whose sleep ends, and every second to retry.
+  absl::Duration wait = absl::Seconds(1);
+  const absl::Time now = clock_.Now();
+  for (const auto& [uid, r] : running_) {
+    if (r.ends_at) wait = std::min(wait, std::max(absl::ZeroDuration(), *r.ends_at - now));
+    if (!r.waiting.empty()) wait = std::min(wait, std::max(absl::ZeroDuration(), r.retry_at - now));
+  }
+  // And the next pod to admit.
+  if (next_admission_ != absl::InfiniteFuture()) {
+    wait = std::min(wait, std::max(absl::ZeroDuration(), next_admission_ - now));
+  }
+  return wait;
 }
 
 void NodeAgent::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   if (thread_.joinable()) thread_.join();
   pods_.Stop();
@@ -143,7 +153,7 @@ void NodeAgent::Reconcile() {
     const std::string phase = kube::Phase(*pod);
     if ((phase.empty() || phase == "Pending") && !started_uid_.count(uid)) {
       if (options_.admission_delay > absl::ZeroDuration()) {
-        const absl::Time now = absl::Now();
+        const absl::Time now = clock_.Now();
         const absl::Time admit =
             first_seen_.emplace(uid, now).first->second + options_.admission_delay;
         if (now < admit) {
@@ -156,10 +166,11 @@ void NodeAgent::Reconcile() {
       continue;
     }
     auto it = running_.find(uid);
-    if (it != running_.end() && !it->second.waiting.empty() && it->second.retry_at <= absl::Now()) {
+    if (it != running_.end() && !it->second.waiting.empty() &&
+        it->second.retry_at <= clock_.Now()) {
       StartContainers(*pod, it->second);  // the pod worker's next sync
     }
-    if (it != running_.end() && it->second.ends_at && *it->second.ends_at <= absl::Now()) {
+    if (it != running_.end() && it->second.ends_at && *it->second.ends_at <= clock_.Now()) {
       FinishPod(*pod, "Succeeded");
     }
   }
@@ -205,7 +216,7 @@ void NodeAgent::StartPod(const kube::Object& pod) {
   // Every container's device count first: a pod waits until the plugin is registered.
   uint32_t wanted = 0;
   for (const auto& [c, init] : containers)
-    wanted += CountOf(*c, resource.empty() ? "nvidia.com/gpu" : resource);
+    wanted += CountOf(*c, resource.empty() ? std::string(protocol::kResourceCount) : resource);
   if (wanted > 0 && resource.empty()) return;  // plugin not registered yet: retry later
 
   // Admission: the kubelet knows the pod, then allocates each container's devices.
@@ -236,7 +247,7 @@ void NodeAgent::StartPod(const kube::Object& pod) {
              {{"phase", "Failed"}, {"reason", "UnexpectedAdmissionError"}, {"message", msg}}}};
         WriteStatus(pod, std::move(status));
         (void)client_.CreateEvent(kube::NewEvent(pod, "Warning", "UnexpectedAdmissionError", msg,
-                                                 "dynmig-local-kubelet", absl::Now()));
+                                                 "dynmig-local-kubelet", clock_.Now()));
         allocator_.Release(key);
         started_uid_[uid] = key;
         return;
@@ -254,7 +265,7 @@ void NodeAgent::StartPod(const kube::Object& pod) {
 
 void NodeAgent::StartContainers(const kube::Object& pod, Running& running) {
   const std::string key = kube::ObjectKey(pod);
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_.Now();
   bool started_any = false;
   for (auto it = running.waiting.begin(); it != running.waiting.end();) {
     if (auto st = allocator_.PreStart(key, it->name); !st.ok()) {
@@ -312,7 +323,7 @@ void NodeAgent::StartContainers(const kube::Object& pod, Running& running) {
 }
 
 void NodeAgent::WriteStartedStatus(const kube::Object& pod, const Running& running) {
-  const std::string now = kube::Rfc3339(absl::Now());
+  const std::string now = kube::Rfc3339(clock_.Now());
   json statuses = json::array();
   if (pod["spec"].contains("containers")) {
     for (const auto& c : pod["spec"]["containers"]) {
@@ -364,7 +375,7 @@ void NodeAgent::FinishPod(const kube::Object& pod, const std::string& phase) {
     allocator_.Release(kube::ObjectKey(pod));
   }
   if (phase.empty()) return;
-  const std::string now = kube::Rfc3339(absl::Now());
+  const std::string now = kube::Rfc3339(clock_.Now());
   json statuses = json::array();
   if (pod.contains("spec") && pod["spec"].contains("containers")) {
     for (const auto& c : pod["spec"]["containers"]) {

@@ -16,19 +16,21 @@
 // the pod stays Pending (no app container starts while an init container waits), and the start is
 // tried again every prestart_retry, as the kubelet's pod worker does after a failed sync.
 //
+// Pods' sleeps, the admission delay and the PreStartContainer retries run on the injected clock.
 // Thread-safe; owns one thread.
 #pragma once
 
-#include <condition_variable>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "kube/informer.h"
 #include "kube/kube_client.h"
 #include "protocol/annotations.h"
@@ -93,14 +95,16 @@ struct NodeAgentOptions {
 
 class NodeAgent {
  public:
-  NodeAgent(kube::KubeClient& client, DeviceAllocator& allocator, NodeAgentOptions options);
+  // `client`, `allocator` and `clock` must outlive the agent.
+  NodeAgent(kube::KubeClient& client, DeviceAllocator& allocator, const Clock& clock,
+            NodeAgentOptions options);
   ~NodeAgent();  // Stop()
 
   void Start();
   // Stops the agent; simulated processes stay attached (a kubelet restart does not kill pods).
-  void Stop();
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // One pass (the thread calls it; tests may too).
+  // One pass (the agent's thread calls it; a test may instead, without Start()).
   void Reconcile();
 
  private:
@@ -118,6 +122,11 @@ class NodeAgent {
     nlohmann::json visible = nlohmann::json::object();  // started containers' devices
     absl::Time retry_at = absl::InfiniteFuture();
   };
+  // The agent's thread: a Reconcile on every change of the node's pods and when NextWake says.
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
+  // How long until a pod's sleep ends, a waiting container is tried again or a pod is admitted
+  // (at most a second, to retry status writes).
+  absl::Duration NextWake() const;
   void StartPod(const kube::Object& pod);
   // Starts the waiting containers of `running` in the kubelet's order: each after its
   // PreStartContainer; stops at an init container that cannot start. Then writes the status.
@@ -132,8 +141,10 @@ class NodeAgent {
 
   kube::KubeClient& client_;
   DeviceAllocator& allocator_;
+  const Clock& clock_;
   const NodeAgentOptions options_;
   kube::Informer pods_;
+  // The reconcile state: owned by whoever runs Reconcile (the agent's thread), never shared.
   std::map<std::string, Running> running_;  // by pod uid
   std::map<std::string, std::string> started_uid_;
   std::map<std::string, absl::Time> first_seen_;  // by pod uid: bound pods not started yet
@@ -144,10 +155,10 @@ class NodeAgent {
   };
   std::map<std::string, UnsyncedStatus> unsynced_;  // by pod uid: status writes to retry
   uint32_t next_pid_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  bool dirty_ = true;
+  absl::Mutex mu_;
+  absl::CondVar cv_;  // signalled on stop_ and dirty_
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool dirty_ ABSL_GUARDED_BY(mu_) = true;  // the node's pods changed since the last Reconcile
   std::thread thread_;
 };
 

@@ -248,8 +248,10 @@ struct SchedulerLoop::Binder {
   std::atomic<bool> done{false};
 };
 
-SchedulerLoop::SchedulerLoop(kube::KubeClient& client, SchedulerLoopOptions options)
+SchedulerLoop::SchedulerLoop(kube::KubeClient& client, const Clock& clock,
+                             SchedulerLoopOptions options)
     : client_(client),
+      clock_(clock),
       options_(std::move(options)),
       pods_(client, kube::Resource::kPods),
       nodes_(client, kube::Resource::kNodes),
@@ -287,14 +289,14 @@ bool SchedulerLoop::Pending(const kube::Object& pod) const {
 
 void SchedulerLoop::OnPodAdd(const kube::Object& pod) {
   if (!Pending(pod)) return;  // an assigned pod helps only pods with inter-pod affinity
-  std::lock_guard<std::mutex> lock(mu_);
-  queue_.Add(kube::ObjectKey(pod), Priority(pod), absl::Now());
-  cv_.notify_all();
+  absl::MutexLock lock(&mu_);
+  queue_.Add(kube::ObjectKey(pod), Priority(pod), clock_.Now());
+  cv_.SignalAll();
 }
 
 void SchedulerLoop::OnPodUpdate(const kube::Object& old_pod, const kube::Object& new_pod) {
   const bool was = Pending(old_pod), is = Pending(new_pod);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const std::string key = kube::ObjectKey(new_pod);
   if (was && !is) {
     queue_.Delete(key);  // bound (or handed to another scheduler)
@@ -305,23 +307,23 @@ void SchedulerLoop::OnPodUpdate(const kube::Object& old_pod, const kube::Object&
       return;
     }
     queue_.Update(key, Priority(new_pod), WithoutStatus(old_pod) != WithoutStatus(new_pod),
-                  absl::Now());
+                  clock_.Now());
   }
   if (!kube::NodeName(new_pod).empty()) assumed_.erase(kube::Uid(new_pod));
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void SchedulerLoop::OnPodDelete(const kube::Object& pod) {
   const bool assigned = !kube::NodeName(pod).empty();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     assumed_.erase(kube::Uid(pod));
     if (!assigned) {
       queue_.Delete(kube::ObjectKey(pod));
     } else {
-      queue_.MoveAll(absl::Now());  // its node has room again
+      queue_.MoveAll(clock_.Now());  // its node has room again
     }
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   if (options_.observe && assigned) {
     options_.observe(fmt::format("pod {} deleted: requeue", kube::ObjectKey(pod)));
@@ -331,12 +333,12 @@ void SchedulerLoop::OnPodDelete(const kube::Object& pod) {
 void SchedulerLoop::OnNodeUpdate(const kube::Object& old_node, const kube::Object& new_node) {
   bool moved = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     // kube-scheduler compares the properties only while some pod is unschedulable; otherwise any
     // update is a move request (so a pod being tried meanwhile backs off instead of waiting).
     if (queue_.UnschedulableCount() == 0 || SchedulingPropertiesChanged(old_node, new_node)) {
-      queue_.MoveAll(absl::Now());
-      cv_.notify_all();
+      queue_.MoveAll(clock_.Now());
+      cv_.SignalAll();
       moved = true;
     }
   }
@@ -347,18 +349,18 @@ void SchedulerLoop::OnNodeUpdate(const kube::Object& old_node, const kube::Objec
 }
 
 void SchedulerLoop::MoveAll() {
-  std::lock_guard<std::mutex> lock(mu_);
-  queue_.MoveAll(absl::Now());
-  cv_.notify_all();
+  absl::MutexLock lock(&mu_);
+  queue_.MoveAll(clock_.Now());
+  cv_.SignalAll();
 }
 
 SchedulingQueue::Where SchedulerLoop::QueueOf(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return queue_.Find(key);
 }
 
 int SchedulerLoop::Attempts(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return queue_.Attempts(key);
 }
 
@@ -372,11 +374,11 @@ void SchedulerLoop::Run() {
   pods_.WaitForSync(absl::Seconds(30));
   nodes_.WaitForSync(absl::Seconds(30));
   const SchedulingQueueTiming& t = options_.timing;
-  absl::Time next_backoff_flush = absl::Now() + t.backoff_flush;
-  absl::Time next_leftover_flush = absl::Now() + t.unschedulable_flush;
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::Time next_backoff_flush = clock_.Now() + t.backoff_flush;
+  absl::Time next_leftover_flush = clock_.Now() + t.unschedulable_flush;
+  mu_.Lock();
   while (!stop_) {
-    const absl::Time now = absl::Now();
+    const absl::Time now = clock_.Now();
     if (now >= next_backoff_flush) {
       queue_.FlushBackoffCompleted(now);
       next_backoff_flush = now + t.backoff_flush;
@@ -386,17 +388,18 @@ void SchedulerLoop::Run() {
       next_leftover_flush = now + t.unschedulable_flush;
     }
     if (auto key = queue_.Pop()) {
-      lock.unlock();
+      mu_.Unlock();
       ScheduleOne(*key);
-      lock.lock();
+      mu_.Lock();
       ReapBinders(false);
       continue;
     }
     const absl::Time wake = std::min(next_backoff_flush, next_leftover_flush);
-    cv_.wait_for(lock,
-                 absl::ToChronoMicroseconds(std::max(wake - absl::Now(), absl::ZeroDuration())),
-                 [this] { return stop_ || queue_.ActiveCount() > 0; });
+    clock_.WaitFor(
+        cv_, mu_, std::max(wake - clock_.Now(), absl::ZeroDuration()),
+        [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || queue_.ActiveCount() > 0; });
   }
+  mu_.Unlock();
 }
 
 void SchedulerLoop::ReapBinders(bool all) {
@@ -412,14 +415,14 @@ void SchedulerLoop::ReapBinders(bool all) {
 
 void SchedulerLoop::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   if (thread_.joinable()) thread_.join();
   std::list<std::unique_ptr<Binder>> binders;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     binders.swap(binders_);
   }
   for (auto& b : binders) {
@@ -454,51 +457,67 @@ bool SchedulerLoop::UsesManagedResources(const kube::Object& pod) const {
 void SchedulerLoop::ScheduleOne(const std::string& key) {
   const kube::ObjectPtr pod = pods_.Get(key);
   if (pod == nullptr || !Pending(*pod)) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     queue_.Delete(key);
     return;
   }
-  // kube-scheduler skips a pod being deleted (it is not queued again).
-  if (kube::IsBeingDeleted(*pod)) return;
-  const std::string phase = kube::Phase(*pod);
-  if (phase == "Succeeded" || phase == "Failed") return;
-  // Queued again while its bind is in flight (the pod was updated meanwhile): kube-scheduler's
-  // assume fails.
-  bool in_cache = false;
-  bool binder_reports = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    const auto it = assumed_.find(kube::Uid(*pod));
-    in_cache = it != assumed_.end();
-    binder_reports = in_cache && it->second;
-  }
-  if (in_cache) {
-    // Updated during its own cycle: the binder reports it once the bind is done (below).
-    if (binder_reports) return;
-    Failed(key, "SchedulerError",
-           fmt::format("pod {} is in the cache, so can't be assumed", kube::Uid(*pod)));
-    return;
-  }
+  // kube-scheduler skips a pod being deleted (it is not queued again), and one that ended.
+  if (kube::IsBeingDeleted(*pod) || kube::IsTerminated(*pod)) return;
+  if (AlreadyAssumed(key, *pod)) return;
   // A pod updated between the start of its cycle and its assume is requeued by the update and
   // tried again while the first cycle binds it; that attempt fails as above, a Warning on a pod
   // that schedules fine. Whether the informer delivers the update before or after the bind is a
   // race, so the stand-in compares the pod's resourceVersion on the API server at both points
   // and has the binder report it.
-  auto version_now = [&]() -> std::string {
-    auto current = client_.GetPod(kube::Namespace(*pod), kube::Name(*pod));
-    return current.ok() ? kube::ResourceVersion(*current) : "";
-  };
-  const std::string version_at_start = version_now();
+  const std::string version_at_start = ResourceVersionNow(*pod);
+  const std::vector<std::string> nodes = FeasibleNodes(key, *pod);
+  if (nodes.empty()) return;
   const ExtenderConfig& x = options_.config.extender;
-  const std::string base = ExtenderBase();
-  // kube-scheduler's own filters before the extender: cordon (unless tolerated), node selector
-  // and required node affinity.
-  const bool tolerates_cordon = ToleratesCordon(*pod);
+  const bool managed = UsesManagedResources(*pod);
+  const std::optional<std::string> chosen =
+      managed && !x.filter_verb.empty() ? FilterByExtender(key, *pod, nodes) : nodes.front();
+  if (!chosen) return;
+  const std::string version_at_assume = ResourceVersionNow(*pod);
+  std::string updated_in_cycle;  // "A -> B" when the pod changed during the cycle
+  if (!version_at_start.empty() && !version_at_assume.empty() &&
+      version_at_start != version_at_assume) {
+    updated_in_cycle = fmt::format("{} -> {}", version_at_start, version_at_assume);
+  }
+  AssumeAndBind(pod, *chosen, managed && !x.bind_verb.empty(), updated_in_cycle);
+}
+
+bool SchedulerLoop::AlreadyAssumed(const std::string& key, const kube::Object& pod) {
+  // Queued again while its bind is in flight (the pod was updated meanwhile): kube-scheduler's
+  // assume fails.
+  bool in_cache = false;
+  bool binder_reports = false;
+  {
+    absl::MutexLock lock(&mu_);
+    const auto it = assumed_.find(kube::Uid(pod));
+    in_cache = it != assumed_.end();
+    binder_reports = in_cache && it->second;
+  }
+  if (!in_cache) return false;
+  // Updated during its own cycle: the binder reports it once the bind is done (Bind).
+  if (binder_reports) return true;
+  Failed(key, "SchedulerError",
+         fmt::format("pod {} is in the cache, so can't be assumed", kube::Uid(pod)));
+  return true;
+}
+
+std::string SchedulerLoop::ResourceVersionNow(const kube::Object& pod) {
+  auto current = client_.GetPod(kube::Namespace(pod), kube::Name(pod));
+  return current.ok() ? kube::ResourceVersion(*current) : "";
+}
+
+std::vector<std::string> SchedulerLoop::FeasibleNodes(const std::string& key,
+                                                      const kube::Object& pod) {
+  const bool tolerates_cordon = ToleratesCordon(pod);
   const std::vector<kube::ObjectPtr> all_nodes = nodes_.List();
   std::vector<std::string> nodes;
   for (const auto& n : all_nodes) {
     if (NodeCordoned(*n) && !tolerates_cordon) continue;
-    if (!PodFitsNode(*pod, *n)) continue;
+    if (!PodFitsNode(pod, *n)) continue;
     nodes.push_back(kube::Name(*n));
   }
   if (nodes.empty()) {
@@ -506,70 +525,64 @@ void SchedulerLoop::ScheduleOne(const std::string& key) {
            fmt::format("0/{} nodes are available: no node passes kube-scheduler's own filters "
                        "(cordoned without a toleration, nodeSelector, required node affinity)",
                        all_nodes.size()));
-    return;
   }
-  const bool managed = UsesManagedResources(*pod);
-  std::string chosen;
-  if (managed && !x.filter_verb.empty()) {
-    json args = {{"Pod", *pod}};
-    if (x.node_cache_capable) {
-      args["NodeNames"] = nodes;
-    } else {
-      json items = json::array();
-      for (const auto& n : nodes) {
-        auto obj = nodes_.Get(n);
-        if (obj) items.push_back(*obj);
-      }
-      args["Nodes"] = {{"items", items}};
-    }
-    auto res = Post(base, x.filter_verb, args, x.http_timeout_seconds, Tls());
-    if (!res.ok()) {
-      Failed(key, "SchedulerError", std::string(res.status().message()));
-      return;
-    }
-    const json& r = *res;
-    if (r.contains("Error") && r["Error"].is_string() && !r["Error"].get<std::string>().empty()) {
-      Failed(key, "SchedulerError", "extender: " + r["Error"].get<std::string>());
-      return;
-    }
-    std::vector<std::string> passed;
-    if (r.contains("NodeNames") && r["NodeNames"].is_array()) {
-      for (const auto& n : r["NodeNames"]) passed.push_back(n.get<std::string>());
-    } else if (r.contains("Nodes") && r["Nodes"].is_object() && r["Nodes"].contains("items")) {
-      for (const auto& n : r["Nodes"]["items"]) passed.push_back(kube::Name(n));
-    }
-    if (passed.empty()) {
-      std::vector<std::string> reasons;
-      for (const char* field : {"FailedNodes", "FailedAndUnresolvableNodes"}) {
-        if (!r.contains(field) || !r[field].is_object()) continue;
-        for (auto it = r[field].begin(); it != r[field].end(); ++it) {
-          reasons.push_back(fmt::format("{}: {}", it.key(),
-                                        it->is_string() ? it->get<std::string>() : it->dump()));
-        }
-      }
-      Failed(key, "Unschedulable",
-             fmt::format("0/{} nodes are available: {}", nodes.size(), fmt::join(reasons, "; ")));
-      return;
-    }
-    chosen = passed.front();
+  return nodes;
+}
+
+std::optional<std::string> SchedulerLoop::FilterByExtender(const std::string& key,
+                                                           const kube::Object& pod,
+                                                           const std::vector<std::string>& nodes) {
+  const ExtenderConfig& x = options_.config.extender;
+  json args = {{"Pod", pod}};
+  if (x.node_cache_capable) {
+    args["NodeNames"] = nodes;
   } else {
-    chosen = nodes.front();
+    json items = json::array();
+    for (const auto& n : nodes) {
+      auto obj = nodes_.Get(n);
+      if (obj) items.push_back(*obj);
+    }
+    args["Nodes"] = {{"items", items}};
   }
-  const std::string version_at_assume = version_now();
-  std::string updated_in_cycle;  // "A -> B" when the pod changed during the cycle
-  if (!version_at_start.empty() && !version_at_assume.empty() &&
-      version_at_start != version_at_assume) {
-    updated_in_cycle = fmt::format("{} -> {}", version_at_start, version_at_assume);
+  auto res = Post(ExtenderBase(), x.filter_verb, args, x.http_timeout_seconds, Tls());
+  if (!res.ok()) {
+    Failed(key, "SchedulerError", std::string(res.status().message()));
+    return std::nullopt;
   }
-  // Assume, then bind apart from the scheduling loop (kube-scheduler's binding cycle).
-  std::lock_guard<std::mutex> lock(mu_);
+  const json& r = *res;
+  if (r.contains("Error") && r["Error"].is_string() && !r["Error"].get<std::string>().empty()) {
+    Failed(key, "SchedulerError", "extender: " + r["Error"].get<std::string>());
+    return std::nullopt;
+  }
+  std::vector<std::string> passed;
+  if (r.contains("NodeNames") && r["NodeNames"].is_array()) {
+    for (const auto& n : r["NodeNames"]) passed.push_back(n.get<std::string>());
+  } else if (r.contains("Nodes") && r["Nodes"].is_object() && r["Nodes"].contains("items")) {
+    for (const auto& n : r["Nodes"]["items"]) passed.push_back(kube::Name(n));
+  }
+  if (!passed.empty()) return passed.front();
+  std::vector<std::string> reasons;
+  for (const char* field : {"FailedNodes", "FailedAndUnresolvableNodes"}) {
+    if (!r.contains(field) || !r[field].is_object()) continue;
+    for (auto it = r[field].begin(); it != r[field].end(); ++it) {
+      reasons.push_back(
+          fmt::format("{}: {}", it.key(), it->is_string() ? it->get<std::string>() : it->dump()));
+    }
+  }
+  Failed(key, "Unschedulable",
+         fmt::format("0/{} nodes are available: {}", nodes.size(), fmt::join(reasons, "; ")));
+  return std::nullopt;
+}
+
+void SchedulerLoop::AssumeAndBind(kube::ObjectPtr pod, const std::string& node, bool extender,
+                                  const std::string& updated_in_cycle) {
+  absl::MutexLock lock(&mu_);
   if (stop_) return;
   assumed_[kube::Uid(*pod)] = !updated_in_cycle.empty();
   auto binder = std::make_unique<Binder>();
   Binder* b = binder.get();
-  const bool extender_binds = managed && !x.bind_verb.empty();
-  b->thread = std::thread([this, b, pod, chosen, extender_binds, updated_in_cycle] {
-    Bind(pod, chosen, extender_binds, updated_in_cycle);
+  b->thread = std::thread([this, b, pod, node, extender, updated_in_cycle] {
+    Bind(pod, node, extender, updated_in_cycle);
     b->done = true;
   });
   binders_.push_back(std::move(binder));
@@ -599,7 +612,7 @@ void SchedulerLoop::Bind(kube::ObjectPtr pod, std::string node, bool extender,
   }
   if (!error.empty()) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       assumed_.erase(kube::Uid(*pod));  // ForgetPod
     }
     Failed(key, "SchedulerError", "Binding rejected: " + error);
@@ -612,7 +625,7 @@ void SchedulerLoop::Bind(kube::ObjectPtr pod, std::string node, bool extender,
     Log(fmt::format("{} was updated during its scheduling cycle (resourceVersion {}): {}", key,
                     updated_in_cycle, message));
     (void)client_.CreateEvent(kube::NewEvent(*pod, "Warning", "FailedScheduling", message,
-                                             "dynmig-local-scheduler", absl::Now()));
+                                             "dynmig-local-scheduler", clock_.Now()));
   }
 }
 
@@ -621,14 +634,14 @@ void SchedulerLoop::Failed(const std::string& key, const std::string& reason,
   // kube-scheduler's error handler: queued again only while the pod still exists unbound.
   const kube::ObjectPtr pod = pods_.Get(key);
   if (pod == nullptr || !kube::NodeName(*pod).empty()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     queue_.Delete(key);
     return;
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.AddUnschedulable(key, Priority(*pod), absl::Now());
-    cv_.notify_all();
+    absl::MutexLock lock(&mu_);
+    queue_.AddUnschedulable(key, Priority(*pod), clock_.Now());
+    cv_.SignalAll();
   }
   // The condition is written when it changes (kube-scheduler's updatePod), with the event.
   if (SchedulingCondition(*pod) == std::make_pair(reason, message)) return;
@@ -639,10 +652,10 @@ void SchedulerLoop::Failed(const std::string& key, const std::string& reason,
                                      {"status", "False"},
                                      {"reason", reason},
                                      {"message", message},
-                                     {"lastTransitionTime", kube::Rfc3339(absl::Now())}}})}}}};
+                                     {"lastTransitionTime", kube::Rfc3339(clock_.Now())}}})}}}};
   (void)client_.PatchPodStatus(kube::Namespace(*pod), kube::Name(*pod), patch);
   (void)client_.CreateEvent(kube::NewEvent(*pod, "Warning", "FailedScheduling", message,
-                                           "dynmig-local-scheduler", absl::Now()));
+                                           "dynmig-local-scheduler", clock_.Now()));
 }
 
 }  // namespace dynmig::local

@@ -18,22 +18,24 @@
 // decides; kube-scheduler's own node filters are applied (cordon unless tolerated, nodeSelector,
 // required node affinity). With default_scheduler it also schedules pods of schedulerName
 // "default-scheduler" (no extender, the first node that passes), as a cluster's default
-// kube-scheduler does for pods without GPUs. Thread-safe; owns one thread plus one per bind in
-// flight.
+// kube-scheduler does for pods without GPUs. The queue's times, backoffs and periodic flushes run
+// on the injected clock. Thread-safe; owns one thread plus one per bind in flight.
 #pragma once
 
-#include <condition_variable>
 #include <functional>
 #include <list>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "kube/informer.h"
 #include "kube/kube_client.h"
 #include "local/scheduler_config.h"
@@ -60,52 +62,72 @@ struct SchedulerLoopOptions {
 
 class SchedulerLoop {
  public:
-  SchedulerLoop(kube::KubeClient& client, SchedulerLoopOptions options);
+  // `client` and `clock` must outlive the loop.
+  SchedulerLoop(kube::KubeClient& client, const Clock& clock, SchedulerLoopOptions options);
   ~SchedulerLoop();  // Stop()
 
   void Start();
   // Stops the loop and waits for the binds in flight.
-  void Stop();
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Where a pending pod ("namespace/name") waits now (tests).
-  SchedulingQueue::Where QueueOf(const std::string& key);
-  int Attempts(const std::string& key);
+  SchedulingQueue::Where QueueOf(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
+  int Attempts(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Binder;
   bool Responsible(const kube::Object& pod) const;
   bool Pending(const kube::Object& pod) const;
-  void OnPodAdd(const kube::Object& pod);
-  void OnPodUpdate(const kube::Object& old_pod, const kube::Object& new_pod);
-  void OnPodDelete(const kube::Object& pod);
-  void OnNodeUpdate(const kube::Object& old_node, const kube::Object& new_node);
-  void MoveAll();
-  void Run();
-  void ScheduleOne(const std::string& key);
+  void OnPodAdd(const kube::Object& pod) ABSL_LOCKS_EXCLUDED(mu_);
+  void OnPodUpdate(const kube::Object& old_pod, const kube::Object& new_pod)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void OnPodDelete(const kube::Object& pod) ABSL_LOCKS_EXCLUDED(mu_);
+  void OnNodeUpdate(const kube::Object& old_node, const kube::Object& new_node)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void MoveAll() ABSL_LOCKS_EXCLUDED(mu_);
+  void Run() ABSL_LOCKS_EXCLUDED(mu_);
+  // One scheduling cycle of the pod, in kube-scheduler's steps (below).
+  void ScheduleOne(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
+  // The pod is assumed already (its bind is in flight): true when this attempt ends here.
+  bool AlreadyAssumed(const std::string& key, const kube::Object& pod) ABSL_LOCKS_EXCLUDED(mu_);
+  // The pod's resourceVersion on the API server now ("" when it cannot be read).
+  std::string ResourceVersionNow(const kube::Object& pod);
+  // kube-scheduler's own filters (cordon unless tolerated, nodeSelector, required node affinity):
+  // the nodes that pass; none: the attempt failed.
+  std::vector<std::string> FeasibleNodes(const std::string& key, const kube::Object& pod);
+  // The extender's filter over `nodes`: the node chosen, or nullopt when the attempt failed.
+  std::optional<std::string> FilterByExtender(const std::string& key, const kube::Object& pod,
+                                              const std::vector<std::string>& nodes);
+  // Assumes the pod on `node` and binds it apart from the loop (kube-scheduler's binding cycle).
+  void AssumeAndBind(kube::ObjectPtr pod, const std::string& node, bool extender,
+                     const std::string& updated_in_cycle) ABSL_LOCKS_EXCLUDED(mu_);
   // updated_in_cycle: "A -> B", the pod's resourceVersions when its cycle started and when it
   // was assumed, if they differ (reported after the bind as kube-scheduler's requeued copy would).
-  void Bind(kube::ObjectPtr pod, std::string node, bool extender, std::string updated_in_cycle);
+  void Bind(kube::ObjectPtr pod, std::string node, bool extender, std::string updated_in_cycle)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The attempt failed: the pod goes back to the queue (if it still waits) and its condition and
   // a FailedScheduling event say why.
-  void Failed(const std::string& key, const std::string& reason, const std::string& message);
+  void Failed(const std::string& key, const std::string& reason, const std::string& message)
+      ABSL_LOCKS_EXCLUDED(mu_);
   bool UsesManagedResources(const kube::Object& pod) const;
   const ExtenderTlsConfig& Tls() const;
   std::string ExtenderBase() const;
   void Log(const std::string& line) const;
-  void ReapBinders(bool all);
+  void ReapBinders(bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   kube::KubeClient& client_;
+  const Clock& clock_;
   const SchedulerLoopOptions options_;
   kube::Informer pods_;
   kube::Informer nodes_;
-  std::mutex mu_;  // guards everything below
-  std::condition_variable cv_;
-  SchedulingQueue queue_;
+  absl::Mutex mu_;
+  absl::CondVar cv_;  // signalled when the queue changes or the loop is to stop
+  SchedulingQueue queue_ ABSL_GUARDED_BY(mu_);
   // uids bound or being bound, not yet seen bound -> whether the pod was updated during its cycle
   // (its binder reports that; the requeued copy then fails quietly).
-  std::map<std::string, bool> assumed_;
-  std::list<std::unique_ptr<Binder>> binders_;
-  bool stop_ = false;
+  std::map<std::string, bool> assumed_ ABSL_GUARDED_BY(mu_);
+  std::list<std::unique_ptr<Binder>> binders_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

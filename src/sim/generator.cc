@@ -102,17 +102,21 @@ absl::StatusOr<std::vector<MixEntry>> ParseMix(std::string_view value, const Mod
   return mix;
 }
 
-}  // namespace
-
-absl::StatusOr<Trace> GenerateTrace(std::string_view spec, uint64_t seed, const Cluster& cluster) {
-  if (cluster.groups.empty()) return absl::InvalidArgumentError("--generate: empty cluster");
-  const ModelGroup& ref = cluster.groups.front();
+// What SPEC says, with the defaults of what it leaves out.
+struct GenSpec {
   uint64_t pods = 5000;
-  std::string mix_spec = "1g:0.5/2g:0.2/3g:0.2/7g:0.1";
+  std::string mix = "1g:0.5/2g:0.2/3g:0.2/7g:0.1";
   std::string arrival = "poisson";
-  double rate = 0, load = 1.0, mu = 6.3, sigma = 1.9, fixed_life = 0;
+  double rate = 0;  // 0: from load
+  double load = 1.0;
+  double mu = 6.3, sigma = 1.9;  // lognormal lifetime
+  double fixed_life = 0;         // > 0: every pod lives this long
   uint64_t burst = 50;
-  // Split on ',' but keep pieces without '=' with the previous value (life=lognormal:mu,sigma).
+};
+
+// SPEC's key=value pairs. Split on ',' but keep pieces without '=' with the previous value
+// (life=lognormal:mu,sigma).
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> SplitSpec(std::string_view spec) {
   std::vector<std::pair<std::string, std::string>> kv;
   for (const auto& piece : SplitTrimmed(spec, ',')) {
     const size_t eq = piece.find('=');
@@ -127,90 +131,95 @@ absl::StatusOr<Trace> GenerateTrace(std::string_view spec, uint64_t seed, const 
     kv.emplace_back(std::string(Trim(piece.substr(0, eq))),
                     std::string(Trim(piece.substr(eq + 1))));
   }
-  for (const auto& [key, value] : kv) {
-    if (key == "pods") {
-      auto v = ParseDouble(key, value);
-      if (!v.ok()) return v.status();
-      if (*v < 1 || *v > 10'000'000 || *v != std::floor(*v)) {
-        return absl::InvalidArgumentError(
-            "--generate: pods must be a whole number from 1 to 10000000");
-      }
-      pods = static_cast<uint64_t>(*v);
-    } else if (key == "mix") {
-      mix_spec = value;
-    } else if (key == "arrival") {
-      if (value != "poisson" && value != "daily" && value != "burst") {
-        return absl::InvalidArgumentError(
-            fmt::format("--generate: arrival \"{}\" is not poisson, daily or burst", value));
-      }
-      arrival = value;
-    } else if (key == "rate" || key == "load") {
-      auto v = ParseDouble(key, value);
-      if (!v.ok()) return v.status();
-      if (*v <= 0)
-        return absl::InvalidArgumentError(fmt::format("--generate: {} must be > 0", key));
-      (key == "rate" ? rate : load) = *v;
-    } else if (key == "life") {
-      if (value.starts_with("lognormal:")) {
-        const auto parts = SplitTrimmed(std::string_view(value).substr(10), ',');
-        if (parts.size() != 2) {
-          return absl::InvalidArgumentError(
-              fmt::format("--generate: life \"{}\": expected lognormal:MU,SIGMA", value));
-        }
-        auto m = ParseDouble("life", parts[0]);
-        if (!m.ok()) return m.status();
-        auto s = ParseDouble("life", parts[1]);
-        if (!s.ok()) return s.status();
-        if (*s < 0 || *s > 10) {
-          return absl::InvalidArgumentError("--generate: life: sigma must be from 0 to 10");
-        }
-        mu = *m;
-        sigma = *s;
-        fixed_life = 0;
-      } else if (value.starts_with("fixed:")) {
-        auto v = ParseDouble("life", std::string_view(value).substr(6));
-        if (!v.ok()) return v.status();
-        if (*v <= 0) return absl::InvalidArgumentError("--generate: life: fixed:S needs S > 0");
-        fixed_life = *v;
-      } else {
-        return absl::InvalidArgumentError(fmt::format(
-            "--generate: life \"{}\": expected lognormal:MU,SIGMA or fixed:SECONDS", value));
-      }
-    } else if (key == "burst") {
-      auto v = ParseDouble(key, value);
-      if (!v.ok()) return v.status();
-      if (*v < 1 || *v > 1'000'000) {
-        return absl::InvalidArgumentError("--generate: burst must be from 1 to 1000000");
-      }
-      burst = static_cast<uint64_t>(*v);
-    } else {
-      return absl::InvalidArgumentError(fmt::format(
-          "--generate: unknown key \"{}\" (known: pods, mix, arrival, rate, load, life, burst)",
-          key));
-    }
-  }
-  auto mix = ParseMix(mix_spec, ref);
-  if (!mix.ok()) return mix.status();
+  return kv;
+}
 
-  const double mean_life = fixed_life > 0 ? fixed_life : std::exp(mu + sigma * sigma / 2);
-  if (rate == 0) {
-    double mean_units = 0;
-    for (const auto& e : *mix) mean_units += e.weight * cluster.AskedUnits(e.count, e.percent);
-    if (mean_units <= 0) return absl::InvalidArgumentError("--generate: the mix asks for nothing");
-    rate = load * static_cast<double>(cluster.total_units) / (mean_units * mean_life);
+// life=lognormal:MU,SIGMA or life=fixed:SECONDS.
+absl::Status ParseLife(const std::string& value, GenSpec& g) {
+  if (value.starts_with("lognormal:")) {
+    const auto parts = SplitTrimmed(std::string_view(value).substr(10), ',');
+    if (parts.size() != 2) {
+      return absl::InvalidArgumentError(
+          fmt::format("--generate: life \"{}\": expected lognormal:MU,SIGMA", value));
+    }
+    auto m = ParseDouble("life", parts[0]);
+    if (!m.ok()) return m.status();
+    auto s = ParseDouble("life", parts[1]);
+    if (!s.ok()) return s.status();
+    if (*s < 0 || *s > 10) {
+      return absl::InvalidArgumentError("--generate: life: sigma must be from 0 to 10");
+    }
+    g.mu = *m;
+    g.sigma = *s;
+    g.fixed_life = 0;
+    return absl::OkStatus();
   }
+  if (value.starts_with("fixed:")) {
+    auto v = ParseDouble("life", std::string_view(value).substr(6));
+    if (!v.ok()) return v.status();
+    if (*v <= 0) return absl::InvalidArgumentError("--generate: life: fixed:S needs S > 0");
+    g.fixed_life = *v;
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      fmt::format("--generate: life \"{}\": expected lognormal:MU,SIGMA or fixed:SECONDS", value));
+}
+
+// One key=value of SPEC into `g`.
+absl::Status ApplyKey(const std::string& key, const std::string& value, GenSpec& g) {
+  if (key == "pods") {
+    auto v = ParseDouble(key, value);
+    if (!v.ok()) return v.status();
+    if (*v < 1 || *v > 10'000'000 || *v != std::floor(*v)) {
+      return absl::InvalidArgumentError(
+          "--generate: pods must be a whole number from 1 to 10000000");
+    }
+    g.pods = static_cast<uint64_t>(*v);
+  } else if (key == "mix") {
+    g.mix = value;
+  } else if (key == "arrival") {
+    if (value != "poisson" && value != "daily" && value != "burst") {
+      return absl::InvalidArgumentError(
+          fmt::format("--generate: arrival \"{}\" is not poisson, daily or burst", value));
+    }
+    g.arrival = value;
+  } else if (key == "rate" || key == "load") {
+    auto v = ParseDouble(key, value);
+    if (!v.ok()) return v.status();
+    if (*v <= 0) return absl::InvalidArgumentError(fmt::format("--generate: {} must be > 0", key));
+    (key == "rate" ? g.rate : g.load) = *v;
+  } else if (key == "life") {
+    return ParseLife(value, g);
+  } else if (key == "burst") {
+    auto v = ParseDouble(key, value);
+    if (!v.ok()) return v.status();
+    if (*v < 1 || *v > 1'000'000) {
+      return absl::InvalidArgumentError("--generate: burst must be from 1 to 1000000");
+    }
+    g.burst = static_cast<uint64_t>(*v);
+  } else {
+    return absl::InvalidArgumentError(fmt::format(
+        "--generate: unknown key \"{}\" (known: pods, mix, arrival, rate, load, life, burst)",
+        key));
+  }
+  return absl::OkStatus();
+}
+
+// Draws g.pods pods at `rate` arrivals per second: arrival times by g.arrival, requests from
+// `mix`, lifetimes from g's distribution.
+std::vector<TracePod> DrawPods(const GenSpec& g, const std::vector<MixEntry>& mix, double rate,
+                               uint64_t seed) {
   Rng rng(seed);
-  Trace trace;
-  trace.source = fmt::format("generated:{} (seed {})", spec, seed);
-  trace.pods.reserve(pods);
+  std::vector<TracePod> pods;
+  pods.reserve(g.pods);
   constexpr double kDay = 86400;
   constexpr double kDailyAmplitude = 0.69;
   double t = 0;
-  while (trace.pods.size() < pods) {
+  while (pods.size() < g.pods) {
     uint64_t batch = 1;
-    if (arrival == "poisson") {
+    if (g.arrival == "poisson") {
       t += rng.Exponential(rate);
-    } else if (arrival == "daily") {
+    } else if (g.arrival == "daily") {
       // Thinning: candidates at the peak rate, kept with probability rate(t) / peak.
       const double peak = rate * (1 + kDailyAmplitude);
       do {
@@ -218,28 +227,57 @@ absl::StatusOr<Trace> GenerateTrace(std::string_view spec, uint64_t seed, const 
       } while (rng.Uniform() * (1 + kDailyAmplitude) >
                1 + kDailyAmplitude * std::sin(2 * std::numbers::pi * t / kDay));
     } else {
-      t += rng.Exponential(rate / static_cast<double>(burst));
-      batch = burst;
+      t += rng.Exponential(rate / static_cast<double>(g.burst));
+      batch = g.burst;
     }
-    for (uint64_t b = 0; b < batch && trace.pods.size() < pods; ++b) {
+    for (uint64_t b = 0; b < batch && pods.size() < g.pods; ++b) {
       double u = rng.Uniform();
-      const MixEntry* e = &mix->back();
-      for (const auto& m : *mix) {
+      const MixEntry* e = &mix.back();
+      for (const auto& m : mix) {
         if (u < m.weight) {
           e = &m;
           break;
         }
         u -= m.weight;
       }
-      const double life = fixed_life > 0 ? fixed_life : std::exp(mu + sigma * rng.Normal());
+      const double life = g.fixed_life > 0 ? g.fixed_life : std::exp(g.mu + g.sigma * rng.Normal());
       TracePod pod;
       pod.arrival = t;
       pod.departure = t + life;
       pod.count = e->count;
       pod.percent = e->percent;
-      trace.pods.push_back(pod);
+      pods.push_back(pod);
     }
   }
+  return pods;
+}
+
+}  // namespace
+
+absl::StatusOr<Trace> GenerateTrace(std::string_view spec, uint64_t seed, const Cluster& cluster) {
+  if (cluster.groups.empty()) return absl::InvalidArgumentError("--generate: empty cluster");
+  const ModelGroup& ref = cluster.groups.front();
+  auto kv = SplitSpec(spec);
+  if (!kv.ok()) return kv.status();
+  GenSpec g;
+  for (const auto& [key, value] : *kv) {
+    if (auto st = ApplyKey(key, value, g); !st.ok()) return st;
+  }
+  auto mix = ParseMix(g.mix, ref);
+  if (!mix.ok()) return mix.status();
+
+  double rate = g.rate;
+  if (rate == 0) {
+    const double mean_life =
+        g.fixed_life > 0 ? g.fixed_life : std::exp(g.mu + g.sigma * g.sigma / 2);
+    double mean_units = 0;
+    for (const auto& e : *mix) mean_units += e.weight * cluster.AskedUnits(e.count, e.percent);
+    if (mean_units <= 0) return absl::InvalidArgumentError("--generate: the mix asks for nothing");
+    rate = g.load * static_cast<double>(cluster.total_units) / (mean_units * mean_life);
+  }
+  Trace trace;
+  trace.source = fmt::format("generated:{} (seed {})", spec, seed);
+  trace.pods = DrawPods(g, *mix, rate, seed);
   // The horizon is the last arrival: utilization and waits are measured while pods arrive (a
   // heavy tail of departures would otherwise dilute them).
   trace.end = trace.pods.empty() ? 0 : trace.pods.back().arrival;

@@ -1,7 +1,6 @@
 #include "sim/simulator.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <limits>
 
@@ -295,10 +294,19 @@ const char* ModeName(Mode m) {
   return "?";
 }
 
-absl::StatusOr<SimResult> Simulate(const Trace& trace, const Cluster& cluster,
-                                   const std::vector<std::string>& policies,
-                                   const SimOptions& options) {
-  if (policies.empty()) return absl::InvalidArgumentError("--policy: no policy given");
+namespace {
+
+// The pods the policies run on (servable GPU pods of the trace), with their request classes,
+// instance slots and covering profiles.
+struct PodSet {
+  std::vector<SimPod> pods;
+  uint32_t classes = 0;
+  std::vector<uint32_t> profile_of;  // by pod: index into SimResult::profiles
+  double asked_total = 0;            // asked units x duration, every pod
+};
+
+// What the result says of its input: the trace, the cluster, the mode.
+SimResult Describe(const Trace& trace, const Cluster& cluster, const SimOptions& options) {
   SimResult res;
   res.trace = trace.source;
   res.mode = options.mode;
@@ -313,15 +321,17 @@ absl::StatusOr<SimResult> Simulate(const Trace& trace, const Cluster& cluster,
     if (model.starts_with("NVIDIA ")) model = model.substr(7);
     res.cluster += fmt::format("{}{} x {}", res.cluster.empty() ? "" : " + ", model, g.gpus);
   }
+  return res;
+}
 
-  // Pods, their request classes and instance slots.
-  std::vector<SimPod> pods;
-  pods.reserve(trace.pods.size());
+// The trace's pods, their request classes and instance slots; counts the unservable ones and the
+// pods of each covering profile in `res`. kInvalidArgument: a pod asks for what no GPU has.
+absl::StatusOr<PodSet> CollectPods(const Trace& trace, const Cluster& cluster, SimResult& res) {
+  PodSet set;
+  set.pods.reserve(trace.pods.size());
   std::vector<std::array<int32_t, 101>> cls_of(kMaxInstancesPerPod + 1);
   for (auto& row : cls_of) row.fill(-1);
-  uint32_t classes = 0, slots = 0;
-  std::vector<uint32_t> profile_of;
-  double asked_total = 0;
+  uint32_t slots = 0;
   for (const auto& tp : trace.pods) {
     if (tp.count == 0 || tp.count > kMaxInstancesPerPod || tp.percent == 0 || tp.percent > 100) {
       return absl::InvalidArgumentError(
@@ -339,7 +349,7 @@ absl::StatusOr<SimResult> Simulate(const Trace& trace, const Cluster& cluster,
     sp.percent = tp.percent;
     sp.line = tp.line;
     int32_t& cls = cls_of[tp.count][tp.percent];
-    if (cls < 0) cls = static_cast<int32_t>(classes++);
+    if (cls < 0) cls = static_cast<int32_t>(set.classes++);
     sp.cls = static_cast<uint32_t>(cls);
     sp.inst_offset = slots;
     slots += tp.count;
@@ -355,39 +365,47 @@ absl::StatusOr<SimResult> Simulate(const Trace& trace, const Cluster& cluster,
         it = res.profiles.end() - 1;
       }
       const auto k = static_cast<uint32_t>(it - res.profiles.begin());
-      profile_of.push_back(k);
+      set.profile_of.push_back(k);
       ++res.pods_by_profile[k];
       break;
     }
-    asked_total += static_cast<double>(sp.asked_units) * (sp.departure - sp.arrival);
-    pods.push_back(sp);
+    set.asked_total += static_cast<double>(sp.asked_units) * (sp.departure - sp.arrival);
+    set.pods.push_back(sp);
   }
-  res.pods = pods.size();
-  {
-    // Profiles in size order: instance count, then memory of the smallest covering profile.
-    std::vector<std::pair<uint64_t, uint32_t>> keys(res.profiles.size());
-    for (size_t k = 0; k < pods.size(); ++k) {
-      const auto& g = *std::find_if(
-          cluster.groups.begin(), cluster.groups.end(),
-          [&](const ModelGroup& m) { return !m.candidates[pods[k].percent].empty(); });
-      keys[profile_of[k]] = {uint64_t{pods[k].count} << 40 |
-                                 g.profile(g.candidates[pods[k].percent].front()).SizingMib(),
-                             profile_of[k]};
-    }
-    std::sort(keys.begin(), keys.end());
-    std::vector<uint32_t> rank(keys.size());
-    std::vector<std::string> names(keys.size());
-    std::vector<uint64_t> counts(keys.size());
-    for (size_t r = 0; r < keys.size(); ++r) {
-      rank[keys[r].second] = static_cast<uint32_t>(r);
-      names[r] = res.profiles[keys[r].second];
-      counts[r] = res.pods_by_profile[keys[r].second];
-    }
-    for (auto& k : profile_of) k = rank[k];
-    res.profiles = std::move(names);
-    res.pods_by_profile = std::move(counts);
-  }
+  res.pods = set.pods.size();
+  return set;
+}
 
+// Profiles in size order: instance count, then memory of the smallest covering profile.
+void SortProfiles(const Cluster& cluster, PodSet& set, SimResult& res) {
+  const std::vector<SimPod>& pods = set.pods;
+  std::vector<std::pair<uint64_t, uint32_t>> keys(res.profiles.size());
+  for (size_t k = 0; k < pods.size(); ++k) {
+    const auto& g =
+        *std::find_if(cluster.groups.begin(), cluster.groups.end(),
+                      [&](const ModelGroup& m) { return !m.candidates[pods[k].percent].empty(); });
+    keys[set.profile_of[k]] = {uint64_t{pods[k].count} << 40 |
+                                   g.profile(g.candidates[pods[k].percent].front()).SizingMib(),
+                               set.profile_of[k]};
+  }
+  std::sort(keys.begin(), keys.end());
+  std::vector<uint32_t> rank(keys.size());
+  std::vector<std::string> names(keys.size());
+  std::vector<uint64_t> counts(keys.size());
+  for (size_t r = 0; r < keys.size(); ++r) {
+    rank[keys[r].second] = static_cast<uint32_t>(r);
+    names[r] = res.profiles[keys[r].second];
+    counts[r] = res.pods_by_profile[keys[r].second];
+  }
+  for (auto& k : set.profile_of) k = rank[k];
+  res.profiles = std::move(names);
+  res.pods_by_profile = std::move(counts);
+}
+
+// The sample axis of the utilization series (arrivals in fill mode, with the fill bound; seconds
+// otherwise).
+void SetSamples(const Cluster& cluster, const std::vector<SimPod>& pods, const SimOptions& options,
+                SimResult& res) {
   const uint32_t samples = std::max<uint32_t>(options.samples, 2);
   if (options.mode == Mode::kFill) {
     res.sample_axis = "arrivals";
@@ -400,46 +418,61 @@ absl::StatusOr<SimResult> Simulate(const Trace& trace, const Cluster& cluster,
     } else {
       res.bound_note = std::string(bound.status().message());
     }
-  } else {
-    res.sample_axis = "seconds";
-    for (uint32_t s = 0; s < samples; ++s) {
-      res.sample_x.push_back(res.start + (res.end - res.start) * s / (samples - 1));
-    }
+    return;
   }
-
-  for (size_t k = 0; k < policies.size(); ++k) {
-    DYNMIG_ASSIGN_OR_RETURN(auto policy, MakePolicy(policies[k], cluster, pods, options.warm));
-    std::function<void(double)> progress;
-    if (options.progress) {
-      progress = [&, k](double f) { options.progress((k + f) / policies.size()); };
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    Run run(pods, res, profile_of, options, classes, asked_total, *policy, cluster, progress);
-    DYNMIG_ASSIGN_OR_RETURN(PolicyResult r, run.Go());
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (r.warm.enabled) res.warm = options.warm;
-    res.policies.push_back(std::move(r));
+  res.sample_axis = "seconds";
+  for (uint32_t s = 0; s < samples; ++s) {
+    res.sample_x.push_back(res.start + (res.end - res.start) * s / (samples - 1));
   }
-  if (options.progress) options.progress(1.0);
+}
 
-  // Gap closed between hami-v2.10 and repack.
+// Gap closed between hami-v2.10 and repack, when both ran.
+void ComputeGap(const SimOptions& options, SimResult& res) {
   const PolicyResult* hami = nullptr;
   const PolicyResult* repack = nullptr;
   for (const auto& r : res.policies) {
     if (r.name == "hami-v2.10" || r.name == "hami") hami = &r;
     if (r.name == "repack") repack = &r;
   }
-  if (hami != nullptr && repack != nullptr) {
-    auto metric = [&](const PolicyResult& r) {
-      return options.mode == Mode::kFill ? r.filled : r.accepted_slice_time;
-    };
-    const double span = metric(*repack) - metric(*hami);
-    res.has_gap = true;
-    res.gap_span = span;
-    if (span > 1e-9) {
-      for (auto& r : res.policies) r.gap_closed = (metric(r) - metric(*hami)) / span;
-    }
+  if (hami == nullptr || repack == nullptr) return;
+  auto metric = [&](const PolicyResult& r) {
+    return options.mode == Mode::kFill ? r.filled : r.accepted_slice_time;
+  };
+  const double span = metric(*repack) - metric(*hami);
+  res.has_gap = true;
+  res.gap_span = span;
+  if (span > 1e-9) {
+    for (auto& r : res.policies) r.gap_closed = (metric(r) - metric(*hami)) / span;
   }
+}
+
+}  // namespace
+
+absl::StatusOr<SimResult> Simulate(const Trace& trace, const Cluster& cluster,
+                                   const std::vector<std::string>& policies,
+                                   const SimOptions& options, const Clock& clock) {
+  if (policies.empty()) return absl::InvalidArgumentError("--policy: no policy given");
+  SimResult res = Describe(trace, cluster, options);
+  DYNMIG_ASSIGN_OR_RETURN(PodSet set, CollectPods(trace, cluster, res));
+  SortProfiles(cluster, set, res);
+  SetSamples(cluster, set.pods, options, res);
+
+  for (size_t k = 0; k < policies.size(); ++k) {
+    DYNMIG_ASSIGN_OR_RETURN(auto policy, MakePolicy(policies[k], cluster, set.pods, options.warm));
+    std::function<void(double)> progress;
+    if (options.progress) {
+      progress = [&, k](double f) { options.progress((k + f) / policies.size()); };
+    }
+    const absl::Duration t0 = clock.Monotonic();
+    Run run(set.pods, res, set.profile_of, options, set.classes, set.asked_total, *policy, cluster,
+            progress);
+    DYNMIG_ASSIGN_OR_RETURN(PolicyResult r, run.Go());
+    r.seconds = absl::ToDoubleSeconds(clock.Monotonic() - t0);
+    if (r.warm.enabled) res.warm = options.warm;
+    res.policies.push_back(std::move(r));
+  }
+  if (options.progress) options.progress(1.0);
+  ComputeGap(options, res);
   return res;
 }
 

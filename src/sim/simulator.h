@@ -11,7 +11,8 @@
 // Modes: reject (a pod that does not fit is lost), queue (it waits; FIFO with backfill: arrivals
 // are tried at once, waiting pods are retried in order on every departure), fill (arrivals only,
 // no departures, until the first rejection). Departures at the same instant as arrivals go first.
-// Pure (the optional progress callback aside); thread-compatible.
+// Pure (the optional progress callback aside; `clock` only times each policy's run, for
+// PolicyResult::seconds); thread-compatible.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/clock.h"
 #include "mig/nvml_latency.h"
 #include "sim/bound.h"
 #include "sim/cluster.h"
@@ -67,7 +69,7 @@ struct PolicyResult {
   double filled = 0;  // fill mode: asked units accepted / capacity
   std::vector<uint64_t> rejected_by_profile;  // by SimResult::profiles: pods not accepted
   std::vector<double> utilization;            // at SimResult::sample_x
-  double seconds = 0;                         // wall time of this policy's run
+  double seconds = 0;                         // time of this policy's run (Simulate's clock)
 };
 
 struct SimResult {
@@ -95,6 +97,6 @@ struct SimResult {
 
 absl::StatusOr<SimResult> Simulate(const Trace& trace, const Cluster& cluster,
                                    const std::vector<std::string>& policies,
-                                   const SimOptions& options);
+                                   const SimOptions& options, const Clock& clock);
 
 }  // namespace dynmig::sim

@@ -33,7 +33,7 @@ TEST(ChaosTest, SixtySecondSeedKeepsEveryInvariant) {
       (std::filesystem::temp_directory_path() / ("dynmig-chaos-test-" + std::to_string(::getpid())))
           .string();
   o.log = [](const std::string& line) { std::cerr << line << "\n"; };
-  auto report = RunChaos(o);
+  auto report = RunChaos(o, RealClock());
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_TRUE(report->ok()) << report->Summary();
   std::cerr << report->Summary();

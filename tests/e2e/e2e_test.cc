@@ -124,8 +124,8 @@ TEST_F(E2eTest, Scenario4_PendingWhenExhaustedWithReason) {
   EXPECT_EQ(Phase("waiting"), "Pending") << Where();
   EXPECT_TRUE(Allocations(Get("waiting")).empty())
       << Where() << "a Pending pod holds a reservation";
-  absl::SleepFor(absl::Seconds(1));
-  EXPECT_EQ(Phase("waiting"), "Pending") << Where();
+  EXPECT_TRUE(HoldsFor([&] { return Phase("waiting") == "Pending"; }, absl::Seconds(1)))
+      << Where() << "phase " << Phase("waiting");
   EXPECT_EQ(Live().size(), 2u) << Where() << "something was created for the Pending pod";
 
   Step("delete one 3g pod: the waiting pod is scheduled into its slices");

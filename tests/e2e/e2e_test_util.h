@@ -162,6 +162,17 @@ class E2eTest : public ::testing::Test {
     }
     return pred();
   }
+  // Whether `pred` holds at every poll for `duration`: a state that must stay as it is while the
+  // other parts run (a Pending pod stays Pending).
+  template <typename F>
+  bool HoldsFor(F pred, absl::Duration duration) {
+    const absl::Time end = absl::Now() + duration;
+    while (absl::Now() < end) {
+      if (!pred()) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    }
+    return pred();
+  }
 
   json Get(const std::string& name) {
     auto pod = kube_->GetPod("default", name);

@@ -175,6 +175,12 @@ class OpsE2eTest : public E2eTest {
     ss << f.rdbuf();
     return ss.str();
   }
+
+  // The steps of the preflight scenario (PreflightPassesOnlyOnADrainedCordonedNodeAndNames...),
+  // each from a cordoned, drained node-a that passes, back to one.
+  void PreflightLegacyPodAndRegisterFormat(const std::vector<std::string>& node_a);
+  void PreflightMigManager(const std::vector<std::string>& node_a);
+  void PreflightDeviceConfigAndLegacyScheduler(const std::vector<std::string>& node_a);
 };
 
 // A pod as HAMi's legacy scheduler left it: Running on the node with a GPU-uuid[t-s] identity.
@@ -274,38 +280,8 @@ TEST_F(OpsE2eTest, InventorySavesConfigMapNodesPodsAndEachNodesNvmlView) {
 
 // ---- preflight ------------------------------------------------------------------------------
 
-TEST_F(OpsE2eTest, PreflightPassesOnlyOnADrainedCordonedNodeAndNamesEachBlocker) {
-  Scenario("preflight");
-  StartCluster("node-a=A100-SXM4-40GBx1");
-  const std::vector<std::string> node_a = {"--node", "node-a"};
-
-  Step("a schedulable node running a GPU workload");
-  RunPod(MigPod("busy", 4000));
-  json r = CliJson("preflight", node_a, 1);
-  EXPECT_EQ(Failed(r), (std::set<std::string>{"cordoned node-a", "gpu-workloads node-a"}))
-      << Where() << r.dump(2);
-  EXPECT_THAT(Evidence(r, "cordoned", "node-a"), HasSubstr("kubectl cordon node-a")) << Where();
-  EXPECT_THAT(Evidence(r, "gpu-workloads", "node-a"), HasSubstr("default/busy (Running)"))
-      << Where();
-  EXPECT_THAT(Evidence(r, "gpu-workloads", "node-a"), HasSubstr("kubectl drain node-a")) << Where();
-  for (const char* check : {"legacy-pods", "register-format", "mig-manager"}) {
-    EXPECT_EQ(Result(r, check, "node-a"), "PASS") << Where() << check;
-  }
-  EXPECT_EQ(Result(r, "legacy-scheduler"), "PASS") << Where();
-  EXPECT_EQ(Result(r, "device-config"), "PASS") << Where();
-  EXPECT_THAT(Evidence(r, "device-config"),
-              HasSubstr("ConfigMap dynmig-system/dynmig-device-config has a "
-                        "migProfileAllowlist"))
-      << Where();
-
-  Step("cordon and drain: the node can be handed over");
-  Cordon("node-a");
-  DeletePod("busy");
-  CliResult ok = Cli("preflight", node_a);
-  EXPECT_EQ(ok.code, 0) << Where() << ok.out << ok.err;
-  EXPECT_THAT(ok.out, Not(HasSubstr("FAIL"))) << Where() << ok.out;
-  EXPECT_THAT(ok.out, HasSubstr("the node is cordoned")) << Where() << ok.out;
-
+void OpsE2eTest::PreflightLegacyPodAndRegisterFormat(const std::vector<std::string>& node_a) {
+  json r;
   Step("a legacy pod (GPU-uuid[t-s]) on the node");
   const std::string gpu = GpuUuid("node-a");
   Backdoor(LegacyPod("old-train", "node-a", gpu));
@@ -338,7 +314,10 @@ TEST_F(OpsE2eTest, PreflightPassesOnlyOnADrainedCordonedNodeAndNamesEachBlocker)
   ASSERT_TRUE(cluster_->StartDevicePlugin("node-a").ok());
   EXPECT_TRUE(WaitUntil([&] { return Cli("preflight", node_a).code == 0; }))
       << Where() << Cli("preflight", node_a).out;
+}
 
+void OpsE2eTest::PreflightMigManager(const std::vector<std::string>& node_a) {
+  json r;
   Step("MIG Manager still owns the node (nvidia.com/mig.config, .state)");
   Label("node-a",
         {{"nvidia.com/mig.config", "all-1g.5gb"}, {"nvidia.com/mig.config.state", "success"}});
@@ -376,7 +355,10 @@ TEST_F(OpsE2eTest, PreflightPassesOnlyOnADrainedCordonedNodeAndNamesEachBlocker)
         {{"nvidia.com/mig.config", std::nullopt}, {"nvidia.com/mig.config.state", std::nullopt}});
   r = CliJson("preflight", node_a, 0);
   EXPECT_EQ(Result(r, "mig-manager", "node-a"), "PASS") << Where();
+}
 
+void OpsE2eTest::PreflightDeviceConfigAndLegacyScheduler(const std::vector<std::string>& node_a) {
+  json r;
   Step("the device config still holds knownMigGeometries");
   const std::string current = protocol::DefaultDeviceConfigYaml();
   SetDeviceConfig(kLegacyConfig);
@@ -413,6 +395,43 @@ TEST_F(OpsE2eTest, PreflightPassesOnlyOnADrainedCordonedNodeAndNamesEachBlocker)
   CliResult unknown = Cli("preflight", {"--node", "node-z"});
   EXPECT_EQ(unknown.code, cli::kExitBadInput) << Where() << unknown.err;
   EXPECT_THAT(unknown.err, HasSubstr("node \"node-z\" not found")) << Where();
+}
+
+TEST_F(OpsE2eTest, PreflightPassesOnlyOnADrainedCordonedNodeAndNamesEachBlocker) {
+  Scenario("preflight");
+  StartCluster("node-a=A100-SXM4-40GBx1");
+  const std::vector<std::string> node_a = {"--node", "node-a"};
+
+  Step("a schedulable node running a GPU workload");
+  RunPod(MigPod("busy", 4000));
+  json r = CliJson("preflight", node_a, 1);
+  EXPECT_EQ(Failed(r), (std::set<std::string>{"cordoned node-a", "gpu-workloads node-a"}))
+      << Where() << r.dump(2);
+  EXPECT_THAT(Evidence(r, "cordoned", "node-a"), HasSubstr("kubectl cordon node-a")) << Where();
+  EXPECT_THAT(Evidence(r, "gpu-workloads", "node-a"), HasSubstr("default/busy (Running)"))
+      << Where();
+  EXPECT_THAT(Evidence(r, "gpu-workloads", "node-a"), HasSubstr("kubectl drain node-a")) << Where();
+  for (const char* check : {"legacy-pods", "register-format", "mig-manager"}) {
+    EXPECT_EQ(Result(r, check, "node-a"), "PASS") << Where() << check;
+  }
+  EXPECT_EQ(Result(r, "legacy-scheduler"), "PASS") << Where();
+  EXPECT_EQ(Result(r, "device-config"), "PASS") << Where();
+  EXPECT_THAT(Evidence(r, "device-config"),
+              HasSubstr("ConfigMap dynmig-system/dynmig-device-config has a "
+                        "migProfileAllowlist"))
+      << Where();
+
+  Step("cordon and drain: the node can be handed over");
+  Cordon("node-a");
+  DeletePod("busy");
+  CliResult ok = Cli("preflight", node_a);
+  EXPECT_EQ(ok.code, 0) << Where() << ok.out << ok.err;
+  EXPECT_THAT(ok.out, Not(HasSubstr("FAIL"))) << Where() << ok.out;
+  EXPECT_THAT(ok.out, HasSubstr("the node is cordoned")) << Where() << ok.out;
+
+  ASSERT_NO_FATAL_FAILURE(PreflightLegacyPodAndRegisterFormat(node_a));
+  ASSERT_NO_FATAL_FAILURE(PreflightMigManager(node_a));
+  ASSERT_NO_FATAL_FAILURE(PreflightDeviceConfigAndLegacyScheduler(node_a));
 }
 
 // ---- validate -------------------------------------------------------------------------------

@@ -463,6 +463,107 @@ class RbacE2eTest : public E2eTest {
   SystemClock clock_;
 };
 
+// (a) Every call of `user` in the run is allowed by its bindings.
+void ExpectEveryCallAllowed(const std::string& user, const std::vector<Binding>& bs,
+                            const std::vector<kube::AuditRecord>& records) {
+  for (const kube::AuditRecord& r : records) {
+    if (r.user != user) continue;
+    if (!r.resource_request()) {
+      EXPECT_TRUE(PublicNonResource(r))
+          << user << " calls " << r.Describe() << ", which no rule of deploy/ allows";
+      continue;
+    }
+    for (const Call& c : CallsOf(r)) {
+      EXPECT_FALSE(AllowedBy(bs, c).empty())
+          << user << " calls " << c.Describe() << " (" << r.count
+          << " requests of its kind: " << r.Describe()
+          << "), which no rule of its bindings in deploy/ allows";
+    }
+  }
+}
+
+// One grant (a verb on a resource of a group, maybe of one name) of rule #i of `b`: used by one of
+// `calls`, or listed in kUnreachable (and then not used).
+void ExpectGrantUsedOrUnreachable(const std::string& user, const Binding& b, size_t i,
+                                  const std::vector<Call>& calls, const std::string& group,
+                                  const std::string& resource, const std::string& verb,
+                                  const std::string& name) {
+  Rule single{{group}, {resource}, {verb}, {}};
+  if (!name.empty()) single.resource_names = {name};
+  bool used = false;
+  for (const Call& c : calls) {
+    if (ScopeAllows(b, c) && RuleAllows(single, c)) used = true;
+  }
+  const Unreachable* allowed = nullptr;
+  for (const Unreachable& u : kUnreachable) {
+    if (u.user == user && u.api_group == group && u.resource == resource && u.verb == verb &&
+        u.resource_name == name) {
+      allowed = &u;
+    }
+  }
+  const std::string grant =
+      fmt::format("{} {}{}{} ({}, rule #{})", verb, group.empty() ? "" : group + ":", resource,
+                  name.empty() ? "" : " name " + name, b.what, i + 1);
+  if (allowed != nullptr) {
+    EXPECT_FALSE(used) << user << ": " << grant
+                       << " is on kUnreachable but the run used it: remove the entry";
+  } else {
+    EXPECT_TRUE(used) << user << ": " << grant
+                      << " is granted but never used in the run: remove it from "
+                         "deploy/ (and deploy/rbac-expected.yaml, docs/deploy.md) "
+                         "or list it in kUnreachable with the reason";
+  }
+}
+
+// (b) Every grant of `user`'s own bindings is used in the run, or cannot be reached and says why.
+void ExpectEveryGrantUsedOrUnreachable(const std::string& user, const std::vector<Binding>& bs,
+                                       const std::vector<kube::AuditRecord>& records) {
+  std::vector<Call> calls;
+  for (const kube::AuditRecord& r : records) {
+    if (r.user != user || !r.resource_request()) continue;
+    for (Call& c : CallsOf(r)) calls.push_back(std::move(c));
+  }
+  for (const Binding& b : bs) {
+    if (b.builtin) continue;  // Kubernetes' rules: not ours to trim
+    for (size_t i = 0; i < b.rules.size(); ++i) {
+      const Rule& rule = b.rules[i];
+      std::vector<std::string> names = rule.resource_names;
+      if (names.empty()) names.push_back("");
+      for (const std::string& group : rule.api_groups) {
+        for (const std::string& resource : rule.resources) {
+          for (const std::string& verb : rule.verbs) {
+            for (const std::string& name : names) {
+              ExpectGrantUsedOrUnreachable(user, b, i, calls, group, resource, verb, name);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Stale allowlist entries that match no grant at all.
+void ExpectNoStaleUnreachable(std::map<std::string, std::vector<Binding>>& bindings) {
+  for (const Unreachable& u : kUnreachable) {
+    bool granted = false;
+    for (const Binding& b : bindings[std::string(u.user)]) {
+      for (const Rule& rule : b.rules) {
+        if (Has(rule.api_groups, u.api_group) && Has(rule.resources, u.resource) &&
+            Has(rule.verbs, u.verb) &&
+            (u.resource_name.empty()
+                 ? rule.resource_names.empty()
+                 : std::find(rule.resource_names.begin(), rule.resource_names.end(),
+                             u.resource_name) != rule.resource_names.end())) {
+          granted = true;
+        }
+      }
+    }
+    EXPECT_TRUE(granted) << "kUnreachable lists " << u.verb << " " << u.resource << " "
+                         << u.resource_name << " for " << u.user
+                         << ", which deploy/ does not grant: remove the entry";
+  }
+}
+
 TEST_F(RbacE2eTest, DeployRbacGrantsExactlyWhatTheComponentsCall) {
   Scenario("RBAC against an end-to-end run");
   Step("read the RBAC of deploy/base");
@@ -505,89 +606,10 @@ TEST_F(RbacE2eTest, DeployRbacGrantsExactlyWhatTheComponentsCall) {
   std::cout << "observed API calls per identity (verb resource scope, requests):\n" << table;
 
   for (const std::string& user : identities) {
-    const std::vector<Binding>& bs = bindings[user];
-    // (a) Every call is allowed.
-    for (const kube::AuditRecord& r : records) {
-      if (r.user != user) continue;
-      if (!r.resource_request()) {
-        EXPECT_TRUE(PublicNonResource(r))
-            << user << " calls " << r.Describe() << ", which no rule of deploy/ allows";
-        continue;
-      }
-      for (const Call& c : CallsOf(r)) {
-        EXPECT_FALSE(AllowedBy(bs, c).empty())
-            << user << " calls " << c.Describe() << " (" << r.count
-            << " requests of its kind: " << r.Describe()
-            << "), which no rule of its bindings in deploy/ allows";
-      }
-    }
-    // (b) Every grant is used, or cannot be reached and says why.
-    std::vector<Call> calls;
-    for (const kube::AuditRecord& r : records) {
-      if (r.user != user || !r.resource_request()) continue;
-      for (Call& c : CallsOf(r)) calls.push_back(std::move(c));
-    }
-    for (const Binding& b : bs) {
-      if (b.builtin) continue;  // Kubernetes' rules: not ours to trim
-      for (size_t i = 0; i < b.rules.size(); ++i) {
-        const Rule& rule = b.rules[i];
-        std::vector<std::string> names = rule.resource_names;
-        if (names.empty()) names.push_back("");
-        for (const std::string& group : rule.api_groups) {
-          for (const std::string& resource : rule.resources) {
-            for (const std::string& verb : rule.verbs) {
-              for (const std::string& name : names) {
-                Rule single{{group}, {resource}, {verb}, {}};
-                if (!name.empty()) single.resource_names = {name};
-                bool used = false;
-                for (const Call& c : calls) {
-                  if (ScopeAllows(b, c) && RuleAllows(single, c)) used = true;
-                }
-                const Unreachable* allowed = nullptr;
-                for (const Unreachable& u : kUnreachable) {
-                  if (u.user == user && u.api_group == group && u.resource == resource &&
-                      u.verb == verb && u.resource_name == name) {
-                    allowed = &u;
-                  }
-                }
-                const std::string grant =
-                    fmt::format("{} {}{}{} ({}, rule #{})", verb, group.empty() ? "" : group + ":",
-                                resource, name.empty() ? "" : " name " + name, b.what, i + 1);
-                if (allowed != nullptr) {
-                  EXPECT_FALSE(used) << user << ": " << grant
-                                     << " is on kUnreachable but the run used it: remove the entry";
-                } else {
-                  EXPECT_TRUE(used) << user << ": " << grant
-                                    << " is granted but never used in the run: remove it from "
-                                       "deploy/ (and deploy/rbac-expected.yaml, docs/deploy.md) "
-                                       "or list it in kUnreachable with the reason";
-                }
-              }
-            }
-          }
-        }
-      }
-    }
+    ExpectEveryCallAllowed(user, bindings[user], records);
+    ExpectEveryGrantUsedOrUnreachable(user, bindings[user], records);
   }
-  // Stale allowlist entries that match no grant at all.
-  for (const Unreachable& u : kUnreachable) {
-    bool granted = false;
-    for (const Binding& b : bindings[std::string(u.user)]) {
-      for (const Rule& rule : b.rules) {
-        if (Has(rule.api_groups, u.api_group) && Has(rule.resources, u.resource) &&
-            Has(rule.verbs, u.verb) &&
-            (u.resource_name.empty()
-                 ? rule.resource_names.empty()
-                 : std::find(rule.resource_names.begin(), rule.resource_names.end(),
-                             u.resource_name) != rule.resource_names.end())) {
-          granted = true;
-        }
-      }
-    }
-    EXPECT_TRUE(granted) << "kUnreachable lists " << u.verb << " " << u.resource << " "
-                         << u.resource_name << " for " << u.user
-                         << ", which deploy/ does not grant: remove the entry";
-  }
+  ExpectNoStaleUnreachable(bindings);
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 #include <set>
 #include <thread>
 
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "kube/in_memory_api_server.h"
 #include "kube/rest_kube_client.h"
 #include "local/local_cluster.h"
@@ -43,6 +45,17 @@ bool WaitUntil(F f, absl::Duration timeout = absl::Seconds(10)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return f();
+}
+
+// Moves `clock` to its next waiter's deadline (the component under test sleeping until its next
+// timer) until `done` holds, or 10 s of real time passed.
+template <typename F>
+bool AdvanceUntil(FakeClock& clock, F done) {
+  return WaitUntil([&] {
+    if (done()) return true;
+    clock.AdvanceToNextDeadline();
+    return done();
+  });
 }
 
 json GpuPod(const std::string& name, const std::string& cmd = "sleep 3600") {
@@ -165,7 +178,7 @@ TEST_F(LocalTest, SchedulerLoopCallsFilterThenBindLikeKubeScheduler) {
   opts.config = *ParseSchedulerConfig(kConfig);
   opts.extender_url = "http://127.0.0.1:" + std::to_string(port);
   opts.timing = SchedulingQueueTiming{}.Scaled(20);
-  SchedulerLoop loop(*client_, opts);
+  SchedulerLoop loop(*client_, RealClock(), opts);
   loop.Start();
   ASSERT_TRUE(client_->CreatePod(GpuPod("fits")).ok());
   ASSERT_TRUE(client_->CreatePod(GpuPod("stuck")).ok());
@@ -225,7 +238,7 @@ TEST_F(LocalTest, SchedulerLoopWarnsLikeKubeSchedulerWhenTheFilterUpdatesThePod)
   opts.config = *ParseSchedulerConfig(kConfig);
   opts.extender_url = "http://127.0.0.1:" + std::to_string(port);
   opts.timing = SchedulingQueueTiming{}.Scaled(20);
-  SchedulerLoop loop(*client_, opts);
+  SchedulerLoop loop(*client_, RealClock(), opts);
   loop.Start();
   auto annotated = client_->CreatePod(GpuPod("annotated"));
   auto quiet = client_->CreatePod(GpuPod("quiet"));
@@ -306,7 +319,7 @@ TEST_F(LocalTest, SchedulerLoopFiltersNodesLikeKubeSchedulerBeforeTheExtender) {
   opts.config = *ParseSchedulerConfig(kConfig);
   opts.extender_url = "http://127.0.0.1:" + std::to_string(port);
   opts.timing = SchedulingQueueTiming{}.Scaled(20);
-  SchedulerLoop loop(*client_, opts);
+  SchedulerLoop loop(*client_, RealClock(), opts);
   loop.Start();
   EXPECT_TRUE(WaitUntil([&] {
     std::lock_guard<std::mutex> lock(mu);
@@ -357,7 +370,7 @@ TEST_F(LocalTest, NodeAgentRetriesAStatusWriteThatFailed) {
   fault.count = 2;
   fault.status = 422;
   server_->AddFault(fault);
-  NodeAgent agent(*client_, alloc, opts);
+  NodeAgent agent(*client_, alloc, RealClock(), opts);
   agent.Start();
   auto pod = GpuPod("p");
   pod["spec"]["nodeName"] = "node-a";
@@ -386,7 +399,8 @@ TEST_F(LocalTest, NodeAgentRunsPodsAttachesProcessesAndEndsThem) {
     attached.erase(uuid);
     return absl::OkStatus();
   };
-  NodeAgent agent(*client_, alloc, opts);
+  FakeClock clock;  // the pods' sleeps end when the test moves it
+  NodeAgent agent(*client_, alloc, clock, opts);
   agent.Start();
   auto short_pod = GpuPod("short", "sleep 1");
   short_pod["spec"]["nodeName"] = "node-a";
@@ -404,8 +418,15 @@ TEST_F(LocalTest, NodeAgentRunsPodsAttachesProcessesAndEndsThem) {
   EXPECT_NE(visible->find("MIG-"), std::string::npos);
   EXPECT_TRUE(WaitUntil([&] {
     auto p = client_->GetPod("default", "short");
+    return p.ok() && kube::Phase(*p) == "Running";
+  }));
+  // Its `sleep 1` is over once a second of the agent's clock has passed.
+  const absl::Time started = clock.Now();
+  EXPECT_TRUE(AdvanceUntil(clock, [&] {
+    auto p = client_->GetPod("default", "short");
     return p.ok() && kube::Phase(*p) == "Succeeded";
   }));
+  EXPECT_GE(clock.Now() - started, absl::Seconds(1)) << "ended before its sleep was over";
   {
     std::lock_guard<std::mutex> lock(mu);
     EXPECT_EQ(attached.size(), 1u);  // only the long pod's process remains
@@ -463,13 +484,14 @@ TEST_F(LocalTest, NodeAgentDoesNotStartAContainerWhosePreStartFails) {
   std::set<std::string> attached;
   NodeAgentOptions opts;
   opts.node = "node-a";
-  opts.prestart_retry = absl::Milliseconds(200);
+  opts.prestart_retry = absl::Seconds(10);  // the kubelet's
   opts.processes.attach = [&](const std::string& uuid, uint32_t) {
     std::lock_guard<std::mutex> lock(mu);
     attached.insert(uuid);
     return absl::OkStatus();
   };
-  NodeAgent agent(*client_, alloc, opts);
+  FakeClock clock;  // the retries come when the test moves it
+  NodeAgent agent(*client_, alloc, clock, opts);
   agent.Start();
   auto pod = GpuPod("thief");
   pod["spec"]["nodeName"] = "node-a";
@@ -516,10 +538,12 @@ TEST_F(LocalTest, NodeAgentDoesNotStartAContainerWhosePreStartFails) {
   }));
   // Tried again, as the kubelet's pod worker does; once the plugin agrees, it starts.
   const int before = alloc.prestarts.load();
-  EXPECT_TRUE(WaitUntil([&] { return alloc.prestarts.load() >= before + 2; }));
+  const absl::Time failed = clock.Now();
+  EXPECT_TRUE(AdvanceUntil(clock, [&] { return alloc.prestarts.load() >= before + 2; }));
+  EXPECT_GE(clock.Now() - failed, 2 * opts.prestart_retry) << "tried again before its retry time";
   EXPECT_NE(kube::Phase(*client_->GetPod("default", "thief")), "Running");
   alloc.refuse = false;
-  EXPECT_TRUE(WaitUntil([&] {
+  EXPECT_TRUE(AdvanceUntil(clock, [&] {
     auto p = client_->GetPod("default", "thief");
     return p.ok() && kube::Phase(*p) == "Running";
   }));
@@ -549,6 +573,10 @@ class LockingExtender {
   explicit LockingExtender(kube::KubeClient& client) : client_(client) {
     server_.Post("/filter", [this](const httplib::Request&, httplib::Response& res) {
       ++filters;
+      if (clock != nullptr) {
+        absl::MutexLock lock(&mu);
+        filter_times.push_back(clock->Now());
+      }
       res.set_content(json({{"NodeNames", {"node-a"}}, {"Error", ""}}).dump(), "application/json");
     });
     server_.Post("/bind", [this](const httplib::Request& req, httplib::Response& res) {
@@ -574,6 +602,10 @@ class LockingExtender {
 
   std::atomic<bool> locked{true};
   std::atomic<int> filters{0}, binds{0};
+  // When set before the first filter: the time of each filter call on this clock.
+  const Clock* clock = nullptr;
+  absl::Mutex mu;
+  std::vector<absl::Time> filter_times ABSL_GUARDED_BY(mu);
 
  private:
   kube::KubeClient& client_;
@@ -626,7 +658,7 @@ class SchedulerQueueLoopTest : public LocalTest {
 // deletion of a pod assigned to a node.
 TEST_F(SchedulerQueueLoopTest, BindRejectedWaitsForARelevantEventNotAnAnnotation) {
   LockingExtender ext(*client_);
-  SchedulerLoop loop(*client_, Options(ext.url()));
+  SchedulerLoop loop(*client_, RealClock(), Options(ext.url()));
   StartAndSeeTheNodes(loop);
   ASSERT_TRUE(client_->CreatePod(GpuPod("p")).ok());
   ASSERT_TRUE(WaitUntil([&] {
@@ -672,19 +704,27 @@ TEST_F(SchedulerQueueLoopTest, BindRejectedWaitsForARelevantEventNotAnAnnotation
 // the timeout, at the periodic flush.
 TEST_F(SchedulerQueueLoopTest, UnschedulablePodsAreFlushedPeriodically) {
   LockingExtender ext(*client_);
+  FakeClock clock;  // the flushes come when the test moves it
+  ext.clock = &clock;
   SchedulerLoopOptions o = Options(ext.url());
   o.timing.unschedulable_flush = absl::Milliseconds(100);
   o.timing.unschedulable_timeout = absl::Milliseconds(300);
-  SchedulerLoop loop(*client_, o);
+  SchedulerLoop loop(*client_, clock, o);
   StartAndSeeTheNodes(loop);
-  const absl::Time created = absl::Now();
+  const absl::Time failed = clock.Now();  // it stands still until the test moves it
   ASSERT_TRUE(client_->CreatePod(GpuPod("p")).ok());
-  ASSERT_TRUE(WaitUntil([&] { return ext.binds == 1; }));
+  ASSERT_TRUE(WaitUntil([&] {
+    return ext.binds == 1 && loop.QueueOf("default/p") == SchedulingQueue::Where::kUnschedulable;
+  }));
   ext.locked = false;
-  ASSERT_TRUE(WaitUntil([&] { return NodeOf("p") == "node-a"; }));
-  EXPECT_GE(absl::Now() - created, absl::Milliseconds(300)) << "came back before the timeout";
+  // Time moves from one of the loop's flushes to the next.
+  ASSERT_TRUE(AdvanceUntil(clock, [&] { return NodeOf("p") == "node-a"; }));
   EXPECT_EQ(ext.binds, 2);
   loop.Stop();
+  absl::MutexLock lock(&ext.mu);
+  ASSERT_EQ(ext.filter_times.size(), 2u);
+  EXPECT_GT(ext.filter_times[1] - failed, absl::Milliseconds(300))
+      << "came back before the timeout";
 }
 
 // With default_scheduler the stand-in also binds pods of the default scheduler (no extender).
@@ -692,7 +732,7 @@ TEST_F(SchedulerQueueLoopTest, DefaultSchedulerPodsAreBoundWithoutTheExtender) {
   LockingExtender ext(*client_);
   SchedulerLoopOptions o = Options(ext.url());
   o.default_scheduler = true;
-  SchedulerLoop loop(*client_, o);
+  SchedulerLoop loop(*client_, RealClock(), o);
   StartAndSeeTheNodes(loop);
   json plain = GpuPod("plain");
   plain["spec"].erase("schedulerName");  // the API server defaults it to default-scheduler

@@ -23,7 +23,7 @@ SimResult Sim(const Trace& t, const Cluster& c, std::vector<std::string> policie
   SimOptions o;
   o.mode = mode;
   o.samples = 16;
-  auto r = Simulate(t, c, policies, o);
+  auto r = Simulate(t, c, policies, o, RealClock());
   EXPECT_TRUE(r.ok()) << r.status();
   return r.ok() ? *r : SimResult{};
 }
@@ -73,7 +73,7 @@ TEST(Simulate, TimeToRunningAddsTheNvmlTimeOfCreatedInstances) {
   auto latency = mig::ParseNvmlLatency("create-gi=1s,create-ci=500ms");
   ASSERT_TRUE(latency.ok());
   o.nvml_latency = *latency;
-  auto r = Simulate(t, c, {"hami-v2.10", "static:all-1g"}, o);
+  auto r = Simulate(t, c, {"hami-v2.10", "static:all-1g"}, o, RealClock());
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->nvml_latency, "create-gi=1s,create-ci=500ms");
   const PolicyResult& hami = testing::PolicyResultOf(*r, "hami-v2.10");

@@ -226,7 +226,7 @@ TEST(WarmSimulate, NvmlTimeOfReuseTtlAndNeededDestroys) {
   // whole GPU at 40 destroys that idle instance (0.5 s) and creates its own (1.5 s), idle from 150
   // until its TTL at 250; 3: 1g at 300 is created (1.5 s), idle from 310 (the end) on.
   Trace t = MakeTrace({{0, 10, k1g5}, {20, 30, k1g5}, {40, 150, kWhole}, {300, 310, k1g5}});
-  auto r = Simulate(t, c, {"dynmig", "dynmig:warm"}, Latency(Mode::kReject, warm));
+  auto r = Simulate(t, c, {"dynmig", "dynmig:warm"}, Latency(Mode::kReject, warm), RealClock());
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_TRUE(r->warm.has_value());
   EXPECT_EQ(WarmConfigText(*r->warm), "1m40s,2");
@@ -258,7 +258,7 @@ TEST(WarmSimulate, SameAcceptanceWhereEverythingFitsAndLessNvmlTime) {
   auto t = GenerateTrace("pods=3000,load=0.3,life=fixed:600,mix=1g:0.6/2g:0.2/3g:0.2", 7, c);
   ASSERT_TRUE(t.ok()) << t.status();
   for (Mode mode : {Mode::kReject, Mode::kQueue}) {
-    auto r = Simulate(*t, c, {"dynmig", "dynmig:warm"}, Latency(mode));
+    auto r = Simulate(*t, c, {"dynmig", "dynmig:warm"}, Latency(mode), RealClock());
     ASSERT_TRUE(r.ok()) << r.status();
     const PolicyResult& cold = testing::PolicyResultOf(*r, "dynmig");
     const PolicyResult& hot = testing::PolicyResultOf(*r, "dynmig:warm");
@@ -323,7 +323,7 @@ TEST(WarmPolicy, RandomChurnKeepsIdleInstancesDisjointAndCapped) {
 TEST(WarmReport, TextJsonCsv) {
   Cluster c = A100(1);
   Trace t = MakeTrace({{0, 10, k1g5}, {20, 30, k1g5}});
-  auto r = Simulate(t, c, {"dynmig", "dynmig:warm"}, Latency(Mode::kReject));
+  auto r = Simulate(t, c, {"dynmig", "dynmig:warm"}, Latency(Mode::kReject), RealClock());
   ASSERT_TRUE(r.ok()) << r.status();
   const std::string text = FormatText(*r);
   EXPECT_THAT(text, HasSubstr("warm instances (5m,2: idle for at most 5m, at most 2 per GPU)"));
@@ -340,7 +340,7 @@ TEST(WarmReport, TextJsonCsv) {
   EXPECT_THAT(csv, HasSubstr(",,,,,\ndynmig:warm,"));
   EXPECT_THAT(csv, ::testing::EndsWith(",2,1,0,0,0\n"));
   // Without a warm policy, nothing about warm instances is shown.
-  auto plain = Simulate(t, c, {"dynmig"}, Latency(Mode::kReject));
+  auto plain = Simulate(t, c, {"dynmig"}, Latency(Mode::kReject), RealClock());
   ASSERT_TRUE(plain.ok());
   EXPECT_THAT(FormatText(*plain), ::testing::Not(HasSubstr("warm instances")));
   EXPECT_FALSE(nlohmann::json::parse(FormatJson(*plain)).contains("warmInstances"));
