@@ -48,6 +48,7 @@ namespace {
 
 using dynmig::local::LocalCluster;
 using nlohmann::json;
+namespace protocol = dynmig::protocol;
 
 struct Flags {
   int pods = 56;
