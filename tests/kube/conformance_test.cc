@@ -30,7 +30,7 @@ class ConformanceTest : public ::testing::Test {
   void StartServer(InMemoryApiServerOptions options) {
     client_.reset();
     server_.reset();
-    options.store.clock = [this] { return Now(); };
+    options.store.clock = &clock_;
     auto server = InMemoryApiServer::Start(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -42,17 +42,12 @@ class ConformanceTest : public ::testing::Test {
     server_.reset();
   }
 
-  absl::Time Now() {
-    std::lock_guard<std::mutex> lock(clock_mu_);
-    return now_;
-  }
-  void Advance(absl::Duration d) {
-    std::lock_guard<std::mutex> lock(clock_mu_);
-    now_ += d;
-  }
+  absl::Time Now() { return clock_.Now(); }
+  void Advance(absl::Duration d) { clock_.Advance(d); }
 
-  std::mutex clock_mu_;
-  absl::Time now_ = absl::FromUnixSeconds(1'800'000'000);
+  // The store's wall time (timestamps, graceful deletion, continue tokens); the server's timers
+  // run on real time unless a test gives it this clock too (options.clock).
+  FakeClock clock_;
   testing::SleepRecorder sleeps_;
   std::unique_ptr<InMemoryApiServer> server_;
   std::unique_ptr<RestKubeClient> client_;
