@@ -860,11 +860,10 @@ absl::StatusOr<std::vector<StoreEvent>> ApiStore::Watch::Next(const Clock& clock
         410, "Expired",
         fmt::format("too old resource version: {} ({})", cursor_, store_->min_cursor_ + 1));
   }
-  const auto& history = store_->history_;
-  const int64_t first_rv = history.front().rv;
+  const int64_t first_rv = store_->history_.front().rv;
   size_t index = static_cast<size_t>(cursor_ + 1 - first_rv);
-  while (index < history.size() && out.size() < max_events) {
-    const HistoryEvent& ev = history[index++];
+  while (index < store_->history_.size() && out.size() < max_events) {
+    const HistoryEvent& ev = store_->history_[index++];
     cursor_ = ev.rv;
     if (ev.resource != resource_) continue;
     const bool now_matches = Matches(ev.object->object);
