@@ -7,17 +7,18 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "kube/in_memory_api_server.h"
 #include "kube/informer.h"
 #include "kube/rest_kube_client.h"
+#include "protocol/annotations.h"
 
 namespace dynmig::kube {
 namespace {
@@ -25,6 +26,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+std::string Key(std::string_view key) { return std::string(key); }
 
 // A pod roughly the size of a scheduled GPU pod with HAMi-style annotations (~1.3 KB of JSON).
 Object BenchPod(int i) {
@@ -37,11 +40,11 @@ Object BenchPod(int i) {
         {"namespace", fmt::format("team-{}", i % 20)},
         {"labels", {{"app", "trainer"}, {"job", fmt::format("job-{}", i / 8)}, {"tier", "gpu"}}},
         {"annotations",
-         {{"hami.io/vgpu-node", node},
-          {"hami.io/bind-phase", "success"},
-          {"hami.io/vgpu-devices-allocated",
+         {{Key(protocol::kVgpuNodeAnnotation), node},
+          {Key(protocol::kBindPhaseAnnotation), "success"},
+          {Key(protocol::kDevicesAllocatedAnnotation),
            "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448,NVIDIA,10240,0:;"},
-          {"hami.io/vgpu-mig-allocations",
+          {Key(protocol::kMigAllocationsAnnotation),
            R"([{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-0fc3eda5","profile":"1g.10gb","placement":{"start":3,"size":1}}])"}}}}},
       {"spec",
        {{"nodeName", node},
@@ -51,7 +54,8 @@ Object BenchPod(int i) {
            {"image", "nvcr.io/nvidia/pytorch:24.01-py3"},
            {"command", {"python", "train.py", "--epochs", "10"}},
            {"resources",
-            {{"limits", {{"nvidia.com/gpu", "1"}, {"nvidia.com/gpumem", "10240"}}},
+            {{"limits",
+              {{Key(protocol::kResourceCount), "1"}, {Key(protocol::kResourceMemory), "10240"}}},
              {"requests", {{"cpu", "4"}, {"memory", "16Gi"}}}}}}}}}},
       {"status",
        {{"phase", "Running"},
@@ -61,95 +65,92 @@ Object BenchPod(int i) {
           {{"type", "Ready"}, {"status", "True"}}}}}}};
 }
 
-struct Counter {
-  std::mutex mu;
-  std::condition_variable cv;
-  int64_t count = 0;
+// Events seen by a watch callback, with a bounded (real-time) wait for a number of them.
+class Counter {
+ public:
   void Add() {
-    std::lock_guard<std::mutex> lock(mu);
-    ++count;
-    cv.notify_all();
+    absl::MutexLock lock(&mu_);
+    ++count_;
   }
-  bool WaitFor(int64_t n, std::chrono::seconds timeout) {
-    std::unique_lock<std::mutex> lock(mu);
-    return cv.wait_for(lock, timeout, [&] { return count >= n; });
+  int64_t count() const {
+    absl::MutexLock lock(&mu_);
+    return count_;
   }
+  bool WaitFor(int64_t n, absl::Duration timeout) const {
+    absl::MutexLock lock(&mu_);
+    const auto reached = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return count_ >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  int64_t count_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-int Main(int pods) {
-  InMemoryApiServerOptions options;
-  options.store.watch_history = static_cast<size_t>(pods) + 1000;
-  options.gc_interval = absl::ZeroDuration();
-  auto server_or = InMemoryApiServer::Start(options);
-  if (!server_or.ok()) {
-    fmt::print(stderr, "bench_kube: {}\n", std::string(server_or.status().message()));
-    return 1;
-  }
-  auto& server = *server_or;
-  RestConfig config;
-  config.server = server->url();
-  config.request_timeout = absl::Seconds(120);
-  auto client_or = RestKubeClient::Create(config);
-  if (!client_or.ok()) return 1;
-  auto& client = *client_or;
-  fmt::print("bench_kube: {} pods, {} bytes of JSON per pod, server {}\n", pods,
-             BenchPod(1).dump().size(), server->url());
+// What every measurement runs against.
+struct Bench {
+  InMemoryApiServer& server;
+  RestKubeClient& client;
+  int pods;
+};
 
-  // 1. Watch throughput: a watch is open, the store takes `pods` creates; time until the client's
-  //    callback has seen all of them (server serialization + chunked HTTP + parse + callback).
-  {
-    Counter seen;
-    auto list = client->ListPods({});
-    auto watch =
-        client->WatchPods({.resource_version = list->resource_version, .allow_bookmarks = false},
-                          [&](const WatchEvent& e) {
-                            if (e.type == WatchEventType::kAdded) seen.Add();
-                          });
-    if (!watch.ok()) {
-      fmt::print(stderr, "watch failed: {}\n", std::string(watch.status().message()));
-      return 1;
+// 1. Watch throughput: a watch is open, the store takes `pods` creates; time until the client's
+//    callback has seen all of them (server serialization + chunked HTTP + parse + callback).
+bool BenchWatchThroughput(const Bench& b) {
+  Counter seen;
+  auto list = b.client.ListPods({});
+  auto watch =
+      b.client.WatchPods({.resource_version = list->resource_version, .allow_bookmarks = false},
+                         [&](const WatchEvent& e) {
+                           if (e.type == WatchEventType::kAdded) seen.Add();
+                         });
+  if (!watch.ok()) {
+    fmt::print(stderr, "watch failed: {}\n", std::string(watch.status().message()));
+    return false;
+  }
+  const auto start = Clock::now();
+  std::thread writer([&] {
+    for (int i = 0; i < b.pods; ++i) {
+      Object pod = BenchPod(i);
+      const std::string ns = Namespace(pod);
+      (void)b.server.store().Create(Resource::kPods, ns, pod);
     }
-    const auto start = Clock::now();
-    std::thread writer([&] {
-      for (int i = 0; i < pods; ++i) {
-        Object pod = BenchPod(i);
-        const std::string ns = Namespace(pod);
-        (void)server->store().Create(Resource::kPods, ns, pod);
-      }
-    });
-    writer.join();
-    const auto written = Clock::now();
-    const bool all = seen.WaitFor(pods, std::chrono::seconds(120));
-    const auto done = Clock::now();
-    fmt::print(
-        "watch throughput (store writes -> HTTP watch -> RestKubeClient callback): {} events in "
-        "{:.2f} s = {:.0f} events/s{} (writes alone {:.2f} s)\n",
-        seen.count, Seconds(done - start), seen.count / Seconds(done - start),
-        all ? "" : " [INCOMPLETE]", Seconds(written - start));
-    (*watch)->Stop();
-  }
+  });
+  writer.join();
+  const auto written = Clock::now();
+  const bool all = seen.WaitFor(b.pods, absl::Seconds(120));
+  const auto done = Clock::now();
+  fmt::print(
+      "watch throughput (store writes -> HTTP watch -> RestKubeClient callback): {} events in "
+      "{:.2f} s = {:.0f} events/s{} (writes alone {:.2f} s)\n",
+      seen.count(), Seconds(done - start), seen.count() / Seconds(done - start),
+      all ? "" : " [INCOMPLETE]", Seconds(written - start));
+  (*watch)->Stop();
+  return true;
+}
 
-  // 2. Watch from resourceVersion "": the current state as ADDED events.
-  {
-    Counter seen;
-    const auto start = Clock::now();
-    auto watch = client->WatchPods({.allow_bookmarks = false}, [&](const WatchEvent& e) {
-      if (e.type == WatchEventType::kAdded) seen.Add();
-    });
-    const bool all = watch.ok() && seen.WaitFor(pods, std::chrono::seconds(120));
-    const auto done = Clock::now();
-    fmt::print(
-        "watch initial state (resourceVersion unset): {} ADDED events in {:.2f} s = {:.0f} "
-        "events/s{}\n",
-        seen.count, Seconds(done - start), seen.count / Seconds(done - start),
-        all ? "" : " [INCOMPLETE]");
-    if (watch.ok()) (*watch)->Stop();
-  }
+// 2. Watch from resourceVersion "": the current state as ADDED events.
+void BenchWatchInitialState(const Bench& b) {
+  Counter seen;
+  const auto start = Clock::now();
+  auto watch = b.client.WatchPods({.allow_bookmarks = false}, [&](const WatchEvent& e) {
+    if (e.type == WatchEventType::kAdded) seen.Add();
+  });
+  const bool all = watch.ok() && seen.WaitFor(b.pods, absl::Seconds(120));
+  const auto done = Clock::now();
+  fmt::print(
+      "watch initial state (resourceVersion unset): {} ADDED events in {:.2f} s = {:.0f} "
+      "events/s{}\n",
+      seen.count(), Seconds(done - start), seen.count() / Seconds(done - start),
+      all ? "" : " [INCOMPLETE]");
+  if (watch.ok()) (*watch)->Stop();
+}
 
-  // 3. List latency, one request and paginated.
+// 3. List latency, one request and paginated, and with a field selector.
+void BenchListLatency(const Bench& b) {
   auto time_list = [&](int64_t limit, size_t* items) {
     const auto start = Clock::now();
-    auto list = client->ListPods({.limit = limit});
+    auto list = b.client.ListPods({.limit = limit});
     const auto took = Clock::now() - start;
     *items = list.ok() ? list->items.size() : 0;
     return Seconds(took);
@@ -162,48 +163,70 @@ int Main(int pods) {
     fmt::print("list latency, {} ({} pods): min {:.3f} s, median {:.3f} s, max {:.3f} s\n",
                limit == 0
                    ? "one request"
-                   : fmt::format("limit={} ({} requests)", limit, (pods + limit - 1) / limit),
+                   : fmt::format("limit={} ({} requests)", limit, (b.pods + limit - 1) / limit),
                items, runs[0], runs[1], runs[2]);
   }
-  {
-    const auto start = Clock::now();
-    auto list = client->ListPods({.field_selector = "spec.nodeName=gpu-node-007"});
-    fmt::print(
-        "list latency, field selector spec.nodeName (server filters {} pods to {}): "
-        "{:.4f} s\n",
-        pods, list.ok() ? list->items.size() : 0, Seconds(Clock::now() - start));
-  }
+  const auto start = Clock::now();
+  auto list = b.client.ListPods({.field_selector = "spec.nodeName=gpu-node-007"});
+  fmt::print(
+      "list latency, field selector spec.nodeName (server filters {} pods to {}): "
+      "{:.4f} s\n",
+      b.pods, list.ok() ? list->items.size() : 0, Seconds(Clock::now() - start));
+}
 
-  // 4. Informer initial sync (paginated list + watch start).
-  {
-    Informer informer(*client, Resource::kPods);
-    const auto start = Clock::now();
-    informer.Start();
-    const bool synced = informer.WaitForSync(absl::Seconds(120));
-    fmt::print("informer initial sync ({} pods, pages of 500): {:.2f} s{}\n", informer.size(),
-               Seconds(Clock::now() - start), synced ? "" : " [TIMEOUT]");
-    informer.Stop();
-  }
+// 4. Informer initial sync (paginated list + watch start).
+void BenchInformerSync(const Bench& b) {
+  Informer informer(b.client, Resource::kPods);
+  const auto start = Clock::now();
+  informer.Start();
+  const bool synced = informer.WaitForSync(absl::Seconds(120));
+  fmt::print("informer initial sync ({} pods, pages of 500): {:.2f} s{}\n", informer.size(),
+             Seconds(Clock::now() - start), synced ? "" : " [TIMEOUT]");
+  informer.Stop();
+}
 
-  // 5. Request rate of small writes over HTTP (one thread, keep-alive).
-  {
-    constexpr int kPatches = 2000;
-    const auto start = Clock::now();
-    int ok = 0;
-    for (int i = 0; i < kPatches; ++i) {
-      Object pod = BenchPod(i % pods);
-      ok +=
-          client->PatchPodAnnotations(Namespace(pod), Name(pod), {{"bench/seq", std::to_string(i)}})
-              .ok();
-    }
-    const double took = Seconds(Clock::now() - start);
-    fmt::print(
-        "annotation merge-patch over HTTP (1 client thread): {} ok in {:.2f} s = {:.0f} "
-        "req/s\n",
-        ok, took, ok / took);
+// 5. Request rate of small writes over HTTP (one thread, keep-alive).
+void BenchPatchRate(const Bench& b) {
+  constexpr int kPatches = 2000;
+  const auto start = Clock::now();
+  int ok = 0;
+  for (int i = 0; i < kPatches; ++i) {
+    Object pod = BenchPod(i % b.pods);
+    ok +=
+        b.client.PatchPodAnnotations(Namespace(pod), Name(pod), {{"bench/seq", std::to_string(i)}})
+            .ok();
   }
-  client.reset();
-  server->Stop();
+  const double took = Seconds(Clock::now() - start);
+  fmt::print(
+      "annotation merge-patch over HTTP (1 client thread): {} ok in {:.2f} s = {:.0f} "
+      "req/s\n",
+      ok, took, ok / took);
+}
+
+int Main(int pods) {
+  InMemoryApiServerOptions options;
+  options.store.watch_history = static_cast<size_t>(pods) + 1000;
+  options.gc_interval = absl::ZeroDuration();
+  auto server = InMemoryApiServer::Start(options);
+  if (!server.ok()) {
+    fmt::print(stderr, "bench_kube: {}\n", std::string(server.status().message()));
+    return 1;
+  }
+  RestConfig config;
+  config.server = (*server)->url();
+  config.request_timeout = absl::Seconds(120);
+  auto client = RestKubeClient::Create(config);
+  if (!client.ok()) return 1;
+  fmt::print("bench_kube: {} pods, {} bytes of JSON per pod, server {}\n", pods,
+             BenchPod(1).dump().size(), (*server)->url());
+  const Bench bench{**server, **client, pods};
+  if (!BenchWatchThroughput(bench)) return 1;
+  BenchWatchInitialState(bench);
+  BenchListLatency(bench);
+  BenchInformerSync(bench);
+  BenchPatchRate(bench);
+  client->reset();
+  (*server)->Stop();
   return 0;
 }
 

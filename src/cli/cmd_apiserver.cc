@@ -59,6 +59,7 @@ int RunApiserver(const ApiserverFlags& flags, CliContext& ctx) {
   StopSignals stop;
 
   kube::InMemoryApiServerOptions options;
+  options.clock = &RealClock();  // the process's one clock, for the server and its store
   options.host = host;
   options.port = port;
   options.store.watch_history = flags.watch_history;

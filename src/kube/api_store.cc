@@ -133,19 +133,15 @@ bool HasStatusSubresource(Resource r) {
   return r == Resource::kPods || r == Resource::kNodes || r == Resource::kNamespaces;
 }
 
-bool IsPodTerminal(const Object& pod) {
-  const std::string phase = Phase(pod);
-  return phase == "Succeeded" || phase == "Failed";
-}
-
 }  // namespace
 
 ApiStore::ApiStore(ApiStoreOptions options)
-    : options_(std::move(options)), rng_(std::random_device{}()) {
-  if (!options_.clock) options_.clock = [] { return absl::Now(); };
+    : options_(std::move(options)),
+      clock_(options_.clock != nullptr ? *options_.clock : RealClock()),
+      rng_(std::random_device{}()) {
   if (options_.watch_history == 0) options_.watch_history = 1;
+  absl::MutexLock lock(&mu_);
   rv_ = 1000;
-  std::lock_guard<std::mutex> lock(mu_);
   for (const char* ns : {"default", "kube-system", "kube-public", "kube-node-lease"}) {
     (void)EnsureNamespaceLocked(ns);
   }
@@ -156,8 +152,6 @@ ApiStore::ApiStore(ApiStoreOptions options)
 
 ApiStore::~ApiStore() { Shutdown(); }
 
-absl::Time ApiStore::Now() const { return options_.clock(); }
-
 std::string ApiStore::NewUid() {
   const uint64_t a = rng_();
   const uint64_t b = rng_();
@@ -167,7 +161,7 @@ std::string ApiStore::NewUid() {
 }
 
 int64_t ApiStore::resource_version() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return rv_;
 }
 
@@ -179,11 +173,8 @@ StoredPtr ApiStore::CommitLocked(Resource resource, const std::string& key, Obje
   Objects(resource)[key] = stored;
   history_.push_back({rv_, resource, previous ? WatchEventType::kModified : WatchEventType::kAdded,
                       stored, previous});
-  while (history_.size() > options_.watch_history) {
-    min_cursor_ = history_.front().rv;
-    history_.pop_front();
-  }
-  changed_.notify_all();
+  TrimHistoryLocked();
+  changed_.SignalAll();
   return stored;
 }
 
@@ -199,12 +190,16 @@ StoredPtr ApiStore::RemoveLocked(Resource resource, const std::string& key) {
   map.erase(it);
   if (resource == Resource::kPods) pending_deletions_.erase(key);
   history_.push_back({rv_, resource, WatchEventType::kDeleted, stored, nullptr});
+  TrimHistoryLocked();
+  changed_.SignalAll();
+  return stored;
+}
+
+void ApiStore::TrimHistoryLocked() {
   while (history_.size() > options_.watch_history) {
     min_cursor_ = history_.front().rv;
     history_.pop_front();
   }
-  changed_.notify_all();
-  return stored;
 }
 
 absl::Status ApiStore::EnsureNamespaceLocked(std::string_view ns) {
@@ -229,7 +224,7 @@ absl::Status ApiStore::EnsureNamespaceLocked(std::string_view ns) {
 
 absl::StatusOr<Object> ApiStore::Create(Resource resource, std::string_view ns, const Object& obj,
                                         bool dry_run) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return CreateLocked(resource, ns, obj, dry_run);
 }
 
@@ -349,7 +344,7 @@ absl::StatusOr<Object> ApiStore::CreateLocked(Resource resource, std::string_vie
 
 absl::StatusOr<Object> ApiStore::Get(Resource resource, std::string_view ns,
                                      std::string_view name) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const std::string key = ObjectKey(InfoFor(resource).namespaced ? ns : "", name);
   const ObjectMap& map = Objects(resource);
   auto it = map.find(key);
@@ -364,7 +359,7 @@ absl::StatusOr<ApiStore::ListResult> ApiStore::List(Resource resource, const Lis
   if (!fields.ok()) return ApiError(400, "BadRequest", std::string(fields.status().message()));
   if (query.limit < 0) return ApiError(400, "BadRequest", "limit must not be negative");
 
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const absl::Time now = Now();
   // Expire old snapshots.
   for (auto it = snapshots_.begin(); it != snapshots_.end();) {
@@ -430,7 +425,7 @@ absl::StatusOr<ApiStore::ListResult> ApiStore::List(Resource resource, const Lis
 absl::StatusOr<Object> ApiStore::Update(Resource resource, std::string_view ns,
                                         std::string_view name, const Object& obj,
                                         std::string_view subresource, bool dry_run) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return UpdateLocked(resource, ns, name, obj, subresource, /*from_patch=*/false, dry_run);
 }
 
@@ -544,7 +539,7 @@ absl::StatusOr<std::pair<Object, Object>> ApiStore::PatchedLocked(Resource resou
 absl::StatusOr<Object> ApiStore::Patch(Resource resource, std::string_view ns,
                                        std::string_view name, const Object& patch, PatchType type,
                                        std::string_view subresource, bool dry_run) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto patched = PatchedLocked(resource, ns, name, patch, type);
   if (!patched.ok()) return patched.status();
   // A resourceVersion left in the patched object by the patch is a precondition; the current one
@@ -561,7 +556,7 @@ absl::StatusOr<Object> ApiStore::PatchWithAdmission(Resource resource, std::stri
   for (int attempt = 1;; ++attempt) {
     std::pair<Object, Object> versions;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       auto patched = PatchedLocked(resource, ns, name, patch, type);
       if (!patched.ok()) return patched.status();
       versions = std::move(*patched);
@@ -574,7 +569,7 @@ absl::StatusOr<Object> ApiStore::PatchWithAdmission(Resource resource, std::stri
       return Invalid(resource, name,
                      "metadata.name, metadata.namespace and metadata.uid cannot be changed");
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = Objects(resource).find(ObjectKey(InfoFor(resource).namespaced ? ns : "", name));
     if (it == Objects(resource).end()) return NotFound(resource, name);
     const bool changed = ResourceVersion(it->second->object) != ResourceVersion(current);
@@ -588,7 +583,7 @@ absl::StatusOr<Object> ApiStore::PatchWithAdmission(Resource resource, std::stri
 absl::StatusOr<Object> ApiStore::Delete(Resource resource, std::string_view ns,
                                         std::string_view name, const DeleteOptions& options,
                                         bool dry_run) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return DeleteLocked(resource, ns, name, options, dry_run);
 }
 
@@ -651,7 +646,7 @@ absl::StatusOr<Object> ApiStore::DeleteLocked(Resource resource, std::string_vie
       grace = obj["spec"]["terminationGracePeriodSeconds"].get<int64_t>();
     }
     // Like the API server: a pod no kubelet runs (unbound) or that has finished goes at once.
-    if (NodeName(obj).empty() || IsPodTerminal(obj)) grace = 0;
+    if (NodeName(obj).empty() || IsTerminated(obj)) grace = 0;
     if (grace > 0) {
       const absl::Time deadline = Now() + absl::Seconds(grace);
       auto pending = pending_deletions_.find(key);
@@ -694,7 +689,7 @@ absl::StatusOr<Object> ApiStore::Bind(std::string_view ns, std::string_view name
                                 "\"{}\": supported values: \"Node\"",
                                 name, target_kind));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const std::string key = ObjectKey(ns, name);
   ObjectMap& map = Objects(Resource::kPods);
   auto it = map.find(key);
@@ -750,7 +745,7 @@ absl::StatusOr<Object> ApiStore::Bind(std::string_view ns, std::string_view name
 }
 
 int ApiStore::CollectGarbage() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const absl::Time now = Now();
   std::vector<std::string> due;
   for (const auto& [key, deadline] : pending_deletions_) {
@@ -761,10 +756,10 @@ int ApiStore::CollectGarbage() {
 }
 
 void ApiStore::CompactHistory() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   history_.clear();
   min_cursor_ = rv_;
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 absl::StatusOr<std::unique_ptr<ApiStore::Watch>> ApiStore::StartWatch(
@@ -779,7 +774,7 @@ absl::StatusOr<std::unique_ptr<ApiStore::Watch>> ApiStore::StartWatch(
     return ApiError(400, "BadRequest",
                     fmt::format("invalid resourceVersion \"{}\"", resource_version));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (shutdown_) return ApiError(503, "ServiceUnavailable", "the server is shutting down");
   const std::string ns = InfoFor(resource).namespaced ? query.ns : "";
   if (initial) {
@@ -806,20 +801,20 @@ absl::StatusOr<std::unique_ptr<ApiStore::Watch>> ApiStore::StartWatch(
 }
 
 int ApiStore::CutWatches() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   ++cut_generation_;
-  changed_.notify_all();
+  changed_.SignalAll();
   return static_cast<int>(open_watches_);
 }
 
 void ApiStore::Shutdown() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   shutdown_ = true;
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 size_t ApiStore::open_watches() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return open_watches_;
 }
 
@@ -834,7 +829,7 @@ ApiStore::Watch::Watch(ApiStore* store, Resource resource, std::string ns, Label
       cut_generation_(cut_generation) {}
 
 ApiStore::Watch::~Watch() {
-  std::lock_guard<std::mutex> lock(store_->mu_);
+  absl::MutexLock lock(&store_->mu_);
   --store_->open_watches_;
 }
 
@@ -845,13 +840,15 @@ bool ApiStore::Watch::Matches(const Object& obj) const {
   return labels_.Matches(obj) && fields_.Matches(obj);
 }
 
-absl::StatusOr<std::vector<StoreEvent>> ApiStore::Watch::Next(absl::Duration max_wait,
+absl::StatusOr<std::vector<StoreEvent>> ApiStore::Watch::Next(const Clock& clock,
+                                                              absl::Duration max_wait,
                                                               size_t max_events) {
-  std::unique_lock<std::mutex> lock(store_->mu_);
-  auto ready = [&] {
-    return store_->shutdown_ || store_->cut_generation_ != cut_generation_ || store_->rv_ > cursor_;
-  };
-  store_->changed_.wait_for(lock, absl::ToChronoNanoseconds(max_wait), ready);
+  absl::MutexLock lock(&store_->mu_);
+  clock.WaitFor(store_->changed_, store_->mu_, max_wait,
+                [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(store_->mu_) {
+                  return store_->shutdown_ || store_->cut_generation_ != cut_generation_ ||
+                         store_->rv_ > cursor_;
+                });
   if (store_->shutdown_) return ApiError(503, "ServiceUnavailable", "server shutting down");
   if (store_->cut_generation_ != cut_generation_) {
     return absl::CancelledError("watch cut by fault injection");
@@ -863,11 +860,10 @@ absl::StatusOr<std::vector<StoreEvent>> ApiStore::Watch::Next(absl::Duration max
         410, "Expired",
         fmt::format("too old resource version: {} ({})", cursor_, store_->min_cursor_ + 1));
   }
-  const auto& history = store_->history_;
-  const int64_t first_rv = history.front().rv;
+  const int64_t first_rv = store_->history_.front().rv;
   size_t index = static_cast<size_t>(cursor_ + 1 - first_rv);
-  while (index < history.size() && out.size() < max_events) {
-    const HistoryEvent& ev = history[index++];
+  while (index < store_->history_.size() && out.size() < max_events) {
+    const HistoryEvent& ev = store_->history_[index++];
     cursor_ = ev.rv;
     if (ev.resource != resource_) continue;
     const bool now_matches = Matches(ev.object->object);

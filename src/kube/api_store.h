@@ -11,20 +11,21 @@
 #pragma once
 
 #include <array>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "kube/kube_client.h"
 #include "kube/object.h"
 #include "kube/selector.h"
@@ -46,8 +47,10 @@ struct StoreEvent {
 struct ApiStoreOptions {
   // Watch events kept for resuming watches; older resourceVersions get 410 Expired.
   size_t watch_history = 10000;
-  // Source of "now" (creationTimestamp, deletionTimestamp, graceful deletion deadlines).
-  std::function<absl::Time()> clock;
+  // Source of "now" (creationTimestamp, deletionTimestamp, graceful deletion deadlines, the
+  // lifetime of `continue` tokens). nullptr: RealClock(), or the server's clock for the store an
+  // InMemoryApiServer creates.
+  const Clock* clock = nullptr;
   absl::Duration continue_ttl = absl::Minutes(5);  // how long a list `continue` token lives
   size_t max_continuations = 64;                   // snapshots kept for paginated lists
 };
@@ -122,11 +125,13 @@ class ApiStore {
     ~Watch();
     // Events present when the watch started from resourceVersion ""/"0" (ADDED each).
     std::vector<StoreEvent> TakeInitialEvents();
-    // Waits up to `max_wait` for events after the cursor and returns the matching ones (maybe
-    // none). A MODIFIED that makes an object start/stop matching becomes ADDED/DELETED.
+    // Waits up to `max_wait` of `clock`'s time (the caller's timers; a FakeClock's wait ends when
+    // events arrive or its time passes) for events after the cursor and returns the matching ones
+    // (maybe none). A MODIFIED that makes an object start/stop matching becomes ADDED/DELETED.
     // kOutOfRange (410) when the events after the cursor were evicted; kCancelled when the watch
     // was cut (CutWatches) or the store is shutting down.
-    absl::StatusOr<std::vector<StoreEvent>> Next(absl::Duration max_wait, size_t max_events);
+    absl::StatusOr<std::vector<StoreEvent>> Next(const Clock& clock, absl::Duration max_wait,
+                                                 size_t max_events);
     int64_t cursor() const { return cursor_; }
     Resource resource() const { return resource_; }
 
@@ -172,41 +177,51 @@ class ApiStore {
   };
   using ObjectMap = std::map<std::string, StoredPtr, std::less<>>;
 
-  absl::Time Now() const;
-  ObjectMap& Objects(Resource r) { return objects_[static_cast<size_t>(r)]; }
-  const ObjectMap& Objects(Resource r) const { return objects_[static_cast<size_t>(r)]; }
-  std::string NewUid();
-  // Writes `obj` (new version) under `key`; appends a history event. REQUIRES mu_.
+  absl::Time Now() const { return clock_.Now(); }
+  ObjectMap& Objects(Resource r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return objects_[static_cast<size_t>(r)];
+  }
+  const ObjectMap& Objects(Resource r) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return objects_[static_cast<size_t>(r)];
+  }
+  std::string NewUid() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes `obj` (new version) under `key`; appends a history event.
   StoredPtr CommitLocked(Resource resource, const std::string& key, Object obj,
-                         const StoredPtr& previous);
-  StoredPtr RemoveLocked(Resource resource, const std::string& key);
-  absl::Status EnsureNamespaceLocked(std::string_view ns);
+                         const StoredPtr& previous) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  StoredPtr RemoveLocked(Resource resource, const std::string& key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the oldest history events beyond options_.watch_history.
+  void TrimHistoryLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status EnsureNamespaceLocked(std::string_view ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Object> CreateLocked(Resource resource, std::string_view ns, const Object& obj,
-                                      bool dry_run = false);
+                                      bool dry_run = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Object> UpdateLocked(Resource resource, std::string_view ns, std::string_view name,
                                       Object obj, std::string_view subresource, bool from_patch,
-                                      bool dry_run = false);
-  // The current object (a copy) and the patch applied to it. REQUIRES mu_.
+                                      bool dry_run = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The current object (a copy) and the patch applied to it.
   absl::StatusOr<std::pair<Object, Object>> PatchedLocked(Resource resource, std::string_view ns,
                                                           std::string_view name,
-                                                          const Object& patch, PatchType type);
+                                                          const Object& patch, PatchType type)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Object> DeleteLocked(Resource resource, std::string_view ns, std::string_view name,
-                                      const DeleteOptions& options, bool dry_run = false);
+                                      const DeleteOptions& options, bool dry_run = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ApiStoreOptions options_;
-  mutable std::mutex mu_;
-  std::condition_variable changed_;
-  std::array<ObjectMap, kNumResources> objects_;
-  int64_t rv_ = 0;
-  int64_t min_cursor_ = 0;  // watches can resume from any cursor >= this
-  std::deque<HistoryEvent> history_;
-  std::map<std::string, absl::Time> pending_deletions_;  // pod key -> deadline
-  std::map<uint64_t, Snapshot> snapshots_;
-  uint64_t next_snapshot_ = 1;
-  uint64_t cut_generation_ = 0;
-  bool shutdown_ = false;
-  size_t open_watches_ = 0;
-  std::mt19937_64 rng_;
+  const Clock& clock_;
+  mutable absl::Mutex mu_;
+  absl::CondVar changed_;  // signalled on every write, compaction, cut and shutdown
+  std::array<ObjectMap, kNumResources> objects_ ABSL_GUARDED_BY(mu_);
+  int64_t rv_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t min_cursor_ ABSL_GUARDED_BY(mu_) = 0;  // watches can resume from any cursor >= this
+  std::deque<HistoryEvent> history_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, absl::Time> pending_deletions_ ABSL_GUARDED_BY(mu_);  // pod key -> deadline
+  std::map<uint64_t, Snapshot> snapshots_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_snapshot_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t cut_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  size_t open_watches_ ABSL_GUARDED_BY(mu_) = 0;
+  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace dynmig::kube

@@ -15,12 +15,14 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <set>
 #include <string>
 #include <string_view>
 #include <tuple>
 #include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace dynmig::kube {
 
@@ -88,9 +90,9 @@ class AuditTrail {
 
   const size_t max_records_;
   const size_t max_names_;
-  mutable std::mutex mu_;
-  std::map<Key, Value> records_;
-  int64_t dropped_ = 0;
+  mutable absl::Mutex mu_;
+  std::map<Key, Value> records_ ABSL_GUARDED_BY(mu_);
+  int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace dynmig::kube

@@ -4,7 +4,6 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <utility>
@@ -18,9 +17,8 @@
 namespace dynmig::kube {
 namespace {
 
-using SteadyClock = std::chrono::steady_clock;
 constexpr size_t kMaxEventsPerChunk = 1000;
-constexpr auto kWatchPoll = std::chrono::milliseconds(100);
+constexpr absl::Duration kWatchPoll = absl::Milliseconds(100);
 
 constexpr std::string_view kJson = "application/json";
 // A request body as the real apiserver takes it: at most 3 MiB (MaxRequestBodyBytes; more is 413
@@ -271,14 +269,118 @@ const OpenApiV3& OpenApi() {
   return kOpenApi;
 }
 
+}  // namespace
+
 // ---- Routing. ----
 
+namespace apiserver_detail {
+
+// A resource path: /api/v1/[namespaces/NS/]PLURAL[/NAME[/SUBRESOURCE]], or the same under
+// /apis/coordination.k8s.io/v1.
 struct Route {
   Resource resource;
   std::string ns;
   std::string name;
   std::string subresource;
 };
+
+// A request after authentication and fault injection, as the route table dispatches it.
+struct Call {
+  const httplib::Request& req;
+  httplib::Response& res;
+  std::vector<std::string> seg;  // the path's non-empty segments
+};
+
+// A request on a resource path. For writes (any method but GET) also the JSON body, dryRun and
+// the admission attributes built from them (see ReadWriteRequest).
+struct ResourceCall {
+  ResourceCall(const httplib::Request& request, httplib::Response& response, Route r,
+               const UserInfo& user)
+      : req(request), res(response), route(std::move(r)), info(InfoFor(route.resource)) {
+    attrs.resource = route.resource;
+    attrs.subresource = route.subresource;
+    attrs.ns = route.ns;
+    attrs.name = route.name;
+    attrs.user = user;
+  }
+
+  bool is_collection() const { return route.name.empty(); }
+  // The CreateOptions/UpdateOptions/PatchOptions/DeleteOptions object admission sees.
+  Object OptionsObject(std::string_view kind) const;
+  // `obj` as admission sees it: kind, apiVersion and namespace filled in (quantities are
+  // canonical already: the real server decodes the body first, so webhooks get "8k" for 8000).
+  Object Complete(Object obj) const;
+  // Answers `result` (code on success, its Status otherwise) with the webhooks' warnings.
+  void Send(int code, const absl::StatusOr<Object>& result);
+
+  const httplib::Request& req;
+  httplib::Response& res;
+  Route route;
+  const ResourceInfo& info;
+  std::optional<Object> body;
+  bool dry_run = false;
+  AdmissionAttributes attrs;
+  std::vector<std::string> warnings;  // from the webhooks, sent as Warning headers
+};
+
+}  // namespace apiserver_detail
+
+namespace {
+
+using apiserver_detail::Call;
+using apiserver_detail::ResourceCall;
+using apiserver_detail::Route;
+
+// Non-resource endpoints: method + path pattern -> handler.
+struct PathRoute {
+  std::string_view method;
+  std::string_view pattern;  // "/a/b"; a last segment "**" stands for one or more segments
+  void (InMemoryApiServer::*handler)(Call&);
+};
+
+// Which resource paths a route serves.
+enum class Target {
+  kCollection,  // no name
+  kObject,      // a name, any subresource
+  kPodBinding,  // pods/NAME/binding
+  kAny,
+};
+
+// Resource paths: method + target -> handler.
+struct ResourceRoute {
+  std::string_view method;
+  Target target;
+  void (InMemoryApiServer::*handler)(ResourceCall&);
+};
+
+bool PathMatches(std::string_view pattern, const std::vector<std::string>& seg) {
+  size_t i = 0;
+  while (!pattern.empty()) {
+    pattern.remove_prefix(1);  // the '/'
+    const size_t end = std::min(pattern.find('/'), pattern.size());
+    const std::string_view part = pattern.substr(0, end);
+    pattern.remove_prefix(end);
+    if (part == "**") return seg.size() > i;
+    if (i >= seg.size() || seg[i] != part) return false;
+    ++i;
+  }
+  return i == seg.size();
+}
+
+bool TargetMatches(Target target, const Route& route) {
+  switch (target) {
+    case Target::kCollection:
+      return route.name.empty();
+    case Target::kObject:
+      return !route.name.empty();
+    case Target::kPodBinding:
+      return route.resource == Resource::kPods && !route.name.empty() &&
+             route.subresource == "binding";
+    case Target::kAny:
+      return true;
+  }
+  return false;
+}
 
 std::optional<Resource> ResourceByPlural(std::string_view group, std::string_view plural) {
   for (Resource r : {Resource::kPods, Resource::kNodes, Resource::kEvents, Resource::kLeases,
@@ -303,6 +405,21 @@ std::optional<Route> ParseRoute(std::string_view group, const std::vector<std::s
   if (!r || rest.size() > 3) return std::nullopt;
   if (InfoFor(*r).namespaced && rest.size() > 1) return std::nullopt;
   return Route{*r, "", rest.size() >= 2 ? rest[1] : "", rest.size() == 3 ? rest[2] : ""};
+}
+
+// The resource path `seg` names under one of the served group-versions, or nullopt.
+std::optional<Route> ResourceRouteOf(const std::vector<std::string>& seg) {
+  std::string_view group;
+  std::vector<std::string> rest;
+  if (seg.size() >= 2 && seg[0] == "api" && seg[1] == "v1") {
+    rest.assign(seg.begin() + 2, seg.end());
+  } else if (seg.size() >= 3 && seg[0] == "apis" && seg[1] == "coordination.k8s.io" &&
+             seg[2] == "v1") {
+    group = "coordination.k8s.io";
+    rest.assign(seg.begin() + 3, seg.end());
+  }
+  if (rest.empty()) return std::nullopt;
+  return ParseRoute(group, rest);
 }
 
 std::string WatchLine(WatchEventType type, const std::string& object_json) {
@@ -336,7 +453,249 @@ bool WantsTable(const httplib::Request& req) {
   return req.get_header_value("Accept").find("as=Table") != std::string::npos;
 }
 
+// One open watch stream: its cursor in the store and when it next sends a bookmark or heartbeat.
+// Times are the server clock's monotonic time.
+struct WatchFeed {
+  const Clock* clock = nullptr;
+  std::unique_ptr<ApiStore::Watch> watch;
+  absl::Duration deadline;
+  absl::Duration next_bookmark;
+  absl::Duration next_heartbeat;
+  absl::Duration bookmark_interval;
+  absl::Duration heartbeat;
+  bool bookmarks = false;
+  bool send_initial = false;
+  bool started = false;
+  bool table = false;  // kubectl get -w: each object as a one-row Table
+  std::string include_object;
+
+  std::string Line(const StoreEvent& ev) const {
+    if (!table) return WatchLine(ev.type, ev.object->json);
+    return WatchLine(ev.type,
+                     MakeTable(watch->resource(), {&ev.object->object},
+                               ResourceVersion(ev.object->object), "", include_object, clock->Now())
+                         .dump());
+  }
+
+  // Writes the next chunk of the stream (initial events, changes, a bookmark or a heartbeat),
+  // waiting up to kWatchPoll for changes. false ends the connection.
+  bool Pump(httplib::DataSink& sink) {
+    std::string buf;
+    if (!started) {
+      started = true;
+      for (const StoreEvent& ev : watch->TakeInitialEvents()) buf += Line(ev);
+      if (send_initial) buf += BookmarkLine(watch->resource(), watch->cursor(), true);
+      if (!buf.empty()) return sink.write(buf.data(), buf.size());
+    }
+    absl::Duration now = clock->Monotonic();
+    if (now >= deadline) {
+      sink.done();
+      return true;
+    }
+    auto events = watch->Next(*clock, std::min(kWatchPoll, deadline - now), kMaxEventsPerChunk);
+    if (!events.ok()) {
+      if (HttpCodeOf(events.status()) != 410) return false;  // cut or shutdown
+      const std::string line = ErrorLine(events.status());
+      sink.write(line.data(), line.size());
+      sink.done();
+      return true;
+    }
+    for (const StoreEvent& ev : *events) buf += Line(ev);
+    now = clock->Monotonic();
+    if (bookmarks && now >= next_bookmark) {
+      buf += BookmarkLine(watch->resource(), watch->cursor(), false);
+      next_bookmark = now + bookmark_interval;
+    }
+    if (buf.empty() && now >= next_heartbeat) buf.push_back('\n');
+    if (buf.empty()) return true;
+    next_heartbeat = now + heartbeat;
+    return sink.write(buf.data(), buf.size());
+  }
+};
+
+// A watch from an expired resourceVersion as a real server usually answers it: 200, then one
+// ERROR event.
+void SendExpiredWatch(httplib::Response& res, const absl::Status& status) {
+  const std::string line = ErrorLine(status);
+  res.status = 200;
+  res.set_chunked_content_provider(std::string(kWatchContentType),
+                                   [line](size_t, httplib::DataSink& sink) {
+                                     sink.write(line.data(), line.size());
+                                     sink.done();
+                                     return true;
+                                   });
+}
+
+// A list response: the stored JSON of each item spliced in as it is.
+std::string ListBody(const ResourceInfo& info, const ApiStore::ListResult& list) {
+  std::string body;
+  size_t size = 256;
+  for (const auto& item : list.items) size += item->json.size() + 1;
+  body.reserve(size);
+  Object meta = {{"resourceVersion", std::to_string(list.resource_version)}};
+  if (!list.continue_token.empty()) {
+    meta["continue"] = list.continue_token;
+    meta["remainingItemCount"] = list.remaining;
+  }
+  body += fmt::format(R"({{"kind":"{}","apiVersion":"{}","metadata":{},"items":[)", info.list_kind,
+                      info.api_version, meta.dump());
+  for (size_t i = 0; i < list.items.size(); ++i) {
+    if (i > 0) body += ',';
+    body += list.items[i]->json;
+  }
+  body += "]}";
+  return body;
+}
+
+// The JSON body of a write, when it has one. false: answered (415, 400).
+bool ReadWriteBody(ResourceCall& call) {
+  if (call.req.body.empty()) return true;
+  const std::string content_type = call.req.get_header_value("Content-Type");
+  if (content_type.find("yaml") != std::string::npos ||
+      content_type.find("protobuf") != std::string::npos) {
+    SendError(call.res, ApiError(415, "UnsupportedMediaType",
+                                 fmt::format("the body of the request was in an unknown "
+                                             "format - accepted media types include: "
+                                             "application/json (got {})",
+                                             content_type)));
+    return false;
+  }
+  auto parsed = ParseObject(call.req.body, "request body", kRequestBodyLimits);
+  if (!parsed.ok()) {
+    SendError(call.res, ApiError(400, "BadRequest", std::string(parsed.status().message())));
+    return false;
+  }
+  call.body = std::move(*parsed);
+  return true;
+}
+
+// What every write (any method but GET) carries before its route runs: the JSON body (DELETE
+// may have none), dryRun=All (check and admit, store nothing) and fieldValidation (accepted,
+// fields not checked). false: answered with the error.
+bool ReadWriteRequest(ResourceCall& call) {
+  const httplib::Request& req = call.req;
+  if (!ReadWriteBody(call)) return false;
+  if (req.has_param("dryRun")) {
+    for (size_t i = 0; i < req.get_param_value_count("dryRun"); ++i) {
+      const std::string v = req.get_param_value("dryRun", i);
+      if (v != "All") {
+        SendError(call.res,
+                  ApiError(400, "BadRequest",
+                           fmt::format("Invalid value: \"{}\": supported values: \"All\"", v)));
+        return false;
+      }
+      call.dry_run = true;
+    }
+  }
+  if (req.has_param("fieldValidation")) {
+    const std::string v = Param(req, "fieldValidation");
+    if (v != "Ignore" && v != "Warn" && v != "Strict") {
+      SendError(call.res,
+                ApiError(400, "BadRequest",
+                         fmt::format("fieldValidation: Invalid value: \"{}\": must be one "
+                                     "of Ignore, Warn or Strict",
+                                     v)));
+      return false;
+    }
+  }
+  if (call.dry_run && call.route.subresource == "binding") {
+    SendError(call.res, ApiError(400, "BadRequest",
+                                 "dryRun is not supported on pods/binding by the in-memory API "
+                                 "server"));
+    return false;
+  }
+  call.attrs.dry_run = call.dry_run;
+  return true;
+}
+
+// POST and PUT need a body, with its quantities in canonical form. false: answered.
+bool RequireBody(ResourceCall& call) {
+  if (!call.body) {
+    SendError(call.res, ApiError(400, "BadRequest", "the request body is empty"));
+    return false;
+  }
+  if (auto st = CanonicalizeQuantities(call.route.resource, &*call.body); !st.ok()) {
+    SendError(call.res, st);
+    return false;
+  }
+  return true;
+}
+
+// The patch type a PATCH's Content-Type names, or nullopt.
+std::optional<PatchType> PatchTypeOf(const std::string& content_type) {
+  if (content_type.rfind("application/merge-patch+json", 0) == 0) return PatchType::kMerge;
+  if (content_type.rfind("application/strategic-merge-patch+json", 0) == 0) {
+    return PatchType::kStrategicMerge;
+  }
+  if (content_type.rfind("application/json-patch+json", 0) == 0) return PatchType::kJson;
+  return std::nullopt;
+}
+
+// A DELETE's options: the body's gracePeriodSeconds and preconditions, then the query's
+// gracePeriodSeconds.
+absl::StatusOr<DeleteOptions> DeleteOptionsOf(const ResourceCall& call) {
+  DeleteOptions options;
+  if (call.body && call.body->is_object()) {
+    const Object& body = *call.body;
+    if (body.contains("gracePeriodSeconds") && body["gracePeriodSeconds"].is_number_integer()) {
+      options.grace_period_seconds = body["gracePeriodSeconds"].get<int64_t>();
+    }
+    options.precondition_uid = StringAt(body, "/preconditions/uid");
+    options.precondition_resource_version = StringAt(body, "/preconditions/resourceVersion");
+  }
+  if (call.req.has_param("gracePeriodSeconds")) {
+    auto grace = IntParam(call.req, "gracePeriodSeconds");
+    if (!grace.ok()) return grace.status();
+    options.grace_period_seconds = *grace;
+  }
+  return options;
+}
+
+// A write no route serves: 405.
+void RefuseMethod(ResourceCall& call) {
+  const httplib::Request& req = call.req;
+  if (call.is_collection()) {
+    return SendError(call.res, ApiError(405, "MethodNotAllowed",
+                                        fmt::format("{} is not supported on a collection ({})",
+                                                    req.method, req.path)));
+  }
+  SendError(call.res, ApiError(405, "MethodNotAllowed",
+                               fmt::format("method {} is not supported", req.method)));
+}
+
 }  // namespace
+
+namespace apiserver_detail {
+
+Object ResourceCall::OptionsObject(std::string_view kind) const {
+  Object options = {{"kind", std::string(kind)}, {"apiVersion", "meta.k8s.io/v1"}};
+  if (dry_run) options["dryRun"] = {"All"};
+  if (req.has_param("fieldManager")) options["fieldManager"] = Param(req, "fieldManager");
+  return options;
+}
+
+Object ResourceCall::Complete(Object obj) const {
+  if (!obj.is_object()) return obj;
+  if (!obj.contains("kind")) obj["kind"] = info.kind;
+  if (!obj.contains("apiVersion")) obj["apiVersion"] = info.api_version;
+  if (info.namespaced && !route.ns.empty()) {
+    if (!obj.contains("metadata")) obj["metadata"] = Object::object();
+    if (obj["metadata"].is_object() && !obj["metadata"].contains("namespace")) {
+      obj["metadata"]["namespace"] = route.ns;
+    }
+  }
+  return obj;
+}
+
+void ResourceCall::Send(int code, const absl::StatusOr<Object>& result) {
+  for (const std::string& w : warnings) {
+    res.set_header("Warning", fmt::format("299 - {}", Object(w).dump()));
+  }
+  if (!result.ok()) return SendError(res, result.status());
+  SendJson(res, code, result->dump());
+}
+
+}  // namespace apiserver_detail
 
 absl::StatusOr<FaultSpec> FaultSpecFromJson(const Object& json) {
   if (!json.is_object()) return absl::InvalidArgumentError("fault spec must be a JSON object");
@@ -378,31 +737,35 @@ absl::StatusOr<FaultSpec> FaultSpecFromJson(const Object& json) {
 }
 
 InMemoryApiServer::InMemoryApiServer(InMemoryApiServerOptions options)
-    : options_(std::move(options)), audit_(options_.audit_max_records, options_.audit_max_names) {
+    : options_(std::move(options)),
+      clock_(options_.clock != nullptr ? *options_.clock : RealClock()),
+      audit_(options_.audit_max_records, options_.audit_max_names) {
+  if (options_.store.clock == nullptr) options_.store.clock = &clock_;
   store_ =
       options_.shared_store ? options_.shared_store : std::make_shared<ApiStore>(options_.store);
+  absl::MutexLock lock(&mu_);
   bearer_token_ = options_.bearer_token;
   token_users_ = options_.token_users;
   webhooks_ = options_.admission_webhooks;
 }
 
 void InMemoryApiServer::SetBearerToken(std::string token) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   bearer_token_ = std::move(token);
 }
 
 void InMemoryApiServer::SetTokenUsers(std::map<std::string, std::string> token_users) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   token_users_ = std::move(token_users);
 }
 
 void InMemoryApiServer::SetAdmissionWebhooks(std::vector<AdmissionWebhook> webhooks) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   webhooks_ = std::move(webhooks);
 }
 
 std::vector<AdmissionWebhook> InMemoryApiServer::admission_webhooks() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return webhooks_;
 }
 
@@ -412,7 +775,7 @@ absl::StatusOr<UserInfo> InMemoryApiServer::Authenticate(const httplib::Request&
   if (header.size() > 7 && absl::EqualsIgnoreCase(header.substr(0, 7), "bearer ")) {
     token = std::string(Trim(std::string_view(header).substr(7)));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const bool checking = !bearer_token_.empty() || !token_users_.empty();
   if (!token.empty()) {
     if (auto it = token_users_.find(token); it != token_users_.end()) {
@@ -428,7 +791,7 @@ absl::StatusOr<UserInfo> InMemoryApiServer::Authenticate(const httplib::Request&
 
 std::vector<AdmissionWebhook> InMemoryApiServer::MatchingWebhooks(
     const AdmissionAttributes& attrs) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<AdmissionWebhook> out;
   for (const AdmissionWebhook& hook : webhooks_) {
     if (WebhookMatches(hook, attrs)) out.push_back(hook);
@@ -505,40 +868,45 @@ absl::Status InMemoryApiServer::Listen() {
     port_ = options_.port;
   }
   listener_ = std::thread([this] { http_->listen_after_bind(); });
-  const auto deadline = SteadyClock::now() + std::chrono::seconds(10);
-  while (!http_->is_running() && SteadyClock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  // The listener thread starts on real time whatever the server's clock (httplib has no
+  // readiness signal to wait on, so this polls).
+  const Clock& real = RealClock();
+  const absl::Duration deadline = real.Monotonic() + absl::Seconds(10);
+  while (!http_->is_running() && real.Monotonic() < deadline) real.SleepFor(absl::Milliseconds(1));
   if (!http_->is_running()) {
     Stop();
     return absl::UnavailableError(fmt::format("API server on port {} did not start", port_));
   }
   if (options_.gc_interval > absl::ZeroDuration()) {
-    gc_thread_ = std::thread([this] {
-      std::unique_lock<std::mutex> lock(mu_);
-      while (!stopped_) {
-        gc_cv_.wait_for(lock, absl::ToChronoNanoseconds(options_.gc_interval));
-        if (stopped_) break;
-        lock.unlock();
-        store_->CollectGarbage();
-        lock.lock();
-      }
-    });
+    gc_thread_ = std::thread([this] { RunGarbageCollector(); });
   }
   spdlog::debug("in-memory API server listening on {}", url());
   return absl::OkStatus();
+}
+
+void InMemoryApiServer::RunGarbageCollector() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (clock_.WaitFor(stop_cv_, mu_, options_.gc_interval,
+                         [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopped_; })) {
+        return;
+      }
+    }
+    store_->CollectGarbage();
+  }
 }
 
 InMemoryApiServer::~InMemoryApiServer() { Stop(); }
 
 void InMemoryApiServer::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopped_) return;
     stopped_ = true;
+    stop_cv_.SignalAll();
   }
   stopping_ = true;
-  gc_cv_.notify_all();
   if (gc_thread_.joinable()) gc_thread_.join();
   // Wake the watch streams so they see stopping_ now; the store itself lives on (it may be
   // served again by another server, as after a restart).
@@ -550,14 +918,15 @@ void InMemoryApiServer::Stop() {
 }
 
 void InMemoryApiServer::AddFault(FaultSpec fault) {
-  const absl::Time until =
-      fault.window > absl::ZeroDuration() ? absl::Now() + fault.window : absl::InfiniteFuture();
-  std::lock_guard<std::mutex> lock(mu_);
+  const absl::Duration until = fault.window > absl::ZeroDuration()
+                                   ? clock_.Monotonic() + fault.window
+                                   : absl::InfiniteDuration();
+  absl::MutexLock lock(&mu_);
   faults_.push_back({std::move(fault), until});
 }
 
 void InMemoryApiServer::ClearFaults() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   faults_.clear();
 }
 
@@ -567,8 +936,8 @@ bool InMemoryApiServer::ApplyFault(const httplib::Request& req, httplib::Respons
                                    const std::string& user) {
   FaultSpec fault;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    const absl::Time now = absl::Now();
+    absl::MutexLock lock(&mu_);
+    const absl::Duration now = clock_.Monotonic();
     std::erase_if(faults_, [&](const FaultRule& r) { return r.until <= now; });
     auto it = std::find_if(faults_.begin(), faults_.end(), [&](const FaultRule& r) {
       const FaultSpec& f = r.spec;
@@ -579,11 +948,10 @@ bool InMemoryApiServer::ApplyFault(const httplib::Request& req, httplib::Respons
     fault = it->spec;
     if (it->spec.count > 0 && --it->spec.count == 0) faults_.erase(it);
   }
-  auto remaining = absl::ToChronoNanoseconds(fault.latency);
-  while (remaining.count() > 0 && !stopping_) {
-    const auto step = std::min<std::chrono::nanoseconds>(remaining, kWatchPoll);
-    std::this_thread::sleep_for(step);
-    remaining -= step;
+  if (fault.latency > absl::ZeroDuration()) {  // cut short by Stop()
+    absl::MutexLock lock(&mu_);
+    clock_.WaitFor(stop_cv_, mu_, fault.latency,
+                   [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopped_; });
   }
   const bool watch = ParamTrue(req, "watch");
   switch (fault.action) {
@@ -707,457 +1075,321 @@ void InMemoryApiServer::Handle(const httplib::Request& req, httplib::Response& r
 
 void InMemoryApiServer::Serve(const httplib::Request& req, httplib::Response& res,
                               const UserInfo& user) {
-  const std::string& path = req.path;
-  const std::vector<std::string> seg = Segments(path);
-  // Non-resource endpoints.
-  if (req.method == "GET") {
-    if (seg.size() == 1 && seg[0] == "api") {
-      return SendJson(res, 200,
-                      Object{{"kind", "APIVersions"},
-                             {"versions", {"v1"}},
-                             {"serverAddressByClientCIDRs",
-                              {{{"clientCIDR", "0.0.0.0/0"},
-                                {"serverAddress", fmt::format("{}:{}", options_.host, port_)}}}}}
-                          .dump());
-    }
-    if (seg.size() == 2 && seg[0] == "api" && seg[1] == "v1") {
-      return SendJson(res, 200, ResourceList("v1").dump());
-    }
-    if (seg.size() == 1 && seg[0] == "apis") {
-      return SendJson(
-          res, 200,
-          Object{{"kind", "APIGroupList"}, {"apiVersion", "v1"}, {"groups", {CoordinationGroup()}}}
-              .dump());
-    }
-    if (seg.size() == 2 && seg[0] == "apis" && seg[1] == "coordination.k8s.io") {
-      return SendJson(res, 200, CoordinationGroup().dump());
-    }
-    if (seg.size() == 3 && seg[0] == "apis" && seg[1] == "coordination.k8s.io" && seg[2] == "v1") {
-      return SendJson(res, 200, ResourceList("coordination.k8s.io/v1").dump());
-    }
-    if (seg.size() == 1 && seg[0] == "version") {
-      return SendJson(res, 200,
-                      Object{{"major", "1"},
-                             {"minor", "32"},
-                             {"gitVersion", "v1.32.0-dynmig-inmemory"},
-                             {"gitCommit", "0000000000000000000000000000000000000000"},
-                             {"gitTreeState", "clean"},
-                             {"buildDate", "2026-01-01T00:00:00Z"},
-                             {"goVersion", "none"},
-                             {"compiler", "c++"},
-                             {"platform", "linux/amd64"}}
-                          .dump());
-    }
-    if (seg.size() >= 2 && seg[0] == "openapi" && seg[1] == "v3") {
-      const OpenApiV3& openapi = OpenApi();
-      if (seg.size() == 2) return SendJson(res, 200, openapi.index);
-      std::string gv_path = seg[2];
-      for (size_t i = 3; i < seg.size(); ++i) gv_path += "/" + seg[i];
-      if (auto it = openapi.docs.find(gv_path); it != openapi.docs.end()) {
-        if (req.has_param("hash")) res.set_header("Cache-Control", "public, immutable");
-        return SendJson(res, 200, it->second);
-      }
-      return SendError(
-          res, ApiError(404, "NotFound", fmt::format("no OpenAPI v3 document for {}", gv_path)));
-    }
-    if (seg.size() == 1 && (seg[0] == "healthz" || seg[0] == "readyz" || seg[0] == "livez")) {
-      res.status = 200;
-      res.set_content("ok", "text/plain");
-      return;
-    }
-  }
+  // Non-resource endpoints, first match wins.
+  static constexpr PathRoute kPathRoutes[] = {
+      {"GET", "/api", &InMemoryApiServer::ServeApiVersions},
+      {"GET", "/api/v1", &InMemoryApiServer::ServeCoreResources},
+      {"GET", "/apis", &InMemoryApiServer::ServeApiGroups},
+      {"GET", "/apis/coordination.k8s.io", &InMemoryApiServer::ServeCoordinationGroup},
+      {"GET", "/apis/coordination.k8s.io/v1", &InMemoryApiServer::ServeCoordinationResources},
+      {"GET", "/version", &InMemoryApiServer::ServeVersion},
+      {"GET", "/openapi/v3", &InMemoryApiServer::ServeOpenApiIndex},
+      {"GET", "/openapi/v3/**", &InMemoryApiServer::ServeOpenApiDocument},
+      {"GET", "/healthz", &InMemoryApiServer::ServeHealth},
+      {"GET", "/readyz", &InMemoryApiServer::ServeHealth},
+      {"GET", "/livez", &InMemoryApiServer::ServeHealth},
+  };
+  // Resource paths (ResourceRouteOf), first match wins; a write no route serves gets 405
+  // (RefuseMethod). Every write (any method but GET) has its body and parameters read first
+  // (ReadWriteRequest).
+  static constexpr ResourceRoute kResourceRoutes[] = {
+      {"GET", Target::kCollection, &InMemoryApiServer::ServeList},  // and watch=true
+      {"GET", Target::kObject, &InMemoryApiServer::ServeGet},
+      {"POST", Target::kCollection, &InMemoryApiServer::ServeCreate},
+      {"POST", Target::kPodBinding, &InMemoryApiServer::ServeBind},
+      {"POST", Target::kAny, &InMemoryApiServer::RefusePost},
+      {"PUT", Target::kObject, &InMemoryApiServer::ServeUpdate},
+      {"PATCH", Target::kObject, &InMemoryApiServer::ServePatch},
+      {"DELETE", Target::kObject, &InMemoryApiServer::ServeDelete},
+  };
 
-  std::string_view group;
-  std::vector<std::string> rest;
-  if (seg.size() >= 2 && seg[0] == "api" && seg[1] == "v1") {
-    rest.assign(seg.begin() + 2, seg.end());
-  } else if (seg.size() >= 3 && seg[0] == "apis" && seg[1] == "coordination.k8s.io" &&
-             seg[2] == "v1") {
-    group = "coordination.k8s.io";
-    rest.assign(seg.begin() + 3, seg.end());
+  Call call{req, res, Segments(req.path)};
+  for (const PathRoute& r : kPathRoutes) {
+    if (r.method == req.method && PathMatches(r.pattern, call.seg)) {
+      return (this->*r.handler)(call);
+    }
   }
-  std::optional<Route> route;
-  if (!rest.empty()) route = ParseRoute(group, rest);
+  std::optional<Route> route = ResourceRouteOf(call.seg);
   if (!route) {
     return SendError(res,
                      ApiError(404, "NotFound", "the server could not find the requested resource"));
   }
-  const ResourceInfo& info = InfoFor(route->resource);
-  const bool is_collection = route->name.empty();
+  ResourceCall resource_call(req, res, std::move(*route), user);
+  if (req.method != "GET" && !ReadWriteRequest(resource_call)) return;
+  for (const ResourceRoute& r : kResourceRoutes) {
+    if (r.method == req.method && TargetMatches(r.target, resource_call.route)) {
+      return (this->*r.handler)(resource_call);
+    }
+  }
+  RefuseMethod(resource_call);
+}
 
-  if (req.method == "GET") {
-    if (is_collection) {
-      ListQuery query;
-      query.ns = route->ns;
-      query.label_selector = Param(req, "labelSelector");
-      query.field_selector = Param(req, "fieldSelector");
-      query.continue_token = Param(req, "continue");
-      auto limit = IntParam(req, "limit");
-      if (!limit.ok()) return SendError(res, limit.status());
-      query.limit = *limit;
-      if (ParamTrue(req, "watch")) {
-        auto timeout = IntParam(req, "timeoutSeconds");
-        if (!timeout.ok()) return SendError(res, timeout.status());
-        const bool send_initial = ParamTrue(req, "sendInitialEvents");
-        const std::string rv = send_initial ? "" : Param(req, "resourceVersion");
-        auto watch = store_->StartWatch(route->resource, query, rv);
-        if (!watch.ok()) {
-          if (HttpCodeOf(watch.status()) != 410 || options_.expired_watch_as_http_error) {
-            return SendError(res, watch.status());
-          }
-          // What a real server usually does: 200, then one ERROR event.
-          const std::string line = ErrorLine(watch.status());
-          res.status = 200;
-          res.set_chunked_content_provider(std::string(kWatchContentType),
-                                           [line](size_t, httplib::DataSink& sink) {
-                                             sink.write(line.data(), line.size());
-                                             sink.done();
-                                             return true;
-                                           });
-          return;
-        }
-        struct WatchState {
-          std::unique_ptr<ApiStore::Watch> watch;
-          SteadyClock::time_point deadline;
-          SteadyClock::time_point next_bookmark;
-          SteadyClock::time_point next_heartbeat;
-          bool bookmarks;
-          bool send_initial;
-          bool started = false;
-          bool table = false;  // kubectl get -w: each object as a one-row Table
-          std::string include_object;
-          std::string Line(const StoreEvent& ev) const {
-            if (!table) return WatchLine(ev.type, ev.object->json);
-            return WatchLine(ev.type, MakeTable(watch->resource(), {&ev.object->object},
-                                                ResourceVersion(ev.object->object), "",
-                                                include_object, absl::Now())
-                                          .dump());
-          }
-        };
-        auto state = std::make_shared<WatchState>();
-        state->watch = std::move(*watch);
-        const auto start = SteadyClock::now();
-        state->deadline =
-            start + (*timeout > 0 ? std::chrono::seconds(*timeout)
-                                  : absl::ToChronoNanoseconds(options_.default_watch_timeout));
-        state->bookmarks = ParamTrue(req, "allowWatchBookmarks");
-        state->send_initial = send_initial;
-        state->table = WantsTable(req);
-        state->include_object = Param(req, "includeObject");
-        state->next_bookmark = start + absl::ToChronoNanoseconds(options_.bookmark_interval);
-        state->next_heartbeat = start + absl::ToChronoNanoseconds(options_.watch_heartbeat);
-        res.status = 200;
-        res.set_chunked_content_provider(
-            std::string(kWatchContentType), [this, state](size_t, httplib::DataSink& sink) {
-              if (stopping_) return false;
-              std::string buf;
-              if (!state->started) {
-                state->started = true;
-                for (const StoreEvent& ev : state->watch->TakeInitialEvents()) {
-                  buf += state->Line(ev);
-                }
-                if (state->send_initial) {
-                  buf += BookmarkLine(state->watch->resource(), state->watch->cursor(), true);
-                }
-                if (!buf.empty()) return sink.write(buf.data(), buf.size());
-              }
-              auto now = SteadyClock::now();
-              if (now >= state->deadline) {
-                sink.done();
-                return true;
-              }
-              const auto wait = std::min<SteadyClock::duration>(kWatchPoll, state->deadline - now);
-              auto events = state->watch->Next(absl::FromChrono(wait), kMaxEventsPerChunk);
-              if (!events.ok()) {
-                if (HttpCodeOf(events.status()) != 410) return false;  // cut or shutdown
-                const std::string line = ErrorLine(events.status());
-                sink.write(line.data(), line.size());
-                sink.done();
-                return true;
-              }
-              for (const StoreEvent& ev : *events) buf += state->Line(ev);
-              now = SteadyClock::now();
-              if (state->bookmarks && now >= state->next_bookmark) {
-                buf += BookmarkLine(state->watch->resource(), state->watch->cursor(), false);
-                state->next_bookmark = now + absl::ToChronoNanoseconds(options_.bookmark_interval);
-              }
-              if (buf.empty() && now >= state->next_heartbeat) buf.push_back('\n');
-              if (buf.empty()) return true;
-              state->next_heartbeat = now + absl::ToChronoNanoseconds(options_.watch_heartbeat);
-              return sink.write(buf.data(), buf.size());
-            });
-        return;
-      }
-      auto list = store_->List(route->resource, query);
-      if (!list.ok()) return SendError(res, list.status());
-      if (WantsTable(req)) {
-        std::vector<const Object*> objects;
-        for (const auto& item : list->items) objects.push_back(&item->object);
-        return SendJson(res, 200,
-                        MakeTable(route->resource, objects, std::to_string(list->resource_version),
-                                  list->continue_token, Param(req, "includeObject"), absl::Now())
-                            .dump());
-      }
-      std::string body;
-      size_t size = 256;
-      for (const auto& item : list->items) size += item->json.size() + 1;
-      body.reserve(size);
-      Object meta = {{"resourceVersion", std::to_string(list->resource_version)}};
-      if (!list->continue_token.empty()) {
-        meta["continue"] = list->continue_token;
-        meta["remainingItemCount"] = list->remaining;
-      }
-      body += fmt::format(R"({{"kind":"{}","apiVersion":"{}","metadata":{},"items":[)",
-                          info.list_kind, info.api_version, meta.dump());
-      for (size_t i = 0; i < list->items.size(); ++i) {
-        if (i > 0) body += ',';
-        body += list->items[i]->json;
-      }
-      body += "]}";
-      return SendJson(res, 200, body);
-    }
-    if (!route->subresource.empty() && route->subresource != "status") {
-      return SendError(
-          res, ApiError(404, "NotFound", "the server could not find the requested resource"));
-    }
-    auto obj = store_->Get(route->resource, route->ns, route->name);
-    if (!obj.ok()) return SendError(res, obj.status());
-    if (WantsTable(req)) {
-      return SendJson(res, 200,
-                      MakeTable(route->resource, {&*obj}, ResourceVersion(*obj), "",
-                                Param(req, "includeObject"), absl::Now())
-                          .dump());
-    }
-    return SendJson(res, 200, obj->dump());
-  }
+// ---- Non-resource endpoints. ----
 
-  // Writes need a JSON body (except DELETE, where it is optional).
-  std::optional<Object> body;
-  if (!req.body.empty()) {
-    const std::string content_type = req.get_header_value("Content-Type");
-    if (content_type.find("yaml") != std::string::npos ||
-        content_type.find("protobuf") != std::string::npos) {
-      return SendError(res, ApiError(415, "UnsupportedMediaType",
-                                     fmt::format("the body of the request was in an unknown "
-                                                 "format - accepted media types include: "
-                                                 "application/json (got {})",
-                                                 content_type)));
-    }
-    auto parsed = ParseObject(req.body, "request body", kRequestBodyLimits);
-    if (!parsed.ok()) {
-      return SendError(res, ApiError(400, "BadRequest", std::string(parsed.status().message())));
-    }
-    body = std::move(*parsed);
-  }
+void InMemoryApiServer::ServeApiVersions(Call& call) {
+  SendJson(call.res, 200,
+           Object{{"kind", "APIVersions"},
+                  {"versions", {"v1"}},
+                  {"serverAddressByClientCIDRs",
+                   {{{"clientCIDR", "0.0.0.0/0"},
+                     {"serverAddress", fmt::format("{}:{}", options_.host, port_)}}}}}
+               .dump());
+}
 
-  // dryRun=All: check and admit, store nothing. fieldValidation: accepted, fields not checked.
-  bool dry_run = false;
-  if (req.has_param("dryRun")) {
-    for (size_t i = 0; i < req.get_param_value_count("dryRun"); ++i) {
-      const std::string v = req.get_param_value("dryRun", i);
-      if (v != "All") {
-        return SendError(res, ApiError(400, "BadRequest",
-                                       fmt::format("Invalid value: \"{}\": supported values: "
-                                                   "\"All\"",
-                                                   v)));
-      }
-      dry_run = true;
-    }
-  }
-  if (req.has_param("fieldValidation")) {
-    const std::string v = Param(req, "fieldValidation");
-    if (v != "Ignore" && v != "Warn" && v != "Strict") {
-      return SendError(res,
-                       ApiError(400, "BadRequest",
-                                fmt::format("fieldValidation: Invalid value: \"{}\": must be one "
-                                            "of Ignore, Warn or Strict",
-                                            v)));
-    }
-  }
-  if (dry_run && route->subresource == "binding") {
-    return SendError(res, ApiError(400, "BadRequest",
-                                   "dryRun is not supported on pods/binding by the in-memory API "
-                                   "server"));
-  }
+void InMemoryApiServer::ServeCoreResources(Call& call) {
+  SendJson(call.res, 200, ResourceList("v1").dump());
+}
 
-  // Admission: the matching webhooks for this request (none: the plain store call).
-  AdmissionAttributes attrs;
-  attrs.resource = route->resource;
-  attrs.subresource = route->subresource;
-  attrs.ns = route->ns;
-  attrs.name = route->name;
-  attrs.user = user;
-  attrs.dry_run = dry_run;
-  const auto options_object = [&](std::string_view kind) {
-    Object options = {{"kind", std::string(kind)}, {"apiVersion", "meta.k8s.io/v1"}};
-    if (dry_run) options["dryRun"] = {"All"};
-    if (req.has_param("fieldManager")) options["fieldManager"] = Param(req, "fieldManager");
-    return options;
-  };
-  // The object as admission sees it: kind, apiVersion and namespace filled in (quantities are
-  // canonical already: the real server decodes the body first, so webhooks get "8k" for 8000).
-  const auto complete = [&](Object obj) {
-    if (!obj.is_object()) return obj;
-    if (!obj.contains("kind")) obj["kind"] = info.kind;
-    if (!obj.contains("apiVersion")) obj["apiVersion"] = info.api_version;
-    if (info.namespaced && !route->ns.empty()) {
-      if (!obj.contains("metadata")) obj["metadata"] = Object::object();
-      if (obj["metadata"].is_object() && !obj["metadata"].contains("namespace")) {
-        obj["metadata"]["namespace"] = route->ns;
-      }
-    }
-    return obj;
-  };
-  std::vector<std::string> warnings;
-  const auto send = [&](int code, const absl::StatusOr<Object>& result) {
-    for (const std::string& w : warnings) {
-      res.set_header("Warning", fmt::format("299 - {}", Object(w).dump()));
-    }
-    if (!result.ok()) return SendError(res, result.status());
-    SendJson(res, code, result->dump());
-  };
+void InMemoryApiServer::ServeApiGroups(Call& call) {
+  SendJson(call.res, 200,
+           Object{{"kind", "APIGroupList"}, {"apiVersion", "v1"}, {"groups", {CoordinationGroup()}}}
+               .dump());
+}
 
-  if (req.method == "POST") {
-    if (!body) return SendError(res, ApiError(400, "BadRequest", "the request body is empty"));
-    if (auto st = CanonicalizeQuantities(route->resource, &*body); !st.ok()) {
-      return SendError(res, st);
-    }
-    if (is_collection) {
-      attrs.operation = "CREATE";
-      attrs.name = body->is_object() ? Name(*body) : "";
-      std::vector<AdmissionWebhook> hooks = MatchingWebhooks(attrs);
-      if (!hooks.empty()) {
-        attrs.object = complete(*body);
-        attrs.options = options_object("CreateOptions");
-        auto admitted = RunAdmission(hooks, attrs, &warnings);
-        if (!admitted.ok()) return send(0, admitted.status());
-        body = std::move(*admitted);
-      }
-      return send(201, store_->Create(route->resource, route->ns, *body, dry_run));
-    }
-    if (route->resource == Resource::kPods && route->subresource == "binding") {
-      // Admitted as kube-apiserver does: a CREATE of the Binding (kind Binding, resource pods,
-      // subresource binding, named after the pod).
-      attrs.operation = "CREATE";
-      std::vector<AdmissionWebhook> hooks = MatchingWebhooks(attrs);
-      if (!hooks.empty()) {
-        Object binding = *body;
-        if (binding.is_object()) {
-          if (!binding.contains("kind")) binding["kind"] = "Binding";
-          if (!binding.contains("apiVersion")) binding["apiVersion"] = "v1";
-        }
-        attrs.object = std::move(binding);
-        attrs.options = options_object("CreateOptions");
-        auto admitted = RunAdmission(hooks, attrs, &warnings);
-        if (!admitted.ok()) return send(0, admitted.status());
-        body = std::move(*admitted);
-      }
-      auto bound = store_->Bind(route->ns, route->name, *body);
-      if (!bound.ok()) return SendError(res, bound.status());
-      return SendJson(res, 201, bound->dump());
-    }
-    return SendError(
-        res, ApiError(405, "MethodNotAllowed", fmt::format("POST is not supported on {}", path)));
+void InMemoryApiServer::ServeCoordinationGroup(Call& call) {
+  SendJson(call.res, 200, CoordinationGroup().dump());
+}
+
+void InMemoryApiServer::ServeCoordinationResources(Call& call) {
+  SendJson(call.res, 200, ResourceList("coordination.k8s.io/v1").dump());
+}
+
+void InMemoryApiServer::ServeVersion(Call& call) {
+  SendJson(call.res, 200,
+           Object{{"major", "1"},
+                  {"minor", "32"},
+                  {"gitVersion", "v1.32.0-dynmig-inmemory"},
+                  {"gitCommit", "0000000000000000000000000000000000000000"},
+                  {"gitTreeState", "clean"},
+                  {"buildDate", "2026-01-01T00:00:00Z"},
+                  {"goVersion", "none"},
+                  {"compiler", "c++"},
+                  {"platform", "linux/amd64"}}
+               .dump());
+}
+
+void InMemoryApiServer::ServeOpenApiIndex(Call& call) { SendJson(call.res, 200, OpenApi().index); }
+
+void InMemoryApiServer::ServeOpenApiDocument(Call& call) {
+  const OpenApiV3& openapi = OpenApi();
+  std::string gv_path = call.seg[2];
+  for (size_t i = 3; i < call.seg.size(); ++i) gv_path += "/" + call.seg[i];
+  if (auto it = openapi.docs.find(gv_path); it != openapi.docs.end()) {
+    if (call.req.has_param("hash")) call.res.set_header("Cache-Control", "public, immutable");
+    return SendJson(call.res, 200, it->second);
   }
-  if (is_collection) {
-    return SendError(
-        res, ApiError(405, "MethodNotAllowed",
-                      fmt::format("{} is not supported on a collection ({})", req.method, path)));
+  SendError(call.res,
+            ApiError(404, "NotFound", fmt::format("no OpenAPI v3 document for {}", gv_path)));
+}
+
+void InMemoryApiServer::ServeHealth(Call& call) {
+  call.res.status = 200;
+  call.res.set_content("ok", "text/plain");
+}
+
+// ---- Reads. ----
+
+void InMemoryApiServer::ServeList(ResourceCall& call) {
+  const httplib::Request& req = call.req;
+  ListQuery query;
+  query.ns = call.route.ns;
+  query.label_selector = Param(req, "labelSelector");
+  query.field_selector = Param(req, "fieldSelector");
+  query.continue_token = Param(req, "continue");
+  auto limit = IntParam(req, "limit");
+  if (!limit.ok()) return SendError(call.res, limit.status());
+  query.limit = *limit;
+  if (ParamTrue(req, "watch")) return ServeWatch(call, query);
+  auto list = store_->List(call.route.resource, query);
+  if (!list.ok()) return SendError(call.res, list.status());
+  if (WantsTable(req)) {
+    std::vector<const Object*> objects;
+    for (const auto& item : list->items) objects.push_back(&item->object);
+    return SendJson(call.res, 200,
+                    MakeTable(call.route.resource, objects, std::to_string(list->resource_version),
+                              list->continue_token, Param(req, "includeObject"), clock_.Now())
+                        .dump());
   }
-  if (req.method == "PUT") {
-    if (!body) return SendError(res, ApiError(400, "BadRequest", "the request body is empty"));
-    if (auto st = CanonicalizeQuantities(route->resource, &*body); !st.ok()) {
-      return SendError(res, st);
+  SendJson(call.res, 200, ListBody(call.info, *list));
+}
+
+void InMemoryApiServer::ServeWatch(ResourceCall& call, const ListQuery& query) {
+  const httplib::Request& req = call.req;
+  auto timeout = IntParam(req, "timeoutSeconds");
+  if (!timeout.ok()) return SendError(call.res, timeout.status());
+  const bool send_initial = ParamTrue(req, "sendInitialEvents");
+  const std::string rv = send_initial ? "" : Param(req, "resourceVersion");
+  auto watch = store_->StartWatch(call.route.resource, query, rv);
+  if (!watch.ok()) {
+    if (HttpCodeOf(watch.status()) != 410 || options_.expired_watch_as_http_error) {
+      return SendError(call.res, watch.status());
     }
-    attrs.operation = "UPDATE";
-    std::vector<AdmissionWebhook> hooks = MatchingWebhooks(attrs);
-    if (!hooks.empty()) {
-      auto old = store_->Get(route->resource, route->ns, route->name);
-      if (!old.ok()) return SendError(res, old.status());
-      attrs.old_object = std::move(*old);
-      attrs.object = complete(*body);
-      attrs.options = options_object("UpdateOptions");
-      auto admitted = RunAdmission(hooks, attrs, &warnings);
-      if (!admitted.ok()) return send(0, admitted.status());
-      body = std::move(*admitted);
-    }
-    return send(200, store_->Update(route->resource, route->ns, route->name, *body,
-                                    route->subresource, dry_run));
+    return SendExpiredWatch(call.res, watch.status());
   }
-  if (req.method == "PATCH") {
-    if (!body) return SendError(res, ApiError(400, "BadRequest", "the patch body is empty"));
-    const std::string content_type = req.get_header_value("Content-Type");
-    PatchType type;
-    if (content_type.rfind("application/merge-patch+json", 0) == 0) {
-      type = PatchType::kMerge;
-    } else if (content_type.rfind("application/strategic-merge-patch+json", 0) == 0) {
-      type = PatchType::kStrategicMerge;
-    } else if (content_type.rfind("application/json-patch+json", 0) == 0) {
-      type = PatchType::kJson;
-    } else {
-      return SendError(res, ApiError(415, "UnsupportedMediaType",
-                                     fmt::format("the body of the request was in an unknown "
-                                                 "format - accepted media types include: "
-                                                 "application/json-patch+json, "
-                                                 "application/merge-patch+json, "
-                                                 "application/strategic-merge-patch+json (got "
-                                                 "'{}')",
-                                                 content_type)));
-    }
-    attrs.operation = "UPDATE";  // admission sees a patch as an UPDATE of the patched object
-    std::vector<AdmissionWebhook> hooks = MatchingWebhooks(attrs);
-    if (hooks.empty()) {
-      return send(200, store_->Patch(route->resource, route->ns, route->name, *body, type,
-                                     route->subresource, dry_run));
-    }
-    attrs.options = options_object("PatchOptions");
-    auto patched = store_->PatchWithAdmission(
-        route->resource, route->ns, route->name, *body, type, route->subresource,
-        [&](const Object& current, const Object& next) {
-          attrs.old_object = current;
-          attrs.object = next;
-          (void)CanonicalizeQuantities(route->resource, &attrs.object);
-          warnings.clear();
-          return RunAdmission(hooks, attrs, &warnings);
-        },
-        dry_run);
-    return send(200, patched);
+  auto feed = std::make_shared<WatchFeed>();
+  feed->clock = &clock_;
+  feed->watch = std::move(*watch);
+  const absl::Duration start = clock_.Monotonic();
+  feed->deadline =
+      start + (*timeout > 0 ? absl::Seconds(*timeout) : options_.default_watch_timeout);
+  feed->bookmarks = ParamTrue(req, "allowWatchBookmarks");
+  feed->send_initial = send_initial;
+  feed->table = WantsTable(req);
+  feed->include_object = Param(req, "includeObject");
+  feed->bookmark_interval = options_.bookmark_interval;
+  feed->heartbeat = options_.watch_heartbeat;
+  feed->next_bookmark = start + feed->bookmark_interval;
+  feed->next_heartbeat = start + feed->heartbeat;
+  call.res.status = 200;
+  call.res.set_chunked_content_provider(std::string(kWatchContentType),
+                                        [this, feed](size_t, httplib::DataSink& sink) {
+                                          if (stopping_) return false;
+                                          return feed->Pump(sink);
+                                        });
+}
+
+void InMemoryApiServer::ServeGet(ResourceCall& call) {
+  const Route& route = call.route;
+  if (!route.subresource.empty() && route.subresource != "status") {
+    return SendError(call.res,
+                     ApiError(404, "NotFound", "the server could not find the requested resource"));
   }
-  if (req.method == "DELETE") {
-    if (!route->subresource.empty()) {
-      return SendError(res, ApiError(405, "MethodNotAllowed", "DELETE on a subresource"));
-    }
-    DeleteOptions options;
-    if (body && body->is_object()) {
-      if (body->contains("gracePeriodSeconds") &&
-          (*body)["gracePeriodSeconds"].is_number_integer()) {
-        options.grace_period_seconds = (*body)["gracePeriodSeconds"].get<int64_t>();
-      }
-      options.precondition_uid = StringAt(*body, "/preconditions/uid");
-      options.precondition_resource_version = StringAt(*body, "/preconditions/resourceVersion");
-    }
-    if (req.has_param("gracePeriodSeconds")) {
-      auto grace = IntParam(req, "gracePeriodSeconds");
-      if (!grace.ok()) return SendError(res, grace.status());
-      options.grace_period_seconds = *grace;
-    }
-    attrs.operation = "DELETE";
-    std::vector<AdmissionWebhook> hooks = MatchingWebhooks(attrs);
-    if (!hooks.empty()) {
-      auto old = store_->Get(route->resource, route->ns, route->name);
-      if (!old.ok()) return SendError(res, old.status());
-      attrs.old_object = std::move(*old);
-      attrs.options = options_object("DeleteOptions");
-      if (options.grace_period_seconds) {
-        attrs.options["gracePeriodSeconds"] = *options.grace_period_seconds;
-      }
-      auto admitted = RunAdmission(hooks, attrs, &warnings);
-      if (!admitted.ok()) return send(0, admitted.status());
-    }
-    return send(200, store_->Delete(route->resource, route->ns, route->name, options, dry_run));
+  auto obj = store_->Get(route.resource, route.ns, route.name);
+  if (!obj.ok()) return SendError(call.res, obj.status());
+  if (WantsTable(call.req)) {
+    return SendJson(call.res, 200,
+                    MakeTable(route.resource, {&*obj}, ResourceVersion(*obj), "",
+                              Param(call.req, "includeObject"), clock_.Now())
+                        .dump());
   }
-  SendError(res, ApiError(405, "MethodNotAllowed",
-                          fmt::format("method {} is not supported", req.method)));
+  SendJson(call.res, 200, obj->dump());
+}
+
+// ---- Writes: admission (the matching webhooks; none: the plain store call), then the store. ----
+
+void InMemoryApiServer::ServeCreate(ResourceCall& call) {
+  if (!RequireBody(call)) return;
+  call.attrs.operation = "CREATE";
+  call.attrs.name = call.body->is_object() ? Name(*call.body) : "";
+  std::vector<AdmissionWebhook> hooks = MatchingWebhooks(call.attrs);
+  if (!hooks.empty()) {
+    call.attrs.object = call.Complete(*call.body);
+    call.attrs.options = call.OptionsObject("CreateOptions");
+    auto admitted = RunAdmission(hooks, call.attrs, &call.warnings);
+    if (!admitted.ok()) return call.Send(0, admitted.status());
+    call.body = std::move(*admitted);
+  }
+  call.Send(201, store_->Create(call.route.resource, call.route.ns, *call.body, call.dry_run));
+}
+
+// Admitted as kube-apiserver does: a CREATE of the Binding (kind Binding, resource pods,
+// subresource binding, named after the pod).
+void InMemoryApiServer::ServeBind(ResourceCall& call) {
+  if (!RequireBody(call)) return;
+  call.attrs.operation = "CREATE";
+  std::vector<AdmissionWebhook> hooks = MatchingWebhooks(call.attrs);
+  if (!hooks.empty()) {
+    Object binding = *call.body;
+    if (binding.is_object()) {
+      if (!binding.contains("kind")) binding["kind"] = "Binding";
+      if (!binding.contains("apiVersion")) binding["apiVersion"] = "v1";
+    }
+    call.attrs.object = std::move(binding);
+    call.attrs.options = call.OptionsObject("CreateOptions");
+    auto admitted = RunAdmission(hooks, call.attrs, &call.warnings);
+    if (!admitted.ok()) return call.Send(0, admitted.status());
+    call.body = std::move(*admitted);
+  }
+  auto bound = store_->Bind(call.route.ns, call.route.name, *call.body);
+  if (!bound.ok()) return SendError(call.res, bound.status());
+  SendJson(call.res, 201, bound->dump());
+}
+
+// A POST on an object or subresource other than pods/NAME/binding: 405, after the body checks
+// every POST gets.
+void InMemoryApiServer::RefusePost(ResourceCall& call) {
+  if (!RequireBody(call)) return;
+  SendError(call.res, ApiError(405, "MethodNotAllowed",
+                               fmt::format("POST is not supported on {}", call.req.path)));
+}
+
+void InMemoryApiServer::ServeUpdate(ResourceCall& call) {
+  if (!RequireBody(call)) return;
+  const Route& route = call.route;
+  call.attrs.operation = "UPDATE";
+  std::vector<AdmissionWebhook> hooks = MatchingWebhooks(call.attrs);
+  if (!hooks.empty()) {
+    auto old = store_->Get(route.resource, route.ns, route.name);
+    if (!old.ok()) return SendError(call.res, old.status());
+    call.attrs.old_object = std::move(*old);
+    call.attrs.object = call.Complete(*call.body);
+    call.attrs.options = call.OptionsObject("UpdateOptions");
+    auto admitted = RunAdmission(hooks, call.attrs, &call.warnings);
+    if (!admitted.ok()) return call.Send(0, admitted.status());
+    call.body = std::move(*admitted);
+  }
+  call.Send(200, store_->Update(route.resource, route.ns, route.name, *call.body, route.subresource,
+                                call.dry_run));
+}
+
+void InMemoryApiServer::ServePatch(ResourceCall& call) {
+  if (!call.body) {
+    return SendError(call.res, ApiError(400, "BadRequest", "the patch body is empty"));
+  }
+  const std::string content_type = call.req.get_header_value("Content-Type");
+  const std::optional<PatchType> type = PatchTypeOf(content_type);
+  if (!type) {
+    return SendError(call.res, ApiError(415, "UnsupportedMediaType",
+                                        fmt::format("the body of the request was in an unknown "
+                                                    "format - accepted media types include: "
+                                                    "application/json-patch+json, "
+                                                    "application/merge-patch+json, "
+                                                    "application/strategic-merge-patch+json (got "
+                                                    "'{}')",
+                                                    content_type)));
+  }
+  const Route& route = call.route;
+  call.attrs.operation = "UPDATE";  // admission sees a patch as an UPDATE of the patched object
+  std::vector<AdmissionWebhook> hooks = MatchingWebhooks(call.attrs);
+  if (hooks.empty()) {
+    return call.Send(200, store_->Patch(route.resource, route.ns, route.name, *call.body, *type,
+                                        route.subresource, call.dry_run));
+  }
+  call.attrs.options = call.OptionsObject("PatchOptions");
+  auto patched = store_->PatchWithAdmission(
+      route.resource, route.ns, route.name, *call.body, *type, route.subresource,
+      [&](const Object& current, const Object& next) {
+        call.attrs.old_object = current;
+        call.attrs.object = next;
+        (void)CanonicalizeQuantities(route.resource, &call.attrs.object);
+        call.warnings.clear();
+        return RunAdmission(hooks, call.attrs, &call.warnings);
+      },
+      call.dry_run);
+  call.Send(200, patched);
+}
+
+void InMemoryApiServer::ServeDelete(ResourceCall& call) {
+  const Route& route = call.route;
+  if (!route.subresource.empty()) {
+    return SendError(call.res, ApiError(405, "MethodNotAllowed", "DELETE on a subresource"));
+  }
+  absl::StatusOr<DeleteOptions> options = DeleteOptionsOf(call);
+  if (!options.ok()) return SendError(call.res, options.status());
+  call.attrs.operation = "DELETE";
+  std::vector<AdmissionWebhook> hooks = MatchingWebhooks(call.attrs);
+  if (!hooks.empty()) {
+    auto old = store_->Get(route.resource, route.ns, route.name);
+    if (!old.ok()) return SendError(call.res, old.status());
+    call.attrs.old_object = std::move(*old);
+    call.attrs.options = call.OptionsObject("DeleteOptions");
+    if (options->grace_period_seconds) {
+      call.attrs.options["gracePeriodSeconds"] = *options->grace_period_seconds;
+    }
+    auto admitted = RunAdmission(hooks, call.attrs, &call.warnings);
+    if (!admitted.ok()) return call.Send(0, admitted.status());
+  }
+  call.Send(200, store_->Delete(route.resource, route.ns, route.name, *options, call.dry_run));
 }
 
 }  // namespace dynmig::kube

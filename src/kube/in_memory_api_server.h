@@ -18,18 +18,19 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "kube/admission.h"
 #include "kube/api_store.h"
 #include "kube/audit.h"
@@ -41,6 +42,11 @@ struct Response;
 }  // namespace httplib
 
 namespace dynmig::kube {
+
+namespace apiserver_detail {
+struct Call;
+struct ResourceCall;
+}  // namespace apiserver_detail
 
 // One fault rule. The first rule matching a request (method, path prefix, user) applies to it and
 // counts down; exhausted rules are removed. Admin paths (/_dynmig/...) are never faulted.
@@ -60,8 +66,8 @@ struct FaultSpec {
   int retry_after_seconds = -1;                   // >= 0 adds a Retry-After header
   absl::Duration latency = absl::ZeroDuration();  // delay before answering (any action)
   std::string message{};  // Status message ("" = a default naming the fault)
-  // > 0: the rule ends this long after AddFault, whatever its count (with count -1 and no
-  // method, path or user: an API outage of that length).
+  // > 0: the rule ends this long (of the server's clock) after AddFault, whatever its count (with
+  // count -1 and no method, path or user: an API outage of that length).
   absl::Duration window = absl::ZeroDuration();
 };
 
@@ -71,6 +77,11 @@ struct FaultSpec {
 absl::StatusOr<FaultSpec> FaultSpecFromJson(const Object& json);
 
 struct InMemoryApiServerOptions {
+  // The server's time: watch timeouts, bookmarks and heartbeats, the garbage collector's interval,
+  // fault windows and latencies, Table ages; and the store's (see ApiStoreOptions::clock) unless
+  // store.clock is set. nullptr: RealClock(). A FakeClock makes these timers fire as a test
+  // advances it (the HTTP transport itself runs on real time).
+  const Clock* clock = nullptr;
   std::string host = "127.0.0.1";
   int port = 0;  // 0 = pick a free port (see port())
   ApiStoreOptions store;
@@ -131,28 +142,28 @@ class InMemoryApiServer {
   std::string url() const;  // "http://127.0.0.1:PORT" ("https://..." with TLS)
   // Stops accepting, ends open watches and waits for in-flight requests and for idle keep-alive
   // connections to time out (up to options.keep_alive_timeout). Idempotent.
-  void Stop();
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The store, for direct (non-HTTP) setup and inspection in tests.
   ApiStore& store() { return *store_; }
   std::shared_ptr<ApiStore> shared_store() { return store_; }
 
   // Fault injection.
-  void AddFault(FaultSpec fault);
-  void ClearFaults();
+  void AddFault(FaultSpec fault) ABSL_LOCKS_EXCLUDED(mu_);
+  void ClearFaults() ABSL_LOCKS_EXCLUDED(mu_);
   int CutWatches();  // returns the number of watches that were open
   void CompactHistory() { store_->CompactHistory(); }
   int CollectGarbage() { return store_->CollectGarbage(); }
 
   int64_t request_count() const { return requests_.load(); }
   // Changes the required bearer token (see options); "" turns the check off.
-  void SetBearerToken(std::string token);
+  void SetBearerToken(std::string token) ABSL_LOCKS_EXCLUDED(mu_);
   // Replaces token_users (see options).
-  void SetTokenUsers(std::map<std::string, std::string> token_users);
+  void SetTokenUsers(std::map<std::string, std::string> token_users) ABSL_LOCKS_EXCLUDED(mu_);
   // Replaces the admission webhooks (e.g. once a webhook server has its port). Requests already
   // being admitted finish with the old list.
-  void SetAdmissionWebhooks(std::vector<AdmissionWebhook> webhooks);
-  std::vector<AdmissionWebhook> admission_webhooks() const;
+  void SetAdmissionWebhooks(std::vector<AdmissionWebhook> webhooks) ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<AdmissionWebhook> admission_webhooks() const ABSL_LOCKS_EXCLUDED(mu_);
   size_t open_watches() const { return store_->open_watches(); }
 
   // One record per distinct (user, verb, API group, resource, subresource, namespace) seen since
@@ -165,17 +176,43 @@ class InMemoryApiServer {
   explicit InMemoryApiServer(InMemoryApiServerOptions options);
   absl::Status Listen();
   void Handle(const httplib::Request& req, httplib::Response& res);
-  // Everything after authentication and fault injection.
+  // Everything after authentication and fault injection: dispatches by the route table (method +
+  // path pattern -> one of the handlers below).
   void Serve(const httplib::Request& req, httplib::Response& res, const UserInfo& user);
+  // Non-resource endpoints: discovery, version, OpenAPI v3, health probes.
+  void ServeApiVersions(apiserver_detail::Call& call);
+  void ServeCoreResources(apiserver_detail::Call& call);
+  void ServeApiGroups(apiserver_detail::Call& call);
+  void ServeCoordinationGroup(apiserver_detail::Call& call);
+  void ServeCoordinationResources(apiserver_detail::Call& call);
+  void ServeVersion(apiserver_detail::Call& call);
+  void ServeOpenApiIndex(apiserver_detail::Call& call);
+  void ServeOpenApiDocument(apiserver_detail::Call& call);
+  void ServeHealth(apiserver_detail::Call& call);
+  // Resource paths.
+  void ServeList(apiserver_detail::ResourceCall& call);
+  void ServeWatch(apiserver_detail::ResourceCall& call, const ListQuery& query);
+  void ServeGet(apiserver_detail::ResourceCall& call);
+  void ServeCreate(apiserver_detail::ResourceCall& call);
+  void ServeBind(apiserver_detail::ResourceCall& call);
+  void RefusePost(apiserver_detail::ResourceCall& call);
+  void ServeUpdate(apiserver_detail::ResourceCall& call);
+  void ServePatch(apiserver_detail::ResourceCall& call);
+  void ServeDelete(apiserver_detail::ResourceCall& call);
   // `user`: the caller's username ("" when not authenticated).
-  bool ApplyFault(const httplib::Request& req, httplib::Response& res, const std::string& user);
+  bool ApplyFault(const httplib::Request& req, httplib::Response& res, const std::string& user)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void HandleAdmin(const httplib::Request& req, httplib::Response& res);
   // The caller, or 401.
-  absl::StatusOr<UserInfo> Authenticate(const httplib::Request& req) const;
+  absl::StatusOr<UserInfo> Authenticate(const httplib::Request& req) const ABSL_LOCKS_EXCLUDED(mu_);
   // The webhooks matching a request, or an empty list (then no admission step at all).
-  std::vector<AdmissionWebhook> MatchingWebhooks(const AdmissionAttributes& attrs) const;
+  std::vector<AdmissionWebhook> MatchingWebhooks(const AdmissionAttributes& attrs) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Collects garbage every options_.gc_interval until Stop().
+  void RunGarbageCollector() ABSL_LOCKS_EXCLUDED(mu_);
 
   InMemoryApiServerOptions options_;
+  const Clock& clock_;
   std::shared_ptr<ApiStore> store_;
   std::unique_ptr<httplib::Server> http_;
   std::thread listener_;
@@ -183,17 +220,17 @@ class InMemoryApiServer {
   int port_ = 0;
   std::atomic<int64_t> requests_{0};
   std::atomic<bool> stopping_{false};
-  mutable std::mutex mu_;
-  std::condition_variable gc_cv_;
+  mutable absl::Mutex mu_;
+  absl::CondVar stop_cv_;  // signalled when stopped_ becomes true
   struct FaultRule {
     FaultSpec spec;
-    absl::Time until = absl::InfiniteFuture();  // from spec.window
+    absl::Duration until = absl::InfiniteDuration();  // clock_.Monotonic() deadline, spec.window
   };
-  std::vector<FaultRule> faults_;
-  std::string bearer_token_;
-  std::map<std::string, std::string> token_users_;
-  std::vector<AdmissionWebhook> webhooks_;
-  bool stopped_ = false;
+  std::vector<FaultRule> faults_ ABSL_GUARDED_BY(mu_);
+  std::string bearer_token_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> token_users_ ABSL_GUARDED_BY(mu_);
+  std::vector<AdmissionWebhook> webhooks_ ABSL_GUARDED_BY(mu_);
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   AuditTrail audit_;
 };
 

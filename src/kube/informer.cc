@@ -31,7 +31,7 @@ Informer::~Informer() { Stop(); }
 void Informer::AddHandlers(InformerHandlers handlers) { handlers_.push_back(std::move(handlers)); }
 
 void Informer::Start() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (started_) return;
   started_ = true;
   thread_ = std::thread([this] { Run(); });
@@ -40,27 +40,28 @@ void Informer::Start() {
 void Informer::Stop() {
   std::shared_ptr<WatchStream> watch;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
     watch = watch_;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   if (watch) watch->Stop();
   if (thread_.joinable()) thread_.join();
 }
 
 bool Informer::HasSynced() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return synced_;
 }
 
 bool Informer::WaitForSync(absl::Duration timeout) const {
-  std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] { return synced_; });
+  absl::MutexLock lock(&mu_);
+  return options_.clock->WaitFor(cv_, mu_, timeout,
+                                 [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return synced_; });
 }
 
 ObjectPtr Informer::Get(std::string_view key) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = cache_.find(key);
   return it == cache_.end() ? nullptr : it->second;
 }
@@ -70,7 +71,7 @@ ObjectPtr Informer::Get(std::string_view ns, std::string_view name) const {
 }
 
 std::vector<ObjectPtr> Informer::List() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<ObjectPtr> out;
   out.reserve(cache_.size());
   for (const auto& [key, obj] : cache_) out.push_back(obj);
@@ -78,7 +79,7 @@ std::vector<ObjectPtr> Informer::List() const {
 }
 
 std::vector<ObjectPtr> Informer::List(const std::function<bool(const Object&)>& predicate) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<ObjectPtr> out;
   for (const auto& [key, obj] : cache_) {
     if (predicate(*obj)) out.push_back(obj);
@@ -87,28 +88,29 @@ std::vector<ObjectPtr> Informer::List(const std::function<bool(const Object&)>& 
 }
 
 size_t Informer::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return cache_.size();
 }
 
 std::string Informer::resource_version() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return rv_;
 }
 
 Informer::Stats Informer::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return stats_;
 }
 
 absl::Status Informer::last_error() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return last_error_;
 }
 
 bool Informer::SleepBackoff(absl::Duration* backoff) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, absl::ToChronoNanoseconds(*backoff), [&] { return stopping_; });
+  absl::MutexLock lock(&mu_);
+  options_.clock->WaitFor(cv_, mu_, *backoff,
+                          [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; });
   *backoff = std::min(*backoff * 2, options_.max_backoff);
   return !stopping_;
 }
@@ -134,7 +136,7 @@ absl::Status Informer::RelistByPage() {
     changes.reserve(items.size());
     for (const Object& item : items) changes.push_back({&item, ObjectKey(item), nullptr, nullptr});
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (stopping_) return absl::CancelledError("informer stopping");
       for (Change& c : changes) {
         seen.insert(c.key);
@@ -162,7 +164,7 @@ absl::Status Informer::RelistByPage() {
   if (!rv.ok()) return rv.status();
   std::vector<ObjectPtr> deleted;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopping_) return absl::CancelledError("informer stopping");
     for (auto it = cache_.begin(); it != cache_.end();) {
       if (seen.count(it->first)) {
@@ -175,7 +177,7 @@ absl::Status Informer::RelistByPage() {
     rv_ = std::move(*rv);
     synced_ = true;
     ++stats_.lists;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   for (const ObjectPtr& obj : deleted) {
     for (const auto& h : handlers_) {
@@ -205,7 +207,7 @@ absl::Status Informer::Relist() {
   };
   std::vector<Change> changes;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopping_) return absl::CancelledError("informer stopping");
     for (const auto& [key, obj] : fresh) {
       auto it = cache_.find(key);
@@ -222,7 +224,7 @@ absl::Status Informer::Relist() {
     rv_ = result->resource_version;
     synced_ = true;
     ++stats_.lists;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   for (const Change& c : changes) {
     for (const auto& h : handlers_) {
@@ -246,7 +248,7 @@ void Informer::ApplyEvent(const WatchEvent& event) {
   if (event.type == WatchEventType::kError) return;  // the stream ends with its status
   const std::string rv = ResourceVersion(event.object);
   if (event.type == WatchEventType::kBookmark) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!rv.empty()) rv_ = rv;
     return;
   }
@@ -254,7 +256,7 @@ void Informer::ApplyEvent(const WatchEvent& event) {
   ObjectPtr old_obj;
   ObjectPtr new_obj;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopping_) return;
     if (!rv.empty()) rv_ = rv;
     ++stats_.events;
@@ -291,14 +293,14 @@ void Informer::Run() {
   absl::Duration backoff = options_.min_backoff;
   while (true) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (stopping_) return;
     }
     if (need_list) {
       absl::Status st = Relist();
       if (!st.ok()) {
         {
-          std::lock_guard<std::mutex> lock(mu_);
+          absl::MutexLock lock(&mu_);
           if (stopping_) return;
           ++stats_.errors;
           last_error_ = st;
@@ -322,19 +324,19 @@ void Informer::Run() {
       backoff = options_.min_backoff;  // connected: a later failure starts a fresh backoff
       std::shared_ptr<WatchStream> watch = std::move(*stream);
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         ++stats_.watches;
         watch_ = watch;
         if (stopping_) watch->Stop();
       }
       end = watch->Wait();
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       watch_.reset();
     } else {
       end = stream.status();
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (stopping_) return;
     }
     if (end.ok()) {  // server closed the stream normally: re-watch from the last version
@@ -344,7 +346,7 @@ void Informer::Run() {
     const bool relist =
         end.code() == absl::StatusCode::kOutOfRange || end.code() == absl::StatusCode::kDataLoss;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (end.code() == absl::StatusCode::kOutOfRange) {
         ++stats_.expired;
       } else {

@@ -12,18 +12,19 @@
 // Reads (Get/List/HasSynced) are thread-safe and never block on the network.
 #pragma once
 
-#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "kube/kube_client.h"
 
 namespace dynmig::kube {
@@ -54,6 +55,8 @@ struct InformerOptions {
   // the relist ends the cache may mix the old list with the new), then the deletes of what the
   // list no longer holds. So a large list is never held in full.
   std::function<Object(const Object& obj)> cache_transform{};
+  // The time of WaitForSync's timeout and of the backoff between failed lists and watches.
+  const Clock* clock = &RealClock();
 };
 
 // apiVersion, kind and metadata.{name, namespace, uid, resourceVersion} of `obj`: a cache
@@ -70,14 +73,14 @@ class Informer {
   // REQUIRES: before Start().
   void AddHandlers(InformerHandlers handlers);
   // Starts the list+watch thread. Idempotent.
-  void Start();
+  void Start() ABSL_LOCKS_EXCLUDED(mu_);
   // Stops the thread and the current watch promptly; no handler runs after it returns.
-  void Stop();
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
   // True once the first list has been applied.
-  bool HasSynced() const;
-  // Waits until synced; false on timeout.
-  bool WaitForSync(absl::Duration timeout) const;
+  bool HasSynced() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits until synced; false on timeout (of options.clock's time).
+  bool WaitForSync(absl::Duration timeout) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // The cached object by key ("namespace/name", or "name" for cluster-scoped), or nullptr.
   ObjectPtr Get(std::string_view key) const;
@@ -105,23 +108,24 @@ class Informer {
   absl::Status RelistByPage();                // with a cache_transform
   ObjectPtr Cached(const Object& obj) const;  // the copy the cache keeps
   void ApplyEvent(const WatchEvent& event);
-  bool SleepBackoff(absl::Duration* backoff);  // false when stopping
+  // Waits `*backoff` (or until Stop()), then doubles it up to max_backoff. false when stopping.
+  bool SleepBackoff(absl::Duration* backoff) ABSL_LOCKS_EXCLUDED(mu_);
 
   KubeClient& client_;
   const Resource resource_;
   const InformerOptions options_;
   std::vector<InformerHandlers> handlers_;
 
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  std::map<std::string, ObjectPtr, std::less<>> cache_;
-  std::string rv_;
-  bool synced_ = false;
-  bool stopping_ = false;
-  bool started_ = false;
-  std::shared_ptr<WatchStream> watch_;
-  Stats stats_;
-  absl::Status last_error_;
+  mutable absl::Mutex mu_;
+  mutable absl::CondVar cv_;  // signalled when synced_ or stopping_ becomes true
+  std::map<std::string, ObjectPtr, std::less<>> cache_ ABSL_GUARDED_BY(mu_);
+  std::string rv_ ABSL_GUARDED_BY(mu_);
+  bool synced_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<WatchStream> watch_ ABSL_GUARDED_BY(mu_);
+  Stats stats_ ABSL_GUARDED_BY(mu_);
+  absl::Status last_error_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

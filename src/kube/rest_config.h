@@ -21,7 +21,7 @@ struct RetryPolicy {
   absl::Duration max_backoff = absl::Seconds(10);
   absl::Duration max_retry_after = absl::Seconds(30);
   double jitter = 0.2;  // each backoff is multiplied by 1 + jitter * U[0,1)
-  // Sleeps between attempts; tests inject a recorder. Default: real sleep.
+  // Sleeps between attempts; tests inject a recorder. Default: the client's clock's SleepFor.
   std::function<void(absl::Duration)> sleep;
 };
 

@@ -4,15 +4,15 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include <chrono>
-#include <condition_variable>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
+#include <mutex>  // std::call_once
 #include <random>
 #include <sstream>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 #include "common/strings.h"
 #include "kube/api_status.h"
@@ -153,9 +153,10 @@ thread_local const RestWatchStream* tls_running_watch = nullptr;
 
 class RestWatchStream : public WatchStream {
  public:
-  RestWatchStream(Resource resource, WatchHandler handler, std::string start_rv,
+  RestWatchStream(const Clock& clock, Resource resource, WatchHandler handler, std::string start_rv,
                   std::string context)
-      : resource_(resource),
+      : clock_(clock),
+        resource_(resource),
         handler_(std::move(handler)),
         context_(std::move(context)),
         last_rv_(std::move(start_rv)) {
@@ -182,19 +183,20 @@ class RestWatchStream : public WatchStream {
     curl_easy_setopt(easy_, CURLOPT_ERRORBUFFER, errbuf_);
     curl_multi_add_handle(multi_, easy_);
     thread_ = std::thread([this] { Run(); });
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_for(lock, absl::ToChronoNanoseconds(header_timeout),
-                      [&] { return headers_done_ || finished_; })) {
-      lock.unlock();
+    absl::ReleasableMutexLock lock(&mu_);
+    if (!clock_.WaitFor(cv_, mu_, header_timeout, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return headers_done_ || finished_;
+        })) {
+      lock.Release();
       Stop();
-      lock.lock();
+      absl::MutexLock relock(&mu_);
       result_ = absl::DeadlineExceededError(fmt::format(
           "{}: no response headers within {}", context_, absl::FormatDuration(header_timeout)));
       return 0;
     }
     if (http_code_ != 200) {
       // Wait for the error body so the status carries the API's message.
-      cv_.wait(lock, [&] { return finished_; });
+      while (!finished_) cv_.Wait(&mu_);
     }
     return http_code_;
   }
@@ -205,26 +207,27 @@ class RestWatchStream : public WatchStream {
     stop_ = true;
     if (multi_ != nullptr) curl_multi_wakeup(multi_);
     if (tls_running_watch == this) return;  // called from the handler
-    std::lock_guard<std::mutex> lock(join_mu_);
+    absl::MutexLock lock(&join_mu_);
     if (thread_.joinable()) thread_.join();
   }
 
   absl::Status Wait() override {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return finished_; });
+    absl::MutexLock lock(&mu_);
+    while (!finished_) cv_.Wait(&mu_);
     return result_;
   }
 
   std::optional<absl::Status> WaitFor(absl::Duration timeout) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] { return finished_; })) {
+    absl::MutexLock lock(&mu_);
+    if (!clock_.WaitFor(cv_, mu_, timeout,
+                        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_; })) {
       return std::nullopt;
     }
     return result_;
   }
 
   std::string last_resource_version() const override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return last_rv_;
   }
 
@@ -239,10 +242,11 @@ class RestWatchStream : public WatchStream {
       }
     } else if (line == "\r\n" || line == "\n") {
       if (self->pending_code_ >= 200) {  // skip 1xx interim responses
-        std::lock_guard<std::mutex> lock(self->mu_);
+        self->response_code_ = self->pending_code_;
+        absl::MutexLock lock(&self->mu_);
         self->http_code_ = self->pending_code_;
         self->headers_done_ = true;
-        self->cv_.notify_all();
+        self->cv_.SignalAll();
       }
     } else {
       CaptureHeader(data, size, n, &self->retry_after_);
@@ -254,7 +258,7 @@ class RestWatchStream : public WatchStream {
     auto* self = static_cast<RestWatchStream*>(user);
     const size_t len = size * n;
     if (self->stop_ || self->abort_) return 0;
-    if (self->http_code_ != 200) {
+    if (self->response_code_ != 200) {
       if (self->error_body_.size() < kMaxErrorBody) self->error_body_.append(data, len);
       return len;
     }
@@ -317,7 +321,7 @@ class RestWatchStream : public WatchStream {
     }
     if (event.type != WatchEventType::kError) {
       FillKind(resource_, &event.object);
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       const std::string rv = ResourceVersion(event.object);
       if (!rv.empty()) last_rv_ = rv;
     }
@@ -359,8 +363,8 @@ class RestWatchStream : public WatchStream {
                               fmt::format("{} ({} bytes of an unfinished event)",
                                           std::string(result.message()), pending_.size()));
       }
-    } else if (http_code_ != 200) {
-      result = StatusFromHttp(static_cast<int>(http_code_), error_body_, context_);
+    } else if (response_code_ != 200) {
+      result = StatusFromHttp(static_cast<int>(response_code_), error_body_, context_);
     } else if (!Trim(pending_).empty()) {
       result = absl::DataLossError(fmt::format(
           "{}: watch stream ended inside an event ({} bytes unparsed)", context_, pending_.size()));
@@ -368,13 +372,14 @@ class RestWatchStream : public WatchStream {
     curl_multi_remove_handle(multi_, easy_);
     curl_easy_cleanup(easy_);
     easy_ = nullptr;
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     result_ = std::move(result);
     finished_ = true;
     headers_done_ = true;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 
+  const Clock& clock_;
   const Resource resource_;
   const WatchHandler handler_;
   const std::string context_;
@@ -382,33 +387,36 @@ class RestWatchStream : public WatchStream {
   CURLM* multi_ = nullptr;
   curl_slist* headers_ = nullptr;
   char errbuf_[CURL_ERROR_SIZE];
-  std::thread thread_;
-  std::mutex join_mu_;
+  std::thread thread_;  // started by Start(), joined under join_mu_
+  absl::Mutex join_mu_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> abort_{false};
   absl::Status abort_status_;  // written on the watch thread before abort_ is read there
   // Written by the watch thread only.
   long pending_code_ = 0;
+  long response_code_ = 0;  // http_code_ as the watch thread knows it
   std::string pending_;
   std::string error_body_;
   std::string retry_after_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  long http_code_ = 0;  // set once, under mu_, before any body data
-  bool headers_done_ = false;
-  bool finished_ = false;
-  absl::Status result_;
-  std::string last_rv_;
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;  // signalled when headers_done_ or finished_ becomes true
+  long http_code_ ABSL_GUARDED_BY(mu_) = 0;  // set once, before any body data
+  bool headers_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status result_ ABSL_GUARDED_BY(mu_);
+  std::string last_rv_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
 
-RestKubeClient::RestKubeClient(RestConfig config) : config_(std::move(config)) {}
+RestKubeClient::RestKubeClient(RestConfig config, const Clock& clock)
+    : config_(std::move(config)), clock_(clock) {}
 
-absl::StatusOr<std::unique_ptr<RestKubeClient>> RestKubeClient::Create(RestConfig config) {
+absl::StatusOr<std::unique_ptr<RestKubeClient>> RestKubeClient::Create(RestConfig config,
+                                                                       const Clock& clock) {
   GlobalInit();
   while (!config.server.empty() && config.server.back() == '/') config.server.pop_back();
   if (config.server.rfind("http://", 0) != 0 && config.server.rfind("https://", 0) != 0) {
@@ -416,16 +424,12 @@ absl::StatusOr<std::unique_ptr<RestKubeClient>> RestKubeClient::Create(RestConfi
         fmt::format("server URL '{}' must start with http:// or https://", config.server));
   }
   if (config.retry.max_attempts < 1) config.retry.max_attempts = 1;
-  if (!config.retry.sleep) {
-    config.retry.sleep = [](absl::Duration d) {
-      std::this_thread::sleep_for(absl::ToChronoNanoseconds(d));
-    };
-  }
-  return std::unique_ptr<RestKubeClient>(new RestKubeClient(std::move(config)));
+  if (!config.retry.sleep) config.retry.sleep = [&clock](absl::Duration d) { clock.SleepFor(d); };
+  return std::unique_ptr<RestKubeClient>(new RestKubeClient(std::move(config), clock));
 }
 
 RestKubeClient::~RestKubeClient() {
-  std::lock_guard<std::mutex> lock(pool_mu_);
+  absl::MutexLock lock(&pool_mu_);
   for (void* h : idle_handles_) curl_easy_cleanup(static_cast<CURL*>(h));
 }
 
@@ -442,7 +446,7 @@ std::string RestKubeClient::ResourcePath(Resource resource, std::string_view ns,
 
 void* RestKubeClient::Acquire() {
   {
-    std::lock_guard<std::mutex> lock(pool_mu_);
+    absl::MutexLock lock(&pool_mu_);
     if (!idle_handles_.empty()) {
       void* h = idle_handles_.back();
       idle_handles_.pop_back();
@@ -454,7 +458,7 @@ void* RestKubeClient::Acquire() {
 }
 
 void RestKubeClient::Release(void* handle) {
-  std::lock_guard<std::mutex> lock(pool_mu_);
+  absl::MutexLock lock(&pool_mu_);
   if (idle_handles_.size() < 16) {
     idle_handles_.push_back(handle);
   } else {
@@ -464,7 +468,7 @@ void RestKubeClient::Release(void* handle) {
 
 absl::StatusOr<std::string> RestKubeClient::BearerToken() {
   if (config_.token_file.empty()) return config_.token;
-  std::lock_guard<std::mutex> lock(token_mu_);
+  absl::MutexLock lock(&token_mu_);
   std::error_code ec;
   const auto mtime = std::filesystem::last_write_time(config_.token_file, ec);
   const int64_t stamp = ec ? -1 : static_cast<int64_t>(mtime.time_since_epoch().count());
@@ -741,8 +745,8 @@ absl::StatusOr<std::unique_ptr<WatchStream>> RestKubeClient::Watch(Resource reso
       curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME,
                        static_cast<long>(options.timeout_seconds + 30));
     }
-    auto stream =
-        std::make_unique<RestWatchStream>(resource, handler, options.resource_version, context);
+    auto stream = std::make_unique<RestWatchStream>(clock_, resource, handler,
+                                                    options.resource_version, context);
     const long code = stream->Start(curl, BuildHeaders(header_lines),
                                     config_.connect_timeout + config_.request_timeout);
     if (code == 200) return std::unique_ptr<WatchStream>(std::move(stream));

@@ -9,12 +9,14 @@
 
 #include <atomic>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "kube/kube_client.h"
 #include "kube/rest_config.h"
 
@@ -22,8 +24,11 @@ namespace dynmig::kube {
 
 class RestKubeClient : public KubeClient {
  public:
-  // kInvalidArgument when the config is unusable (no server, bad scheme).
-  static absl::StatusOr<std::unique_ptr<RestKubeClient>> Create(RestConfig config);
+  // kInvalidArgument when the config is unusable (no server, bad scheme). `clock` times the
+  // retry backoff (unless config.retry.sleep is set) and the waits for a watch's response headers
+  // and end; it must outlive the client.
+  static absl::StatusOr<std::unique_ptr<RestKubeClient>> Create(RestConfig config,
+                                                                const Clock& clock = RealClock());
   ~RestKubeClient() override;
   RestKubeClient(const RestKubeClient&) = delete;
   RestKubeClient& operator=(const RestKubeClient&) = delete;
@@ -62,7 +67,7 @@ class RestKubeClient : public KubeClient {
     std::string body;
     std::string retry_after;
   };
-  explicit RestKubeClient(RestConfig config);
+  RestKubeClient(RestConfig config, const Clock& clock);
 
   // One request with retries. A non-2xx answer is returned as a response (not an error) once
   // retries are exhausted; errors are transport failures.
@@ -81,16 +86,17 @@ class RestKubeClient : public KubeClient {
   // Applies URL, TLS and common options to a curl easy handle and appends the auth and
   // user-agent header lines to `headers`.
   absl::Status Configure(void* handle, const std::string& url, std::vector<std::string>* headers);
-  absl::StatusOr<std::string> BearerToken();
+  absl::StatusOr<std::string> BearerToken() ABSL_LOCKS_EXCLUDED(token_mu_);
 
   RestConfig config_;
+  const Clock& clock_;
   std::atomic<int64_t> attempts_{0};
-  std::mutex pool_mu_;
-  std::vector<void*> idle_handles_;
-  std::mutex token_mu_;
-  std::string cached_token_;
-  int64_t token_mtime_ = -1;
-  int64_t token_size_ = -1;
+  absl::Mutex pool_mu_;
+  std::vector<void*> idle_handles_ ABSL_GUARDED_BY(pool_mu_);
+  absl::Mutex token_mu_;
+  std::string cached_token_ ABSL_GUARDED_BY(token_mu_);
+  int64_t token_mtime_ ABSL_GUARDED_BY(token_mu_) = -1;
+  int64_t token_size_ ABSL_GUARDED_BY(token_mu_) = -1;
 };
 
 }  // namespace dynmig::kube

@@ -11,7 +11,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <memory>
 
+#include "absl/cleanup/cleanup.h"
+#include "absl/synchronization/notification.h"
 #include "kube/api_status.h"
 #include "kube_test_certs.h"
 #include "kube_test_util.h"
@@ -247,8 +250,12 @@ TEST_F(AdmissionTest, InvalidResponsesAreCallFailures) {
   hooks_->On("/http-500", [](const Object&) {
     return Object{{"__raw", "boom"}, {"__status", 500}};
   });
-  hooks_->On("/slow", [](const Object&) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // The slow webhook answers only when the test is done with it (or after a minute): every call
+  // to it outlasts the 300 ms the API server gives it.
+  auto release = std::make_shared<absl::Notification>();
+  const absl::Cleanup released = [release] { release->Notify(); };
+  hooks_->On("/slow", [release](const Object&) {
+    release->WaitForNotificationWithTimeout(absl::Minutes(1));
     return Object{{"allowed", true}};
   });
   const std::vector<std::pair<std::string, std::string>> cases = {

@@ -27,10 +27,12 @@ class ConformanceTest : public ::testing::Test {
  protected:
   void SetUp() override { StartServer(testing::FastServerOptions()); }
 
-  void StartServer(InMemoryApiServerOptions options) {
+  // `fake_timers`: the server's timers (GC, watch deadlines, fault windows) run on clock_ too.
+  void StartServer(InMemoryApiServerOptions options, bool fake_timers = false) {
     client_.reset();
     server_.reset();
-    options.store.clock = [this] { return Now(); };
+    options.store.clock = &clock_;
+    if (fake_timers) options.clock = &clock_;
     auto server = InMemoryApiServer::Start(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -42,17 +44,12 @@ class ConformanceTest : public ::testing::Test {
     server_.reset();
   }
 
-  absl::Time Now() {
-    std::lock_guard<std::mutex> lock(clock_mu_);
-    return now_;
-  }
-  void Advance(absl::Duration d) {
-    std::lock_guard<std::mutex> lock(clock_mu_);
-    now_ += d;
-  }
+  absl::Time Now() { return clock_.Now(); }
+  void Advance(absl::Duration d) { clock_.Advance(d); }
 
-  std::mutex clock_mu_;
-  absl::Time now_ = absl::FromUnixSeconds(1'800'000'000);
+  // The store's wall time (timestamps, graceful deletion, continue tokens); the server's timers
+  // run on real time unless a test gives it this clock too (options.clock).
+  FakeClock clock_;
   testing::SleepRecorder sleeps_;
   std::unique_ptr<InMemoryApiServer> server_;
   std::unique_ptr<RestKubeClient> client_;
@@ -308,6 +305,7 @@ TEST_F(ConformanceTest, BindPod) {
 }
 
 TEST_F(ConformanceTest, GracefulPodDeletion) {
+  StartServer(testing::FastServerOptions(), /*fake_timers=*/true);
   Object pod = MakePod("running", "default", "gpu-1");
   pod["spec"]["terminationGracePeriodSeconds"] = 20;
   ASSERT_TRUE(client_->CreatePod(pod).ok());
@@ -325,7 +323,9 @@ TEST_F(ConformanceTest, GracefulPodDeletion) {
       server_->store().Bind("default", "running", {{"target", {{"name", "n"}}}}).status().code(),
       absl::StatusCode::kAborted);
 
-  // The grace period passes (injected clock), the collector removes it.
+  // The grace period passes (injected clock), the collector's timer fires and it removes it.
+  EXPECT_EQ(server_->CollectGarbage(), 0) << "within its grace period";
+  ASSERT_TRUE(clock_.AwaitWaiters(1));  // the collector waits for its next round
   Advance(absl::Seconds(21));
   EXPECT_TRUE(testing::Eventually([&] {
     return client_->GetPod("default", "running").status().code() == absl::StatusCode::kNotFound;
@@ -560,10 +560,18 @@ TEST_F(ConformanceTest, WatchStopsPromptlyAndNeverCallsBackAfterStop) {
 }
 
 TEST_F(ConformanceTest, WatchEndsCleanlyAtServerTimeout) {
+  InMemoryApiServerOptions options = testing::FastServerOptions();
+  options.gc_interval = absl::ZeroDuration();  // the watch is the one timer on clock_
+  StartServer(options, /*fake_timers=*/true);
   Recorder<WatchEvent> events;
   auto watch =
       client_->WatchPods({.timeout_seconds = 1}, [&](const WatchEvent& e) { events.Add(e); });
   ASSERT_TRUE(watch.ok());
+  ASSERT_TRUE(clock_.AwaitWaiters(1));  // the server's watch stream waits for events
+  Advance(absl::Milliseconds(900));
+  ASSERT_TRUE(clock_.AwaitWaiters(1));
+  EXPECT_FALSE((*watch)->WaitFor(absl::Milliseconds(100)).has_value()) << "ended before 1 s";
+  Advance(absl::Milliseconds(100));
   auto end = (*watch)->WaitFor(absl::Seconds(5));
   ASSERT_TRUE(end.has_value());
   EXPECT_TRUE(end->ok()) << *end;
@@ -761,23 +769,21 @@ TEST_F(ConformanceTest, AdminEndpointDrivesFaultsOverHttp) {
 }
 
 TEST_F(ConformanceTest, AWindowedFaultIsAnOutageThatEndsByItself) {
+  StartServer(testing::FastServerOptions(), /*fake_timers=*/true);
   FaultSpec outage;
   outage.count = -1;
   outage.status = 503;
   outage.window = absl::Seconds(2);
   auto client = testing::MakeClient(server_->url(), nullptr, 1);
-  const absl::Time start = absl::Now();
   server_->AddFault(outage);
-  // Answered within the window: 503. A loaded machine (TSan) may only get a request there after
-  // the window; then it succeeds.
-  auto in_window = [&](const absl::Status& st) {
-    return st.ok() ? absl::Now() - start >= outage.window
-                   : st.code() == absl::StatusCode::kUnavailable;
-  };
-  EXPECT_TRUE(in_window(client->ListNodes().status()));
-  EXPECT_TRUE(in_window(client->ListPods({}).status()));
+  // Answered within the window (of the server's clock): 503.
+  EXPECT_EQ(client->ListNodes().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(client->ListPods({}).status().code(), absl::StatusCode::kUnavailable);
+  Advance(outage.window - absl::Milliseconds(1));
+  EXPECT_EQ(client->ListNodes().status().code(), absl::StatusCode::kUnavailable);
   // Nobody clears it: the window ends it.
-  EXPECT_TRUE(testing::Eventually([&] { return client->ListNodes().ok(); }));
+  Advance(absl::Milliseconds(1));
+  EXPECT_TRUE(client->ListNodes().ok());
 
   auto parsed = FaultSpecFromJson(Object::parse(R"({"count":-1,"windowMs":2500})"));
   ASSERT_TRUE(parsed.ok()) << parsed.status();

@@ -41,9 +41,7 @@ class DeepResponseServer {
     });
     port_ = server_.bind_to_any_port("127.0.0.1");
     thread_ = std::thread([this] { server_.listen_after_bind(); });
-    for (int i = 0; i < 5000 && !server_.is_running(); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    (void)testing::Eventually([this] { return server_.is_running(); });  // the listener serves
   }
   ~DeepResponseServer() {
     server_.stop();

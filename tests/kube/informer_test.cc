@@ -354,6 +354,34 @@ TEST(MetadataOnlyTest, KeepsKindAndIdentity) {
   EXPECT_EQ(MetadataOnly(Object::array()), Object::object());
 }
 
+// Failed lists back off on the informer's clock: min_backoff (20 ms) first, then twice as long,
+// each retry only once that much of the clock's time has passed.
+TEST_F(InformerTest, BackoffWaitsOnTheInjectedClock) {
+  server_->AddFault({.method = "GET", .path_prefix = "/api/v1/pods", .count = -1, .status = 403});
+  FakeClock clock;
+  InformerOptions options = FastInformer();
+  options.clock = &clock;
+  Informer informer(*client_, Resource::kPods, options);
+  informer.Start();
+  const auto errors_reach = [&](int64_t n, absl::Duration timeout = absl::Seconds(10)) {
+    return testing::Eventually([&] { return informer.stats().errors >= n; }, timeout);
+  };
+  ASSERT_TRUE(errors_reach(1));
+  for (const absl::Duration backoff : {absl::Milliseconds(20), absl::Milliseconds(40)}) {
+    const int64_t errors = informer.stats().errors;
+    ASSERT_TRUE(clock.AwaitWaiters(1));  // backing off
+    clock.Advance(backoff - absl::Milliseconds(1));
+    EXPECT_FALSE(errors_reach(errors + 1, absl::Milliseconds(100))) << "retried before " << backoff;
+    clock.Advance(absl::Milliseconds(1));
+    ASSERT_TRUE(errors_reach(errors + 1)) << "no retry after " << backoff;
+  }
+  server_->ClearFaults();
+  ASSERT_TRUE(clock.AwaitWaiters(1));
+  clock.Advance(absl::Milliseconds(80));
+  EXPECT_TRUE(testing::Eventually([&] { return informer.HasSynced(); }));
+  informer.Stop();
+}
+
 TEST_F(InformerTest, StopsPromptlyEvenWhileTheServerIsDown) {
   Informer informer(*client_, Resource::kPods, FastInformer());
   informer.Start();

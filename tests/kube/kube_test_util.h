@@ -5,15 +5,14 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "kube/in_memory_api_server.h"
 #include "kube/kube_client.h"
@@ -45,19 +44,22 @@ inline Object MakeNode(const std::string& name, Object labels = Object::object()
 }
 
 // Records retry sleeps instead of sleeping.
-struct SleepRecorder {
-  std::mutex mu;
-  std::vector<absl::Duration> sleeps;
+class SleepRecorder {
+ public:
   std::function<void(absl::Duration)> Fn() {
     return [this](absl::Duration d) {
-      std::lock_guard<std::mutex> lock(mu);
-      sleeps.push_back(d);
+      absl::MutexLock lock(&mu_);
+      sleeps_.push_back(d);
     };
   }
-  std::vector<absl::Duration> Get() {
-    std::lock_guard<std::mutex> lock(mu);
-    return sleeps;
+  std::vector<absl::Duration> Get() const {
+    absl::MutexLock lock(&mu_);
+    return sleeps_;
   }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<absl::Duration> sleeps_ ABSL_GUARDED_BY(mu_);
 };
 
 inline InMemoryApiServerOptions FastServerOptions() {
@@ -90,42 +92,47 @@ template <typename T>
 class Recorder {
  public:
   void Add(T item) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     items_.push_back(std::move(item));
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   std::vector<T> Get() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return items_;
   }
   size_t size() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return items_.size();
   }
-  // Waits (at most `timeout`) until pred(items) holds.
+  // Waits (at most `timeout` of real time: the items come from other threads) until pred(items)
+  // holds.
   bool WaitUntil(const std::function<bool(const std::vector<T>&)>& pred,
                  absl::Duration timeout = absl::Seconds(10)) const {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] { return pred(items_); });
+    absl::MutexLock lock(&mu_);
+    const absl::Time deadline = absl::Now() + timeout;
+    while (!pred(items_)) {
+      if (cv_.WaitWithDeadline(&mu_, deadline)) return pred(items_);
+    }
+    return true;
   }
   bool WaitForSize(size_t n, absl::Duration timeout = absl::Seconds(10)) const {
     return WaitUntil([n](const std::vector<T>& v) { return v.size() >= n; }, timeout);
   }
 
  private:
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  std::vector<T> items_;
+  mutable absl::Mutex mu_;
+  mutable absl::CondVar cv_;  // signalled on every Add
+  std::vector<T> items_ ABSL_GUARDED_BY(mu_);
 };
 
-// Polls `pred` until true or the timeout (for state owned by other processes/threads without a
-// notification hook). Returns the final value.
+// Polls `pred` until true or the timeout of real time (for state owned by other processes/threads
+// without a notification hook). Returns the final value.
 inline bool Eventually(const std::function<bool()>& pred,
                        absl::Duration timeout = absl::Seconds(10)) {
-  const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(timeout);
-  while (std::chrono::steady_clock::now() < deadline) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
     if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    absl::SleepFor(absl::Milliseconds(5));
   }
   return pred();
 }

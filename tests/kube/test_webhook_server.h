@@ -5,18 +5,19 @@
 
 #include <httplib.h>
 
-#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/escaping.h"
+#include "absl/synchronization/mutex.h"
 #include "kube/object.h"
+#include "kube_test_util.h"
 
 namespace dynmig::kube::testing {
 
@@ -39,7 +40,7 @@ class TestWebhookServer {
       Object review = Object::parse(req.body, nullptr, /*allow_exceptions=*/false);
       Handler handler;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         calls_.emplace_back(req.path, review);
         auto it = handlers_.find(req.path);
         if (it != handlers_.end()) handler = it->second;
@@ -61,10 +62,7 @@ class TestWebhookServer {
     });
     port_ = http_->bind_to_any_port("127.0.0.1");
     thread_ = std::thread([this] { http_->listen_after_bind(); });
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (!http_->is_running() && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    (void)Eventually([this] { return http_->is_running(); });  // the listener thread serves
   }
   ~TestWebhookServer() { Stop(); }
   TestWebhookServer(const TestWebhookServer&) = delete;
@@ -83,12 +81,12 @@ class TestWebhookServer {
   }
 
   void On(const std::string& path, Handler handler) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     handlers_[path] = std::move(handler);
   }
   // The AdmissionReview "request"s POSTed to `path`, in order.
   std::vector<Object> RequestsTo(const std::string& path) const {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     std::vector<Object> out;
     for (const auto& [p, review] : calls_) {
       if (p == path) out.push_back(review.is_object() ? review.value("request", Object()) : review);
@@ -97,13 +95,13 @@ class TestWebhookServer {
   }
   // Every path called, in order.
   std::vector<std::string> Paths() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     std::vector<std::string> out;
     for (const auto& call : calls_) out.push_back(call.first);
     return out;
   }
   void ClearCalls() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     calls_.clear();
   }
 
@@ -112,9 +110,9 @@ class TestWebhookServer {
   std::string scheme_ = "http";
   int port_ = -1;
   std::thread thread_;
-  mutable std::mutex mu_;
-  std::map<std::string, Handler> handlers_;
-  std::vector<std::pair<std::string, Object>> calls_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, Handler> handlers_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<std::string, Object>> calls_ ABSL_GUARDED_BY(mu_);
 };
 
 // A JSONPatch response that sets label `key`=`value` (adding the labels map when absent).

@@ -361,9 +361,10 @@ TEST(ApiStoreTest, QuantitiesAreStoredAsStrings) {
 }
 
 TEST(ApiStoreTest, GracefulDeletionFollowsTheInjectedClock) {
-  absl::Time now = absl::FromUnixSeconds(1'800'000'000);
+  FakeClock clock;
+  const absl::Time start = clock.Now();
   ApiStoreOptions options;
-  options.clock = [&] { return now; };
+  options.clock = &clock;
   ApiStore store(options);
   ASSERT_TRUE(
       store.Create(Resource::kPods, "default", testing::MakePod("p", "default", "n1")).ok());
@@ -371,11 +372,11 @@ TEST(ApiStoreTest, GracefulDeletionFollowsTheInjectedClock) {
   grace.grace_period_seconds = 10;
   auto deleting = store.Delete(Resource::kPods, "default", "p", grace);
   ASSERT_TRUE(deleting.ok());
-  EXPECT_EQ(DeletionTimestamp(*deleting), Rfc3339(now + absl::Seconds(10)));
+  EXPECT_EQ(DeletionTimestamp(*deleting), Rfc3339(start + absl::Seconds(10)));
   EXPECT_EQ((*deleting)["metadata"]["deletionGracePeriodSeconds"], 10);
-  now += absl::Seconds(9);
+  clock.Advance(absl::Seconds(9));
   EXPECT_EQ(store.CollectGarbage(), 0);
-  now += absl::Seconds(2);
+  clock.Advance(absl::Seconds(2));
   EXPECT_EQ(store.CollectGarbage(), 1);
   EXPECT_EQ(store.Get(Resource::kPods, "default", "p").status().code(),
             absl::StatusCode::kNotFound);
