@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <charconv>
 #include <numeric>
 
 #include "fmt/format.h"
@@ -13,20 +14,34 @@ namespace {
 
 constexpr size_t kMaxSearchNodes = 1'000'000;
 
-std::string SliceList(SliceMask free, uint32_t units) {
-  std::vector<std::string> parts;
+void AppendNumber(std::string& out, uint32_t n) {
+  char digits[10];
+  const auto end = std::to_chars(digits, digits + sizeof(digits), n).ptr;
+  out.append(digits, end);
+}
+
+// "0-2,5" for the set units of `free` below `units` ("none" when there are none), appended to
+// `out` without temporaries (a reason is written on every explained miss).
+void AppendSliceList(std::string& out, SliceMask free, uint32_t units) {
+  bool any = false;
   uint32_t i = 0;
   while (i < units) {
-    if ((free >> i) & 1u) {
-      uint32_t j = i;
-      while (j + 1 < units && ((free >> (j + 1)) & 1u)) ++j;
-      parts.push_back(i == j ? std::to_string(i) : fmt::format("{}-{}", i, j));
-      i = j + 1;
-    } else {
+    if (((free >> i) & 1u) == 0) {
       ++i;
+      continue;
     }
+    uint32_t j = i;
+    while (j + 1 < units && ((free >> (j + 1)) & 1u)) ++j;
+    if (any) out += ',';
+    any = true;
+    AppendNumber(out, i);
+    if (i != j) {
+      out += '-';
+      AppendNumber(out, j);
+    }
+    i = j + 1;
   }
-  return parts.empty() ? "none" : fmt::format("{}", fmt::join(parts, ","));
+  if (!any) out += "none";
 }
 
 }  // namespace
@@ -578,16 +593,49 @@ GpuPlan GpuPlanner::Explain(const GpuUsage& usage, std::span<const uint64_t> mem
       memories_mib.size() == 1
           ? smallest.front()
           : fmt::format("{} instances ({})", memories_mib.size(), fmt::join(smallest, ", "));
+  plan.reason = MissReason(free, need, limited, what);
+  return plan;
+}
+
+std::string GpuPlanner::MissReason(SliceMask free, uint32_t need, bool limited,
+                                   std::string_view what) const {
+  const uint32_t free_units = std::popcount(free);
+  // Appended piece by piece: this text is written on every explained miss.
+  std::string reason;
+  reason.reserve(128);
   if (free_units < need) {
-    plan.reason = fmt::format("capacity exhausted: {} needs {} free slice(s), {} free (slices {})",
-                              what, need, free_units, SliceList(free, capability_.placement_units));
+    reason += "capacity exhausted: ";
+    reason += what;
+    reason += " needs ";
+    AppendNumber(reason, need);
+    reason += " free slice(s), ";
+    AppendNumber(reason, free_units);
+    reason += " free (slices ";
+    AppendSliceList(reason, free, capability_.placement_units);
+    reason += ')';
   } else if (limited) {
-    plan.reason = fmt::format("capacity exhausted: instance limit reached for {}", what);
+    reason += "capacity exhausted: instance limit reached for ";
+    reason += what;
   } else {
-    plan.reason = fmt::format(
-        "fragmented: {} slice(s) free (slices {}) but no legal non-overlapping placement for {}",
-        free_units, SliceList(free, capability_.placement_units), what);
+    reason += "fragmented: ";
+    AppendNumber(reason, free_units);
+    reason += " slice(s) free (slices ";
+    AppendSliceList(reason, free, capability_.placement_units);
+    reason += ") but no legal non-overlapping placement for ";
+    reason += what;
   }
+  return reason;
+}
+
+GpuPlan GpuPlanner::ExplainSingleMiss(const GpuUsage& usage, size_t first, bool explain) const {
+  GpuPlan plan;
+  plan.verdict = SingleMissVerdict(usage, first);
+  if (!explain) return plan;
+  const SliceMask free = FullMask(capability_.placement_units) & ~usage.occupied;
+  const ProfileSpec& smallest = capability_.profiles[allowed_[first]];
+  const bool limited = plan.verdict == Verdict::kCapacityExhausted &&
+                       static_cast<uint32_t>(std::popcount(free)) >= smallest.memory_slices;
+  plan.reason = MissReason(free, smallest.memory_slices, limited, smallest.name);
   return plan;
 }
 
@@ -598,8 +646,8 @@ GpuPlan GpuPlanner::Plan(const GpuUsage& usage, std::span<const uint64_t> memori
   const size_t n = memories_mib.size();
   if (n == 0) return plan;
   if (n == 1 && preference.empty() && idle.empty()) {
-    // The table answers; without a reason to write, a miss needs no search either (the table
-    // equals the search whenever it applies).
+    // The table answers; a miss needs no search either (the table equals the search whenever it
+    // applies): its verdict and reason come from the usage alone.
     PlannedInstance inst;
     size_t first = 0;
     switch (LookupSingle(usage, memories_mib[0], inst, first)) {
@@ -607,9 +655,7 @@ GpuPlan GpuPlanner::Plan(const GpuUsage& usage, std::span<const uint64_t> memori
         plan.instances.push_back(inst);
         return plan;
       case SingleAnswer::kNoFit:
-        if (explain) break;
-        plan.verdict = SingleMissVerdict(usage, first);
-        return plan;
+        return ExplainSingleMiss(usage, first, explain);
       case SingleAnswer::kNoProfile:
         if (explain) break;
         plan.verdict = Verdict::kNoProfileBigEnough;

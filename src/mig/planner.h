@@ -157,6 +157,11 @@ class GpuPlanner {
                             size_t& first) const;
   // The verdict of a table miss (kNoFit) at `first`, as Explain gives it, allocation-free.
   Verdict SingleMissVerdict(const GpuUsage& usage, size_t first) const;
+  // Explain's answer for that miss, without the candidate lists (the reason when `explain`).
+  GpuPlan ExplainSingleMiss(const GpuUsage& usage, size_t first, bool explain) const;
+  // Explain's text: `need` slices for `what` with `free` units free; `limited`: enough slices but
+  // every candidate at its instance limit.
+  std::string MissReason(SliceMask free, uint32_t need, bool limited, std::string_view what) const;
   std::vector<Single> single_table_;      // [mask * allowed_.size() + first]
   std::vector<uint32_t> count_limited_;   // allowlisted profiles with a binding count
   std::vector<uint64_t> allowed_memory_;  // sizing memory (SizingMib) of allowed_[i]
