@@ -4,6 +4,7 @@
 
 #include "common/strings.h"
 #include "fmt/format.h"
+#include "kube/object.h"
 #include "protocol/annotations.h"
 #include "protocol/devices.h"
 #include "protocol/node_register.h"
@@ -40,11 +41,6 @@ bool HasAnnotation(const json& obj, std::string_view key) {
   if (meta == obj.end() || !meta->is_object()) return false;
   const auto ann = meta->find("annotations");
   return ann != meta->end() && ann->is_object() && ann->contains(std::string(key));
-}
-
-bool Terminated(const json& pod) {
-  const std::string phase = Str(pod, {"status", "phase"});
-  return phase == "Succeeded" || phase == "Failed";
 }
 
 std::string CapabilityKey(const mig::GpuCapability& cap, const std::vector<std::string>& allowed) {
@@ -275,7 +271,7 @@ void ClusterState::UpsertPod(const json& pod) {
   const std::string key = ns + "/" + name;
   absl::MutexLock lock(&mu_);
   Unlink(key);
-  if (Terminated(pod)) {
+  if (kube::IsTerminated(pod)) {
     // A terminated pod releases its reservation; so does its assumption.
     released_.erase(key);
     if (auto a = assumed_.find(key); a != assumed_.end()) DropAssumed(a);
