@@ -187,11 +187,12 @@ void Fail(NodePlan& plan, Scratch& s, size_t gpus) {
 
 // The common request, one container with one instance, no preference and no GPU hints, in one
 // pass over the GPUs without sorting. Same answer as the general path (the first GPU in policy
-// order that fits is the best-ranked fitting GPU); false when nothing fits (the general path then
-// gives the verdicts).
+// order that fits is the best-ranked fitting GPU); false when nothing fits or a GPU has idle
+// instances (the general path then decides).
 bool PlanSingleFast(const NodeView& node, const PodRequest& request, const ContainerRequest& ctr,
-                    uint32_t c, NodePlan& plan) {
+                    uint32_t c, Scratch& s, NodePlan& plan) {
   const bool binpack = request.gpu_policy == GpuPolicy::kBinpack;
+  s.eligible.clear();  // the schedulable GPUs, for the score below
   int best = -1;
   uint32_t best_used = 0;
   PlannedInstance best_inst;
@@ -199,12 +200,16 @@ bool PlanSingleFast(const NodeView& node, const PodRequest& request, const Conta
   uint32_t mig_gpus = 0;
   for (uint32_t i = 0; i < node.gpus.size(); ++i) {
     const GpuView& gpu = node.gpus[i];
+    // Idle (warm) instances take the general path: the tables know nothing of them. Checked in
+    // this pass, which reads every GPU anyway (a pass of its own costs a read of each GPU more).
+    if (!gpu.idle.empty()) return false;
     if (gpu.planner == nullptr) continue;
     const uint32_t units = gpu.planner->units();
     const uint32_t occupied = std::popcount(gpu.usage.occupied & FullMask(units));
     used += static_cast<double>(occupied) / units;
     ++mig_gpus;
     if (!gpu.healthy || !ModeAllowsMig(gpu.mode)) continue;
+    s.eligible.push_back(i);
     const uint32_t used_units = occupied * 64 / std::max(1u, units);
     if (best >= 0 && (binpack ? used_units <= best_used : used_units >= best_used)) continue;
     PlannedInstance inst;
@@ -219,11 +224,9 @@ bool PlanSingleFast(const NodeView& node, const PodRequest& request, const Conta
   plan.used_fraction = mig_gpus == 0 ? 0.0 : used / mig_gpus;
   plan.assignments.push_back(
       {c, 0, static_cast<uint32_t>(best), best_inst.profile_index, best_inst.placement});
-  for (uint32_t i = 0; i < node.gpus.size(); ++i) {
+  for (uint32_t i : s.eligible) {  // the general path's eligible set without hints
     const GpuView& gpu = node.gpus[i];
-    if (gpu.planner == nullptr || !gpu.healthy || !ModeAllowsMig(gpu.mode)) continue;
     SliceMask occupied = gpu.usage.occupied;
-    // (ModeAllowsMig is cheap for "mig"; the eligible set equals the general path's.)
     if (static_cast<int>(i) == best) {
       occupied |= best_inst.placement.Mask();
       const uint32_t units = gpu.planner->units();
@@ -232,13 +235,6 @@ bool PlanSingleFast(const NodeView& node, const PodRequest& request, const Conta
     plan.score += gpu.planner->FragmentationScore(~occupied);
   }
   return true;
-}
-
-bool HasIdle(const NodeView& node) {
-  for (const auto& g : node.gpus) {
-    if (!g.idle.empty()) return true;
-  }
-  return false;
 }
 
 bool IsIdle(const GpuView& gpu, const PlannedInstance& inst) {
@@ -452,10 +448,9 @@ void PlanOnNode(const NodeView& node, Scratch& s, NodePlan& plan) {
   const PodRequest& request = *s.request;
   plan.bind_in_flight = node.bind_in_flight;
   plan.explained = s.reasons == ReasonLevel::kAll;
-  // Idle (warm) instances take the general path: the tables know nothing of them.
-  if (s.single && node.healthy && !node.gpus.empty() && !HasIdle(node)) {
+  if (s.single && node.healthy && !node.gpus.empty()) {
     const uint32_t c = s.shape.containers[0];
-    if (PlanSingleFast(node, request, request.containers[c], c, plan)) return;
+    if (PlanSingleFast(node, request, request.containers[c], c, s, plan)) return;
   }
   if (!node.healthy) {
     plan.verdict = Verdict::kNodeUnhealthy;
@@ -597,7 +592,9 @@ PlanSession& PlanSession::operator=(PlanSession&&) noexcept = default;
 const RequestSummary& PlanSession::shape() const { return scratch_->shape; }
 
 const NodePlan& PlanSession::Plan(size_t i, const NodeView& node) {
-  NodePlan& plan = Fresh(i, node);
+  // Each candidate is given once: its plan is still the one the constructor made.
+  views_[i] = &node;
+  NodePlan& plan = plans_[i];
   // The winner so far keeps its assignments; a plan that does not win gives the buffer back.
   plan.assignments.swap(spare_);
   Run(node, PassLevel(), plan);

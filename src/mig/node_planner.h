@@ -19,20 +19,21 @@
 
 namespace dynmig::mig {
 
-// One GPU as the scheduler sees it.
+// One GPU as the scheduler sees it. The fields every decision reads come first, together (a
+// cluster-wide search reads thousands of these; the names are read only to explain or filter).
 struct GpuView {
-  std::string uuid;
-  uint32_t index = 0;
-  std::string model;         // NVML name, for nvidia.com/use-gputype
-  std::string mode = "mig";  // the registered mode
-  bool healthy = true;
-  std::string unhealthy_reason;
   std::shared_ptr<const GpuPlanner> planner;  // null: no allowlisted MIG capability
   GpuUsage usage;
+  bool healthy = true;
   // Idle (warm) instances the device plugin keeps (dynmig.io/idle-mig-instances), allowlisted and
   // on free slices: their slices are free in `usage`; among otherwise equal choices a pod lands on
   // them. Empty without warm instances (the plan is then exactly the one without them).
   std::vector<PlannedInstance> idle;
+  std::string mode = "mig";  // the registered mode
+  std::string uuid;
+  uint32_t index = 0;
+  std::string model;  // NVML name, for nvidia.com/use-gputype
+  std::string unhealthy_reason;
 };
 
 struct NodeView {
