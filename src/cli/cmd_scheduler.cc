@@ -145,8 +145,7 @@ int RunScheduler(const SchedulerFlags& flags, CliContext& ctx) {
   // Blocked before any thread starts (threads inherit the mask), then waited for.
   StopSignals stop;
 
-  SystemClock clock;
-  auto server = scheduler::SchedulerServer::Start(**client, clock, options);
+  auto server = scheduler::SchedulerServer::Start(**client, RealClock(), options);
   if (!server.ok()) {
     ctx.err << "dynmig scheduler: " << server.status().message() << "\n";
     return server.status().code() == absl::StatusCode::kInvalidArgument ? kExitBadInput

@@ -21,6 +21,91 @@ int ResolveDefragProfile(const GpuPlanner& planner, std::string_view query) {
   return -1;
 }
 
+namespace {
+
+// Why no profile resolves for the query: it exists but is not allowlisted, or the model lacks it.
+std::string UnresolvedReason(const GpuPlanner& planner, std::string_view profile_query) {
+  const GpuCapability& cap = planner.capability();
+  const bool is_class = profile_query.find('.') == std::string_view::npos;
+  const int any = is_class ? -1 : planner.ProfileIndex(profile_query);
+  bool class_exists = false;
+  if (is_class) {
+    for (const auto& p : cap.profiles) class_exists |= SliceClass(p.name) == profile_query;
+  }
+  if (any >= 0 || class_exists) {
+    return fmt::format("{} is not allowlisted on {}", profile_query, cap.model);
+  }
+  return fmt::format("{} offers no {} profile", cap.model, profile_query);
+}
+
+// Per owner: its reservations on this GPU, the units they cover, its instances of the profile.
+struct OwnerInfo {
+  std::vector<const Reservation*> held;
+  uint32_t units = 0;
+  uint32_t of_profile = 0;
+};
+
+// The GPU's reservations grouped by owner, for one target profile; reservations without an owner
+// cannot move (pinned).
+struct Owners {
+  std::map<std::string, OwnerInfo> by_name;
+  uint32_t pinned_of_profile = 0;  // instances of the profile that cannot move
+
+  Owners(const std::vector<Reservation>& reservations, const std::string& profile) {
+    for (const auto& r : reservations) {
+      if (r.owner.empty()) {
+        if (r.profile == profile) ++pinned_of_profile;
+        continue;
+      }
+      OwnerInfo& o = by_name[r.owner];
+      o.held.push_back(&r);
+      o.units += r.placement.size;
+      if (r.profile == profile) ++o.of_profile;
+    }
+  }
+
+  // Adds to `chosen` the owners of other instances of the profile (most instances first, then
+  // fewest units, then name) until fewer than `limit` remain. False when the pinned ones alone
+  // reach it.
+  bool RelieveLimit(std::set<std::string>& chosen, uint32_t limit) const {
+    uint32_t remaining = pinned_of_profile;
+    for (const auto& [name, o] : by_name) {
+      if (!chosen.count(name)) remaining += o.of_profile;
+    }
+    if (remaining < limit) return true;
+    std::vector<std::pair<std::string, const OwnerInfo*>> extra;
+    for (const auto& [name, o] : by_name) {
+      if (!chosen.count(name) && o.of_profile > 0) extra.emplace_back(name, &o);
+    }
+    std::sort(extra.begin(), extra.end(), [](const auto& a, const auto& b) {
+      if (a.second->of_profile != b.second->of_profile) {
+        return a.second->of_profile > b.second->of_profile;
+      }
+      if (a.second->units != b.second->units) return a.second->units < b.second->units;
+      return a.first < b.first;
+    });
+    for (const auto& [name, o] : extra) {
+      if (remaining < limit) break;
+      chosen.insert(name);
+      remaining -= o->of_profile;
+    }
+    return remaining < limit;
+  }
+};
+
+// The owners whose reservations overlap `p`; false when a pinned reservation does.
+bool OverlappingOwners(const std::vector<Reservation>& reservations, const Placement& p,
+                       std::set<std::string>& chosen) {
+  for (const auto& r : reservations) {
+    if (!r.placement.Overlaps(p)) continue;
+    if (r.owner.empty()) return false;
+    chosen.insert(r.owner);
+  }
+  return true;
+}
+
+}  // namespace
+
 absl::StatusOr<EvictionPlan> PlanEviction(const GpuPlanner& planner,
                                           const std::vector<Reservation>& reservations,
                                           std::string_view profile_query) {
@@ -33,42 +118,14 @@ absl::StatusOr<EvictionPlan> PlanEviction(const GpuPlanner& planner,
   EvictionPlan result;
   const int idx = ResolveDefragProfile(planner, profile_query);
   if (idx < 0) {
-    const bool is_class = profile_query.find('.') == std::string_view::npos;
-    const int any = is_class ? -1 : planner.ProfileIndex(profile_query);
-    bool class_exists = false;
-    if (is_class) {
-      for (const auto& p : cap.profiles) class_exists |= SliceClass(p.name) == profile_query;
-    }
-    if (any >= 0 || class_exists) {
-      result.reason = fmt::format("{} is not allowlisted on {}", profile_query, cap.model);
-    } else {
-      result.reason = fmt::format("{} offers no {} profile", cap.model, profile_query);
-    }
+    result.reason = UnresolvedReason(planner, profile_query);
     return result;
   }
   const ProfileSpec& spec = cap.profiles[idx];
   result.profile = spec.name;
   const uint32_t limit =
       spec.instance_count > 0 ? spec.instance_count : static_cast<uint32_t>(spec.placements.size());
-
-  // Per owner: its reservations on this GPU, the units they cover, its instances of the profile.
-  struct OwnerInfo {
-    std::vector<const Reservation*> held;
-    uint32_t units = 0;
-    uint32_t of_profile = 0;
-  };
-  std::map<std::string, OwnerInfo> owners;
-  uint32_t pinned_of_profile = 0;
-  for (const auto& r : reservations) {
-    if (r.owner.empty()) {
-      if (r.profile == spec.name) ++pinned_of_profile;
-      continue;
-    }
-    OwnerInfo& o = owners[r.owner];
-    o.held.push_back(&r);
-    o.units += r.placement.size;
-    if (r.profile == spec.name) ++o.of_profile;
-  }
+  const Owners owners(reservations, spec.name);
 
   using Cost = std::tuple<size_t, uint32_t, uint64_t, uint32_t>;  // owners, units, -score, start
   bool found = false;
@@ -76,55 +133,23 @@ absl::StatusOr<EvictionPlan> PlanEviction(const GpuPlanner& planner,
   std::string last_reason;
   for (const Placement& p : spec.placements) {
     std::set<std::string> chosen;
-    bool pinned = false;
-    for (const auto& r : reservations) {
-      if (!r.placement.Overlaps(p)) continue;
-      if (r.owner.empty()) {
-        pinned = true;
-        break;
-      }
-      chosen.insert(r.owner);
-    }
-    if (pinned) {
+    if (!OverlappingOwners(reservations, p, chosen)) {
       last_reason = fmt::format("reservations that cannot move cover slices {}", p.ToString());
       continue;
     }
-    uint32_t remaining = pinned_of_profile;
-    for (const auto& [name, o] : owners) {
-      if (!chosen.count(name)) remaining += o.of_profile;
-    }
-    if (remaining >= limit) {
-      // Relieve the instance limit: owners of other instances of the profile, most instances
-      // first, then fewest units, then name.
-      std::vector<std::pair<std::string, const OwnerInfo*>> extra;
-      for (const auto& [name, o] : owners) {
-        if (!chosen.count(name) && o.of_profile > 0) extra.emplace_back(name, &o);
-      }
-      std::sort(extra.begin(), extra.end(), [](const auto& a, const auto& b) {
-        if (a.second->of_profile != b.second->of_profile) {
-          return a.second->of_profile > b.second->of_profile;
-        }
-        if (a.second->units != b.second->units) return a.second->units < b.second->units;
-        return a.first < b.first;
-      });
-      for (const auto& [name, o] : extra) {
-        if (remaining < limit) break;
-        chosen.insert(name);
-        remaining -= o->of_profile;
-      }
-      if (remaining >= limit) {
-        last_reason = fmt::format(
-            "{} is at its limit of {} instances, held by reservations that "
-            "cannot move",
-            spec.name, limit);
-        continue;
-      }
+    if (!owners.RelieveLimit(chosen, limit)) {
+      last_reason = fmt::format(
+          "{} is at its limit of {} instances, held by reservations that "
+          "cannot move",
+          spec.name, limit);
+      continue;
     }
     uint32_t units = 0;
     SliceMask freed = 0;
     for (const auto& name : chosen) {
-      units += owners[name].units;
-      for (const Reservation* r : owners[name].held) freed |= r->placement.Mask();
+      const OwnerInfo& o = owners.by_name.at(name);
+      units += o.units;
+      for (const Reservation* r : o.held) freed |= r->placement.Mask();
     }
     const SliceMask occupied = ((usage->occupied & ~freed) | p.Mask());
     const uint64_t score = planner.FragmentationScore(FullMask(planner.units()) & ~occupied);
@@ -143,7 +168,7 @@ absl::StatusOr<EvictionPlan> PlanEviction(const GpuPlanner& planner,
   }
   result.feasible = true;
   for (const auto& name : result.owners) {
-    for (const Reservation* r : owners[name].held) {
+    for (const Reservation* r : owners.by_name.at(name).held) {
       result.moved.push_back(*r);
       result.units_moved += r->placement.size;
     }

@@ -133,11 +133,26 @@ bool Better(const NodePlan& a, const NodePlan& b, NodePolicy policy) {
   return !a.bind_in_flight && b.bind_in_flight;
 }
 
-// Buffers reused across the nodes of one pod, so the common path allocates nothing per node.
-struct Scratch {
-  const RequestSummary* shape = nullptr;  // the request's, computed once per pod
-  bool explain = true;
-  bool record = true;  // fill plan.assignments (PlanPod only needs them for the chosen node)
+bool NoFilters(const GpuFilter& f) {
+  return f.vgpu_mode.empty() && f.use_uuids.empty() && f.nouse_uuids.empty() &&
+         f.use_types.empty() && f.nouse_types.empty();
+}
+
+}  // namespace
+
+// Which reasons a node plan carries: none (verdicts only), those of a node that can never run the
+// pod (NeverFits: the GPU screens, the node-wide too-many-instances text, a GPU's no profile big
+// enough), or all of them.
+enum class ReasonLevel { kNone, kNeverFits, kAll };
+
+// What planning reads of the pod on every node, computed once per pod, and buffers reused across
+// its nodes, so the common path allocates nothing per node.
+struct NodeScratch {
+  const PodRequest* request = nullptr;
+  RequestSummary shape;
+  // One container with one instance, no preference and no GPU hints: the fast path applies.
+  bool single = false;
+  ReasonLevel reasons = ReasonLevel::kAll;
   std::vector<GpuOutcome> screened;
   std::vector<GpuOutcome> tried;
   std::vector<uint32_t> eligible;
@@ -145,7 +160,17 @@ struct Scratch {
   std::vector<uint32_t> used_units;
   std::vector<GpuUsage> usage;
   std::vector<uint64_t> memories;
+
+  explicit NodeScratch(const PodRequest& r) : request(&r), shape(SummarizeRequest(r)) {
+    single = shape.containers.size() == 1 && r.containers[shape.containers[0]].count == 1 &&
+             r.preference.empty() && NoFilters(r.filter);
+  }
+  bool explain() const { return reasons == ReasonLevel::kAll; }
 };
+
+namespace {
+
+using Scratch = NodeScratch;
 
 void Fail(NodePlan& plan, Scratch& s, size_t gpus) {
   plan.assignments.clear();
@@ -160,18 +185,14 @@ void Fail(NodePlan& plan, Scratch& s, size_t gpus) {
   if (plan.verdict == Verdict::kFits) plan.verdict = Verdict::kCapacityExhausted;
 }
 
-bool NoFilters(const GpuFilter& f) {
-  return f.vgpu_mode.empty() && f.use_uuids.empty() && f.nouse_uuids.empty() &&
-         f.use_types.empty() && f.nouse_types.empty();
-}
-
 // The common request, one container with one instance, no preference and no GPU hints, in one
 // pass over the GPUs without sorting. Same answer as the general path (the first GPU in policy
-// order that fits is the best-ranked fitting GPU); false when nothing fits (the general path then
-// gives the verdicts).
+// order that fits is the best-ranked fitting GPU); false when nothing fits or a GPU has idle
+// instances (the general path then decides).
 bool PlanSingleFast(const NodeView& node, const PodRequest& request, const ContainerRequest& ctr,
-                    uint32_t c, bool record, NodePlan& plan) {
+                    uint32_t c, Scratch& s, NodePlan& plan) {
   const bool binpack = request.gpu_policy == GpuPolicy::kBinpack;
+  s.eligible.clear();  // the schedulable GPUs, for the score below
   int best = -1;
   uint32_t best_used = 0;
   PlannedInstance best_inst;
@@ -179,12 +200,16 @@ bool PlanSingleFast(const NodeView& node, const PodRequest& request, const Conta
   uint32_t mig_gpus = 0;
   for (uint32_t i = 0; i < node.gpus.size(); ++i) {
     const GpuView& gpu = node.gpus[i];
+    // Idle (warm) instances take the general path: the tables know nothing of them. Checked in
+    // this pass, which reads every GPU anyway (a pass of its own costs a read of each GPU more).
+    if (!gpu.idle.empty()) return false;
     if (gpu.planner == nullptr) continue;
     const uint32_t units = gpu.planner->units();
     const uint32_t occupied = std::popcount(gpu.usage.occupied & FullMask(units));
     used += static_cast<double>(occupied) / units;
     ++mig_gpus;
     if (!gpu.healthy || !ModeAllowsMig(gpu.mode)) continue;
+    s.eligible.push_back(i);
     const uint32_t used_units = occupied * 64 / std::max(1u, units);
     if (best >= 0 && (binpack ? used_units <= best_used : used_units >= best_used)) continue;
     PlannedInstance inst;
@@ -197,14 +222,11 @@ bool PlanSingleFast(const NodeView& node, const PodRequest& request, const Conta
   }
   if (best < 0) return false;
   plan.used_fraction = mig_gpus == 0 ? 0.0 : used / mig_gpus;
-  if (record)
-    plan.assignments.push_back(
-        {c, 0, static_cast<uint32_t>(best), best_inst.profile_index, best_inst.placement});
-  for (uint32_t i = 0; i < node.gpus.size(); ++i) {
+  plan.assignments.push_back(
+      {c, 0, static_cast<uint32_t>(best), best_inst.profile_index, best_inst.placement});
+  for (uint32_t i : s.eligible) {  // the general path's eligible set without hints
     const GpuView& gpu = node.gpus[i];
-    if (gpu.planner == nullptr || !gpu.healthy || !ModeAllowsMig(gpu.mode)) continue;
     SliceMask occupied = gpu.usage.occupied;
-    // (ModeAllowsMig is cheap for "mig"; the eligible set equals the general path's.)
     if (static_cast<int>(i) == best) {
       occupied |= best_inst.placement.Mask();
       const uint32_t units = gpu.planner->units();
@@ -213,13 +235,6 @@ bool PlanSingleFast(const NodeView& node, const PodRequest& request, const Conta
     plan.score += gpu.planner->FragmentationScore(~occupied);
   }
   return true;
-}
-
-bool HasIdle(const NodeView& node) {
-  for (const auto& g : node.gpus) {
-    if (!g.idle.empty()) return true;
-  }
-  return false;
 }
 
 bool IsIdle(const GpuView& gpu, const PlannedInstance& inst) {
@@ -234,37 +249,21 @@ bool IsIdle(const GpuView& gpu, const PlannedInstance& inst) {
 bool TooManyInstances(const NodeView& node, const Scratch& s, NodePlan& plan) {
   uint64_t capacity = 0;
   for (uint32_t i : s.eligible) capacity += node.gpus[i].planner->max_instances();
-  if (s.shape->instances <= capacity) return false;
+  if (s.shape.instances <= capacity) return false;
   plan.assignments.clear();
   plan.verdict = Verdict::kCapacityExhausted;
-  if (s.explain) {
+  if (s.explain()) {
     plan.reason = fmt::format(
         "the pod asks for {} MIG instances; the {} GPU(s) of this node it may use hold at most {}",
-        s.shape->instances, s.eligible.size(), capacity);
+        s.shape.instances, s.eligible.size(), capacity);
   }
   return true;
 }
 
-void PlanOnNode(const NodeView& node, const PodRequest& request, Scratch& s, NodePlan& plan) {
-  plan.bind_in_flight = node.bind_in_flight;
-  // Idle (warm) instances take the general path: the tables know nothing of them.
-  if (node.healthy && !node.gpus.empty() && request.preference.empty() &&
-      NoFilters(request.filter) && !HasIdle(node)) {
-    const std::vector<uint32_t>& with_gpu = s.shape->containers;
-    if (with_gpu.size() == 1 && request.containers[with_gpu[0]].count == 1 &&
-        PlanSingleFast(node, request, request.containers[with_gpu[0]], with_gpu[0], s.record,
-                       plan)) {
-      return;
-    }
-  }
-  if (!node.healthy) {
-    plan.verdict = Verdict::kNodeUnhealthy;
-    return;
-  }
-  if (node.gpus.empty()) {
-    plan.verdict = Verdict::kNoMigGpu;
-    return;
-  }
+// Screens every GPU of the node against the pod's hints: the eligible GPUs, their usage copied for
+// planning, and the node's used fraction. Reasons of the screens are written unless none are
+// wanted (they explain a node that can never run the pod).
+void ScreenGpus(const NodeView& node, Scratch& s, NodePlan& plan) {
   const size_t g = node.gpus.size();
   s.screened.resize(std::max(s.screened.size(), g));
   s.tried.resize(std::max(s.tried.size(), g));
@@ -280,122 +279,160 @@ void PlanOnNode(const NodeView& node, const PodRequest& request, Scratch& s, Nod
       used += UsedFraction(gpu);
       ++mig_gpus;
     }
-    s.screened[i] = Screen(gpu, request.filter, s.explain);
+    s.screened[i] = Screen(gpu, s.request->filter, s.reasons != ReasonLevel::kNone);
     s.tried[i] = {Verdict::kFits, {}};
     if (s.screened[i].verdict == Verdict::kFits) s.eligible.push_back(i);
   }
   plan.used_fraction = mig_gpus == 0 ? 0.0 : used / mig_gpus;
-  if (s.eligible.empty()) return Fail(plan, s, g);
-  if (TooManyInstances(node, s, plan)) return;
+}
 
-  for (uint32_t c : s.shape->containers) {
-    const auto& ctr = request.containers[c];
-    // GPU order for this container: binpack fullest first, spread emptiest first.
-    s.order.assign(s.eligible.begin(), s.eligible.end());
-    for (uint32_t i : s.order) {
-      // Units used scaled to a common 64ths axis, so models with different axes compare.
-      s.used_units[i] =
-          std::popcount(s.usage[i].occupied) * 64 / std::max(1u, node.gpus[i].planner->units());
+// The eligible GPUs in the order a container tries them: binpack fullest first, spread emptiest
+// first, then GPU index.
+void OrderGpus(const NodeView& node, Scratch& s) {
+  s.order.assign(s.eligible.begin(), s.eligible.end());
+  for (uint32_t i : s.order) {
+    // Units used scaled to a common 64ths axis, so models with different axes compare.
+    s.used_units[i] =
+        std::popcount(s.usage[i].occupied) * 64 / std::max(1u, node.gpus[i].planner->units());
+  }
+  const bool binpack = s.request->gpu_policy == GpuPolicy::kBinpack;
+  auto before = [&](uint32_t a, uint32_t b) {
+    if (s.used_units[a] != s.used_units[b]) {
+      return binpack ? s.used_units[a] > s.used_units[b] : s.used_units[a] < s.used_units[b];
     }
-    const bool binpack = request.gpu_policy == GpuPolicy::kBinpack;
-    auto before = [&](uint32_t a, uint32_t b) {
-      if (s.used_units[a] != s.used_units[b]) {
-        return binpack ? s.used_units[a] > s.used_units[b] : s.used_units[a] < s.used_units[b];
-      }
-      return a < b;
-    };
-    // Insertion sort: a node has a handful of GPUs, and std::stable_sort allocates.
-    for (size_t i = 1; i < s.order.size(); ++i) {
-      const uint32_t v = s.order[i];
-      size_t j = i;
-      while (j > 0 && before(v, s.order[j - 1])) {
-        s.order[j] = s.order[j - 1];
-        --j;
-      }
-      s.order[j] = v;
+    return a < b;
+  };
+  // Insertion sort: a node has a handful of GPUs, and std::stable_sort allocates.
+  for (size_t i = 1; i < s.order.size(); ++i) {
+    const uint32_t v = s.order[i];
+    size_t j = i;
+    while (j > 0 && before(v, s.order[j - 1])) {
+      s.order[j] = s.order[j - 1];
+      --j;
     }
+    s.order[j] = v;
+  }
+}
 
-    auto memories_for = [&](uint32_t gpu, uint32_t n) {
-      const auto& cap = node.gpus[gpu].planner->capability();
-      s.memories.assign(n, ResolveMemory(ctr.memory.mib, ctr.memory.percent, cap));
-      return std::span<const uint64_t>(s.memories);
-    };
-    auto commit_one = [&](uint32_t gpu, const PlannedInstance& inst, uint32_t device) {
-      if (s.record)
-        plan.assignments.push_back({c, device, gpu, inst.profile_index, inst.placement});
-      if (!node.gpus[gpu].idle.empty() && IsIdle(node.gpus[gpu], inst)) ++plan.idle_reused;
-      s.usage[gpu].occupied |= inst.placement.Mask();
-      ++s.usage[gpu].counts[inst.profile_index];
-    };
-    auto commit = [&](uint32_t gpu, const GpuPlan& gp, uint32_t first_device) {
-      for (size_t k = 0; k < gp.instances.size(); ++k) {
-        commit_one(gpu, gp.instances[k], static_cast<uint32_t>(first_device + k));
-      }
-    };
+// One container's instances on the node: on one GPU when possible, spread over several otherwise.
+// Each placed instance is committed to the scratch usage (the next container sees it).
+class ContainerPlacer {
+ public:
+  ContainerPlacer(const NodeView& node, uint32_t c, Scratch& s, NodePlan& plan)
+      : node_(node), c_(c), ctr_(s.request->containers[c]), s_(s), plan_(plan) {}
 
-    // All instances on one GPU, in policy order.
-    bool placed = false;
-    if (ctr.count == 1 && request.preference.empty()) {
-      // The common case, allocation-free: one instance by table lookup.
-      for (uint32_t gpu : s.order) {
-        PlannedInstance inst;
-        const auto& planner = *node.gpus[gpu].planner;
-        const uint64_t mem =
-            ResolveMemory(ctr.memory.mib, ctr.memory.percent, planner.capability());
-        if (!node.gpus[gpu].idle.empty()) {
-          ++plan.gpu_plans;
-          GpuPlan gp = planner.Plan(s.usage[gpu], std::span<const uint64_t>(&mem, 1), {}, false,
-                                    node.gpus[gpu].idle);
-          if (gp.verdict != Verdict::kFits) continue;
-          inst = gp.instances.front();
-        } else if (!planner.PlanSingle(s.usage[gpu], mem, inst)) {
-          continue;
-        }
-        commit_one(gpu, inst, 0);
-        placed = true;
-        break;
-      }
-      if (placed) continue;
+  // False: the container does not fit (s.tried holds what each GPU said).
+  bool Place() {
+    if (ctr_.count == 1 && s_.request->preference.empty() && PlaceOneByTable()) return true;
+    if (PlaceOnOneGpu()) return true;
+    if (ctr_.count == 1) return false;
+    return Spread();
+  }
+
+ private:
+  std::span<const uint64_t> MemoriesFor(uint32_t gpu, uint32_t n) {
+    const auto& cap = node_.gpus[gpu].planner->capability();
+    s_.memories.assign(n, ResolveMemory(ctr_.memory.mib, ctr_.memory.percent, cap));
+    return std::span<const uint64_t>(s_.memories);
+  }
+
+  void CommitOne(uint32_t gpu, const PlannedInstance& inst, uint32_t device) {
+    plan_.assignments.push_back({c_, device, gpu, inst.profile_index, inst.placement});
+    if (!node_.gpus[gpu].idle.empty() && IsIdle(node_.gpus[gpu], inst)) ++plan_.idle_reused;
+    s_.usage[gpu].occupied |= inst.placement.Mask();
+    ++s_.usage[gpu].counts[inst.profile_index];
+  }
+
+  void Commit(uint32_t gpu, const GpuPlan& gp, uint32_t first_device) {
+    for (size_t k = 0; k < gp.instances.size(); ++k) {
+      CommitOne(gpu, gp.instances[k], static_cast<uint32_t>(first_device + k));
     }
-    for (uint32_t gpu : s.order) {
-      ++plan.gpu_plans;
-      GpuPlan gp = node.gpus[gpu].planner->Plan(s.usage[gpu], memories_for(gpu, ctr.count),
-                                                request.preference, s.explain, node.gpus[gpu].idle);
+  }
+
+  // The common case, allocation-free: one instance by table lookup (a GPU with idle instances is
+  // planned in full: the table knows nothing of them). False: the general path decides.
+  bool PlaceOneByTable() {
+    for (uint32_t gpu : s_.order) {
+      PlannedInstance inst;
+      const auto& planner = *node_.gpus[gpu].planner;
+      const uint64_t mem =
+          ResolveMemory(ctr_.memory.mib, ctr_.memory.percent, planner.capability());
+      if (!node_.gpus[gpu].idle.empty()) {
+        ++plan_.gpu_plans;
+        GpuPlan gp = planner.Plan(s_.usage[gpu], std::span<const uint64_t>(&mem, 1), {}, false,
+                                  node_.gpus[gpu].idle);
+        if (gp.verdict != Verdict::kFits) continue;
+        inst = gp.instances.front();
+      } else if (!planner.PlanSingle(s_.usage[gpu], mem, inst)) {
+        continue;
+      }
+      CommitOne(gpu, inst, 0);
+      return true;
+    }
+    return false;
+  }
+
+  // All instances on one GPU, in policy order; each GPU that cannot take them says why.
+  bool PlaceOnOneGpu() {
+    const bool explain = s_.explain();
+    for (uint32_t gpu : s_.order) {
+      ++plan_.gpu_plans;
+      const GpuPlanner& planner = *node_.gpus[gpu].planner;
+      const std::span<const uint64_t> memories = MemoriesFor(gpu, ctr_.count);
+      GpuPlan gp = planner.Plan(s_.usage[gpu], memories, s_.request->preference, explain,
+                                node_.gpus[gpu].idle);
       if (gp.verdict == Verdict::kFits) {
-        commit(gpu, gp, 0);
-        placed = true;
-        break;
+        Commit(gpu, gp, 0);
+        return true;
       }
-      s.tried[gpu] = {gp.verdict, std::move(gp.reason)};
+      if (!explain && s_.reasons == ReasonLevel::kNeverFits && NeverFits(gp.verdict)) {
+        // The text of a verdict that no release changes; decided before any search, so asking
+        // again for it costs no search.
+        gp = planner.Plan(s_.usage[gpu], memories, s_.request->preference, true,
+                          node_.gpus[gpu].idle);
+      }
+      s_.tried[gpu] = {gp.verdict, std::move(gp.reason)};
     }
-    if (placed) continue;
-    if (ctr.count == 1) return Fail(plan, s, g);
-    // Spread: as many as fit on each GPU in policy order (never more than MaxInstances: larger
-    // counts cannot fit).
-    uint32_t remaining = ctr.count;
-    for (uint32_t gpu : s.order) {
-      const uint32_t room = node.gpus[gpu].planner->MaxInstances(s.usage[gpu].occupied);
+    return false;
+  }
+
+  // As many as fit on each GPU in policy order (never more than MaxInstances: larger counts
+  // cannot fit).
+  bool Spread() {
+    uint32_t remaining = ctr_.count;
+    for (uint32_t gpu : s_.order) {
+      const GpuPlanner& planner = *node_.gpus[gpu].planner;
+      const uint32_t room = planner.MaxInstances(s_.usage[gpu].occupied);
       for (uint32_t m = std::min(remaining, room); m >= 1; --m) {
-        ++plan.gpu_plans;
-        GpuPlan gp = node.gpus[gpu].planner->Plan(s.usage[gpu], memories_for(gpu, m),
-                                                  request.preference, false, node.gpus[gpu].idle);
+        ++plan_.gpu_plans;
+        GpuPlan gp = planner.Plan(s_.usage[gpu], MemoriesFor(gpu, m), s_.request->preference, false,
+                                  node_.gpus[gpu].idle);
         if (gp.verdict == Verdict::kFits) {
-          commit(gpu, gp, ctr.count - remaining);
+          Commit(gpu, gp, ctr_.count - remaining);
           remaining -= m;
           break;
         }
       }
-      if (remaining == 0) break;
+      if (remaining == 0) return true;
     }
-    if (remaining > 0) {
-      for (uint32_t i : s.eligible) {
-        if (s.tried[i].verdict == Verdict::kFits) {
-          s.tried[i] = {Verdict::kCapacityExhausted, "too few free slices"};
-        }
+    for (uint32_t i : s_.eligible) {
+      if (s_.tried[i].verdict == Verdict::kFits) {
+        s_.tried[i] = {Verdict::kCapacityExhausted, "too few free slices"};
       }
-      return Fail(plan, s, g);
     }
+    return false;
   }
+
+  const NodeView& node_;
+  const uint32_t c_;
+  const ContainerRequest& ctr_;
+  Scratch& s_;
+  NodePlan& plan_;
+};
+
+// The fragmentation score the eligible GPUs keep after the pod, and the units left free on the
+// GPUs it lands on.
+void ScoreNode(const NodeView& node, const Scratch& s, NodePlan& plan) {
   for (uint32_t i : s.eligible) {
     const auto& planner = *node.gpus[i].planner;
     plan.score += planner.FragmentationScore(~s.usage[i].occupied);
@@ -403,6 +440,41 @@ void PlanOnNode(const NodeView& node, const PodRequest& request, Scratch& s, Nod
       const uint32_t free_units = std::popcount(~s.usage[i].occupied & FullMask(planner.units()));
       plan.leftover += free_units * 64 / std::max(1u, planner.units());
     }
+  }
+}
+
+// Plans the pod on one node into `plan` (a fresh NodePlan; its assignments may hold capacity).
+void PlanOnNode(const NodeView& node, Scratch& s, NodePlan& plan) {
+  const PodRequest& request = *s.request;
+  plan.bind_in_flight = node.bind_in_flight;
+  plan.explained = s.reasons == ReasonLevel::kAll;
+  if (s.single && node.healthy && !node.gpus.empty()) {
+    const uint32_t c = s.shape.containers[0];
+    if (PlanSingleFast(node, request, request.containers[c], c, s, plan)) return;
+  }
+  if (!node.healthy) {
+    plan.verdict = Verdict::kNodeUnhealthy;
+    return;
+  }
+  if (node.gpus.empty()) {
+    plan.verdict = Verdict::kNoMigGpu;
+    return;
+  }
+  const size_t g = node.gpus.size();
+  ScreenGpus(node, s, plan);
+  if (s.eligible.empty()) return Fail(plan, s, g);
+  if (TooManyInstances(node, s, plan)) return;
+  for (uint32_t c : s.shape.containers) {
+    OrderGpus(node, s);
+    if (!ContainerPlacer(node, c, s, plan).Place()) return Fail(plan, s, g);
+  }
+  ScoreNode(node, s, plan);
+}
+
+void FinishExplained(NodePlan& plan, ReasonLevel reasons) {
+  // A node that can never run the pod carries its reasons at kNeverFits too.
+  if (reasons == ReasonLevel::kNeverFits && !plan.fits() && NeverFits(plan.verdict)) {
+    plan.explained = true;
   }
 }
 
@@ -466,17 +538,28 @@ bool MayEverFit(const NodeSummary& summary, const PodRequest& request) {
   return MayEverFit(summary, SummarizeRequest(request));
 }
 
+bool NeverFits(Verdict verdict) {
+  switch (verdict) {
+    case Verdict::kNoProfileBigEnough:
+    case Verdict::kNotAllowlisted:
+    case Verdict::kFiltered:
+    case Verdict::kNoMigGpu:
+      return true;
+    default:
+      return false;
+  }
+}
+
 NodePlan PlanPodOnNode(const NodeView& node, const PodRequest& request,
-                       const RequestSummary& summary) {
-  Scratch scratch;
-  scratch.shape = &summary;
-  NodePlan plan;
-  PlanOnNode(node, request, scratch, plan);
-  return plan;
+                       const RequestSummary& /*summary*/) {
+  return PlanPodOnNode(node, request);
 }
 
 NodePlan PlanPodOnNode(const NodeView& node, const PodRequest& request) {
-  return PlanPodOnNode(node, request, SummarizeRequest(request));
+  NodeScratch scratch(request);
+  NodePlan plan;
+  PlanOnNode(node, scratch, plan);
+  return plan;
 }
 
 PodPlan PlanPod(std::span<const NodeView> nodes, const PodRequest& request) {
@@ -487,32 +570,123 @@ PodPlan PlanPod(std::span<const NodeView> nodes, const PodRequest& request) {
 }
 
 PodPlan PlanPod(std::span<const NodeView* const> nodes, const PodRequest& request) {
+  PlanSession session(request, nodes.size(), PlanSession::Reasons::kNone);
+  for (size_t i = 0; i < nodes.size(); ++i) session.Plan(i, *nodes[i]);
   PodPlan out;
-  out.nodes.resize(nodes.size());
-  const RequestSummary shape = SummarizeRequest(request);
-  Scratch scratch;
-  scratch.shape = &shape;
-  scratch.explain = false;
-  scratch.record = false;
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    PlanOnNode(*nodes[i], request, scratch, out.nodes[i]);
-    const NodePlan& p = out.nodes[i];
-    if (!p.fits()) continue;
-    if (out.chosen < 0) {
-      out.chosen = static_cast<int>(i);
-      continue;
-    }
-    const NodePlan& best = out.nodes[out.chosen];
-    if (Better(p, best, request.node_policy)) out.chosen = static_cast<int>(i);
-  }
-  if (out.chosen >= 0) {
-    // The winner again, this time recording its assignments (same inputs, same answer).
-    scratch.record = true;
-    NodePlan chosen;
-    PlanOnNode(*nodes[out.chosen], request, scratch, chosen);
-    out.nodes[out.chosen] = std::move(chosen);
-  }
+  out.chosen = session.chosen();
+  out.nodes = session.TakePlans();
   return out;
+}
+
+PlanSession::PlanSession(const PodRequest& request, size_t candidates, Reasons reasons)
+    : scratch_(std::make_unique<NodeScratch>(request)),
+      policy_(request.node_policy),
+      reasons_(reasons),
+      views_(candidates, nullptr),
+      plans_(candidates) {}
+
+PlanSession::~PlanSession() = default;
+PlanSession::PlanSession(PlanSession&&) noexcept = default;
+PlanSession& PlanSession::operator=(PlanSession&&) noexcept = default;
+
+const RequestSummary& PlanSession::shape() const { return scratch_->shape; }
+
+const NodePlan& PlanSession::Plan(size_t i, const NodeView& node) {
+  // Each candidate is given once: its plan is still the one the constructor made.
+  views_[i] = &node;
+  NodePlan& plan = plans_[i];
+  // The winner so far keeps its assignments; a plan that does not win gives the buffer back.
+  plan.assignments.swap(spare_);
+  Run(node, PassLevel(), plan);
+  Consider(i);
+  return plan;
+}
+
+void PlanSession::Reuse(size_t i, const NodeView& node, NodePlan plan) {
+  views_[i] = &node;
+  plans_[i] = std::move(plan);
+  Consider(i);
+}
+
+void PlanSession::Skip(size_t i, const NodeView* node) {
+  views_[i] = node;
+  plans_[i] = NodePlan{};
+  plans_[i].verdict = Verdict::kCapacityExhausted;
+}
+
+const NodePlan& PlanSession::Replan(size_t i, const NodeView& node) {
+  NodePlan& plan = Fresh(i, node);
+  Run(node, reasons_ == Reasons::kNone ? ReasonLevel::kNone : ReasonLevel::kNeverFits, plan);
+  return plan;
+}
+
+void PlanSession::Choose() {
+  chosen_ = -1;
+  for (size_t i = 0; i < plans_.size(); ++i) {
+    if (!plans_[i].fits()) continue;
+    if (chosen_ < 0 || Better(plans_[i], plans_[chosen_], policy_)) chosen_ = static_cast<int>(i);
+  }
+}
+
+const NodePlan* PlanSession::Winner() {
+  if (chosen_ < 0) return nullptr;
+  NodePlan& plan = plans_[chosen_];
+  if (plan.assignments.empty() && scratch_->shape.instances > 0) {
+    // Reused (a cache keeps verdicts and scores): its assignments are recorded now.
+    NodePlan recorded;
+    Run(*views_[chosen_], ReasonLevel::kNone, recorded);
+    plan.assignments = std::move(recorded.assignments);
+  }
+  return &plan;
+}
+
+std::pair<Verdict, std::string> PlanSession::Explain(size_t i) {
+  const NodeView* view = views_[i];
+  if (view == nullptr) return {plans_[i].verdict, ""};
+  if (plans_[i].explained) return {plans_[i].verdict, plans_[i].Reason(*view)};
+  // Skipped, reused, or planned after a node fitted without a verdict that never changes: planned
+  // now with every reason.
+  NodePlan explained;
+  Run(*view, ReasonLevel::kAll, explained);
+  return {explained.verdict, explained.Reason(*view)};
+}
+
+std::vector<NodePlan> PlanSession::TakePlans() {
+  Winner();
+  return std::move(plans_);
+}
+
+NodePlan& PlanSession::Fresh(size_t i, const NodeView& node) {
+  views_[i] = &node;
+  plans_[i] = NodePlan{};
+  return plans_[i];
+}
+
+ReasonLevel PlanSession::PassLevel() const {
+  if (reasons_ == Reasons::kNone) return ReasonLevel::kNone;
+  // Until a node fits, nothing may: every reason may be reported.
+  return chosen_ < 0 ? ReasonLevel::kAll : ReasonLevel::kNeverFits;
+}
+
+void PlanSession::Run(const NodeView& node, ReasonLevel level, NodePlan& plan) {
+  scratch_->reasons = level;
+  PlanOnNode(node, *scratch_, plan);
+  FinishExplained(plan, level);
+}
+
+void PlanSession::Consider(size_t i) {
+  NodePlan& plan = plans_[i];
+  if (plan.fits() && (chosen_ < 0 || Better(plan, plans_[chosen_], policy_))) {
+    if (chosen_ >= 0) {
+      spare_.swap(plans_[chosen_].assignments);
+      spare_.clear();
+    }
+    chosen_ = static_cast<int>(i);
+    return;
+  }
+  if (spare_.capacity() < plan.assignments.capacity()) spare_.swap(plan.assignments);
+  spare_.clear();
+  plan.assignments.clear();
 }
 
 }  // namespace dynmig::mig

@@ -19,20 +19,21 @@
 
 namespace dynmig::mig {
 
-// One GPU as the scheduler sees it.
+// One GPU as the scheduler sees it. The fields every decision reads come first, together (a
+// cluster-wide search reads thousands of these; the names are read only to explain or filter).
 struct GpuView {
-  std::string uuid;
-  uint32_t index = 0;
-  std::string model;         // NVML name, for nvidia.com/use-gputype
-  std::string mode = "mig";  // the registered mode
-  bool healthy = true;
-  std::string unhealthy_reason;
   std::shared_ptr<const GpuPlanner> planner;  // null: no allowlisted MIG capability
   GpuUsage usage;
+  bool healthy = true;
   // Idle (warm) instances the device plugin keeps (dynmig.io/idle-mig-instances), allowlisted and
   // on free slices: their slices are free in `usage`; among otherwise equal choices a pod lands on
   // them. Empty without warm instances (the plan is then exactly the one without them).
   std::vector<PlannedInstance> idle;
+  std::string mode = "mig";  // the registered mode
+  std::string uuid;
+  uint32_t index = 0;
+  std::string model;  // NVML name, for nvidia.com/use-gputype
+  std::string unhealthy_reason;
 };
 
 struct NodeView {
@@ -113,13 +114,21 @@ struct NodePlan {
   // whatever the request (tests check it).
   uint32_t gpu_plans = 0;
 
+  // The reasons are complete: Reason() gives the full text (a plan made for verdicts alone may
+  // lack the per-GPU texts).
+  bool explained = false;
+
   bool fits() const { return verdict == Verdict::kFits; }
   // "node-a: fragmented: GPU 0 (GPU-…): ...; GPU 1 ...".
   std::string Reason(const NodeView& node) const;
 };
 
+// Whether a verdict is permanent for the pod on that node: no release of slices changes it (no
+// profile big enough, none allowlisted, excluded by the pod's GPU hints, no MIG GPU).
+bool NeverFits(Verdict verdict);
+
 // Plans the pod on one node, with a reason for every GPU when it does not fit. `summary`:
-// SummarizeRequest(request), when the caller plans the pod on many nodes.
+// SummarizeRequest(request) (accepted for callers that hold it; the planner derives it).
 NodePlan PlanPodOnNode(const NodeView& node, const PodRequest& request);
 NodePlan PlanPodOnNode(const NodeView& node, const PodRequest& request,
                        const RequestSummary& summary);
@@ -129,13 +138,77 @@ struct PodPlan {
   std::vector<NodePlan> nodes;
 };
 
+struct NodeScratch;
+enum class ReasonLevel;
+
+// One pod over its candidate nodes in one pass: every node's verdict, the reasons a caller reports,
+// and the winner's assignments, with the per-pod work (the request's shape, buffers) done once.
+// Candidates are given in order, each index once, by Plan (planned now), Reuse (a plan made
+// earlier on the same node state, e.g. a cache) or Skip (ruled out without planning, e.g. by its
+// NodeSummary); the winner is the first best in that order (BetterNode), PlanPod's choice. Only
+// the winner so far keeps assignments, in buffers handed from plan to plan, so the pass allocates
+// nothing per node on the common path. The session keeps pointers to the request and the views:
+// they must outlive it unchanged (Replan takes a changed node's new view).
+class PlanSession {
+ public:
+  enum class Reasons {
+    kNone,  // verdicts only (PlanPod)
+    // What a scheduler reports: while no node fits, every node is planned with its reasons (nothing
+    // may fit, and then each is reported); once one fits, only the reasons of a verdict that never
+    // changes (NeverFits) are written. Explain gives any other loser's reason.
+    kForLosers,
+  };
+  PlanSession(const PodRequest& request, size_t candidates, Reasons reasons);
+  ~PlanSession();
+  PlanSession(PlanSession&&) noexcept;
+  PlanSession& operator=(PlanSession&&) noexcept;
+
+  const RequestSummary& shape() const;
+  const NodePlan& Plan(size_t i, const NodeView& node);
+  void Reuse(size_t i, const NodeView& node, NodePlan plan);
+  // `node` may be null (an unknown candidate); the candidate does not fit.
+  void Skip(size_t i, const NodeView* node);
+  // Plans candidate i again on its node's current view (it changed since the pass), recording
+  // its assignments; Choose then chooses again over every candidate.
+  const NodePlan& Replan(size_t i, const NodeView& node);
+  void Choose();
+
+  int chosen() const { return chosen_; }  // -1: nothing fits
+  const NodePlan& plan(size_t i) const { return plans_[i]; }
+  const std::vector<NodePlan>& plans() const { return plans_; }
+  // The chosen plan with its assignments (a reused winner is planned once more to record them);
+  // null when nothing fits.
+  const NodePlan* Winner();
+  // The verdict and reason of candidate i (which does not fit): from the pass when it wrote them,
+  // else planned now with every reason (a skipped or reused node, or one planned after a node fit).
+  std::pair<Verdict, std::string> Explain(size_t i);
+  // Every candidate's plan, the winner's with its assignments; the session is spent.
+  std::vector<NodePlan> TakePlans();
+
+ private:
+  NodePlan& Fresh(size_t i, const NodeView& node);
+  ReasonLevel PassLevel() const;
+  void Run(const NodeView& node, ReasonLevel level, NodePlan& plan);
+  // Candidate i competes for the choice: the winner keeps its assignments, any other plan's go to
+  // spare_.
+  void Consider(size_t i);
+
+  std::unique_ptr<NodeScratch> scratch_;
+  NodePolicy policy_;
+  Reasons reasons_;
+  std::vector<const NodeView*> views_;
+  std::vector<NodePlan> plans_;
+  std::vector<Assignment> spare_;  // an empty assignment buffer with capacity, for the next plan
+  int chosen_ = -1;
+};
+
 // Plans on every node and picks one. Node policy binpack (the default) is best-fit: the node
 // where the pod's GPUs are left with the fewest free slices, then the fullest node; spread picks
 // the emptiest node. Remaining ties go to the better fragmentation score, then to the node where
 // more of the pod's instances land on idle (warm) instances, then to a node without a bind in
 // flight, then to node order.
-// Verdicts only: for the reasons of a node that does not fit, call PlanPodOnNode on it (Reason
-// needs them).
+// Verdicts only (the chosen node's plan carries its assignments): for the reasons of a node that
+// does not fit, call PlanPodOnNode on it (Reason needs them), or plan with a PlanSession.
 PodPlan PlanPod(std::span<const NodeView> nodes, const PodRequest& request);
 // PlanPod's comparison: whether node plan `a` (which fits) is a better choice than `b` (which
 // fits) under `policy`; PlanPod keeps the first of equals in node order.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <charconv>
 #include <numeric>
 
 #include "fmt/format.h"
@@ -13,20 +14,34 @@ namespace {
 
 constexpr size_t kMaxSearchNodes = 1'000'000;
 
-std::string SliceList(SliceMask free, uint32_t units) {
-  std::vector<std::string> parts;
+void AppendNumber(std::string& out, uint32_t n) {
+  char digits[10];
+  const auto end = std::to_chars(digits, digits + sizeof(digits), n).ptr;
+  out.append(digits, end);
+}
+
+// "0-2,5" for the set units of `free` below `units` ("none" when there are none), appended to
+// `out` without temporaries (a reason is written on every explained miss).
+void AppendSliceList(std::string& out, SliceMask free, uint32_t units) {
+  bool any = false;
   uint32_t i = 0;
   while (i < units) {
-    if ((free >> i) & 1u) {
-      uint32_t j = i;
-      while (j + 1 < units && ((free >> (j + 1)) & 1u)) ++j;
-      parts.push_back(i == j ? std::to_string(i) : fmt::format("{}-{}", i, j));
-      i = j + 1;
-    } else {
+    if (((free >> i) & 1u) == 0) {
       ++i;
+      continue;
     }
+    uint32_t j = i;
+    while (j + 1 < units && ((free >> (j + 1)) & 1u)) ++j;
+    if (any) out += ',';
+    any = true;
+    AppendNumber(out, i);
+    if (i != j) {
+      out += '-';
+      AppendNumber(out, j);
+    }
+    i = j + 1;
   }
-  return parts.empty() ? "none" : fmt::format("{}", fmt::join(parts, ","));
+  if (!any) out += "none";
 }
 
 }  // namespace
@@ -62,9 +77,11 @@ uint64_t ResolveMemory(uint64_t mib, uint32_t percent, const GpuCapability& cap)
   return (full * pct + 99) / 100;
 }
 
-absl::StatusOr<std::shared_ptr<const GpuPlanner>> GpuPlanner::Create(
-    GpuCapability capability, const std::vector<std::string>& allowed_names) {
-  std::shared_ptr<GpuPlanner> planner(new GpuPlanner());
+namespace {
+
+// The capability's placement axis, checked: every placement within it, no more units or profiles
+// than the planner's masks and counters hold, no empty placement.
+absl::Status ValidateCapability(GpuCapability& capability) {
   uint32_t units = 0;
   for (const auto& p : capability.profiles) {
     for (const auto& pl : p.placements) units = std::max(units, pl.end());
@@ -93,51 +110,69 @@ absl::StatusOr<std::shared_ptr<const GpuPlanner>> GpuPlanner::Create(
       }
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const GpuPlanner>> GpuPlanner::Create(
+    GpuCapability capability, const std::vector<std::string>& allowed_names) {
+  if (absl::Status valid = ValidateCapability(capability); !valid.ok()) return valid;
+  std::shared_ptr<GpuPlanner> planner(new GpuPlanner());
   planner->capability_ = std::move(capability);
-  const auto& profiles = planner->capability_.profiles;
-  planner->allowed_flag_.assign(profiles.size(), false);
+  planner->ResolveAllowed(allowed_names);
+  planner->BuildClasses();
+  planner->BuildScoreTables();
+  planner->BuildInstanceBounds();
+  planner->BuildSingleTable();
+  return std::shared_ptr<const GpuPlanner>(std::move(planner));
+}
+
+void GpuPlanner::ResolveAllowed(const std::vector<std::string>& allowed_names) {
+  const auto& profiles = capability_.profiles;
+  allowed_flag_.assign(profiles.size(), false);
   for (uint32_t i = 0; i < profiles.size(); ++i) {
     if (std::find(allowed_names.begin(), allowed_names.end(), profiles[i].name) !=
             allowed_names.end() &&
         !profiles[i].placements.empty()) {
-      planner->allowed_.push_back(i);
-      planner->allowed_flag_[i] = true;
+      allowed_.push_back(i);
+      allowed_flag_[i] = true;
     }
   }
-  std::sort(planner->allowed_.begin(), planner->allowed_.end(),
+  std::sort(allowed_.begin(), allowed_.end(),
             [&](uint32_t a, uint32_t b) { return DefaultProfileLess(profiles[a], profiles[b]); });
+  // Sizing memory by default-order position: what every decision compares a request with, read
+  // from here instead of from the profile names.
+  for (uint32_t idx : allowed_) allowed_memory_.push_back(profiles[idx].SizingMib());
+}
 
+void GpuPlanner::BuildClasses() {
   // Placement classes: allowlisted profiles with identical placement lists count once. Profiles
   // that the default order reaches (the first of each memory size) rank above those only a
   // preference reaches (4g.20gb behind 3g.20gb): protecting a placement nobody asks for by
   // default costs admissions (docs/design/0001-placement.md).
-  struct ClassKey {
-    std::vector<SliceMask> masks;
-    uint32_t cap;
-    bool reachable;
-  };
-  std::vector<ClassKey> keys;
+  const auto& profiles = capability_.profiles;
   uint64_t prev_memory = 0;
   bool first = true;
-  for (uint32_t idx : planner->allowed_) {
-    const auto& p = profiles[idx];
-    const bool reachable = first || p.SizingMib() > prev_memory;
+  for (size_t j = 0; j < allowed_.size(); ++j) {
+    const auto& p = profiles[allowed_[j]];
+    const bool reachable = first || allowed_memory_[j] > prev_memory;
     first = false;
-    prev_memory = std::max(prev_memory, p.SizingMib());
+    prev_memory = std::max(prev_memory, allowed_memory_[j]);
     std::vector<SliceMask> masks;
     for (const auto& pl : p.placements) masks.push_back(pl.Mask());
     std::sort(masks.begin(), masks.end());
     const uint32_t cap = std::min<uint32_t>(p.instance_count, masks.size());
-    auto it =
-        std::find_if(keys.begin(), keys.end(), [&](const ClassKey& c) { return c.masks == masks; });
-    if (it == keys.end()) {
-      keys.push_back({std::move(masks), cap, reachable});
+    auto it = std::find_if(classes_.begin(), classes_.end(),
+                           [&](const PlacementClass& c) { return c.masks == masks; });
+    if (it == classes_.end()) {
+      classes_.push_back({std::move(masks), cap, reachable});
     } else {
       it->cap = std::max(it->cap, cap);
       it->reachable = it->reachable || reachable;
     }
   }
-  std::sort(keys.begin(), keys.end(), [](const ClassKey& a, const ClassKey& b) {
+  std::sort(classes_.begin(), classes_.end(), [](const PlacementClass& a, const PlacementClass& b) {
     if (a.reachable != b.reachable) return a.reachable;
     const int sa = std::popcount(a.masks.front());
     const int sb = std::popcount(b.masks.front());
@@ -145,54 +180,57 @@ absl::StatusOr<std::shared_ptr<const GpuPlanner>> GpuPlanner::Create(
     if (a.masks.size() != b.masks.size()) return a.masks.size() < b.masks.size();
     return a.masks < b.masks;
   });
-  for (auto& k : keys) planner->classes_.push_back({std::move(k.masks), k.cap, k.reachable});
   // Within a class, masks in ascending start order for the greedy count.
-  for (auto& c : planner->classes_) {
+  for (auto& c : classes_) {
     std::sort(c.masks.begin(), c.masks.end(),
               [](SliceMask a, SliceMask b) { return std::countr_zero(a) < std::countr_zero(b); });
   }
-  const uint32_t units_axis = planner->capability_.placement_units;
-  if (units_axis <= 16) {
-    const size_t n = size_t{1} << units_axis;
-    // Ascending masks: Coverage(m) only reads smaller masks, already in the table.
-    planner->coverage_table_.reserve(n);
-    for (size_t m = 0; m < n; ++m) {
-      planner->coverage_table_.push_back(
-          static_cast<uint8_t>(planner->Coverage(static_cast<SliceMask>(m))));
-    }
-    planner->score_table_.resize(n);
-    for (size_t m = 0; m < n; ++m) {
-      planner->score_table_[m] = planner->ComputeScore(static_cast<SliceMask>(m));
-    }
+}
+
+void GpuPlanner::BuildScoreTables() {
+  const uint32_t units_axis = capability_.placement_units;
+  if (units_axis > 16) return;
+  const size_t n = size_t{1} << units_axis;
+  // Ascending masks: Coverage(m) only reads smaller masks, already in the table.
+  coverage_table_.reserve(n);
+  for (size_t m = 0; m < n; ++m) {
+    coverage_table_.push_back(static_cast<uint8_t>(Coverage(static_cast<SliceMask>(m))));
   }
-  for (uint32_t idx : planner->allowed_) {
-    for (const auto& pl : profiles[idx].placements) planner->by_end_.push_back(pl);
+  score_table_.resize(n);
+  for (size_t m = 0; m < n; ++m) score_table_[m] = ComputeScore(static_cast<SliceMask>(m));
+}
+
+void GpuPlanner::BuildInstanceBounds() {
+  const auto& profiles = capability_.profiles;
+  for (uint32_t idx : allowed_) {
+    for (const auto& pl : profiles[idx].placements) by_end_.push_back(pl);
   }
-  std::sort(planner->by_end_.begin(), planner->by_end_.end(),
+  std::sort(by_end_.begin(), by_end_.end(),
             [](const Placement& a, const Placement& b) { return a.end() < b.end(); });
-  planner->max_instances_ = planner->MaxInstances(0);
-  for (uint32_t idx : planner->allowed_) {
+  max_instances_ = MaxInstances(0);
+  for (uint32_t idx : allowed_) {
     const auto& spec = profiles[idx];
-    planner->allowed_memory_.push_back(spec.SizingMib());
-    if (spec.instance_count < spec.placements.size()) planner->count_limited_.push_back(idx);
+    if (spec.instance_count < spec.placements.size()) count_limited_.push_back(idx);
   }
-  if (units_axis <= 16 && !planner->allowed_.empty()) {
-    const size_t n = size_t{1} << units_axis;
-    const size_t k = planner->allowed_.size();
-    planner->single_table_.resize(n * k);
-    const GpuUsage empty;
-    for (size_t m = 0; m < n; ++m) {
-      for (size_t lo = 0; lo < k; ++lo) {
-        PlannedInstance inst;
-        if (planner->SinglePlan(static_cast<SliceMask>(m), lo, empty, inst)) {
-          planner->single_table_[m * k + lo] = {1, static_cast<uint8_t>(inst.profile_index),
-                                                static_cast<uint8_t>(inst.placement.start),
-                                                static_cast<uint8_t>(inst.placement.size)};
-        }
+}
+
+void GpuPlanner::BuildSingleTable() {
+  const uint32_t units_axis = capability_.placement_units;
+  if (units_axis > 16 || allowed_.empty()) return;
+  const size_t n = size_t{1} << units_axis;
+  const size_t k = allowed_.size();
+  single_table_.resize(n * k);
+  const GpuUsage empty;
+  for (size_t m = 0; m < n; ++m) {
+    for (size_t lo = 0; lo < k; ++lo) {
+      PlannedInstance inst;
+      if (SinglePlan(static_cast<SliceMask>(m), lo, empty, inst)) {
+        single_table_[m * k + lo] = {1, static_cast<uint8_t>(inst.profile_index),
+                                     static_cast<uint8_t>(inst.placement.start),
+                                     static_cast<uint8_t>(inst.placement.size)};
       }
     }
   }
-  return std::shared_ptr<const GpuPlanner>(std::move(planner));
 }
 
 bool GpuPlanner::SinglePlan(SliceMask occupied, size_t first, const GpuUsage& usage,
@@ -221,21 +259,43 @@ bool GpuPlanner::SinglePlan(SliceMask occupied, size_t first, const GpuUsage& us
   return false;
 }
 
-bool GpuPlanner::PlanSingle(const GpuUsage& usage, uint64_t memory_mib,
-                            PlannedInstance& out) const {
-  if (single_table_.empty()) return false;
-  for (uint32_t idx : count_limited_) {
-    if (usage.counts[idx] >= capability_.profiles[idx].instance_count) return false;
-  }
-  const size_t first = static_cast<size_t>(
+GpuPlanner::SingleAnswer GpuPlanner::LookupSingle(const GpuUsage& usage, uint64_t memory_mib,
+                                                  PlannedInstance& out, size_t& first) const {
+  if (single_table_.empty()) return SingleAnswer::kNotApplicable;
+  first = static_cast<size_t>(
       std::lower_bound(allowed_memory_.begin(), allowed_memory_.end(), memory_mib) -
       allowed_memory_.begin());
-  if (first >= allowed_.size()) return false;
+  if (first >= allowed_.size()) return SingleAnswer::kNoProfile;
+  for (uint32_t idx : count_limited_) {
+    if (usage.counts[idx] >= capability_.profiles[idx].instance_count) {
+      return SingleAnswer::kNotApplicable;
+    }
+  }
   const SliceMask occupied = usage.occupied & FullMask(capability_.placement_units);
   const Single& s = single_table_[occupied * allowed_.size() + first];
-  if (!s.ok) return false;
+  if (!s.ok) return SingleAnswer::kNoFit;
   out = {s.profile_index, Placement{s.start, s.size}};
-  return true;
+  return SingleAnswer::kFits;
+}
+
+bool GpuPlanner::PlanSingle(const GpuUsage& usage, uint64_t memory_mib,
+                            PlannedInstance& out) const {
+  size_t first = 0;
+  return LookupSingle(usage, memory_mib, out, first) == SingleAnswer::kFits;
+}
+
+Verdict GpuPlanner::SingleMissVerdict(const GpuUsage& usage, size_t first) const {
+  // Explain's verdict for one instance whose candidates are allowed_[first..], without building
+  // the candidate list.
+  const SliceMask free = FullMask(capability_.placement_units) & ~usage.occupied;
+  const uint32_t free_units = std::popcount(free);
+  const uint32_t need = capability_.profiles[allowed_[first]].memory_slices;
+  if (free_units < need) return Verdict::kCapacityExhausted;
+  for (size_t j = first; j < allowed_.size(); ++j) {
+    const uint32_t idx = allowed_[j];
+    if (usage.counts[idx] < capability_.profiles[idx].instance_count) return Verdict::kFragmented;
+  }
+  return Verdict::kCapacityExhausted;  // every candidate at its instance limit
 }
 
 GpuPlan GpuPlanner::PlanWithoutTable(const GpuUsage& usage, uint64_t memory_mib) const {
@@ -322,8 +382,8 @@ uint64_t GpuPlanner::FragmentationScore(SliceMask free) const {
 
 void GpuPlanner::DefaultCandidates(uint64_t memory, std::vector<uint32_t>& out) const {
   out.clear();
-  for (uint32_t idx : allowed_) {
-    if (capability_.profiles[idx].SizingMib() >= memory) out.push_back(idx);
+  for (size_t j = 0; j < allowed_.size(); ++j) {
+    if (allowed_memory_[j] >= memory) out.push_back(allowed_[j]);
   }
 }
 
@@ -331,9 +391,10 @@ void GpuPlanner::PreferredCandidates(uint64_t memory, const Preference& preferen
                                      std::vector<uint32_t>& out) const {
   out.clear();
   for (const auto& entry : preference.entries) {
-    for (uint32_t idx : allowed_) {
+    for (size_t j = 0; j < allowed_.size(); ++j) {
+      const uint32_t idx = allowed_[j];
       const auto& p = capability_.profiles[idx];
-      if (p.SizingMib() < memory || !PreferenceEntryMatches(entry, p.name)) continue;
+      if (allowed_memory_[j] < memory || !PreferenceEntryMatches(entry, p.name)) continue;
       if (std::find(out.begin(), out.end(), idx) == out.end()) out.push_back(idx);
     }
   }
@@ -532,16 +593,49 @@ GpuPlan GpuPlanner::Explain(const GpuUsage& usage, std::span<const uint64_t> mem
       memories_mib.size() == 1
           ? smallest.front()
           : fmt::format("{} instances ({})", memories_mib.size(), fmt::join(smallest, ", "));
+  plan.reason = MissReason(free, need, limited, what);
+  return plan;
+}
+
+std::string GpuPlanner::MissReason(SliceMask free, uint32_t need, bool limited,
+                                   std::string_view what) const {
+  const uint32_t free_units = std::popcount(free);
+  // Appended piece by piece: this text is written on every explained miss.
+  std::string reason;
+  reason.reserve(128);
   if (free_units < need) {
-    plan.reason = fmt::format("capacity exhausted: {} needs {} free slice(s), {} free (slices {})",
-                              what, need, free_units, SliceList(free, capability_.placement_units));
+    reason += "capacity exhausted: ";
+    reason += what;
+    reason += " needs ";
+    AppendNumber(reason, need);
+    reason += " free slice(s), ";
+    AppendNumber(reason, free_units);
+    reason += " free (slices ";
+    AppendSliceList(reason, free, capability_.placement_units);
+    reason += ')';
   } else if (limited) {
-    plan.reason = fmt::format("capacity exhausted: instance limit reached for {}", what);
+    reason += "capacity exhausted: instance limit reached for ";
+    reason += what;
   } else {
-    plan.reason = fmt::format(
-        "fragmented: {} slice(s) free (slices {}) but no legal non-overlapping placement for {}",
-        free_units, SliceList(free, capability_.placement_units), what);
+    reason += "fragmented: ";
+    AppendNumber(reason, free_units);
+    reason += " slice(s) free (slices ";
+    AppendSliceList(reason, free, capability_.placement_units);
+    reason += ") but no legal non-overlapping placement for ";
+    reason += what;
   }
+  return reason;
+}
+
+GpuPlan GpuPlanner::ExplainSingleMiss(const GpuUsage& usage, size_t first, bool explain) const {
+  GpuPlan plan;
+  plan.verdict = SingleMissVerdict(usage, first);
+  if (!explain) return plan;
+  const SliceMask free = FullMask(capability_.placement_units) & ~usage.occupied;
+  const ProfileSpec& smallest = capability_.profiles[allowed_[first]];
+  const bool limited = plan.verdict == Verdict::kCapacityExhausted &&
+                       static_cast<uint32_t>(std::popcount(free)) >= smallest.memory_slices;
+  plan.reason = MissReason(free, smallest.memory_slices, limited, smallest.name);
   return plan;
 }
 
@@ -552,12 +646,23 @@ GpuPlan GpuPlanner::Plan(const GpuUsage& usage, std::span<const uint64_t> memori
   const size_t n = memories_mib.size();
   if (n == 0) return plan;
   if (n == 1 && preference.empty() && idle.empty()) {
+    // The table answers; a miss needs no search either (the table equals the search whenever it
+    // applies): its verdict and reason come from the usage alone.
     PlannedInstance inst;
-    if (PlanSingle(usage, memories_mib[0], inst)) {
-      plan.instances.push_back(inst);
-      return plan;
+    size_t first = 0;
+    switch (LookupSingle(usage, memories_mib[0], inst, first)) {
+      case SingleAnswer::kFits:
+        plan.instances.push_back(inst);
+        return plan;
+      case SingleAnswer::kNoFit:
+        return ExplainSingleMiss(usage, first, explain);
+      case SingleAnswer::kNoProfile:
+        if (explain) break;
+        plan.verdict = Verdict::kNoProfileBigEnough;
+        return plan;
+      case SingleAnswer::kNotApplicable:
+        break;  // the general path decides
     }
-    // Not in the table, no profile big enough, or nothing free: the general path decides.
   }
   if (allowed_.empty()) {
     plan.verdict = Verdict::kNotAllowlisted;

@@ -121,6 +121,12 @@ class GpuPlanner {
   struct Search;
 
   GpuPlanner() = default;
+  // Create's steps, in order (each reads what the previous ones built).
+  void ResolveAllowed(const std::vector<std::string>& allowed_names);
+  void BuildClasses();
+  void BuildScoreTables();
+  void BuildInstanceBounds();
+  void BuildSingleTable();
   uint64_t ComputeScore(SliceMask free) const;
   uint32_t Coverage(SliceMask free) const;
   // Candidate profiles (indices) covering `memory`, in default or preference order.
@@ -144,9 +150,21 @@ class GpuPlanner {
   };
   bool SinglePlan(SliceMask occupied, size_t first, const GpuUsage& usage,
                   PlannedInstance& out) const;
+  // The table's answer for one instance without a preference; `first`: the position in allowed_
+  // of the smallest profile covering the memory (set unless kNotApplicable).
+  enum class SingleAnswer { kFits, kNoFit, kNoProfile, kNotApplicable };
+  SingleAnswer LookupSingle(const GpuUsage& usage, uint64_t memory_mib, PlannedInstance& out,
+                            size_t& first) const;
+  // The verdict of a table miss (kNoFit) at `first`, as Explain gives it, allocation-free.
+  Verdict SingleMissVerdict(const GpuUsage& usage, size_t first) const;
+  // Explain's answer for that miss, without the candidate lists (the reason when `explain`).
+  GpuPlan ExplainSingleMiss(const GpuUsage& usage, size_t first, bool explain) const;
+  // Explain's text: `need` slices for `what` with `free` units free; `limited`: enough slices but
+  // every candidate at its instance limit.
+  std::string MissReason(SliceMask free, uint32_t need, bool limited, std::string_view what) const;
   std::vector<Single> single_table_;      // [mask * allowed_.size() + first]
   std::vector<uint32_t> count_limited_;   // allowlisted profiles with a binding count
-  std::vector<uint64_t> allowed_memory_;  // memory of allowed_[i]
+  std::vector<uint64_t> allowed_memory_;  // sizing memory (SizingMib) of allowed_[i]
   uint32_t max_instances_ = 0;
   std::vector<Placement> by_end_;  // every allowlisted placement, by end (for MaxInstances)
 

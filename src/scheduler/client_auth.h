@@ -15,11 +15,12 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 typedef struct ssl_ctx_st SSL_CTX;
 typedef struct ssl_st SSL;
@@ -46,24 +47,24 @@ class ClientCertAuth {
   absl::Status Authenticate(const SSL* ssl) const;
 
   // Re-reads the CA file when it changed. OK when unchanged or reloaded.
-  absl::Status MaybeReload();
+  absl::Status MaybeReload() ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::string& ca_file() const { return ca_file_; }
-  int64_t reloads() const;
-  int64_t failures() const;
+  int64_t reloads() const ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t failures() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   explicit ClientCertAuth(std::string ca_file);
-  absl::Status Load();  // REQUIRES mu_
+  absl::Status Load() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static int ClientHelloCallback(SSL* ssl, int* alert, void* arg);
 
   const std::string ca_file_;
-  mutable std::mutex mu_;
-  X509_STORE* store_ = nullptr;
-  STACK_OF_X509_NAME* names_ = nullptr;
-  std::string identity_;
-  int64_t reloads_ = 0;
-  int64_t failures_ = 0;
+  mutable absl::Mutex mu_;
+  X509_STORE* store_ ABSL_GUARDED_BY(mu_) = nullptr;
+  STACK_OF_X509_NAME* names_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::string identity_ ABSL_GUARDED_BY(mu_);
+  int64_t reloads_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t failures_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace dynmig::scheduler

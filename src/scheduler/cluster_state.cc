@@ -4,6 +4,7 @@
 
 #include "common/strings.h"
 #include "fmt/format.h"
+#include "kube/object.h"
 #include "protocol/annotations.h"
 #include "protocol/devices.h"
 #include "protocol/node_register.h"
@@ -40,11 +41,6 @@ bool HasAnnotation(const json& obj, std::string_view key) {
   if (meta == obj.end() || !meta->is_object()) return false;
   const auto ann = meta->find("annotations");
   return ann != meta->end() && ann->is_object() && ann->contains(std::string(key));
-}
-
-bool Terminated(const json& pod) {
-  const std::string phase = Str(pod, {"status", "phase"});
-  return phase == "Succeeded" || phase == "Failed";
 }
 
 std::string CapabilityKey(const mig::GpuCapability& cap, const std::vector<std::string>& allowed) {
@@ -91,18 +87,6 @@ void ClusterState::ReadDeviceEvidence(const json& pod, PodEntry& entry) {
         }
       }
     }
-  }
-}
-
-bool NeverFits(mig::Verdict verdict) {
-  switch (verdict) {
-    case mig::Verdict::kNoProfileBigEnough:
-    case mig::Verdict::kNotAllowlisted:
-    case mig::Verdict::kFiltered:
-    case mig::Verdict::kNoMigGpu:
-      return true;
-    default:
-      return false;
   }
 }
 
@@ -158,7 +142,7 @@ ClusterState::NodeEntry& ClusterState::NodeFor(const std::string& name) {
 
 std::shared_ptr<const std::vector<ClusterState::NodeEntry*>> ClusterState::Resolve(
     const std::vector<std::string>& candidates) const {
-  std::lock_guard<std::mutex> memo(resolve_mu_);
+  absl::MutexLock memo(&resolve_mu_);
   if (resolved_generation_ == nodes_generation_ && candidates == resolved_names_) {
     return resolved_entries_;
   }
@@ -191,7 +175,7 @@ void ClusterState::DropAssumed(std::map<std::string, AssumedEntry>::iterator it)
 void ClusterState::UpsertNode(const json& node) {
   const std::string name = Str(node, {"metadata", "name"});
   if (name.empty()) return;
-  std::unique_lock lock(mu_);
+  absl::MutexLock lock(&mu_);
   NodeEntry& entry = NodeFor(name);
   Touch(entry);
   entry.locked_at.reset();
@@ -255,7 +239,7 @@ void ClusterState::Uncount(const std::string& model) {
 }
 
 std::vector<std::string> ClusterState::Models() const {
-  std::shared_lock lock(mu_);
+  absl::ReaderMutexLock lock(&mu_);
   std::vector<std::string> out;
   out.reserve(model_count_.size());
   for (const auto& [model, count] : model_count_) out.push_back(model);
@@ -263,7 +247,7 @@ std::vector<std::string> ClusterState::Models() const {
 }
 
 void ClusterState::RemoveNode(const std::string& name) {
-  std::unique_lock lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (NodeEntry* entry = FindNode(name)) {
     for (const auto& gpu : entry->gpus) Uncount(gpu.info.type);
   }
@@ -285,9 +269,9 @@ void ClusterState::UpsertPod(const json& pod) {
   const std::string ns = Str(pod, {"metadata", "namespace"});
   const std::string name = Str(pod, {"metadata", "name"});
   const std::string key = ns + "/" + name;
-  std::unique_lock lock(mu_);
+  absl::MutexLock lock(&mu_);
   Unlink(key);
-  if (Terminated(pod)) {
+  if (kube::IsTerminated(pod)) {
     // A terminated pod releases its reservation; so does its assumption.
     released_.erase(key);
     if (auto a = assumed_.find(key); a != assumed_.end()) DropAssumed(a);
@@ -324,7 +308,7 @@ void ClusterState::UpsertPod(const json& pod) {
 
 void ClusterState::RemovePod(const std::string& ns, const std::string& name) {
   const std::string key = ns + "/" + name;
-  std::unique_lock lock(mu_);
+  absl::MutexLock lock(&mu_);
   Unlink(key);
   released_.erase(key);
   if (auto a = assumed_.find(key); a != assumed_.end()) DropAssumed(a);
@@ -368,42 +352,53 @@ void ClusterState::FailClosedOnEvidence(const NodeEntry& node, const PodEntry& p
                 pod.key, node.name);
 }
 
-void ClusterState::Rebuild(NodeEntry& node) const {
-  mig::NodeView& view = node.view;
-  NodeReport& report = node.report;
-  view = mig::NodeView{};
-  report = NodeReport{};
-  view.name = report.name = node.name;
-  if (!node.register_error.empty()) {
-    view.healthy = false;
-    view.unhealthy_reason = "unreadable hami.io/node-nvidia-register: " + node.register_error;
+// What Rebuild gathers of one node before it writes the view: per GPU the reservations counted
+// there, why it is unschedulable (if so), and the slices the node holds without a reservation.
+struct ClusterState::RebuildState {
+  const NodeEntry& node;
+  NodeReport& report;
+  std::vector<std::vector<mig::Reservation>> reserved;
+  std::vector<GpuFault> unhealthy;
+  std::vector<mig::SliceMask> held_mask;
+  std::vector<std::vector<int>> held_profiles;
+
+  RebuildState(const NodeEntry& n, NodeReport& r)
+      : node(n),
+        report(r),
+        reserved(n.gpus.size()),
+        unhealthy(n.gpus.size()),
+        held_mask(n.gpus.size(), 0),
+        held_profiles(n.gpus.size()) {
+    report.gpus.resize(n.gpus.size());
   }
-  std::vector<std::vector<mig::Reservation>> reserved(node.gpus.size());
-  std::vector<GpuFault> unhealthy(node.gpus.size());
-  auto gpu_index = [&](const std::string& uuid) -> int {
+  int GpuIndex(const std::string& uuid) const {
     for (size_t i = 0; i < node.gpus.size(); ++i) {
       if (node.gpus[i].info.id == uuid) return static_cast<int>(i);
     }
     return -1;
-  };
-  auto fail_all = [&](std::string_view code, const std::string& why) {
+  }
+  void FailAll(std::string_view code, const std::string& why) {
     for (auto& u : unhealthy) u.Set(code, why);
-  };
-  report.gpus.resize(node.gpus.size());
-  auto add = [&](const std::string& pod, const std::vector<protocol::MigAllocation>& allocs,
-                 bool assumed) {
+  }
+  // The pod's reservations, each on its GPU (one on a GPU the node lacks fails the node).
+  void Add(const std::string& pod, const std::vector<protocol::MigAllocation>& allocs,
+           bool assumed) {
     for (const auto& a : allocs) {
-      const int g = gpu_index(a.gpu_uuid);
+      const int g = GpuIndex(a.gpu_uuid);
       if (g < 0) {
-        fail_all("unregistered-gpu",
-                 fmt::format("pod {} holds a reservation on {}, which this node does not register",
-                             pod, a.gpu_uuid));
+        FailAll("unregistered-gpu",
+                fmt::format("pod {} holds a reservation on {}, which this node does not register",
+                            pod, a.gpu_uuid));
         continue;
       }
       reserved[g].push_back({a.profile, a.placement, pod});
       report.gpus[g].reservations.push_back({pod, a.profile, a.placement, assumed, a.runtime});
     }
-  };
+  }
+};
+
+void ClusterState::CollectReservations(RebuildState& st) const {
+  const NodeEntry& node = st.node;
   for (const auto& key : node.pods) {
     auto it = pods_.find(key);
     if (it == pods_.end()) continue;
@@ -415,107 +410,127 @@ void ClusterState::Rebuild(NodeEntry& node) const {
         for (const auto& a : *pod.allocations) {
           if (a.runtime.has_value()) realized.push_back(a);
         }
-        add(key, realized, false);
+        st.Add(key, realized, false);
       } else {
-        add(key, *pod.allocations, false);
+        st.Add(key, *pod.allocations, false);
       }
       continue;
     }
-    FailClosedOnEvidence(node, pod, unhealthy);
+    FailClosedOnEvidence(node, pod, st.unhealthy);
   }
   for (const auto& key : node.assumed) {
     if (auto a = assumed_.find(key); a != assumed_.end()) {
-      add(key, a->second.reservation.allocations, true);
+      st.Add(key, a->second.reservation.allocations, true);
     }
   }
+}
+
+void ClusterState::CollectHeldSlices(RebuildState& st) {
+  const NodeEntry& node = st.node;
   // Slices the node's live instances hold without an active reservation: occupied as well.
   if (!node.held_error.empty()) {
-    fail_all(
+    st.FailAll(
         "unreadable-held-slices",
         fmt::format("unreadable {}: {}", protocol::kNodeHeldSlicesAnnotation, node.held_error));
   }
-  std::vector<mig::SliceMask> held_mask(node.gpus.size(), 0);
-  std::vector<std::vector<int>> held_profiles(node.gpus.size());
   for (const auto& h : node.held) {
-    const int g = gpu_index(h.gpu_uuid);
+    const int g = st.GpuIndex(h.gpu_uuid);
     if (g < 0 || node.gpus[g].planner == nullptr) continue;
-    if (h.placement.end() > node.gpus[g].planner->units()) {
-      unhealthy[g].Set("held-slices-beyond-gpu",
-                       fmt::format("{} names slices {} beyond the GPU's {} units",
-                                   protocol::kNodeHeldSlicesAnnotation, h.placement.ToString(),
-                                   node.gpus[g].planner->units()));
+    const mig::GpuPlanner& planner = *node.gpus[g].planner;
+    if (h.placement.end() > planner.units()) {
+      st.unhealthy[g].Set("held-slices-beyond-gpu",
+                          fmt::format("{} names slices {} beyond the GPU's {} units",
+                                      protocol::kNodeHeldSlicesAnnotation, h.placement.ToString(),
+                                      planner.units()));
       continue;
     }
-    held_mask[g] |= h.placement.Mask();
-    held_profiles[g].push_back(h.profile.empty() ? -1
-                                                 : node.gpus[g].planner->ProfileIndex(h.profile));
-    report.gpus[g].reservations.push_back({"(held by the node)",
-                                           h.profile.empty() ? "held" : h.profile, h.placement,
-                                           false, std::nullopt});
+    st.held_mask[g] |= h.placement.Mask();
+    st.held_profiles[g].push_back(h.profile.empty() ? -1 : planner.ProfileIndex(h.profile));
+    st.report.gpus[g].reservations.push_back({"(held by the node)",
+                                              h.profile.empty() ? "held" : h.profile, h.placement,
+                                              false, std::nullopt});
   }
+}
+
+mig::GpuView ClusterState::BuildGpuView(RebuildState& st, size_t i) {
+  const NodeEntry& node = st.node;
+  const GpuEntry& gpu = node.gpus[i];
+  GpuFault& fault = st.unhealthy[i];
+  mig::GpuView gv;
+  gv.uuid = gpu.info.id;
+  gv.index = gpu.info.index;
+  gv.model = gpu.info.type;
+  gv.mode = gpu.info.mode;
+  gv.planner = gpu.planner;
+  GpuReport& gr = st.report.gpus[i];
+  gr.uuid = gv.uuid;
+  gr.index = gv.index;
+  gr.model = gv.model;
+  gr.allowlisted = gpu.planner != nullptr;
+  if (gpu.planner != nullptr) {
+    gr.units = gpu.planner->units();
+    for (uint32_t idx : gpu.planner->allowed()) {
+      gr.allowed_profiles.push_back(gpu.planner->capability().profiles[idx].name);
+    }
+  }
+  if (!gpu.info.health)
+    fault = {"device-unhealthy", "the device plugin reports this GPU unhealthy"};
+  if (node.cordoned.count(gv.uuid)) fault = {"cordoned", "cordoned (hami.io/device-cordon)"};
+  if (gpu.planner != nullptr && fault.empty()) {
+    auto usage = gpu.planner->UsageOf(st.reserved[i]);
+    if (usage.ok()) {
+      gv.usage = *usage;
+      gv.usage.occupied |= st.held_mask[i];
+      for (int idx : st.held_profiles[i]) {
+        if (idx >= 0 && static_cast<size_t>(idx) < gv.usage.counts.size()) ++gv.usage.counts[idx];
+      }
+    } else {
+      fault = {"conflicting-reservations",
+               "conflicting reservations: " + std::string(usage.status().message())};
+    }
+  }
+  if (!fault.empty()) {
+    gv.healthy = false;
+    gv.unhealthy_reason = fault.reason;
+    gr.healthy = false;
+    gr.unhealthy_reason = std::move(fault.reason);
+    gr.unhealthy_code = std::move(fault.code);
+  }
+  if (gpu.planner != nullptr && gv.healthy) AddIdleInstances(node, gv, gr);
+  return gv;
+}
+
+void ClusterState::AddIdleInstances(const NodeEntry& node, mig::GpuView& gv, GpuReport& gr) {
+  // Idle (warm) instances on slices nothing reserves or holds: preferred placements. One that a
+  // reservation overlaps is destroyed by the device plugin when that pod is allocated.
+  const mig::GpuPlanner& planner = *gv.planner;
+  for (const auto& idle : node.idle) {
+    if (idle.gpu_uuid != gv.uuid) continue;
+    const int idx = planner.ProfileIndex(idle.profile);
+    if (idx < 0 || !planner.IsAllowed(static_cast<uint32_t>(idx)) ||
+        !planner.capability().profiles[idx].IsLegal(idle.placement) ||
+        (idle.placement.Mask() & gv.usage.occupied) != 0) {
+      continue;
+    }
+    gv.idle.push_back({static_cast<uint32_t>(idx), idle.placement});
+    gr.idle.push_back({idle.profile, idle.placement, idle.idle_since});
+  }
+}
+
+void ClusterState::Rebuild(NodeEntry& node) const {
+  mig::NodeView& view = node.view;
+  view = mig::NodeView{};
+  node.report = NodeReport{};
+  view.name = node.report.name = node.name;
+  if (!node.register_error.empty()) {
+    view.healthy = false;
+    view.unhealthy_reason = "unreadable hami.io/node-nvidia-register: " + node.register_error;
+  }
+  RebuildState st(node, node.report);
+  CollectReservations(st);
+  CollectHeldSlices(st);
   view.gpus.reserve(node.gpus.size());
-  for (size_t i = 0; i < node.gpus.size(); ++i) {
-    const GpuEntry& gpu = node.gpus[i];
-    mig::GpuView gv;
-    gv.uuid = gpu.info.id;
-    gv.index = gpu.info.index;
-    gv.model = gpu.info.type;
-    gv.mode = gpu.info.mode;
-    gv.planner = gpu.planner;
-    GpuReport& gr = report.gpus[i];
-    gr.uuid = gv.uuid;
-    gr.index = gv.index;
-    gr.model = gv.model;
-    gr.allowlisted = gpu.planner != nullptr;
-    if (gpu.planner != nullptr) {
-      gr.units = gpu.planner->units();
-      for (uint32_t idx : gpu.planner->allowed()) {
-        gr.allowed_profiles.push_back(gpu.planner->capability().profiles[idx].name);
-      }
-    }
-    if (!gpu.info.health) {
-      unhealthy[i] = {"device-unhealthy", "the device plugin reports this GPU unhealthy"};
-    }
-    if (node.cordoned.count(gv.uuid)) {
-      unhealthy[i] = {"cordoned", "cordoned (hami.io/device-cordon)"};
-    }
-    if (gpu.planner != nullptr && unhealthy[i].empty()) {
-      auto usage = gpu.planner->UsageOf(reserved[i]);
-      if (usage.ok()) {
-        gv.usage = *usage;
-        gv.usage.occupied |= held_mask[i];
-        for (int idx : held_profiles[i]) {
-          if (idx >= 0 && static_cast<size_t>(idx) < gv.usage.counts.size()) ++gv.usage.counts[idx];
-        }
-      } else {
-        unhealthy[i] = {"conflicting-reservations",
-                        "conflicting reservations: " + std::string(usage.status().message())};
-      }
-    }
-    if (!unhealthy[i].empty()) {
-      gv.healthy = false;
-      gv.unhealthy_reason = unhealthy[i].reason;
-      gr.healthy = false;
-      gr.unhealthy_reason = std::move(unhealthy[i].reason);
-      gr.unhealthy_code = std::move(unhealthy[i].code);
-    }
-    // Idle (warm) instances on slices nothing reserves or holds: preferred placements. One that a
-    // reservation overlaps is destroyed by the device plugin when that pod is allocated.
-    if (gpu.planner != nullptr && gv.healthy) {
-      for (const auto& idle : node.idle) {
-        if (idle.gpu_uuid != gv.uuid) continue;
-        const int idx = gpu.planner->ProfileIndex(idle.profile);
-        if (idx < 0 || !gpu.planner->IsAllowed(static_cast<uint32_t>(idx)) ||
-            !gpu.planner->capability().profiles[idx].IsLegal(idle.placement) ||
-            (idle.placement.Mask() & gv.usage.occupied) != 0) {
-          continue;
-        }
-        gv.idle.push_back({static_cast<uint32_t>(idx), idle.placement});
-        gr.idle.push_back({idle.profile, idle.placement, idle.idle_since});
-      }
-    }
-    view.gpus.push_back(std::move(gv));
-  }
+  for (size_t i = 0; i < node.gpus.size(); ++i) view.gpus.push_back(BuildGpuView(st, i));
   node.summary = mig::Summarize(view);
   node.dirty = false;
 }
@@ -588,25 +603,6 @@ const mig::NodeView& ClusterState::ViewOf(NodeEntry& node, absl::Time now) const
   return node.view;
 }
 
-namespace {
-
-// The reason of a node that does not fit (PlanPod computes verdicts alone).
-std::pair<mig::Verdict, std::string> Explain(const mig::NodeView& view,
-                                             const mig::PodRequest& request,
-                                             const mig::RequestSummary& shape) {
-  const mig::NodePlan explained = mig::PlanPodOnNode(view, request, shape);
-  return {explained.verdict, explained.Reason(view)};
-}
-
-// A node ruled out by its summary: not planned, does not fit.
-mig::NodePlan SkippedPlan() {
-  mig::NodePlan plan;
-  plan.verdict = mig::Verdict::kCapacityExhausted;
-  return plan;
-}
-
-}  // namespace
-
 void ClusterState::CachePlans(const Planned& p) {
   const std::vector<NodeEntry*>& entries = *p.entries;
   for (uint32_t i : p.fresh) {
@@ -622,9 +618,70 @@ void ClusterState::CachePlans(const Planned& p) {
       slot->request = p.request_key;
     }
     slot->version = p.versions[i];
-    slot->plan = p.plans[i];
-    slot->plan.assignments.clear();  // recorded again for the chosen node
+    slot->plan = p.session->plan(i);
+    slot->plan.assignments.clear();  // the node changes when a pod is reserved there
   }
+}
+
+void ClusterState::PlanCandidates(Planned& out, const std::vector<std::string>& candidates) const {
+  const std::vector<NodeEntry*>& entries = *out.entries;
+  mig::PlanSession& session = *out.session;
+  const mig::RequestSummary& shape = session.shape();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const NodeEntry* e = entries[i];
+    if (e == nullptr) {
+      out.decision.failed[candidates[i]] = "no-mig-gpu: the node registers no GPU with dynmig";
+      session.Skip(i, nullptr);
+      continue;
+    }
+    out.versions[i] = e->version;
+    if (!mig::MayFit(e->summary, shape)) {
+      session.Skip(i, &e->view);  // ruled out by its summary, no per-GPU search
+      continue;
+    }
+    const CachedPlan* cached = nullptr;
+    for (const auto& c : e->plans) {
+      if (c.version == e->version && c.request == out.request_key) cached = &c;
+    }
+    if (cached != nullptr) {
+      session.Reuse(i, e->view, cached->plan);
+      continue;
+    }
+    session.Plan(i, e->view);
+    out.fresh.push_back(static_cast<uint32_t>(i));
+  }
+}
+
+void ClusterState::ExplainLosers(Planned& out) const {
+  const std::vector<NodeEntry*>& entries = *out.entries;
+  mig::PlanSession& session = *out.session;
+  const mig::RequestSummary& shape = session.shape();
+  FilterDecision& decision = out.decision;
+  if (session.chosen() >= 0) {
+    // A node was chosen: only the nodes that can never run the pod get an entry.
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const NodeEntry* e = entries[i];
+      const mig::NodePlan& plan = session.plan(i);
+      if (e == nullptr || plan.fits()) continue;
+      const bool planned = mig::MayFit(e->summary, shape);
+      if (planned ? !mig::NeverFits(plan.verdict) : mig::MayEverFit(e->summary, shape)) continue;
+      auto [verdict, reason] = session.Explain(i);
+      if (mig::NeverFits(verdict)) decision.failed[e->name] = std::move(reason);
+    }
+    return;
+  }
+  // Nothing fits: every candidate gets its reason (they make the pod's Pending message).
+  decision.verdict = mig::Verdict::kNodeUnhealthy;
+  bool any = false;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const NodeEntry* e = entries[i];
+    if (e == nullptr) continue;
+    any = true;
+    auto [verdict, reason] = session.Explain(i);
+    decision.failed[e->name] = std::move(reason);
+    if (static_cast<int>(verdict) < static_cast<int>(decision.verdict)) decision.verdict = verdict;
+  }
+  if (!any) decision.verdict = mig::Verdict::kNoMigGpu;
 }
 
 ClusterState::Planned ClusterState::PlanLocked(
@@ -633,88 +690,22 @@ ClusterState::Planned ClusterState::PlanLocked(
   Planned out;
   out.entries = std::move(entries_ptr);
   out.generation = nodes_generation_;
-  const std::vector<NodeEntry*>& entries = *out.entries;
-  const size_t n = entries.size();
+  const size_t n = out.entries->size();
   out.versions.resize(n);
-  out.plans.resize(n);
-  FilterDecision& decision = out.decision;
   out.request_key = mig::PlanKey(request);
-  const mig::RequestSummary shape = mig::SummarizeRequest(request);  // once, not per node
-  std::vector<const mig::NodeView*> views;  // the nodes without a cached plan
-  std::vector<uint32_t> at;                 // views[k] is entries[at[k]]
-  views.reserve(n);
-  at.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    const NodeEntry* e = entries[i];
-    if (e == nullptr) {
-      decision.failed[candidates[i]] = "no-mig-gpu: the node registers no GPU with dynmig";
-      out.plans[i] = SkippedPlan();
-      continue;
-    }
-    out.versions[i] = e->version;
-    if (!mig::MayFit(e->summary, shape)) {
-      out.plans[i] = SkippedPlan();  // ruled out by its summary, no per-GPU search
-      continue;
-    }
-    const CachedPlan* cached = nullptr;
-    for (const auto& c : e->plans) {
-      if (c.version == e->version && c.request == out.request_key) cached = &c;
-    }
-    if (cached != nullptr) {
-      out.plans[i] = cached->plan;
-      continue;
-    }
-    views.push_back(&e->view);
-    at.push_back(static_cast<uint32_t>(i));
-  }
-  mig::PodPlan plan = mig::PlanPod(std::span<const mig::NodeView* const>(views), request);
-  for (size_t k = 0; k < at.size(); ++k) out.plans[at[k]] = std::move(plan.nodes[k]);
-  out.fresh = std::move(at);
-  // Choose as PlanPod does: the first best in candidate order.
-  out.chosen = -1;
-  for (size_t i = 0; i < n; ++i) {
-    if (!out.plans[i].fits()) continue;
-    if (out.chosen < 0 ||
-        mig::BetterNode(out.plans[i], out.plans[out.chosen], request.node_policy)) {
-      out.chosen = static_cast<int>(i);
-    }
-  }
-  if (out.chosen >= 0 && out.plans[out.chosen].assignments.empty()) {
-    // Plans are verdicts and scores; the winner's assignments are recorded now.
-    out.plans[out.chosen] = mig::PlanPodOnNode(entries[out.chosen]->view, request, shape);
-  }
-  if (out.chosen >= 0) {
-    // A node was chosen: only the nodes that can never run the pod get an entry.
-    for (size_t i = 0; i < n; ++i) {
-      const NodeEntry* e = entries[i];
-      if (e == nullptr || static_cast<int>(i) == out.chosen || out.plans[i].fits()) continue;
-      const bool planned = mig::MayFit(e->summary, shape);
-      if (planned ? !NeverFits(out.plans[i].verdict) : mig::MayEverFit(e->summary, shape)) {
-        continue;
-      }
-      auto [verdict, reason] = Explain(e->view, request, shape);
-      if (NeverFits(verdict)) decision.failed[e->name] = std::move(reason);
-    }
-    return out;
-  }
-  // Nothing fits: every candidate gets its reason (they make the pod's Pending message).
-  decision.verdict = mig::Verdict::kNodeUnhealthy;
-  bool any = false;
-  for (const NodeEntry* e : entries) {
-    if (e == nullptr) continue;
-    any = true;
-    auto [verdict, reason] = Explain(e->view, request, shape);
-    decision.failed[e->name] = std::move(reason);
-    if (static_cast<int>(verdict) < static_cast<int>(decision.verdict)) decision.verdict = verdict;
-  }
-  if (!any) decision.verdict = mig::Verdict::kNoMigGpu;
+  // One pass: verdicts, the winner with its assignments, and the reasons written on the way.
+  out.session.emplace(request, n, mig::PlanSession::Reasons::kForLosers);
+  PlanCandidates(out, candidates);
+  out.session->Winner();
+  ExplainLosers(out);
   return out;
 }
 
-bool ClusterState::Repair(Planned& p, const mig::PodRequest& request, absl::Time now) {
+bool ClusterState::Repair(Planned& p, absl::Time now) {
   if (nodes_generation_ != p.generation) return false;
   const std::vector<NodeEntry*>& entries = *p.entries;
-  const mig::RequestSummary shape = mig::SummarizeRequest(request);
+  mig::PlanSession& session = *p.session;
+  const mig::RequestSummary& shape = session.shape();
   bool changed = false;
   for (size_t i = 0; i < entries.size(); ++i) {
     NodeEntry* e = entries[i];
@@ -726,46 +717,35 @@ bool ClusterState::Repair(Planned& p, const mig::PodRequest& request, absl::Time
     p.versions[i] = e->version;
     p.decision.failed.erase(e->name);
     if (!mig::MayFit(e->summary, shape)) {
-      p.plans[i] = SkippedPlan();
+      session.Skip(i, &e->view);
       if (!mig::MayEverFit(e->summary, shape)) {
-        auto [verdict, reason] = Explain(e->view, request, shape);
-        if (NeverFits(verdict)) p.decision.failed[e->name] = std::move(reason);
+        auto [verdict, reason] = session.Explain(i);
+        if (mig::NeverFits(verdict)) p.decision.failed[e->name] = std::move(reason);
       }
       continue;
     }
-    p.plans[i] = mig::PlanPodOnNode(e->view, request, shape);
+    const mig::NodePlan& plan = session.Replan(i, e->view);
     p.fresh.push_back(static_cast<uint32_t>(i));
-    if (!p.plans[i].fits() && NeverFits(p.plans[i].verdict)) {
-      p.decision.failed[e->name] = p.plans[i].Reason(e->view);
+    if (!plan.fits() && mig::NeverFits(plan.verdict)) {
+      p.decision.failed[e->name] = session.Explain(i).second;
     }
   }
   if (!changed) return true;
-  // Choose again, as PlanPod does: the first best in candidate order.
-  int chosen = -1;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    if (!p.plans[i].fits()) continue;
-    if (chosen < 0 || mig::BetterNode(p.plans[i], p.plans[chosen], request.node_policy)) {
-      chosen = static_cast<int>(i);
-    }
-  }
-  if (chosen < 0) return false;  // nothing fits any more: plan afresh for the reasons
-  if (p.plans[chosen].assignments.empty()) {
-    // PlanPod records the assignments of its winner only.
-    p.plans[chosen] = mig::PlanPodOnNode(entries[chosen]->view, request, shape);
-  }
-  p.chosen = chosen;
+  session.Choose();                        // the first best in candidate order, as the pass chose
+  if (session.chosen() < 0) return false;  // nothing fits any more: plan afresh for the reasons
+  session.Winner();
   return true;
 }
 
 void ClusterState::Finish(Planned& p, const mig::PodRequest& request) const {
-  const NodeEntry& chosen = *(*p.entries)[p.chosen];
+  const NodeEntry& chosen = *(*p.entries)[p.session->chosen()];
   const mig::NodeView& node = chosen.view;
   p.decision.verdict = mig::Verdict::kFits;
   Reservation r;
   r.node = chosen.name;
   r.devices.resize(request.containers.size());
   std::vector<std::string> parts;
-  for (const auto& a : p.plans[p.chosen].assignments) {
+  for (const auto& a : p.session->Winner()->assignments) {
     const mig::GpuView& gpu = node.gpus[a.gpu];
     const auto& cap = gpu.planner->capability();
     const auto& spec = cap.profiles[a.profile_index];
@@ -797,19 +777,18 @@ absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
     return absl::InvalidArgumentError(
         fmt::format("pod {} already holds a reservation made by this scheduler", pod_key));
   };
-  // The candidates' entries (every node when there are none); REQUIRES mu_ held.
-  auto entries_of = [&]() -> std::shared_ptr<const std::vector<NodeEntry*>> {
+  // The candidates' entries (every node when there are none).
+  auto entries_of = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     if (!candidates.empty()) return Resolve(candidates);
     auto all = std::make_shared<std::vector<NodeEntry*>>();
     all->reserve(nodes_.size());
     for (auto& [name, n] : nodes_) all->push_back(&n);
-    return all;
+    return std::shared_ptr<const std::vector<NodeEntry*>>(std::move(all));
   };
-  // REQUIRES mu_ held exclusively.
-  auto commit = [&](Planned& p) {
+  auto commit = [&](Planned& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     CachePlans(p);
     Finish(p, request);
-    NodeEntry& chosen = *(*p.entries)[p.chosen];
+    NodeEntry& chosen = *(*p.entries)[p.session->chosen()];
     assumed_[pod_key] = {*p.decision.reservation, absl::ToUnixSeconds(now), pod_uid, false};
     chosen.assumed.insert(pod_key);
     Touch(chosen);
@@ -822,20 +801,20 @@ absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
   constexpr int kOptimisticAttempts = 8;
   for (int attempt = 0;; ++attempt) {
     if (attempt >= kOptimisticAttempts) {
-      std::unique_lock lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (assumed_.count(pod_key)) return already();
       auto entries = entries_of();
       for (NodeEntry* n : *entries) {
         if (n != nullptr) ViewOf(*n, now);
       }
       Planned p = PlanLocked(std::move(entries), candidates, request);
-      if (p.chosen < 0) return std::move(p.decision);
+      if (p.session->chosen() < 0) return std::move(p.decision);
       return commit(p);
     }
     Planned p;
     bool stale = false;
     {
-      std::shared_lock lock(mu_);
+      absl::ReaderMutexLock lock(&mu_);
       if (assumed_.count(pod_key)) return already();
       auto entries = entries_of();
       for (NodeEntry* n : *entries) {
@@ -846,10 +825,10 @@ absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
       }
       if (!stale) {
         p = PlanLocked(std::move(entries), candidates, request);
-        if (p.chosen < 0) return std::move(p.decision);
+        if (p.session->chosen() < 0) return std::move(p.decision);
       }
     }
-    std::unique_lock lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stale) {
       // Bring the changed nodes up to date (usually none: a reservation rebuilds its node at
       // once), then plan again under the shared lock.
@@ -860,12 +839,12 @@ absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
       continue;
     }
     if (assumed_.count(pod_key)) return already();
-    if (Repair(p, request, now)) return commit(p);
+    if (Repair(p, now)) return commit(p);
   }
 }
 
 std::optional<ClusterState::AssumedInfo> ClusterState::Assumed(const std::string& pod_key) const {
-  std::shared_lock lock(mu_);
+  absl::ReaderMutexLock lock(&mu_);
   auto it = assumed_.find(pod_key);
   if (it == assumed_.end()) return std::nullopt;
   return AssumedInfo{.reservation = it->second.reservation,
@@ -877,7 +856,7 @@ std::optional<ClusterState::AssumedInfo> ClusterState::Assumed(const std::string
 absl::StatusOr<Reservation> ClusterState::ClaimForBind(const std::string& pod_key,
                                                        const std::string& pod_uid,
                                                        const std::string& node, absl::Time now) {
-  std::unique_lock lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = assumed_.find(pod_key);
   if (it == assumed_.end()) {
     return absl::NotFoundError(
@@ -900,19 +879,19 @@ absl::StatusOr<Reservation> ClusterState::ClaimForBind(const std::string& pod_ke
 }
 
 void ClusterState::EndBind(const std::string& pod_key) {
-  std::unique_lock lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (auto it = assumed_.find(pod_key); it != assumed_.end()) it->second.binding = false;
 }
 
 void ClusterState::Forget(const std::string& pod_key) {
-  std::unique_lock lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = assumed_.find(pod_key);
   if (it == assumed_.end()) return;
   DropAssumed(it);
 }
 
 std::vector<NodeReport> ClusterState::Report(absl::Time now) const {
-  std::unique_lock lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<NodeReport> out;
   for (auto& [name, n] : nodes_) {
     ViewOf(n, now);
@@ -922,14 +901,14 @@ std::vector<NodeReport> ClusterState::Report(absl::Time now) const {
 }
 
 std::optional<mig::NodeView> ClusterState::View(const std::string& node, absl::Time now) const {
-  std::unique_lock lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = nodes_.find(node);
   if (it == nodes_.end()) return std::nullopt;
   return ViewOf(it->second, now);
 }
 
 std::vector<std::string> ClusterState::UnrealizedBefore(absl::Time deadline) const {
-  std::shared_lock lock(mu_);
+  absl::ReaderMutexLock lock(&mu_);
   const int64_t cutoff = absl::ToUnixSeconds(deadline);
   std::vector<std::string> out;
   for (const auto& [key, pod] : pods_) {
@@ -947,7 +926,7 @@ std::vector<std::string> ClusterState::UnrealizedBefore(absl::Time deadline) con
 }
 
 std::optional<std::string> ClusterState::ReservedNode(const std::string& pod_key) const {
-  std::shared_lock lock(mu_);
+  absl::ReaderMutexLock lock(&mu_);
   if (auto a = assumed_.find(pod_key); a != assumed_.end()) return a->second.reservation.node;
   auto it = pods_.find(pod_key);
   if (it == pods_.end()) return std::nullopt;
@@ -959,7 +938,7 @@ std::optional<std::string> ClusterState::ReservedNode(const std::string& pod_key
 }
 
 void ClusterState::ReleaseUnrealized(const std::string& pod_key) {
-  std::unique_lock lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = pods_.find(pod_key);
   if (it == pods_.end()) return;
   released_.insert(pod_key);

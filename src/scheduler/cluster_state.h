@@ -25,14 +25,14 @@
 #include <array>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
-#include <shared_mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "mig/allowlist.h"
 #include "mig/node_planner.h"
@@ -116,18 +116,15 @@ struct FilterDecision {
   mig::Verdict verdict = mig::Verdict::kFits;  // the best verdict when nothing fits
 };
 
-// Whether a verdict is permanent for this pod on that node (no release of slices changes it).
-bool NeverFits(mig::Verdict verdict);
-
 class ClusterState {
  public:
   explicit ClusterState(ClusterStateOptions options);
 
   // Informer events.
-  void UpsertNode(const nlohmann::json& node);
-  void RemoveNode(const std::string& name);
-  void UpsertPod(const nlohmann::json& pod);
-  void RemovePod(const std::string& ns, const std::string& name);
+  void UpsertNode(const nlohmann::json& node) ABSL_LOCKS_EXCLUDED(mu_);
+  void RemoveNode(const std::string& name) ABSL_LOCKS_EXCLUDED(mu_);
+  void UpsertPod(const nlohmann::json& pod) ABSL_LOCKS_EXCLUDED(mu_);
+  void RemovePod(const std::string& ns, const std::string& name) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Plans the pod on the candidate nodes (all known nodes when empty) and, when one fits,
   // records the reservation as assumed for `pod_key` (namespace/name; `pod_uid` when known) until
@@ -136,7 +133,8 @@ class ClusterState {
   absl::StatusOr<FilterDecision> PlanAndReserve(const std::string& pod_key,
                                                 const mig::PodRequest& request,
                                                 const std::vector<std::string>& candidates,
-                                                absl::Time now, const std::string& pod_uid = "");
+                                                absl::Time now, const std::string& pod_uid = "")
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The pod's assumed reservation (made here, annotation not seen yet); nullopt when it has
   // none. `binding`: a bind is writing it now (ClaimForBind).
@@ -146,43 +144,46 @@ class ClusterState {
     std::string uid;  // the pod's uid at the filter; empty when unknown
     absl::Time made;  // when the filter (or the bind claiming it) dated it
   };
-  std::optional<AssumedInfo> Assumed(const std::string& pod_key) const;
+  std::optional<AssumedInfo> Assumed(const std::string& pod_key) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // The assumed reservation of the pod for a bind to `node`, marked as being bound (a concurrent
   // filter of the same pod does not move it; expiry does not count its age until EndBind) and
   // re-dated to `now`. kNotFound when the pod has none (or the assumption belongs to another uid:
   // it is dropped); kFailedPrecondition when it is on another node.
   absl::StatusOr<Reservation> ClaimForBind(const std::string& pod_key, const std::string& pod_uid,
-                                           const std::string& node, absl::Time now);
+                                           const std::string& node, absl::Time now)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The bind is over (bound or failed): the assumption stays until the annotation arrives.
-  void EndBind(const std::string& pod_key);
+  void EndBind(const std::string& pod_key) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Drops an assumed reservation (the annotation write failed, or the reservation expired).
-  void Forget(const std::string& pod_key);
+  void Forget(const std::string& pod_key) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Every node, GPU and reservation, for layout pages, metrics and explanations.
-  std::vector<NodeReport> Report(absl::Time now) const;
+  std::vector<NodeReport> Report(absl::Time now) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Pods with an assumed or annotated reservation that was not realized (no runtime identity)
   // and whose reservation time (hami.io/vgpu-time) is before `deadline`: expiry candidates.
   // Pods released with ReleaseUnrealized are not listed again.
-  std::vector<std::string> UnrealizedBefore(absl::Time deadline) const;
+  std::vector<std::string> UnrealizedBefore(absl::Time deadline) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // The node of the pod's reservation: the assumed one, else the one its annotation holds
   // (readable and non-empty). nullopt when the pod holds none.
-  std::optional<std::string> ReservedNode(const std::string& pod_key) const;
+  std::optional<std::string> ReservedNode(const std::string& pod_key) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Stops counting the pod's reservations that carry no runtime identity (the device plugin
   // reported hami.io/bind-phase=failed: nothing was created for them), keeping the realized ones
   // until the pod terminates. In memory only: the expiry pass re-applies it after a restart.
   // Cleared when the pod is removed or terminates.
-  void ReleaseUnrealized(const std::string& pod_key);
+  void ReleaseUnrealized(const std::string& pod_key) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The NVML names of the MIG GPU models the nodes register (sorted, each once).
-  std::vector<std::string> Models() const;
+  std::vector<std::string> Models() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // The node's view for the planner (tests and explain).
-  std::optional<mig::NodeView> View(const std::string& node, absl::Time now) const;
+  std::optional<mig::NodeView> View(const std::string& node, absl::Time now) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct GpuEntry {
@@ -255,15 +256,14 @@ class ClusterState {
   // The device annotations' evidence (UUIDs, or unreadable values) into `entry`.
   static void ReadDeviceEvidence(const nlohmann::json& pod, PodEntry& entry);
 
-  // All REQUIRE mu_ held.
-  std::shared_ptr<const mig::GpuPlanner> PlannerFor(const protocol::DeviceInfo& info);
+  std::shared_ptr<const mig::GpuPlanner> PlannerFor(const protocol::DeviceInfo& info)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rebuilds the node's cached view and report when dirty; sets its health for `now`.
-  // REQUIRES mu_ held exclusively.
-  const mig::NodeView& ViewOf(NodeEntry& node, absl::Time now) const;
+  const mig::NodeView& ViewOf(NodeEntry& node, absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether ViewOf would change the node (dirty, or its health or bind-in-flight state changed
-  // with time). REQUIRES mu_ held (shared is enough).
-  bool Stale(const NodeEntry& node, absl::Time now) const;
-  void Rebuild(NodeEntry& node) const;
+  // with time).
+  bool Stale(const NodeEntry& node, absl::Time now) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Why a GPU is kept out of scheduling: a stable code and the reason; the first one set stays.
   struct GpuFault {
     std::string code;
@@ -275,69 +275,90 @@ class ClusterState {
       reason = why;
     }
   };
+  // Rebuilds the node's view, report and summary from its GPUs, the reservations of its pods and
+  // assumptions, its held slices and idle instances.
+  void Rebuild(NodeEntry& node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rebuild's steps (RebuildState gathers per GPU what the view is written from).
+  struct RebuildState;
+  void CollectReservations(RebuildState& st) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  static void CollectHeldSlices(RebuildState& st);
+  static mig::GpuView BuildGpuView(RebuildState& st, size_t i);
+  static void AddIdleInstances(const NodeEntry& node, mig::GpuView& gv, GpuReport& gr);
   // The GPUs (indices into node.gpus) a pod without a readable reservation makes unschedulable,
   // with the reason for each into `unhealthy`. See the header comment.
   void FailClosedOnEvidence(const NodeEntry& node, const PodEntry& pod,
                             std::vector<GpuFault>& unhealthy) const;
-  void Unlink(const std::string& pod_key);
-  void MarkDirty(const std::string& node);
+  void Unlink(const std::string& pod_key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MarkDirty(const std::string& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Erases an assumption, from its node's set too, and marks that node dirty.
-  void DropAssumed(std::map<std::string, AssumedEntry>::iterator it);
-  void Uncount(const std::string& model);  // one registered GPU of `model` fewer
+  void DropAssumed(std::map<std::string, AssumedEntry>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One registered GPU of `model` fewer.
+  void Uncount(const std::string& model) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void Touch(NodeEntry& node) {
     node.dirty = true;
     ++node.version;
   }
   // One planning pass over the candidates (under the shared lock): every node's plan, the
-  // versions it saw, the chosen node and the reasons the answer carries. Repair (under the
-  // exclusive lock) re-plans the nodes that changed since and chooses again, so the choice equals
-  // a plan made at that moment.
+  // versions it saw, the chosen node and the reasons the answer carries, by one PlanSession.
+  // Repair (under the exclusive lock) re-plans the nodes that changed since and chooses again, so
+  // the choice equals a plan made at that moment.
   struct Planned {
     std::shared_ptr<const std::vector<NodeEntry*>> entries;  // candidate order; null: unknown
     std::vector<uint64_t> versions;                          // of entries when planned
-    std::vector<mig::NodePlan> plans;                        // verdict kFits: fits
+    std::optional<mig::PlanSession> session;                 // plans, choice and reasons
     std::vector<uint32_t> fresh;  // indices of plans computed by this pass (not cached)
     std::string request_key;      // PlanKey of the request
     uint64_t generation = 0;      // nodes_generation_ when planned
-    int chosen = -1;              // index into entries
     FilterDecision decision;      // failed and verdict
   };
-  // REQUIRES mu_ held, every candidate up to date (not Stale).
+  // Every candidate up to date (not Stale).
   Planned PlanLocked(std::shared_ptr<const std::vector<NodeEntry*>> entries,
                      const std::vector<std::string>& candidates,
-                     const mig::PodRequest& request) const;
-  // Stores p's fresh plans of nodes still at the version planned. REQUIRES mu_ held exclusively.
+                     const mig::PodRequest& request) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // PlanLocked's steps: each candidate planned, reused from its cache or skipped; then the
+  // reasons of the losers the decision reports.
+  void PlanCandidates(Planned& out, const std::vector<std::string>& candidates) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void ExplainLosers(Planned& out) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Stores p's fresh plans of nodes still at the version planned. Writes the entries' caches:
+  // REQUIRES mu_ held exclusively (a static member cannot name it in an annotation).
   static void CachePlans(const Planned& p);
-  // REQUIRES mu_ held exclusively. false: plan again (the node set changed, or nothing fits any
-  // more).
-  bool Repair(Planned& p, const mig::PodRequest& request, absl::Time now);
-  // The reservation of p's chosen node into p.decision. REQUIRES mu_ held.
-  void Finish(Planned& p, const mig::PodRequest& request) const;
+  // false: plan again (the node set changed, or nothing fits any more).
+  bool Repair(Planned& p, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The reservation of p's chosen node into p.decision.
+  void Finish(Planned& p, const mig::PodRequest& request) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The entry of `name`, created when missing (kept in nodes_ and index_).
-  NodeEntry& NodeFor(const std::string& name);
-  NodeEntry* FindNode(const std::string& name) const;
+  NodeEntry& NodeFor(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  NodeEntry* FindNode(const std::string& name) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The entries of the candidates (null: unknown), in their order. kube-scheduler sends the same
   // NodeNames filter after filter: the last answer is kept and reused while the list and the set
   // of nodes are unchanged (one pass of string compares instead of thousands of hash lookups).
-  // REQUIRES mu_ held (shared is enough); the memo has its own lock.
-  std::shared_ptr<const std::vector<NodeEntry*>> Resolve(
-      const std::vector<std::string>& candidates) const;
+  // The memo has its own lock.
+  std::shared_ptr<const std::vector<NodeEntry*>> Resolve(const std::vector<std::string>& candidates)
+      const ABSL_SHARED_LOCKS_REQUIRED(mu_) ABSL_LOCKS_EXCLUDED(resolve_mu_);
 
   const ClusterStateOptions options_;
-  mutable std::shared_mutex mu_;
-  mutable std::map<std::string, NodeEntry> nodes_;  // sorted: reports list nodes by name
-  // Hash index over nodes_ (its entries never move): a filter looks up thousands of candidates.
-  std::unordered_map<std::string, NodeEntry*> index_;
-  std::map<std::string, int> model_count_;  // NVML model name -> registered MIG GPUs of it
-  uint64_t nodes_generation_ = 0;           // bumped whenever nodes_ gains or loses an entry
-  mutable std::mutex resolve_mu_;           // guards Resolve's memo
-  mutable std::vector<std::string> resolved_names_;
-  mutable std::shared_ptr<const std::vector<NodeEntry*>> resolved_entries_;
-  mutable uint64_t resolved_generation_ = ~uint64_t{0};
-  std::map<std::string, PodEntry> pods_;
-  std::map<std::string, AssumedEntry> assumed_;
-  std::set<std::string> released_;                                          // ReleaseUnrealized
-  std::map<std::string, std::shared_ptr<const mig::GpuPlanner>> planners_;  // by capability key
+  // Readers (filters planning, reports) share it; informer events and commits hold it alone.
+  mutable absl::Mutex mu_;
+  // Sorted: reports list nodes by name. Entries never move (index_ and plans point at them).
+  mutable std::map<std::string, NodeEntry> nodes_ ABSL_GUARDED_BY(mu_);
+  // Hash index over nodes_: a filter looks up thousands of candidates.
+  std::unordered_map<std::string, NodeEntry*> index_ ABSL_GUARDED_BY(mu_);
+  // NVML model name -> registered MIG GPUs of it.
+  std::map<std::string, int> model_count_ ABSL_GUARDED_BY(mu_);
+  // Bumped whenever nodes_ gains or loses an entry.
+  uint64_t nodes_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable absl::Mutex resolve_mu_ ABSL_ACQUIRED_AFTER(mu_);  // guards Resolve's memo
+  mutable std::vector<std::string> resolved_names_ ABSL_GUARDED_BY(resolve_mu_);
+  mutable std::shared_ptr<const std::vector<NodeEntry*>> resolved_entries_
+      ABSL_GUARDED_BY(resolve_mu_);
+  mutable uint64_t resolved_generation_ ABSL_GUARDED_BY(resolve_mu_) = ~uint64_t{0};
+  std::map<std::string, PodEntry> pods_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, AssumedEntry> assumed_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> released_ ABSL_GUARDED_BY(mu_);  // ReleaseUnrealized
+  // By capability key.
+  std::map<std::string, std::shared_ptr<const mig::GpuPlanner>> planners_ ABSL_GUARDED_BY(mu_);
 };
 
 // Parses hami.io/node-handshake: "Reported_<time>" (RFC 3339 or "2006-01-02 15:04:05" UTC).

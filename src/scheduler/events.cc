@@ -13,10 +13,10 @@ EventRecorder::EventRecorder(kube::KubeClient& client, const Clock& clock,
 
 EventRecorder::~EventRecorder() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   thread_.join();
 }
 
@@ -38,7 +38,7 @@ void EventRecorder::Record(const kube::Object& pod, std::string_view type, std::
   }
   const std::string key = ns + "/" + kube::Name(pod) + "|" + std::string(reason) + "|" + message;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (auto it = recent_.find(key);
         it != recent_.end() && now - it->second < options_.dedupe_window) {
       return;
@@ -55,13 +55,13 @@ void EventRecorder::Record(const kube::Object& pod, std::string_view type, std::
     recent_[key] = now;
     queue_.push_back(kube::NewEvent(involved, type, reason, message, options_.component, now));
   }
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 void EventRecorder::Run() {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   while (true) {
-    cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    while (!stopping_ && queue_.empty()) cv_.Wait(&mu_);
     if (stopping_) {
       // Do not hold a shutdown up on a slow API server: what is still queued is dropped.
       dropped_ += static_cast<int64_t>(queue_.size());
@@ -71,9 +71,9 @@ void EventRecorder::Run() {
     kube::Object event = std::move(queue_.front());
     queue_.pop_front();
     busy_ = true;
-    lock.unlock();
+    mu_.Unlock();
     auto created = client_.CreateEvent(event);
-    lock.lock();
+    mu_.Lock();
     busy_ = false;
     if (created.ok()) {
       ++written_;
@@ -82,24 +82,25 @@ void EventRecorder::Run() {
       spdlog::debug("event {} not written: {}", event.value("reason", std::string()),
                     std::string(created.status().message()));
     }
-    if (queue_.empty()) idle_cv_.notify_all();
+    if (queue_.empty()) idle_cv_.SignalAll();
   }
-  idle_cv_.notify_all();
+  idle_cv_.SignalAll();
 }
 
 bool EventRecorder::Flush(absl::Duration timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return idle_cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
-                           [this] { return queue_.empty() && !busy_; });
+  absl::MutexLock lock(&mu_);
+  return clock_.WaitFor(idle_cv_, mu_, timeout, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return queue_.empty() && !busy_;
+  });
 }
 
 int64_t EventRecorder::written() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return written_;
 }
 
 int64_t EventRecorder::dropped() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return dropped_;
 }
 

@@ -4,15 +4,15 @@
 // the queue is full new events are dropped and counted. Thread-safe.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "kube/kube_client.h"
@@ -35,30 +35,32 @@ class EventRecorder {
   // Queues an Event about `pod` (only its kind, namespace, name, uid and resourceVersion are
   // used). `type` is "Normal" or "Warning". Messages are cut to 1024 bytes.
   void Record(const kube::Object& pod, std::string_view type, std::string_view reason,
-              std::string message);
+              std::string message) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Waits until every queued event was written (or failed); false on timeout. For tests.
-  bool Flush(absl::Duration timeout);
+  // Waits until every queued event was written (or failed); false on timeout (of the clock's
+  // monotonic time). For tests.
+  bool Flush(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
 
-  int64_t written() const;
-  int64_t dropped() const;  // queue full or write failed
+  int64_t written() const ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t dropped() const ABSL_LOCKS_EXCLUDED(mu_);  // queue full or write failed
 
  private:
-  void Run();
+  void Run() ABSL_LOCKS_EXCLUDED(mu_);
 
   kube::KubeClient& client_;
   const Clock& clock_;
   const EventRecorderOptions options_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::condition_variable idle_cv_;
-  std::deque<kube::Object> queue_;
-  std::map<std::string, absl::Time> recent_;  // pod|reason|message -> last recorded
-  bool busy_ = false;
-  bool stopping_ = false;
-  int64_t written_ = 0;
-  int64_t dropped_ = 0;
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;
+  absl::CondVar idle_cv_;
+  std::deque<kube::Object> queue_ ABSL_GUARDED_BY(mu_);
+  // pod|reason|message -> last recorded
+  std::map<std::string, absl::Time> recent_ ABSL_GUARDED_BY(mu_);
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t written_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };
 

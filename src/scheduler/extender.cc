@@ -146,11 +146,11 @@ std::string Extender::HandleBind(std::string_view body) {
 }
 
 ExtenderFilterResult Extender::Filter(const ExtenderArgs& args) {
-  const absl::Time started = absl::Now();
+  const absl::Duration started = clock_.Monotonic();
   ExtenderFilterResult result;
   if (args.nodes.has_value()) result.nodes = args.nodes;
   auto finish = [&](std::string_view outcome) {
-    if (metrics_ != nullptr) metrics_->ObserveFilter(outcome, absl::Now() - started);
+    if (metrics_ != nullptr) metrics_->ObserveFilter(outcome, clock_.Monotonic() - started);
     return std::move(result);  // once per filter; a copy of thousands of FailedNodes is not free
   };
   auto fail = [&](std::string error) {
@@ -406,9 +406,9 @@ absl::StatusOr<std::optional<Reservation>> Extender::ReservationForBind(const ku
 }
 
 std::string Extender::Bind(const ExtenderBindingArgs& args) {
-  const absl::Time started = absl::Now();
+  const absl::Duration started = clock_.Monotonic();
   auto finish = [&](std::string error) {
-    if (metrics_ != nullptr) metrics_->ObserveBind(error.empty(), absl::Now() - started);
+    if (metrics_ != nullptr) metrics_->ObserveBind(error.empty(), clock_.Monotonic() - started);
     if (!error.empty()) {
       spdlog::info("bind {}/{} to {}: {}", args.pod_namespace, args.pod_name, args.node, error);
     }

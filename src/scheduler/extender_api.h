@@ -6,13 +6,14 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "nlohmann/json.hpp"
 
 namespace dynmig::scheduler {
@@ -38,13 +39,15 @@ struct ExtenderArgs {
 // comparison of bytes instead of being parsed again. Thread-safe.
 class NodeNamesCache {
  public:
-  std::shared_ptr<const std::vector<std::string>> Find(std::string_view raw) const;
-  void Store(std::string_view raw, std::shared_ptr<const std::vector<std::string>> names);
+  std::shared_ptr<const std::vector<std::string>> Find(std::string_view raw) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void Store(std::string_view raw, std::shared_ptr<const std::vector<std::string>> names)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  mutable std::mutex mu_;
-  std::string raw_;
-  std::shared_ptr<const std::vector<std::string>> names_;
+  mutable absl::Mutex mu_;
+  std::string raw_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const std::vector<std::string>> names_ ABSL_GUARDED_BY(mu_);
 };
 
 // Parses the request body. kInvalidArgument for a body beyond kExtenderArgsJsonLimits (16 MiB, 64

@@ -17,21 +17,20 @@ LeaderElector::~LeaderElector() { Stop(); }
 void LeaderElector::OnChange(Callback callback) { callback_ = std::move(callback); }
 
 bool LeaderElector::IsLeader() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return leading_ && clock_.Now() - last_renew_ < options_.renew_deadline;
 }
 
 std::string LeaderElector::holder() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return holder_;
 }
 
-// REQUIRES round_mu_.
 void LeaderElector::SetLeading(bool leading, absl::Time renewed,
                                const std::string& previous_holder) {
   bool changed = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     changed = leading_ != leading;
     leading_ = leading;
     if (leading) {
@@ -47,7 +46,7 @@ void LeaderElector::SetLeading(bool leading, absl::Time renewed,
 }
 
 bool LeaderElector::TryAcquireOrRenew() {
-  std::lock_guard<std::mutex> round(round_mu_);
+  absl::MutexLock round(&round_mu_);
   const absl::Time now = clock_.Now();
   const int64_t duration_s = std::max<int64_t>(1, absl::ToInt64Seconds(options_.lease_duration));
   auto lease = client_.GetLease(options_.lease_namespace, options_.lease_name);
@@ -75,7 +74,7 @@ bool LeaderElector::TryAcquireOrRenew() {
       return IsLeader();
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       observed_spec_ = spec;
       observed_time_ = now;
     }
@@ -92,7 +91,7 @@ bool LeaderElector::TryAcquireOrRenew() {
   }
   absl::Time observed_at;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (spec != observed_spec_) {
       observed_spec_ = spec;
       observed_time_ = now;
@@ -132,7 +131,7 @@ bool LeaderElector::TryAcquireOrRenew() {
     return IsLeader();
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = written->find("spec");
     observed_spec_ = (it != written->end() && it->is_object()) ? *it : s;
     observed_time_ = now;
@@ -142,9 +141,9 @@ bool LeaderElector::TryAcquireOrRenew() {
 }
 
 absl::Status LeaderElector::Release() {
-  std::lock_guard<std::mutex> round(round_mu_);
+  absl::MutexLock round(&round_mu_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!leading_) return absl::OkStatus();
   }
   const absl::Time now = clock_.Now();
@@ -162,16 +161,16 @@ absl::Status LeaderElector::Release() {
 }
 
 void LeaderElector::Start() {
-  std::lock_guard<std::mutex> lock(loop_mu_);
+  absl::MutexLock lock(&loop_mu_);
   if (thread_.joinable() || stopping_) return;
   thread_ = std::thread([this] {
-    std::unique_lock<std::mutex> l(loop_mu_);
+    absl::MutexLock l(&loop_mu_);
     while (!stopping_) {
-      l.unlock();
+      loop_mu_.Unlock();
       TryAcquireOrRenew();
-      l.lock();
-      loop_cv_.wait_for(l, absl::ToChronoNanoseconds(options_.retry_period),
-                        [this] { return stopping_; });
+      loop_mu_.Lock();
+      clock_.WaitFor(loop_cv_, loop_mu_, options_.retry_period,
+                     [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_mu_) { return stopping_; });
     }
   });
 }
@@ -179,11 +178,11 @@ void LeaderElector::Start() {
 void LeaderElector::Stop() {
   std::thread thread;
   {
-    std::lock_guard<std::mutex> lock(loop_mu_);
+    absl::MutexLock lock(&loop_mu_);
     stopping_ = true;
     thread = std::move(thread_);
   }
-  loop_cv_.notify_all();
+  loop_cv_.SignalAll();
   if (thread.joinable()) thread.join();
   absl::Status st = Release();
   if (!st.ok()) {

@@ -11,13 +11,13 @@
 // Thread-safe.
 #pragma once
 
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "kube/kube_client.h"
@@ -51,42 +51,43 @@ class LeaderElector {
 
   // One round: create, take over or renew the Lease. Returns IsLeader() after it. API errors
   // leave the state as it was (a leader keeps leading until its renew deadline passes).
-  bool TryAcquireOrRenew();
+  bool TryAcquireOrRenew() ABSL_LOCKS_EXCLUDED(round_mu_, mu_);
 
   // Leading, and the last successful renewal is younger than renew_deadline.
-  bool IsLeader() const;
+  bool IsLeader() const ABSL_LOCKS_EXCLUDED(mu_);
   // The holder identity last observed on the Lease ("" before the first round).
-  std::string holder() const;
+  std::string holder() const ABSL_LOCKS_EXCLUDED(mu_);
   const LeaderElectionOptions& options() const { return options_; }
 
   // Runs rounds every retry_period on a thread until Stop(). Idempotent.
-  void Start();
+  void Start() ABSL_LOCKS_EXCLUDED(loop_mu_);
   // Stops the loop; a leader releases the Lease (empty holder, leaseDurationSeconds 1) so a
   // follower takes over at once. Idempotent.
-  void Stop();
+  void Stop() ABSL_LOCKS_EXCLUDED(loop_mu_, round_mu_);
   // Releases the Lease if this replica holds it. Errors: the client's.
-  absl::Status Release();
+  absl::Status Release() ABSL_LOCKS_EXCLUDED(round_mu_, mu_);
 
  private:
-  void SetLeading(bool leading, absl::Time renewed, const std::string& previous_holder);
+  void SetLeading(bool leading, absl::Time renewed, const std::string& previous_holder)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(round_mu_) ABSL_LOCKS_EXCLUDED(mu_);
 
   kube::KubeClient& client_;
   const Clock& clock_;
   const LeaderElectionOptions options_;
   Callback callback_;
 
-  std::mutex round_mu_;  // one round (or release) at a time; callbacks run under it
-  mutable std::mutex mu_;
-  bool leading_ = false;
-  absl::Time last_renew_ = absl::InfinitePast();
-  nlohmann::json observed_spec_;
-  absl::Time observed_time_ = absl::InfinitePast();
-  std::string holder_;
+  absl::Mutex round_mu_;  // one round (or release) at a time; callbacks run under it
+  mutable absl::Mutex mu_ ABSL_ACQUIRED_AFTER(round_mu_);
+  bool leading_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time last_renew_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  nlohmann::json observed_spec_ ABSL_GUARDED_BY(mu_);
+  absl::Time observed_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::string holder_ ABSL_GUARDED_BY(mu_);
 
-  std::mutex loop_mu_;
-  std::condition_variable loop_cv_;
-  bool stopping_ = false;
-  std::thread thread_;
+  absl::Mutex loop_mu_;
+  absl::CondVar loop_cv_;
+  bool stopping_ ABSL_GUARDED_BY(loop_mu_) = false;
+  std::thread thread_ ABSL_GUARDED_BY(loop_mu_);
 };
 
 }  // namespace dynmig::scheduler

@@ -1,7 +1,6 @@
 #include "scheduler/lock_queue.h"
 
 #include <algorithm>
-#include <chrono>
 
 #include "fmt/format.h"
 
@@ -12,27 +11,27 @@ NodeLockQueue::NodeLockQueue(NodeLockQueueOptions options) : options_(options) {
 NodeLockQueue::~NodeLockQueue() { Stop(); }
 
 void NodeLockQueue::Stop() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   stopped_ = true;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void NodeLockQueue::NodeChanged(std::string_view node) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = queues_.find(node);
   if (it == queues_.end()) return;
   ++it->second.changes;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 int NodeLockQueue::Waiting(std::string_view node) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = queues_.find(node);
   return it == queues_.end() ? 0 : static_cast<int>(it->second.tickets.size());
 }
 
 int NodeLockQueue::Waiting() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return waiting_;
 }
 
@@ -43,16 +42,16 @@ void NodeLockQueue::Leave(const std::string& node, uint64_t ticket) {
   tickets.erase(std::remove(tickets.begin(), tickets.end(), ticket), tickets.end());
   --waiting_;
   if (tickets.empty()) queues_.erase(it);
-  cv_.notify_all();  // the next one may be the head now
+  cv_.SignalAll();  // the next one may be the head now
 }
 
 absl::Status NodeLockQueue::Acquire(kube::KubeClient& client, std::string_view node_view,
                                     const LockOwner& owner, const Clock& clock,
                                     const NodeLockOptions& lock_options) {
   const std::string node(node_view);
-  const absl::Time deadline = absl::Now() + options_.wait;
+  const absl::Duration deadline = clock.Monotonic() + options_.wait;
 
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (stopped_) return absl::CancelledError(fmt::format("lock node {}: shutting down", node));
   if (waiting_ >= options_.max_waiters) {
     return absl::FailedPreconditionError(fmt::format(
@@ -70,8 +69,9 @@ absl::Status NodeLockQueue::Acquire(kube::KubeClient& client, std::string_view n
   absl::Status last = absl::OkStatus();
   while (true) {
     // Wait to be the head (the binds ahead leave when they took the lock or gave up).
-    cv_.wait_until(lock, absl::ToChronoTime(deadline),
-                   [&] { return stopped_ || q.tickets.front() == ticket; });
+    clock.WaitUntil(cv_, mu_, deadline, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stopped_ || q.tickets.front() == ticket;
+    });
     if (stopped_) {
       Leave(node, ticket);
       return absl::CancelledError(fmt::format("lock node {}: shutting down", node));
@@ -86,17 +86,20 @@ absl::Status NodeLockQueue::Acquire(kube::KubeClient& client, std::string_view n
                       node, absl::FormatDuration(options_.wait), ahead_at_start, ahead));
     }
     const uint64_t seen = q.changes;
-    lock.unlock();
+    mu_.Unlock();
     last = AcquireNodeLock(client, node, owner, clock.Now(), lock_options);
-    lock.lock();
+    mu_.Lock();
     if (last.code() != absl::StatusCode::kFailedPrecondition) {  // taken, or a real error
       Leave(node, ticket);
       return last;
     }
     // Still held: wait for the node to change (or poll), unless the time is up.
-    if (absl::Now() >= deadline) break;
-    const absl::Time wake = std::min(deadline, absl::Now() + poll);
-    cv_.wait_until(lock, absl::ToChronoTime(wake), [&] { return stopped_ || q.changes != seen; });
+    const absl::Duration now = clock.Monotonic();
+    if (now >= deadline) break;
+    const absl::Duration wake = std::min(deadline, now + poll);
+    clock.WaitUntil(cv_, mu_, wake, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stopped_ || q.changes != seen;
+    });
     if (q.changes == seen) poll = std::min(poll * 2, options_.max_poll);
   }
   Leave(node, ticket);

@@ -16,15 +16,15 @@
 // Thread-safe.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <string>
 #include <string_view>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "kube/kube_client.h"
@@ -48,22 +48,24 @@ class NodeLockQueue {
   NodeLockQueue& operator=(const NodeLockQueue&) = delete;
 
   // Takes the lock of `node` for `owner` (AcquireNodeLock with `lock.wait` ignored: the queue
-  // waits); the lock records `clock`'s time when it is taken. The wait is in real time (it bounds
-  // the bind's HTTP call). Errors: those of
+  // waits); the lock records `clock`'s time when it is taken. The wait and the polls run on
+  // `clock`'s monotonic time (in production the real time that bounds the bind's HTTP call).
+  // Errors: those of
   // AcquireNodeLock; kFailedPrecondition when the lock is still held after `wait`, or too many
   // binds wait already; kCancelled after Stop().
   absl::Status Acquire(kube::KubeClient& client, std::string_view node, const LockOwner& owner,
-                       const Clock& clock, const NodeLockOptions& lock = {});
+                       const Clock& clock, const NodeLockOptions& lock = {})
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The node informer saw `node` change (its lock may be gone): wake the head of its queue.
-  void NodeChanged(std::string_view node);
+  void NodeChanged(std::string_view node) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Fails every waiting bind (kCancelled) and every later one. Idempotent.
-  void Stop();
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Binds waiting now, for `node` and in all.
-  int Waiting(std::string_view node) const;
-  int Waiting() const;
+  int Waiting(std::string_view node) const ABSL_LOCKS_EXCLUDED(mu_);
+  int Waiting() const ABSL_LOCKS_EXCLUDED(mu_);
 
   const NodeLockQueueOptions& options() const { return options_; }
 
@@ -72,15 +74,15 @@ class NodeLockQueue {
     std::deque<uint64_t> tickets;  // front: the head, the one bind that reads the Node
     uint64_t changes = 0;          // NodeChanged calls so far
   };
-  void Leave(const std::string& node, uint64_t ticket);  // REQUIRES: mu_ held
+  void Leave(const std::string& node, uint64_t ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const NodeLockQueueOptions options_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::string, NodeQueue, std::less<>> queues_;
-  uint64_t next_ticket_ = 1;
-  int waiting_ = 0;
-  bool stopped_ = false;
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::map<std::string, NodeQueue, std::less<>> queues_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
+  int waiting_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace dynmig::scheduler

@@ -3,7 +3,6 @@
 #include <httplib.h>
 
 #include <algorithm>
-#include <chrono>
 
 #include "common/strings.h"
 #include "fmt/format.h"
@@ -13,8 +12,6 @@
 
 namespace dynmig::scheduler {
 namespace {
-
-using SteadyClock = std::chrono::steady_clock;
 
 constexpr const char* kJson = "application/json";
 
@@ -148,15 +145,15 @@ absl::Status SchedulerServer::Init() {
 
   if (options_.expiry_interval > absl::ZeroDuration()) {
     expiry_thread_ = std::thread([this] {
-      std::unique_lock<std::mutex> lock(loop_mu_);
+      absl::MutexLock lock(&loop_mu_);
       while (!stopped_) {
-        loop_cv_.wait_for(lock, absl::ToChronoNanoseconds(options_.expiry_interval),
-                          [this] { return stopped_; });
+        clock_.WaitFor(loop_cv_, loop_mu_, options_.expiry_interval,
+                       [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_mu_) { return stopped_; });
         if (stopped_) break;
-        lock.unlock();
+        loop_mu_.Unlock();
         auto result = extender_->ExpireReservations();
         for (const auto& e : result.errors) spdlog::warn("reservation expiry: {}", e);
-        lock.lock();
+        loop_mu_.Lock();
       }
     });
   }
@@ -281,10 +278,11 @@ absl::Status SchedulerServer::Listen() {
     port_ = options_.port;
   }
   listener_ = std::thread([this] { http_->listen_after_bind(); });
-  const auto deadline = SteadyClock::now() + std::chrono::seconds(10);
-  while (!http_->is_running() && SteadyClock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  // The listener thread starts on real time whatever clock the server was given (a simulated
+  // one would never let this poll end).
+  const Clock& real = RealClock();
+  const absl::Duration deadline = real.Monotonic() + absl::Seconds(10);
+  while (!http_->is_running() && real.Monotonic() < deadline) real.SleepFor(absl::Milliseconds(1));
   if (!http_->is_running()) {
     return absl::UnavailableError(fmt::format("the server on port {} did not start", port_));
   }
@@ -302,10 +300,10 @@ bool SchedulerServer::Ready() const {
 }
 
 bool SchedulerServer::WaitUntilReady(absl::Duration timeout) const {
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Duration deadline = clock_.Monotonic() + timeout;
   if (pods_ == nullptr || nodes_ == nullptr) return false;
   return pods_->WaitForSync(timeout) &&
-         nodes_->WaitForSync(std::max(absl::ZeroDuration(), deadline - absl::Now()));
+         nodes_->WaitForSync(std::max(absl::ZeroDuration(), deadline - clock_.Monotonic()));
 }
 
 std::string SchedulerServer::WriteGate() const {
@@ -394,11 +392,11 @@ SchedulerServer::~SchedulerServer() { Stop(); }
 
 void SchedulerServer::Stop() {
   {
-    std::lock_guard<std::mutex> lock(loop_mu_);
+    absl::MutexLock lock(&loop_mu_);
     if (stopped_) return;
     stopped_ = true;
   }
-  loop_cv_.notify_all();
+  loop_cv_.SignalAll();
   if (extender_ != nullptr) extender_->StopWaiting();
   if (expiry_thread_.joinable()) expiry_thread_.join();
   if (elector_ != nullptr) elector_->Stop();

@@ -31,20 +31,21 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/bounded_json.h"
 #include "common/clock.h"
 #include "kube/informer.h"
 #include "kube/kube_client.h"
+#include "protocol/annotations.h"
 #include "scheduler/client_auth.h"
 #include "scheduler/cluster_state.h"
 #include "scheduler/events.h"
@@ -62,7 +63,8 @@ struct Response;
 
 namespace dynmig::scheduler {
 
-inline constexpr std::string_view kRoleLabel = "dynmig.io/role";
+// The label a replica carries: leader or follower.
+using protocol::kRoleLabel;
 
 struct SchedulerServerOptions {
   std::string host = "127.0.0.1";
@@ -182,9 +184,9 @@ class SchedulerServer {
   std::thread listener_;
   int port_ = 0;
 
-  std::mutex loop_mu_;
-  std::condition_variable loop_cv_;
-  bool stopped_ = false;
+  absl::Mutex loop_mu_;
+  absl::CondVar loop_cv_;
+  bool stopped_ ABSL_GUARDED_BY(loop_mu_) = false;
   std::thread expiry_thread_;
 };
 

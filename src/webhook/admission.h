@@ -38,14 +38,15 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <set>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "mig/allowlist.h"
 #include "mig/profile.h"
 #include "mig/request.h"
@@ -125,10 +126,10 @@ class NodeCapacityIndex {
  public:
   explicit NodeCapacityIndex(mig::Allowlist allowlist) : allowlist_(std::move(allowlist)) {}
   // The register is decoded again only when its value changed.
-  void Upsert(const std::string& node, std::string_view register_value);
-  void Remove(const std::string& node);
+  void Upsert(const std::string& node, std::string_view register_value) ABSL_LOCKS_EXCLUDED(mu_);
+  void Remove(const std::string& node) ABSL_LOCKS_EXCLUDED(mu_);
   // 0 when no node holds any MIG instance.
-  int Max() const;
+  int Max() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Entry {
@@ -136,9 +137,9 @@ class NodeCapacityIndex {
     int capacity = 0;
   };
   const mig::Allowlist allowlist_;
-  mutable std::mutex mu_;
-  std::map<std::string, Entry> nodes_;
-  std::multiset<int> capacities_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, Entry> nodes_ ABSL_GUARDED_BY(mu_);
+  std::multiset<int> capacities_ ABSL_GUARDED_BY(mu_);
 };
 
 class AdmissionHandler {

@@ -9,11 +9,12 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 typedef struct ssl_ctx_st SSL_CTX;
 typedef struct ssl_st SSL;
@@ -39,25 +40,26 @@ class CertReloader {
 
   // Re-reads the files when they changed. OK when unchanged or reloaded; the load error otherwise
   // (the previous pair stays).
-  absl::Status MaybeReload();
+  absl::Status MaybeReload() ABSL_LOCKS_EXCLUDED(mu_);
 
-  int64_t reloads() const;   // successful reloads after the first load
-  int64_t failures() const;  // refused reloads
+  int64_t reloads() const ABSL_LOCKS_EXCLUDED(mu_);   // successful reloads after the first load
+  int64_t failures() const ABSL_LOCKS_EXCLUDED(mu_);  // refused reloads
 
  private:
   CertReloader(std::string cert_file, std::string key_file);
-  absl::Status Load();  // REQUIRES mu_
+  absl::Status Load() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static int CertCallback(SSL* ssl, void* arg);
 
   const std::string cert_file_;
   const std::string key_file_;
-  mutable std::mutex mu_;
-  X509* cert_ = nullptr;
-  STACK_OF_X509* chain_ = nullptr;
-  EVP_PKEY* key_ = nullptr;
-  std::string identity_;  // inode/size/mtime of both files at the last load attempt
-  int64_t reloads_ = 0;
-  int64_t failures_ = 0;
+  mutable absl::Mutex mu_;
+  X509* cert_ ABSL_GUARDED_BY(mu_) = nullptr;
+  STACK_OF_X509* chain_ ABSL_GUARDED_BY(mu_) = nullptr;
+  EVP_PKEY* key_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // inode/size/mtime of both files at the last load attempt
+  std::string identity_ ABSL_GUARDED_BY(mu_);
+  int64_t reloads_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t failures_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace dynmig::webhook

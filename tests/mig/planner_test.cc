@@ -410,8 +410,8 @@ TEST(PlannerQualityTest, AdmitsAtLeastAsManyAsFirstFitOnRandomSequences) {
 namespace dynmig::mig {
 namespace {
 
-// The precomputed single-instance table answers exactly what the plain search answers, for every
-// occupied mask and every memory size, on every catalogued model.
+// The precomputed single-instance table answers exactly what the plain search answers (placement,
+// verdict and reason), for every occupied mask and every memory size, on every catalogued model.
 TEST(PlannerTableTest, IdenticalToThePlainSearchOnEveryState) {
   size_t checked = 0;
   for (const auto& model : Catalogue()) {
@@ -444,6 +444,12 @@ TEST(PlannerTableTest, IdenticalToThePlainSearchOnEveryState) {
                 << cap.model << " " << m;
             ASSERT_EQ(fast.placement, plain.instances[0].placement) << cap.model << " " << m;
           }
+          // Plan answers a miss from the table too: the same verdict and reason as the search.
+          const uint64_t one[1] = {mem};
+          const GpuPlan planned = p.Plan(usage, one, {});
+          ASSERT_EQ(planned.verdict, plain.verdict) << cap.model << " mask " << m << " mem " << mem;
+          ASSERT_EQ(planned.reason, plain.reason) << cap.model << " mask " << m << " mem " << mem;
+          ASSERT_EQ(p.Plan(usage, one, {}, false).verdict, plain.verdict) << cap.model << " " << m;
           ++checked;
         }
       }

@@ -78,9 +78,16 @@ TEST_F(BindTest, BindTakesTheNodeLockMarksAllocatingAndBinds) {
   EXPECT_EQ(waited.body["Error"], "") << waited.text;
   EXPECT_EQ(kube::NodeName(GetPod("q")), "node-a");
   EXPECT_EQ(Lock(), LockOf("q"));
-  // A lock that stays is refused after the wait (2 s here), with the reason.
+  // A lock that stays is refused after the wait (2 s of the scheduler's clock here), with the
+  // reason: the bind queues, then the time passes.
   const kube::Object v = Reserved("v");
-  r = Bind(s_, v, "node-a");
+  std::thread refusing([&] { r = Bind(s_, v, "node-a"); });
+  ASSERT_TRUE(kube::testing::Eventually([&] {
+    return s_->MetricsText().find("dynmig_scheduler_binds_waiting_for_node_lock 1\n") !=
+           std::string::npos;
+  }));
+  clock_.Advance(absl::Seconds(3));
+  refusing.join();
   EXPECT_THAT(
       r.body["Error"].get<std::string>(),
       HasSubstr("node node-a is locked by default/q (uid " + kube::Uid(GetPod("q")) + ") since"));

@@ -5,11 +5,11 @@
 
 #include <atomic>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "scheduler_test_util.h"
 
 namespace dynmig::scheduler {
@@ -45,7 +45,7 @@ class NodeLockQueueTest : public SchedulerTest {
     const int before = queue.Waiting("node-a");
     threads_.emplace_back([this, &queue, pod] {
       absl::Status st = queue.Acquire(*client_, "node-a", {"default", pod, "uid-" + pod}, clock_);
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       results_.emplace_back(pod, st);
     });
     ASSERT_TRUE(kube::testing::Eventually([&] { return queue.Waiting("node-a") == before + 1; }));
@@ -55,21 +55,21 @@ class NodeLockQueueTest : public SchedulerTest {
     threads_.clear();
   }
   std::vector<std::string> Done() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     std::vector<std::string> out;
     for (const auto& [pod, st] : results_) out.push_back(pod + (st.ok() ? "" : ":failed"));
     return out;
   }
   absl::Status ResultOf(const std::string& pod) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (const auto& [p, st] : results_)
       if (p == pod) return st;
     return absl::NotFoundError(pod);
   }
 
   std::vector<std::thread> threads_;
-  std::mutex mu_;
-  std::vector<std::pair<std::string, absl::Status>> results_;
+  absl::Mutex mu_;
+  std::vector<std::pair<std::string, absl::Status>> results_ ABSL_GUARDED_BY(mu_);
 };
 
 // Binds take the lock in the order they came, each woken by the node's change (the poll fallback
@@ -103,9 +103,21 @@ TEST_F(NodeLockQueueTest, OnlyTheHeadReadsTheNode) {
                        .max_poll = absl::Milliseconds(400),
                        .max_waiters = 16});
   Hold("holder");
+  const int64_t base = api_->request_count();
   for (const std::string pod : {"a", "b", "c", "d", "e", "f"}) StartWaiting(queue, pod);
+  // The head has read the Node once and waits for its poll; the five behind it wait their turn.
+  ASSERT_TRUE(kube::testing::Eventually([&] { return api_->request_count() > base; }));
+  ASSERT_TRUE(clock_.AwaitWaiters(6));
   const int64_t before = api_->request_count();
-  absl::SleepFor(absl::Seconds(2));
+  // Two seconds of simulated time, one timer at a time: each step fires the earliest wait and
+  // lets the reads it causes finish before the next.
+  const absl::Duration start = clock_.Monotonic();
+  while (clock_.Monotonic() - start < absl::Seconds(2)) {
+    const int64_t seen = api_->request_count();
+    ASSERT_TRUE(clock_.AdvanceToNextDeadline());
+    ASSERT_TRUE(kube::testing::Eventually([&] { return api_->request_count() > seen; }));
+    ASSERT_TRUE(clock_.AwaitWaiters(6));
+  }
   const int64_t reads = api_->request_count() - before;
   // The head alone: 100 + 200 + 400 + 400 ... ms, about 6 reads in 2 s. Six binds polling on
   // their own would make six times as many.
@@ -128,6 +140,7 @@ TEST_F(NodeLockQueueTest, ALockThatStaysFailsTheBindsAfterTheWait) {
   Hold("holder");
   StartWaiting(queue, "a");
   StartWaiting(queue, "b");
+  clock_.Advance(absl::Milliseconds(600));  // past both binds' wait
   JoinAll();
   const absl::Status a = ResultOf("a");
   EXPECT_EQ(a.code(), absl::StatusCode::kFailedPrecondition);

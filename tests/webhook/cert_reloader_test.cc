@@ -15,6 +15,7 @@
 #include <fstream>
 #include <thread>
 
+#include "common/clock.h"
 #include "fmt/format.h"
 #include "webhook/test_certs.h"
 
@@ -90,7 +91,11 @@ TEST_F(CertReloaderTest, SwappedFilesAreServedOnTheNextHandshake) {
   const int port = server.bind_to_any_port("127.0.0.1");
   ASSERT_GT(port, 0);
   std::thread listener([&] { server.listen_after_bind(); });
-  while (!server.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // The listener thread runs on real time: poll for it, with a deadline.
+  const Clock& real = RealClock();
+  const absl::Duration deadline = real.Monotonic() + absl::Seconds(10);
+  while (!server.is_running() && real.Monotonic() < deadline) real.SleepFor(absl::Milliseconds(1));
+  ASSERT_TRUE(server.is_running());
 
   EXPECT_EQ(ServedSerial(port), "1001");
   // An HTTPS client that trusts the first certificate gets through.
