@@ -2,6 +2,8 @@
 
 #include <curl/curl.h>
 
+#include <mutex>  // std::call_once
+
 #include "common/bounded_json.h"
 #include "common/status_macros.h"
 #include "fmt/format.h"
