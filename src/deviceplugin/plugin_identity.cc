@@ -60,7 +60,7 @@ bool PluginCore::PruneLedger(const std::vector<PodMig>& pods) {
 }
 
 std::vector<LedgerEntry> PluginCore::Ledger() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return state_.ledger;
 }
 
@@ -87,7 +87,7 @@ absl::Status PluginCore::KubeletKnows(const PodMig& pod) {
 absl::Status PluginCore::PreStartContainer(const std::vector<std::string>& device_ids) {
   std::optional<LedgerEntry> entry;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     const std::vector<std::string> key = DeviceKey(device_ids);
     for (const auto& e : state_.ledger) {
       if (e.device_ids == key) entry = e;
