@@ -82,6 +82,7 @@ absl::Status PluginCore::LoadStateAndInventory() {
   auto loaded = store_.Load();
   if (loaded.ok()) {
     state_ = std::move(*loaded);
+    ledger_.Load(state_.ledger);
   } else if (loaded.status().code() == absl::StatusCode::kDataLoss) {
     auto moved = store_.MoveAside(NowUnix());
     const std::string message = fmt::format(
@@ -128,7 +129,10 @@ absl::StatusOr<std::vector<PodMig>> PluginCore::ListPods() {
   return pods;
 }
 
-absl::Status PluginCore::Persist() { return store_.Save(state_); }
+absl::Status PluginCore::Persist() {
+  state_.ledger = ledger_.Entries();
+  return store_.Save(state_);
+}
 
 void PluginCore::PersistOrLog(std::string_view what) {
   if (auto st = Persist(); !st.ok()) {

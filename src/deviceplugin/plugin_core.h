@@ -57,11 +57,12 @@
 //
 // Sources: plugin_core.cc (start, state, shared helpers), plugin_allocate.cc, allocate_plan.cc,
 // plugin_reclaim.cc, plugin_warm.cc, plugin_recovery.cc, plugin_publish.cc, plugin_identity.cc
-// (ledger, PreStart), device_list.cc.
+// (PreStart), ledger.cc, device_list.cc.
 //
 // Thread-safe: mutating operations are serialized by mu_ (they touch node-global state, every
-// member it guards says so); the /nvml snapshot has its own view_mu_, and the device list
-// (DeviceList) its own lock, so ListAndWatch never waits on NVML.
+// member it guards says so); the /nvml snapshot has its own view_mu_, the ledger (Ledger) and the
+// device list (DeviceList) their own locks, so PreStartContainer and ListAndWatch never wait on
+// NVML.
 #pragma once
 
 #include <cstdint>
@@ -85,6 +86,7 @@
 #include "deviceplugin/device_list.h"
 #include "deviceplugin/events.h"
 #include "deviceplugin/inventory.h"
+#include "deviceplugin/ledger.h"
 #include "deviceplugin/metrics.h"
 #include "deviceplugin/pod_resources.h"
 #include "deviceplugin/pods.h"
@@ -388,8 +390,8 @@ class PluginCore {
                               const mig::Placement& placement, uint32_t gi, uint32_t ci,
                               std::string_view mig_uuid, std::string_view origin) const;
 
-  // Ledger (plugin_identity.cc). Records that `device_ids` were served for container `container`
-  // of `pod` with `instances` (replacing an entry with the same IDs).
+  // The ledger (ledger_, plugin_identity.cc). Records that `device_ids` were served for container
+  // `container` of `pod` with `instances` (replacing an entry with the same IDs).
   void RecordLedger(const std::vector<std::string>& device_ids, const PodMig& pod, int container,
                     const std::vector<ManagedInstance>& instances)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -508,6 +510,9 @@ class PluginCore {
   // Monotonic time of the snapshot, for kViewMinAge.
   absl::Duration view_taken_ ABSL_GUARDED_BY(view_mu_) = -absl::InfiniteDuration();
 
+  // The ledger of served Allocates (PreStartContainer never waits for mu_). state_.ledger is
+  // its copy in the state file, refreshed by Persist().
+  deviceplugin::Ledger ledger_;
   // The advertised devices (ListAndWatch never waits for mu_).
   DeviceList devices_;
 };
