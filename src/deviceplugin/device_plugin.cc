@@ -211,7 +211,6 @@ void DevicePlugin::Stop() {
     cv_.SignalAll();
   }
   if (loop_.joinable()) loop_.join();
-  if (core_) core_->CloseDeviceWatches();  // ListAndWatch's waits, whatever the clock
   if (endpoint_) endpoint_->Stop();
   for (HttpListener* l : {&metrics_http_, &nvml_http_}) {
     if (l->server == nullptr) continue;

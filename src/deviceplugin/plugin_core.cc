@@ -46,7 +46,9 @@ PluginCore::PluginCore(PluginCoreOptions options, nvml::Nvml& nvml, kube::KubeCl
       pod_resources_(pod_resources),
       store_(options_.state_file, options_.fsync),
       cdi_(options_.cdi_dir, options_.fsync),
-      devices_(*options_.clock) {}
+      // ListAndWatch's waits are the transport's: the kubelet at the other end runs on real time
+      // whatever clock the core runs on (a simulated one would hold its streams forever).
+      devices_(RealClock()) {}
 
 bool PluginCore::Crash(std::string_view point) const {
   if (options_.crash_point && options_.crash_point(point)) {

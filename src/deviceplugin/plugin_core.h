@@ -132,9 +132,10 @@ struct PluginCoreOptions {
   protocol::WarmInstances warm;
   // Attempts of the optimistic-concurrency loop that writes the pod annotation.
   int annotation_attempts = 5;
-  // Wall time (timestamps, TTLs, the in-progress window), monotonic time (durations) and the
-  // device list's waits; must outlive the core. null = RealClock() (DevicePlugin passes its own
-  // clock when this is unset).
+  // Wall time (timestamps, TTLs, the in-progress window) and monotonic time (durations); must
+  // outlive the core. null = RealClock() (DevicePlugin passes its own clock when this is unset).
+  // The device list's waits (WaitForDeviceChange) run on real time: they pace a gRPC stream whose
+  // peer, the kubelet, does.
   const Clock* clock = nullptr;
   std::function<bool(std::string_view point)> crash_point;  // testing only
   std::string component = "dynmig-device-plugin";
@@ -175,11 +176,10 @@ class PluginCore {
   // instance count; Unhealthy while the GPU is. `generation` (optional) receives the list's
   // generation.
   std::vector<v1beta1::Device> Devices(uint64_t* generation = nullptr) const;
-  // Waits until the device list's generation differs from `seen` (or `timeout` of the options'
-  // clock, or CloseDeviceWatches()); returns the current generation.
+  // Waits until the device list's generation differs from `seen` (or `timeout` of real time, or
+  // CloseDeviceWatches()); returns the current generation.
   uint64_t WaitForDeviceChange(uint64_t seen, absl::Duration timeout) const;
-  // Ends every WaitForDeviceChange, now and later (the transport is shutting down; with a
-  // simulated clock the waits' timeouts never pass on their own).
+  // Ends every WaitForDeviceChange at once, now and later (the transport is shutting down).
   void CloseDeviceWatches();
   // One container's Allocate. Errors: kInvalidArgument (unknown device ids), kUnavailable (pods
   // cannot be listed), kFailedPrecondition (no pending pod; refused reservation, legacy pod,
