@@ -25,7 +25,7 @@ absl::StatusOr<std::unique_ptr<DevicePlugin>> DevicePlugin::Start(
     options.core.state_file = options.kubelet_dir + "/dynmig/state.json";
   }
   if (options.clock == nullptr) options.clock = &RealClock();
-  if (!options.core.clock) options.core.clock = [&clock = *options.clock] { return clock.Now(); };
+  if (options.core.clock == nullptr) options.core.clock = options.clock;
   if (options.reconcile_interval <= absl::ZeroDuration() ||
       options.register_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("device plugin: intervals must be positive");

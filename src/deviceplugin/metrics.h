@@ -34,12 +34,13 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <string_view>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -106,8 +107,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& idled_;
   prometheus::Family<prometheus::Counter>& reused_;
   prometheus::Family<prometheus::Gauge>& idle_;
-  std::mutex idle_mu_;
-  std::set<std::pair<std::string, std::string>> idle_seen_;  // guarded by idle_mu_
+  absl::Mutex idle_mu_;
+  std::set<std::pair<std::string, std::string>> idle_seen_ ABSL_GUARDED_BY(idle_mu_);
 };
 
 }  // namespace dynmig::deviceplugin

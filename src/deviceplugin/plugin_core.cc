@@ -4,7 +4,6 @@
 #include "deviceplugin/plugin_core.h"
 
 #include <algorithm>
-#include <chrono>
 #include <map>
 #include <set>
 
@@ -32,7 +31,7 @@ absl::StatusOr<std::unique_ptr<PluginCore>> PluginCore::Create(
   }
   DYNMIG_RETURN_IF_ERROR(options.allowlist.Validate());
   if (options.annotation_attempts < 1) options.annotation_attempts = 1;
-  if (!options.clock) options.clock = [] { return absl::Now(); };
+  if (options.clock == nullptr) options.clock = &RealClock();
   return std::unique_ptr<PluginCore>(
       new PluginCore(std::move(options), nvml, kube, metrics, events, pod_resources));
 }
@@ -46,7 +45,10 @@ PluginCore::PluginCore(PluginCoreOptions options, nvml::Nvml& nvml, kube::KubeCl
       events_(events),
       pod_resources_(pod_resources),
       store_(options_.state_file, options_.fsync),
-      cdi_(options_.cdi_dir, options_.fsync) {}
+      cdi_(options_.cdi_dir, options_.fsync),
+      // ListAndWatch's waits are the transport's: the kubelet at the other end runs on real time
+      // whatever clock the core runs on (a simulated one would hold its streams forever).
+      devices_(RealClock()) {}
 
 bool PluginCore::Crash(std::string_view point) const {
   if (options_.crash_point && options_.crash_point(point)) {
@@ -57,12 +59,32 @@ bool PluginCore::Crash(std::string_view point) const {
 }
 
 absl::Status PluginCore::Start() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (started_) return absl::FailedPreconditionError("device plugin core already started");
   started_ = true;
+  DYNMIG_RETURN_IF_ERROR(LoadStateAndInventory());
+  UpdateDevices();
+  DYNMIG_RETURN_IF_ERROR(Persist());
+  auto pods = ListPods();
+  if (!pods.ok()) {
+    recovery_pending_ = true;
+    spdlog::warn(
+        "startup: cannot list pods ({}): recovery deferred, nothing is cleaned or destroyed "
+        "until the API answers",
+        std::string(pods.status().message()));
+    UpdateGauges();
+    return absl::OkStatus();
+  }
+  RecoverLocked(*pods);
+  UpdateGauges();
+  return absl::OkStatus();
+}
+
+absl::Status PluginCore::LoadStateAndInventory() {
   auto loaded = store_.Load();
   if (loaded.ok()) {
     state_ = std::move(*loaded);
+    ledger_.Load(state_.ledger);
   } else if (loaded.status().code() == absl::StatusCode::kDataLoss) {
     auto moved = store_.MoveAside(NowUnix());
     const std::string message = fmt::format(
@@ -91,20 +113,6 @@ absl::Status PluginCore::Start() {
                         gpu.unhealthy_reason));
     }
   }
-  UpdateDevices();
-  DYNMIG_RETURN_IF_ERROR(Persist());
-  auto pods = ListPods();
-  if (!pods.ok()) {
-    recovery_pending_ = true;
-    spdlog::warn(
-        "startup: cannot list pods ({}): recovery deferred, nothing is cleaned or destroyed "
-        "until the API answers",
-        std::string(pods.status().message()));
-    UpdateGauges();
-    return absl::OkStatus();
-  }
-  RecoverLocked(*pods);
-  UpdateGauges();
   return absl::OkStatus();
 }
 
@@ -123,7 +131,16 @@ absl::StatusOr<std::vector<PodMig>> PluginCore::ListPods() {
   return pods;
 }
 
-absl::Status PluginCore::Persist() { return store_.Save(state_); }
+absl::Status PluginCore::Persist() {
+  state_.ledger = ledger_.Entries();
+  return store_.Save(state_);
+}
+
+void PluginCore::PersistOrLog(std::string_view what) {
+  if (auto st = Persist(); !st.ok()) {
+    spdlog::error("{}: cannot save state: {}", what, std::string(st.message()));
+  }
+}
 
 void PluginCore::UpdateGauges() {
   metrics_.SetManaged(static_cast<double>(state_.instances.size()));
@@ -273,34 +290,34 @@ absl::Status PluginCore::Verify(const GpuEntry& gpu, const nvml::GpuInstanceInfo
 }
 
 std::vector<ManagedInstance> PluginCore::Managed() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return state_.instances;
 }
 
 std::vector<Intent> PluginCore::OpenIntents() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return state_.intents;
 }
 
 std::vector<QuarantinedSlices> PluginCore::Quarantined() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return quarantine_;
 }
 
 std::vector<protocol::HeldSlices> PluginCore::Held() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<protocol::HeldSlices> held = ended_held_;
   held.insert(held.end(), untracked_held_.begin(), untracked_held_.end());
   return held;
 }
 
 bool PluginCore::recovery_pending() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return recovery_pending_;
 }
 
 Inventory PluginCore::inventory() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return inventory_;
 }
 

@@ -47,32 +47,46 @@
 // creating anything; when it is gone or does not verify, Allocate creates afresh. Recovery keeps
 // idle instances that NVML still shows (never cleans them as untracked).
 //
-// Sources: plugin_core.cc (start, state, shared helpers), plugin_allocate.cc, plugin_reclaim.cc,
-// plugin_warm.cc, plugin_recovery.cc, plugin_publish.cc, plugin_identity.cc (ledger, PreStart).
+// Allocate is a pipeline of named steps, each with one owner: IdentifyPod (the node lock's owner
+// or the pod in progress, proven by the kubelet's PodResources) -> ValidateAllocation (pure,
+// allocate_plan.h: the typed reservation + the node's view -> an AllocationPlan or a refusal) ->
+// ConfirmAgainstNvml -> RecordIntents (the state file) -> CreateInstances (rolled back on failure)
+// -> Publish (the runtime identity, the commit, the kubelet's answer). Recovery (intent
+// completion) and adoption run the same record and publish steps (NewInstance, RecordAdopted,
+// WriteRuntimeIdentity) from their own entry; both destroy nothing on doubt.
 //
-// Thread-safe: mutating operations are serialized by one mutex (they touch node-global state);
-// Devices()/WaitForDeviceChange() use their own lock so ListAndWatch never waits on NVML.
+// Sources: plugin_core.cc (start, state, shared helpers), plugin_allocate.cc, allocate_plan.cc,
+// plugin_reclaim.cc, plugin_warm.cc, plugin_recovery.cc, plugin_publish.cc, plugin_identity.cc
+// (PreStart), ledger.cc, device_list.cc.
+//
+// Thread-safe: mutating operations are serialized by mu_ (they touch node-global state, every
+// member it guards says so); the /nvml snapshot has its own view_mu_, the ledger (Ledger) and the
+// device list (DeviceList) their own locks, so PreStartContainer and ListAndWatch never wait on
+// NVML.
 #pragma once
 
-#include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
+#include "deviceplugin/allocate_plan.h"
 #include "deviceplugin/cdi.h"
+#include "deviceplugin/device_list.h"
 #include "deviceplugin/events.h"
 #include "deviceplugin/inventory.h"
+#include "deviceplugin/ledger.h"
 #include "deviceplugin/metrics.h"
 #include "deviceplugin/pod_resources.h"
 #include "deviceplugin/pods.h"
@@ -82,6 +96,7 @@
 #include "mig/allowlist.h"
 #include "nlohmann/json.hpp"
 #include "nvml/nvml.h"
+#include "protocol/annotations.h"
 #include "protocol/device_config.h"
 #include "protocol/held_slices.h"
 #include "protocol/idle_instances.h"
@@ -104,7 +119,7 @@ inline constexpr absl::Duration kInProgressWindow = absl::Seconds(30);
 
 struct PluginCoreOptions {
   std::string node_name;
-  std::string resource_name = "nvidia.com/gpu";
+  std::string resource_name = std::string(protocol::kResourceCount);
   mig::Allowlist allowlist;
   // The node-local state file (managed instances, intents). Required.
   std::string state_file;
@@ -117,7 +132,11 @@ struct PluginCoreOptions {
   protocol::WarmInstances warm;
   // Attempts of the optimistic-concurrency loop that writes the pod annotation.
   int annotation_attempts = 5;
-  std::function<absl::Time()> clock;                        // default absl::Now
+  // Wall time (timestamps, TTLs, the in-progress window) and monotonic time (durations); must
+  // outlive the core. null = RealClock() (DevicePlugin passes its own clock when this is unset).
+  // The device list's waits (WaitForDeviceChange) run on real time: they pace a gRPC stream whose
+  // peer, the kubelet, does.
+  const Clock* clock = nullptr;
   std::function<bool(std::string_view point)> crash_point;  // testing only
   std::string component = "dynmig-device-plugin";
 };
@@ -133,14 +152,6 @@ struct ReconcileReport {
   int unverified = 0;      // allocations of non-terminated pods that could not be verified
   int idled = 0;           // instances of ended pods kept idle (warm instances)
   int idle_destroyed = 0;  // idle instances destroyed (TTL, slices needed, cap, turned off)
-};
-
-// Slices kept out of use: a non-terminated pod's allocation that could not be verified.
-struct QuarantinedSlices {
-  std::string gpu_uuid;
-  mig::Placement placement;
-  std::string pod;  // namespace/name
-  std::string reason;
 };
 
 class PluginCore {
@@ -165,9 +176,11 @@ class PluginCore {
   // instance count; Unhealthy while the GPU is. `generation` (optional) receives the list's
   // generation.
   std::vector<v1beta1::Device> Devices(uint64_t* generation = nullptr) const;
-  // Waits until the device list's generation differs from `seen` (or timeout); returns the current
-  // generation.
+  // Waits until the device list's generation differs from `seen` (or `timeout` of real time, or
+  // CloseDeviceWatches()); returns the current generation.
   uint64_t WaitForDeviceChange(uint64_t seen, absl::Duration timeout) const;
+  // Ends every WaitForDeviceChange at once, now and later (the transport is shutting down).
+  void CloseDeviceWatches();
   // One container's Allocate. Errors: kInvalidArgument (unknown device ids), kUnavailable (pods
   // cannot be listed), kFailedPrecondition (no pending pod; refused reservation, legacy pod,
   // placement busy), NVML's codes when creation fails, kAborted (annotation conflicts persisted).
@@ -216,84 +229,218 @@ class PluginCore {
   PluginCore(PluginCoreOptions options, nvml::Nvml& nvml, kube::KubeClient& kube, Metrics& metrics,
              EventRecorder& events, PodResourcesSource* pod_resources);
 
-  struct Plan;
   struct Created;
 
-  absl::Time Now() const { return options_.clock(); }
+  absl::Time Now() const { return options_.clock->Now(); }
   int64_t NowUnix() const { return absl::ToUnixSeconds(Now()); }
   bool Crash(std::string_view point) const;
 
   // The node's pods from the API (needs no lock).
   absl::StatusOr<std::vector<PodMig>> ListPods();
-  // All below REQUIRE mu_ held.
-  nlohmann::json NvmlViewLocked();
-  void RefreshViewLocked();
-  absl::Status Persist();
-  void UpdateDevices();
-  void UpdateGauges();
-  void RecoverLocked(const std::vector<PodMig>& pods);
+  nlohmann::json NvmlViewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RefreshViewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Persist() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Persist(), logging a failure with `what` (a state the next start recovers from anyway).
+  void PersistOrLog(std::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateDevices() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Start(): the state file (moved aside when corrupt) and the NVML inventory.
+  absl::Status LoadStateAndInventory() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- recovery (plugin_recovery.cc) ----
+  void RecoverLocked(const std::vector<PodMig>& pods) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Completes or destroys (only when `destructive`) instances of intents left open.
-  void ResolveIntents(const std::vector<PodMig>& pods, bool destructive);
-  void CleanIdleGpus(const std::vector<PodMig>& pods);
-  ReconcileReport ReconcileLocked(const std::vector<PodMig>& pods);
+  void ResolveIntents(const std::vector<PodMig>& pods, bool destructive)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One open intent; whether it is closed.
+  bool ResolveIntent(const Intent& intent, const PodMig* pod, bool destructive)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The intent's pod still reserves exactly its instance (`entry`): the missing CI is created,
+  // the runtime identity published and the instance recorded. Whether the intent is closed.
+  bool CompleteIntent(const Intent& intent, const std::string& what, const PodMig& pod,
+                      const protocol::MigAllocation& entry, const GpuEntry& gpu,
+                      const mig::ProfileSpec& profile, uint32_t gi)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Nobody owns the intent's instance (`why`): destroyed, or tracked for reclamation while
+  // processes run on it. Whether the intent is closed.
+  bool ReleaseIntent(const Intent& intent, const std::string& what, const std::string& why,
+                     const PodMig* pod, const GpuEntry& gpu, const mig::ProfileSpec& profile,
+                     uint32_t gi) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CleanIdleGpus(const std::vector<PodMig>& pods) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- reclamation and adoption (plugin_reclaim.cc) ----
+  ReconcileReport ReconcileLocked(const std::vector<PodMig>& pods)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reclaims managed instance `m`, whose owner is no longer active (`ended` says how); whether
+  // the state changed.
+  bool ReclaimEnded(const ManagedInstance& m, const PodMig* owner, bool destructive,
+                    ReconcileReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The non-terminated pods whose MIG annotations cannot be read ("ns/name: why"), each reported
   // once (event and log). Non-empty: nothing may be destroyed.
-  std::vector<std::string> Unreadable(const std::vector<PodMig>& pods);
-  void AdoptUntracked(const std::vector<PodMig>& pods, bool destructive, ReconcileReport& report);
-  // Warm instances (plugin_warm.cc). Whether the ended instance `m` is kept idle rather than
-  // destroyed: warm instances on, its CI known, its GPU under the cap.
-  bool KeepIdle(const ManagedInstance& m) const;
+  std::vector<std::string> Unreadable(const std::vector<PodMig>& pods)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct Candidate;
+  using Candidates = std::map<std::pair<std::string, uint32_t>, Candidate>;  // (gpu, start)
+  void AdoptUntracked(const std::vector<PodMig>& pods, bool destructive, ReconcileReport& report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The complete annotations by GPU and placement that no managed instance realizes (adoption
+  // candidates); quarantines what cannot be verified; claims idle instances an annotation names.
+  // Sets `changed` when the state changed.
+  Candidates CollectCandidates(const std::vector<PodMig>& pods, ReconcileReport& report,
+                               bool& changed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Idle instance `m` that the annotation `a` of active pod `p` names exactly becomes the pod's.
+  bool ClaimIdle(ManagedInstance& m, const PodMig& p, const protocol::MigAllocation& a)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Quarantine(const PodMig& p, const protocol::MigAllocation& a, const std::string& reason,
+                  ReconcileReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the managed instances of `gpu` that NVML (`gis`) no longer shows; whether any was.
+  bool ForgetVanished(const GpuEntry& gpu, const std::vector<nvml::GpuInstanceInfo>& gis)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adopts the GIs of `gpu` that a candidate describes and NVML verifies; returns the GIs nobody
+  // owns. Sets `changed` when the state changed.
+  std::vector<nvml::GpuInstanceInfo> AdoptOnGpu(const GpuEntry& gpu,
+                                                const std::vector<nvml::GpuInstanceInfo>& gis,
+                                                Candidates& candidates, ReconcileReport& report,
+                                                bool& changed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Untracked GIs of `gpu`: destroyed when `idle` (the whole GPU is), kept and reported
+  // otherwise. Returns how many are kept.
+  int KeepOrCleanUntracked(const GpuEntry& gpu, const std::vector<nvml::GpuInstanceInfo>& unowned,
+                           bool idle, const std::string& why, ReconcileReport& report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reports the candidates of active pods whose instance is gone.
+  void ReportGone(const Candidates& candidates) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reclaim/recovery/adoption's record step: `m` (built by NewInstance) is managed, counted as
+  // adopted (`how`) and announced with `event`.
+  void RecordAdopted(ManagedInstance m, const PodMig* pod, std::string_view how,
+                     const std::string& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- warm instances (plugin_warm.cc) ----
+  // Whether the ended instance `m` is kept idle rather than destroyed: warm instances on, its CI
+  // known, its GPU under the cap.
+  bool KeepIdle(const ManagedInstance& m) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks managed instance `m` (its pod ended, no process) idle.
-  void MarkIdle(const ManagedInstance& m, const PodMig* owner, const std::string& ended);
+  void MarkIdle(const ManagedInstance& m, const PodMig* owner, const std::string& ended)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Destroys idle instances past their TTL, overlapping an active pod's unrealized reservation,
   // over the cap or with warm instances off; keeps those an unrealized reservation names exactly.
   // Destroys nothing unless `destructive`.
-  void SweepIdle(const std::vector<PodMig>& pods, bool destructive, ReconcileReport& report);
+  void SweepIdle(const std::vector<PodMig>& pods, bool destructive, ReconcileReport& report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether idle instance `m` is still exactly what NVML shows at GI `gi`, with its CI and MIG
   // UUID, and no process runs on it. The error says what differs.
   absl::Status VerifyIdle(const GpuEntry& gpu, const ManagedInstance& m,
                           const nvml::GpuInstanceInfo& gi);
-  std::vector<protocol::IdleInstance> IdleLocked() const;
+  std::vector<protocol::IdleInstance> IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- Allocate, a pipeline (plugin_allocate.cc): identify -> validate -> confirm against
+  // NVML -> record the intents -> create (rolled back on failure) -> publish ----
   absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateLocked(
-      const std::vector<std::string>& device_ids, std::string* result);
-  // Ledger (plugin_identity.cc). Records that `device_ids` were served for container `container`
-  // of `pod` with `instances` (replacing an entry with the same IDs).
+      const std::vector<std::string>& device_ids, std::string* result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // kInvalidArgument unless every ID is a replica of an exposed GPU.
+  absl::Status CheckDeviceIds(const std::vector<std::string>& device_ids) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Step 1: the pod this Allocate is for, proven: the node lock's owner (or the pod in progress)
+  // that the kubelet's PodResources lists. Releases the node lock once the pod is identified.
+  absl::StatusOr<PodMig> IdentifyPod(const std::vector<PodMig>& pods, size_t device_count,
+                                     std::string* result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The node (read into node_) and its lock; nullopt when unreadable or absent.
+  std::optional<protocol::NodeLock> ReadNodeLock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Step 2 is ValidateAllocation (allocate_plan.h) over View().
+  NodeView View() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Step 3: what only NVML can confirm: no GI the plan does not reuse overlaps a reservation; a
+  // reused instance still exists (else it is created again); an idle one still verifies (else
+  // it is destroyed when idle, and created again).
+  absl::Status ConfirmAgainstNvml(const PodMig& pod, AllocationPlan& plan, std::string* result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ConfirmDevice(const PodMig& pod, int container, const std::string& what,
+                             PlannedDevice& d, std::string* result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An idle instance the plan reuses: verified (then handed to the pod), or destroyed so that
+  // the device is created afresh.
+  absl::Status TakeOverIdle(const PodMig& pod, int container, const std::string& what,
+                            const nvml::GpuInstanceInfo& live, PlannedDevice& d,
+                            std::string* result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Step 4: an intent per device to create, persisted before any creation, so that a crash in
+  // between is resolved without guessing.
+  absl::Status RecordIntents(const PodMig& pod, AllocationPlan& plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Step 5: GI + CI at each planned placement (reused instances as they are). On failure
+  // everything in `created` is rolled back by the caller (Abort).
+  absl::StatusOr<std::vector<ManagedInstance>> CreateInstances(const PodMig& pod,
+                                                               const AllocationPlan& plan,
+                                                               std::vector<Created>& created)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Step 6: the answer, the runtime identity written under the pod's resourceVersion, then the
+  // commit (managed instances, closed intents, the ledger entry, in one write).
+  absl::StatusOr<v1beta1::ContainerAllocateResponse> Publish(
+      const std::vector<std::string>& device_ids, const PodMig& pod, const AllocationPlan& plan,
+      const std::vector<ManagedInstance>& instances, std::vector<Created>& created,
+      std::string* result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Commit(const std::vector<std::string>& device_ids, const PodMig& pod,
+              const AllocationPlan& plan, const std::vector<ManagedInstance>& instances)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A failed step after the intents: rolls back what this call created, reports, fails the pod.
+  absl::Status Abort(const PodMig& pod, const AllocationPlan& plan, std::vector<Created>& created,
+                     const absl::Status& st, std::string_view step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The instance record every step builds (Allocate, intent completion, adoption).
+  ManagedInstance NewInstance(const InstanceOwner& owner, std::string_view gpu_uuid,
+                              std::string_view profile, uint32_t profile_id,
+                              const mig::Placement& placement, uint32_t gi, uint32_t ci,
+                              std::string_view mig_uuid, std::string_view origin) const;
+
+  // The ledger (ledger_, plugin_identity.cc). Records that `device_ids` were served for container
+  // `container` of `pod` with `instances` (replacing an entry with the same IDs).
   void RecordLedger(const std::vector<std::string>& device_ids, const PodMig& pod, int container,
-                    const std::vector<ManagedInstance>& instances);
+                    const std::vector<ManagedInstance>& instances)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the entries whose pod is not among the non-terminated `pods`; true when any was.
-  bool PruneLedger(const std::vector<PodMig>& pods);
+  bool PruneLedger(const std::vector<PodMig>& pods) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Allocate's check of the pod it is about to serve: kFailedPrecondition when the kubelet's
   // PodResources answers and does not list `pod` (this Allocate is another pod's). OK when it
   // lists it, and when PodResources cannot be read (PreStartContainer then fails closed).
   absl::Status KubeletKnows(const PodMig& pod);
   absl::Status Refuse(const PodMig& pod, std::string_view reason, absl::Status status,
-                      std::string* result);
+                      std::string* result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // bind-phase failed; releases the node lock unless this Allocate already did.
-  void FailPod(const PodMig& pod);
+  void FailPod(const PodMig& pod) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes hami.io/mutex.lock when `pod` holds it, under the node's resourceVersion. `node` is a
   // recent read of the node (saves a GET; re-read on conflict). Sets lock_released_ once the lock
   // is no longer the pod's.
-  void ReleaseNodeLock(const PodMig& pod, std::optional<kube::Object> node = std::nullopt);
+  void ReleaseNodeLock(const PodMig& pod, std::optional<kube::Object> node = std::nullopt)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reconcile: removes hami.io/mutex.lock (under the node's resourceVersion) when the pod it names
   // is gone, has finished or is bound to another node: a bind that failed half-way (a crashed
   // scheduler) or a pod deleted before its Allocate leaves such a lock. A pod not bound yet keeps
   // it (its bind may be in progress).
   void ReleaseOrphanedNodeLock(const std::vector<PodMig>& pods);
+  // Why the lock's pod will never reach Allocate here ("" when it may).
+  std::string OrphanedBecause(const protocol::NodeLock& lock, const std::vector<PodMig>& pods);
   // The uid of the allocation in progress (within kInProgressWindow), or "".
-  std::string InProgress() const;
-  void Rollback(std::vector<Created>& created, const std::vector<uint64_t>& intents);
-  // Writes the runtime identity of `entries` (device index -> identity) of container
-  // `container` into the pod's annotation; with `consume`, also erases the container from
-  // hami.io/vgpu-devices-to-allocate and sets bind-phase success when none is left (`done`).
+  std::string InProgress() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Rollback(std::vector<Created>& created, const std::vector<uint64_t>& intents)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Publish step shared by Allocate and intent completion: writes the runtime identity of
+  // `entries` (device index -> identity) of container `container` into the pod's annotation;
+  // with `consume`, also erases the container from hami.io/vgpu-devices-to-allocate and sets
+  // bind-phase success when none is left (`done`).
   absl::Status WriteRuntimeIdentity(const PodMig& pod, int container,
                                     const std::map<int, protocol::RuntimeIdentity>& entries,
                                     bool consume, bool* done);
+  // The reservations of `current` with `entries` written in; kFailedPrecondition when one
+  // disappeared, carries another identity or changed since `pod` was read. `already`: every
+  // entry was written before.
+  absl::StatusOr<std::vector<protocol::MigAllocation>> WithIdentities(
+      const PodMig& pod, const kube::Object& current, int container,
+      const std::map<int, protocol::RuntimeIdentity>& entries, bool& already);
   absl::StatusOr<v1beta1::ContainerAllocateResponse> Answer(
-      const std::vector<ManagedInstance>& instances);
+      const std::vector<ManagedInstance>& instances) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The device nodes a container needs for MIG device (gi, ci) of `gpu`: none when the NVML
   // backend has no device nodes on the host (simulated GPUs).
   absl::StatusOr<std::vector<std::string>> DeviceNodes(const GpuEntry& gpu, uint32_t gi,
-                                                       uint32_t ci);
+                                                       uint32_t ci)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // NVML helpers.
   // Destroys every CI of GI `gi`, then the GI. A GI that is already gone is OK.
@@ -306,12 +453,14 @@ class PluginCore {
   absl::Status Verify(const GpuEntry& gpu, const nvml::GpuInstanceInfo& gi,
                       const protocol::MigAllocation& allocation);
 
-  ManagedInstance* FindManaged(std::string_view gpu_uuid, const mig::Placement& placement);
-  ManagedInstance* FindManagedGi(std::string_view gpu_uuid, uint32_t gi);
-  void RemoveManaged(std::string_view gpu_uuid, uint32_t gi);
-  void Manage(ManagedInstance instance);
+  ManagedInstance* FindManaged(std::string_view gpu_uuid, const mig::Placement& placement)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ManagedInstance* FindManagedGi(std::string_view gpu_uuid, uint32_t gi)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveManaged(std::string_view gpu_uuid, uint32_t gi) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Manage(ManagedInstance instance) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reports once per key (events and warnings that would repeat every cycle).
-  bool FirstReport(const std::string& key);
+  bool FirstReport(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Event(const PodMig* pod, std::string_view type, std::string_view reason,
              const std::string& message);
 
@@ -324,38 +473,48 @@ class PluginCore {
   const StateStore store_;
   const CdiWriter cdi_;
 
-  mutable std::mutex mu_;  // serializes every mutating operation
-  // The last NvmlView snapshot and when it was taken (guarded by view_mu_, written under mu_ too).
-  mutable std::mutex view_mu_;
-  nlohmann::json view_;
-  absl::Time view_at_ = absl::InfinitePast();           // the injected clock's time, shown
-  std::chrono::steady_clock::time_point view_taken_{};  // monotonic, for kViewMinAge
-  PluginState state_;
-  Inventory inventory_;
-  std::optional<nvml::MigMinors> minors_;
-  std::string minors_error_;
-  std::vector<QuarantinedSlices> quarantine_;
-  std::vector<protocol::HeldSlices> ended_held_;      // ReconcileLocked: managed, owner not active
-  std::vector<protocol::HeldSlices> untracked_held_;  // AdoptUntracked: untracked, kept
-  std::set<std::string> reported_;
-  std::optional<kube::Object> node_;  // the node as read by the current Allocate
-  bool lock_released_ = false;        // the current Allocate released its pod's node lock
+  // Serializes every mutating operation; owns the node-local state and everything below it
+  // (before view_mu_ and devices_mu_, which are taken inside it).
+  mutable absl::Mutex mu_;
+  PluginState state_ ABSL_GUARDED_BY(mu_);
+  Inventory inventory_ ABSL_GUARDED_BY(mu_);
+  std::optional<nvml::MigMinors> minors_ ABSL_GUARDED_BY(mu_);
+  std::string minors_error_ ABSL_GUARDED_BY(mu_);
+  std::vector<QuarantinedSlices> quarantine_ ABSL_GUARDED_BY(mu_);
+  // ReconcileLocked: managed, owner not active.
+  std::vector<protocol::HeldSlices> ended_held_ ABSL_GUARDED_BY(mu_);
+  // AdoptUntracked: untracked, kept.
+  std::vector<protocol::HeldSlices> untracked_held_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> reported_ ABSL_GUARDED_BY(mu_);
+  // The node as read by the current Allocate.
+  std::optional<kube::Object> node_ ABSL_GUARDED_BY(mu_);
+  // The current Allocate released its pod's node lock.
+  bool lock_released_ ABSL_GUARDED_BY(mu_) = false;
   // The pod this process identified last and has not finished (in memory only: a restart breaks
   // the kubelet's admission pass anyway).
   struct InProgressPod {
     std::string uid;
     absl::Time since;
   };
-  std::optional<InProgressPod> in_progress_;
-  bool started_ = false;
-  bool recovery_pending_ = true;
-  std::string last_register_;
-  std::string last_idle_ = "[]";  // dynmig.io/idle-mig-instances as last published
+  std::optional<InProgressPod> in_progress_ ABSL_GUARDED_BY(mu_);
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool recovery_pending_ ABSL_GUARDED_BY(mu_) = true;
+  std::string last_register_ ABSL_GUARDED_BY(mu_);
+  // dynmig.io/idle-mig-instances as last published.
+  std::string last_idle_ ABSL_GUARDED_BY(mu_) = "[]";
 
-  mutable std::mutex devices_mu_;
-  mutable std::condition_variable devices_cv_;
-  std::vector<v1beta1::Device> devices_;
-  uint64_t devices_generation_ = 0;
+  // The last NvmlView snapshot and when it was taken (written under mu_ too).
+  mutable absl::Mutex view_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  nlohmann::json view_ ABSL_GUARDED_BY(view_mu_);
+  absl::Time view_at_ ABSL_GUARDED_BY(view_mu_) = absl::InfinitePast();  // wall time, shown
+  // Monotonic time of the snapshot, for kViewMinAge.
+  absl::Duration view_taken_ ABSL_GUARDED_BY(view_mu_) = -absl::InfiniteDuration();
+
+  // The ledger of served Allocates (PreStartContainer never waits for mu_). state_.ledger is
+  // its copy in the state file, refreshed by Persist().
+  deviceplugin::Ledger ledger_;
+  // The advertised devices (ListAndWatch never waits for mu_).
+  DeviceList devices_;
 };
 
 }  // namespace dynmig::deviceplugin

@@ -43,11 +43,7 @@ void PluginCore::RecordLedger(const std::vector<std::string>& device_ids, const 
   e.container_index = container;
   for (const auto& m : instances) e.mig_uuids.push_back(m.mig_uuid);
   e.since = NowUnix();
-  // The kubelet hands a device to one live container at a time: an entry with the same IDs is
-  // an ended pod's (or this container's own earlier Allocate).
-  std::erase_if(state_.ledger,
-                [&](const LedgerEntry& old) { return old.device_ids == e.device_ids; });
-  state_.ledger.push_back(std::move(e));
+  ledger_.Record(std::move(e));
 }
 
 bool PluginCore::PruneLedger(const std::vector<PodMig>& pods) {
@@ -55,14 +51,10 @@ bool PluginCore::PruneLedger(const std::vector<PodMig>& pods) {
   for (const auto& p : pods) {
     if (!p.terminated) live.insert(p.uid);
   }
-  return std::erase_if(state_.ledger,
-                       [&](const LedgerEntry& e) { return !live.count(e.pod_uid); }) > 0;
+  return ledger_.Prune(live);
 }
 
-std::vector<LedgerEntry> PluginCore::Ledger() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return state_.ledger;
-}
+std::vector<LedgerEntry> PluginCore::Ledger() const { return ledger_.Entries(); }
 
 absl::Status PluginCore::KubeletKnows(const PodMig& pod) {
   if (pod_resources_ == nullptr) return absl::OkStatus();
@@ -85,14 +77,7 @@ absl::Status PluginCore::KubeletKnows(const PodMig& pod) {
 }
 
 absl::Status PluginCore::PreStartContainer(const std::vector<std::string>& device_ids) {
-  std::optional<LedgerEntry> entry;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    const std::vector<std::string> key = DeviceKey(device_ids);
-    for (const auto& e : state_.ledger) {
-      if (e.device_ids == key) entry = e;
-    }
-  }
+  const std::optional<LedgerEntry> entry = ledger_.Find(DeviceKey(device_ids));
   const absl::StatusOr<PodResourcesList> kubelet =
       pod_resources_ != nullptr
           ? pod_resources_->List()

@@ -1,7 +1,6 @@
 // Publication: the kubelet's device list (ListAndWatch), GPU health, the node register and
 // handshake annotations, the /nvml view. See plugin_core.h.
 #include <algorithm>
-#include <chrono>
 #include <map>
 #include <set>
 
@@ -26,17 +25,7 @@ void PluginCore::UpdateDevices() {
       devices.push_back(std::move(d));
     }
   }
-  {
-    std::lock_guard<std::mutex> lock(devices_mu_);
-    bool same = devices.size() == devices_.size();
-    for (size_t i = 0; same && i < devices.size(); ++i) {
-      same = devices[i].id() == devices_[i].id() && devices[i].health() == devices_[i].health();
-    }
-    if (same && devices_generation_ > 0) return;
-    devices_ = std::move(devices);
-    ++devices_generation_;
-  }
-  devices_cv_.notify_all();
+  devices_.Set(std::move(devices));
 }
 
 v1beta1::DevicePluginOptions PluginCore::PluginOptions() const {
@@ -47,20 +36,17 @@ v1beta1::DevicePluginOptions PluginCore::PluginOptions() const {
 }
 
 std::vector<v1beta1::Device> PluginCore::Devices(uint64_t* generation) const {
-  std::lock_guard<std::mutex> lock(devices_mu_);
-  if (generation != nullptr) *generation = devices_generation_;
-  return devices_;
+  return devices_.Get(generation);
 }
 
 uint64_t PluginCore::WaitForDeviceChange(uint64_t seen, absl::Duration timeout) const {
-  std::unique_lock<std::mutex> lock(devices_mu_);
-  devices_cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout),
-                       [&] { return devices_generation_ != seen; });
-  return devices_generation_;
+  return devices_.WaitForChange(seen, timeout);
 }
 
+void PluginCore::CloseDeviceWatches() { devices_.Close(); }
+
 bool PluginCore::RefreshDevices() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<bool> before;
   for (const auto& g : inventory_.gpus) before.push_back(g.healthy);
   // A GPU whose discovery failed at start is discovered once NVML answers.
@@ -84,7 +70,7 @@ absl::Status PluginCore::PublishNode() {
   std::string idle_value;
   bool changed = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     value = protocol::EncodeNodeRegister(inventory_.RegisterDevices());
     changed = value != last_register_;
     std::vector<protocol::HeldSlices> held = ended_held_;
@@ -109,24 +95,23 @@ absl::Status PluginCore::PublishNode() {
     spdlog::info("published {} on node {}: {}", protocol::kNodeRegisterAnnotation,
                  options_.node_name, value);
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   last_register_ = value;
   last_idle_ = idle_value;
   return absl::OkStatus();
 }
 
 nlohmann::json PluginCore::NvmlView() {
-  {
-    std::unique_lock<std::mutex> core(mu_, std::try_to_lock);
+  if (mu_.TryLock()) {
     bool old = false;
     {
-      std::lock_guard<std::mutex> view(view_mu_);
-      old = view_.is_null() || std::chrono::steady_clock::now() - view_taken_ >=
-                                   absl::ToChronoNanoseconds(kViewMinAge);
+      absl::MutexLock view(&view_mu_);
+      old = view_.is_null() || options_.clock->Monotonic() - view_taken_ >= kViewMinAge;
     }
-    if (core.owns_lock() && old) RefreshViewLocked();
+    if (old) RefreshViewLocked();
+    mu_.Unlock();
   }
-  std::lock_guard<std::mutex> view(view_mu_);
+  absl::MutexLock view(&view_mu_);
   nlohmann::json out = view_;
   out["snapshotAt"] = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", view_at_, absl::UTCTimeZone());
   return out;
@@ -134,10 +119,10 @@ nlohmann::json PluginCore::NvmlView() {
 
 void PluginCore::RefreshViewLocked() {
   nlohmann::json fresh = NvmlViewLocked();
-  std::lock_guard<std::mutex> view(view_mu_);
+  absl::MutexLock view(&view_mu_);
   view_ = std::move(fresh);
   view_at_ = Now();
-  view_taken_ = std::chrono::steady_clock::now();
+  view_taken_ = options_.clock->Monotonic();
 }
 
 nlohmann::json PluginCore::NvmlViewLocked() {

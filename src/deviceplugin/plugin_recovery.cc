@@ -26,8 +26,7 @@ void PluginCore::RecoverLocked(const std::vector<PodMig>& pods) {
   ReconcileReport report;
   // Adoption of every verified allocation; untracked instances on busy GPUs are kept.
   AdoptUntracked(pods, readable, report);
-  if (auto st = Persist(); !st.ok())
-    spdlog::error("recovery: cannot save state: {}", std::string(st.message()));
+  PersistOrLog("recovery");
   UpdateGauges();
   spdlog::info(
       "recovery done: {} managed, {} adopted, {} unverified allocation(s), {} untracked "
@@ -42,177 +41,179 @@ void PluginCore::ResolveIntents(const std::vector<PodMig>& pods, bool destructiv
   const std::vector<Intent> intents = state_.intents;
   std::set<uint64_t> closed;
   for (const auto& intent : intents) {
-    const std::string what =
-        fmt::format("intent {} ({} at {} of GPU {} for pod {} container {} device {})", intent.id,
-                    intent.profile, PlacementText(intent.placement), intent.gpu_uuid,
-                    intent.owner.PodKey(), intent.owner.container_index, intent.owner.device_index);
-    const GpuEntry* gpu = inventory_.FindByUuid(intent.gpu_uuid);
-    const mig::ProfileSpec* profile =
-        gpu == nullptr ? nullptr : gpu->capability.FindProfile(intent.profile);
-    if (gpu == nullptr || profile == nullptr) {
-      spdlog::warn("recovery: {}: the GPU or profile is gone; closed", what);
-      closed.insert(intent.id);
-      continue;
-    }
-    auto gis = nvml_.ListGpuInstances(gpu->info.index);
-    if (!gis.ok()) {
-      spdlog::warn("recovery: {}: cannot list GIs ({}); kept open", what,
-                   std::string(gis.status().message()));
-      continue;
-    }
-    const nvml::GpuInstanceInfo* gi = nullptr;
-    for (const auto& g : *gis) {
-      if (g.profile_id == profile->nvml_id && g.placement == intent.placement) gi = &g;
-    }
-    if (gi == nullptr) {
-      spdlog::info("recovery: {}: no instance was created; closed", what);
-      closed.insert(intent.id);
-      continue;
-    }
     auto it = by_uid.find(intent.owner.pod_uid);
     const PodMig* pod = it == by_uid.end() ? nullptr : it->second;
-    if (pod != nullptr && !pod->unreadable.empty() && !pod->terminated) {
-      if (FirstReport(fmt::format("intent-unreadable/{}", intent.id))) {
-        Event(pod, "Warning", kReasonAdoptionFailed,
-              fmt::format("{}: GI {} exists but the pod's annotations cannot be read ({}); kept "
-                          "until they can",
-                          what, gi->id, pod->unreadable));
-      }
-      continue;
-    }
-    const protocol::MigAllocation* entry = nullptr;
-    if (pod != nullptr && pod->allocations.ok()) {
-      for (const auto& a : *pod->allocations) {
-        if (a.container_index == intent.owner.container_index &&
-            a.device_index == intent.owner.device_index) {
-          entry = &a;
-        }
-      }
-    }
-    const bool unchanged = entry != nullptr && entry->gpu_uuid == intent.gpu_uuid &&
-                           entry->profile == intent.profile && entry->placement == intent.placement;
-    if (pod != nullptr && pod->active && unchanged) {
-      // Complete: the pod still wants exactly this instance.
-      auto cis = nvml_.ListComputeInstances(gpu->info.index, gi->id);
-      if (!cis.ok()) {
-        spdlog::warn("recovery: {}: cannot list CIs ({}); kept open", what,
-                     std::string(cis.status().message()));
-        continue;
-      }
-      uint32_t ci_id = 0;
-      if (cis->empty()) {
-        auto ci = nvml_.CreateComputeInstance(gpu->info.index, gi->id);
-        if (!ci.ok()) {
-          spdlog::warn("recovery: {}: cannot create the missing CI ({}); kept open", what,
-                       std::string(ci.status().message()));
-          continue;
-        }
-        ci_id = ci->id;
-      } else {
-        ci_id = cis->front().id;
-      }
-      auto uuid = nvml_.GetMigDeviceUuid(gpu->info.index, gi->id, ci_id);
-      if (!uuid.ok()) {
-        spdlog::warn("recovery: {}: cannot read the MIG UUID ({}); kept open", what,
-                     std::string(uuid.status().message()));
-        continue;
-      }
-      const protocol::RuntimeIdentity identity{*uuid, gi->id, ci_id};
-      if (entry->runtime.has_value() && *entry->runtime != identity) {
-        // Someone else's identity: keep the instance, never guess.
-        if (FirstReport(fmt::format("intent-conflict/{}", intent.id))) {
-          metrics_.AdoptionFailed();
-          Event(pod, "Warning", kReasonAdoptionFailed,
-                fmt::format("{}: GI {} exists but the annotation names {} (GI {}, CI {}); kept, "
-                            "not adopted",
-                            what, gi->id, entry->runtime->mig_uuid, entry->runtime->gpu_instance_id,
-                            entry->runtime->compute_instance_id));
-        }
-        closed.insert(intent.id);
-        continue;
-      }
-      if (!entry->runtime.has_value()) {
-        std::map<int, protocol::RuntimeIdentity> identities{{intent.owner.device_index, identity}};
-        auto st = WriteRuntimeIdentity(*pod, intent.owner.container_index, identities,
-                                       /*consume=*/false, nullptr);
-        if (!st.ok()) {
-          spdlog::warn("recovery: {}: cannot write the runtime identity ({}); kept open", what,
-                       std::string(st.message()));
-          continue;
-        }
-      }
-      ManagedInstance m;
-      m.gpu_uuid = intent.gpu_uuid;
-      m.profile = intent.profile;
-      m.profile_id = profile->nvml_id;
-      m.placement = intent.placement;
-      m.gpu_instance_id = gi->id;
-      m.compute_instance_id = ci_id;
-      m.mig_uuid = *uuid;
-      m.owner = intent.owner;
-      m.origin = "completed";
-      m.since = NowUnix();
-      Manage(m);
-      closed.insert(intent.id);
-      metrics_.InstanceAdopted("intent");
-      Event(pod, "Normal", kReasonAdopted,
-            fmt::format("completed {} after an interrupted Allocate: MIG device {} (GI {}, CI {}) "
-                        "written to {}",
-                        what, m.mig_uuid, m.gpu_instance_id, m.compute_instance_id,
-                        protocol::kMigAllocationsAnnotation));
-      continue;
-    }
-    // The pod is gone, finished or deleting, or no longer reserves this: nobody owns the instance.
-    const std::string why = pod == nullptr    ? "the pod is gone"
-                            : pod->terminated ? "the pod finished"
-                            : pod->deleting   ? "the pod is being deleted"
-                                              : "the pod's reservation changed";
-    if (!destructive) {
-      spdlog::info("recovery: {}: {}, kept open while some pod's annotations cannot be read", what,
-                   why);
-      continue;
-    }
-    std::string busy;
-    if (GiBusy(*gpu, gi->id, &busy)) {
-      // Track it under the intent's owner: the reconciler reclaims it once the processes stop.
-      ManagedInstance m;
-      m.gpu_uuid = intent.gpu_uuid;
-      m.profile = intent.profile;
-      m.profile_id = profile->nvml_id;
-      m.placement = intent.placement;
-      m.gpu_instance_id = gi->id;
-      auto cis = nvml_.ListComputeInstances(gpu->info.index, gi->id);
-      if (cis.ok() && !cis->empty()) {
-        m.compute_instance_id = cis->front().id;
-        m.mig_uuid = cis->front().mig_uuid;
-      }
-      m.owner = intent.owner;
-      m.origin = "intent";
-      m.since = NowUnix();
-      // An active pod whose reservation changed does not own it: no uid, so it is reclaimed.
-      if (pod != nullptr && pod->active) m.owner.pod_uid.clear();
-      Manage(m);
-      closed.insert(intent.id);
-      spdlog::warn("recovery: {}: {}, but {}; tracked and reclaimed once idle", what, why, busy);
-      continue;
-    }
-    auto st = DestroyGi(*gpu, gi->id);
-    if (!st.ok()) {
-      metrics_.DestroyFailed();
-      spdlog::warn("recovery: {}: {}, destroy failed ({}); kept open", what, why,
-                   std::string(st.message()));
-      continue;
-    }
-    RemoveManaged(intent.gpu_uuid, gi->id);
-    closed.insert(intent.id);
-    metrics_.InstanceDestroyed("intent");
-    Event(pod, "Normal", kReasonDestroyed,
-          fmt::format("destroyed GI {} of an interrupted Allocate ({}): {}", gi->id, what, why));
+    if (ResolveIntent(intent, pod, destructive)) closed.insert(intent.id);
   }
   if (closed.empty()) return;
   std::erase_if(state_.intents, [&](const Intent& i) { return closed.count(i.id) > 0; });
-  if (auto st = Persist(); !st.ok())
-    spdlog::error("recovery: cannot save state: {}", std::string(st.message()));
+  PersistOrLog("recovery");
+}
+
+namespace {
+
+// The reservation of the intent's pod container device; nullptr when the pod has none (or none
+// that decodes).
+const protocol::MigAllocation* ReservationOf(const PodMig* pod, const InstanceOwner& owner) {
+  if (pod == nullptr || !pod->allocations.ok()) return nullptr;
+  const protocol::MigAllocation* entry = nullptr;
+  for (const auto& a : *pod->allocations) {
+    if (a.container_index == owner.container_index && a.device_index == owner.device_index) {
+      entry = &a;
+    }
+  }
+  return entry;
+}
+
+}  // namespace
+
+bool PluginCore::ResolveIntent(const Intent& intent, const PodMig* pod, bool destructive) {
+  const std::string what =
+      fmt::format("intent {} ({} at {} of GPU {} for pod {} container {} device {})", intent.id,
+                  intent.profile, PlacementText(intent.placement), intent.gpu_uuid,
+                  intent.owner.PodKey(), intent.owner.container_index, intent.owner.device_index);
+  const GpuEntry* gpu = inventory_.FindByUuid(intent.gpu_uuid);
+  const mig::ProfileSpec* profile =
+      gpu == nullptr ? nullptr : gpu->capability.FindProfile(intent.profile);
+  if (gpu == nullptr || profile == nullptr) {
+    spdlog::warn("recovery: {}: the GPU or profile is gone; closed", what);
+    return true;
+  }
+  auto gis = nvml_.ListGpuInstances(gpu->info.index);
+  if (!gis.ok()) {
+    spdlog::warn("recovery: {}: cannot list GIs ({}); kept open", what,
+                 std::string(gis.status().message()));
+    return false;
+  }
+  const nvml::GpuInstanceInfo* gi = nullptr;
+  for (const auto& g : *gis) {
+    if (g.profile_id == profile->nvml_id && g.placement == intent.placement) gi = &g;
+  }
+  if (gi == nullptr) {
+    spdlog::info("recovery: {}: no instance was created; closed", what);
+    return true;
+  }
+  if (pod != nullptr && !pod->unreadable.empty() && !pod->terminated) {
+    if (FirstReport(fmt::format("intent-unreadable/{}", intent.id))) {
+      Event(pod, "Warning", kReasonAdoptionFailed,
+            fmt::format("{}: GI {} exists but the pod's annotations cannot be read ({}); kept "
+                        "until they can",
+                        what, gi->id, pod->unreadable));
+    }
+    return false;
+  }
+  // Validate: the pod still wants exactly this instance.
+  const protocol::MigAllocation* entry = ReservationOf(pod, intent.owner);
+  const bool unchanged = entry != nullptr && entry->gpu_uuid == intent.gpu_uuid &&
+                         entry->profile == intent.profile && entry->placement == intent.placement;
+  if (pod != nullptr && pod->active && unchanged) {
+    return CompleteIntent(intent, what, *pod, *entry, *gpu, *profile, gi->id);
+  }
+  // The pod is gone, finished or deleting, or no longer reserves this: nobody owns the instance.
+  const std::string why = pod == nullptr    ? "the pod is gone"
+                          : pod->terminated ? "the pod finished"
+                          : pod->deleting   ? "the pod is being deleted"
+                                            : "the pod's reservation changed";
+  if (!destructive) {
+    spdlog::info("recovery: {}: {}, kept open while some pod's annotations cannot be read", what,
+                 why);
+    return false;
+  }
+  return ReleaseIntent(intent, what, why, pod, *gpu, *profile, gi->id);
+}
+
+bool PluginCore::CompleteIntent(const Intent& intent, const std::string& what, const PodMig& pod,
+                                const protocol::MigAllocation& entry, const GpuEntry& gpu,
+                                const mig::ProfileSpec& profile, uint32_t gi) {
+  // Create: the CI the interrupted Allocate did not get to.
+  auto cis = nvml_.ListComputeInstances(gpu.info.index, gi);
+  if (!cis.ok()) {
+    spdlog::warn("recovery: {}: cannot list CIs ({}); kept open", what,
+                 std::string(cis.status().message()));
+    return false;
+  }
+  uint32_t ci_id = 0;
+  if (cis->empty()) {
+    auto ci = nvml_.CreateComputeInstance(gpu.info.index, gi);
+    if (!ci.ok()) {
+      spdlog::warn("recovery: {}: cannot create the missing CI ({}); kept open", what,
+                   std::string(ci.status().message()));
+      return false;
+    }
+    ci_id = ci->id;
+  } else {
+    ci_id = cis->front().id;
+  }
+  auto uuid = nvml_.GetMigDeviceUuid(gpu.info.index, gi, ci_id);
+  if (!uuid.ok()) {
+    spdlog::warn("recovery: {}: cannot read the MIG UUID ({}); kept open", what,
+                 std::string(uuid.status().message()));
+    return false;
+  }
+  const protocol::RuntimeIdentity identity{*uuid, gi, ci_id};
+  if (entry.runtime.has_value() && *entry.runtime != identity) {
+    // Someone else's identity: keep the instance, never guess.
+    if (FirstReport(fmt::format("intent-conflict/{}", intent.id))) {
+      metrics_.AdoptionFailed();
+      Event(&pod, "Warning", kReasonAdoptionFailed,
+            fmt::format("{}: GI {} exists but the annotation names {} (GI {}, CI {}); kept, not "
+                        "adopted",
+                        what, gi, entry.runtime->mig_uuid, entry.runtime->gpu_instance_id,
+                        entry.runtime->compute_instance_id));
+    }
+    return true;
+  }
+  // Publish, then record: Allocate's last steps.
+  if (!entry.runtime.has_value()) {
+    std::map<int, protocol::RuntimeIdentity> identities{{intent.owner.device_index, identity}};
+    auto st = WriteRuntimeIdentity(pod, intent.owner.container_index, identities,
+                                   /*consume=*/false, nullptr);
+    if (!st.ok()) {
+      spdlog::warn("recovery: {}: cannot write the runtime identity ({}); kept open", what,
+                   std::string(st.message()));
+      return false;
+    }
+  }
+  RecordAdopted(NewInstance(intent.owner, intent.gpu_uuid, intent.profile, profile.nvml_id,
+                            intent.placement, gi, ci_id, *uuid, "completed"),
+                &pod, "intent",
+                fmt::format("completed {} after an interrupted Allocate: MIG device {} (GI {}, CI "
+                            "{}) written to {}",
+                            what, *uuid, gi, ci_id, protocol::kMigAllocationsAnnotation));
+  return true;
+}
+
+bool PluginCore::ReleaseIntent(const Intent& intent, const std::string& what,
+                               const std::string& why, const PodMig* pod, const GpuEntry& gpu,
+                               const mig::ProfileSpec& profile, uint32_t gi) {
+  std::string busy;
+  if (GiBusy(gpu, gi, &busy)) {
+    // Track it under the intent's owner: the reconciler reclaims it once the processes stop.
+    ManagedInstance m = NewInstance(intent.owner, intent.gpu_uuid, intent.profile, profile.nvml_id,
+                                    intent.placement, gi, 0, "", "intent");
+    auto cis = nvml_.ListComputeInstances(gpu.info.index, gi);
+    if (cis.ok() && !cis->empty()) {
+      m.compute_instance_id = cis->front().id;
+      m.mig_uuid = cis->front().mig_uuid;
+    }
+    // An active pod whose reservation changed does not own it: no uid, so it is reclaimed.
+    if (pod != nullptr && pod->active) m.owner.pod_uid.clear();
+    Manage(m);
+    spdlog::warn("recovery: {}: {}, but {}; tracked and reclaimed once idle", what, why, busy);
+    return true;
+  }
+  auto st = DestroyGi(gpu, gi);
+  if (!st.ok()) {
+    metrics_.DestroyFailed();
+    spdlog::warn("recovery: {}: {}, destroy failed ({}); kept open", what, why,
+                 std::string(st.message()));
+    return false;
+  }
+  RemoveManaged(intent.gpu_uuid, gi);
+  metrics_.InstanceDestroyed("intent");
+  Event(pod, "Normal", kReasonDestroyed,
+        fmt::format("destroyed GI {} of an interrupted Allocate ({}): {}", gi, what, why));
+  return true;
 }
 
 void PluginCore::CleanIdleGpus(const std::vector<PodMig>& pods) {

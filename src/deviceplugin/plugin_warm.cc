@@ -180,12 +180,12 @@ std::vector<protocol::IdleInstance> PluginCore::IdleLocked() const {
 }
 
 std::vector<protocol::IdleInstance> PluginCore::Idle() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return IdleLocked();
 }
 
 bool PluginCore::IdleChanged() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return protocol::EncodeIdleInstances(IdleLocked()) != last_idle_;
 }
 

@@ -37,14 +37,20 @@ void AddDeviceGpus(std::string_view value, PodMig& out) {
   }
 }
 
-}  // namespace
-
-bool IsTerminated(const kube::Object& pod) {
-  const std::string phase = kube::Phase(pod);
-  return phase == "Succeeded" || phase == "Failed";
+// How many init containers the pod's spec lists (0 when it lists none or is malformed).
+int InitContainerCount(const kube::Object& pod) {
+  auto spec = pod.find("spec");
+  if (spec == pod.end() || !spec->is_object()) return 0;
+  auto init = spec->find("initContainers");
+  if (init == spec->end() || !init->is_array()) return 0;
+  return static_cast<int>(init->size());
 }
 
-bool IsActive(const kube::Object& pod) { return !IsTerminated(pod) && !kube::IsBeingDeleted(pod); }
+}  // namespace
+
+bool IsActive(const kube::Object& pod) {
+  return !kube::IsTerminated(pod) && !kube::IsBeingDeleted(pod);
+}
 
 std::optional<protocol::NodeLock> NodeLockOf(const kube::Object& node) {
   const auto value = kube::Annotation(node, protocol::kNodeLockAnnotation);
@@ -77,12 +83,13 @@ PodMig AnalyzePod(const kube::Object& pod) {
   m.ns = kube::Namespace(pod);
   m.name = kube::Name(pod);
   m.key = m.ns + "/" + m.name;
-  m.terminated = IsTerminated(pod);
+  m.terminated = kube::IsTerminated(pod);
   m.deleting = kube::IsBeingDeleted(pod);
   m.active = !m.terminated && !m.deleting;
   m.bind_phase = kube::Annotation(pod, protocol::kBindPhaseAnnotation).value_or("");
   m.bind_time = ParseUnix(kube::Annotation(pod, protocol::kBindTimeAnnotation));
   m.vgpu_node = kube::Annotation(pod, protocol::kVgpuNodeAnnotation).value_or("");
+  m.init_containers = InitContainerCount(pod);
 
   if (auto v = kube::Annotation(pod, protocol::kMigAllocationsAnnotation)) {
     m.relevant = true;
@@ -109,8 +116,8 @@ PodMig AnalyzePod(const kube::Object& pod) {
     AddDeviceGpus(*v, m);
     if (!m.has_allocations && !m.referenced_gpus.empty() && !m.legacy) {
       m.unreadable =
-          "hami.io/vgpu-mig-allocations is missing although hami.io/vgpu-devices-allocated names "
-          "GPUs";
+          fmt::format("{} is missing although {} names GPUs", protocol::kMigAllocationsAnnotation,
+                      protocol::kDevicesAllocatedAnnotation);
     }
   }
   if (m.unreadable.empty() && m.has_to_allocate && !m.to_allocate.ok()) {

@@ -17,10 +17,8 @@
 
 namespace dynmig::deviceplugin {
 
-// Succeeded or Failed: the pod's containers will not run again.
-bool IsTerminated(const kube::Object& pod);
-// Not terminated and not being deleted. A pod being deleted may still run processes: its instances
-// are reclaimed once the processes are gone.
+// Not terminated (kube::IsTerminated) and not being deleted. A pod being deleted may still run
+// processes: its instances are reclaimed once the processes are gone.
 bool IsActive(const kube::Object& pod);
 
 // The node's `hami.io/mutex.lock` (protocol/node_lock.h); nullopt when absent or unreadable.
@@ -44,8 +42,9 @@ struct PodMig {
   bool has_to_allocate = false;
   absl::StatusOr<protocol::PodDevices> to_allocate = protocol::PodDevices{};
   std::string bind_phase;
-  int64_t bind_time = 0;  // hami.io/bind-time, 0 when absent or not a number
-  std::string vgpu_node;  // hami.io/vgpu-node
+  int64_t bind_time = 0;    // hami.io/bind-time, 0 when absent or not a number
+  std::string vgpu_node;    // hami.io/vgpu-node
+  int init_containers = 0;  // spec.initContainers (container indices count them first)
   // GPUs the pod's annotations name, read leniently (also from an annotation that fails the
   // strict decoder, and from legacy "GPU-…[t-s]" device ids). `gpus_unknown`: an annotation could
   // not be read at all, so the pod may use any GPU.

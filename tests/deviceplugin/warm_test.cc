@@ -5,7 +5,6 @@
 #include <gmock/gmock.h>
 
 #include <atomic>
-#include <mutex>
 #include <tuple>
 
 #include "dp_test_util.h"
@@ -23,18 +22,11 @@ class WarmTest : public PluginTest {
       o.core.warm.enabled = enabled;
       o.core.warm.ttl = absl::Minutes(5);
       o.core.warm.max_per_gpu = max_per_gpu;
-      o.core.clock = [this] { return Now(); };
+      o.core.clock = &clock_;
       if (crash) o.core.crash_point = crash;
     });
   }
-  absl::Time Now() {
-    std::lock_guard<std::mutex> lock(clock_mu_);
-    return now_;
-  }
-  void Advance(absl::Duration d) {
-    std::lock_guard<std::mutex> lock(clock_mu_);
-    now_ += d;
-  }
+  void Advance(absl::Duration d) { clock_.Advance(d); }
 
   // A pod allocated, Running, then deleted: its instance is what Reconcile decides about.
   std::string RunAndDelete(const std::string& name, int gpu, const std::string& profile,
@@ -59,8 +51,9 @@ class WarmTest : public PluginTest {
     return plugin_->metrics().Value(name, label, value);
   }
 
-  std::mutex clock_mu_;
-  absl::Time now_ = absl::Now();
+  // The plugin's clock: wall time starts at the real time the test's pods and locks are stamped
+  // with, and moves only by Advance().
+  FakeClock clock_{absl::Now()};
 };
 
 TEST_F(WarmTest, AnEndedPodsInstanceIsKeptIdleAndReusedWithoutACreate) {
