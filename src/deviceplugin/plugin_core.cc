@@ -48,7 +48,8 @@ PluginCore::PluginCore(PluginCoreOptions options, nvml::Nvml& nvml, kube::KubeCl
       cdi_(options_.cdi_dir, options_.fsync),
       // ListAndWatch's waits are the transport's: the kubelet at the other end runs on real time
       // whatever clock the core runs on (a simulated one would hold its streams forever).
-      devices_(RealClock()) {}
+      devices_(RealClock()),
+      publisher_(options_.node_name, kube, metrics, *options_.clock) {}
 
 bool PluginCore::Crash(std::string_view point) const {
   if (options_.crash_point && options_.crash_point(point)) {
@@ -142,15 +143,7 @@ void PluginCore::PersistOrLog(std::string_view what) {
   }
 }
 
-void PluginCore::UpdateGauges() {
-  metrics_.SetManaged(static_cast<double>(state_.instances.size()));
-  std::map<std::pair<std::string, std::string>, int> idle;
-  for (const auto& m : state_.instances) {
-    if (m.idle) ++idle[{m.gpu_uuid, m.profile}];
-  }
-  metrics_.SetIdle(idle);
-  metrics_.SetRecoveryPending(recovery_pending_);
-}
+void PluginCore::UpdateGauges() { publisher_.SetGauges(state_.instances, recovery_pending_); }
 
 ManagedInstance* PluginCore::FindManaged(std::string_view gpu_uuid,
                                          const mig::Placement& placement) {
@@ -304,11 +297,15 @@ std::vector<QuarantinedSlices> PluginCore::Quarantined() const {
   return quarantine_;
 }
 
-std::vector<protocol::HeldSlices> PluginCore::Held() const {
-  absl::MutexLock lock(&mu_);
+std::vector<protocol::HeldSlices> PluginCore::HeldLocked() const {
   std::vector<protocol::HeldSlices> held = ended_held_;
   held.insert(held.end(), untracked_held_.begin(), untracked_held_.end());
   return held;
+}
+
+std::vector<protocol::HeldSlices> PluginCore::Held() const {
+  absl::MutexLock lock(&mu_);
+  return HeldLocked();
 }
 
 bool PluginCore::recovery_pending() const {

@@ -36,7 +36,8 @@
 //                 finished, or bound to another node), so the node does not wait out its expiry.
 //                 Drops the ledger entries of pods that ended.
 //   PublishNode() hami.io/node-nvidia-register + hami.io/node-handshake "Reported_<RFC3339>",
-//                 dynmig.io/mig-held and dynmig.io/idle-mig-instances.
+//                 dynmig.io/mig-held and dynmig.io/idle-mig-instances: a NodeSnapshot taken under
+//                 mu_, written by the Publisher (publisher.h) after mu_ is released.
 //
 // Warm instances (options.warm, off by default): Reconcile keeps the instance of an ended pod idle
 // (recorded in the state file) while its GPU has fewer than maxPerGpu idle ones; an idle instance
@@ -57,12 +58,12 @@
 //
 // Sources: plugin_core.cc (start, state, shared helpers), plugin_allocate.cc, allocate_plan.cc,
 // plugin_reclaim.cc, plugin_warm.cc, plugin_recovery.cc, plugin_publish.cc, plugin_identity.cc
-// (PreStart), ledger.cc, device_list.cc.
+// (PreStart), ledger.cc, device_list.cc, publisher.cc.
 //
 // Thread-safe: mutating operations are serialized by mu_ (they touch node-global state, every
-// member it guards says so); the /nvml snapshot has its own view_mu_, the ledger (Ledger) and the
-// device list (DeviceList) their own locks, so PreStartContainer and ListAndWatch never wait on
-// NVML.
+// member it guards says so); the /nvml snapshot has its own view_mu_, and the ledger (Ledger), the
+// device list (DeviceList) and the publisher (Publisher) their own locks, so PreStartContainer and
+// ListAndWatch never wait on NVML and a node patch never holds mu_.
 #pragma once
 
 #include <cstdint>
@@ -90,6 +91,7 @@
 #include "deviceplugin/metrics.h"
 #include "deviceplugin/pod_resources.h"
 #include "deviceplugin/pods.h"
+#include "deviceplugin/publisher.h"
 #include "deviceplugin/state_store.h"
 #include "deviceplugin/v1beta1/api.pb.h"
 #include "kube/kube_client.h"
@@ -244,6 +246,9 @@ class PluginCore {
   void PersistOrLog(std::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateDevices() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What PublishNode writes, as the state is now.
+  NodeSnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<protocol::HeldSlices> HeldLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Start(): the state file (moved aside when corrupt) and the NVML inventory.
   absl::Status LoadStateAndInventory() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -499,9 +504,6 @@ class PluginCore {
   std::optional<InProgressPod> in_progress_ ABSL_GUARDED_BY(mu_);
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool recovery_pending_ ABSL_GUARDED_BY(mu_) = true;
-  std::string last_register_ ABSL_GUARDED_BY(mu_);
-  // dynmig.io/idle-mig-instances as last published.
-  std::string last_idle_ ABSL_GUARDED_BY(mu_) = "[]";
 
   // The last NvmlView snapshot and when it was taken (written under mu_ too).
   mutable absl::Mutex view_mu_ ABSL_ACQUIRED_AFTER(mu_);
@@ -515,6 +517,9 @@ class PluginCore {
   deviceplugin::Ledger ledger_;
   // The advertised devices (ListAndWatch never waits for mu_).
   DeviceList devices_;
+  // The node annotations and gauges, written from snapshots taken under mu_ (a node patch never
+  // holds mu_).
+  Publisher publisher_;
 };
 
 }  // namespace dynmig::deviceplugin

@@ -1,5 +1,5 @@
-// Publication: the kubelet's device list (ListAndWatch), GPU health, the node register and
-// handshake annotations, the /nvml view. See plugin_core.h.
+// Publication: the kubelet's device list (ListAndWatch, DeviceList), GPU health, the snapshot the
+// Publisher writes to the node, the /nvml view. See plugin_core.h.
 #include <algorithm>
 #include <map>
 #include <set>
@@ -64,41 +64,17 @@ bool PluginCore::RefreshDevices() {
   return true;
 }
 
+NodeSnapshot PluginCore::SnapshotLocked() const {
+  return NodeSnapshot{inventory_.RegisterDevices(), HeldLocked(), IdleLocked()};
+}
+
 absl::Status PluginCore::PublishNode() {
-  std::string value;
-  std::string held_value;
-  std::string idle_value;
-  bool changed = false;
+  NodeSnapshot snapshot;
   {
     absl::MutexLock lock(&mu_);
-    value = protocol::EncodeNodeRegister(inventory_.RegisterDevices());
-    changed = value != last_register_;
-    std::vector<protocol::HeldSlices> held = ended_held_;
-    held.insert(held.end(), untracked_held_.begin(), untracked_held_.end());
-    held_value = protocol::EncodeHeldSlices(std::move(held));
-    idle_value = protocol::EncodeIdleInstances(IdleLocked());
+    snapshot = SnapshotLocked();
   }
-  // Both keys every time: the register also comes back after the node object was recreated.
-  kube::KeyPatch patch;
-  patch[std::string(protocol::kNodeHandshakeAnnotation)] = "Reported_" + kube::Rfc3339(Now());
-  patch[std::string(protocol::kNodeRegisterAnnotation)] = value;
-  patch[std::string(protocol::kNodeHeldSlicesAnnotation)] = held_value;
-  patch[std::string(protocol::kNodeIdleInstancesAnnotation)] = idle_value;
-  auto st = kube_.PatchNodeAnnotations(options_.node_name, patch);
-  metrics_.NodePublished(st.ok());
-  if (!st.ok()) {
-    return absl::Status(st.status().code(),
-                        fmt::format("cannot publish the devices of node {}: {}", options_.node_name,
-                                    std::string(st.status().message())));
-  }
-  if (changed) {
-    spdlog::info("published {} on node {}: {}", protocol::kNodeRegisterAnnotation,
-                 options_.node_name, value);
-  }
-  absl::MutexLock lock(&mu_);
-  last_register_ = value;
-  last_idle_ = idle_value;
-  return absl::OkStatus();
+  return publisher_.Publish(std::move(snapshot));
 }
 
 nlohmann::json PluginCore::NvmlView() {

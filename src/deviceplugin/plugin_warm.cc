@@ -185,8 +185,12 @@ std::vector<protocol::IdleInstance> PluginCore::Idle() const {
 }
 
 bool PluginCore::IdleChanged() const {
-  absl::MutexLock lock(&mu_);
-  return protocol::EncodeIdleInstances(IdleLocked()) != last_idle_;
+  std::vector<protocol::IdleInstance> idle;
+  {
+    absl::MutexLock lock(&mu_);
+    idle = IdleLocked();
+  }
+  return publisher_.IdleChanged(idle);
 }
 
 }  // namespace dynmig::deviceplugin
