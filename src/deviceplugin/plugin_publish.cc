@@ -15,7 +15,7 @@
 namespace dynmig::deviceplugin {
 void PluginCore::UpdateDevices() {
   std::vector<v1beta1::Device> devices;
-  for (const auto& gpu : inventory_.gpus) {
+  for (const auto& gpu : ns_.inventory.gpus) {
     if (!gpu.exposed) continue;
     metrics_.SetGpuHealthy(gpu.info.uuid, gpu.healthy);
     for (uint32_t r = 0; r < gpu.replicas; ++r) {
@@ -46,14 +46,14 @@ uint64_t PluginCore::WaitForDeviceChange(uint64_t seen, absl::Duration timeout) 
 void PluginCore::CloseDeviceWatches() { devices_.Close(); }
 
 bool PluginCore::RefreshDevices() {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&ns_.mu);
   std::vector<bool> before;
-  for (const auto& g : inventory_.gpus) before.push_back(g.healthy);
+  for (const auto& g : ns_.inventory.gpus) before.push_back(g.healthy);
   // A GPU whose discovery failed at start is discovered once NVML answers.
-  const bool discovered = RetryDiscovery(nvml_, options_.allowlist, inventory_);
-  if (!RefreshHealth(nvml_, inventory_) && !discovered) return false;
-  for (size_t i = 0; i < inventory_.gpus.size(); ++i) {
-    const auto& g = inventory_.gpus[i];
+  const bool discovered = RetryDiscovery(nvml_, options_.allowlist, ns_.inventory);
+  if (!RefreshHealth(nvml_, ns_.inventory) && !discovered) return false;
+  for (size_t i = 0; i < ns_.inventory.gpus.size(); ++i) {
+    const auto& g = ns_.inventory.gpus[i];
     if (g.exposed && !g.healthy && before[i]) {
       Event(nullptr, "Warning", kReasonGpuNotReady,
             fmt::format("GPU {} ({}) became unhealthy: {}", g.info.index, g.info.uuid,
@@ -65,27 +65,27 @@ bool PluginCore::RefreshDevices() {
 }
 
 NodeSnapshot PluginCore::SnapshotLocked() const {
-  return NodeSnapshot{inventory_.RegisterDevices(), HeldLocked(), IdleLocked()};
+  return NodeSnapshot{ns_.inventory.RegisterDevices(), ns_.Held(), ns_.Idle()};
 }
 
 absl::Status PluginCore::PublishNode() {
   NodeSnapshot snapshot;
   {
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(&ns_.mu);
     snapshot = SnapshotLocked();
   }
   return publisher_.Publish(std::move(snapshot));
 }
 
 nlohmann::json PluginCore::NvmlView() {
-  if (mu_.TryLock()) {
+  if (ns_.mu.TryLock()) {
     bool old = false;
     {
       absl::MutexLock view(&view_mu_);
       old = view_.is_null() || options_.clock->Monotonic() - view_taken_ >= kViewMinAge;
     }
     if (old) RefreshViewLocked();
-    mu_.Unlock();
+    ns_.mu.Unlock();
   }
   absl::MutexLock view(&view_mu_);
   nlohmann::json out = view_;
@@ -114,7 +114,7 @@ nlohmann::json PluginCore::NvmlViewLocked() {
                 {"deviceIndex", o.device_index}};
   };
   Json gpus = Json::array();
-  for (const auto& g : inventory_.gpus) {
+  for (const auto& g : ns_.inventory.gpus) {
     Json profiles = Json::array();
     for (const auto& p : g.capability.profiles) {
       Json pl = Json::array();
@@ -145,7 +145,7 @@ nlohmann::json PluginCore::NvmlViewLocked() {
                        {"placement", placement(gi.placement)},
                        {"computeInstances", cis},
                        {"managed", false}};
-          if (const ManagedInstance* m = FindManagedGi(g.info.uuid, gi.id)) {
+          if (const ManagedInstance* m = ns_.FindManagedGi(g.info.uuid, gi.id)) {
             item["managed"] = true;
             item["origin"] = m->origin;
             item["owner"] = owner(m->owner);
@@ -185,7 +185,7 @@ nlohmann::json PluginCore::NvmlViewLocked() {
     gpus.push_back(std::move(gpu));
   }
   Json intents = Json::array();
-  for (const auto& i : state_.intents) {
+  for (const auto& i : ns_.state.intents) {
     intents.push_back({{"id", i.id},
                        {"gpuUUID", i.gpu_uuid},
                        {"profile", i.profile},
@@ -193,7 +193,7 @@ nlohmann::json PluginCore::NvmlViewLocked() {
                        {"owner", owner(i.owner)}});
   }
   Json quarantined = Json::array();
-  for (const auto& q : quarantine_) {
+  for (const auto& q : ns_.quarantine) {
     quarantined.push_back({{"gpuUUID", q.gpu_uuid},
                            {"placement", placement(q.placement)},
                            {"pod", q.pod},
@@ -201,7 +201,7 @@ nlohmann::json PluginCore::NvmlViewLocked() {
   }
   return Json{{"node", options_.node_name},
               {"nvml", nvml_.Description()},
-              {"recoveryPending", recovery_pending_},
+              {"recoveryPending", ns_.recovery_pending},
               {"gpus", gpus},
               {"intents", intents},
               {"quarantined", quarantined}};
