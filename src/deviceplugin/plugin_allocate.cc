@@ -80,17 +80,17 @@ absl::Status PluginCore::CheckDeviceIds(const std::vector<std::string>& device_i
 }
 
 std::optional<protocol::NodeLock> PluginCore::ReadNodeLock() {
-  node_.reset();
+  alloc_.node.reset();
   auto node = kube_.GetNode(options_.node_name);
   if (!node.ok()) return std::nullopt;
   std::optional<protocol::NodeLock> lock = NodeLockOf(*node);
-  node_ = std::move(*node);
+  alloc_.node = std::move(*node);
   return lock;
 }
 
 absl::StatusOr<PodMig> PluginCore::IdentifyPod(const std::vector<PodMig>& pods, size_t device_count,
                                                std::string* result) {
-  lock_released_ = false;
+  alloc_.lock_released = false;
   const std::optional<protocol::NodeLock> lock = ReadNodeLock();
   const PendingPod pending = FindPendingPod(pods, options_.node_name, lock, InProgress());
   for (const auto& m : pending.mismatches) {
@@ -125,11 +125,11 @@ absl::StatusOr<PodMig> PluginCore::IdentifyPod(const std::vector<PodMig>& pods, 
   // The pod is identified: the node lock has done its job. Release it now, before any NVML work,
   // so that the next bind to this node need not wait for this one's instances. The pod's later
   // containers are found as the allocation in progress.
-  in_progress_ = InProgressPod{pod.uid, Now()};
+  alloc_.in_progress = AllocatorState::InProgressPod{pod.uid, Now()};
   if (lock.has_value() && lock->OwnedBy(pod.ns, pod.name, pod.uid)) {
-    ReleaseNodeLock(pod, node_);
+    ReleaseNodeLock(pod, alloc_.node);
   } else {
-    lock_released_ = true;  // not this pod's (released by its first container's Allocate)
+    alloc_.lock_released = true;  // not this pod's (released by its first container's Allocate)
   }
   return pod;
 }
@@ -319,7 +319,7 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> PluginCore::Publish(
     return absl::AbortedError("simulated crash after the annotation");
   }
   Commit(device_ids, pod, plan, instances);
-  if (done) in_progress_.reset();
+  if (done) alloc_.in_progress.reset();
   *result = "success";
   return answer;
 }
@@ -391,13 +391,17 @@ void PluginCore::FailPod(const PodMig& pod) {
     spdlog::warn("cannot set {}=failed on pod {}: {}", protocol::kBindPhaseAnnotation, pod.key,
                  std::string(st.status().message()));
   }
-  if (in_progress_.has_value() && in_progress_->uid == pod.uid) in_progress_.reset();
-  if (!lock_released_) ReleaseNodeLock(pod, node_);
+  if (alloc_.in_progress.has_value() && alloc_.in_progress->uid == pod.uid) {
+    alloc_.in_progress.reset();
+  }
+  if (!alloc_.lock_released) ReleaseNodeLock(pod, alloc_.node);
 }
 
 std::string PluginCore::InProgress() const {
-  if (!in_progress_.has_value() || Now() - in_progress_->since > kInProgressWindow) return "";
-  return in_progress_->uid;
+  if (!alloc_.in_progress.has_value() || Now() - alloc_.in_progress->since > kInProgressWindow) {
+    return "";
+  }
+  return alloc_.in_progress->uid;
 }
 
 void PluginCore::ReleaseNodeLock(const PodMig& pod, std::optional<kube::Object> node) {
@@ -413,15 +417,15 @@ void PluginCore::ReleaseNodeLock(const PodMig& pod, std::optional<kube::Object> 
     }
     const auto lock = NodeLockOf(*node);
     if (!lock.has_value() || !lock->OwnedBy(pod.ns, pod.name, pod.uid)) {  // not ours
-      lock_released_ = true;
+      alloc_.lock_released = true;
       return;
     }
     kube::KeyPatch patch;
     patch[std::string(protocol::kNodeLockAnnotation)] = std::nullopt;
     auto st = kube_.PatchNodeAnnotations(options_.node_name, patch, kube::ResourceVersion(*node));
     if (st.ok()) {
-      lock_released_ = true;
-      node_ = *st;
+      alloc_.lock_released = true;
+      alloc_.node = *st;
       return;
     }
     if (st.status().code() != absl::StatusCode::kAborted) {

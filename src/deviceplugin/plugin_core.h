@@ -352,7 +352,7 @@ class PluginCore {
   // that the kubelet's PodResources lists. Releases the node lock once the pod is identified.
   absl::StatusOr<PodMig> IdentifyPod(const std::vector<PodMig>& pods, size_t device_count,
                                      std::string* result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
-  // The node (read into node_) and its lock; nullopt when unreadable or absent.
+  // The node (read into alloc_.node) and its lock; nullopt when unreadable or absent.
   std::optional<protocol::NodeLock> ReadNodeLock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Step 2 is ValidateAllocation (allocate_plan.h) over View().
   NodeView View() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
@@ -414,8 +414,8 @@ class PluginCore {
   // bind-phase failed; releases the node lock unless this Allocate already did.
   void FailPod(const PodMig& pod) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Removes hami.io/mutex.lock when `pod` holds it, under the node's resourceVersion. `node` is a
-  // recent read of the node (saves a GET; re-read on conflict). Sets lock_released_ once the lock
-  // is no longer the pod's.
+  // recent read of the node (saves a GET; re-read on conflict). Sets alloc_.lock_released once the
+  // lock is no longer the pod's.
   void ReleaseNodeLock(const PodMig& pod, std::optional<kube::Object> node = std::nullopt)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Reconcile: removes hami.io/mutex.lock (under the node's resourceVersion) when the pod it names
@@ -482,17 +482,22 @@ class PluginCore {
   NodeState ns_;
   // Reports made once (FirstReport).
   std::set<std::string> reported_ ABSL_GUARDED_BY(ns_.mu);
-  // The node as read by the current Allocate.
-  std::optional<kube::Object> node_ ABSL_GUARDED_BY(ns_.mu);
-  // The current Allocate released its pod's node lock.
-  bool lock_released_ ABSL_GUARDED_BY(ns_.mu) = false;
-  // The pod this process identified last and has not finished (in memory only: a restart breaks
-  // the kubelet's admission pass anyway).
-  struct InProgressPod {
-    std::string uid;
-    absl::Time since;
+  // The allocator's own state: what an Allocate carries between its steps, and the pod whose
+  // containers it is serving. Guarded by the node state's lock like the rest of Allocate.
+  struct AllocatorState {
+    // The node as read by the current Allocate.
+    std::optional<kube::Object> node;
+    // The current Allocate released its pod's node lock.
+    bool lock_released = false;
+    // The pod this process identified last and has not finished (in memory only: a restart
+    // breaks the kubelet's admission pass anyway).
+    struct InProgressPod {
+      std::string uid;
+      absl::Time since;
+    };
+    std::optional<InProgressPod> in_progress;
   };
-  std::optional<InProgressPod> in_progress_ ABSL_GUARDED_BY(ns_.mu);
+  AllocatorState alloc_ ABSL_GUARDED_BY(ns_.mu);
   bool started_ ABSL_GUARDED_BY(ns_.mu) = false;
 
   // The last NvmlView snapshot and when it was taken (written under ns_.mu too, taken inside it).
