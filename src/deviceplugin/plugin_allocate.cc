@@ -30,7 +30,7 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> PluginCore::Allocate(
   std::string result = "failed";
   absl::StatusOr<v1beta1::ContainerAllocateResponse> out;
   {
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(&ns_.mu);
     out = AllocateLocked(device_ids, &result);
     UpdateGauges();
     RefreshViewLocked();
@@ -47,7 +47,7 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> PluginCore::AllocateLocked(
     const std::vector<std::string>& device_ids, std::string* result) {
   DYNMIG_RETURN_IF_ERROR(CheckDeviceIds(device_ids));
   DYNMIG_ASSIGN_OR_RETURN(std::vector<PodMig> pods, ListPods());
-  if (recovery_pending_) RecoverLocked(pods);
+  if (ns_.recovery_pending) RecoverLocked(pods);
   // Free what finished pods hold first, so their placements can be reused at once.
   ReconcileLocked(pods);
 
@@ -70,7 +70,7 @@ absl::Status PluginCore::CheckDeviceIds(const std::vector<std::string>& device_i
   }
   for (const auto& id : device_ids) {
     const std::string gpu = GpuOfReplicaId(id);
-    const GpuEntry* entry = gpu.empty() ? nullptr : inventory_.FindByUuid(gpu);
+    const GpuEntry* entry = gpu.empty() ? nullptr : ns_.inventory.FindByUuid(gpu);
     if (entry == nullptr || !entry->exposed) {
       return absl::InvalidArgumentError(
           fmt::format("device id \"{}\" is not one this plugin advertises", id));
@@ -80,17 +80,17 @@ absl::Status PluginCore::CheckDeviceIds(const std::vector<std::string>& device_i
 }
 
 std::optional<protocol::NodeLock> PluginCore::ReadNodeLock() {
-  node_.reset();
+  alloc_.node.reset();
   auto node = kube_.GetNode(options_.node_name);
   if (!node.ok()) return std::nullopt;
   std::optional<protocol::NodeLock> lock = NodeLockOf(*node);
-  node_ = std::move(*node);
+  alloc_.node = std::move(*node);
   return lock;
 }
 
 absl::StatusOr<PodMig> PluginCore::IdentifyPod(const std::vector<PodMig>& pods, size_t device_count,
                                                std::string* result) {
-  lock_released_ = false;
+  alloc_.lock_released = false;
   const std::optional<protocol::NodeLock> lock = ReadNodeLock();
   const PendingPod pending = FindPendingPod(pods, options_.node_name, lock, InProgress());
   for (const auto& m : pending.mismatches) {
@@ -125,17 +125,17 @@ absl::StatusOr<PodMig> PluginCore::IdentifyPod(const std::vector<PodMig>& pods, 
   // The pod is identified: the node lock has done its job. Release it now, before any NVML work,
   // so that the next bind to this node need not wait for this one's instances. The pod's later
   // containers are found as the allocation in progress.
-  in_progress_ = InProgressPod{pod.uid, Now()};
+  alloc_.in_progress = AllocatorState::InProgressPod{pod.uid, Now()};
   if (lock.has_value() && lock->OwnedBy(pod.ns, pod.name, pod.uid)) {
-    ReleaseNodeLock(pod, node_);
+    ReleaseNodeLock(pod, alloc_.node);
   } else {
-    lock_released_ = true;  // not this pod's (released by its first container's Allocate)
+    alloc_.lock_released = true;  // not this pod's (released by its first container's Allocate)
   }
   return pod;
 }
 
 NodeView PluginCore::View() const {
-  return NodeView{options_.node_name, inventory_, state_.instances, quarantine_};
+  return NodeView{options_.node_name, ns_.inventory, ns_.state.instances, ns_.quarantine};
 }
 
 absl::Status PluginCore::ConfirmAgainstNvml(const PodMig& pod, AllocationPlan& plan,
@@ -175,7 +175,7 @@ absl::Status PluginCore::ConfirmDevice(const PodMig& pod, int container, const s
                   result);
   }
   if (d.reuse.has_value() && live == nullptr) {
-    RemoveManaged(a.gpu_uuid, d.reuse->gpu_instance_id);  // vanished: create it again
+    ns_.RemoveManaged(a.gpu_uuid, d.reuse->gpu_instance_id);  // vanished: create it again
     d.reuse.reset();
     d.from_idle = false;
   }
@@ -214,7 +214,7 @@ absl::Status PluginCore::TakeOverIdle(const PodMig& pod, int container, const st
   spdlog::warn("{}: idle MIG device {} does not verify ({}): destroyed, creating anew", what,
                d.reuse->mig_uuid, std::string(verified.message()));
   metrics_.InstanceDestroyed("idle_invalid");
-  RemoveManaged(d.allocation.gpu_uuid, d.reuse->gpu_instance_id);
+  ns_.RemoveManaged(d.allocation.gpu_uuid, d.reuse->gpu_instance_id);
   PersistOrLog("state");
   d.reuse.reset();
   d.from_idle = false;
@@ -225,7 +225,7 @@ absl::Status PluginCore::RecordIntents(const PodMig& pod, AllocationPlan& plan) 
   for (auto& d : plan.devices) {
     if (d.reuse.has_value()) continue;
     Intent intent;
-    intent.id = state_.next_intent_id++;
+    intent.id = ns_.state.next_intent_id++;
     intent.owner = {pod.uid, pod.ns, pod.name, plan.container, d.allocation.device_index};
     intent.gpu_uuid = d.allocation.gpu_uuid;
     intent.profile = d.allocation.profile;
@@ -233,12 +233,12 @@ absl::Status PluginCore::RecordIntents(const PodMig& pod, AllocationPlan& plan) 
     intent.created = NowUnix();
     d.intent = intent.id;
     plan.intents.push_back(intent.id);
-    state_.intents.push_back(std::move(intent));
+    ns_.state.intents.push_back(std::move(intent));
   }
   if (plan.intents.empty()) return absl::OkStatus();
   auto st = Persist();
   if (st.ok()) return absl::OkStatus();
-  std::erase_if(state_.intents, [&](const Intent& i) {
+  std::erase_if(ns_.state.intents, [&](const Intent& i) {
     return std::find(plan.intents.begin(), plan.intents.end(), i.id) != plan.intents.end();
   });
   Event(&pod, "Warning", kReasonFailed, std::string(st.message()));
@@ -319,7 +319,7 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> PluginCore::Publish(
     return absl::AbortedError("simulated crash after the annotation");
   }
   Commit(device_ids, pod, plan, instances);
-  if (done) in_progress_.reset();
+  if (done) alloc_.in_progress.reset();
   *result = "success";
   return answer;
 }
@@ -327,9 +327,9 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> PluginCore::Publish(
 void PluginCore::Commit(const std::vector<std::string>& device_ids, const PodMig& pod,
                         const AllocationPlan& plan, const std::vector<ManagedInstance>& instances) {
   // Managed instances, closed intents and the ledger entry in one write.
-  for (const auto& m : instances) Manage(m);
+  for (const auto& m : instances) ns_.Manage(m);
   RecordLedger(device_ids, pod, plan.container, instances);
-  std::erase_if(state_.intents, [&](const Intent& i) {
+  std::erase_if(ns_.state.intents, [&](const Intent& i) {
     return std::find(plan.intents.begin(), plan.intents.end(), i.id) != plan.intents.end();
   });
   // On failure the annotation holds the identity: the next start adopts the instances from it.
@@ -391,13 +391,17 @@ void PluginCore::FailPod(const PodMig& pod) {
     spdlog::warn("cannot set {}=failed on pod {}: {}", protocol::kBindPhaseAnnotation, pod.key,
                  std::string(st.status().message()));
   }
-  if (in_progress_.has_value() && in_progress_->uid == pod.uid) in_progress_.reset();
-  if (!lock_released_) ReleaseNodeLock(pod, node_);
+  if (alloc_.in_progress.has_value() && alloc_.in_progress->uid == pod.uid) {
+    alloc_.in_progress.reset();
+  }
+  if (!alloc_.lock_released) ReleaseNodeLock(pod, alloc_.node);
 }
 
 std::string PluginCore::InProgress() const {
-  if (!in_progress_.has_value() || Now() - in_progress_->since > kInProgressWindow) return "";
-  return in_progress_->uid;
+  if (!alloc_.in_progress.has_value() || Now() - alloc_.in_progress->since > kInProgressWindow) {
+    return "";
+  }
+  return alloc_.in_progress->uid;
 }
 
 void PluginCore::ReleaseNodeLock(const PodMig& pod, std::optional<kube::Object> node) {
@@ -413,15 +417,15 @@ void PluginCore::ReleaseNodeLock(const PodMig& pod, std::optional<kube::Object> 
     }
     const auto lock = NodeLockOf(*node);
     if (!lock.has_value() || !lock->OwnedBy(pod.ns, pod.name, pod.uid)) {  // not ours
-      lock_released_ = true;
+      alloc_.lock_released = true;
       return;
     }
     kube::KeyPatch patch;
     patch[std::string(protocol::kNodeLockAnnotation)] = std::nullopt;
     auto st = kube_.PatchNodeAnnotations(options_.node_name, patch, kube::ResourceVersion(*node));
     if (st.ok()) {
-      lock_released_ = true;
-      node_ = *st;
+      alloc_.lock_released = true;
+      alloc_.node = *st;
       return;
     }
     if (st.status().code() != absl::StatusCode::kAborted) {
@@ -455,14 +459,14 @@ void PluginCore::Rollback(std::vector<Created>& created, const std::vector<uint6
     if (!gis.ok()) continue;
     for (const auto& gi : *gis) {
       if (gi.id != c.gi) continue;
-      for (const auto& intent : state_.intents) {
+      for (const auto& intent : ns_.state.intents) {
         if (intent.gpu_uuid == c.gpu->info.uuid && intent.placement == gi.placement) {
           keep.insert(intent.id);
         }
       }
     }
   }
-  std::erase_if(state_.intents, [&](const Intent& i) {
+  std::erase_if(ns_.state.intents, [&](const Intent& i) {
     return std::find(intents.begin(), intents.end(), i.id) != intents.end() && !keep.count(i.id);
   });
   if (auto st = Persist(); !st.ok())
@@ -598,15 +602,15 @@ absl::StatusOr<std::vector<std::string>> PluginCore::DeviceNodes(const GpuEntry&
   // Simulated devices have no device node on the host: the container gets the environment only
   // (a runtime fails a container whose device node does not exist).
   if (!nvml_.HasDeviceNodes()) return std::vector<std::string>{};
-  if (!minors_.has_value()) {
+  if (!ns_.minors.has_value()) {
     auto minors = nvml_.GetMigMinors();
     if (!minors.ok()) {
       return absl::FailedPreconditionError(fmt::format(
           "the MIG capability minors are unavailable: {}", std::string(minors.status().message())));
     }
-    minors_ = std::move(*minors);
+    ns_.minors = std::move(*minors);
   }
-  auto nodes = minors_->DeviceNodes(gpu.info.minor, gi, ci);
+  auto nodes = ns_.minors->DeviceNodes(gpu.info.minor, gi, ci);
   if (!nodes.ok()) return nodes.status();
   return nodes->All();
 }
@@ -618,7 +622,7 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> PluginCore::Answer(
   std::vector<std::string> paths;
   std::set<std::string> seen;
   for (const auto& m : instances) {
-    const GpuEntry* gpu = inventory_.FindByUuid(m.gpu_uuid);
+    const GpuEntry* gpu = ns_.inventory.FindByUuid(m.gpu_uuid);
     if (gpu == nullptr) {
       return absl::InternalError(fmt::format("GPU {} vanished from the inventory", m.gpu_uuid));
     }
@@ -660,7 +664,7 @@ v1beta1::ContainerPreferredAllocationResponse PluginCore::PreferredAllocation(
   for (const auto& id : request.must_include_deviceids()) take(id);
   std::vector<std::string> wanted_gpus;
   {
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(&ns_.mu);
     auto pods = ListPods();
     if (pods.ok()) {
       std::optional<protocol::NodeLock> node_lock;

@@ -48,7 +48,8 @@ PluginCore::PluginCore(PluginCoreOptions options, nvml::Nvml& nvml, kube::KubeCl
       cdi_(options_.cdi_dir, options_.fsync),
       // ListAndWatch's waits are the transport's: the kubelet at the other end runs on real time
       // whatever clock the core runs on (a simulated one would hold its streams forever).
-      devices_(RealClock()) {}
+      devices_(RealClock()),
+      publisher_(options_.node_name, kube, metrics, *options_.clock) {}
 
 bool PluginCore::Crash(std::string_view point) const {
   if (options_.crash_point && options_.crash_point(point)) {
@@ -59,7 +60,7 @@ bool PluginCore::Crash(std::string_view point) const {
 }
 
 absl::Status PluginCore::Start() {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&ns_.mu);
   if (started_) return absl::FailedPreconditionError("device plugin core already started");
   started_ = true;
   DYNMIG_RETURN_IF_ERROR(LoadStateAndInventory());
@@ -67,7 +68,7 @@ absl::Status PluginCore::Start() {
   DYNMIG_RETURN_IF_ERROR(Persist());
   auto pods = ListPods();
   if (!pods.ok()) {
-    recovery_pending_ = true;
+    ns_.recovery_pending = true;
     spdlog::warn(
         "startup: cannot list pods ({}): recovery deferred, nothing is cleaned or destroyed "
         "until the API answers",
@@ -83,8 +84,8 @@ absl::Status PluginCore::Start() {
 absl::Status PluginCore::LoadStateAndInventory() {
   auto loaded = store_.Load();
   if (loaded.ok()) {
-    state_ = std::move(*loaded);
-    ledger_.Load(state_.ledger);
+    ns_.state = std::move(*loaded);
+    ledger_.Load(ns_.state.ledger);
   } else if (loaded.status().code() == absl::StatusCode::kDataLoss) {
     auto moved = store_.MoveAside(NowUnix());
     const std::string message = fmt::format(
@@ -95,18 +96,18 @@ absl::Status PluginCore::LoadStateAndInventory() {
   } else {
     return loaded.status();
   }
-  DYNMIG_ASSIGN_OR_RETURN(inventory_, DiscoverInventory(nvml_, options_.allowlist));
+  DYNMIG_ASSIGN_OR_RETURN(ns_.inventory, DiscoverInventory(nvml_, options_.allowlist));
   if (!nvml_.HasDeviceNodes()) {
     spdlog::info("{}: no device nodes on this host; containers get {} only", nvml_.Description(),
                  "NVIDIA_VISIBLE_DEVICES");
   } else if (auto minors = nvml_.GetMigMinors(); minors.ok()) {
-    minors_ = std::move(*minors);
+    ns_.minors = std::move(*minors);
   } else {
-    minors_error_ = std::string(minors.status().message());
+    ns_.minors_error = std::string(minors.status().message());
     spdlog::warn("MIG capability minors unavailable ({}): Allocate will fail until they are",
-                 minors_error_);
+                 ns_.minors_error);
   }
-  for (const auto& gpu : inventory_.gpus) {
+  for (const auto& gpu : ns_.inventory.gpus) {
     if (gpu.exposed && !gpu.healthy) {
       Event(nullptr, "Warning", kReasonGpuNotReady,
             fmt::format("GPU {} ({}) is not usable: {}", gpu.info.index, gpu.info.uuid,
@@ -132,8 +133,8 @@ absl::StatusOr<std::vector<PodMig>> PluginCore::ListPods() {
 }
 
 absl::Status PluginCore::Persist() {
-  state_.ledger = ledger_.Entries();
-  return store_.Save(state_);
+  ns_.state.ledger = ledger_.Entries();
+  return store_.Save(ns_.state);
 }
 
 void PluginCore::PersistOrLog(std::string_view what) {
@@ -142,44 +143,7 @@ void PluginCore::PersistOrLog(std::string_view what) {
   }
 }
 
-void PluginCore::UpdateGauges() {
-  metrics_.SetManaged(static_cast<double>(state_.instances.size()));
-  std::map<std::pair<std::string, std::string>, int> idle;
-  for (const auto& m : state_.instances) {
-    if (m.idle) ++idle[{m.gpu_uuid, m.profile}];
-  }
-  metrics_.SetIdle(idle);
-  metrics_.SetRecoveryPending(recovery_pending_);
-}
-
-ManagedInstance* PluginCore::FindManaged(std::string_view gpu_uuid,
-                                         const mig::Placement& placement) {
-  for (auto& m : state_.instances) {
-    if (m.gpu_uuid == gpu_uuid && m.placement == placement) return &m;
-  }
-  return nullptr;
-}
-
-ManagedInstance* PluginCore::FindManagedGi(std::string_view gpu_uuid, uint32_t gi) {
-  for (auto& m : state_.instances) {
-    if (m.gpu_uuid == gpu_uuid && m.gpu_instance_id == gi) return &m;
-  }
-  return nullptr;
-}
-
-void PluginCore::RemoveManaged(std::string_view gpu_uuid, uint32_t gi) {
-  std::erase_if(state_.instances, [&](const ManagedInstance& m) {
-    return m.gpu_uuid == gpu_uuid && m.gpu_instance_id == gi;
-  });
-}
-
-void PluginCore::Manage(ManagedInstance instance) {
-  std::erase_if(state_.instances, [&](const ManagedInstance& m) {
-    return m.gpu_uuid == instance.gpu_uuid && (m.gpu_instance_id == instance.gpu_instance_id ||
-                                               m.placement.Overlaps(instance.placement));
-  });
-  state_.instances.push_back(std::move(instance));
-}
+void PluginCore::UpdateGauges() { publisher_.SetGauges(ns_.state.instances, ns_.recovery_pending); }
 
 bool PluginCore::FirstReport(const std::string& key) { return reported_.insert(key).second; }
 
@@ -290,35 +254,33 @@ absl::Status PluginCore::Verify(const GpuEntry& gpu, const nvml::GpuInstanceInfo
 }
 
 std::vector<ManagedInstance> PluginCore::Managed() const {
-  absl::MutexLock lock(&mu_);
-  return state_.instances;
+  absl::MutexLock lock(&ns_.mu);
+  return ns_.state.instances;
 }
 
 std::vector<Intent> PluginCore::OpenIntents() const {
-  absl::MutexLock lock(&mu_);
-  return state_.intents;
+  absl::MutexLock lock(&ns_.mu);
+  return ns_.state.intents;
 }
 
 std::vector<QuarantinedSlices> PluginCore::Quarantined() const {
-  absl::MutexLock lock(&mu_);
-  return quarantine_;
+  absl::MutexLock lock(&ns_.mu);
+  return ns_.quarantine;
 }
 
 std::vector<protocol::HeldSlices> PluginCore::Held() const {
-  absl::MutexLock lock(&mu_);
-  std::vector<protocol::HeldSlices> held = ended_held_;
-  held.insert(held.end(), untracked_held_.begin(), untracked_held_.end());
-  return held;
+  absl::MutexLock lock(&ns_.mu);
+  return ns_.Held();
 }
 
 bool PluginCore::recovery_pending() const {
-  absl::MutexLock lock(&mu_);
-  return recovery_pending_;
+  absl::MutexLock lock(&ns_.mu);
+  return ns_.recovery_pending;
 }
 
 Inventory PluginCore::inventory() const {
-  absl::MutexLock lock(&mu_);
-  return inventory_;
+  absl::MutexLock lock(&ns_.mu);
+  return ns_.inventory;
 }
 
 }  // namespace dynmig::deviceplugin

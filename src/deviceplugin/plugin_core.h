@@ -36,7 +36,9 @@
 //                 finished, or bound to another node), so the node does not wait out its expiry.
 //                 Drops the ledger entries of pods that ended.
 //   PublishNode() hami.io/node-nvidia-register + hami.io/node-handshake "Reported_<RFC3339>",
-//                 dynmig.io/mig-held and dynmig.io/idle-mig-instances.
+//                 dynmig.io/mig-held and dynmig.io/idle-mig-instances: a NodeSnapshot taken under
+//                 the node state's lock, written by the Publisher (publisher.h) after it is
+//                 released.
 //
 // Warm instances (options.warm, off by default): Reconcile keeps the instance of an ended pod idle
 // (recorded in the state file) while its GPU has fewer than maxPerGpu idle ones; an idle instance
@@ -57,12 +59,14 @@
 //
 // Sources: plugin_core.cc (start, state, shared helpers), plugin_allocate.cc, allocate_plan.cc,
 // plugin_reclaim.cc, plugin_warm.cc, plugin_recovery.cc, plugin_publish.cc, plugin_identity.cc
-// (PreStart), ledger.cc, device_list.cc.
+// (PreStart), ledger.cc, device_list.cc, publisher.cc.
 //
-// Thread-safe: mutating operations are serialized by mu_ (they touch node-global state, every
-// member it guards says so); the /nvml snapshot has its own view_mu_, the ledger (Ledger) and the
-// device list (DeviceList) their own locks, so PreStartContainer and ListAndWatch never wait on
-// NVML.
+// Thread-safe: mutating operations are serialized by the node state's lock (NodeState::mu,
+// node_state.h: managed instances, intents, inventory, quarantined and held slices; every member
+// it guards says so). Allocate and Reconcile both change NVML, so they share that lock by design.
+// The /nvml snapshot has its own view_mu_, and the ledger (Ledger), the device list (DeviceList)
+// and the publisher (Publisher) their own locks, so PreStartContainer and ListAndWatch never wait
+// on NVML and a node patch never holds the node state's lock.
 #pragma once
 
 #include <cstdint>
@@ -88,8 +92,10 @@
 #include "deviceplugin/inventory.h"
 #include "deviceplugin/ledger.h"
 #include "deviceplugin/metrics.h"
+#include "deviceplugin/node_state.h"
 #include "deviceplugin/pod_resources.h"
 #include "deviceplugin/pods.h"
+#include "deviceplugin/publisher.h"
 #include "deviceplugin/state_store.h"
 #include "deviceplugin/v1beta1/api.pb.h"
 #include "kube/kube_client.h"
@@ -237,153 +243,155 @@ class PluginCore {
 
   // The node's pods from the API (needs no lock).
   absl::StatusOr<std::vector<PodMig>> ListPods();
-  nlohmann::json NvmlViewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RefreshViewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status Persist() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  nlohmann::json NvmlViewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
+  void RefreshViewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
+  absl::Status Persist() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Persist(), logging a failure with `what` (a state the next start recovers from anyway).
-  void PersistOrLog(std::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void UpdateDevices() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PersistOrLog(std::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
+  void UpdateDevices() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
+  void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
+  // What PublishNode writes, as the state is now.
+  NodeSnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Start(): the state file (moved aside when corrupt) and the NVML inventory.
-  absl::Status LoadStateAndInventory() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status LoadStateAndInventory() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
 
   // ---- recovery (plugin_recovery.cc) ----
-  void RecoverLocked(const std::vector<PodMig>& pods) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecoverLocked(const std::vector<PodMig>& pods) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Completes or destroys (only when `destructive`) instances of intents left open.
   void ResolveIntents(const std::vector<PodMig>& pods, bool destructive)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // One open intent; whether it is closed.
   bool ResolveIntent(const Intent& intent, const PodMig* pod, bool destructive)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // The intent's pod still reserves exactly its instance (`entry`): the missing CI is created,
   // the runtime identity published and the instance recorded. Whether the intent is closed.
   bool CompleteIntent(const Intent& intent, const std::string& what, const PodMig& pod,
                       const protocol::MigAllocation& entry, const GpuEntry& gpu,
                       const mig::ProfileSpec& profile, uint32_t gi)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Nobody owns the intent's instance (`why`): destroyed, or tracked for reclamation while
   // processes run on it. Whether the intent is closed.
   bool ReleaseIntent(const Intent& intent, const std::string& what, const std::string& why,
                      const PodMig* pod, const GpuEntry& gpu, const mig::ProfileSpec& profile,
-                     uint32_t gi) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CleanIdleGpus(const std::vector<PodMig>& pods) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                     uint32_t gi) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
+  void CleanIdleGpus(const std::vector<PodMig>& pods) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
 
   // ---- reclamation and adoption (plugin_reclaim.cc) ----
   ReconcileReport ReconcileLocked(const std::vector<PodMig>& pods)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Reclaims managed instance `m`, whose owner is no longer active (`ended` says how); whether
   // the state changed.
   bool ReclaimEnded(const ManagedInstance& m, const PodMig* owner, bool destructive,
-                    ReconcileReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                    ReconcileReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // The non-terminated pods whose MIG annotations cannot be read ("ns/name: why"), each reported
   // once (event and log). Non-empty: nothing may be destroyed.
   std::vector<std::string> Unreadable(const std::vector<PodMig>& pods)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   struct Candidate;
   using Candidates = std::map<std::pair<std::string, uint32_t>, Candidate>;  // (gpu, start)
   void AdoptUntracked(const std::vector<PodMig>& pods, bool destructive, ReconcileReport& report)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // The complete annotations by GPU and placement that no managed instance realizes (adoption
   // candidates); quarantines what cannot be verified; claims idle instances an annotation names.
   // Sets `changed` when the state changed.
   Candidates CollectCandidates(const std::vector<PodMig>& pods, ReconcileReport& report,
-                               bool& changed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                               bool& changed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Idle instance `m` that the annotation `a` of active pod `p` names exactly becomes the pod's.
   bool ClaimIdle(ManagedInstance& m, const PodMig& p, const protocol::MigAllocation& a)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   void Quarantine(const PodMig& p, const protocol::MigAllocation& a, const std::string& reason,
-                  ReconcileReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                  ReconcileReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Forgets the managed instances of `gpu` that NVML (`gis`) no longer shows; whether any was.
   bool ForgetVanished(const GpuEntry& gpu, const std::vector<nvml::GpuInstanceInfo>& gis)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Adopts the GIs of `gpu` that a candidate describes and NVML verifies; returns the GIs nobody
   // owns. Sets `changed` when the state changed.
   std::vector<nvml::GpuInstanceInfo> AdoptOnGpu(const GpuEntry& gpu,
                                                 const std::vector<nvml::GpuInstanceInfo>& gis,
                                                 Candidates& candidates, ReconcileReport& report,
-                                                bool& changed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                                bool& changed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Untracked GIs of `gpu`: destroyed when `idle` (the whole GPU is), kept and reported
   // otherwise. Returns how many are kept.
   int KeepOrCleanUntracked(const GpuEntry& gpu, const std::vector<nvml::GpuInstanceInfo>& unowned,
                            bool idle, const std::string& why, ReconcileReport& report)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Reports the candidates of active pods whose instance is gone.
-  void ReportGone(const Candidates& candidates) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReportGone(const Candidates& candidates) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Reclaim/recovery/adoption's record step: `m` (built by NewInstance) is managed, counted as
   // adopted (`how`) and announced with `event`.
   void RecordAdopted(ManagedInstance m, const PodMig* pod, std::string_view how,
-                     const std::string& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                     const std::string& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
 
   // ---- warm instances (plugin_warm.cc) ----
   // Whether the ended instance `m` is kept idle rather than destroyed: warm instances on, its CI
   // known, its GPU under the cap.
-  bool KeepIdle(const ManagedInstance& m) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool KeepIdle(const ManagedInstance& m) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Marks managed instance `m` (its pod ended, no process) idle.
   void MarkIdle(const ManagedInstance& m, const PodMig* owner, const std::string& ended)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Destroys idle instances past their TTL, overlapping an active pod's unrealized reservation,
   // over the cap or with warm instances off; keeps those an unrealized reservation names exactly.
   // Destroys nothing unless `destructive`.
   void SweepIdle(const std::vector<PodMig>& pods, bool destructive, ReconcileReport& report)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Whether idle instance `m` is still exactly what NVML shows at GI `gi`, with its CI and MIG
   // UUID, and no process runs on it. The error says what differs.
   absl::Status VerifyIdle(const GpuEntry& gpu, const ManagedInstance& m,
                           const nvml::GpuInstanceInfo& gi);
-  std::vector<protocol::IdleInstance> IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- Allocate, a pipeline (plugin_allocate.cc): identify -> validate -> confirm against
   // NVML -> record the intents -> create (rolled back on failure) -> publish ----
   absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateLocked(
       const std::vector<std::string>& device_ids, std::string* result)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // kInvalidArgument unless every ID is a replica of an exposed GPU.
   absl::Status CheckDeviceIds(const std::vector<std::string>& device_ids) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Step 1: the pod this Allocate is for, proven: the node lock's owner (or the pod in progress)
   // that the kubelet's PodResources lists. Releases the node lock once the pod is identified.
   absl::StatusOr<PodMig> IdentifyPod(const std::vector<PodMig>& pods, size_t device_count,
-                                     std::string* result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The node (read into node_) and its lock; nullopt when unreadable or absent.
-  std::optional<protocol::NodeLock> ReadNodeLock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                     std::string* result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
+  // The node (read into alloc_.node) and its lock; nullopt when unreadable or absent.
+  std::optional<protocol::NodeLock> ReadNodeLock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Step 2 is ValidateAllocation (allocate_plan.h) over View().
-  NodeView View() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  NodeView View() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Step 3: what only NVML can confirm: no GI the plan does not reuse overlaps a reservation; a
   // reused instance still exists (else it is created again); an idle one still verifies (else
   // it is destroyed when idle, and created again).
   absl::Status ConfirmAgainstNvml(const PodMig& pod, AllocationPlan& plan, std::string* result)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   absl::Status ConfirmDevice(const PodMig& pod, int container, const std::string& what,
                              PlannedDevice& d, std::string* result)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // An idle instance the plan reuses: verified (then handed to the pod), or destroyed so that
   // the device is created afresh.
   absl::Status TakeOverIdle(const PodMig& pod, int container, const std::string& what,
                             const nvml::GpuInstanceInfo& live, PlannedDevice& d,
-                            std::string* result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                            std::string* result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Step 4: an intent per device to create, persisted before any creation, so that a crash in
   // between is resolved without guessing.
   absl::Status RecordIntents(const PodMig& pod, AllocationPlan& plan)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Step 5: GI + CI at each planned placement (reused instances as they are). On failure
   // everything in `created` is rolled back by the caller (Abort).
   absl::StatusOr<std::vector<ManagedInstance>> CreateInstances(const PodMig& pod,
                                                                const AllocationPlan& plan,
                                                                std::vector<Created>& created)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Step 6: the answer, the runtime identity written under the pod's resourceVersion, then the
   // commit (managed instances, closed intents, the ledger entry, in one write).
   absl::StatusOr<v1beta1::ContainerAllocateResponse> Publish(
       const std::vector<std::string>& device_ids, const PodMig& pod, const AllocationPlan& plan,
       const std::vector<ManagedInstance>& instances, std::vector<Created>& created,
-      std::string* result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      std::string* result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   void Commit(const std::vector<std::string>& device_ids, const PodMig& pod,
               const AllocationPlan& plan, const std::vector<ManagedInstance>& instances)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // A failed step after the intents: rolls back what this call created, reports, fails the pod.
   absl::Status Abort(const PodMig& pod, const AllocationPlan& plan, std::vector<Created>& created,
                      const absl::Status& st, std::string_view step)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // The instance record every step builds (Allocate, intent completion, adoption).
   ManagedInstance NewInstance(const InstanceOwner& owner, std::string_view gpu_uuid,
                               std::string_view profile, uint32_t profile_id,
@@ -394,22 +402,22 @@ class PluginCore {
   // `container` of `pod` with `instances` (replacing an entry with the same IDs).
   void RecordLedger(const std::vector<std::string>& device_ids, const PodMig& pod, int container,
                     const std::vector<ManagedInstance>& instances)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Drops the entries whose pod is not among the non-terminated `pods`; true when any was.
-  bool PruneLedger(const std::vector<PodMig>& pods) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool PruneLedger(const std::vector<PodMig>& pods) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Allocate's check of the pod it is about to serve: kFailedPrecondition when the kubelet's
   // PodResources answers and does not list `pod` (this Allocate is another pod's). OK when it
   // lists it, and when PodResources cannot be read (PreStartContainer then fails closed).
   absl::Status KubeletKnows(const PodMig& pod);
   absl::Status Refuse(const PodMig& pod, std::string_view reason, absl::Status status,
-                      std::string* result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                      std::string* result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // bind-phase failed; releases the node lock unless this Allocate already did.
-  void FailPod(const PodMig& pod) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailPod(const PodMig& pod) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Removes hami.io/mutex.lock when `pod` holds it, under the node's resourceVersion. `node` is a
-  // recent read of the node (saves a GET; re-read on conflict). Sets lock_released_ once the lock
-  // is no longer the pod's.
+  // recent read of the node (saves a GET; re-read on conflict). Sets alloc_.lock_released once the
+  // lock is no longer the pod's.
   void ReleaseNodeLock(const PodMig& pod, std::optional<kube::Object> node = std::nullopt)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Reconcile: removes hami.io/mutex.lock (under the node's resourceVersion) when the pod it names
   // is gone, has finished or is bound to another node: a bind that failed half-way (a crashed
   // scheduler) or a pod deleted before its Allocate leaves such a lock. A pod not bound yet keeps
@@ -418,9 +426,9 @@ class PluginCore {
   // Why the lock's pod will never reach Allocate here ("" when it may).
   std::string OrphanedBecause(const protocol::NodeLock& lock, const std::vector<PodMig>& pods);
   // The uid of the allocation in progress (within kInProgressWindow), or "".
-  std::string InProgress() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string InProgress() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   void Rollback(std::vector<Created>& created, const std::vector<uint64_t>& intents)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Publish step shared by Allocate and intent completion: writes the runtime identity of
   // `entries` (device index -> identity) of container `container` into the pod's annotation;
   // with `consume`, also erases the container from hami.io/vgpu-devices-to-allocate and sets
@@ -435,12 +443,12 @@ class PluginCore {
       const PodMig& pod, const kube::Object& current, int container,
       const std::map<int, protocol::RuntimeIdentity>& entries, bool& already);
   absl::StatusOr<v1beta1::ContainerAllocateResponse> Answer(
-      const std::vector<ManagedInstance>& instances) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      const std::vector<ManagedInstance>& instances) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // The device nodes a container needs for MIG device (gi, ci) of `gpu`: none when the NVML
   // backend has no device nodes on the host (simulated GPUs).
   absl::StatusOr<std::vector<std::string>> DeviceNodes(const GpuEntry& gpu, uint32_t gi,
                                                        uint32_t ci)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
 
   // NVML helpers.
   // Destroys every CI of GI `gi`, then the GI. A GI that is already gone is OK.
@@ -453,14 +461,8 @@ class PluginCore {
   absl::Status Verify(const GpuEntry& gpu, const nvml::GpuInstanceInfo& gi,
                       const protocol::MigAllocation& allocation);
 
-  ManagedInstance* FindManaged(std::string_view gpu_uuid, const mig::Placement& placement)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  ManagedInstance* FindManagedGi(std::string_view gpu_uuid, uint32_t gi)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RemoveManaged(std::string_view gpu_uuid, uint32_t gi) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Manage(ManagedInstance instance) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reports once per key (events and warnings that would repeat every cycle).
-  bool FirstReport(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool FirstReport(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   void Event(const PodMig* pod, std::string_view type, std::string_view reason,
              const std::string& message);
 
@@ -473,48 +475,46 @@ class PluginCore {
   const StateStore store_;
   const CdiWriter cdi_;
 
-  // Serializes every mutating operation; owns the node-local state and everything below it
-  // (before view_mu_ and devices_mu_, which are taken inside it).
-  mutable absl::Mutex mu_;
-  PluginState state_ ABSL_GUARDED_BY(mu_);
-  Inventory inventory_ ABSL_GUARDED_BY(mu_);
-  std::optional<nvml::MigMinors> minors_ ABSL_GUARDED_BY(mu_);
-  std::string minors_error_ ABSL_GUARDED_BY(mu_);
-  std::vector<QuarantinedSlices> quarantine_ ABSL_GUARDED_BY(mu_);
-  // ReconcileLocked: managed, owner not active.
-  std::vector<protocol::HeldSlices> ended_held_ ABSL_GUARDED_BY(mu_);
-  // AdoptUntracked: untracked, kept.
-  std::vector<protocol::HeldSlices> untracked_held_ ABSL_GUARDED_BY(mu_);
-  std::set<std::string> reported_ ABSL_GUARDED_BY(mu_);
-  // The node as read by the current Allocate.
-  std::optional<kube::Object> node_ ABSL_GUARDED_BY(mu_);
-  // The current Allocate released its pod's node lock.
-  bool lock_released_ ABSL_GUARDED_BY(mu_) = false;
-  // The pod this process identified last and has not finished (in memory only: a restart breaks
-  // the kubelet's admission pass anyway).
-  struct InProgressPod {
-    std::string uid;
-    absl::Time since;
+  // The node-local state NVML work changes and its lock (node_state.h), held by every Allocate,
+  // Reconcile and Start across their NVML calls: allocation and reclamation share it by design.
+  // The members below it are guarded by it too (taken before view_mu_ and the components' own
+  // locks).
+  NodeState ns_;
+  // Reports made once (FirstReport).
+  std::set<std::string> reported_ ABSL_GUARDED_BY(ns_.mu);
+  // The allocator's own state: what an Allocate carries between its steps, and the pod whose
+  // containers it is serving. Guarded by the node state's lock like the rest of Allocate.
+  struct AllocatorState {
+    // The node as read by the current Allocate.
+    std::optional<kube::Object> node;
+    // The current Allocate released its pod's node lock.
+    bool lock_released = false;
+    // The pod this process identified last and has not finished (in memory only: a restart
+    // breaks the kubelet's admission pass anyway).
+    struct InProgressPod {
+      std::string uid;
+      absl::Time since;
+    };
+    std::optional<InProgressPod> in_progress;
   };
-  std::optional<InProgressPod> in_progress_ ABSL_GUARDED_BY(mu_);
-  bool started_ ABSL_GUARDED_BY(mu_) = false;
-  bool recovery_pending_ ABSL_GUARDED_BY(mu_) = true;
-  std::string last_register_ ABSL_GUARDED_BY(mu_);
-  // dynmig.io/idle-mig-instances as last published.
-  std::string last_idle_ ABSL_GUARDED_BY(mu_) = "[]";
+  AllocatorState alloc_ ABSL_GUARDED_BY(ns_.mu);
+  bool started_ ABSL_GUARDED_BY(ns_.mu) = false;
 
-  // The last NvmlView snapshot and when it was taken (written under mu_ too).
-  mutable absl::Mutex view_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  // The last NvmlView snapshot and when it was taken (written under ns_.mu too, taken inside it).
+  mutable absl::Mutex view_mu_ ABSL_ACQUIRED_AFTER(ns_.mu);
   nlohmann::json view_ ABSL_GUARDED_BY(view_mu_);
   absl::Time view_at_ ABSL_GUARDED_BY(view_mu_) = absl::InfinitePast();  // wall time, shown
   // Monotonic time of the snapshot, for kViewMinAge.
   absl::Duration view_taken_ ABSL_GUARDED_BY(view_mu_) = -absl::InfiniteDuration();
 
-  // The ledger of served Allocates (PreStartContainer never waits for mu_). state_.ledger is
+  // The ledger of served Allocates (PreStartContainer never waits for ns_.mu). ns_.state.ledger is
   // its copy in the state file, refreshed by Persist().
   deviceplugin::Ledger ledger_;
-  // The advertised devices (ListAndWatch never waits for mu_).
+  // The advertised devices (ListAndWatch never waits for ns_.mu).
   DeviceList devices_;
+  // The node annotations and gauges, written from snapshots taken under ns_.mu (a node patch never
+  // holds ns_.mu).
+  Publisher publisher_;
 };
 
 }  // namespace dynmig::deviceplugin

@@ -1,5 +1,5 @@
-// Publication: the kubelet's device list (ListAndWatch), GPU health, the node register and
-// handshake annotations, the /nvml view. See plugin_core.h.
+// Publication: the kubelet's device list (ListAndWatch, DeviceList), GPU health, the snapshot the
+// Publisher writes to the node, the /nvml view. See plugin_core.h.
 #include <algorithm>
 #include <map>
 #include <set>
@@ -15,7 +15,7 @@
 namespace dynmig::deviceplugin {
 void PluginCore::UpdateDevices() {
   std::vector<v1beta1::Device> devices;
-  for (const auto& gpu : inventory_.gpus) {
+  for (const auto& gpu : ns_.inventory.gpus) {
     if (!gpu.exposed) continue;
     metrics_.SetGpuHealthy(gpu.info.uuid, gpu.healthy);
     for (uint32_t r = 0; r < gpu.replicas; ++r) {
@@ -46,14 +46,14 @@ uint64_t PluginCore::WaitForDeviceChange(uint64_t seen, absl::Duration timeout) 
 void PluginCore::CloseDeviceWatches() { devices_.Close(); }
 
 bool PluginCore::RefreshDevices() {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&ns_.mu);
   std::vector<bool> before;
-  for (const auto& g : inventory_.gpus) before.push_back(g.healthy);
+  for (const auto& g : ns_.inventory.gpus) before.push_back(g.healthy);
   // A GPU whose discovery failed at start is discovered once NVML answers.
-  const bool discovered = RetryDiscovery(nvml_, options_.allowlist, inventory_);
-  if (!RefreshHealth(nvml_, inventory_) && !discovered) return false;
-  for (size_t i = 0; i < inventory_.gpus.size(); ++i) {
-    const auto& g = inventory_.gpus[i];
+  const bool discovered = RetryDiscovery(nvml_, options_.allowlist, ns_.inventory);
+  if (!RefreshHealth(nvml_, ns_.inventory) && !discovered) return false;
+  for (size_t i = 0; i < ns_.inventory.gpus.size(); ++i) {
+    const auto& g = ns_.inventory.gpus[i];
     if (g.exposed && !g.healthy && before[i]) {
       Event(nullptr, "Warning", kReasonGpuNotReady,
             fmt::format("GPU {} ({}) became unhealthy: {}", g.info.index, g.info.uuid,
@@ -64,52 +64,28 @@ bool PluginCore::RefreshDevices() {
   return true;
 }
 
+NodeSnapshot PluginCore::SnapshotLocked() const {
+  return NodeSnapshot{ns_.inventory.RegisterDevices(), ns_.Held(), ns_.Idle()};
+}
+
 absl::Status PluginCore::PublishNode() {
-  std::string value;
-  std::string held_value;
-  std::string idle_value;
-  bool changed = false;
+  NodeSnapshot snapshot;
   {
-    absl::MutexLock lock(&mu_);
-    value = protocol::EncodeNodeRegister(inventory_.RegisterDevices());
-    changed = value != last_register_;
-    std::vector<protocol::HeldSlices> held = ended_held_;
-    held.insert(held.end(), untracked_held_.begin(), untracked_held_.end());
-    held_value = protocol::EncodeHeldSlices(std::move(held));
-    idle_value = protocol::EncodeIdleInstances(IdleLocked());
+    absl::MutexLock lock(&ns_.mu);
+    snapshot = SnapshotLocked();
   }
-  // Both keys every time: the register also comes back after the node object was recreated.
-  kube::KeyPatch patch;
-  patch[std::string(protocol::kNodeHandshakeAnnotation)] = "Reported_" + kube::Rfc3339(Now());
-  patch[std::string(protocol::kNodeRegisterAnnotation)] = value;
-  patch[std::string(protocol::kNodeHeldSlicesAnnotation)] = held_value;
-  patch[std::string(protocol::kNodeIdleInstancesAnnotation)] = idle_value;
-  auto st = kube_.PatchNodeAnnotations(options_.node_name, patch);
-  metrics_.NodePublished(st.ok());
-  if (!st.ok()) {
-    return absl::Status(st.status().code(),
-                        fmt::format("cannot publish the devices of node {}: {}", options_.node_name,
-                                    std::string(st.status().message())));
-  }
-  if (changed) {
-    spdlog::info("published {} on node {}: {}", protocol::kNodeRegisterAnnotation,
-                 options_.node_name, value);
-  }
-  absl::MutexLock lock(&mu_);
-  last_register_ = value;
-  last_idle_ = idle_value;
-  return absl::OkStatus();
+  return publisher_.Publish(std::move(snapshot));
 }
 
 nlohmann::json PluginCore::NvmlView() {
-  if (mu_.TryLock()) {
+  if (ns_.mu.TryLock()) {
     bool old = false;
     {
       absl::MutexLock view(&view_mu_);
       old = view_.is_null() || options_.clock->Monotonic() - view_taken_ >= kViewMinAge;
     }
     if (old) RefreshViewLocked();
-    mu_.Unlock();
+    ns_.mu.Unlock();
   }
   absl::MutexLock view(&view_mu_);
   nlohmann::json out = view_;
@@ -138,7 +114,7 @@ nlohmann::json PluginCore::NvmlViewLocked() {
                 {"deviceIndex", o.device_index}};
   };
   Json gpus = Json::array();
-  for (const auto& g : inventory_.gpus) {
+  for (const auto& g : ns_.inventory.gpus) {
     Json profiles = Json::array();
     for (const auto& p : g.capability.profiles) {
       Json pl = Json::array();
@@ -169,7 +145,7 @@ nlohmann::json PluginCore::NvmlViewLocked() {
                        {"placement", placement(gi.placement)},
                        {"computeInstances", cis},
                        {"managed", false}};
-          if (const ManagedInstance* m = FindManagedGi(g.info.uuid, gi.id)) {
+          if (const ManagedInstance* m = ns_.FindManagedGi(g.info.uuid, gi.id)) {
             item["managed"] = true;
             item["origin"] = m->origin;
             item["owner"] = owner(m->owner);
@@ -209,7 +185,7 @@ nlohmann::json PluginCore::NvmlViewLocked() {
     gpus.push_back(std::move(gpu));
   }
   Json intents = Json::array();
-  for (const auto& i : state_.intents) {
+  for (const auto& i : ns_.state.intents) {
     intents.push_back({{"id", i.id},
                        {"gpuUUID", i.gpu_uuid},
                        {"profile", i.profile},
@@ -217,7 +193,7 @@ nlohmann::json PluginCore::NvmlViewLocked() {
                        {"owner", owner(i.owner)}});
   }
   Json quarantined = Json::array();
-  for (const auto& q : quarantine_) {
+  for (const auto& q : ns_.quarantine) {
     quarantined.push_back({{"gpuUUID", q.gpu_uuid},
                            {"placement", placement(q.placement)},
                            {"pod", q.pod},
@@ -225,7 +201,7 @@ nlohmann::json PluginCore::NvmlViewLocked() {
   }
   return Json{{"node", options_.node_name},
               {"nvml", nvml_.Description()},
-              {"recoveryPending", recovery_pending_},
+              {"recoveryPending", ns_.recovery_pending},
               {"gpus", gpus},
               {"intents", intents},
               {"quarantined", quarantined}};

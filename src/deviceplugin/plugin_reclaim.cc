@@ -24,7 +24,7 @@ struct PluginCore::Candidate {
 ReconcileReport PluginCore::Reconcile() {
   const absl::Duration start = options_.clock->Monotonic();
   auto seconds = [&] { return absl::ToDoubleSeconds(options_.clock->Monotonic() - start); };
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&ns_.mu);
   ReconcileReport report;
   auto pods = ListPods();
   if (!pods.ok()) {
@@ -36,7 +36,7 @@ ReconcileReport PluginCore::Reconcile() {
     return report;
   }
   reported_.erase("list-failed");
-  if (recovery_pending_) RecoverLocked(*pods);
+  if (ns_.recovery_pending) RecoverLocked(*pods);
   report = ReconcileLocked(*pods);
   ReleaseOrphanedNodeLock(*pods);
   UpdateGauges();
@@ -109,14 +109,14 @@ ReconcileReport PluginCore::ReconcileLocked(const std::vector<PodMig>& pods) {
     report.skipped = fmt::format("unreadable MIG annotations: {}", fmt::join(unreadable, "; "));
   }
 
-  // Intents left open by a crash or a failed rollback (none is in flight: we hold mu_).
-  if (!state_.intents.empty()) ResolveIntents(pods, destructive);
+  // Intents left open by a crash or a failed rollback (none is in flight: we hold ns_.mu).
+  if (!ns_.state.intents.empty()) ResolveIntents(pods, destructive);
 
   std::map<std::string, const PodMig*> by_uid;
   for (const auto& p : pods) by_uid[p.uid] = &p;
   bool changed = PruneLedger(pods);  // entries of ended pods
-  const std::vector<ManagedInstance> managed = state_.instances;
-  ended_held_.clear();
+  const std::vector<ManagedInstance> managed = ns_.state.instances;
+  ns_.ended_held.clear();
   for (const auto& m : managed) {
     if (m.idle) continue;  // no pod owns it: SweepIdle decides
     auto it = by_uid.find(m.owner.pod_uid);
@@ -139,16 +139,16 @@ bool PluginCore::ReclaimEnded(const ManagedInstance& m, const PodMig* owner, boo
   const std::string ended = owner == nullptr    ? "deleted"
                             : owner->terminated ? "finished"
                                                 : "deleting";
-  auto hold = [&](const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    ended_held_.push_back({m.gpu_uuid, m.placement, m.profile,
-                           fmt::format("{} of pod {} ({}), not reclaimed yet: {}", m.mig_uuid,
-                                       m.owner.PodKey(), ended, why)});
+  auto hold = [&](const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu) {
+    ns_.ended_held.push_back({m.gpu_uuid, m.placement, m.profile,
+                              fmt::format("{} of pod {} ({}), not reclaimed yet: {}", m.mig_uuid,
+                                          m.owner.PodKey(), ended, why)});
   };
   if (!destructive) {
     hold("reclamation is paused while a pod's MIG annotation cannot be read");
     return false;
   }
-  const GpuEntry* gpu = inventory_.FindByUuid(m.gpu_uuid);
+  const GpuEntry* gpu = ns_.inventory.FindByUuid(m.gpu_uuid);
   if (gpu == nullptr) return false;
   const std::string busy_key = fmt::format("busy/{}/{}", m.gpu_uuid, m.gpu_instance_id);
   std::string why;
@@ -178,7 +178,7 @@ bool PluginCore::ReclaimEnded(const ManagedInstance& m, const PodMig* owner, boo
                  m.owner.PodKey(), std::string(st.message()));
     return false;
   }
-  RemoveManaged(m.gpu_uuid, m.gpu_instance_id);
+  ns_.RemoveManaged(m.gpu_uuid, m.gpu_instance_id);
   reported_.erase(busy_key);
   if (cdi_.enabled()) {
     if (auto rm = cdi_.Remove(m.mig_uuid); !rm.ok()) spdlog::warn("{}", std::string(rm.message()));
@@ -194,7 +194,7 @@ bool PluginCore::ReclaimEnded(const ManagedInstance& m, const PodMig* owner, boo
 
 void PluginCore::Quarantine(const PodMig& p, const protocol::MigAllocation& a,
                             const std::string& reason, ReconcileReport& report) {
-  quarantine_.push_back({a.gpu_uuid, a.placement, p.key, reason});
+  ns_.quarantine.push_back({a.gpu_uuid, a.placement, p.key, reason});
   ++report.unverified;
   if (FirstReport(fmt::format("unverified/{}/{}/{}/{}", p.uid, a.container_index, a.device_index,
                               reason))) {
@@ -209,7 +209,7 @@ void PluginCore::Quarantine(const PodMig& p, const protocol::MigAllocation& a,
 
 void PluginCore::RecordAdopted(ManagedInstance m, const PodMig* pod, std::string_view how,
                                const std::string& event) {
-  Manage(std::move(m));
+  ns_.Manage(std::move(m));
   metrics_.InstanceAdopted(how);
   Event(pod, "Normal", kReasonAdopted, event);
 }
@@ -252,7 +252,7 @@ PluginCore::Candidates PluginCore::CollectCandidates(const std::vector<PodMig>& 
         }
         continue;
       }
-      ManagedInstance* m = FindManaged(a.gpu_uuid, a.placement);
+      ManagedInstance* m = ns_.FindManaged(a.gpu_uuid, a.placement);
       if (m != nullptr && ClaimIdle(*m, p, a)) {
         changed = true;
         ++report.adopted;
@@ -271,7 +271,7 @@ PluginCore::Candidates PluginCore::CollectCandidates(const std::vector<PodMig>& 
         }
         continue;
       }
-      const GpuEntry* gpu = inventory_.FindByUuid(a.gpu_uuid);
+      const GpuEntry* gpu = ns_.inventory.FindByUuid(a.gpu_uuid);
       if ((gpu == nullptr || !gpu->exposed) && !p.terminated) {
         Quarantine(p, a, "the GPU is not exposed on this node", report);
         continue;
@@ -285,7 +285,7 @@ PluginCore::Candidates PluginCore::CollectCandidates(const std::vector<PodMig>& 
 bool PluginCore::ForgetVanished(const GpuEntry& gpu,
                                 const std::vector<nvml::GpuInstanceInfo>& gis) {
   // Managed instances NVML no longer shows (GPU reset, destroyed behind our back) are forgotten.
-  return std::erase_if(state_.instances, [&](const ManagedInstance& m) {
+  return std::erase_if(ns_.state.instances, [&](const ManagedInstance& m) {
            if (m.gpu_uuid != gpu.info.uuid) return false;
            for (const auto& gi : gis) {
              if (gi.id == m.gpu_instance_id && gi.placement == m.placement &&
@@ -305,12 +305,12 @@ std::vector<nvml::GpuInstanceInfo> PluginCore::AdoptOnGpu(
     ReconcileReport& report, bool& changed) {
   std::vector<nvml::GpuInstanceInfo> unowned;
   for (const auto& gi : gis) {
-    if (const ManagedInstance* m = FindManagedGi(gpu.info.uuid, gi.id);
+    if (const ManagedInstance* m = ns_.FindManagedGi(gpu.info.uuid, gi.id);
         m != nullptr && m->placement == gi.placement) {
       continue;
     }
     bool intended = false;
-    for (const auto& i : state_.intents) {
+    for (const auto& i : ns_.state.intents) {
       intended = intended || (i.gpu_uuid == gpu.info.uuid && i.placement == gi.placement);
     }
     if (intended) continue;  // an open intent owns it until resolved
@@ -373,7 +373,7 @@ int PluginCore::KeepOrCleanUntracked(const GpuEntry& gpu,
                    std::string(st.message()));
     }
     ++kept;
-    untracked_held_.push_back(
+    ns_.untracked_held.push_back(
         {gpu.info.uuid, gi.placement, profile != nullptr ? profile->name : "",
          fmt::format("untracked GI {} ({}): no pod annotation describes it; kept while the GPU "
                      "is busy{}",
@@ -395,10 +395,10 @@ void PluginCore::ReportGone(const Candidates& candidates) {
   // it was reclaimed (maybe by this very cycle, e.g. just after a restart adopted it), not lost.
   for (const auto& [key, c] : candidates) {
     if (!c.pod->active) continue;
-    const GpuEntry* gpu = inventory_.FindByUuid(c.allocation.gpu_uuid);
+    const GpuEntry* gpu = ns_.inventory.FindByUuid(c.allocation.gpu_uuid);
     if (gpu == nullptr || !gpu->info.mig.current) continue;
     bool live = false;
-    for (const auto& q : quarantine_) {
+    for (const auto& q : ns_.quarantine) {
       live = live || (q.gpu_uuid == c.allocation.gpu_uuid &&
                       q.placement == c.allocation.placement && q.pod == c.pod->key);
     }
@@ -418,8 +418,8 @@ void PluginCore::ReportGone(const Candidates& candidates) {
 
 void PluginCore::AdoptUntracked(const std::vector<PodMig>& pods, bool destructive,
                                 ReconcileReport& report) {
-  quarantine_.clear();
-  untracked_held_.clear();
+  ns_.quarantine.clear();
+  ns_.untracked_held.clear();
   bool changed = false;
   Candidates candidates = CollectCandidates(pods, report, changed);
   std::set<std::string> referenced;  // GPUs non-terminated pods name
@@ -430,7 +430,7 @@ void PluginCore::AdoptUntracked(const std::vector<PodMig>& pods, bool destructiv
     for (const auto& g : p.referenced_gpus) referenced.insert(g);
   }
   int untracked = 0;
-  for (const auto& gpu : inventory_.gpus) {
+  for (const auto& gpu : ns_.inventory.gpus) {
     if (!gpu.exposed || !gpu.info.mig.current) continue;
     auto gis = nvml_.ListGpuInstances(gpu.info.index);
     if (!gis.ok()) {
@@ -446,9 +446,10 @@ void PluginCore::AdoptUntracked(const std::vector<PodMig>& pods, bool destructiv
     std::string why;
     bool idle = destructive && !all_busy && !referenced.count(gpu.info.uuid);
     if (idle) {
-      for (const auto& m : state_.instances) idle = idle && (m.idle || m.gpu_uuid != gpu.info.uuid);
-      for (const auto& i : state_.intents) idle = idle && i.gpu_uuid != gpu.info.uuid;
-      for (const auto& q : quarantine_) idle = idle && q.gpu_uuid != gpu.info.uuid;
+      for (const auto& m : ns_.state.instances)
+        idle = idle && (m.idle || m.gpu_uuid != gpu.info.uuid);
+      for (const auto& i : ns_.state.intents) idle = idle && i.gpu_uuid != gpu.info.uuid;
+      for (const auto& q : ns_.quarantine) idle = idle && q.gpu_uuid != gpu.info.uuid;
     }
     if (idle && GpuHasProcesses(gpu, &why)) idle = false;
     untracked += KeepOrCleanUntracked(gpu, unowned, idle, why, report);

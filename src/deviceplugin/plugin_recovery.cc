@@ -14,7 +14,8 @@
 namespace dynmig::deviceplugin {
 void PluginCore::RecoverLocked(const std::vector<PodMig>& pods) {
   spdlog::info("recovery: {} pod(s) on node {}, {} managed instance(s), {} open intent(s)",
-               pods.size(), options_.node_name, state_.instances.size(), state_.intents.size());
+               pods.size(), options_.node_name, ns_.state.instances.size(),
+               ns_.state.intents.size());
   const bool readable = Unreadable(pods).empty();
   ResolveIntents(pods, readable);
   if (readable) {
@@ -22,7 +23,7 @@ void PluginCore::RecoverLocked(const std::vector<PodMig>& pods) {
   } else {
     spdlog::warn("recovery: some pods' MIG annotations cannot be read: no GPU is cleaned");
   }
-  recovery_pending_ = false;
+  ns_.recovery_pending = false;
   ReconcileReport report;
   // Adoption of every verified allocation; untracked instances on busy GPUs are kept.
   AdoptUntracked(pods, readable, report);
@@ -31,14 +32,14 @@ void PluginCore::RecoverLocked(const std::vector<PodMig>& pods) {
   spdlog::info(
       "recovery done: {} managed, {} adopted, {} unverified allocation(s), {} untracked "
       "instance(s), {} open intent(s)",
-      state_.instances.size(), report.adopted, report.unverified, report.untracked,
-      state_.intents.size());
+      ns_.state.instances.size(), report.adopted, report.unverified, report.untracked,
+      ns_.state.intents.size());
 }
 
 void PluginCore::ResolveIntents(const std::vector<PodMig>& pods, bool destructive) {
   std::map<std::string, const PodMig*> by_uid;
   for (const auto& p : pods) by_uid[p.uid] = &p;
-  const std::vector<Intent> intents = state_.intents;
+  const std::vector<Intent> intents = ns_.state.intents;
   std::set<uint64_t> closed;
   for (const auto& intent : intents) {
     auto it = by_uid.find(intent.owner.pod_uid);
@@ -46,7 +47,7 @@ void PluginCore::ResolveIntents(const std::vector<PodMig>& pods, bool destructiv
     if (ResolveIntent(intent, pod, destructive)) closed.insert(intent.id);
   }
   if (closed.empty()) return;
-  std::erase_if(state_.intents, [&](const Intent& i) { return closed.count(i.id) > 0; });
+  std::erase_if(ns_.state.intents, [&](const Intent& i) { return closed.count(i.id) > 0; });
   PersistOrLog("recovery");
 }
 
@@ -72,7 +73,7 @@ bool PluginCore::ResolveIntent(const Intent& intent, const PodMig* pod, bool des
       fmt::format("intent {} ({} at {} of GPU {} for pod {} container {} device {})", intent.id,
                   intent.profile, PlacementText(intent.placement), intent.gpu_uuid,
                   intent.owner.PodKey(), intent.owner.container_index, intent.owner.device_index);
-  const GpuEntry* gpu = inventory_.FindByUuid(intent.gpu_uuid);
+  const GpuEntry* gpu = ns_.inventory.FindByUuid(intent.gpu_uuid);
   const mig::ProfileSpec* profile =
       gpu == nullptr ? nullptr : gpu->capability.FindProfile(intent.profile);
   if (gpu == nullptr || profile == nullptr) {
@@ -198,7 +199,7 @@ bool PluginCore::ReleaseIntent(const Intent& intent, const std::string& what,
     }
     // An active pod whose reservation changed does not own it: no uid, so it is reclaimed.
     if (pod != nullptr && pod->active) m.owner.pod_uid.clear();
-    Manage(m);
+    ns_.Manage(m);
     spdlog::warn("recovery: {}: {}, but {}; tracked and reclaimed once idle", what, why, busy);
     return true;
   }
@@ -209,7 +210,7 @@ bool PluginCore::ReleaseIntent(const Intent& intent, const std::string& what,
                  std::string(st.message()));
     return false;
   }
-  RemoveManaged(intent.gpu_uuid, gi);
+  ns_.RemoveManaged(intent.gpu_uuid, gi);
   metrics_.InstanceDestroyed("intent");
   Event(pod, "Normal", kReasonDestroyed,
         fmt::format("destroyed GI {} of an interrupted Allocate ({}): {}", gi, what, why));
@@ -229,8 +230,8 @@ void PluginCore::CleanIdleGpus(const std::vector<PodMig>& pods) {
     }
     referenced.insert(p.referenced_gpus.begin(), p.referenced_gpus.end());
   }
-  for (const auto& i : state_.intents) referenced.insert(i.gpu_uuid);
-  for (const auto& gpu : inventory_.gpus) {
+  for (const auto& i : ns_.state.intents) referenced.insert(i.gpu_uuid);
+  for (const auto& gpu : ns_.inventory.gpus) {
     if (!gpu.exposed) continue;
     if (!gpu.info.mig.current) {
       spdlog::warn("recovery: GPU {} ({}) is not cleaned: {}", gpu.info.index, gpu.info.uuid,
@@ -259,7 +260,7 @@ void PluginCore::CleanIdleGpus(const std::vector<PodMig>& pods) {
     int destroyed = 0;
     std::vector<std::string> failures;
     for (const auto& gi : *gis) {
-      if (const ManagedInstance* m = FindManagedGi(gpu.info.uuid, gi.id);
+      if (const ManagedInstance* m = ns_.FindManagedGi(gpu.info.uuid, gi.id);
           m != nullptr && m->idle && m->placement == gi.placement &&
           m->profile_id == gi.profile_id) {
         continue;  // an idle (warm) instance: kept, the reconciler applies its TTL
@@ -272,11 +273,11 @@ void PluginCore::CleanIdleGpus(const std::vector<PodMig>& pods) {
       }
       ++destroyed;
       metrics_.InstanceDestroyed("startup_cleanup");
-      if (const ManagedInstance* m = FindManagedGi(gpu.info.uuid, gi.id);
+      if (const ManagedInstance* m = ns_.FindManagedGi(gpu.info.uuid, gi.id);
           m != nullptr && cdi_.enabled()) {
         (void)cdi_.Remove(m->mig_uuid);
       }
-      RemoveManaged(gpu.info.uuid, gi.id);
+      ns_.RemoveManaged(gpu.info.uuid, gi.id);
     }
     if (destroyed > 0) {
       Event(nullptr, "Normal", kReasonGpuCleaned,

@@ -18,14 +18,14 @@ namespace dynmig::deviceplugin {
 bool PluginCore::KeepIdle(const ManagedInstance& m) const {
   if (!options_.warm.enabled || m.mig_uuid.empty()) return false;
   uint32_t idle = 0;
-  for (const auto& other : state_.instances) {
+  for (const auto& other : ns_.state.instances) {
     if (other.idle && other.gpu_uuid == m.gpu_uuid) ++idle;
   }
   return idle < options_.warm.max_per_gpu;
 }
 
 void PluginCore::MarkIdle(const ManagedInstance& m, const PodMig* owner, const std::string& ended) {
-  ManagedInstance* entry = FindManagedGi(m.gpu_uuid, m.gpu_instance_id);
+  ManagedInstance* entry = ns_.FindManagedGi(m.gpu_uuid, m.gpu_instance_id);
   if (entry == nullptr) return;
   entry->idle = true;
   entry->idle_since = NowUnix();
@@ -58,7 +58,7 @@ void PluginCore::SweepIdle(const std::vector<PodMig>& pods, bool destructive,
   const int64_t ttl = absl::ToInt64Seconds(options_.warm.ttl);
   // Newest first, so that the cap keeps the most recently idled ones.
   std::vector<ManagedInstance> idle;
-  for (const auto& m : state_.instances) {
+  for (const auto& m : ns_.state.instances) {
     if (m.idle) idle.push_back(m);
   }
   std::sort(idle.begin(), idle.end(), [](const ManagedInstance& a, const ManagedInstance& b) {
@@ -101,7 +101,7 @@ void PluginCore::SweepIdle(const std::vector<PodMig>& pods, bool destructive,
       ++kept[m.gpu_uuid];
       continue;  // nothing is destroyed while a pod's annotations cannot be read
     }
-    const GpuEntry* gpu = inventory_.FindByUuid(m.gpu_uuid);
+    const GpuEntry* gpu = ns_.inventory.FindByUuid(m.gpu_uuid);
     if (gpu == nullptr) continue;
     std::string busy;
     if (GiBusy(*gpu, m.gpu_instance_id, &busy)) {
@@ -121,7 +121,7 @@ void PluginCore::SweepIdle(const std::vector<PodMig>& pods, bool destructive,
                    std::string(st.message()));
       continue;
     }
-    RemoveManaged(m.gpu_uuid, m.gpu_instance_id);
+    ns_.RemoveManaged(m.gpu_uuid, m.gpu_instance_id);
     reported_.erase(fmt::format("idle-busy/{}/{}", m.gpu_uuid, m.gpu_instance_id));
     if (cdi_.enabled()) {
       if (auto rm = cdi_.Remove(m.mig_uuid); !rm.ok())
@@ -171,22 +171,18 @@ absl::Status PluginCore::VerifyIdle(const GpuEntry& gpu, const ManagedInstance& 
   return absl::OkStatus();
 }
 
-std::vector<protocol::IdleInstance> PluginCore::IdleLocked() const {
-  std::vector<protocol::IdleInstance> out;
-  for (const auto& m : state_.instances) {
-    if (m.idle) out.push_back({m.gpu_uuid, m.profile, m.placement, m.idle_since});
-  }
-  return out;
-}
-
 std::vector<protocol::IdleInstance> PluginCore::Idle() const {
-  absl::MutexLock lock(&mu_);
-  return IdleLocked();
+  absl::MutexLock lock(&ns_.mu);
+  return ns_.Idle();
 }
 
 bool PluginCore::IdleChanged() const {
-  absl::MutexLock lock(&mu_);
-  return protocol::EncodeIdleInstances(IdleLocked()) != last_idle_;
+  std::vector<protocol::IdleInstance> idle;
+  {
+    absl::MutexLock lock(&ns_.mu);
+    idle = ns_.Idle();
+  }
+  return publisher_.IdleChanged(idle);
 }
 
 }  // namespace dynmig::deviceplugin

@@ -1,0 +1,61 @@
+// NodeState (node_state.h): the managed-instance bookkeeping under the node lock, on plain values.
+#include "deviceplugin/node_state.h"
+
+#include <gtest/gtest.h>
+
+namespace dynmig::deviceplugin {
+namespace {
+
+ManagedInstance Instance(std::string gpu, uint32_t start, uint32_t size, uint32_t gi) {
+  ManagedInstance m;
+  m.gpu_uuid = std::move(gpu);
+  m.profile = size == 1 ? "1g.5gb" : "2g.10gb";
+  m.placement = mig::Placement{start, size};
+  m.gpu_instance_id = gi;
+  return m;
+}
+
+TEST(NodeStateTest, ManageReplacesTheRecordOfTheSameGiOrAnOverlappingPlacement) {
+  NodeState ns;
+  absl::MutexLock lock(&ns.mu);
+  ns.Manage(Instance("GPU-a", 0, 1, 7));
+  ns.Manage(Instance("GPU-a", 2, 2, 4));
+  ns.Manage(Instance("GPU-b", 0, 1, 7));  // another GPU: kept
+  ASSERT_EQ(ns.state.instances.size(), 3u);
+  ns.Manage(Instance("GPU-a", 3, 1, 9));  // overlaps GI 4's slices 2-3
+  ASSERT_EQ(ns.state.instances.size(), 3u);
+  EXPECT_EQ(ns.FindManagedGi("GPU-a", 4), nullptr);
+  ASSERT_NE(ns.FindManaged("GPU-a", mig::Placement{3, 1}), nullptr);
+  EXPECT_EQ(ns.FindManaged("GPU-a", mig::Placement{3, 1})->gpu_instance_id, 9u);
+  ns.Manage(Instance("GPU-a", 5, 1, 7));  // same GI as slices 0: replaced
+  EXPECT_EQ(ns.FindManaged("GPU-a", mig::Placement{0, 1}), nullptr);
+  ASSERT_NE(ns.FindManagedGi("GPU-a", 7), nullptr);
+  EXPECT_EQ(ns.FindManagedGi("GPU-a", 7)->placement, (mig::Placement{5, 1}));
+  ns.RemoveManaged("GPU-a", 7);
+  EXPECT_EQ(ns.FindManagedGi("GPU-a", 7), nullptr);
+  EXPECT_NE(ns.FindManagedGi("GPU-b", 7), nullptr);
+}
+
+TEST(NodeStateTest, HeldJoinsEndedAndUntrackedAndIdleListsOnlyIdleInstances) {
+  NodeState ns;
+  absl::MutexLock lock(&ns.mu);
+  ns.ended_held = {{"GPU-a", mig::Placement{0, 1}, "1g.5gb", "ended"}};
+  ns.untracked_held = {{"GPU-b", mig::Placement{2, 2}, "", "untracked"}};
+  auto held = ns.Held();
+  ASSERT_EQ(held.size(), 2u);
+  EXPECT_EQ(held[0].reason, "ended");
+  EXPECT_EQ(held[1].reason, "untracked");
+  auto idle = Instance("GPU-a", 6, 1, 13);
+  idle.idle = true;
+  idle.idle_since = 42;
+  ns.Manage(Instance("GPU-a", 0, 1, 7));
+  ns.Manage(idle);
+  auto listed = ns.Idle();
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].gpu_uuid, "GPU-a");
+  EXPECT_EQ(listed[0].placement, (mig::Placement{6, 1}));
+  EXPECT_EQ(listed[0].idle_since, 42);
+}
+
+}  // namespace
+}  // namespace dynmig::deviceplugin
