@@ -204,7 +204,7 @@ class PluginCore {
   ReconcileReport Reconcile();
   // Writes hami.io/node-nvidia-register and hami.io/node-handshake ("Reported_<RFC3339 now>") in
   // one patch.
-  absl::Status PublishNode();
+  absl::Status PublishNode() ABSL_LOCKS_EXCLUDED(publish_mu_);
   // Re-reads GPU health; updates the device list and returns whether anything changed.
   bool RefreshDevices();
 
@@ -515,6 +515,9 @@ class PluginCore {
   // The node annotations and gauges, written from snapshots taken under ns_.mu (a node patch never
   // holds ns_.mu).
   Publisher publisher_;
+  // Serializes PublishNode from its snapshot to the end of its patch, so an older snapshot never
+  // lands on the Node after a newer one (the reconcile loop and Start both publish).
+  absl::Mutex publish_mu_ ABSL_ACQUIRED_BEFORE(ns_.mu);
 };
 
 }  // namespace dynmig::deviceplugin

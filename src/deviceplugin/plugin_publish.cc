@@ -69,6 +69,7 @@ NodeSnapshot PluginCore::SnapshotLocked() const {
 }
 
 absl::Status PluginCore::PublishNode() {
+  absl::MutexLock order(&publish_mu_);
   NodeSnapshot snapshot;
   {
     absl::MutexLock lock(&ns_.mu);
