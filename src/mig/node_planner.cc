@@ -602,9 +602,9 @@ const NodePlan& PlanSession::Plan(size_t i, const NodeView& node) {
   return plan;
 }
 
-void PlanSession::Reuse(size_t i, const NodeView& node, NodePlan plan) {
+void PlanSession::Reuse(size_t i, const NodeView& node, const NodePlan& plan) {
   views_[i] = &node;
-  plans_[i] = std::move(plan);
+  plans_[i] = plan;  // copied into the slot: no temporary to move from and destroy
   Consider(i);
 }
 

@@ -165,7 +165,7 @@ class PlanSession {
 
   const RequestSummary& shape() const;
   const NodePlan& Plan(size_t i, const NodeView& node);
-  void Reuse(size_t i, const NodeView& node, NodePlan plan);
+  void Reuse(size_t i, const NodeView& node, const NodePlan& plan);
   // `node` may be null (an unknown candidate); the candidate does not fit.
   void Skip(size_t i, const NodeView* node);
   // Plans candidate i again on its node's current view (it changed since the pass), recording

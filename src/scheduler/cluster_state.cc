@@ -618,8 +618,21 @@ void ClusterState::CachePlans(const Planned& p) {
       slot->request = p.request_key;
     }
     slot->version = p.versions[i];
-    slot->plan = p.session->plan(i);
+    // Verdict and scores only, as PlanPod's verdict-only plans were: the reasons a pass wrote (per
+    // GPU texts, while no node fitted) would be copied by every later filter that reuses the plan,
+    // and Explain writes them again (the same text) for the few losers a decision reports.
+    const mig::NodePlan& plan = p.session->plan(i);
+    slot->plan.verdict = plan.verdict;
     slot->plan.assignments.clear();  // the node changes when a pod is reserved there
+    slot->plan.gpus.clear();
+    slot->plan.used_fraction = plan.used_fraction;
+    slot->plan.score = plan.score;
+    slot->plan.leftover = plan.leftover;
+    slot->plan.bind_in_flight = plan.bind_in_flight;
+    slot->plan.idle_reused = plan.idle_reused;
+    slot->plan.reason.clear();
+    slot->plan.gpu_plans = plan.gpu_plans;
+    slot->plan.explained = false;
   }
 }
 
