@@ -13,7 +13,6 @@ bool Clock::WaitFor(absl::CondVar& cv, absl::Mutex& mu, absl::Duration timeout,
   return WaitUntil(cv, mu, Monotonic() + std::max(timeout, absl::ZeroDuration()), done);
 }
 
-
 absl::Time SystemClock::Now() const { return absl::Now(); }
 
 absl::Duration SystemClock::Monotonic() const {
@@ -99,8 +98,9 @@ void FakeClock::SleepFor(absl::Duration d) const {
 
 bool FakeClock::WaitUntil(absl::CondVar& cv, absl::Mutex& mu, absl::Duration monotonic_deadline,
                           absl::FunctionRef<bool()> done) const {
-  // The caller's cv is signalled by the caller's code, not by Advance(): wait on it in short real-time slices
-  // and re-read the simulated time between them. Lock order: the caller's mu, then this clock's mu_.
+  // The caller's cv is signalled by the caller's code, not by Advance(): wait on it in short
+  // real-time slices and re-read the simulated time between them. Lock order: the caller's mu, then
+  // this clock's mu_.
   std::multimap<absl::Duration, int>::iterator it;
   {
     absl::MutexLock lock(&mu_);

@@ -59,7 +59,8 @@ bool IsBeingDeleted(const Object& obj);
 // Pod accessors.
 std::string NodeName(const Object& pod);  // spec.nodeName
 std::string Phase(const Object& pod);     // status.phase
-// The pod has ended: status.phase Succeeded or Failed (its containers will not run again). The one test of it.
+// The pod has ended: status.phase Succeeded or Failed (its containers will not run again). The one
+// test of it.
 bool IsTerminated(const Object& pod);
 
 // "namespace/name" for namespaced objects, "name" for cluster-scoped ones (no metadata.namespace).

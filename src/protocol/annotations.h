@@ -112,9 +112,11 @@ inline constexpr std::string_view kHamiKeyPrefix = "hami.io/";
 // The MIG resources of NVIDIA's device plugin (mixed strategy): nvidia.com/mig-1g.10gb, ...
 inline constexpr std::string_view kMigResourcePrefix = "nvidia.com/mig-";
 
-// --- Node labels of NVIDIA's GPU Operator and MIG Manager (read by preflight, rollback, inventory) -----
+// --- Node labels of NVIDIA's GPU Operator and MIG Manager (read by preflight, rollback, inventory)
+// -----
 
-// The MIG Manager's wanted geometry (a name in its config) and its progress (pending, success, failed).
+// The MIG Manager's wanted geometry (a name in its config) and its progress (pending, success,
+// failed).
 inline constexpr std::string_view kMigConfigLabel = "nvidia.com/mig.config";
 inline constexpr std::string_view kMigConfigStateLabel = "nvidia.com/mig.config.state";
 // "false" stops the GPU Operator from running the MIG Manager on the node.
@@ -124,11 +126,14 @@ inline constexpr std::string_view kMigLabelPrefix = "nvidia.com/mig";
 // The GPU Feature Discovery labels (nvidia.com/gpu.product, .count, ...) start with this.
 inline constexpr std::string_view kGpuLabelPrefix = "nvidia.com/gpu";
 
-// --- dynmig's own keys ----------------------------------------------------------------------------
+// --- dynmig's own keys
+// ----------------------------------------------------------------------------
 
-// Node label that marks a node whose GPUs dynmig serves (deploy/ selects the device plugin with it).
+// Node label that marks a node whose GPUs dynmig serves (deploy/ selects the device plugin with
+// it).
 inline constexpr std::string_view kMigServiceLabel = "dynmig.io/mig";
-// Pod label on the scheduler extender replicas: "leader" on the one that holds the lease (its Service selects it).
+// Pod label on the scheduler extender replicas: "leader" on the one that holds the lease (its
+// Service selects it).
 inline constexpr std::string_view kRoleLabel = "dynmig.io/role";
 // The CDI kind of dynmig's MIG devices: the device plugin answers "dynmig.io/mig=<MIG UUID>".
 inline constexpr std::string_view kCdiKind = "dynmig.io/mig";

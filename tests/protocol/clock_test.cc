@@ -1,10 +1,11 @@
-// The time seam: the simulated clock's sleeps and timed waits end when the test moves time, never on their own.
+// The time seam: the simulated clock's sleeps and timed waits end when the test moves time, never
+// on their own.
 #include "common/clock.h"
+
+#include <gtest/gtest.h>
 
 #include <atomic>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 namespace dynmig {
 namespace {
@@ -47,7 +48,8 @@ TEST(FakeClockTest, TimedWaitTimesOutOnSimulatedTimeAndSeesSignalsBefore) {
   std::atomic<int> result{-1};
   std::thread waiter([&] {
     absl::MutexLock lock(&mu);
-    result = clock.WaitFor(cv, mu, absl::Seconds(30), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return done; });
+    result = clock.WaitFor(cv, mu, absl::Seconds(30),
+                           [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return done; });
   });
   ASSERT_TRUE(clock.AwaitWaiters(1));
   clock.Advance(absl::Seconds(29));
@@ -58,7 +60,8 @@ TEST(FakeClockTest, TimedWaitTimesOutOnSimulatedTimeAndSeesSignalsBefore) {
 
   std::thread signalled([&] {
     absl::MutexLock lock(&mu);
-    result = clock.WaitFor(cv, mu, absl::Seconds(30), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return done; });
+    result = clock.WaitFor(cv, mu, absl::Seconds(30),
+                           [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return done; });
   });
   ASSERT_TRUE(clock.AwaitWaiters(1));
   {
