@@ -425,66 +425,65 @@ bool AllowlistExposure(const CheckInput& in, CheckReport& report) {
   return true;
 }
 
+// Records one result of a pod check: under the command's prefix, the pod's node and its key.
+void AddPod(const CheckInput& in, CheckReport& report, std::string_view check, CheckStatus status,
+            std::string summary, std::vector<std::string> evidence = {}) {
+  report.AddFor(in.pod_prefix + std::string(check), in.pod_facts->node, in.pod_facts->key, status,
+                std::move(summary), std::move(evidence));
+}
+
 bool PodReservation(const CheckInput& in, CheckReport& report) {
   const PodFacts& f = *in.pod_facts;
-  const std::string& prefix = in.pod_prefix;
-  const std::string& key = f.key;
-  const std::string& node = f.node;
   if (!f.legacy.empty()) {
-    report.AddFor(prefix + "reservation", node, key, CheckStatus::kFail,
-                  "holds legacy GPU-uuid[template-slot] identities (placed by a legacy scheduler)",
-                  f.legacy);
+    AddPod(in, report, "reservation", CheckStatus::kFail,
+           "holds legacy GPU-uuid[template-slot] identities (placed by a legacy scheduler)",
+           f.legacy);
     return false;
   }
   if (!f.annotated) {
-    report.AddFor(prefix + "reservation", node, key, CheckStatus::kFail,
-                  fmt::format("no {}: the scheduler did not reserve a profile and placement",
-                              protocol::kMigAllocationsAnnotation),
-                  {fmt::format("phase {}, scheduler {}", kube::Phase(*in.pod),
-                               kube::StringAt(*in.pod, "/spec/schedulerName"))});
+    AddPod(in, report, "reservation", CheckStatus::kFail,
+           fmt::format("no {}: the scheduler did not reserve a profile and placement",
+                       protocol::kMigAllocationsAnnotation),
+           {fmt::format("phase {}, scheduler {}", kube::Phase(*in.pod),
+                        kube::StringAt(*in.pod, "/spec/schedulerName"))});
     return false;
   }
   if (!f.allocs.ok()) {
     const std::string msg(f.allocs.status().message());
     if (msg.find("partial runtime identity") != std::string::npos) {
-      report.AddFor(prefix + "reservation", node, key, CheckStatus::kPass,
-                    fmt::format("the scheduler wrote {}", protocol::kMigAllocationsAnnotation));
-      report.AddFor(prefix + "runtime", node, key, CheckStatus::kFail,
-                    "the runtime identity is partial (all of MIG UUID, GI ID and CI ID, or none)",
-                    {msg});
+      AddPod(in, report, "reservation", CheckStatus::kPass,
+             fmt::format("the scheduler wrote {}", protocol::kMigAllocationsAnnotation));
+      AddPod(in, report, "runtime", CheckStatus::kFail,
+             "the runtime identity is partial (all of MIG UUID, GI ID and CI ID, or none)", {msg});
       return false;
     }
-    report.AddFor(prefix + "reservation", node, key, CheckStatus::kFail,
-                  fmt::format("{} does not decode", protocol::kMigAllocationsAnnotation), {msg});
+    AddPod(in, report, "reservation", CheckStatus::kFail,
+           fmt::format("{} does not decode", protocol::kMigAllocationsAnnotation), {msg});
     return false;
   }
   if (f.allocs->empty()) {
-    report.AddFor(prefix + "reservation", node, key, CheckStatus::kFail,
-                  fmt::format("{} is empty", protocol::kMigAllocationsAnnotation));
+    AddPod(in, report, "reservation", CheckStatus::kFail,
+           fmt::format("{} is empty", protocol::kMigAllocationsAnnotation));
     return false;
   }
   std::vector<std::string> lines;
   for (const auto& a : *f.allocs) lines.push_back(AllocName(a));
-  report.AddFor(
-      prefix + "reservation", node, key, CheckStatus::kPass,
-      fmt::format("the scheduler wrote {} ({} instance{})", protocol::kMigAllocationsAnnotation,
-                  f.allocs->size(), f.allocs->size() == 1 ? "" : "s"),
-      lines);
+  AddPod(in, report, "reservation", CheckStatus::kPass,
+         fmt::format("the scheduler wrote {} ({} instance{})", protocol::kMigAllocationsAnnotation,
+                     f.allocs->size(), f.allocs->size() == 1 ? "" : "s"),
+         lines);
   return true;
 }
 
 bool PodProfile(const CheckInput& in, CheckReport& report) {
   const PodFacts& f = *in.pod_facts;
-  const std::string& prefix = in.pod_prefix;
-  const std::string& key = f.key;
   const std::string& node = f.node;
   const NodeGpus& gpus = f.gpus;
   const auto& allocs = f.allocs;
   auto request = protocol::ParsePodRequest(*in.pod, in.config->resources);
   if (!request.ok()) {
-    report.AddFor(prefix + "profile", node, key, CheckStatus::kFail,
-                  "the pod's GPU request does not parse",
-                  {std::string(request.status().message())});
+    AddPod(in, report, "profile", CheckStatus::kFail, "the pod's GPU request does not parse",
+           {std::string(request.status().message())});
     return true;
   }
   std::vector<std::string> bad, good;
@@ -528,18 +527,17 @@ bool PodProfile(const CheckInput& in, CheckReport& report) {
     }
   }
   if (bad.empty()) {
-    report.AddFor(prefix + "profile", node, key, CheckStatus::kPass,
-                  "every reserved profile covers its container's memory request", good);
+    AddPod(in, report, "profile", CheckStatus::kPass,
+           "every reserved profile covers its container's memory request", good);
   } else {
-    report.AddFor(prefix + "profile", node, key, CheckStatus::kFail,
-                  "reserved profiles do not match the request", bad);
+    AddPod(in, report, "profile", CheckStatus::kFail, "reserved profiles do not match the request",
+           bad);
   }
   return true;
 }
 
 bool PodOverlap(const CheckInput& in, CheckReport& report) {
   const PodFacts& f = *in.pod_facts;
-  const std::string& prefix = in.pod_prefix;
   const std::string& key = f.key;
   const std::string& node = f.node;
   const NodeGpus& gpus = f.gpus;
@@ -582,59 +580,50 @@ bool PodOverlap(const CheckInput& in, CheckReport& report) {
     }
   }
   if (bad.empty()) {
-    report.AddFor(prefix + "overlap", node, key, CheckStatus::kPass,
-                  "no reservation overlaps another active reservation");
+    AddPod(in, report, "overlap", CheckStatus::kPass,
+           "no reservation overlaps another active reservation");
   } else {
-    report.AddFor(prefix + "overlap", node, key, CheckStatus::kFail,
-                  "reservations overlap or are illegal", bad);
+    AddPod(in, report, "overlap", CheckStatus::kFail, "reservations overlap or are illegal", bad);
   }
   return true;
 }
 
 bool PodRuntime(const CheckInput& in, CheckReport& report) {
   const PodFacts& f = *in.pod_facts;
-  const std::string& prefix = in.pod_prefix;
-  const std::string& key = f.key;
-  const std::string& node = f.node;
   const auto& allocs = f.allocs;
   const Object& pod = *in.pod;
   const std::vector<std::string>& missing = f.missing_runtime;
   if (!AfterAllocate(pod)) {
-    report.AddFor(prefix + "runtime", node, key, CheckStatus::kSkip,
-                  fmt::format("not allocated yet (phase {})", kube::Phase(pod)));
+    AddPod(in, report, "runtime", CheckStatus::kSkip,
+           fmt::format("not allocated yet (phase {})", kube::Phase(pod)));
   } else if (!missing.empty()) {
-    report.AddFor(prefix + "runtime", node, key, CheckStatus::kFail,
-                  "the pod runs but the device plugin did not record the runtime identity",
-                  missing);
+    AddPod(in, report, "runtime", CheckStatus::kFail,
+           "the pod runs but the device plugin did not record the runtime identity", missing);
   } else {
     std::vector<std::string> ids;
     for (const auto& a : *allocs) {
       ids.push_back(fmt::format("{}: {} GI {} CI {}", AllocName(a), a.runtime->mig_uuid,
                                 a.runtime->gpu_instance_id, a.runtime->compute_instance_id));
     }
-    report.AddFor(prefix + "runtime", node, key, CheckStatus::kPass,
-                  "every instance has its MIG UUID, GI ID and CI ID", ids);
+    AddPod(in, report, "runtime", CheckStatus::kPass,
+           "every instance has its MIG UUID, GI ID and CI ID", ids);
   }
   return true;
 }
 
 bool PodVisible(const CheckInput& in, CheckReport& report) {
   const PodFacts& f = *in.pod_facts;
-  const std::string& prefix = in.pod_prefix;
-  const std::string& key = f.key;
-  const std::string& node = f.node;
   const auto& allocs = f.allocs;
   const Object& pod = *in.pod;
   const auto visible = kube::Annotation(pod, kVisibleDevicesAnnotation);
   if (!visible) {
-    report.AddFor(prefix + "visible", node, key, CheckStatus::kSkip,
-                  fmt::format("no {} record (only the local mode's kubelet writes it): check in "
-                              "the container with nvidia-smi -L",
-                              kVisibleDevicesAnnotation));
+    AddPod(in, report, "visible", CheckStatus::kSkip,
+           fmt::format("no {} record (only the local mode's kubelet writes it): check in "
+                       "the container with nvidia-smi -L",
+                       kVisibleDevicesAnnotation));
   } else if (auto parsed = ParseVisibleDevices(*visible); !parsed.ok()) {
-    report.AddFor(prefix + "visible", node, key, CheckStatus::kFail,
-                  "the visible-devices record does not parse",
-                  {std::string(parsed.status().message())});
+    AddPod(in, report, "visible", CheckStatus::kFail, "the visible-devices record does not parse",
+           {std::string(parsed.status().message())});
   } else {
     const auto containers = IndexedContainers(pod);
     std::vector<std::string> bad, good;
@@ -670,14 +659,13 @@ bool PodVisible(const CheckInput& in, CheckReport& report) {
       }
     }
     if (!bad.empty()) {
-      report.AddFor(prefix + "visible", node, key, CheckStatus::kFail,
-                    "the MIG UUIDs the containers see differ from the annotation", bad);
+      AddPod(in, report, "visible", CheckStatus::kFail,
+             "the MIG UUIDs the containers see differ from the annotation", bad);
     } else if (good.empty()) {
-      report.AddFor(prefix + "visible", node, key, CheckStatus::kSkip,
-                    "no realized instance to compare yet");
+      AddPod(in, report, "visible", CheckStatus::kSkip, "no realized instance to compare yet");
     } else {
-      report.AddFor(prefix + "visible", node, key, CheckStatus::kPass,
-                    "the containers see the annotated MIG UUIDs", good);
+      AddPod(in, report, "visible", CheckStatus::kPass,
+             "the containers see the annotated MIG UUIDs", good);
     }
   }
   return true;
@@ -685,8 +673,6 @@ bool PodVisible(const CheckInput& in, CheckReport& report) {
 
 bool PodNvml(const CheckInput& in, CheckReport& report) {
   const PodFacts& f = *in.pod_facts;
-  const std::string& prefix = in.pod_prefix;
-  const std::string& key = f.key;
   const std::string& node = f.node;
   const auto& allocs = f.allocs;
   const std::vector<std::string>& missing = f.missing_runtime;
@@ -694,13 +680,12 @@ bool PodNvml(const CheckInput& in, CheckReport& report) {
   const Object& pod = *in.pod;
   auto nv = nvml_views.find(node);
   if (nv == nvml_views.end() || !nv->second.view.ok()) {
-    report.AddFor(prefix + "nvml", node, key, CheckStatus::kSkip,
-                  nv == nvml_views.end()
-                      ? "no NVML view of the node"
-                      : fmt::format("NVML view unavailable: {}",
-                                    std::string(nv->second.view.status().message())));
+    AddPod(in, report, "nvml", CheckStatus::kSkip,
+           nv == nvml_views.end() ? "no NVML view of the node"
+                                  : fmt::format("NVML view unavailable: {}",
+                                                std::string(nv->second.view.status().message())));
   } else if (!missing.empty() || !AfterAllocate(pod)) {
-    report.AddFor(prefix + "nvml", node, key, CheckStatus::kSkip, "no runtime identity to look up");
+    AddPod(in, report, "nvml", CheckStatus::kSkip, "no runtime identity to look up");
   } else {
     std::vector<std::string> bad, good;
     for (const auto& a : *allocs) {
@@ -737,11 +722,9 @@ bool PodNvml(const CheckInput& in, CheckReport& report) {
       }
     }
     if (bad.empty()) {
-      report.AddFor(prefix + "nvml", node, key, CheckStatus::kPass,
-                    "NVML holds each annotated instance", good);
+      AddPod(in, report, "nvml", CheckStatus::kPass, "NVML holds each annotated instance", good);
     } else {
-      report.AddFor(prefix + "nvml", node, key, CheckStatus::kFail,
-                    "the annotation does not match NVML", bad);
+      AddPod(in, report, "nvml", CheckStatus::kFail, "the annotation does not match NVML", bad);
     }
   }
   return true;
