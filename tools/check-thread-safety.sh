@@ -13,15 +13,12 @@ JOBS=${JOBS:-$(nproc)}
 python3 - "$BUILD/compile_commands.json" "$CLANG" "$JOBS" <<'PY'
 import json, os, shlex, subprocess, sys, concurrent.futures as cf
 db, clang, jobs = sys.argv[1], sys.argv[2], int(sys.argv[3])
-src = os.path.join(os.getcwd(), 'src') + '/'
 entries = []
 for e in json.load(open(db)):
-    out = e.get('output') or ''
     args = shlex.split(e['command'])
-    o = args[args.index('-o') + 1] if '-o' in args else out
-    if not (o.startswith('src/') or '/src/' in e['file'] and e['file'].startswith(src)):
-        continue
-    if '.pb.' in e['file'] or '/proto/' in o:
+    o = args[args.index('-o') + 1] if '-o' in args else ''
+    # src/'s objects (its unity batches included), not the generated gRPC code.
+    if not o.startswith('src/') or '.pb.' in e['file'] or '/proto/' in o:
         continue
     keep, skip = [], 0
     for i, a in enumerate(args[1:], 1):

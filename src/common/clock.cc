@@ -51,27 +51,22 @@ void FakeClock::Advance(absl::Duration d) {
   absl::MutexLock lock(&mu_);
   now_ += d;
   monotonic_ += std::max(d, absl::ZeroDuration());
-  moved_.SignalAll();
 }
 
 void FakeClock::Set(absl::Time t) {
   absl::MutexLock lock(&mu_);
   now_ = t;
-  moved_.SignalAll();
 }
 
 bool FakeClock::AdvanceToNextDeadline() {
   absl::MutexLock lock(&mu_);
-  for (const auto& [deadline, unused] : waiters_) {
-    if (deadline == absl::InfiniteDuration()) break;
-    if (deadline > monotonic_) {
-      now_ += deadline - monotonic_;
-      monotonic_ = deadline;
-    }
-    moved_.SignalAll();
-    return true;
+  if (waiters_.empty() || *waiters_.begin() == absl::InfiniteDuration()) return false;
+  const absl::Duration deadline = *waiters_.begin();  // the earliest
+  if (deadline > monotonic_) {
+    now_ += deadline - monotonic_;
+    monotonic_ = deadline;
   }
-  return false;
+  return true;
 }
 
 size_t FakeClock::Waiters() const {
@@ -88,12 +83,10 @@ bool FakeClock::AwaitWaiters(size_t n, absl::Duration real_timeout) const {
 void FakeClock::SleepFor(absl::Duration d) const {
   absl::MutexLock lock(&mu_);
   const absl::Duration deadline = monotonic_ + std::max(d, absl::ZeroDuration());
-  auto it = waiters_.emplace(deadline, 0);
-  moved_.SignalAll();
+  auto it = waiters_.insert(deadline);
   auto passed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return monotonic_ >= deadline; };
   mu_.Await(absl::Condition(&passed));
   waiters_.erase(it);
-  moved_.SignalAll();
 }
 
 bool FakeClock::WaitUntil(absl::CondVar& cv, absl::Mutex& mu, absl::Duration monotonic_deadline,
@@ -101,11 +94,10 @@ bool FakeClock::WaitUntil(absl::CondVar& cv, absl::Mutex& mu, absl::Duration mon
   // The caller's cv is signalled by the caller's code, not by Advance(): wait on it in short
   // real-time slices and re-read the simulated time between them. Lock order: the caller's mu, then
   // this clock's mu_.
-  std::multimap<absl::Duration, int>::iterator it;
+  std::multiset<absl::Duration>::iterator it;
   {
     absl::MutexLock lock(&mu_);
-    it = waiters_.emplace(monotonic_deadline, 0);
-    moved_.SignalAll();
+    it = waiters_.insert(monotonic_deadline);
   }
   bool result = true;
   while (!done()) {
@@ -117,7 +109,6 @@ bool FakeClock::WaitUntil(absl::CondVar& cv, absl::Mutex& mu, absl::Duration mon
   }
   absl::MutexLock lock(&mu_);
   waiters_.erase(it);
-  moved_.SignalAll();
   return result;
 }
 

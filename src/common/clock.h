@@ -16,7 +16,7 @@
 
 #include <chrono>
 #include <cstddef>
-#include <map>
+#include <set>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
@@ -87,10 +87,9 @@ class FakeClock final : public Clock {
 
  private:
   mutable absl::Mutex mu_;
-  mutable absl::CondVar moved_;  // signalled on every time change and waiter change
   absl::Time now_ ABSL_GUARDED_BY(mu_);
   absl::Duration monotonic_ ABSL_GUARDED_BY(mu_) = absl::Hours(1);
-  mutable std::multimap<absl::Duration, int> waiters_ ABSL_GUARDED_BY(mu_);
+  mutable std::multiset<absl::Duration> waiters_ ABSL_GUARDED_BY(mu_);
 };
 
 // Another clock's time with a settable offset on the wall time alone, as a machine's clock after an
