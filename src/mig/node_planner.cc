@@ -550,11 +550,6 @@ bool NeverFits(Verdict verdict) {
   }
 }
 
-NodePlan PlanPodOnNode(const NodeView& node, const PodRequest& request,
-                       const RequestSummary& /*summary*/) {
-  return PlanPodOnNode(node, request);
-}
-
 NodePlan PlanPodOnNode(const NodeView& node, const PodRequest& request) {
   NodeScratch scratch(request);
   NodePlan plan;

@@ -127,11 +127,8 @@ struct NodePlan {
 // profile big enough, none allowlisted, excluded by the pod's GPU hints, no MIG GPU).
 bool NeverFits(Verdict verdict);
 
-// Plans the pod on one node, with a reason for every GPU when it does not fit. `summary`:
-// SummarizeRequest(request) (accepted for callers that hold it; the planner derives it).
+// Plans the pod on one node, with a reason for every GPU when it does not fit.
 NodePlan PlanPodOnNode(const NodeView& node, const PodRequest& request);
-NodePlan PlanPodOnNode(const NodeView& node, const PodRequest& request,
-                       const RequestSummary& summary);
 
 struct PodPlan {
   int chosen = -1;  // index into nodes, -1 when no node fits
