@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "kube/in_memory_api_server.h"
 #include "kube/informer.h"
 #include "kube/rest_kube_client.h"
@@ -69,21 +69,21 @@ Object BenchPod(int i) {
 class Counter {
  public:
   void Add() {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     ++count_;
   }
   int64_t count() const {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     return count_;
   }
   bool WaitFor(int64_t n, absl::Duration timeout) const {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     const auto reached = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return count_ >= n; };
-    return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+    return mu_.AwaitWithTimeout(dynmig::Condition(&reached), timeout);
   }
 
  private:
-  mutable absl::Mutex mu_;
+  mutable dynmig::Mutex mu_;
   int64_t count_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -8,7 +8,8 @@
   layers          a room of src/ includes only the rooms below it (LAYERS): the domain core (mig) knows no
                   wire, the wire contract (protocol) no Kubernetes client, the adapters not each other;
   clock           no direct clock, sleep or timed wait (absl::Now, absl::SleepFor, std::chrono clocks,
-                  sleep_for, timed condition-variable waits, ...) in src/ outside src/common/clock.*: time comes
+                  sleep_for, timed condition-variable waits, ...) in src/ outside src/common/clock.* and the lock
+                  primitives (src/common/mutex.h): time comes
                   through the injected dynmig::Clock.
 
 Usage: tools/check_sources.py [--root DIR] [RULE ...]; with no rule, all. Prints each violation as
@@ -178,8 +179,8 @@ def check_protocol_keys(root):
 
 def check_clock(root):
     for rel, path in cxx_files(root, ['src']):
-        if rel.startswith('src/common/clock.'):
-            continue
+        if rel.startswith('src/common/clock.') or rel == 'src/common/mutex.h':
+            continue  # the seam itself, and the lock primitives it waits on
         code = strip(open(path, encoding='utf-8', errors='replace').read())
         for m in CLOCK_CALL.finditer(code):
             line = code.count('\n', 0, m.start()) + 1

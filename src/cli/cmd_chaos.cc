@@ -9,7 +9,7 @@
 #include <ostream>
 #include <string>
 
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "cli/cli.h"
 #include "common/clock.h"
@@ -55,9 +55,9 @@ int RunChaosCommand(const ChaosFlags& f, CliContext& ctx) {
                                        fmt::format("dynmig-chaos-{}-{}", ::getpid(), f.seed))
                                           .string()
                                     : f.state_dir;
-  absl::Mutex mu;  // one line at a time on each stream
+  dynmig::Mutex mu;  // one line at a time on each stream
   o.log = [&](const std::string& line) {
-    absl::MutexLock lock(&mu);
+    dynmig::MutexLock lock(&mu);
     ctx.out << line << "\n";
     ctx.out.flush();
   };
@@ -65,7 +65,7 @@ int RunChaosCommand(const ChaosFlags& f, CliContext& ctx) {
   // --verbose keeps them (spdlog on stdout, the event lines on stderr), to follow a seed.
   if (f.verbose) {
     o.component_log = [&](const std::string& line) {
-      absl::MutexLock lock(&mu);
+      dynmig::MutexLock lock(&mu);
       ctx.err << line << "\n";
     };
   } else {

@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "cli/cli.h"
 #include "fmt/format.h"
 #include "kube/informer.h"
@@ -83,18 +83,18 @@ class Printer {
  public:
   explicit Printer(std::ostream& out) : out_(out) {}
   void Line(const std::string& line) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     out_ << line << "\n";
     out_.flush();
   }
   void Block(const std::string& text) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     out_ << text;
     out_.flush();
   }
 
  private:
-  absl::Mutex mu_;
+  dynmig::Mutex mu_;
   std::ostream& out_;  // written under mu_
 };
 

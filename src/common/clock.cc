@@ -7,7 +7,7 @@
 
 namespace dynmig {
 
-bool Clock::WaitFor(absl::CondVar& cv, absl::Mutex& mu, absl::Duration timeout,
+bool Clock::WaitFor(dynmig::CondVar& cv, dynmig::Mutex& mu, absl::Duration timeout,
                     absl::FunctionRef<bool()> done) const {
   if (timeout == absl::InfiniteDuration()) return WaitUntil(cv, mu, absl::InfiniteDuration(), done);
   return WaitUntil(cv, mu, Monotonic() + std::max(timeout, absl::ZeroDuration()), done);
@@ -21,7 +21,7 @@ absl::Duration SystemClock::Monotonic() const {
 
 void SystemClock::SleepFor(absl::Duration d) const { absl::SleepFor(d); }
 
-bool SystemClock::WaitUntil(absl::CondVar& cv, absl::Mutex& mu, absl::Duration monotonic_deadline,
+bool SystemClock::WaitUntil(dynmig::CondVar& cv, dynmig::Mutex& mu, absl::Duration monotonic_deadline,
                             absl::FunctionRef<bool()> done) const {
   while (!done()) {
     if (monotonic_deadline == absl::InfiniteDuration()) {
@@ -38,28 +38,28 @@ bool SystemClock::WaitUntil(absl::CondVar& cv, absl::Mutex& mu, absl::Duration m
 FakeClock::FakeClock(absl::Time start) : now_(start) {}
 
 absl::Time FakeClock::Now() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return now_;
 }
 
 absl::Duration FakeClock::Monotonic() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return monotonic_;
 }
 
 void FakeClock::Advance(absl::Duration d) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   now_ += d;
   monotonic_ += std::max(d, absl::ZeroDuration());
 }
 
 void FakeClock::Set(absl::Time t) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   now_ = t;
 }
 
 bool FakeClock::AdvanceToNextDeadline() {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   if (waiters_.empty() || *waiters_.begin() == absl::InfiniteDuration()) return false;
   const absl::Duration deadline = *waiters_.begin();  // the earliest
   if (deadline > monotonic_) {
@@ -70,33 +70,33 @@ bool FakeClock::AdvanceToNextDeadline() {
 }
 
 size_t FakeClock::Waiters() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return waiters_.size();
 }
 
 bool FakeClock::AwaitWaiters(size_t n, absl::Duration real_timeout) const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return waiters_.size() >= n; };
-  return mu_.AwaitWithTimeout(absl::Condition(&enough), real_timeout);
+  return mu_.AwaitWithTimeout(dynmig::Condition(&enough), real_timeout);
 }
 
 void FakeClock::SleepFor(absl::Duration d) const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   const absl::Duration deadline = monotonic_ + std::max(d, absl::ZeroDuration());
   auto it = waiters_.insert(deadline);
   auto passed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return monotonic_ >= deadline; };
-  mu_.Await(absl::Condition(&passed));
+  mu_.Await(dynmig::Condition(&passed));
   waiters_.erase(it);
 }
 
-bool FakeClock::WaitUntil(absl::CondVar& cv, absl::Mutex& mu, absl::Duration monotonic_deadline,
+bool FakeClock::WaitUntil(dynmig::CondVar& cv, dynmig::Mutex& mu, absl::Duration monotonic_deadline,
                           absl::FunctionRef<bool()> done) const {
   // The caller's cv is signalled by the caller's code, not by Advance(): wait on it in short
   // real-time slices and re-read the simulated time between them. Lock order: the caller's mu, then
   // this clock's mu_.
   std::multiset<absl::Duration>::iterator it;
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     it = waiters_.insert(monotonic_deadline);
   }
   bool result = true;
@@ -107,24 +107,24 @@ bool FakeClock::WaitUntil(absl::CondVar& cv, absl::Mutex& mu, absl::Duration mon
     }
     cv.WaitWithTimeout(&mu, absl::Milliseconds(1));
   }
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   waiters_.erase(it);
   return result;
 }
 
 absl::Time SteppedClock::Now() const {
   const absl::Time base = base_.Now();
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return base + offset_;
 }
 
 absl::Duration SteppedClock::offset() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return offset_;
 }
 
 void SteppedClock::set_offset(absl::Duration offset) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   offset_ = offset;
 }
 

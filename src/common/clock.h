@@ -20,7 +20,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 
 namespace dynmig {
@@ -41,10 +41,10 @@ class Clock {
   // With `mu` held: waits on `cv` until `done()` is true or `timeout` of this clock's monotonic
   // time has passed. Returns done() as last evaluated (with mu held). `cv` must be signalled by
   // whoever changes what done() reads. An infinite timeout waits for done() alone.
-  bool WaitFor(absl::CondVar& cv, absl::Mutex& mu, absl::Duration timeout,
+  bool WaitFor(dynmig::CondVar& cv, dynmig::Mutex& mu, absl::Duration timeout,
                absl::FunctionRef<bool()> done) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // The same with a monotonic deadline (a value of Monotonic(); InfiniteDuration() for none).
-  virtual bool WaitUntil(absl::CondVar& cv, absl::Mutex& mu, absl::Duration monotonic_deadline,
+  virtual bool WaitUntil(dynmig::CondVar& cv, dynmig::Mutex& mu, absl::Duration monotonic_deadline,
                          absl::FunctionRef<bool()> done) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) = 0;
 };
@@ -55,7 +55,7 @@ class SystemClock final : public Clock {
   absl::Time Now() const override;
   absl::Duration Monotonic() const override;
   void SleepFor(absl::Duration d) const override;
-  bool WaitUntil(absl::CondVar& cv, absl::Mutex& mu, absl::Duration monotonic_deadline,
+  bool WaitUntil(dynmig::CondVar& cv, dynmig::Mutex& mu, absl::Duration monotonic_deadline,
                  absl::FunctionRef<bool()> done) const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 };
 
@@ -70,7 +70,7 @@ class FakeClock final : public Clock {
   absl::Time Now() const override;
   absl::Duration Monotonic() const override;
   void SleepFor(absl::Duration d) const override;
-  bool WaitUntil(absl::CondVar& cv, absl::Mutex& mu, absl::Duration monotonic_deadline,
+  bool WaitUntil(dynmig::CondVar& cv, dynmig::Mutex& mu, absl::Duration monotonic_deadline,
                  absl::FunctionRef<bool()> done) const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   void Advance(absl::Duration d);
@@ -86,7 +86,7 @@ class FakeClock final : public Clock {
   bool AwaitWaiters(size_t n, absl::Duration real_timeout = absl::Seconds(10)) const;
 
  private:
-  mutable absl::Mutex mu_;
+  mutable dynmig::Mutex mu_;
   absl::Time now_ ABSL_GUARDED_BY(mu_);
   absl::Duration monotonic_ ABSL_GUARDED_BY(mu_) = absl::Hours(1);
   mutable std::multiset<absl::Duration> waiters_ ABSL_GUARDED_BY(mu_);
@@ -101,7 +101,7 @@ class SteppedClock final : public Clock {
   absl::Time Now() const override;
   absl::Duration Monotonic() const override { return base_.Monotonic(); }
   void SleepFor(absl::Duration d) const override { base_.SleepFor(d); }
-  bool WaitUntil(absl::CondVar& cv, absl::Mutex& mu, absl::Duration monotonic_deadline,
+  bool WaitUntil(dynmig::CondVar& cv, dynmig::Mutex& mu, absl::Duration monotonic_deadline,
                  absl::FunctionRef<bool()> done) const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     return base_.WaitUntil(cv, mu, monotonic_deadline, done);
   }
@@ -110,7 +110,7 @@ class SteppedClock final : public Clock {
 
  private:
   const Clock& base_;
-  mutable absl::Mutex mu_;
+  mutable dynmig::Mutex mu_;
   absl::Duration offset_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -6,7 +6,7 @@
 namespace dynmig::deviceplugin {
 
 void DeviceList::Set(std::vector<v1beta1::Device> devices) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   bool same = devices.size() == devices_.size();
   for (size_t i = 0; same && i < devices.size(); ++i) {
     same = devices[i].id() == devices_[i].id() && devices[i].health() == devices_[i].health();
@@ -18,13 +18,13 @@ void DeviceList::Set(std::vector<v1beta1::Device> devices) {
 }
 
 std::vector<v1beta1::Device> DeviceList::Get(uint64_t* generation) const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   if (generation != nullptr) *generation = generation_;
   return devices_;
 }
 
 uint64_t DeviceList::WaitForChange(uint64_t seen, absl::Duration timeout) const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   clock_.WaitFor(changed_, mu_, timeout, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return generation_ != seen || closed_;
   });
@@ -32,7 +32,7 @@ uint64_t DeviceList::WaitForChange(uint64_t seen, absl::Duration timeout) const 
 }
 
 void DeviceList::Close() {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   closed_ = true;
   changed_.SignalAll();
 }

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "deviceplugin/v1beta1/api.pb.h"
@@ -31,8 +31,8 @@ class DeviceList {
 
  private:
   const Clock& clock_;
-  mutable absl::Mutex mu_;
-  mutable absl::CondVar changed_;
+  mutable dynmig::Mutex mu_;
+  mutable dynmig::CondVar changed_;
   std::vector<v1beta1::Device> devices_ ABSL_GUARDED_BY(mu_);
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

@@ -171,12 +171,12 @@ void DevicePlugin::Loop() {
   while (true) {
     uint64_t serving = 0;
     {
-      absl::MutexLock lock(&mu_);
+      dynmig::MutexLock lock(&mu_);
       serving = wake_requests_;
     }
     const absl::Duration now = Cycle(next_publish);
     const absl::Duration next_reconcile = now + options_.reconcile_interval;
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     ++cycles_;
     completed_wakes_ = serving;
     cv_.SignalAll();
@@ -188,7 +188,7 @@ void DevicePlugin::Loop() {
 }
 
 bool DevicePlugin::RunCycle(absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   if (stopped_) return false;
   const uint64_t requested = ++wake_requests_;
   cv_.SignalAll();
@@ -198,13 +198,13 @@ bool DevicePlugin::RunCycle(absl::Duration timeout) {
 }
 
 uint64_t DevicePlugin::cycles() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return cycles_;
 }
 
 void DevicePlugin::Stop() {
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     if (stopped_) return;
     stopped_ = true;
     stop_ = true;

@@ -28,7 +28,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "deviceplugin/events.h"
@@ -137,8 +137,8 @@ class DevicePlugin {
   HttpListener metrics_http_;
   HttpListener nvml_http_;
 
-  mutable absl::Mutex mu_;
-  absl::CondVar cv_;  // signalled on stop, on a wake request and when a cycle completes
+  mutable dynmig::Mutex mu_;
+  dynmig::CondVar cv_;  // signalled on stop, on a wake request and when a cycle completes
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t wake_requests_ ABSL_GUARDED_BY(mu_) = 0;

@@ -21,7 +21,7 @@ EventRecorder::EventRecorder(kube::KubeClient& kube, std::string component, cons
 EventRecorder::~EventRecorder() {
   Flush(absl::Seconds(2));
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     stop_ = true;
     cv_.SignalAll();
   }
@@ -43,7 +43,7 @@ void EventRecorder::Record(const kube::Object& involved, std::string_view type,
   kube::Object ref = involved;
   if (!ref.contains("kind") || !ref["kind"].is_string()) ref["kind"] = kind;
   kube::Object event = kube::NewEvent(ref, type, reason, message, component_, clock_.Now());
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   recent_.push_back({what, std::string(type), std::string(reason), std::string(message)});
   while (recent_.size() > 512) recent_.pop_front();
   if (queue_.size() >= max_queue_) {
@@ -55,19 +55,19 @@ void EventRecorder::Record(const kube::Object& involved, std::string_view type,
 }
 
 bool EventRecorder::Flush(absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return clock_.WaitFor(idle_cv_, mu_, timeout, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return queue_.empty() && !sending_;
   });
 }
 
 std::vector<RecordedEvent> EventRecorder::Recent() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return {recent_.begin(), recent_.end()};
 }
 
 bool EventRecorder::Has(std::string_view reason, std::string_view text) const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   for (const auto& e : recent_) {
     if (e.reason == reason && e.message.find(text) != std::string::npos) return true;
   }
@@ -75,12 +75,12 @@ bool EventRecorder::Has(std::string_view reason, std::string_view text) const {
 }
 
 uint64_t EventRecorder::dropped() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return dropped_;
 }
 
 uint64_t EventRecorder::failed() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return failed_;
 }
 
@@ -88,7 +88,7 @@ void EventRecorder::Run() {
   while (true) {
     kube::Object event;
     {
-      absl::MutexLock lock(&mu_);
+      dynmig::MutexLock lock(&mu_);
       while (!stop_ && queue_.empty()) cv_.Wait(&mu_);
       if (stop_) return;  // the destructor already gave the queue a bounded chance
       event = std::move(queue_.front());
@@ -100,7 +100,7 @@ void EventRecorder::Run() {
       spdlog::debug("event {} not sent: {}", event.value("reason", ""),
                     std::string(created.status().message()));
     }
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     if (!created.ok()) ++failed_;
     sending_ = false;
     if (queue_.empty()) idle_cv_.SignalAll();

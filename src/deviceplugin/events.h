@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "kube/kube_client.h"
@@ -76,9 +76,9 @@ class EventRecorder {
   const std::string component_;
   const Clock& clock_;
   const size_t max_queue_;
-  mutable absl::Mutex mu_;
-  absl::CondVar cv_;       // signalled when an event is queued or the recorder stops
-  absl::CondVar idle_cv_;  // signalled when the queue drains
+  mutable dynmig::Mutex mu_;
+  dynmig::CondVar cv_;       // signalled when an event is queued or the recorder stops
+  dynmig::CondVar idle_cv_;  // signalled when the queue drains
   std::deque<kube::Object> queue_ ABSL_GUARDED_BY(mu_);
   std::deque<RecordedEvent> recent_ ABSL_GUARDED_BY(mu_);
   bool sending_ ABSL_GUARDED_BY(mu_) = false;

@@ -156,7 +156,7 @@ absl::Status GrpcEndpoint::Register() {
 
 void GrpcEndpoint::RegisterAndRecord() {
   auto st = Register();
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   if (st.ok()) {
     registered_ = true;
     ++registrations_;
@@ -168,13 +168,13 @@ void GrpcEndpoint::RegisterAndRecord() {
 
 absl::Status GrpcEndpoint::Start() {
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     if (started_) return absl::FailedPreconditionError("endpoint already started");
     started_ = true;
     stop_ = false;
   }
   {
-    absl::MutexLock lock(&server_mu_);
+    dynmig::MutexLock lock(&server_mu_);
     if (auto st = Serve(); !st.ok()) return st;
   }
   if (InodeOf(kubelet_socket_path()) != 0) RegisterAndRecord();
@@ -187,7 +187,7 @@ void GrpcEndpoint::Watch() {
   uint64_t own_inode = InodeOf(socket_path());
   while (true) {
     {
-      absl::MutexLock lock(&mu_);
+      dynmig::MutexLock lock(&mu_);
       clock_.WaitFor(cv_, mu_, options_.kubelet_poll_interval,
                      [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; });
       if (stop_) return;
@@ -203,7 +203,7 @@ void GrpcEndpoint::Poll(uint64_t& kubelet_inode, uint64_t& own_inode) {
   if (own_now == 0 || own_now != own_inode) {
     // Our socket was removed (a kubelet restart cleans the directory): serve anew.
     spdlog::info("device plugin socket {} is gone: serving again", socket_path());
-    absl::MutexLock lock(&server_mu_);
+    dynmig::MutexLock lock(&server_mu_);
     StopServer();
     if (auto st = Serve(); !st.ok()) {
       spdlog::error("{}", std::string(st.message()));
@@ -218,7 +218,7 @@ void GrpcEndpoint::Poll(uint64_t& kubelet_inode, uint64_t& own_inode) {
     reregister = true;
   }
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     if (reregister) registered_ = false;
     if (registered_ || kubelet_now == 0) return;
   }
@@ -227,30 +227,30 @@ void GrpcEndpoint::Poll(uint64_t& kubelet_inode, uint64_t& own_inode) {
 
 void GrpcEndpoint::Stop() {
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     if (!started_) return;
     stop_ = true;
     started_ = false;
     cv_.SignalAll();
   }
   if (watcher_.joinable()) watcher_.join();
-  absl::MutexLock lock(&server_mu_);
+  dynmig::MutexLock lock(&server_mu_);
   StopServer();
   ::unlink(socket_path().c_str());
 }
 
 int GrpcEndpoint::registrations() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return registrations_;
 }
 
 bool GrpcEndpoint::registered() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return registered_;
 }
 
 bool GrpcEndpoint::WaitForRegistrations(int count, absl::Duration timeout) const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return clock_.WaitFor(cv_, mu_, timeout, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return registrations_ >= count;
   });

@@ -15,7 +15,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "deviceplugin/metrics.h"
@@ -82,11 +82,11 @@ class GrpcEndpoint {
   const Clock& clock_;
   std::unique_ptr<Service> service_;
 
-  absl::Mutex server_mu_;
+  dynmig::Mutex server_mu_;
   std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(server_mu_);
 
-  mutable absl::Mutex mu_;
-  mutable absl::CondVar cv_;  // signalled on stop and on every registration
+  mutable dynmig::Mutex mu_;
+  mutable dynmig::CondVar cv_;  // signalled on stop and on every registration
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
   int registrations_ ABSL_GUARDED_BY(mu_) = 0;

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "deviceplugin/state_store.h"
 
 namespace dynmig::deviceplugin {
@@ -32,7 +32,7 @@ class Ledger {
   std::vector<LedgerEntry> Entries() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  mutable absl::Mutex mu_;
+  mutable dynmig::Mutex mu_;
   std::vector<LedgerEntry> entries_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -169,7 +169,7 @@ void Metrics::InstanceReused(std::string_view profile) {
   reused_.Add({{"profile", std::string(profile)}}).Increment();
 }
 void Metrics::SetIdle(const std::map<std::pair<std::string, std::string>, int>& idle) {
-  absl::MutexLock lock(&idle_mu_);
+  dynmig::MutexLock lock(&idle_mu_);
   for (const auto& key : idle_seen_) {
     if (!idle.count(key)) idle_.Add({{"gpu", key.first}, {"profile", key.second}}).Set(0);
   }

@@ -40,7 +40,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -107,7 +107,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& idled_;
   prometheus::Family<prometheus::Counter>& reused_;
   prometheus::Family<prometheus::Gauge>& idle_;
-  absl::Mutex idle_mu_;
+  dynmig::Mutex idle_mu_;
   std::set<std::pair<std::string, std::string>> idle_seen_ ABSL_GUARDED_BY(idle_mu_);
 };
 

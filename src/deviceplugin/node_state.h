@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "deviceplugin/inventory.h"
 #include "deviceplugin/state_store.h"
 #include "mig/placement.h"
@@ -25,7 +25,7 @@ namespace dynmig::deviceplugin {
 
 struct NodeState {
   // Held for every Allocate, Reconcile and Start, across their NVML calls.
-  mutable absl::Mutex mu;
+  mutable dynmig::Mutex mu;
   // The state file's content: managed instances, open intents (the ledger has its own lock).
   PluginState state ABSL_GUARDED_BY(mu);
   Inventory inventory ABSL_GUARDED_BY(mu);

@@ -30,7 +30,7 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> PluginCore::Allocate(
   std::string result = "failed";
   absl::StatusOr<v1beta1::ContainerAllocateResponse> out;
   {
-    absl::MutexLock lock(&ns_.mu);
+    dynmig::MutexLock lock(&ns_.mu);
     out = AllocateLocked(device_ids, &result);
     UpdateGauges();
     RefreshViewLocked();
@@ -664,7 +664,7 @@ v1beta1::ContainerPreferredAllocationResponse PluginCore::PreferredAllocation(
   for (const auto& id : request.must_include_deviceids()) take(id);
   std::vector<std::string> wanted_gpus;
   {
-    absl::MutexLock lock(&ns_.mu);
+    dynmig::MutexLock lock(&ns_.mu);
     auto pods = ListPods();
     if (pods.ok()) {
       std::optional<protocol::NodeLock> node_lock;

@@ -60,7 +60,7 @@ bool PluginCore::Crash(std::string_view point) const {
 }
 
 absl::Status PluginCore::Start() {
-  absl::MutexLock lock(&ns_.mu);
+  dynmig::MutexLock lock(&ns_.mu);
   if (started_) return absl::FailedPreconditionError("device plugin core already started");
   started_ = true;
   DYNMIG_RETURN_IF_ERROR(LoadStateAndInventory());
@@ -254,32 +254,32 @@ absl::Status PluginCore::Verify(const GpuEntry& gpu, const nvml::GpuInstanceInfo
 }
 
 std::vector<ManagedInstance> PluginCore::Managed() const {
-  absl::MutexLock lock(&ns_.mu);
+  dynmig::MutexLock lock(&ns_.mu);
   return ns_.state.instances;
 }
 
 std::vector<Intent> PluginCore::OpenIntents() const {
-  absl::MutexLock lock(&ns_.mu);
+  dynmig::MutexLock lock(&ns_.mu);
   return ns_.state.intents;
 }
 
 std::vector<QuarantinedSlices> PluginCore::Quarantined() const {
-  absl::MutexLock lock(&ns_.mu);
+  dynmig::MutexLock lock(&ns_.mu);
   return ns_.quarantine;
 }
 
 std::vector<protocol::HeldSlices> PluginCore::Held() const {
-  absl::MutexLock lock(&ns_.mu);
+  dynmig::MutexLock lock(&ns_.mu);
   return ns_.Held();
 }
 
 bool PluginCore::recovery_pending() const {
-  absl::MutexLock lock(&ns_.mu);
+  dynmig::MutexLock lock(&ns_.mu);
   return ns_.recovery_pending;
 }
 
 Inventory PluginCore::inventory() const {
-  absl::MutexLock lock(&ns_.mu);
+  dynmig::MutexLock lock(&ns_.mu);
   return ns_.inventory;
 }
 

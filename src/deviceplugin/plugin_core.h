@@ -82,7 +82,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "deviceplugin/allocate_plan.h"
@@ -501,7 +501,7 @@ class PluginCore {
   bool started_ ABSL_GUARDED_BY(ns_.mu) = false;
 
   // The last NvmlView snapshot and when it was taken (written under ns_.mu too, taken inside it).
-  mutable absl::Mutex view_mu_ ABSL_ACQUIRED_AFTER(ns_.mu);
+  mutable dynmig::Mutex view_mu_ ABSL_ACQUIRED_AFTER(ns_.mu);
   nlohmann::json view_ ABSL_GUARDED_BY(view_mu_);
   absl::Time view_at_ ABSL_GUARDED_BY(view_mu_) = absl::InfinitePast();  // wall time, shown
   // Monotonic time of the snapshot, for kViewMinAge.
@@ -517,7 +517,7 @@ class PluginCore {
   Publisher publisher_;
   // Serializes PublishNode from its snapshot to the end of its patch, so an older snapshot never
   // lands on the Node after a newer one (the reconcile loop and Start both publish).
-  absl::Mutex publish_mu_ ABSL_ACQUIRED_BEFORE(ns_.mu);
+  dynmig::Mutex publish_mu_ ABSL_ACQUIRED_BEFORE(ns_.mu);
 };
 
 }  // namespace dynmig::deviceplugin

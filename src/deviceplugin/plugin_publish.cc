@@ -46,7 +46,7 @@ uint64_t PluginCore::WaitForDeviceChange(uint64_t seen, absl::Duration timeout) 
 void PluginCore::CloseDeviceWatches() { devices_.Close(); }
 
 bool PluginCore::RefreshDevices() {
-  absl::MutexLock lock(&ns_.mu);
+  dynmig::MutexLock lock(&ns_.mu);
   std::vector<bool> before;
   for (const auto& g : ns_.inventory.gpus) before.push_back(g.healthy);
   // A GPU whose discovery failed at start is discovered once NVML answers.
@@ -69,10 +69,10 @@ NodeSnapshot PluginCore::SnapshotLocked() const {
 }
 
 absl::Status PluginCore::PublishNode() {
-  absl::MutexLock order(&publish_mu_);
+  dynmig::MutexLock order(&publish_mu_);
   NodeSnapshot snapshot;
   {
-    absl::MutexLock lock(&ns_.mu);
+    dynmig::MutexLock lock(&ns_.mu);
     snapshot = SnapshotLocked();
   }
   return publisher_.Publish(std::move(snapshot));
@@ -82,13 +82,13 @@ nlohmann::json PluginCore::NvmlView() {
   if (ns_.mu.TryLock()) {
     bool old = false;
     {
-      absl::MutexLock view(&view_mu_);
+      dynmig::MutexLock view(&view_mu_);
       old = view_.is_null() || options_.clock->Monotonic() - view_taken_ >= kViewMinAge;
     }
     if (old) RefreshViewLocked();
     ns_.mu.Unlock();
   }
-  absl::MutexLock view(&view_mu_);
+  dynmig::MutexLock view(&view_mu_);
   nlohmann::json out = view_;
   out["snapshotAt"] = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", view_at_, absl::UTCTimeZone());
   return out;
@@ -96,7 +96,7 @@ nlohmann::json PluginCore::NvmlView() {
 
 void PluginCore::RefreshViewLocked() {
   nlohmann::json fresh = NvmlViewLocked();
-  absl::MutexLock view(&view_mu_);
+  dynmig::MutexLock view(&view_mu_);
   view_ = std::move(fresh);
   view_at_ = Now();
   view_taken_ = options_.clock->Monotonic();

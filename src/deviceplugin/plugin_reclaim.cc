@@ -24,7 +24,7 @@ struct PluginCore::Candidate {
 ReconcileReport PluginCore::Reconcile() {
   const absl::Duration start = options_.clock->Monotonic();
   auto seconds = [&] { return absl::ToDoubleSeconds(options_.clock->Monotonic() - start); };
-  absl::MutexLock lock(&ns_.mu);
+  dynmig::MutexLock lock(&ns_.mu);
   ReconcileReport report;
   auto pods = ListPods();
   if (!pods.ok()) {

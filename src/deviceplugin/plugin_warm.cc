@@ -172,14 +172,14 @@ absl::Status PluginCore::VerifyIdle(const GpuEntry& gpu, const ManagedInstance& 
 }
 
 std::vector<protocol::IdleInstance> PluginCore::Idle() const {
-  absl::MutexLock lock(&ns_.mu);
+  dynmig::MutexLock lock(&ns_.mu);
   return ns_.Idle();
 }
 
 bool PluginCore::IdleChanged() const {
   std::vector<protocol::IdleInstance> idle;
   {
-    absl::MutexLock lock(&ns_.mu);
+    dynmig::MutexLock lock(&ns_.mu);
     idle = ns_.Idle();
   }
   return publisher_.IdleChanged(idle);

@@ -17,7 +17,7 @@ absl::Status Publisher::Publish(NodeSnapshot snapshot) {
   const std::string idle_value = protocol::EncodeIdleInstances(std::move(snapshot.idle));
   bool changed = false;
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     changed = value != last_register_;
   }
   // Every key every time: the register also comes back after the node object was recreated.
@@ -38,7 +38,7 @@ absl::Status Publisher::Publish(NodeSnapshot snapshot) {
     spdlog::info("published {} on node {}: {}", protocol::kNodeRegisterAnnotation, node_name_,
                  value);
   }
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   last_register_ = value;
   last_idle_ = idle_value;
   return absl::OkStatus();
@@ -46,7 +46,7 @@ absl::Status Publisher::Publish(NodeSnapshot snapshot) {
 
 bool Publisher::IdleChanged(const std::vector<protocol::IdleInstance>& idle) const {
   const std::string value = protocol::EncodeIdleInstances(idle);
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return value != last_idle_;
 }
 

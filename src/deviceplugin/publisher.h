@@ -20,7 +20,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "common/clock.h"
 #include "deviceplugin/metrics.h"
 #include "deviceplugin/state_store.h"
@@ -61,7 +61,7 @@ class Publisher {
   Metrics& metrics_;
   const Clock& clock_;
 
-  mutable absl::Mutex mu_;
+  mutable dynmig::Mutex mu_;
   // hami.io/node-nvidia-register as last written (a change is logged).
   std::string last_register_ ABSL_GUARDED_BY(mu_);
   // dynmig.io/idle-mig-instances as last written.

@@ -142,7 +142,7 @@ absl::StatusOr<std::unique_ptr<TestKubelet>> TestKubelet::Start(std::string dir,
 TestKubelet::~TestKubelet() { Stop(); }
 
 absl::Status TestKubelet::Serve() {
-  absl::MutexLock lock(&server_mu_);
+  dynmig::MutexLock lock(&server_mu_);
   const std::string path = socket_path();
   if (path.size() > 107) {
     return absl::InvalidArgumentError(fmt::format(
@@ -179,7 +179,7 @@ absl::Status TestKubelet::ServePodResources() {
 
 void TestKubelet::Stop() {
   {
-    absl::MutexLock lock(&server_mu_);
+    dynmig::MutexLock lock(&server_mu_);
     if (server_ != nullptr) {
       server_->Shutdown(RealDeadlineAfter(absl::Seconds(1)));
       server_->Wait();
@@ -195,7 +195,7 @@ void TestKubelet::Stop() {
   }
   std::vector<std::thread> threads;
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     for (auto& [name, plugin] : plugins_) {
       if (plugin->stream) plugin->stream->TryCancel();
       if (plugin->thread.joinable()) threads.push_back(std::move(plugin->thread));
@@ -232,7 +232,7 @@ absl::Status TestKubelet::OnRegister(const v1beta1::RegisterRequest& request) {
   if (!dialed.ok()) return dialed.status();
   std::shared_ptr<Plugin> plugin = std::move(*dialed);
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     auto it = plugins_.find(request.resource_name());
     if (it != plugins_.end()) {
       if (it->second->stream) it->second->stream->TryCancel();
@@ -273,14 +273,14 @@ void TestKubelet::WatchDevices(std::shared_ptr<Plugin> plugin) {
   auto reader = plugin->stub->ListAndWatch(plugin->stream.get(), empty);
   v1beta1::ListAndWatchResponse response;
   while (reader->Read(&response)) {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     plugin->info.devices.assign(response.devices().begin(), response.devices().end());
     plugin->info.stream_open = true;
     ++plugin->info.updates;
     cv_.SignalAll();
   }
   reader->Finish();
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   plugin->info.stream_open = false;
   for (auto& d : plugin->info.devices) d.set_health("Unhealthy");
   cv_.SignalAll();
@@ -294,7 +294,7 @@ std::shared_ptr<TestKubelet::Plugin> TestKubelet::Find(std::string_view resource
 
 absl::StatusOr<std::shared_ptr<TestKubelet::Plugin>> TestKubelet::Get(
     std::string_view resource) const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   auto plugin = Find(resource);
   if (plugin == nullptr) {
     return absl::NotFoundError(fmt::format(
@@ -304,7 +304,7 @@ absl::StatusOr<std::shared_ptr<TestKubelet::Plugin>> TestKubelet::Get(
 }
 
 int TestKubelet::registrations(std::string_view resource) const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   if (resource.empty()) {
     int total = 0;
     for (const auto& [name, n] : registrations_) total += n;
@@ -316,7 +316,7 @@ int TestKubelet::registrations(std::string_view resource) const {
 
 bool TestKubelet::WaitForRegistrations(int count, absl::Duration timeout,
                                        std::string_view resource) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return clock_.WaitFor(cv_, mu_, timeout, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     int total = 0;
     for (const auto& [name, n] : registrations_) {
@@ -327,14 +327,14 @@ bool TestKubelet::WaitForRegistrations(int count, absl::Duration timeout,
 }
 
 std::optional<KubeletPluginInfo> TestKubelet::plugin(std::string_view resource) const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   auto p = Find(resource);
   if (p == nullptr) return std::nullopt;
   return p->info;
 }
 
 std::vector<v1beta1::Device> TestKubelet::devices(std::string_view resource) const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   auto p = Find(resource);
   return p == nullptr ? std::vector<v1beta1::Device>{} : p->info.devices;
 }
@@ -342,7 +342,7 @@ std::vector<v1beta1::Device> TestKubelet::devices(std::string_view resource) con
 bool TestKubelet::WaitForDevices(
     const std::function<bool(const std::vector<v1beta1::Device>&)>& pred, absl::Duration timeout,
     std::string_view resource) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return clock_.WaitFor(cv_, mu_, timeout, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto p = Find(resource);
     return p != nullptr && pred(p->info.devices);
@@ -350,7 +350,7 @@ bool TestKubelet::WaitForDevices(
 }
 
 std::vector<std::string> TestKubelet::FreeDevices(std::string_view resource) const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   auto p = Find(resource);
   if (p == nullptr) return {};
   std::set<std::string> used;
@@ -367,12 +367,12 @@ std::vector<std::string> TestKubelet::FreeDevices(std::string_view resource) con
 
 void TestKubelet::AddPod(const std::string& pod, std::vector<std::string> containers,
                          std::vector<std::string> init_containers) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   pods_[pod] = KnownPod{std::move(containers), std::move(init_containers)};
 }
 
 PodResourcesList TestKubelet::PodResources() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   PodResourcesList out;
   for (const auto& [key, known] : pods_) {
     const size_t slash = key.find('/');
@@ -395,7 +395,7 @@ PodResourcesList TestKubelet::PodResources() const {
 }
 
 int TestKubelet::prestart_calls() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return prestart_calls_;
 }
 
@@ -405,7 +405,7 @@ absl::Status TestKubelet::PreStart(const std::string& pod, const std::string& co
   if (!plugin.ok()) return plugin.status();
   std::vector<std::string> ids;
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     if (!(*plugin)->info.options.pre_start_required()) return absl::OkStatus();
     for (const auto& a : allocations_) {
       if (a.pod == pod && a.container == container &&
@@ -434,7 +434,7 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> TestKubelet::Allocate(
   if (!plugin.ok()) return plugin.status();
   {
     // The kubelet knows the pod it admits before it asks for its devices.
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     KnownPod& known = pods_[pod];
     if (std::find(known.containers.begin(), known.containers.end(), container) ==
             known.containers.end() &&
@@ -457,7 +457,7 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> TestKubelet::Allocate(
   }
   KubeletAllocation a{pod, container, (*plugin)->info.resource_name, device_ids,
                       response.container_responses(0)};
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   allocations_.push_back(a);
   return a.response;
 }
@@ -475,7 +475,7 @@ absl::StatusOr<KubeletAllocation> TestKubelet::AllocateCount(const std::string& 
   std::vector<std::string> ids(free.begin(), free.begin() + count);
   bool preferred = false;
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     preferred = (*plugin)->info.options.get_preferred_allocation_available();
   }
   if (preferred) {
@@ -523,13 +523,13 @@ absl::Status TestKubelet::PreStartContainer(const std::vector<std::string>& devi
 }
 
 void TestKubelet::ReleasePod(const std::string& pod) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   std::erase_if(allocations_, [&](const KubeletAllocation& a) { return a.pod == pod; });
   pods_.erase(pod);
 }
 
 std::vector<KubeletAllocation> TestKubelet::allocations() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return allocations_;
 }
 

@@ -38,7 +38,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "deviceplugin/pod_resources.h"
@@ -166,12 +166,12 @@ class TestKubelet {
   std::unique_ptr<RegistrationService> service_;
   std::unique_ptr<PodResourcesV1> pod_resources_v1_;
   std::unique_ptr<PodResourcesV1alpha1> pod_resources_v1alpha1_;
-  absl::Mutex server_mu_;
+  dynmig::Mutex server_mu_;
   std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(server_mu_);
   std::unique_ptr<grpc::Server> pod_resources_server_ ABSL_GUARDED_BY(server_mu_);
 
-  mutable absl::Mutex mu_;
-  mutable absl::CondVar cv_;  // signalled on every registration and ListAndWatch update
+  mutable dynmig::Mutex mu_;
+  mutable dynmig::CondVar cv_;  // signalled on every registration and ListAndWatch update
   std::map<std::string, std::shared_ptr<Plugin>> plugins_ ABSL_GUARDED_BY(mu_);  // by resource name
   std::map<std::string, int> registrations_ ABSL_GUARDED_BY(mu_);
   std::vector<KubeletAllocation> allocations_ ABSL_GUARDED_BY(mu_);

@@ -140,7 +140,7 @@ ApiStore::ApiStore(ApiStoreOptions options)
       clock_(options_.clock != nullptr ? *options_.clock : RealClock()),
       rng_(std::random_device{}()) {
   if (options_.watch_history == 0) options_.watch_history = 1;
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   rv_ = 1000;
   for (const char* ns : {"default", "kube-system", "kube-public", "kube-node-lease"}) {
     (void)EnsureNamespaceLocked(ns);
@@ -161,7 +161,7 @@ std::string ApiStore::NewUid() {
 }
 
 int64_t ApiStore::resource_version() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return rv_;
 }
 
@@ -224,7 +224,7 @@ absl::Status ApiStore::EnsureNamespaceLocked(std::string_view ns) {
 
 absl::StatusOr<Object> ApiStore::Create(Resource resource, std::string_view ns, const Object& obj,
                                         bool dry_run) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return CreateLocked(resource, ns, obj, dry_run);
 }
 
@@ -344,7 +344,7 @@ absl::StatusOr<Object> ApiStore::CreateLocked(Resource resource, std::string_vie
 
 absl::StatusOr<Object> ApiStore::Get(Resource resource, std::string_view ns,
                                      std::string_view name) const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   const std::string key = ObjectKey(InfoFor(resource).namespaced ? ns : "", name);
   const ObjectMap& map = Objects(resource);
   auto it = map.find(key);
@@ -359,7 +359,7 @@ absl::StatusOr<ApiStore::ListResult> ApiStore::List(Resource resource, const Lis
   if (!fields.ok()) return ApiError(400, "BadRequest", std::string(fields.status().message()));
   if (query.limit < 0) return ApiError(400, "BadRequest", "limit must not be negative");
 
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   const absl::Time now = Now();
   // Expire old snapshots.
   for (auto it = snapshots_.begin(); it != snapshots_.end();) {
@@ -425,7 +425,7 @@ absl::StatusOr<ApiStore::ListResult> ApiStore::List(Resource resource, const Lis
 absl::StatusOr<Object> ApiStore::Update(Resource resource, std::string_view ns,
                                         std::string_view name, const Object& obj,
                                         std::string_view subresource, bool dry_run) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return UpdateLocked(resource, ns, name, obj, subresource, /*from_patch=*/false, dry_run);
 }
 
@@ -539,7 +539,7 @@ absl::StatusOr<std::pair<Object, Object>> ApiStore::PatchedLocked(Resource resou
 absl::StatusOr<Object> ApiStore::Patch(Resource resource, std::string_view ns,
                                        std::string_view name, const Object& patch, PatchType type,
                                        std::string_view subresource, bool dry_run) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   auto patched = PatchedLocked(resource, ns, name, patch, type);
   if (!patched.ok()) return patched.status();
   // A resourceVersion left in the patched object by the patch is a precondition; the current one
@@ -556,7 +556,7 @@ absl::StatusOr<Object> ApiStore::PatchWithAdmission(Resource resource, std::stri
   for (int attempt = 1;; ++attempt) {
     std::pair<Object, Object> versions;
     {
-      absl::MutexLock lock(&mu_);
+      dynmig::MutexLock lock(&mu_);
       auto patched = PatchedLocked(resource, ns, name, patch, type);
       if (!patched.ok()) return patched.status();
       versions = std::move(*patched);
@@ -569,7 +569,7 @@ absl::StatusOr<Object> ApiStore::PatchWithAdmission(Resource resource, std::stri
       return Invalid(resource, name,
                      "metadata.name, metadata.namespace and metadata.uid cannot be changed");
     }
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     auto it = Objects(resource).find(ObjectKey(InfoFor(resource).namespaced ? ns : "", name));
     if (it == Objects(resource).end()) return NotFound(resource, name);
     const bool changed = ResourceVersion(it->second->object) != ResourceVersion(current);
@@ -583,7 +583,7 @@ absl::StatusOr<Object> ApiStore::PatchWithAdmission(Resource resource, std::stri
 absl::StatusOr<Object> ApiStore::Delete(Resource resource, std::string_view ns,
                                         std::string_view name, const DeleteOptions& options,
                                         bool dry_run) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return DeleteLocked(resource, ns, name, options, dry_run);
 }
 
@@ -689,7 +689,7 @@ absl::StatusOr<Object> ApiStore::Bind(std::string_view ns, std::string_view name
                                 "\"{}\": supported values: \"Node\"",
                                 name, target_kind));
   }
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   const std::string key = ObjectKey(ns, name);
   ObjectMap& map = Objects(Resource::kPods);
   auto it = map.find(key);
@@ -745,7 +745,7 @@ absl::StatusOr<Object> ApiStore::Bind(std::string_view ns, std::string_view name
 }
 
 int ApiStore::CollectGarbage() {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   const absl::Time now = Now();
   std::vector<std::string> due;
   for (const auto& [key, deadline] : pending_deletions_) {
@@ -756,7 +756,7 @@ int ApiStore::CollectGarbage() {
 }
 
 void ApiStore::CompactHistory() {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   history_.clear();
   min_cursor_ = rv_;
   changed_.SignalAll();
@@ -774,7 +774,7 @@ absl::StatusOr<std::unique_ptr<ApiStore::Watch>> ApiStore::StartWatch(
     return ApiError(400, "BadRequest",
                     fmt::format("invalid resourceVersion \"{}\"", resource_version));
   }
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   if (shutdown_) return ApiError(503, "ServiceUnavailable", "the server is shutting down");
   const std::string ns = InfoFor(resource).namespaced ? query.ns : "";
   if (initial) {
@@ -801,20 +801,20 @@ absl::StatusOr<std::unique_ptr<ApiStore::Watch>> ApiStore::StartWatch(
 }
 
 int ApiStore::CutWatches() {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   ++cut_generation_;
   changed_.SignalAll();
   return static_cast<int>(open_watches_);
 }
 
 void ApiStore::Shutdown() {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   shutdown_ = true;
   changed_.SignalAll();
 }
 
 size_t ApiStore::open_watches() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return open_watches_;
 }
 
@@ -829,7 +829,7 @@ ApiStore::Watch::Watch(ApiStore* store, Resource resource, std::string ns, Label
       cut_generation_(cut_generation) {}
 
 ApiStore::Watch::~Watch() {
-  absl::MutexLock lock(&store_->mu_);
+  dynmig::MutexLock lock(&store_->mu_);
   --store_->open_watches_;
 }
 
@@ -843,7 +843,7 @@ bool ApiStore::Watch::Matches(const Object& obj) const {
 absl::StatusOr<std::vector<StoreEvent>> ApiStore::Watch::Next(const Clock& clock,
                                                               absl::Duration max_wait,
                                                               size_t max_events) {
-  absl::MutexLock lock(&store_->mu_);
+  dynmig::MutexLock lock(&store_->mu_);
   clock.WaitFor(store_->changed_, store_->mu_, max_wait,
                 [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(store_->mu_) {
                   return store_->shutdown_ || store_->cut_generation_ != cut_generation_ ||

@@ -23,7 +23,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "kube/kube_client.h"
@@ -209,8 +209,8 @@ class ApiStore {
 
   ApiStoreOptions options_;
   const Clock& clock_;
-  mutable absl::Mutex mu_;
-  absl::CondVar changed_;  // signalled on every write, compaction, cut and shutdown
+  mutable dynmig::Mutex mu_;
+  dynmig::CondVar changed_;  // signalled on every write, compaction, cut and shutdown
   std::array<ObjectMap, kNumResources> objects_ ABSL_GUARDED_BY(mu_);
   int64_t rv_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t min_cursor_ ABSL_GUARDED_BY(mu_) = 0;  // watches can resume from any cursor >= this

@@ -158,7 +158,7 @@ void AuditTrail::Record(std::string_view user, const RequestAttributes& attrs, i
           attrs.subresource,
           attrs.ns,
           attrs.resource_request ? std::string() : attrs.path};
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   auto it = records_.find(key);
   if (it == records_.end()) {
     if (records_.size() >= max_records_) {
@@ -182,7 +182,7 @@ void AuditTrail::Record(std::string_view user, const RequestAttributes& attrs, i
 }
 
 std::vector<AuditRecord> AuditTrail::Records() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   std::vector<AuditRecord> out;
   out.reserve(records_.size());
   for (const auto& [key, v] : records_) {
@@ -199,13 +199,13 @@ std::vector<AuditRecord> AuditTrail::Records() const {
 }
 
 void AuditTrail::Clear() {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   records_.clear();
   dropped_ = 0;
 }
 
 int64_t AuditTrail::dropped() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return dropped_;
 }
 

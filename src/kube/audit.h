@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 
 namespace dynmig::kube {
 
@@ -90,7 +90,7 @@ class AuditTrail {
 
   const size_t max_records_;
   const size_t max_names_;
-  mutable absl::Mutex mu_;
+  mutable dynmig::Mutex mu_;
   std::map<Key, Value> records_ ABSL_GUARDED_BY(mu_);
   int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
 };

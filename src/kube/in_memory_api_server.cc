@@ -743,29 +743,29 @@ InMemoryApiServer::InMemoryApiServer(InMemoryApiServerOptions options)
   if (options_.store.clock == nullptr) options_.store.clock = &clock_;
   store_ =
       options_.shared_store ? options_.shared_store : std::make_shared<ApiStore>(options_.store);
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   bearer_token_ = options_.bearer_token;
   token_users_ = options_.token_users;
   webhooks_ = options_.admission_webhooks;
 }
 
 void InMemoryApiServer::SetBearerToken(std::string token) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   bearer_token_ = std::move(token);
 }
 
 void InMemoryApiServer::SetTokenUsers(std::map<std::string, std::string> token_users) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   token_users_ = std::move(token_users);
 }
 
 void InMemoryApiServer::SetAdmissionWebhooks(std::vector<AdmissionWebhook> webhooks) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   webhooks_ = std::move(webhooks);
 }
 
 std::vector<AdmissionWebhook> InMemoryApiServer::admission_webhooks() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return webhooks_;
 }
 
@@ -775,7 +775,7 @@ absl::StatusOr<UserInfo> InMemoryApiServer::Authenticate(const httplib::Request&
   if (header.size() > 7 && absl::EqualsIgnoreCase(header.substr(0, 7), "bearer ")) {
     token = std::string(Trim(std::string_view(header).substr(7)));
   }
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   const bool checking = !bearer_token_.empty() || !token_users_.empty();
   if (!token.empty()) {
     if (auto it = token_users_.find(token); it != token_users_.end()) {
@@ -791,7 +791,7 @@ absl::StatusOr<UserInfo> InMemoryApiServer::Authenticate(const httplib::Request&
 
 std::vector<AdmissionWebhook> InMemoryApiServer::MatchingWebhooks(
     const AdmissionAttributes& attrs) const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   std::vector<AdmissionWebhook> out;
   for (const AdmissionWebhook& hook : webhooks_) {
     if (WebhookMatches(hook, attrs)) out.push_back(hook);
@@ -887,7 +887,7 @@ absl::Status InMemoryApiServer::Listen() {
 void InMemoryApiServer::RunGarbageCollector() {
   while (true) {
     {
-      absl::MutexLock lock(&mu_);
+      dynmig::MutexLock lock(&mu_);
       if (clock_.WaitFor(stop_cv_, mu_, options_.gc_interval,
                          [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopped_; })) {
         return;
@@ -901,7 +901,7 @@ InMemoryApiServer::~InMemoryApiServer() { Stop(); }
 
 void InMemoryApiServer::Stop() {
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     if (stopped_) return;
     stopped_ = true;
     stop_cv_.SignalAll();
@@ -921,12 +921,12 @@ void InMemoryApiServer::AddFault(FaultSpec fault) {
   const absl::Duration until = fault.window > absl::ZeroDuration()
                                    ? clock_.Monotonic() + fault.window
                                    : absl::InfiniteDuration();
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   faults_.push_back({std::move(fault), until});
 }
 
 void InMemoryApiServer::ClearFaults() {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   faults_.clear();
 }
 
@@ -936,7 +936,7 @@ bool InMemoryApiServer::ApplyFault(const httplib::Request& req, httplib::Respons
                                    const std::string& user) {
   FaultSpec fault;
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     const absl::Duration now = clock_.Monotonic();
     std::erase_if(faults_, [&](const FaultRule& r) { return r.until <= now; });
     auto it = std::find_if(faults_.begin(), faults_.end(), [&](const FaultRule& r) {
@@ -949,7 +949,7 @@ bool InMemoryApiServer::ApplyFault(const httplib::Request& req, httplib::Respons
     if (it->spec.count > 0 && --it->spec.count == 0) faults_.erase(it);
   }
   if (fault.latency > absl::ZeroDuration()) {  // cut short by Stop()
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     clock_.WaitFor(stop_cv_, mu_, fault.latency,
                    [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopped_; });
   }

@@ -28,7 +28,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "kube/admission.h"
@@ -220,8 +220,8 @@ class InMemoryApiServer {
   int port_ = 0;
   std::atomic<int64_t> requests_{0};
   std::atomic<bool> stopping_{false};
-  mutable absl::Mutex mu_;
-  absl::CondVar stop_cv_;  // signalled when stopped_ becomes true
+  mutable dynmig::Mutex mu_;
+  dynmig::CondVar stop_cv_;  // signalled when stopped_ becomes true
   struct FaultRule {
     FaultSpec spec;
     absl::Duration until = absl::InfiniteDuration();  // clock_.Monotonic() deadline, spec.window

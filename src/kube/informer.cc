@@ -31,7 +31,7 @@ Informer::~Informer() { Stop(); }
 void Informer::AddHandlers(InformerHandlers handlers) { handlers_.push_back(std::move(handlers)); }
 
 void Informer::Start() {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   if (started_) return;
   started_ = true;
   thread_ = std::thread([this] { Run(); });
@@ -40,7 +40,7 @@ void Informer::Start() {
 void Informer::Stop() {
   std::shared_ptr<WatchStream> watch;
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     stopping_ = true;
     watch = watch_;
     cv_.SignalAll();
@@ -50,18 +50,18 @@ void Informer::Stop() {
 }
 
 bool Informer::HasSynced() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return synced_;
 }
 
 bool Informer::WaitForSync(absl::Duration timeout) const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return options_.clock->WaitFor(cv_, mu_, timeout,
                                  [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return synced_; });
 }
 
 ObjectPtr Informer::Get(std::string_view key) const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   auto it = cache_.find(key);
   return it == cache_.end() ? nullptr : it->second;
 }
@@ -71,7 +71,7 @@ ObjectPtr Informer::Get(std::string_view ns, std::string_view name) const {
 }
 
 std::vector<ObjectPtr> Informer::List() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   std::vector<ObjectPtr> out;
   out.reserve(cache_.size());
   for (const auto& [key, obj] : cache_) out.push_back(obj);
@@ -79,7 +79,7 @@ std::vector<ObjectPtr> Informer::List() const {
 }
 
 std::vector<ObjectPtr> Informer::List(const std::function<bool(const Object&)>& predicate) const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   std::vector<ObjectPtr> out;
   for (const auto& [key, obj] : cache_) {
     if (predicate(*obj)) out.push_back(obj);
@@ -88,27 +88,27 @@ std::vector<ObjectPtr> Informer::List(const std::function<bool(const Object&)>& 
 }
 
 size_t Informer::size() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return cache_.size();
 }
 
 std::string Informer::resource_version() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return rv_;
 }
 
 Informer::Stats Informer::stats() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return stats_;
 }
 
 absl::Status Informer::last_error() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return last_error_;
 }
 
 bool Informer::SleepBackoff(absl::Duration* backoff) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   options_.clock->WaitFor(cv_, mu_, *backoff,
                           [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; });
   *backoff = std::min(*backoff * 2, options_.max_backoff);
@@ -136,7 +136,7 @@ absl::Status Informer::RelistByPage() {
     changes.reserve(items.size());
     for (const Object& item : items) changes.push_back({&item, ObjectKey(item), nullptr, nullptr});
     {
-      absl::MutexLock lock(&mu_);
+      dynmig::MutexLock lock(&mu_);
       if (stopping_) return absl::CancelledError("informer stopping");
       for (Change& c : changes) {
         seen.insert(c.key);
@@ -164,7 +164,7 @@ absl::Status Informer::RelistByPage() {
   if (!rv.ok()) return rv.status();
   std::vector<ObjectPtr> deleted;
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     if (stopping_) return absl::CancelledError("informer stopping");
     for (auto it = cache_.begin(); it != cache_.end();) {
       if (seen.count(it->first)) {
@@ -207,7 +207,7 @@ absl::Status Informer::Relist() {
   };
   std::vector<Change> changes;
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     if (stopping_) return absl::CancelledError("informer stopping");
     for (const auto& [key, obj] : fresh) {
       auto it = cache_.find(key);
@@ -248,7 +248,7 @@ void Informer::ApplyEvent(const WatchEvent& event) {
   if (event.type == WatchEventType::kError) return;  // the stream ends with its status
   const std::string rv = ResourceVersion(event.object);
   if (event.type == WatchEventType::kBookmark) {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     if (!rv.empty()) rv_ = rv;
     return;
   }
@@ -256,7 +256,7 @@ void Informer::ApplyEvent(const WatchEvent& event) {
   ObjectPtr old_obj;
   ObjectPtr new_obj;
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     if (stopping_) return;
     if (!rv.empty()) rv_ = rv;
     ++stats_.events;
@@ -293,14 +293,14 @@ void Informer::Run() {
   absl::Duration backoff = options_.min_backoff;
   while (true) {
     {
-      absl::MutexLock lock(&mu_);
+      dynmig::MutexLock lock(&mu_);
       if (stopping_) return;
     }
     if (need_list) {
       absl::Status st = Relist();
       if (!st.ok()) {
         {
-          absl::MutexLock lock(&mu_);
+          dynmig::MutexLock lock(&mu_);
           if (stopping_) return;
           ++stats_.errors;
           last_error_ = st;
@@ -324,19 +324,19 @@ void Informer::Run() {
       backoff = options_.min_backoff;  // connected: a later failure starts a fresh backoff
       std::shared_ptr<WatchStream> watch = std::move(*stream);
       {
-        absl::MutexLock lock(&mu_);
+        dynmig::MutexLock lock(&mu_);
         ++stats_.watches;
         watch_ = watch;
         if (stopping_) watch->Stop();
       }
       end = watch->Wait();
-      absl::MutexLock lock(&mu_);
+      dynmig::MutexLock lock(&mu_);
       watch_.reset();
     } else {
       end = stream.status();
     }
     {
-      absl::MutexLock lock(&mu_);
+      dynmig::MutexLock lock(&mu_);
       if (stopping_) return;
     }
     if (end.ok()) {  // server closed the stream normally: re-watch from the last version
@@ -346,7 +346,7 @@ void Informer::Run() {
     const bool relist =
         end.code() == absl::StatusCode::kOutOfRange || end.code() == absl::StatusCode::kDataLoss;
     {
-      absl::MutexLock lock(&mu_);
+      dynmig::MutexLock lock(&mu_);
       if (end.code() == absl::StatusCode::kOutOfRange) {
         ++stats_.expired;
       } else {

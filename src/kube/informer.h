@@ -22,7 +22,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "kube/kube_client.h"
@@ -116,8 +116,8 @@ class Informer {
   const InformerOptions options_;
   std::vector<InformerHandlers> handlers_;
 
-  mutable absl::Mutex mu_;
-  mutable absl::CondVar cv_;  // signalled when synced_ or stopping_ becomes true
+  mutable dynmig::Mutex mu_;
+  mutable dynmig::CondVar cv_;  // signalled when synced_ or stopping_ becomes true
   std::map<std::string, ObjectPtr, std::less<>> cache_ ABSL_GUARDED_BY(mu_);
   std::string rv_ ABSL_GUARDED_BY(mu_);
   bool synced_ ABSL_GUARDED_BY(mu_) = false;

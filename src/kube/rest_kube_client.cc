@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "common/status_macros.h"
 #include "common/strings.h"
 #include "kube/api_status.h"
@@ -183,13 +183,13 @@ class RestWatchStream : public WatchStream {
     curl_easy_setopt(easy_, CURLOPT_ERRORBUFFER, errbuf_);
     curl_multi_add_handle(multi_, easy_);
     thread_ = std::thread([this] { Run(); });
-    absl::ReleasableMutexLock lock(&mu_);
+    dynmig::ReleasableMutexLock lock(&mu_);
     if (!clock_.WaitFor(cv_, mu_, header_timeout, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           return headers_done_ || finished_;
         })) {
       lock.Release();
       Stop();
-      absl::MutexLock relock(&mu_);
+      dynmig::MutexLock relock(&mu_);
       result_ = absl::DeadlineExceededError(fmt::format(
           "{}: no response headers within {}", context_, absl::FormatDuration(header_timeout)));
       return 0;
@@ -207,18 +207,18 @@ class RestWatchStream : public WatchStream {
     stop_ = true;
     if (multi_ != nullptr) curl_multi_wakeup(multi_);
     if (tls_running_watch == this) return;  // called from the handler
-    absl::MutexLock lock(&join_mu_);
+    dynmig::MutexLock lock(&join_mu_);
     if (thread_.joinable()) thread_.join();
   }
 
   absl::Status Wait() override {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     while (!finished_) cv_.Wait(&mu_);
     return result_;
   }
 
   std::optional<absl::Status> WaitFor(absl::Duration timeout) override {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     if (!clock_.WaitFor(cv_, mu_, timeout,
                         [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_; })) {
       return std::nullopt;
@@ -227,7 +227,7 @@ class RestWatchStream : public WatchStream {
   }
 
   std::string last_resource_version() const override {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     return last_rv_;
   }
 
@@ -243,7 +243,7 @@ class RestWatchStream : public WatchStream {
     } else if (line == "\r\n" || line == "\n") {
       if (self->pending_code_ >= 200) {  // skip 1xx interim responses
         self->response_code_ = self->pending_code_;
-        absl::MutexLock lock(&self->mu_);
+        dynmig::MutexLock lock(&self->mu_);
         self->http_code_ = self->pending_code_;
         self->headers_done_ = true;
         self->cv_.SignalAll();
@@ -321,7 +321,7 @@ class RestWatchStream : public WatchStream {
     }
     if (event.type != WatchEventType::kError) {
       FillKind(resource_, &event.object);
-      absl::MutexLock lock(&mu_);
+      dynmig::MutexLock lock(&mu_);
       const std::string rv = ResourceVersion(event.object);
       if (!rv.empty()) last_rv_ = rv;
     }
@@ -372,7 +372,7 @@ class RestWatchStream : public WatchStream {
     curl_multi_remove_handle(multi_, easy_);
     curl_easy_cleanup(easy_);
     easy_ = nullptr;
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     result_ = std::move(result);
     finished_ = true;
     headers_done_ = true;
@@ -388,7 +388,7 @@ class RestWatchStream : public WatchStream {
   curl_slist* headers_ = nullptr;
   char errbuf_[CURL_ERROR_SIZE];
   std::thread thread_;  // started by Start(), joined under join_mu_
-  absl::Mutex join_mu_;
+  dynmig::Mutex join_mu_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> abort_{false};
   absl::Status abort_status_;  // written on the watch thread before abort_ is read there
@@ -399,8 +399,8 @@ class RestWatchStream : public WatchStream {
   std::string error_body_;
   std::string retry_after_;
 
-  mutable absl::Mutex mu_;
-  absl::CondVar cv_;  // signalled when headers_done_ or finished_ becomes true
+  mutable dynmig::Mutex mu_;
+  dynmig::CondVar cv_;  // signalled when headers_done_ or finished_ becomes true
   long http_code_ ABSL_GUARDED_BY(mu_) = 0;  // set once, before any body data
   bool headers_done_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
@@ -429,7 +429,7 @@ absl::StatusOr<std::unique_ptr<RestKubeClient>> RestKubeClient::Create(RestConfi
 }
 
 RestKubeClient::~RestKubeClient() {
-  absl::MutexLock lock(&pool_mu_);
+  dynmig::MutexLock lock(&pool_mu_);
   for (void* h : idle_handles_) curl_easy_cleanup(static_cast<CURL*>(h));
 }
 
@@ -446,7 +446,7 @@ std::string RestKubeClient::ResourcePath(Resource resource, std::string_view ns,
 
 void* RestKubeClient::Acquire() {
   {
-    absl::MutexLock lock(&pool_mu_);
+    dynmig::MutexLock lock(&pool_mu_);
     if (!idle_handles_.empty()) {
       void* h = idle_handles_.back();
       idle_handles_.pop_back();
@@ -458,7 +458,7 @@ void* RestKubeClient::Acquire() {
 }
 
 void RestKubeClient::Release(void* handle) {
-  absl::MutexLock lock(&pool_mu_);
+  dynmig::MutexLock lock(&pool_mu_);
   if (idle_handles_.size() < 16) {
     idle_handles_.push_back(handle);
   } else {
@@ -468,7 +468,7 @@ void RestKubeClient::Release(void* handle) {
 
 absl::StatusOr<std::string> RestKubeClient::BearerToken() {
   if (config_.token_file.empty()) return config_.token;
-  absl::MutexLock lock(&token_mu_);
+  dynmig::MutexLock lock(&token_mu_);
   std::error_code ec;
   const auto mtime = std::filesystem::last_write_time(config_.token_file, ec);
   const int64_t stamp = ec ? -1 : static_cast<int64_t>(mtime.time_since_epoch().count());

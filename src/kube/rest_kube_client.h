@@ -15,7 +15,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "common/clock.h"
 #include "kube/kube_client.h"
 #include "kube/rest_config.h"
@@ -91,9 +91,9 @@ class RestKubeClient : public KubeClient {
   RestConfig config_;
   const Clock& clock_;
   std::atomic<int64_t> attempts_{0};
-  absl::Mutex pool_mu_;
+  dynmig::Mutex pool_mu_;
   std::vector<void*> idle_handles_ ABSL_GUARDED_BY(pool_mu_);
-  absl::Mutex token_mu_;
+  dynmig::Mutex token_mu_;
   std::string cached_token_ ABSL_GUARDED_BY(token_mu_);
   int64_t token_mtime_ ABSL_GUARDED_BY(token_mu_) = -1;
   int64_t token_size_ ABSL_GUARDED_BY(token_mu_) = -1;

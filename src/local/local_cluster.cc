@@ -322,7 +322,7 @@ absl::Status LocalCluster::Init() {
     nodes_.push_back(std::move(*node));
   }
 
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   if (auto st = StartControlPlaneLocked(*sched_config); !st.ok()) return st;
   // The nodes: device plugins, then the kubelets' pod loops.
   for (auto& node : nodes_) {
@@ -693,7 +693,7 @@ absl::Status LocalCluster::StartSchedulerLocked(Replica& replica) {
 void LocalCluster::StopReplicaLocked(Replica& replica) {
   if (replica.server == nullptr) return;
   {
-    absl::MutexLock lock(&route_mu_);
+    dynmig::MutexLock lock(&route_mu_);
     std::erase_if(routes_, [&](const auto& r) { return r.first == replica.server->url(); });
   }
   replica.server->Stop();
@@ -712,7 +712,7 @@ LocalCluster::Replica* LocalCluster::RouteTarget() const {
 }
 
 std::string LocalCluster::ExtenderUrl() const {
-  absl::MutexLock lock(&route_mu_);
+  dynmig::MutexLock lock(&route_mu_);
   for (const auto& [url, elector] : routes_) {
     if (elector == nullptr || elector->IsLeader()) return url;
   }
@@ -721,7 +721,7 @@ std::string LocalCluster::ExtenderUrl() const {
 
 void LocalCluster::RouteLocked() {
   {
-    absl::MutexLock lock(&route_mu_);
+    dynmig::MutexLock lock(&route_mu_);
     routes_.clear();
     for (const auto& r : replicas_) {
       if (r->server != nullptr) routes_.emplace_back(r->server->url(), r->server->elector());
@@ -785,7 +785,7 @@ absl::Status LocalCluster::StartDevicePluginLocked(Node& node) {
   // supervisor.
   FencedKubeClient* fence = node.plugin_client.get();
   o.core.crash_point = [this, fence, name = node.spec.name](std::string_view point) {
-    absl::MutexLock lock(&crash_mu_);
+    dynmig::MutexLock lock(&crash_mu_);
     auto it = armed_.find(name);
     if (it == armed_.end() || it->second != point) return false;
     armed_.erase(it);
@@ -813,13 +813,13 @@ absl::Status LocalCluster::StartDevicePluginLocked(Node& node) {
 
 void LocalCluster::Stop() {
   {
-    absl::MutexLock lock(&crash_mu_);
+    dynmig::MutexLock lock(&crash_mu_);
     supervisor_stop_ = true;
   }
   crash_cv_.SignalAll();
   if (supervisor_.joinable() && supervisor_.get_id() != std::this_thread::get_id())
     supervisor_.join();
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   if (stopped_) return;
   stopped_ = true;
   // Components stop, then their API clients go, closing their idle keep-alive connections: the
@@ -853,7 +853,7 @@ void LocalCluster::Stop() {
 std::string LocalCluster::api_url() const { return api_ ? api_->url() : ""; }
 
 std::string LocalCluster::scheduler_url() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   const Replica* r = RouteTarget();
   return r != nullptr ? r->server->url() : "";
 }
@@ -879,20 +879,20 @@ LocalCluster::Node* LocalCluster::FindNode(std::string_view name) const {
 }
 
 std::vector<scheduler::NodeReport> LocalCluster::Layout() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   const Replica* r = RouteTarget();
   if (r == nullptr) return {};
   return r->server->state().Report(scheduler_clock_->Now());
 }
 
 scheduler::SchedulerServer* LocalCluster::scheduler() {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   const Replica* r = RouteTarget();
   return r != nullptr ? r->server.get() : nullptr;
 }
 
 absl::Status LocalCluster::StopDevicePlugin(std::string_view name) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   Node* node = FindNode(name);
   if (node == nullptr) return absl::NotFoundError(fmt::format("no node {}", name));
   if (node->plugin == nullptr) return absl::OkStatus();
@@ -905,7 +905,7 @@ absl::Status LocalCluster::StopDevicePlugin(std::string_view name) {
 }
 
 absl::Status LocalCluster::StartDevicePlugin(std::string_view name) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   if (stopped_) return absl::FailedPreconditionError("the local cluster is stopped");
   Node* node = FindNode(name);
   if (node == nullptr) return absl::NotFoundError(fmt::format("no node {}", name));
@@ -926,13 +926,13 @@ absl::Status LocalCluster::RestartDevicePlugin(std::string_view name) {
 }
 
 bool LocalCluster::DevicePluginRunning(std::string_view name) const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   const Node* node = FindNode(name);
   return node != nullptr && node->plugin != nullptr;
 }
 
 deviceplugin::DevicePlugin* LocalCluster::device_plugin(std::string_view name) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   Node* node = FindNode(name);
   return node != nullptr ? node->plugin.get() : nullptr;
 }
@@ -943,7 +943,7 @@ deviceplugin::TestKubelet* LocalCluster::kubelet(std::string_view name) {
 }
 
 absl::Status LocalCluster::StopScheduler() {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   bool any = false;
   for (auto& r : replicas_) {
     any = any || r->server != nullptr;
@@ -954,7 +954,7 @@ absl::Status LocalCluster::StopScheduler() {
 }
 
 absl::Status LocalCluster::StartScheduler() {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   if (stopped_) return absl::FailedPreconditionError("the local cluster is stopped");
   for (auto& r : replicas_) {
     if (r->server != nullptr) continue;
@@ -972,7 +972,7 @@ absl::Status LocalCluster::StartScheduler() {
 }
 
 bool LocalCluster::SchedulerRunning() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   for (const auto& r : replicas_) {
     if (r->server == nullptr) return false;
   }
@@ -980,7 +980,7 @@ bool LocalCluster::SchedulerRunning() const {
 }
 
 int LocalCluster::SchedulerLeader() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   for (const auto& r : replicas_) {
     if (r->server == nullptr) continue;
     if (r->server->elector() == nullptr || r->server->elector()->IsLeader()) return r->index;
@@ -990,7 +990,7 @@ int LocalCluster::SchedulerLeader() const {
 
 absl::Status LocalCluster::ArmDevicePluginCrash(std::string_view node, std::string_view point) {
   if (FindNode(node) == nullptr) return absl::NotFoundError(fmt::format("no node {}", node));
-  absl::MutexLock lock(&crash_mu_);
+  dynmig::MutexLock lock(&crash_mu_);
   if (point.empty()) {
     armed_.erase(std::string(node));
   } else {
@@ -1000,12 +1000,12 @@ absl::Status LocalCluster::ArmDevicePluginCrash(std::string_view node, std::stri
 }
 
 void LocalCluster::DisarmCrashes() {
-  absl::MutexLock lock(&crash_mu_);
+  dynmig::MutexLock lock(&crash_mu_);
   armed_.clear();
 }
 
 absl::StatusOr<int> LocalCluster::CrashSchedulerLeader() {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   Replica* target = RouteTarget();
   if (target == nullptr) return absl::FailedPreconditionError("no scheduler replica runs");
   // The process is gone: no request of it reaches the API server any more (so a leader does not
@@ -1014,7 +1014,7 @@ absl::StatusOr<int> LocalCluster::CrashSchedulerLeader() {
   StopReplicaLocked(*target);
   RouteLocked();
   Log(fmt::format("scheduler-{}: crashed", target->index));
-  absl::MutexLock crash(&crash_mu_);
+  dynmig::MutexLock crash(&crash_mu_);
   ++crashes_["scheduler crash"];
   crashed_replicas_.push_back(target->index);
   crash_cv_.SignalAll();
@@ -1022,12 +1022,12 @@ absl::StatusOr<int> LocalCluster::CrashSchedulerLeader() {
 }
 
 std::map<std::string, int64_t> LocalCluster::Crashes() const {
-  absl::MutexLock lock(&crash_mu_);
+  dynmig::MutexLock lock(&crash_mu_);
   return crashes_;
 }
 
 bool LocalCluster::CrashesRestarted() const {
-  absl::MutexLock lock(&crash_mu_);
+  dynmig::MutexLock lock(&crash_mu_);
   return crashed_plugins_.empty() && crashed_replicas_.empty() && !supervising_;
 }
 
@@ -1035,13 +1035,13 @@ void LocalCluster::Supervise() {
   CrashBatch batch;
   while (NextCrashes(&batch)) {
     RestartCrashed(batch);
-    absl::MutexLock lock(&crash_mu_);
+    dynmig::MutexLock lock(&crash_mu_);
     supervising_ = false;
   }
 }
 
 bool LocalCluster::NextCrashes(CrashBatch* batch) {
-  absl::MutexLock lock(&crash_mu_);
+  dynmig::MutexLock lock(&crash_mu_);
   while (!supervisor_stop_ && crashed_plugins_.empty() && crashed_replicas_.empty()) {
     crash_cv_.Wait(&crash_mu_);
   }
@@ -1062,7 +1062,7 @@ void LocalCluster::RestartCrashed(const CrashBatch& batch) {
                       std::string(st.message())));
   }
   for (int index : batch.replicas) {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     if (stopped_) break;
     Replica& r = *replicas_[static_cast<size_t>(index)];
     absl::Status st = StartSchedulerLocked(r);

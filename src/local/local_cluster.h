@@ -46,7 +46,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "kube/in_memory_api_server.h"
@@ -311,7 +311,7 @@ class LocalCluster {
   // Guards the components below against concurrent stop/start. nodes_ itself is fixed once Init
   // added them (read without it); a node's device plugin "process" (plugin, plugin_client,
   // plugin_nvml) is guarded by it.
-  mutable absl::Mutex mu_;
+  mutable dynmig::Mutex mu_;
   std::vector<std::unique_ptr<Replica>> replicas_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<kube::KubeClient> loop_client_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<SchedulerLoop> loop_ ABSL_GUARDED_BY(mu_);
@@ -320,14 +320,14 @@ class LocalCluster {
 
   // The extender routes (url, elector or null per running replica), read by kube-scheduler's
   // thread without mu_.
-  mutable absl::Mutex route_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  mutable dynmig::Mutex route_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::vector<std::pair<std::string, const scheduler::LeaderElector*>> routes_
       ABSL_GUARDED_BY(route_mu_);
 
   // Crashes: armed points, crashed parts waiting for the supervisor, counts. Never held while
   // calling into a component (the crash hook runs inside a plugin's Allocate).
-  mutable absl::Mutex crash_mu_ ABSL_ACQUIRED_AFTER(mu_);
-  absl::CondVar crash_cv_;
+  mutable dynmig::Mutex crash_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  dynmig::CondVar crash_cv_;
   std::map<std::string, std::string, std::less<>> armed_
       ABSL_GUARDED_BY(crash_mu_);  // node -> point
   std::vector<std::string> crashed_plugins_ ABSL_GUARDED_BY(crash_mu_);

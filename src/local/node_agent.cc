@@ -55,7 +55,7 @@ NodeAgent::NodeAgent(kube::KubeClient& client, DeviceAllocator& allocator, const
             kube::InformerOptions{.filter = {.field_selector = "spec.nodeName=" + options_.node}}),
       next_pid_(options_.first_pid) {
   auto poke = [this] {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     dirty_ = true;
     cv_.SignalAll();
   };
@@ -81,13 +81,13 @@ void NodeAgent::Loop() {
   pods_.WaitForSync(absl::Seconds(30));
   while (true) {
     {
-      absl::MutexLock lock(&mu_);
+      dynmig::MutexLock lock(&mu_);
       if (stop_) return;
       dirty_ = false;
     }
     Reconcile();
     const absl::Duration wait = NextWake() + absl::Milliseconds(5);
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     clock_.WaitFor(cv_, mu_, wait,
                    [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || dirty_; });
   }
@@ -110,7 +110,7 @@ absl::Duration NodeAgent::NextWake() const {
 
 void NodeAgent::Stop() {
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     stop_ = true;
     cv_.SignalAll();
   }

@@ -28,7 +28,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "kube/informer.h"
@@ -155,8 +155,8 @@ class NodeAgent {
   };
   std::map<std::string, UnsyncedStatus> unsynced_;  // by pod uid: status writes to retry
   uint32_t next_pid_;
-  absl::Mutex mu_;
-  absl::CondVar cv_;  // signalled on stop_ and dirty_
+  dynmig::Mutex mu_;
+  dynmig::CondVar cv_;  // signalled on stop_ and dirty_
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool dirty_ ABSL_GUARDED_BY(mu_) = true;  // the node's pods changed since the last Reconcile
   std::thread thread_;

@@ -289,14 +289,14 @@ bool SchedulerLoop::Pending(const kube::Object& pod) const {
 
 void SchedulerLoop::OnPodAdd(const kube::Object& pod) {
   if (!Pending(pod)) return;  // an assigned pod helps only pods with inter-pod affinity
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   queue_.Add(kube::ObjectKey(pod), Priority(pod), clock_.Now());
   cv_.SignalAll();
 }
 
 void SchedulerLoop::OnPodUpdate(const kube::Object& old_pod, const kube::Object& new_pod) {
   const bool was = Pending(old_pod), is = Pending(new_pod);
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   const std::string key = kube::ObjectKey(new_pod);
   if (was && !is) {
     queue_.Delete(key);  // bound (or handed to another scheduler)
@@ -316,7 +316,7 @@ void SchedulerLoop::OnPodUpdate(const kube::Object& old_pod, const kube::Object&
 void SchedulerLoop::OnPodDelete(const kube::Object& pod) {
   const bool assigned = !kube::NodeName(pod).empty();
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     assumed_.erase(kube::Uid(pod));
     if (!assigned) {
       queue_.Delete(kube::ObjectKey(pod));
@@ -333,7 +333,7 @@ void SchedulerLoop::OnPodDelete(const kube::Object& pod) {
 void SchedulerLoop::OnNodeUpdate(const kube::Object& old_node, const kube::Object& new_node) {
   bool moved = false;
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     // kube-scheduler compares the properties only while some pod is unschedulable; otherwise any
     // update is a move request (so a pod being tried meanwhile backs off instead of waiting).
     if (queue_.UnschedulableCount() == 0 || SchedulingPropertiesChanged(old_node, new_node)) {
@@ -349,18 +349,18 @@ void SchedulerLoop::OnNodeUpdate(const kube::Object& old_node, const kube::Objec
 }
 
 void SchedulerLoop::MoveAll() {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   queue_.MoveAll(clock_.Now());
   cv_.SignalAll();
 }
 
 SchedulingQueue::Where SchedulerLoop::QueueOf(const std::string& key) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return queue_.Find(key);
 }
 
 int SchedulerLoop::Attempts(const std::string& key) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return queue_.Attempts(key);
 }
 
@@ -415,14 +415,14 @@ void SchedulerLoop::ReapBinders(bool all) {
 
 void SchedulerLoop::Stop() {
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     stop_ = true;
     cv_.SignalAll();
   }
   if (thread_.joinable()) thread_.join();
   std::list<std::unique_ptr<Binder>> binders;
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     binders.swap(binders_);
   }
   for (auto& b : binders) {
@@ -457,7 +457,7 @@ bool SchedulerLoop::UsesManagedResources(const kube::Object& pod) const {
 void SchedulerLoop::ScheduleOne(const std::string& key) {
   const kube::ObjectPtr pod = pods_.Get(key);
   if (pod == nullptr || !Pending(*pod)) {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     queue_.Delete(key);
     return;
   }
@@ -492,7 +492,7 @@ bool SchedulerLoop::AlreadyAssumed(const std::string& key, const kube::Object& p
   bool in_cache = false;
   bool binder_reports = false;
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     const auto it = assumed_.find(kube::Uid(pod));
     in_cache = it != assumed_.end();
     binder_reports = in_cache && it->second;
@@ -576,7 +576,7 @@ std::optional<std::string> SchedulerLoop::FilterByExtender(const std::string& ke
 
 void SchedulerLoop::AssumeAndBind(kube::ObjectPtr pod, const std::string& node, bool extender,
                                   const std::string& updated_in_cycle) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   if (stop_) return;
   assumed_[kube::Uid(*pod)] = !updated_in_cycle.empty();
   auto binder = std::make_unique<Binder>();
@@ -612,7 +612,7 @@ void SchedulerLoop::Bind(kube::ObjectPtr pod, std::string node, bool extender,
   }
   if (!error.empty()) {
     {
-      absl::MutexLock lock(&mu_);
+      dynmig::MutexLock lock(&mu_);
       assumed_.erase(kube::Uid(*pod));  // ForgetPod
     }
     Failed(key, "SchedulerError", "Binding rejected: " + error);
@@ -634,12 +634,12 @@ void SchedulerLoop::Failed(const std::string& key, const std::string& reason,
   // kube-scheduler's error handler: queued again only while the pod still exists unbound.
   const kube::ObjectPtr pod = pods_.Get(key);
   if (pod == nullptr || !kube::NodeName(*pod).empty()) {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     queue_.Delete(key);
     return;
   }
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     queue_.AddUnschedulable(key, Priority(*pod), clock_.Now());
     cv_.SignalAll();
   }

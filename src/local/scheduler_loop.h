@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "kube/informer.h"
@@ -120,8 +120,8 @@ class SchedulerLoop {
   const SchedulerLoopOptions options_;
   kube::Informer pods_;
   kube::Informer nodes_;
-  absl::Mutex mu_;
-  absl::CondVar cv_;  // signalled when the queue changes or the loop is to stop
+  dynmig::Mutex mu_;
+  dynmig::CondVar cv_;  // signalled when the queue changes or the loop is to stop
   SchedulingQueue queue_ ABSL_GUARDED_BY(mu_);
   // uids bound or being bound, not yet seen bound -> whether the pod was updated during its cycle
   // (its binder reports that; the requeued copy then fails quietly).

@@ -551,7 +551,7 @@ absl::StatusOr<GpuInstanceInfo> DlopenNvml::CreateGpuInstance(uint32_t gpu, uint
   DYNMIG_NVML_REQUIRE_FN(DeviceCreateGpuInstanceWithPlacement,
                          "nvmlDeviceCreateGpuInstanceWithPlacement", context);
   DYNMIG_NVML_REQUIRE_FN(GpuInstanceGetInfo, "nvmlGpuInstanceGetInfo", context);
-  absl::MutexLock lock(&mutate_mu_);
+  dynmig::MutexLock lock(&mutate_mu_);
   Calls calls(*api_);
   auto dev = calls.Device(gpu, context);
   if (!dev.ok()) return dev.status();
@@ -617,7 +617,7 @@ absl::StatusOr<std::vector<GpuInstanceInfo>> DlopenNvml::ListGpuInstances(uint32
 absl::Status DlopenNvml::DestroyGpuInstance(uint32_t gpu, uint32_t gi_id) {
   const std::string context = fmt::format("destroy GPU instance {} on GPU {}", gi_id, gpu);
   DYNMIG_NVML_REQUIRE_FN(GpuInstanceDestroy, "nvmlGpuInstanceDestroy", context);
-  absl::MutexLock lock(&mutate_mu_);
+  dynmig::MutexLock lock(&mutate_mu_);
   Calls calls(*api_);
   auto dev = calls.Device(gpu, context);
   if (!dev.ok()) return dev.status();
@@ -634,7 +634,7 @@ absl::StatusOr<ComputeInstanceInfo> DlopenNvml::CreateComputeInstance(uint32_t g
                          "nvmlGpuInstanceGetComputeInstanceProfileInfo", context);
   DYNMIG_NVML_REQUIRE_FN(GpuInstanceCreateComputeInstance, "nvmlGpuInstanceCreateComputeInstance",
                          context);
-  absl::MutexLock lock(&mutate_mu_);
+  dynmig::MutexLock lock(&mutate_mu_);
   Calls calls(*api_);
   auto dev = calls.Device(gpu, context);
   if (!dev.ok()) return dev.status();
@@ -724,7 +724,7 @@ absl::Status DlopenNvml::DestroyComputeInstance(uint32_t gpu, uint32_t gi_id, ui
   const std::string context =
       fmt::format("destroy compute instance {} of GPU instance {} on GPU {}", ci_id, gi_id, gpu);
   DYNMIG_NVML_REQUIRE_FN(ComputeInstanceDestroy, "nvmlComputeInstanceDestroy", context);
-  absl::MutexLock lock(&mutate_mu_);
+  dynmig::MutexLock lock(&mutate_mu_);
   Calls calls(*api_);
   auto dev = calls.Device(gpu, context);
   if (!dev.ok()) return dev.status();

@@ -15,7 +15,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "nvml/nvml.h"
 
 namespace dynmig::nvml {
@@ -68,7 +68,7 @@ class DlopenNvml final : public Nvml {
   void* handle_ = nullptr;
   std::unique_ptr<Api> api_;
   std::string driver_version_;
-  absl::Mutex mutate_mu_;  // serializes create/destroy (NVML's own state, nothing of ours)
+  dynmig::Mutex mutate_mu_;  // serializes create/destroy (NVML's own state, nothing of ours)
 };
 
 }  // namespace dynmig::nvml

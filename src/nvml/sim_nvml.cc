@@ -118,7 +118,7 @@ absl::StatusOr<std::unique_ptr<SimNvml>> SimNvml::Create(SimNvmlOptions options)
 }
 
 absl::Status SimNvml::Init() {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   const std::string& path = options_.state_file;
   if (path.empty()) {
     if (options_.spec.empty()) {
@@ -276,7 +276,7 @@ absl::StatusOr<T> SimNvml::Call(std::string_view op, std::optional<uint32_t> gpu
   absl::Duration latency = absl::ZeroDuration();
   absl::Duration modelled = absl::ZeroDuration();
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     if (auto st = Refresh(false); !st.ok()) return st;
     latency = LatencyOf(*state_, op);
     const std::optional<mig::NvmlOp> reconfig = ReconfigurationOf(op);
@@ -286,7 +286,7 @@ absl::StatusOr<T> SimNvml::Call(std::string_view op, std::optional<uint32_t> gpu
   }
   // The latency model: one reconfiguration of a GPU at a time, held until it is applied.
   if (modelled > absl::ZeroDuration() && *gpu < gpu_mu_.size()) {
-    absl::MutexLock gpu_lock(&gpu_mu_[*gpu]);
+    dynmig::MutexLock gpu_lock(&gpu_mu_[*gpu]);
     clock_.SleepFor(latency + modelled);
     return Apply<T>(op, gpu, mutating, context, fn);
   }
@@ -319,7 +319,7 @@ template <typename T>
 absl::StatusOr<T> SimNvml::Apply(std::string_view op, std::optional<uint32_t> gpu, bool mutating,
                                  std::string_view context,
                                  const std::function<absl::StatusOr<T>(sim::State&)>& fn) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   if (auto st = Refresh(false); !st.ok()) return st;
   const bool file_backed = !options_.state_file.empty();
   FileLock file_lock;
@@ -379,7 +379,7 @@ std::string SimNvml::Description() const {
 }
 
 std::string SimNvml::spec() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return state_->spec;
 }
 

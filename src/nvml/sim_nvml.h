@@ -44,7 +44,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "common/clock.h"
 #include "mig/catalogue.h"
 #include "mig/nvml_latency.h"
@@ -230,13 +230,13 @@ class SimNvml final : public Nvml {
 
   SimNvmlOptions options_;
   const Clock& clock_;
-  mutable absl::Mutex mu_;
+  mutable dynmig::Mutex mu_;
   std::unique_ptr<sim::State> state_ ABSL_GUARDED_BY(mu_) ABSL_PT_GUARDED_BY(mu_);
   FileStamp stamp_ ABSL_GUARDED_BY(mu_);  // of the loaded file
   int lock_fd_ = -1;  // "<state>.lock", opened by Init, open for the object's lifetime
   // One MIG reconfiguration per GPU at a time, while the latency model delays it. Acquired
   // before mu_.
-  std::array<absl::Mutex, 32> gpu_mu_;
+  std::array<dynmig::Mutex, 32> gpu_mu_;
 };
 
 }  // namespace dynmig::nvml

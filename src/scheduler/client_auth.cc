@@ -46,7 +46,7 @@ ClientCertAuth::~ClientCertAuth() {
 
 absl::StatusOr<std::unique_ptr<ClientCertAuth>> ClientCertAuth::Create(std::string ca_file) {
   std::unique_ptr<ClientCertAuth> a(new ClientCertAuth(std::move(ca_file)));
-  absl::MutexLock lock(&a->mu_);
+  dynmig::MutexLock lock(&a->mu_);
   if (absl::Status st = a->Load(); !st.ok()) return st;
   return a;
 }
@@ -85,7 +85,7 @@ absl::Status ClientCertAuth::Load() {
 }
 
 absl::Status ClientCertAuth::MaybeReload() {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   if (FileIdentity(ca_file_) == identity_) return absl::OkStatus();
   absl::Status st = Load();
   if (st.ok()) {
@@ -101,7 +101,7 @@ absl::Status ClientCertAuth::MaybeReload() {
 int ClientCertAuth::ClientHelloCallback(SSL* ssl, int* /*alert*/, void* arg) {
   auto* self = static_cast<ClientCertAuth*>(arg);
   (void)self->MaybeReload();
-  absl::MutexLock lock(&self->mu_);
+  dynmig::MutexLock lock(&self->mu_);
   // This handshake verifies against the CAs loaded now (a reload does not touch live ones).
   SSL_set1_verify_cert_store(ssl, self->store_);
   SSL_set_client_CA_list(ssl,
@@ -137,12 +137,12 @@ absl::Status ClientCertAuth::Authenticate(const SSL* ssl) const {
 }
 
 int64_t ClientCertAuth::reloads() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return reloads_;
 }
 
 int64_t ClientCertAuth::failures() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return failures_;
 }
 

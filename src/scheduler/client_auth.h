@@ -20,7 +20,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 
 typedef struct ssl_ctx_st SSL_CTX;
 typedef struct ssl_st SSL;
@@ -59,7 +59,7 @@ class ClientCertAuth {
   static int ClientHelloCallback(SSL* ssl, int* alert, void* arg);
 
   const std::string ca_file_;
-  mutable absl::Mutex mu_;
+  mutable dynmig::Mutex mu_;
   X509_STORE* store_ ABSL_GUARDED_BY(mu_) = nullptr;
   STACK_OF_X509_NAME* names_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::string identity_ ABSL_GUARDED_BY(mu_);

@@ -142,7 +142,7 @@ ClusterState::NodeEntry& ClusterState::NodeFor(const std::string& name) {
 
 std::shared_ptr<const std::vector<ClusterState::NodeEntry*>> ClusterState::Resolve(
     const std::vector<std::string>& candidates) const {
-  absl::MutexLock memo(&resolve_mu_);
+  dynmig::MutexLock memo(&resolve_mu_);
   if (resolved_generation_ == nodes_generation_ && candidates == resolved_names_) {
     return resolved_entries_;
   }
@@ -175,7 +175,7 @@ void ClusterState::DropAssumed(std::map<std::string, AssumedEntry>::iterator it)
 void ClusterState::UpsertNode(const json& node) {
   const std::string name = Str(node, {"metadata", "name"});
   if (name.empty()) return;
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   NodeEntry& entry = NodeFor(name);
   Touch(entry);
   entry.locked_at.reset();
@@ -239,7 +239,7 @@ void ClusterState::Uncount(const std::string& model) {
 }
 
 std::vector<std::string> ClusterState::Models() const {
-  absl::ReaderMutexLock lock(&mu_);
+  dynmig::ReaderMutexLock lock(&mu_);
   std::vector<std::string> out;
   out.reserve(model_count_.size());
   for (const auto& [model, count] : model_count_) out.push_back(model);
@@ -247,7 +247,7 @@ std::vector<std::string> ClusterState::Models() const {
 }
 
 void ClusterState::RemoveNode(const std::string& name) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   if (NodeEntry* entry = FindNode(name)) {
     for (const auto& gpu : entry->gpus) Uncount(gpu.info.type);
   }
@@ -269,7 +269,7 @@ void ClusterState::UpsertPod(const json& pod) {
   const std::string ns = Str(pod, {"metadata", "namespace"});
   const std::string name = Str(pod, {"metadata", "name"});
   const std::string key = ns + "/" + name;
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   Unlink(key);
   if (kube::IsTerminated(pod)) {
     // A terminated pod releases its reservation; so does its assumption.
@@ -308,7 +308,7 @@ void ClusterState::UpsertPod(const json& pod) {
 
 void ClusterState::RemovePod(const std::string& ns, const std::string& name) {
   const std::string key = ns + "/" + name;
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   Unlink(key);
   released_.erase(key);
   if (auto a = assumed_.find(key); a != assumed_.end()) DropAssumed(a);
@@ -814,7 +814,7 @@ absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
   constexpr int kOptimisticAttempts = 8;
   for (int attempt = 0;; ++attempt) {
     if (attempt >= kOptimisticAttempts) {
-      absl::MutexLock lock(&mu_);
+      dynmig::MutexLock lock(&mu_);
       if (assumed_.count(pod_key)) return already();
       auto entries = entries_of();
       for (NodeEntry* n : *entries) {
@@ -827,7 +827,7 @@ absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
     Planned p;
     bool stale = false;
     {
-      absl::ReaderMutexLock lock(&mu_);
+      dynmig::ReaderMutexLock lock(&mu_);
       if (assumed_.count(pod_key)) return already();
       auto entries = entries_of();
       for (NodeEntry* n : *entries) {
@@ -841,7 +841,7 @@ absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
         if (p.session->chosen() < 0) return std::move(p.decision);
       }
     }
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     if (stale) {
       // Bring the changed nodes up to date (usually none: a reservation rebuilds its node at
       // once), then plan again under the shared lock.
@@ -857,7 +857,7 @@ absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
 }
 
 std::optional<ClusterState::AssumedInfo> ClusterState::Assumed(const std::string& pod_key) const {
-  absl::ReaderMutexLock lock(&mu_);
+  dynmig::ReaderMutexLock lock(&mu_);
   auto it = assumed_.find(pod_key);
   if (it == assumed_.end()) return std::nullopt;
   return AssumedInfo{.reservation = it->second.reservation,
@@ -869,7 +869,7 @@ std::optional<ClusterState::AssumedInfo> ClusterState::Assumed(const std::string
 absl::StatusOr<Reservation> ClusterState::ClaimForBind(const std::string& pod_key,
                                                        const std::string& pod_uid,
                                                        const std::string& node, absl::Time now) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   auto it = assumed_.find(pod_key);
   if (it == assumed_.end()) {
     return absl::NotFoundError(
@@ -892,19 +892,19 @@ absl::StatusOr<Reservation> ClusterState::ClaimForBind(const std::string& pod_ke
 }
 
 void ClusterState::EndBind(const std::string& pod_key) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   if (auto it = assumed_.find(pod_key); it != assumed_.end()) it->second.binding = false;
 }
 
 void ClusterState::Forget(const std::string& pod_key) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   auto it = assumed_.find(pod_key);
   if (it == assumed_.end()) return;
   DropAssumed(it);
 }
 
 std::vector<NodeReport> ClusterState::Report(absl::Time now) const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   std::vector<NodeReport> out;
   for (auto& [name, n] : nodes_) {
     ViewOf(n, now);
@@ -914,14 +914,14 @@ std::vector<NodeReport> ClusterState::Report(absl::Time now) const {
 }
 
 std::optional<mig::NodeView> ClusterState::View(const std::string& node, absl::Time now) const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   auto it = nodes_.find(node);
   if (it == nodes_.end()) return std::nullopt;
   return ViewOf(it->second, now);
 }
 
 std::vector<std::string> ClusterState::UnrealizedBefore(absl::Time deadline) const {
-  absl::ReaderMutexLock lock(&mu_);
+  dynmig::ReaderMutexLock lock(&mu_);
   const int64_t cutoff = absl::ToUnixSeconds(deadline);
   std::vector<std::string> out;
   for (const auto& [key, pod] : pods_) {
@@ -939,7 +939,7 @@ std::vector<std::string> ClusterState::UnrealizedBefore(absl::Time deadline) con
 }
 
 std::optional<std::string> ClusterState::ReservedNode(const std::string& pod_key) const {
-  absl::ReaderMutexLock lock(&mu_);
+  dynmig::ReaderMutexLock lock(&mu_);
   if (auto a = assumed_.find(pod_key); a != assumed_.end()) return a->second.reservation.node;
   auto it = pods_.find(pod_key);
   if (it == pods_.end()) return std::nullopt;
@@ -951,7 +951,7 @@ std::optional<std::string> ClusterState::ReservedNode(const std::string& pod_key
 }
 
 void ClusterState::ReleaseUnrealized(const std::string& pod_key) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   auto it = pods_.find(pod_key);
   if (it == pods_.end()) return;
   released_.insert(pod_key);

@@ -32,7 +32,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "mig/allowlist.h"
 #include "mig/node_planner.h"
@@ -340,7 +340,7 @@ class ClusterState {
 
   const ClusterStateOptions options_;
   // Readers (filters planning, reports) share it; informer events and commits hold it alone.
-  mutable absl::Mutex mu_;
+  mutable dynmig::Mutex mu_;
   // Sorted: reports list nodes by name. Entries never move (index_ and plans point at them).
   mutable std::map<std::string, NodeEntry> nodes_ ABSL_GUARDED_BY(mu_);
   // Hash index over nodes_: a filter looks up thousands of candidates.
@@ -349,7 +349,7 @@ class ClusterState {
   std::map<std::string, int> model_count_ ABSL_GUARDED_BY(mu_);
   // Bumped whenever nodes_ gains or loses an entry.
   uint64_t nodes_generation_ ABSL_GUARDED_BY(mu_) = 0;
-  mutable absl::Mutex resolve_mu_ ABSL_ACQUIRED_AFTER(mu_);  // guards Resolve's memo
+  mutable dynmig::Mutex resolve_mu_ ABSL_ACQUIRED_AFTER(mu_);  // guards Resolve's memo
   mutable std::vector<std::string> resolved_names_ ABSL_GUARDED_BY(resolve_mu_);
   mutable std::shared_ptr<const std::vector<NodeEntry*>> resolved_entries_
       ABSL_GUARDED_BY(resolve_mu_);

@@ -13,7 +13,7 @@ EventRecorder::EventRecorder(kube::KubeClient& client, const Clock& clock,
 
 EventRecorder::~EventRecorder() {
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     stopping_ = true;
   }
   cv_.SignalAll();
@@ -38,7 +38,7 @@ void EventRecorder::Record(const kube::Object& pod, std::string_view type, std::
   }
   const std::string key = ns + "/" + kube::Name(pod) + "|" + std::string(reason) + "|" + message;
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     if (auto it = recent_.find(key);
         it != recent_.end() && now - it->second < options_.dedupe_window) {
       return;
@@ -59,7 +59,7 @@ void EventRecorder::Record(const kube::Object& pod, std::string_view type, std::
 }
 
 void EventRecorder::Run() {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   while (true) {
     while (!stopping_ && queue_.empty()) cv_.Wait(&mu_);
     if (stopping_) {
@@ -88,19 +88,19 @@ void EventRecorder::Run() {
 }
 
 bool EventRecorder::Flush(absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return clock_.WaitFor(idle_cv_, mu_, timeout, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return queue_.empty() && !busy_;
   });
 }
 
 int64_t EventRecorder::written() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return written_;
 }
 
 int64_t EventRecorder::dropped() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return dropped_;
 }
 

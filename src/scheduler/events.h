@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "kube/kube_client.h"
@@ -51,9 +51,9 @@ class EventRecorder {
   const Clock& clock_;
   const EventRecorderOptions options_;
 
-  mutable absl::Mutex mu_;
-  absl::CondVar cv_;
-  absl::CondVar idle_cv_;
+  mutable dynmig::Mutex mu_;
+  dynmig::CondVar cv_;
+  dynmig::CondVar idle_cv_;
   std::deque<kube::Object> queue_ ABSL_GUARDED_BY(mu_);
   // pod|reason|message -> last recorded
   std::map<std::string, absl::Time> recent_ ABSL_GUARDED_BY(mu_);

@@ -70,14 +70,14 @@ const json* FieldCaseInsensitive(const json& obj, std::string_view key) {
 }
 
 std::shared_ptr<const std::vector<std::string>> NodeNamesCache::Find(std::string_view raw) const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   if (names_ != nullptr && raw == raw_) return names_;
   return nullptr;
 }
 
 void NodeNamesCache::Store(std::string_view raw,
                            std::shared_ptr<const std::vector<std::string>> names) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   raw_.assign(raw);
   names_ = std::move(names);
 }

@@ -13,7 +13,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "nlohmann/json.hpp"
 
 namespace dynmig::scheduler {
@@ -45,7 +45,7 @@ class NodeNamesCache {
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  mutable absl::Mutex mu_;
+  mutable dynmig::Mutex mu_;
   std::string raw_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const std::vector<std::string>> names_ ABSL_GUARDED_BY(mu_);
 };

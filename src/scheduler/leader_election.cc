@@ -17,12 +17,12 @@ LeaderElector::~LeaderElector() { Stop(); }
 void LeaderElector::OnChange(Callback callback) { callback_ = std::move(callback); }
 
 bool LeaderElector::IsLeader() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return leading_ && clock_.Now() - last_renew_ < options_.renew_deadline;
 }
 
 std::string LeaderElector::holder() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return holder_;
 }
 
@@ -30,7 +30,7 @@ void LeaderElector::SetLeading(bool leading, absl::Time renewed,
                                const std::string& previous_holder) {
   bool changed = false;
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     changed = leading_ != leading;
     leading_ = leading;
     if (leading) {
@@ -46,7 +46,7 @@ void LeaderElector::SetLeading(bool leading, absl::Time renewed,
 }
 
 bool LeaderElector::TryAcquireOrRenew() {
-  absl::MutexLock round(&round_mu_);
+  dynmig::MutexLock round(&round_mu_);
   const absl::Time now = clock_.Now();
   const int64_t duration_s = std::max<int64_t>(1, absl::ToInt64Seconds(options_.lease_duration));
   auto lease = client_.GetLease(options_.lease_namespace, options_.lease_name);
@@ -74,7 +74,7 @@ bool LeaderElector::TryAcquireOrRenew() {
       return IsLeader();
     }
     {
-      absl::MutexLock lock(&mu_);
+      dynmig::MutexLock lock(&mu_);
       observed_spec_ = spec;
       observed_time_ = now;
     }
@@ -91,7 +91,7 @@ bool LeaderElector::TryAcquireOrRenew() {
   }
   absl::Time observed_at;
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     if (spec != observed_spec_) {
       observed_spec_ = spec;
       observed_time_ = now;
@@ -131,7 +131,7 @@ bool LeaderElector::TryAcquireOrRenew() {
     return IsLeader();
   }
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     auto it = written->find("spec");
     observed_spec_ = (it != written->end() && it->is_object()) ? *it : s;
     observed_time_ = now;
@@ -141,9 +141,9 @@ bool LeaderElector::TryAcquireOrRenew() {
 }
 
 absl::Status LeaderElector::Release() {
-  absl::MutexLock round(&round_mu_);
+  dynmig::MutexLock round(&round_mu_);
   {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     if (!leading_) return absl::OkStatus();
   }
   const absl::Time now = clock_.Now();
@@ -161,10 +161,10 @@ absl::Status LeaderElector::Release() {
 }
 
 void LeaderElector::Start() {
-  absl::MutexLock lock(&loop_mu_);
+  dynmig::MutexLock lock(&loop_mu_);
   if (thread_.joinable() || stopping_) return;
   thread_ = std::thread([this] {
-    absl::MutexLock l(&loop_mu_);
+    dynmig::MutexLock l(&loop_mu_);
     while (!stopping_) {
       loop_mu_.Unlock();
       TryAcquireOrRenew();
@@ -178,7 +178,7 @@ void LeaderElector::Start() {
 void LeaderElector::Stop() {
   std::thread thread;
   {
-    absl::MutexLock lock(&loop_mu_);
+    dynmig::MutexLock lock(&loop_mu_);
     stopping_ = true;
     thread = std::move(thread_);
   }

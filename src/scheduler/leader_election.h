@@ -17,7 +17,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "kube/kube_client.h"
@@ -76,16 +76,16 @@ class LeaderElector {
   const LeaderElectionOptions options_;
   Callback callback_;
 
-  absl::Mutex round_mu_;  // one round (or release) at a time; callbacks run under it
-  mutable absl::Mutex mu_ ABSL_ACQUIRED_AFTER(round_mu_);
+  dynmig::Mutex round_mu_;  // one round (or release) at a time; callbacks run under it
+  mutable dynmig::Mutex mu_ ABSL_ACQUIRED_AFTER(round_mu_);
   bool leading_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_renew_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   nlohmann::json observed_spec_ ABSL_GUARDED_BY(mu_);
   absl::Time observed_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::string holder_ ABSL_GUARDED_BY(mu_);
 
-  absl::Mutex loop_mu_;
-  absl::CondVar loop_cv_;
+  dynmig::Mutex loop_mu_;
+  dynmig::CondVar loop_cv_;
   bool stopping_ ABSL_GUARDED_BY(loop_mu_) = false;
   std::thread thread_ ABSL_GUARDED_BY(loop_mu_);
 };

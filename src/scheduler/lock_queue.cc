@@ -11,13 +11,13 @@ NodeLockQueue::NodeLockQueue(NodeLockQueueOptions options) : options_(options) {
 NodeLockQueue::~NodeLockQueue() { Stop(); }
 
 void NodeLockQueue::Stop() {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   stopped_ = true;
   cv_.SignalAll();
 }
 
 void NodeLockQueue::NodeChanged(std::string_view node) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   auto it = queues_.find(node);
   if (it == queues_.end()) return;
   ++it->second.changes;
@@ -25,13 +25,13 @@ void NodeLockQueue::NodeChanged(std::string_view node) {
 }
 
 int NodeLockQueue::Waiting(std::string_view node) const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   auto it = queues_.find(node);
   return it == queues_.end() ? 0 : static_cast<int>(it->second.tickets.size());
 }
 
 int NodeLockQueue::Waiting() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return waiting_;
 }
 
@@ -51,7 +51,7 @@ absl::Status NodeLockQueue::Acquire(kube::KubeClient& client, std::string_view n
   const std::string node(node_view);
   const absl::Duration deadline = clock.Monotonic() + options_.wait;
 
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   if (stopped_) return absl::CancelledError(fmt::format("lock node {}: shutting down", node));
   if (waiting_ >= options_.max_waiters) {
     return absl::FailedPreconditionError(fmt::format(

@@ -24,7 +24,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "kube/kube_client.h"
@@ -77,8 +77,8 @@ class NodeLockQueue {
   void Leave(const std::string& node, uint64_t ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const NodeLockQueueOptions options_;
-  mutable absl::Mutex mu_;
-  absl::CondVar cv_;
+  mutable dynmig::Mutex mu_;
+  dynmig::CondVar cv_;
   std::map<std::string, NodeQueue, std::less<>> queues_ ABSL_GUARDED_BY(mu_);
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
   int waiting_ ABSL_GUARDED_BY(mu_) = 0;

@@ -145,7 +145,7 @@ absl::Status SchedulerServer::Init() {
 
   if (options_.expiry_interval > absl::ZeroDuration()) {
     expiry_thread_ = std::thread([this] {
-      absl::MutexLock lock(&loop_mu_);
+      dynmig::MutexLock lock(&loop_mu_);
       while (!stopped_) {
         clock_.WaitFor(loop_cv_, loop_mu_, options_.expiry_interval,
                        [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_mu_) { return stopped_; });
@@ -392,7 +392,7 @@ SchedulerServer::~SchedulerServer() { Stop(); }
 
 void SchedulerServer::Stop() {
   {
-    absl::MutexLock lock(&loop_mu_);
+    dynmig::MutexLock lock(&loop_mu_);
     if (stopped_) return;
     stopped_ = true;
   }

@@ -39,7 +39,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/bounded_json.h"
 #include "common/clock.h"
@@ -184,8 +184,8 @@ class SchedulerServer {
   std::thread listener_;
   int port_ = 0;
 
-  absl::Mutex loop_mu_;
-  absl::CondVar loop_cv_;
+  dynmig::Mutex loop_mu_;
+  dynmig::CondVar loop_cv_;
   bool stopped_ ABSL_GUARDED_BY(loop_mu_) = false;
   std::thread expiry_thread_;
 };

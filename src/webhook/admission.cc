@@ -114,7 +114,7 @@ int NodeInstanceCapacity(const std::vector<protocol::DeviceInfo>& gpus,
 
 void NodeCapacityIndex::Upsert(const std::string& node, std::string_view register_value) {
   const size_t hash = std::hash<std::string_view>{}(register_value);
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   auto it = nodes_.find(node);
   if (it != nodes_.end() && it->second.hash == hash) return;
   auto gpus = protocol::DecodeNodeRegister(register_value);
@@ -129,7 +129,7 @@ void NodeCapacityIndex::Upsert(const std::string& node, std::string_view registe
 }
 
 void NodeCapacityIndex::Remove(const std::string& node) {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   auto it = nodes_.find(node);
   if (it == nodes_.end()) return;
   capacities_.erase(capacities_.find(it->second.capacity));
@@ -137,7 +137,7 @@ void NodeCapacityIndex::Remove(const std::string& node) {
 }
 
 int NodeCapacityIndex::Max() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return capacities_.empty() ? 0 : *capacities_.rbegin();
 }
 

@@ -46,7 +46,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "mig/allowlist.h"
 #include "mig/profile.h"
 #include "mig/request.h"
@@ -137,7 +137,7 @@ class NodeCapacityIndex {
     int capacity = 0;
   };
   const mig::Allowlist allowlist_;
-  mutable absl::Mutex mu_;
+  mutable dynmig::Mutex mu_;
   std::map<std::string, Entry> nodes_ ABSL_GUARDED_BY(mu_);
   std::multiset<int> capacities_ ABSL_GUARDED_BY(mu_);
 };

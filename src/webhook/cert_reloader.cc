@@ -45,7 +45,7 @@ CertReloader::~CertReloader() {
 absl::StatusOr<std::unique_ptr<CertReloader>> CertReloader::Create(std::string cert_file,
                                                                    std::string key_file) {
   std::unique_ptr<CertReloader> r(new CertReloader(std::move(cert_file), std::move(key_file)));
-  absl::MutexLock lock(&r->mu_);
+  dynmig::MutexLock lock(&r->mu_);
   absl::Status st = r->Load();
   if (!st.ok()) return st;
   return r;
@@ -96,7 +96,7 @@ absl::Status CertReloader::Load() {
 }
 
 absl::Status CertReloader::MaybeReload() {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   const std::string now = FileIdentity(cert_file_) + "|" + FileIdentity(key_file_);
   if (now == identity_) return absl::OkStatus();
   absl::Status st = Load();
@@ -113,7 +113,7 @@ absl::Status CertReloader::MaybeReload() {
 int CertReloader::CertCallback(SSL* ssl, void* arg) {
   auto* self = static_cast<CertReloader*>(arg);
   (void)self->MaybeReload();
-  absl::MutexLock lock(&self->mu_);
+  dynmig::MutexLock lock(&self->mu_);
   if (self->cert_ == nullptr || self->key_ == nullptr) return 0;
   if (SSL_use_cert_and_key(ssl, self->cert_, self->key_,
                            reinterpret_cast<STACK_OF(X509)*>(self->chain_), 1) != 1) {
@@ -131,12 +131,12 @@ bool CertReloader::Install(SSL_CTX& ctx) {
 }
 
 int64_t CertReloader::reloads() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return reloads_;
 }
 
 int64_t CertReloader::failures() const {
-  absl::MutexLock lock(&mu_);
+  dynmig::MutexLock lock(&mu_);
   return failures_;
 }
 

@@ -14,7 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 
 typedef struct ssl_ctx_st SSL_CTX;
 typedef struct ssl_st SSL;
@@ -52,7 +52,7 @@ class CertReloader {
 
   const std::string cert_file_;
   const std::string key_file_;
-  mutable absl::Mutex mu_;
+  mutable dynmig::Mutex mu_;
   X509* cert_ ABSL_GUARDED_BY(mu_) = nullptr;
   STACK_OF_X509* chain_ ABSL_GUARDED_BY(mu_) = nullptr;
   EVP_PKEY* key_ ABSL_GUARDED_BY(mu_) = nullptr;

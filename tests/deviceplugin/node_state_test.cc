@@ -17,7 +17,7 @@ ManagedInstance Instance(std::string gpu, uint32_t start, uint32_t size, uint32_
 
 TEST(NodeStateTest, ManageReplacesTheRecordOfTheSameGiOrAnOverlappingPlacement) {
   NodeState ns;
-  absl::MutexLock lock(&ns.mu);
+  dynmig::MutexLock lock(&ns.mu);
   ns.Manage(Instance("GPU-a", 0, 1, 7));
   ns.Manage(Instance("GPU-a", 2, 2, 4));
   ns.Manage(Instance("GPU-b", 0, 1, 7));  // another GPU: kept
@@ -38,7 +38,7 @@ TEST(NodeStateTest, ManageReplacesTheRecordOfTheSameGiOrAnOverlappingPlacement) 
 
 TEST(NodeStateTest, HeldJoinsEndedAndUntrackedAndIdleListsOnlyIdleInstances) {
   NodeState ns;
-  absl::MutexLock lock(&ns.mu);
+  dynmig::MutexLock lock(&ns.mu);
   ns.ended_held = {{"GPU-a", mig::Placement{0, 1}, "1g.5gb", "ended"}};
   ns.untracked_held = {{"GPU-b", mig::Placement{2, 2}, "", "untracked"}};
   auto held = ns.Held();

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "kube/in_memory_api_server.h"
@@ -48,17 +48,17 @@ class SleepRecorder {
  public:
   std::function<void(absl::Duration)> Fn() {
     return [this](absl::Duration d) {
-      absl::MutexLock lock(&mu_);
+      dynmig::MutexLock lock(&mu_);
       sleeps_.push_back(d);
     };
   }
   std::vector<absl::Duration> Get() const {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     return sleeps_;
   }
 
  private:
-  mutable absl::Mutex mu_;
+  mutable dynmig::Mutex mu_;
   std::vector<absl::Duration> sleeps_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -92,23 +92,23 @@ template <typename T>
 class Recorder {
  public:
   void Add(T item) {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     items_.push_back(std::move(item));
     cv_.SignalAll();
   }
   std::vector<T> Get() const {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     return items_;
   }
   size_t size() const {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     return items_.size();
   }
   // Waits (at most `timeout` of real time: the items come from other threads) until pred(items)
   // holds.
   bool WaitUntil(const std::function<bool(const std::vector<T>&)>& pred,
                  absl::Duration timeout = absl::Seconds(10)) const {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     const absl::Time deadline = absl::Now() + timeout;
     while (!pred(items_)) {
       if (cv_.WaitWithDeadline(&mu_, deadline)) return pred(items_);
@@ -120,8 +120,8 @@ class Recorder {
   }
 
  private:
-  mutable absl::Mutex mu_;
-  mutable absl::CondVar cv_;  // signalled on every Add
+  mutable dynmig::Mutex mu_;
+  mutable dynmig::CondVar cv_;  // signalled on every Add
   std::vector<T> items_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -15,7 +15,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/escaping.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "kube/object.h"
 #include "kube_test_util.h"
 
@@ -40,7 +40,7 @@ class TestWebhookServer {
       Object review = Object::parse(req.body, nullptr, /*allow_exceptions=*/false);
       Handler handler;
       {
-        absl::MutexLock lock(&mu_);
+        dynmig::MutexLock lock(&mu_);
         calls_.emplace_back(req.path, review);
         auto it = handlers_.find(req.path);
         if (it != handlers_.end()) handler = it->second;
@@ -81,12 +81,12 @@ class TestWebhookServer {
   }
 
   void On(const std::string& path, Handler handler) {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     handlers_[path] = std::move(handler);
   }
   // The AdmissionReview "request"s POSTed to `path`, in order.
   std::vector<Object> RequestsTo(const std::string& path) const {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     std::vector<Object> out;
     for (const auto& [p, review] : calls_) {
       if (p == path) out.push_back(review.is_object() ? review.value("request", Object()) : review);
@@ -95,13 +95,13 @@ class TestWebhookServer {
   }
   // Every path called, in order.
   std::vector<std::string> Paths() const {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     std::vector<std::string> out;
     for (const auto& call : calls_) out.push_back(call.first);
     return out;
   }
   void ClearCalls() {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     calls_.clear();
   }
 
@@ -110,7 +110,7 @@ class TestWebhookServer {
   std::string scheme_ = "http";
   int port_ = -1;
   std::thread thread_;
-  mutable absl::Mutex mu_;
+  mutable dynmig::Mutex mu_;
   std::map<std::string, Handler> handlers_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<std::string, Object>> calls_ ABSL_GUARDED_BY(mu_);
 };

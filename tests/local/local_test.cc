@@ -6,7 +6,7 @@
 #include <set>
 #include <thread>
 
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "common/clock.h"
 #include "kube/in_memory_api_server.h"
 #include "kube/rest_kube_client.h"
@@ -574,7 +574,7 @@ class LockingExtender {
     server_.Post("/filter", [this](const httplib::Request&, httplib::Response& res) {
       ++filters;
       if (clock != nullptr) {
-        absl::MutexLock lock(&mu);
+        dynmig::MutexLock lock(&mu);
         filter_times.push_back(clock->Now());
       }
       res.set_content(json({{"NodeNames", {"node-a"}}, {"Error", ""}}).dump(), "application/json");
@@ -604,7 +604,7 @@ class LockingExtender {
   std::atomic<int> filters{0}, binds{0};
   // When set before the first filter: the time of each filter call on this clock.
   const Clock* clock = nullptr;
-  absl::Mutex mu;
+  dynmig::Mutex mu;
   std::vector<absl::Time> filter_times ABSL_GUARDED_BY(mu);
 
  private:
@@ -721,7 +721,7 @@ TEST_F(SchedulerQueueLoopTest, UnschedulablePodsAreFlushedPeriodically) {
   ASSERT_TRUE(AdvanceUntil(clock, [&] { return NodeOf("p") == "node-a"; }));
   EXPECT_EQ(ext.binds, 2);
   loop.Stop();
-  absl::MutexLock lock(&ext.mu);
+  dynmig::MutexLock lock(&ext.mu);
   ASSERT_EQ(ext.filter_times.size(), 2u);
   EXPECT_GT(ext.filter_times[1] - failed, absl::Milliseconds(300))
       << "came back before the timeout";

@@ -14,7 +14,7 @@
 #include <set>
 #include <thread>
 
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "common/clock.h"
 #include "nvml_test_util.h"
 
@@ -33,14 +33,14 @@ class SleepLog final : public Clock {
 
   absl::Time Now() const override { return fake_.Now(); }
   absl::Duration Monotonic() const override { return fake_.Monotonic(); }
-  bool WaitUntil(absl::CondVar& cv, absl::Mutex& mu, absl::Duration monotonic_deadline,
+  bool WaitUntil(dynmig::CondVar& cv, dynmig::Mutex& mu, absl::Duration monotonic_deadline,
                  absl::FunctionRef<bool()> done) const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     return fake_.WaitUntil(cv, mu, monotonic_deadline, done);
   }
   void SleepFor(absl::Duration d) const override {
     bool instant = false;
     {
-      absl::MutexLock lock(&mu_);
+      dynmig::MutexLock lock(&mu_);
       slept_.push_back(d);
       most_ = std::max(most_, ++inside_);
       instant = instant_;
@@ -50,45 +50,45 @@ class SleepLog final : public Clock {
     } else {
       fake_.SleepFor(d);
     }
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     --inside_;
   }
 
   FakeClock& fake() { return fake_; }
   std::vector<absl::Duration> slept() const {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     return slept_;
   }
   void clear() {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     slept_.clear();
     most_ = 0;
   }
   // The most sleeps that were under way at once.
   int most() const {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     return most_;
   }
   void set_instant(bool instant) {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     instant_ = instant;
   }
   // Waits (real time) until `n` sleeps began since the last clear(); whether they did.
   bool AwaitSlept(size_t n, absl::Duration real_timeout) const {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return slept_.size() >= n; };
-    return mu_.AwaitWithTimeout(absl::Condition(&done), real_timeout);
+    return mu_.AwaitWithTimeout(dynmig::Condition(&done), real_timeout);
   }
   // Waits (real time) until `n` sleeps are under way at once; whether they are.
   bool AwaitInside(int n, absl::Duration real_timeout) const {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return inside_ >= n; };
-    return mu_.AwaitWithTimeout(absl::Condition(&done), real_timeout);
+    return mu_.AwaitWithTimeout(dynmig::Condition(&done), real_timeout);
   }
 
  private:
   mutable FakeClock fake_;
-  mutable absl::Mutex mu_;
+  mutable dynmig::Mutex mu_;
   bool instant_ ABSL_GUARDED_BY(mu_);
   mutable std::vector<absl::Duration> slept_ ABSL_GUARDED_BY(mu_);
   mutable int inside_ ABSL_GUARDED_BY(mu_) = 0;

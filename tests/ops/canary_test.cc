@@ -50,7 +50,7 @@ class FakeCanaryCluster : public CanaryCluster {
   }
   ~FakeCanaryCluster() override {
     {
-      absl::MutexLock lock(&mu_);
+      dynmig::MutexLock lock(&mu_);
       stop_ = true;
     }
     thread_.join();
@@ -60,17 +60,17 @@ class FakeCanaryCluster : public CanaryCluster {
   std::string Node() const override { return "node-a"; }
 
   std::vector<std::string> log() {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     return log_;
   }
 
   // Blocks (real time, at most 10 s) until the loop has made one more full pass over the pods:
   // whatever the canary did before the call has been answered.
   bool AwaitPass() {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     const uint64_t seen = passes_;
     auto next = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return passes_ > seen + 1 || stop_; };
-    return mu_.AwaitWithTimeout(absl::Condition(&next), absl::Seconds(10));
+    return mu_.AwaitWithTimeout(dynmig::Condition(&next), absl::Seconds(10));
   }
 
  private:
@@ -80,21 +80,21 @@ class FakeCanaryCluster : public CanaryCluster {
     nvml_.Set("node-a", NvmlDoc("node-a", {{"GPU-a0"}}, list));
   }
   void Note(const std::string& line) {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     log_.push_back(line);
   }
   void Loop() {
     while (true) {
       {
         // One pass every 5 ms of real time: the cluster runs beside the canary, not on its clock.
-        absl::MutexLock lock(&mu_);
-        if (mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(5))) return;
+        dynmig::MutexLock lock(&mu_);
+        if (mu_.AwaitWithTimeout(dynmig::Condition(&stop_), absl::Milliseconds(5))) return;
       }
       auto pods = server_.store().List(kube::Resource::kPods, {});
       if (pods.ok()) {
         for (const auto& stored : pods->items) Handle(stored->object);
       }
-      absl::MutexLock lock(&mu_);
+      dynmig::MutexLock lock(&mu_);
       ++passes_;
     }
   }
@@ -156,7 +156,7 @@ class FakeCanaryCluster : public CanaryCluster {
   const Faults faults_;
   const std::vector<NvmlInstance> base_;
   std::map<std::string, NvmlInstance> instances_;  // loop thread only
-  absl::Mutex mu_;
+  dynmig::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::string> log_ ABSL_GUARDED_BY(mu_);
   uint64_t passes_ ABSL_GUARDED_BY(mu_) = 0;

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "cli/cli_test_util.h"
 #include "fmt/format.h"
 #include "kube/in_memory_api_server.h"
@@ -229,7 +229,7 @@ class FakeNvmlEndpoint {
  public:
   FakeNvmlEndpoint() {
     server_.Get(R"(/nvml/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
-      absl::MutexLock lock(&mu_);
+      dynmig::MutexLock lock(&mu_);
       auto it = docs_.find(req.matches[1]);
       if (it == docs_.end()) {
         res.status = 404;
@@ -246,11 +246,11 @@ class FakeNvmlEndpoint {
     thread_.join();
   }
   void Set(const std::string& node, json doc) {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     docs_[node] = std::move(doc);
   }
   void Remove(const std::string& node) {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     docs_.erase(node);
   }
   std::string Template() const { return fmt::format("http://127.0.0.1:{}/nvml/{{name}}", port_); }
@@ -259,7 +259,7 @@ class FakeNvmlEndpoint {
   httplib::Server server_;
   int port_ = 0;
   std::thread thread_;
-  absl::Mutex mu_;
+  dynmig::Mutex mu_;
   std::map<std::string, json> docs_ ABSL_GUARDED_BY(mu_);
 };
 

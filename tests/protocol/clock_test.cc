@@ -42,12 +42,12 @@ TEST(FakeClockTest, SleepEndsOnlyWhenSimulatedTimePassesItsDeadline) {
 
 TEST(FakeClockTest, TimedWaitTimesOutOnSimulatedTimeAndSeesSignalsBefore) {
   FakeClock clock;
-  absl::Mutex mu;
-  absl::CondVar cv;
+  dynmig::Mutex mu;
+  dynmig::CondVar cv;
   bool done = false;
   std::atomic<int> result{-1};
   std::thread waiter([&] {
-    absl::MutexLock lock(&mu);
+    dynmig::MutexLock lock(&mu);
     result = clock.WaitFor(cv, mu, absl::Seconds(30),
                            [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return done; });
   });
@@ -59,13 +59,13 @@ TEST(FakeClockTest, TimedWaitTimesOutOnSimulatedTimeAndSeesSignalsBefore) {
   EXPECT_EQ(result.load(), 0);  // timed out
 
   std::thread signalled([&] {
-    absl::MutexLock lock(&mu);
+    dynmig::MutexLock lock(&mu);
     result = clock.WaitFor(cv, mu, absl::Seconds(30),
                            [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return done; });
   });
   ASSERT_TRUE(clock.AwaitWaiters(1));
   {
-    absl::MutexLock lock(&mu);
+    dynmig::MutexLock lock(&mu);
     done = true;
     cv.SignalAll();
   }
@@ -75,11 +75,11 @@ TEST(FakeClockTest, TimedWaitTimesOutOnSimulatedTimeAndSeesSignalsBefore) {
 
 TEST(FakeClockTest, InfiniteWaitEndsOnlyByItsCondition) {
   FakeClock clock;
-  absl::Mutex mu;
-  absl::CondVar cv;
+  dynmig::Mutex mu;
+  dynmig::CondVar cv;
   bool done = false;
   std::thread waiter([&] {
-    absl::MutexLock lock(&mu);
+    dynmig::MutexLock lock(&mu);
     EXPECT_TRUE(clock.WaitFor(cv, mu, absl::InfiniteDuration(),
                               [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return done; }));
   });
@@ -88,7 +88,7 @@ TEST(FakeClockTest, InfiniteWaitEndsOnlyByItsCondition) {
   clock.Advance(absl::Hours(1000));
   EXPECT_EQ(clock.Waiters(), 1u);
   {
-    absl::MutexLock lock(&mu);
+    dynmig::MutexLock lock(&mu);
     done = true;
     cv.Signal();
   }
@@ -97,10 +97,10 @@ TEST(FakeClockTest, InfiniteWaitEndsOnlyByItsCondition) {
 
 TEST(SystemClockTest, ShortTimedWaitReturnsFalseAndMonotonicMovesForward) {
   const Clock& clock = RealClock();
-  absl::Mutex mu;
-  absl::CondVar cv;
+  dynmig::Mutex mu;
+  dynmig::CondVar cv;
   const absl::Duration m0 = clock.Monotonic();
-  absl::MutexLock lock(&mu);
+  dynmig::MutexLock lock(&mu);
   EXPECT_FALSE(clock.WaitFor(cv, mu, absl::Milliseconds(2), [] { return false; }));
   EXPECT_GE(clock.Monotonic() - m0, absl::Milliseconds(2));
   EXPECT_TRUE(clock.WaitFor(cv, mu, absl::Seconds(5), [] { return true; }));

@@ -5,7 +5,7 @@
 
 #include <thread>
 
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "fmt/format.h"
 #include "mig/catalogue.h"
 #include "protocol/annotations.h"
@@ -490,7 +490,7 @@ TEST_F(ClusterStateTest, ConcurrentFiltersNeverReserveOverlappingSlices) {
   state_.UpsertNode(
       Node("node-a", Register({{"GPU-0", "A100-SXM4-40GB"}, {"GPU-1", "A100-SXM4-40GB"}})));
   std::vector<std::thread> threads;
-  absl::Mutex mu;
+  dynmig::Mutex mu;
   std::vector<protocol::MigAllocation> all;
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&, t] {
@@ -498,7 +498,7 @@ TEST_F(ClusterStateTest, ConcurrentFiltersNeverReserveOverlappingSlices) {
         auto d =
             state_.PlanAndReserve(fmt::format("default/p{}-{}", t, i), Request(4000), {}, kNow);
         if (d.ok() && d->reservation) {
-          absl::MutexLock lock(&mu);
+          dynmig::MutexLock lock(&mu);
           for (auto& a : d->reservation->allocations) all.push_back(a);
         }
       }

@@ -7,7 +7,7 @@
 #include <set>
 #include <thread>
 
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "kube/informer.h"
 #include "scheduler_test_util.h"
 
@@ -27,13 +27,13 @@ TEST_F(SchedulerTest, BindChangesOnlyAnnotationsBeforeTheBindingAndLabelsThePodA
   SchedulerServer* s = StartScheduler();
   WaitForNodes(s, {"node-a"});
   const kube::Object pod = CreatePod(MigPod("p", 4000));
-  absl::Mutex mu;
+  dynmig::Mutex mu;
   std::vector<std::string> changed_before_binding;  // what else an unbound pod's update changed
   bool bound_seen = false;
   kube::Informer pods(*client_, kube::Resource::kPods);
   kube::InformerHandlers h;
   h.on_update = [&](const kube::Object& old_pod, const kube::Object& new_pod) {
-    absl::MutexLock lock(&mu);
+    dynmig::MutexLock lock(&mu);
     if (!kube::NodeName(new_pod).empty()) {
       bound_seen = true;
       return;
@@ -55,7 +55,7 @@ TEST_F(SchedulerTest, BindChangesOnlyAnnotationsBeforeTheBindingAndLabelsThePodA
   ASSERT_EQ(Filter(s, pod, {"node-a"}).body["Error"], "");
   ASSERT_EQ(Bind(s, pod, "node-a").body["Error"], "");
   EXPECT_TRUE(kube::testing::Eventually([&] {
-    absl::MutexLock lock(&mu);
+    dynmig::MutexLock lock(&mu);
     return bound_seen;
   }));
   pods.Stop();

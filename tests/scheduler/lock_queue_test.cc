@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "scheduler_test_util.h"
 
 namespace dynmig::scheduler {
@@ -45,7 +45,7 @@ class NodeLockQueueTest : public SchedulerTest {
     const int before = queue.Waiting("node-a");
     threads_.emplace_back([this, &queue, pod] {
       absl::Status st = queue.Acquire(*client_, "node-a", {"default", pod, "uid-" + pod}, clock_);
-      absl::MutexLock lock(&mu_);
+      dynmig::MutexLock lock(&mu_);
       results_.emplace_back(pod, st);
     });
     ASSERT_TRUE(kube::testing::Eventually([&] { return queue.Waiting("node-a") == before + 1; }));
@@ -55,20 +55,20 @@ class NodeLockQueueTest : public SchedulerTest {
     threads_.clear();
   }
   std::vector<std::string> Done() {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     std::vector<std::string> out;
     for (const auto& [pod, st] : results_) out.push_back(pod + (st.ok() ? "" : ":failed"));
     return out;
   }
   absl::Status ResultOf(const std::string& pod) {
-    absl::MutexLock lock(&mu_);
+    dynmig::MutexLock lock(&mu_);
     for (const auto& [p, st] : results_)
       if (p == pod) return st;
     return absl::NotFoundError(pod);
   }
 
   std::vector<std::thread> threads_;
-  absl::Mutex mu_;
+  dynmig::Mutex mu_;
   std::vector<std::pair<std::string, absl::Status>> results_ ABSL_GUARDED_BY(mu_);
 };
 
