@@ -1,11 +1,11 @@
-// Locks the compiler checks AND ThreadSanitizer sees: a thin ABSL_LOCKABLE mutex over the pthread-backed
-// std::shared_mutex, with the subset of absl::Mutex's API dynmig uses (Lock, ReaderLock, TryLock, Await,
-// scoped locks, a condition variable).
+// Locks the compiler checks AND ThreadSanitizer sees: a thin ABSL_LOCKABLE mutex over the
+// pthread-backed std::shared_mutex, with the subset of absl::Mutex's API dynmig uses (Lock,
+// ReaderLock, TryLock, Await, scoped locks, a condition variable).
 //
-// Why not absl::Mutex: Debian's libabsl is not built with -fsanitize=thread, so its fast paths (atomics and
-// futexes inside the uninstrumented library) give TSan no happens-before edge, and every access to state an
-// absl::Mutex guards looks like a race. std::shared_mutex and std::condition_variable_any are pthread calls,
-// which TSan intercepts.
+// Why not absl::Mutex: Debian's libabsl is not built with -fsanitize=thread, so its fast paths
+// (atomics and futexes inside the uninstrumented library) give TSan no happens-before edge, and
+// every access to state an absl::Mutex guards looks like a race. std::shared_mutex and
+// std::condition_variable_any are pthread calls, which TSan intercepts.
 #pragma once
 
 #include <condition_variable>
@@ -18,13 +18,14 @@
 
 namespace dynmig {
 
-// A predicate for Mutex::Await: a pointer to a bool, or to a callable returning bool (kept by pointer, as
-// absl::Condition does: it must outlive the wait).
+// A predicate for Mutex::Await: a pointer to a bool, or to a callable returning bool (kept by
+// pointer, as absl::Condition does: it must outlive the wait).
 class Condition {
  public:
   explicit Condition(const bool* flag) : eval_([flag] { return *flag; }) {}
-  // Await evaluates the callable with the mutex held; the analysis cannot follow that through the stored
-  // std::function, so the callable's own annotation (REQUIRES the mutex) is not checked at this call.
+  // Await evaluates the callable with the mutex held; the analysis cannot follow that through the
+  // stored std::function, so the callable's own annotation (REQUIRES the mutex) is not checked at
+  // this call.
   template <typename F>
   explicit Condition(const F* f) : eval_([f]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return (*f)(); }) {}
   bool Eval() const { return eval_(); }
@@ -49,13 +50,14 @@ class ABSL_LOCKABLE Mutex {
   void ReaderUnlock() ABSL_UNLOCK_FUNCTION() { mu_.unlock_shared(); }
   void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK() {}
 
-  // With the lock held: releases it until `cond` holds (re-checked whenever the lock is released), then
-  // returns with it held.
+  // With the lock held: releases it until `cond` holds (re-checked whenever the lock is released),
+  // then returns with it held.
   void Await(const Condition& cond) ABSL_EXCLUSIVE_LOCKS_REQUIRED(this) {
     while (!cond.Eval()) changed_.wait(mu_);
   }
   // The same for at most `timeout` of real time; returns cond's last value.
-  bool AwaitWithTimeout(const Condition& cond, absl::Duration timeout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(this) {
+  bool AwaitWithTimeout(const Condition& cond, absl::Duration timeout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(this) {
     return changed_.wait_for(mu_, absl::ToChronoNanoseconds(timeout), [&] { return cond.Eval(); });
   }
 
@@ -92,7 +94,9 @@ class ABSL_SCOPED_LOCKABLE ReaderMutexLock {
 
 class ABSL_SCOPED_LOCKABLE ReleasableMutexLock {
  public:
-  explicit ReleasableMutexLock(Mutex* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu) : mu_(mu) { mu_->Lock(); }
+  explicit ReleasableMutexLock(Mutex* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu) : mu_(mu) {
+    mu_->Lock();
+  }
   ~ReleasableMutexLock() ABSL_UNLOCK_FUNCTION() {
     if (mu_ != nullptr) mu_->Unlock();
   }
