@@ -42,8 +42,12 @@ class ABSL_LOCKABLE Mutex {
 
   void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_.lock(); }
   void Unlock() ABSL_UNLOCK_FUNCTION() {
+    // Await re-evaluates its condition on every release, as absl's does. awaiters_ is read with the
+    // lock held and an awaiter counts itself before it waits, so no wakeup is lost; with nobody
+    // awaiting, a release costs no broadcast.
+    const bool wake = awaiters_ > 0;
     mu_.unlock();
-    changed_.notify_all();  // Await re-evaluates its condition on every release, as absl's does
+    if (wake) changed_.notify_all();
   }
   bool TryLock() ABSL_EXCLUSIVE_TRYLOCK_FUNCTION(true) { return mu_.try_lock(); }
   void ReaderLock() ABSL_SHARED_LOCK_FUNCTION() { mu_.lock_shared(); }
@@ -53,12 +57,17 @@ class ABSL_LOCKABLE Mutex {
   // With the lock held: releases it until `cond` holds (re-checked whenever the lock is released),
   // then returns with it held.
   void Await(const Condition& cond) ABSL_EXCLUSIVE_LOCKS_REQUIRED(this) {
+    ++awaiters_;
     while (!cond.Eval()) changed_.wait(mu_);
+    --awaiters_;
   }
   // The same for at most `timeout` of real time; returns cond's last value.
   bool AwaitWithTimeout(const Condition& cond, absl::Duration timeout)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(this) {
-    return changed_.wait_for(mu_, absl::ToChronoNanoseconds(timeout), [&] { return cond.Eval(); });
+    ++awaiters_;
+    const bool held = changed_.wait_for(mu_, absl::ToChronoNanoseconds(timeout), [&] { return cond.Eval(); });
+    --awaiters_;
+    return held;
   }
 
   // BasicLockable, for CondVar's std::condition_variable_any.
@@ -68,6 +77,7 @@ class ABSL_LOCKABLE Mutex {
  private:
   std::shared_mutex mu_;
   std::condition_variable_any changed_;
+  int awaiters_ = 0;  // threads inside Await; changed only with mu_ held
 };
 
 class ABSL_SCOPED_LOCKABLE MutexLock {
