@@ -9,11 +9,18 @@ cd "$(dirname "$0")/.."
 tests=${TSAN_TESTS:-kube_test scheduler_test deviceplugin_test local_test e2e_test}
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 history_size=4 suppressions=$PWD/tools/tsan.supp ${TSAN_OPTIONS:-}"
 export DYNMIG_SOURCE_DIR=$PWD
+# Left out here, run by every other build: PodResourcesClientTest.AHugeAnswerIsRefusedAtTheSizeLimit
+# (a 6 MiB gRPC answer). Alone under TSan it passes in about 5 s; inside the whole deviceplugin_test
+# run the uninstrumented gRPC library never delivers the answer (the call ends at its deadline, even
+# a 10-minute one), which says nothing about dynmig's locks.
+tsan_skip="PodResourcesClientTest.AHugeAnswerIsRefusedAtTheSizeLimit"
 failed=()
 for t in $tests; do
   log=build-tsan/tsan-$t.log
   start=$(date +%s)
-  build-tsan/bin/"$t" --gtest_brief=1 >"$log" 2>&1
+  filter=${GTEST_FILTER:-*}
+  case "$filter" in *-*) filter="$filter:$tsan_skip" ;; *) filter="$filter-$tsan_skip" ;; esac
+  GTEST_FILTER="$filter" build-tsan/bin/"$t" --gtest_brief=1 >"$log" 2>&1
   rc=$?
   secs=$(($(date +%s) - start))
   if [ $rc -eq 0 ] && ! grep -q 'WARNING: ThreadSanitizer' "$log"; then

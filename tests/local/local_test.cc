@@ -573,9 +573,9 @@ class LockingExtender {
   explicit LockingExtender(kube::KubeClient& client) : client_(client) {
     server_.Post("/filter", [this](const httplib::Request&, httplib::Response& res) {
       ++filters;
-      if (clock != nullptr) {
+      if (const Clock* c = clock.load(); c != nullptr) {
         dynmig::MutexLock lock(&mu);
-        filter_times.push_back(clock->Now());
+        filter_times.push_back(c->Now());
       }
       res.set_content(json({{"NodeNames", {"node-a"}}, {"Error", ""}}).dump(), "application/json");
     });
@@ -603,7 +603,7 @@ class LockingExtender {
   std::atomic<bool> locked{true};
   std::atomic<int> filters{0}, binds{0};
   // When set before the first filter: the time of each filter call on this clock.
-  const Clock* clock = nullptr;
+  std::atomic<const Clock*> clock{nullptr};  // set by a test while the server runs
   dynmig::Mutex mu;
   std::vector<absl::Time> filter_times ABSL_GUARDED_BY(mu);
 
