@@ -14,6 +14,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "common/mutex.h"
+#include "deviceplugin/allocate_plan.h"
 #include "deviceplugin/inventory.h"
 #include "deviceplugin/state_store.h"
 #include "mig/placement.h"
