@@ -84,8 +84,8 @@
 // Thread-safe: mutating operations are serialized by NodeState::mu (every member it guards says
 // so). The /nvml snapshot has its own view_mu_, and the ledger, the device list and the publisher
 // their own locks, so PreStartContainer and ListAndWatch never wait on NVML and a node patch never
-// holds NodeState::mu. The analysis knows NodeState::mu by one name in each part (ns_.mu here,
-// ops_.ns.mu in the context and the parts: it does not follow references); NodeLock takes it
+// holds NodeState::mu. The analysis knows NodeState::mu by one name in each object (ns_.mu here,
+// ns.mu in the context, ops_.ns.mu in the parts: it does not follow references); NodeLock takes it
 // under all of them at once.
 #pragma once
 
