@@ -1,7 +1,8 @@
 // The ledger of served Allocates (device IDs -> pod UID, namespace, name, container, MIG UUIDs):
 // written by Allocate's commit, pruned by reconciliation, read by PreStartContainer's proof. Its
 // own lock, so that PreStartContainer never waits for an Allocate's or a Reconcile's NVML work; it
-// is persisted with the rest of the state (PluginCore copies Entries() into each state write).
+// is persisted with the rest of the state (NodeOps::Persist, node_ops.h, copies Entries() into
+// each state write).
 // Thread-safe.
 #pragma once
 

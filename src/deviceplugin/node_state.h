@@ -1,10 +1,13 @@
 // NodeState: the node-local state that Allocate, Reconcile and startup recovery change together
 // with NVML (managed instances and open intents, the inventory, quarantined and held slices), and
-// the one lock that guards it. Allocation and reclamation both create and destroy MIG instances,
-// so they share this lock by design: an Allocate and a Reconcile never interleave their NVML
-// work, and what one decides from the state is still true when it acts on NVML. Everything that
-// must not wait for NVML has its own lock instead: the ledger (ledger.h), the device list
-// (device_list.h), the publisher (publisher.h) and the /nvml snapshot.
+// the one lock that guards it. PluginCore (plugin_core.h) owns it; the Allocator (allocator.h)
+// and the Reclaimer (reclaimer.h) reach it through their shared context (NodeOps, node_ops.h).
+// Allocation and reclamation both create and destroy MIG instances, so they share this lock by
+// design: an Allocate and a Reconcile never interleave their NVML work, and what one decides from
+// the state is still true when it acts on NVML. PluginCore takes it (PluginCore::NodeLock) and
+// delegates; the parts only require it. Everything that must not wait for NVML has its own lock
+// instead: the ledger (ledger.h), the device list (device_list.h), the publisher (publisher.h)
+// and the /nvml snapshot.
 #pragma once
 
 #include <optional>
@@ -14,6 +17,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "common/mutex.h"
+#include "deviceplugin/allocate_plan.h"
 #include "deviceplugin/inventory.h"
 #include "deviceplugin/state_store.h"
 #include "mig/placement.h"

@@ -17,7 +17,7 @@ void PluginCore::UpdateDevices() {
   std::vector<v1beta1::Device> devices;
   for (const auto& gpu : ns_.inventory.gpus) {
     if (!gpu.exposed) continue;
-    metrics_.SetGpuHealthy(gpu.info.uuid, gpu.healthy);
+    ops_.metrics.SetGpuHealthy(gpu.info.uuid, gpu.healthy);
     for (uint32_t r = 0; r < gpu.replicas; ++r) {
       v1beta1::Device d;
       d.set_id(ReplicaId(gpu.info.uuid, r));
@@ -50,14 +50,14 @@ bool PluginCore::RefreshDevices() {
   std::vector<bool> before;
   for (const auto& g : ns_.inventory.gpus) before.push_back(g.healthy);
   // A GPU whose discovery failed at start is discovered once NVML answers.
-  const bool discovered = RetryDiscovery(nvml_, options_.allowlist, ns_.inventory);
-  if (!RefreshHealth(nvml_, ns_.inventory) && !discovered) return false;
+  const bool discovered = RetryDiscovery(ops_.nvml, options_.allowlist, ns_.inventory);
+  if (!RefreshHealth(ops_.nvml, ns_.inventory) && !discovered) return false;
   for (size_t i = 0; i < ns_.inventory.gpus.size(); ++i) {
     const auto& g = ns_.inventory.gpus[i];
     if (g.exposed && !g.healthy && before[i]) {
-      Event(nullptr, "Warning", kReasonGpuNotReady,
-            fmt::format("GPU {} ({}) became unhealthy: {}", g.info.index, g.info.uuid,
-                        g.unhealthy_reason));
+      ops_.Event(nullptr, "Warning", kReasonGpuNotReady,
+                 fmt::format("GPU {} ({}) became unhealthy: {}", g.info.index, g.info.uuid,
+                             g.unhealthy_reason));
     }
   }
   UpdateDevices();
@@ -98,7 +98,7 @@ void PluginCore::RefreshViewLocked() {
   nlohmann::json fresh = NvmlViewLocked();
   dynmig::MutexLock view(&view_mu_);
   view_ = std::move(fresh);
-  view_at_ = Now();
+  view_at_ = ops_.Now();
   view_taken_ = options_.clock->Monotonic();
 }
 
@@ -132,11 +132,11 @@ nlohmann::json PluginCore::NvmlViewLocked() {
     Json instances = Json::array();
     std::string instances_error;
     if (g.info.mig.current) {
-      auto gis = nvml_.ListGpuInstances(g.info.index);
+      auto gis = ops_.nvml.ListGpuInstances(g.info.index);
       if (gis.ok()) {
         for (const auto& gi : *gis) {
           Json cis = Json::array();
-          if (auto list = nvml_.ListComputeInstances(g.info.index, gi.id); list.ok()) {
+          if (auto list = ops_.nvml.ListComputeInstances(g.info.index, gi.id); list.ok()) {
             for (const auto& ci : *list) cis.push_back({{"id", ci.id}, {"migUUID", ci.mig_uuid}});
           }
           const mig::ProfileSpec* p = g.FindById(gi.profile_id);
@@ -201,7 +201,7 @@ nlohmann::json PluginCore::NvmlViewLocked() {
                            {"reason", q.reason}});
   }
   return Json{{"node", options_.node_name},
-              {"nvml", nvml_.Description()},
+              {"nvml", ops_.nvml.Description()},
               {"recoveryPending", ns_.recovery_pending},
               {"gpus", gpus},
               {"intents", intents},

@@ -1,4 +1,4 @@
-// Reclamation (plugin_reclaim.cc): instances of pods that ended are destroyed, busy ones are kept
+// Reclamation (reclaimer.cc): instances of pods that ended are destroyed, busy ones are kept
 // and published as held, freed placements are reusable at once.
 #include "dp_test_util.h"
 

@@ -1,7 +1,7 @@
-// Warm instances (plugin_warm.cc, nvidia.migWarmInstances): an ended pod's instance is kept idle,
-// reused by a reservation that names it exactly, destroyed on TTL, over the cap, or when another
-// reservation needs its slices; restarts keep idle instances; nothing leaks, overlaps or is
-// destroyed while a pod's annotations cannot be read.
+// Warm instances (reclaimer_warm.cc, nvidia.migWarmInstances): an ended pod's instance is kept
+// idle, reused by a reservation that names it exactly, destroyed on TTL, over the cap, or when
+// another reservation needs its slices; restarts keep idle instances; nothing leaks, overlaps or
+// is destroyed while a pod's annotations cannot be read.
 #include <gmock/gmock.h>
 
 #include <atomic>

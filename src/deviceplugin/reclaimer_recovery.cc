@@ -1,21 +1,22 @@
-// Startup recovery: open intents, idle GPU cleaning, adoption. See plugin_core.h.
+// The Reclaimer's startup recovery (reclaimer.h): open intents, idle GPU cleaning, adoption.
+// See plugin_core.h.
 #include <algorithm>
 #include <map>
 #include <set>
 
 #include "common/status_macros.h"
-#include "deviceplugin/plugin_core.h"
 #include "deviceplugin/plugin_internal.h"
+#include "deviceplugin/reclaimer.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "protocol/annotations.h"
 #include "spdlog/spdlog.h"
 
 namespace dynmig::deviceplugin {
-void PluginCore::RecoverLocked(const std::vector<PodMig>& pods) {
+void Reclaimer::Recover(const std::vector<PodMig>& pods) {
   spdlog::info("recovery: {} pod(s) on node {}, {} managed instance(s), {} open intent(s)",
-               pods.size(), options_.node_name, ns_.state.instances.size(),
-               ns_.state.intents.size());
+               pods.size(), ops_.options.node_name, ops_.ns.state.instances.size(),
+               ops_.ns.state.intents.size());
   const bool readable = Unreadable(pods).empty();
   ResolveIntents(pods, readable);
   if (readable) {
@@ -23,23 +24,23 @@ void PluginCore::RecoverLocked(const std::vector<PodMig>& pods) {
   } else {
     spdlog::warn("recovery: some pods' MIG annotations cannot be read: no GPU is cleaned");
   }
-  ns_.recovery_pending = false;
+  ops_.ns.recovery_pending = false;
   ReconcileReport report;
   // Adoption of every verified allocation; untracked instances on busy GPUs are kept.
   AdoptUntracked(pods, readable, report);
-  PersistOrLog("recovery");
-  UpdateGauges();
+  ops_.PersistOrLog("recovery");
+  ops_.UpdateGauges();
   spdlog::info(
       "recovery done: {} managed, {} adopted, {} unverified allocation(s), {} untracked "
       "instance(s), {} open intent(s)",
-      ns_.state.instances.size(), report.adopted, report.unverified, report.untracked,
-      ns_.state.intents.size());
+      ops_.ns.state.instances.size(), report.adopted, report.unverified, report.untracked,
+      ops_.ns.state.intents.size());
 }
 
-void PluginCore::ResolveIntents(const std::vector<PodMig>& pods, bool destructive) {
+void Reclaimer::ResolveIntents(const std::vector<PodMig>& pods, bool destructive) {
   std::map<std::string, const PodMig*> by_uid;
   for (const auto& p : pods) by_uid[p.uid] = &p;
-  const std::vector<Intent> intents = ns_.state.intents;
+  const std::vector<Intent> intents = ops_.ns.state.intents;
   std::set<uint64_t> closed;
   for (const auto& intent : intents) {
     auto it = by_uid.find(intent.owner.pod_uid);
@@ -47,8 +48,8 @@ void PluginCore::ResolveIntents(const std::vector<PodMig>& pods, bool destructiv
     if (ResolveIntent(intent, pod, destructive)) closed.insert(intent.id);
   }
   if (closed.empty()) return;
-  std::erase_if(ns_.state.intents, [&](const Intent& i) { return closed.count(i.id) > 0; });
-  PersistOrLog("recovery");
+  std::erase_if(ops_.ns.state.intents, [&](const Intent& i) { return closed.count(i.id) > 0; });
+  ops_.PersistOrLog("recovery");
 }
 
 namespace {
@@ -68,19 +69,19 @@ const protocol::MigAllocation* ReservationOf(const PodMig* pod, const InstanceOw
 
 }  // namespace
 
-bool PluginCore::ResolveIntent(const Intent& intent, const PodMig* pod, bool destructive) {
+bool Reclaimer::ResolveIntent(const Intent& intent, const PodMig* pod, bool destructive) {
   const std::string what =
       fmt::format("intent {} ({} at {} of GPU {} for pod {} container {} device {})", intent.id,
                   intent.profile, PlacementText(intent.placement), intent.gpu_uuid,
                   intent.owner.PodKey(), intent.owner.container_index, intent.owner.device_index);
-  const GpuEntry* gpu = ns_.inventory.FindByUuid(intent.gpu_uuid);
+  const GpuEntry* gpu = ops_.ns.inventory.FindByUuid(intent.gpu_uuid);
   const mig::ProfileSpec* profile =
       gpu == nullptr ? nullptr : gpu->capability.FindProfile(intent.profile);
   if (gpu == nullptr || profile == nullptr) {
     spdlog::warn("recovery: {}: the GPU or profile is gone; closed", what);
     return true;
   }
-  auto gis = nvml_.ListGpuInstances(gpu->info.index);
+  auto gis = ops_.nvml.ListGpuInstances(gpu->info.index);
   if (!gis.ok()) {
     spdlog::warn("recovery: {}: cannot list GIs ({}); kept open", what,
                  std::string(gis.status().message()));
@@ -95,11 +96,11 @@ bool PluginCore::ResolveIntent(const Intent& intent, const PodMig* pod, bool des
     return true;
   }
   if (pod != nullptr && !pod->unreadable.empty() && !pod->terminated) {
-    if (FirstReport(fmt::format("intent-unreadable/{}", intent.id))) {
-      Event(pod, "Warning", kReasonAdoptionFailed,
-            fmt::format("{}: GI {} exists but the pod's annotations cannot be read ({}); kept "
-                        "until they can",
-                        what, gi->id, pod->unreadable));
+    if (ops_.FirstReport(fmt::format("intent-unreadable/{}", intent.id))) {
+      ops_.Event(pod, "Warning", kReasonAdoptionFailed,
+                 fmt::format("{}: GI {} exists but the pod's annotations cannot be read ({}); kept "
+                             "until they can",
+                             what, gi->id, pod->unreadable));
     }
     return false;
   }
@@ -123,11 +124,11 @@ bool PluginCore::ResolveIntent(const Intent& intent, const PodMig* pod, bool des
   return ReleaseIntent(intent, what, why, pod, *gpu, *profile, gi->id);
 }
 
-bool PluginCore::CompleteIntent(const Intent& intent, const std::string& what, const PodMig& pod,
-                                const protocol::MigAllocation& entry, const GpuEntry& gpu,
-                                const mig::ProfileSpec& profile, uint32_t gi) {
+bool Reclaimer::CompleteIntent(const Intent& intent, const std::string& what, const PodMig& pod,
+                               const protocol::MigAllocation& entry, const GpuEntry& gpu,
+                               const mig::ProfileSpec& profile, uint32_t gi) {
   // Create: the CI the interrupted Allocate did not get to.
-  auto cis = nvml_.ListComputeInstances(gpu.info.index, gi);
+  auto cis = ops_.nvml.ListComputeInstances(gpu.info.index, gi);
   if (!cis.ok()) {
     spdlog::warn("recovery: {}: cannot list CIs ({}); kept open", what,
                  std::string(cis.status().message()));
@@ -135,7 +136,7 @@ bool PluginCore::CompleteIntent(const Intent& intent, const std::string& what, c
   }
   uint32_t ci_id = 0;
   if (cis->empty()) {
-    auto ci = nvml_.CreateComputeInstance(gpu.info.index, gi);
+    auto ci = ops_.nvml.CreateComputeInstance(gpu.info.index, gi);
     if (!ci.ok()) {
       spdlog::warn("recovery: {}: cannot create the missing CI ({}); kept open", what,
                    std::string(ci.status().message()));
@@ -145,7 +146,7 @@ bool PluginCore::CompleteIntent(const Intent& intent, const std::string& what, c
   } else {
     ci_id = cis->front().id;
   }
-  auto uuid = nvml_.GetMigDeviceUuid(gpu.info.index, gi, ci_id);
+  auto uuid = ops_.nvml.GetMigDeviceUuid(gpu.info.index, gi, ci_id);
   if (!uuid.ok()) {
     spdlog::warn("recovery: {}: cannot read the MIG UUID ({}); kept open", what,
                  std::string(uuid.status().message()));
@@ -154,29 +155,30 @@ bool PluginCore::CompleteIntent(const Intent& intent, const std::string& what, c
   const protocol::RuntimeIdentity identity{*uuid, gi, ci_id};
   if (entry.runtime.has_value() && *entry.runtime != identity) {
     // Someone else's identity: keep the instance, never guess.
-    if (FirstReport(fmt::format("intent-conflict/{}", intent.id))) {
-      metrics_.AdoptionFailed();
-      Event(&pod, "Warning", kReasonAdoptionFailed,
-            fmt::format("{}: GI {} exists but the annotation names {} (GI {}, CI {}); kept, not "
-                        "adopted",
-                        what, gi, entry.runtime->mig_uuid, entry.runtime->gpu_instance_id,
-                        entry.runtime->compute_instance_id));
+    if (ops_.FirstReport(fmt::format("intent-conflict/{}", intent.id))) {
+      ops_.metrics.AdoptionFailed();
+      ops_.Event(
+          &pod, "Warning", kReasonAdoptionFailed,
+          fmt::format("{}: GI {} exists but the annotation names {} (GI {}, CI {}); kept, not "
+                      "adopted",
+                      what, gi, entry.runtime->mig_uuid, entry.runtime->gpu_instance_id,
+                      entry.runtime->compute_instance_id));
     }
     return true;
   }
   // Publish, then record: Allocate's last steps.
   if (!entry.runtime.has_value()) {
     std::map<int, protocol::RuntimeIdentity> identities{{intent.owner.device_index, identity}};
-    auto st = WriteRuntimeIdentity(pod, intent.owner.container_index, identities,
-                                   /*consume=*/false, nullptr);
+    auto st = ops_.WriteRuntimeIdentity(pod, intent.owner.container_index, identities,
+                                        /*consume=*/false, nullptr);
     if (!st.ok()) {
       spdlog::warn("recovery: {}: cannot write the runtime identity ({}); kept open", what,
                    std::string(st.message()));
       return false;
     }
   }
-  RecordAdopted(NewInstance(intent.owner, intent.gpu_uuid, intent.profile, profile.nvml_id,
-                            intent.placement, gi, ci_id, *uuid, "completed"),
+  RecordAdopted(ops_.NewInstance(intent.owner, intent.gpu_uuid, intent.profile, profile.nvml_id,
+                                 intent.placement, gi, ci_id, *uuid, "completed"),
                 &pod, "intent",
                 fmt::format("completed {} after an interrupted Allocate: MIG device {} (GI {}, CI "
                             "{}) written to {}",
@@ -184,40 +186,40 @@ bool PluginCore::CompleteIntent(const Intent& intent, const std::string& what, c
   return true;
 }
 
-bool PluginCore::ReleaseIntent(const Intent& intent, const std::string& what,
-                               const std::string& why, const PodMig* pod, const GpuEntry& gpu,
-                               const mig::ProfileSpec& profile, uint32_t gi) {
+bool Reclaimer::ReleaseIntent(const Intent& intent, const std::string& what, const std::string& why,
+                              const PodMig* pod, const GpuEntry& gpu,
+                              const mig::ProfileSpec& profile, uint32_t gi) {
   std::string busy;
-  if (GiBusy(gpu, gi, &busy)) {
+  if (ops_.GiBusy(gpu, gi, &busy)) {
     // Track it under the intent's owner: the reconciler reclaims it once the processes stop.
-    ManagedInstance m = NewInstance(intent.owner, intent.gpu_uuid, intent.profile, profile.nvml_id,
-                                    intent.placement, gi, 0, "", "intent");
-    auto cis = nvml_.ListComputeInstances(gpu.info.index, gi);
+    ManagedInstance m = ops_.NewInstance(intent.owner, intent.gpu_uuid, intent.profile,
+                                         profile.nvml_id, intent.placement, gi, 0, "", "intent");
+    auto cis = ops_.nvml.ListComputeInstances(gpu.info.index, gi);
     if (cis.ok() && !cis->empty()) {
       m.compute_instance_id = cis->front().id;
       m.mig_uuid = cis->front().mig_uuid;
     }
     // An active pod whose reservation changed does not own it: no uid, so it is reclaimed.
     if (pod != nullptr && pod->active) m.owner.pod_uid.clear();
-    ns_.Manage(m);
+    ops_.ns.Manage(m);
     spdlog::warn("recovery: {}: {}, but {}; tracked and reclaimed once idle", what, why, busy);
     return true;
   }
-  auto st = DestroyGi(gpu, gi);
+  auto st = ops_.DestroyGi(gpu, gi);
   if (!st.ok()) {
-    metrics_.DestroyFailed();
+    ops_.metrics.DestroyFailed();
     spdlog::warn("recovery: {}: {}, destroy failed ({}); kept open", what, why,
                  std::string(st.message()));
     return false;
   }
-  ns_.RemoveManaged(intent.gpu_uuid, gi);
-  metrics_.InstanceDestroyed("intent");
-  Event(pod, "Normal", kReasonDestroyed,
-        fmt::format("destroyed GI {} of an interrupted Allocate ({}): {}", gi, what, why));
+  ops_.ns.RemoveManaged(intent.gpu_uuid, gi);
+  ops_.metrics.InstanceDestroyed("intent");
+  ops_.Event(pod, "Normal", kReasonDestroyed,
+             fmt::format("destroyed GI {} of an interrupted Allocate ({}): {}", gi, what, why));
   return true;
 }
 
-void PluginCore::CleanIdleGpus(const std::vector<PodMig>& pods) {
+void Reclaimer::CleanIdleGpus(const std::vector<PodMig>& pods) {
   // Busy: named by a non-terminated pod's annotations, running processes, or an open intent.
   std::set<std::string> referenced;
   bool all_busy = false;
@@ -230,8 +232,8 @@ void PluginCore::CleanIdleGpus(const std::vector<PodMig>& pods) {
     }
     referenced.insert(p.referenced_gpus.begin(), p.referenced_gpus.end());
   }
-  for (const auto& i : ns_.state.intents) referenced.insert(i.gpu_uuid);
-  for (const auto& gpu : ns_.inventory.gpus) {
+  for (const auto& i : ops_.ns.state.intents) referenced.insert(i.gpu_uuid);
+  for (const auto& gpu : ops_.ns.inventory.gpus) {
     if (!gpu.exposed) continue;
     if (!gpu.info.mig.current) {
       spdlog::warn("recovery: GPU {} ({}) is not cleaned: {}", gpu.info.index, gpu.info.uuid,
@@ -244,14 +246,14 @@ void PluginCore::CleanIdleGpus(const std::vector<PodMig>& pods) {
     } else if (referenced.count(gpu.info.uuid)) {
       why = "a pod references it";
     } else {
-      GpuHasProcesses(gpu, &why);
+      ops_.GpuHasProcesses(gpu, &why);
     }
     if (!why.empty()) {
       spdlog::info("recovery: GPU {} ({}) is busy ({}): not cleaned", gpu.info.index, gpu.info.uuid,
                    why);
       continue;
     }
-    auto gis = nvml_.ListGpuInstances(gpu.info.index);
+    auto gis = ops_.nvml.ListGpuInstances(gpu.info.index);
     if (!gis.ok()) {
       spdlog::warn("recovery: cannot list the GIs of idle GPU {}: {}", gpu.info.uuid,
                    std::string(gis.status().message()));
@@ -260,34 +262,35 @@ void PluginCore::CleanIdleGpus(const std::vector<PodMig>& pods) {
     int destroyed = 0;
     std::vector<std::string> failures;
     for (const auto& gi : *gis) {
-      if (const ManagedInstance* m = ns_.FindManagedGi(gpu.info.uuid, gi.id);
+      if (const ManagedInstance* m = ops_.ns.FindManagedGi(gpu.info.uuid, gi.id);
           m != nullptr && m->idle && m->placement == gi.placement &&
           m->profile_id == gi.profile_id) {
         continue;  // an idle (warm) instance: kept, the reconciler applies its TTL
       }
-      auto st = DestroyGi(gpu, gi.id);
+      auto st = ops_.DestroyGi(gpu, gi.id);
       if (!st.ok()) {
-        metrics_.DestroyFailed();
+        ops_.metrics.DestroyFailed();
         failures.push_back(std::string(st.message()));
         continue;
       }
       ++destroyed;
-      metrics_.InstanceDestroyed("startup_cleanup");
-      if (const ManagedInstance* m = ns_.FindManagedGi(gpu.info.uuid, gi.id);
-          m != nullptr && cdi_.enabled()) {
-        (void)cdi_.Remove(m->mig_uuid);
+      ops_.metrics.InstanceDestroyed("startup_cleanup");
+      if (const ManagedInstance* m = ops_.ns.FindManagedGi(gpu.info.uuid, gi.id);
+          m != nullptr && ops_.cdi.enabled()) {
+        (void)ops_.cdi.Remove(m->mig_uuid);
       }
-      ns_.RemoveManaged(gpu.info.uuid, gi.id);
+      ops_.ns.RemoveManaged(gpu.info.uuid, gi.id);
     }
     if (destroyed > 0) {
-      Event(nullptr, "Normal", kReasonGpuCleaned,
-            fmt::format("GPU {} ({}) is idle: destroyed its {} MIG instance(s) to start clean",
-                        gpu.info.index, gpu.info.uuid, destroyed));
+      ops_.Event(nullptr, "Normal", kReasonGpuCleaned,
+                 fmt::format("GPU {} ({}) is idle: destroyed its {} MIG instance(s) to start clean",
+                             gpu.info.index, gpu.info.uuid, destroyed));
     }
     if (!failures.empty()) {
-      Event(nullptr, "Warning", kReasonGpuCleaned,
-            fmt::format("GPU {} ({}): {} instance(s) could not be destroyed: {}", gpu.info.index,
-                        gpu.info.uuid, failures.size(), fmt::join(failures, "; ")));
+      ops_.Event(
+          nullptr, "Warning", kReasonGpuCleaned,
+          fmt::format("GPU {} ({}): {} instance(s) could not be destroyed: {}", gpu.info.index,
+                      gpu.info.uuid, failures.size(), fmt::join(failures, "; ")));
     }
   }
 }

@@ -1,0 +1,50 @@
+// PluginCore's options (plugin_core.h), shared by its parts (node_ops.h, allocator.h,
+// reclaimer.h), and the crash points a test can stop an Allocate at.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "mig/allowlist.h"
+#include "protocol/annotations.h"
+#include "protocol/device_config.h"
+
+namespace dynmig::deviceplugin {
+
+// Crash points (testing): PluginCoreOptions::crash_point is asked at each; `true` makes Allocate
+// return kAborted at once, leaving NVML, the API and the state file exactly as they are, as a
+// crash would.
+inline constexpr std::string_view kCrashAfterIntent = "after-intent";
+inline constexpr std::string_view kCrashAfterGpuInstance = "after-gpu-instance";
+inline constexpr std::string_view kCrashAfterComputeInstance = "after-compute-instance";
+inline constexpr std::string_view kCrashBeforeRollback = "before-rollback";
+inline constexpr std::string_view kCrashAfterAnnotation = "after-annotation";
+
+struct PluginCoreOptions {
+  std::string node_name;
+  std::string resource_name = std::string(protocol::kResourceCount);
+  mig::Allowlist allowlist;
+  // The node-local state file (managed instances, intents). Required.
+  std::string state_file;
+  // fsync the state file and CDI specs on every write (off only for benchmarks on tmpfs).
+  bool fsync = true;
+  // When set, Allocate writes a CDI spec per MIG device here and answers with CDI names.
+  std::string cdi_dir;
+  // Warm instances (device-config.yaml nvidia.migWarmInstances): an ended pod's instance is kept
+  // idle for reuse. Off by default.
+  protocol::WarmInstances warm;
+  // Attempts of the optimistic-concurrency loop that writes the pod annotation.
+  int annotation_attempts = 5;
+  // Wall time (timestamps, TTLs, the in-progress window) and monotonic time (durations); must
+  // outlive the core. null = RealClock() (DevicePlugin passes its own clock when this is unset).
+  // The device list's waits (WaitForDeviceChange) run on real time: they pace a gRPC stream whose
+  // peer, the kubelet, does.
+  const Clock* clock = nullptr;
+  std::function<bool(std::string_view point)> crash_point;  // testing only
+  std::string component = "dynmig-device-plugin";
+};
+
+}  // namespace dynmig::deviceplugin
