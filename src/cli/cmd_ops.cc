@@ -1,9 +1,9 @@
-// The migration and operations commands: inventory, preflight, validate, explain, layout, defrag,
-// rollback (plan, check, apply).
+// The migration and operations commands: inventory, preflight, validate, handover (plan, check),
+// explain, layout, defrag, rollback (plan, check, apply).
 // Each reads the cluster through the Kubernetes API (--kubeconfig / --in-cluster), prints a
 // readable table by default or -o json|yaml, and exits 0 when it answered, 1 when a check failed
-// (preflight, validate) or the cluster could not be read, 2 on bad input. The logic lives in
-// src/ops; this file parses flags and prints.
+// (preflight, validate, handover check) or the cluster could not be read, 2 on bad input. The logic
+// lives in src/ops; this file parses flags and prints.
 #include <CLI/CLI.hpp>
 #include <fstream>
 #include <memory>
@@ -18,6 +18,7 @@
 #include "nvml/sim_nvml.h"
 #include "ops/defrag_plan.h"
 #include "ops/explain.h"
+#include "ops/handover.h"
 #include "ops/inventory.h"
 #include "ops/layout.h"
 #include "ops/preflight.h"
@@ -178,13 +179,19 @@ int PrintReport(CliContext& ctx, ops::OutputFormat format, const ops::CheckRepor
 struct PreflightFlags {
   CommonFlags common;
   std::string node;
+  std::string nvml_endpoint = "http://{node}:9400/nvml";
+  std::string nvml_timeout = "3s";
 };
 
 int RunPreflightCommand(const PreflightFlags& f, CliContext& ctx) {
+  absl::Status error;
+  auto nvml = MakeNvml(f.nvml_endpoint, f.nvml_timeout, error);
+  if (!error.ok()) return Fail(ctx, "preflight", error);
   int code = kExitOk;
   auto s = Open(ctx, "preflight", f.common, code);
   if (!s) return code;
-  auto report = ops::RunPreflight(*s->client, {f.node, Query(f.common)}, ctx.clock.Now());
+  auto report =
+      ops::RunPreflight(*s->client, nvml.get(), {f.node, Query(f.common)}, ctx.clock.Now());
   if (!report.ok()) return Fail(ctx, "preflight", report.status());
   return PrintReport(ctx, s->format, *report);
 }
@@ -236,6 +243,45 @@ int RunValidateCommand(ValidateFlags f, CliContext& ctx) {
   auto report = ops::RunValidate(*s->client, nvml.get(), options, ctx.clock);
   if (!report.ok()) return Fail(ctx, "validate", report.status());
   if (s->format == ops::OutputFormat::kText) report->notes.clear();  // already on stderr
+  return PrintReport(ctx, s->format, *report);
+}
+
+// ---- handover ----
+
+struct HandoverFlags {
+  CommonFlags common;
+  std::string node;
+  std::string nvml_endpoint = "http://{node}:9400/nvml";
+  std::string nvml_timeout = "5s";
+};
+
+// Runs plan or check. Flags are read before the cluster: bad input changes and reads nothing.
+int RunHandoverCommand(const HandoverFlags& f, const std::string& verb, CliContext& ctx) {
+  const std::string command = "handover " + verb;
+  if (verb == "plan" && f.node.empty()) {
+    return Fail(ctx, command, absl::InvalidArgumentError("--node: name the node to hand over"));
+  }
+  if (f.nvml_endpoint.empty()) {
+    return Fail(ctx, command,
+                absl::InvalidArgumentError(
+                    "--nvml-endpoint: the device plugin's NVML view is the handover's evidence; "
+                    "it cannot be empty"));
+  }
+  absl::Status error;
+  auto nvml = MakeNvml(f.nvml_endpoint, f.nvml_timeout, error);
+  if (!error.ok()) return Fail(ctx, command, error);
+  int code = kExitOk;
+  auto s = Open(ctx, command, f.common, code);
+  if (!s) return code;
+  const ops::HandoverOptions options{f.node, Query(f.common)};
+  if (verb == "plan") {
+    auto out = ops::RunHandoverPlan(*s->client, nvml.get(), options, ctx.clock.Now());
+    if (!out.ok()) return Fail(ctx, command, out.status());
+    Print(ctx, s->format, out->json, out->text);
+    return kExitOk;
+  }
+  auto report = ops::RunHandoverCheck(*s->client, nvml.get(), options, ctx.clock.Now());
+  if (!report.ok()) return Fail(ctx, command, report.status());
   return PrintReport(ctx, s->format, *report);
 }
 
@@ -441,6 +487,12 @@ void RegisterPreflight(CLI::App& root, CliContext& ctx) {
       "preflight", "Can a node be handed over to dynamic MIG? Each blocker with evidence");
   AddCommon(cmd, f->common);
   cmd->add_option("--node", f->node, "the node to check (default: every GPU node)");
+  cmd->add_option("--nvml-endpoint", f->nvml_endpoint,
+                  "URL template of dynmig's device-plugin NVML view ({node}, {name}), read for "
+                  "nodes with legacy pods to tell whether they can stay (no-drain handover); "
+                  "empty = do not read")
+      ->capture_default_str();
+  cmd->add_option("--nvml-timeout", f->nvml_timeout, "per-request timeout")->capture_default_str();
   cmd->callback([f, &ctx] { ctx.exit_code = RunPreflightCommand(*f, ctx); });
 }
 
@@ -471,6 +523,34 @@ void RegisterValidate(CLI::App& root, CliContext& ctx) {
   cmd->add_option("--canary-scheduler-name", f->canary_options.scheduler_name,
                   "spec.schedulerName of the canary (default: left to the webhook)");
   cmd->callback([f, &ctx] { ctx.exit_code = RunValidateCommand(*f, ctx); });
+}
+
+void RegisterHandover(CLI::App& root, CliContext& ctx) {
+  CLI::App* handover = root.add_subcommand(
+      "handover",
+      "Hand a live node over to dynamic MIG without draining it: plan (what is on each GPU, who "
+      "holds it, what will happen, what blocks it), check (PASS/FAIL)");
+  handover->require_subcommand(1);
+  const std::vector<std::pair<std::string, std::string>> verbs = {
+      {"plan",
+       "Per GPU, every instance, its holders and its fate; the node's legacy pods; what blocks "
+       "a no-drain handover"},
+      {"check", "handover-proof, handover-overlap, handover-allocator per node; exits 1 on FAIL"}};
+  for (const auto& [verb, help] : verbs) {
+    auto f = std::make_shared<HandoverFlags>();
+    CLI::App* cmd = handover->add_subcommand(verb, help);
+    AddCommon(cmd, f->common);
+    cmd->add_option("--node", f->node,
+                    verb == "plan" ? "the node to hand over (required)"
+                                   : "the node to check (default: every GPU node)");
+    cmd->add_option("--nvml-endpoint", f->nvml_endpoint,
+                    "URL template of dynmig's device-plugin NVML view ({node}, {name})")
+        ->capture_default_str();
+    cmd->add_option("--nvml-timeout", f->nvml_timeout, "per-request timeout")
+        ->capture_default_str();
+    const std::string v = verb;
+    cmd->callback([f, v, &ctx] { ctx.exit_code = RunHandoverCommand(*f, v, ctx); });
+  }
 }
 
 void RegisterExplain(CLI::App& root, CliContext& ctx) {
@@ -555,6 +635,7 @@ void RegisterOpsCommands(CLI::App& root, CliContext& ctx) {
   RegisterInventory(root, ctx);
   RegisterPreflight(root, ctx);
   RegisterValidate(root, ctx);
+  RegisterHandover(root, ctx);
   RegisterExplain(root, ctx);
   RegisterLayout(root, ctx);
   RegisterDefrag(root, ctx);

@@ -8,11 +8,15 @@ namespace {
 constexpr unsigned kForPreflight = static_cast<unsigned>(CheckCommand::kPreflight);
 constexpr unsigned kForValidate = static_cast<unsigned>(CheckCommand::kValidate);
 constexpr unsigned kForRollback = static_cast<unsigned>(CheckCommand::kRollback);
+constexpr unsigned kForHandover = static_cast<unsigned>(CheckCommand::kHandover);
 
 constexpr Check kChecks[] = {
     // preflight, per node; `cordoned` also opens rollback's proofs (step 1).
     {"legacy-pods", kForPreflight, CheckScope::kNode,
-     "active pods' legacy GPU-uuid[t-s] identities", CheckStatus::kFail, checks::LegacyPods},
+     "active pods of a legacy allocator (GPU-uuid[t-s] identities, NVIDIA device-plugin MIG "
+     "requests) "
+     "and, with the NVML view, whether a no-drain handover proves them",
+     CheckStatus::kFail, checks::LegacyPods},
     {"register-format", kForPreflight, CheckScope::kNode, "the node's register annotation",
      CheckStatus::kFail, checks::RegisterFormat},
     {"mig-manager", kForPreflight, CheckScope::kNode, "MIG Manager's pods and labels on the node",
@@ -29,6 +33,10 @@ constexpr Check kChecks[] = {
      CheckStatus::kFail, checks::DeviceConfigCheck},
 
     // validate, per registered node.
+    {"legacy-pods", kForValidate, CheckScope::kNode,
+     "legacy pods on the node (reported only when there are some): each proven to hold its "
+     "instance in the NVML view",
+     CheckStatus::kFail, checks::LegacyPodsHandedOver},
     {"device-plugin", kForValidate, CheckScope::kNode,
      "the NVML view endpoint and the handshake annotation", CheckStatus::kFail,
      checks::DevicePluginAlive},
@@ -80,6 +88,18 @@ constexpr Check kChecks[] = {
     {"legacy-registration", kForRollback, CheckScope::kNode,
      "the node's GPU resources and register annotation", CheckStatus::kFail,
      checks::LegacyRegistration},
+
+    // handover check, per node: the no-drain handover plan's blockers (handover.h).
+    {"handover-proof", kForHandover, CheckScope::kNode,
+     "the NVML view's evidence and attribution; each legacy pod among the holders",
+     CheckStatus::kFail, checks::HandoverProof},
+    {"handover-overlap", kForHandover, CheckScope::kNode,
+     "kept legacy instances against the published held slices and the node's reservations",
+     CheckStatus::kFail, checks::HandoverOverlap},
+    {"handover-allocator", kForHandover, CheckScope::kNode,
+     "MIG resources allocatable, NVIDIA device-plugin and MIG Manager pods and labels, the "
+     "register format",
+     CheckStatus::kFail, checks::HandoverAllocator},
 };
 
 }  // namespace

@@ -1,4 +1,5 @@
-// The named checks of `preflight`, `validate` and `rollback check`, in one registry.
+// The named checks of `preflight`, `validate`, `rollback check` and `handover check`, in one
+// registry.
 //
 // A command reads the cluster once (a ClusterSnapshot, plus what it reads beside it: the device
 // config, NVML views, a backup) into a CheckInput, then runs the registry's entries that serve it,
@@ -29,6 +30,7 @@
 namespace dynmig::ops {
 
 struct NodeNvml;       // validate.h
+struct HandoverPlan;   // handover.h
 struct RollbackFacts;  // rollback.cc
 struct ValidateFacts;  // validate.cc
 struct PodFacts;       // validate.cc
@@ -38,6 +40,7 @@ enum class CheckCommand : unsigned {
   kPreflight = 1u << 0,
   kValidate = 1u << 1,
   kRollback = 1u << 2,
+  kHandover = 1u << 3,
 };
 constexpr unsigned operator|(CheckCommand a, CheckCommand b) {
   return static_cast<unsigned>(a) | static_cast<unsigned>(b);
@@ -78,6 +81,10 @@ struct CheckInput {
 
   // rollback: the backup, the node's instances now, and what was read beside the snapshot.
   const RollbackFacts* rollback = nullptr;
+
+  // handover check (always), preflight and validate (when the node has legacy pods and its NVML
+  // view was read, else null): the node's no-drain handover plan.
+  const HandoverPlan* handover = nullptr;
 };
 
 // One named check.
@@ -101,13 +108,14 @@ std::vector<const kube::Object*> ActivePodsOn(const ClusterSnapshot& snapshot,
                                               std::string_view node);
 
 // --- the check functions, by command (defined in checks.cc, preflight.cc, validate.cc,
-// rollback.cc)
+// rollback.cc, handover.cc)
 
 namespace checks {
 
 bool Cordoned(const CheckInput& in, CheckReport& report);
 
 bool LegacyPods(const CheckInput& in, CheckReport& report);
+bool LegacyPodsHandedOver(const CheckInput& in, CheckReport& report);
 bool RegisterFormat(const CheckInput& in, CheckReport& report);
 bool MigManager(const CheckInput& in, CheckReport& report);
 bool GpuWorkloads(const CheckInput& in, CheckReport& report);
@@ -136,6 +144,10 @@ bool LegacyConfig(const CheckInput& in, CheckReport& report);
 bool MigManagerLabels(const CheckInput& in, CheckReport& report);
 bool Geometry(const CheckInput& in, CheckReport& report);
 bool LegacyRegistration(const CheckInput& in, CheckReport& report);
+
+bool HandoverProof(const CheckInput& in, CheckReport& report);
+bool HandoverOverlap(const CheckInput& in, CheckReport& report);
+bool HandoverAllocator(const CheckInput& in, CheckReport& report);
 
 }  // namespace checks
 

@@ -14,7 +14,7 @@ namespace {
 
 using nlohmann::json;
 
-absl::Status FieldError(const std::string& path, const char* want) {
+absl::Status FieldError(const std::string& path, std::string_view want) {
   return absl::InvalidArgumentError(fmt::format("NVML view: {}: must be {}", path, want));
 }
 
@@ -37,8 +37,32 @@ absl::Status ReadString(const json& obj, const char* key, const std::string& pat
   const auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) return absl::OkStatus();
   if (!it->is_string()) return FieldError(path + "." + key, "a string");
+  if (it->get_ref<const std::string&>().size() > kMaxNvmlViewString) {
+    return FieldError(path + "." + key,
+                      fmt::format("a string of at most {} bytes", kMaxNvmlViewString));
+  }
   out = it->get<std::string>();
   return absl::OkStatus();
+}
+
+absl::Status ReadBool(const json& obj, const char* key, const std::string& path, bool& out) {
+  const auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_boolean()) return FieldError(path + "." + key, "true or false");
+  out = it->get<bool>();
+  return absl::OkStatus();
+}
+
+// The array under `key` (nullptr when absent or null), at most `limit` long.
+absl::StatusOr<const json*> ReadArray(const json& obj, const char* key, const std::string& path,
+                                      size_t limit) {
+  const auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  if (!it->is_array()) return FieldError(path + "." + key, "an array");
+  if (it->size() > limit) {
+    return FieldError(path + "." + key, fmt::format("an array of at most {} entries", limit));
+  }
+  return &*it;
 }
 
 absl::StatusOr<mig::Placement> ReadPlacement(const json& v, const std::string& path) {
@@ -88,100 +112,183 @@ const NvmlInstanceView* NvmlView::FindMigUuid(std::string_view mig_uuid,
   return nullptr;
 }
 
+namespace {
+
+absl::StatusOr<NvmlProfileView> ParseProfile(const json& p, const std::string& ppath) {
+  if (!p.is_object()) return FieldError(ppath, "an object");
+  NvmlProfileView prof;
+  DYNMIG_RETURN_IF_ERROR(ReadString(p, "name", ppath, prof.name));
+  bool has = false;
+  DYNMIG_RETURN_IF_ERROR(ReadUint(p, "memoryMiB", ppath, prof.memory_mib, &has));
+  if (!has) DYNMIG_RETURN_IF_ERROR(ReadUint(p, "memoryMB", ppath, prof.memory_mib));
+  uint64_t slices = 0, count = 0;
+  DYNMIG_RETURN_IF_ERROR(ReadUint(p, "sliceCount", ppath, slices));
+  prof.slice_count = static_cast<uint32_t>(slices);
+  DYNMIG_RETURN_IF_ERROR(ReadUint(p, "instanceCount", ppath, count, &has));
+  if (has) prof.instance_count = static_cast<uint32_t>(count);
+  DYNMIG_ASSIGN_OR_RETURN(const json* pl,
+                          ReadArray(p, "placements", ppath, mig::kMaxPlacementUnits));
+  for (size_t k = 0; pl != nullptr && k < pl->size(); ++k) {
+    DYNMIG_ASSIGN_OR_RETURN(auto placement,
+                            ReadPlacement((*pl)[k], fmt::format("{}.placements[{}]", ppath, k)));
+    prof.placements.push_back(placement);
+  }
+  return prof;
+}
+
+absl::StatusOr<NvmlHolder> ParseHolder(const json& h, const std::string& path) {
+  if (!h.is_object()) return FieldError(path, "an object");
+  NvmlHolder out;
+  DYNMIG_RETURN_IF_ERROR(ReadString(h, "podUID", path, out.pod_uid));
+  DYNMIG_RETURN_IF_ERROR(ReadString(h, "namespace", path, out.ns));
+  DYNMIG_RETURN_IF_ERROR(ReadString(h, "name", path, out.name));
+  DYNMIG_RETURN_IF_ERROR(ReadString(h, "container", path, out.container));
+  DYNMIG_RETURN_IF_ERROR(ReadString(h, "resource", path, out.resource));
+  DYNMIG_RETURN_IF_ERROR(ReadString(h, "deviceID", path, out.device_id));
+  DYNMIG_RETURN_IF_ERROR(ReadString(h, "source", path, out.source));
+  if (out.name.empty() && out.pod_uid.empty()) {
+    return FieldError(path, "a holder naming its pod (podUID or namespace/name)");
+  }
+  return out;
+}
+
+// The device plugin's attribution fields of an instance item (managed, origin, owner, idle,
+// holders, unproven, free).
+absl::Status ParseAttribution(const json& gi, const std::string& ipath, NvmlInstanceView& inst) {
+  DYNMIG_RETURN_IF_ERROR(ReadBool(gi, "managed", ipath, inst.managed));
+  DYNMIG_RETURN_IF_ERROR(ReadString(gi, "origin", ipath, inst.origin));
+  DYNMIG_RETURN_IF_ERROR(ReadBool(gi, "idle", ipath, inst.idle));
+  DYNMIG_RETURN_IF_ERROR(ReadBool(gi, "free", ipath, inst.free));
+  if (const auto o = gi.find("owner"); o != gi.end() && !o->is_null()) {
+    if (!o->is_object()) return FieldError(ipath + ".owner", "an object");
+    DYNMIG_RETURN_IF_ERROR(ReadString(*o, "podUID", ipath + ".owner", inst.owner_uid));
+    DYNMIG_RETURN_IF_ERROR(ReadString(*o, "namespace", ipath + ".owner", inst.owner_ns));
+    DYNMIG_RETURN_IF_ERROR(ReadString(*o, "name", ipath + ".owner", inst.owner_name));
+  }
+  if (const auto u = gi.find("unproven"); u != gi.end() && !u->is_null()) {
+    std::string reason;
+    DYNMIG_RETURN_IF_ERROR(ReadString(gi, "unproven", ipath, reason));
+    inst.unproven = reason.empty() ? "no reason given" : reason;
+  }
+  DYNMIG_ASSIGN_OR_RETURN(const json* hs, ReadArray(gi, "holders", ipath, kMaxNvmlViewHolders));
+  for (size_t k = 0; hs != nullptr && k < hs->size(); ++k) {
+    DYNMIG_ASSIGN_OR_RETURN(auto h, ParseHolder((*hs)[k], fmt::format("{}.holders[{}]", ipath, k)));
+    inst.holders.push_back(std::move(h));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<NvmlInstanceView> ParseInstance(const json& gi, const std::string& ipath) {
+  if (!gi.is_object()) return FieldError(ipath, "an object");
+  NvmlInstanceView inst;
+  uint64_t id = 0;
+  bool has = false;
+  DYNMIG_RETURN_IF_ERROR(ReadUint(gi, "gpuInstanceID", ipath, id, &has));
+  if (!has) DYNMIG_RETURN_IF_ERROR(ReadUint(gi, "id", ipath, id));
+  inst.gpu_instance_id = static_cast<uint32_t>(id);
+  DYNMIG_RETURN_IF_ERROR(ReadString(gi, "profile", ipath, inst.profile));
+  if (const auto pl = gi.find("placement"); pl != gi.end() && !pl->is_null()) {
+    DYNMIG_ASSIGN_OR_RETURN(inst.placement, ReadPlacement(*pl, ipath + ".placement"));
+  }
+  DYNMIG_ASSIGN_OR_RETURN(const json* cis,
+                          ReadArray(gi, "computeInstances", ipath, kMaxNvmlViewItems));
+  for (size_t k = 0; cis != nullptr && k < cis->size(); ++k) {
+    const json& ci = (*cis)[k];
+    const std::string cpath = fmt::format("{}.computeInstances[{}]", ipath, k);
+    if (!ci.is_object()) return FieldError(cpath, "an object");
+    NvmlComputeInstanceView civ;
+    uint64_t ci_id = 0;
+    DYNMIG_RETURN_IF_ERROR(ReadUint(ci, "id", cpath, ci_id, &has));
+    if (!has) DYNMIG_RETURN_IF_ERROR(ReadUint(ci, "computeInstanceID", cpath, ci_id));
+    civ.id = static_cast<uint32_t>(ci_id);
+    DYNMIG_RETURN_IF_ERROR(ReadString(ci, "migUUID", cpath, civ.mig_uuid));
+    inst.compute_instances.push_back(std::move(civ));
+  }
+  DYNMIG_RETURN_IF_ERROR(ParseAttribution(gi, ipath, inst));
+  return inst;
+}
+
+absl::StatusOr<NvmlGpuView> ParseGpu(const json& g, size_t i) {
+  const std::string path = fmt::format("gpus[{}]", i);
+  if (!g.is_object()) return FieldError(path, "an object");
+  NvmlGpuView gpu;
+  uint64_t index = i;
+  DYNMIG_RETURN_IF_ERROR(ReadUint(g, "index", path, index));
+  gpu.index = static_cast<uint32_t>(index);
+  DYNMIG_RETURN_IF_ERROR(ReadString(g, "uuid", path, gpu.uuid));
+  DYNMIG_RETURN_IF_ERROR(ReadString(g, "name", path, gpu.name));
+  DYNMIG_RETURN_IF_ERROR(ReadUint(g, "memoryMiB", path, gpu.memory_mib));
+  if (const auto m = g.find("migMode"); m != g.end() && m->is_object()) {
+    if (const auto cur = m->find("current"); cur != m->end() && cur->is_boolean()) {
+      gpu.mig_enabled = cur->get<bool>();
+    }
+  } else if (const auto e = g.find("migEnabled"); e != g.end() && e->is_boolean()) {
+    gpu.mig_enabled = e->get<bool>();
+  } else if (const auto mig = g.find("mig"); mig != g.end() && mig->is_object()) {
+    if (const auto cur = mig->find("current"); cur != mig->end() && cur->is_boolean()) {
+      gpu.mig_enabled = cur->get<bool>();
+    }
+  }
+  DYNMIG_ASSIGN_OR_RETURN(const json* ps, ReadArray(g, "profiles", path, kMaxNvmlViewItems));
+  for (size_t j = 0; ps != nullptr && j < ps->size(); ++j) {
+    DYNMIG_ASSIGN_OR_RETURN(auto prof,
+                            ParseProfile((*ps)[j], fmt::format("{}.profiles[{}]", path, j)));
+    gpu.profiles.push_back(std::move(prof));
+  }
+  const auto inst = g.find("instances");
+  const char* key = inst == g.end() || inst->is_null() ? "gpuInstances" : "instances";
+  DYNMIG_ASSIGN_OR_RETURN(const json* is, ReadArray(g, key, path, kMaxNvmlViewItems));
+  for (size_t j = 0; is != nullptr && j < is->size(); ++j) {
+    DYNMIG_ASSIGN_OR_RETURN(auto gi,
+                            ParseInstance((*is)[j], fmt::format("{}.instances[{}]", path, j)));
+    gpu.instances.push_back(std::move(gi));
+  }
+  return gpu;
+}
+
+absl::StatusOr<NvmlEvidenceSource> ParseEvidenceSource(const json& e, const std::string& path) {
+  if (!e.is_object()) return FieldError(path, "an object");
+  NvmlEvidenceSource out;
+  DYNMIG_RETURN_IF_ERROR(ReadBool(e, "configured", path, out.configured));
+  DYNMIG_RETURN_IF_ERROR(ReadBool(e, "ok", path, out.ok));
+  DYNMIG_RETURN_IF_ERROR(ReadString(e, "error", path, out.error));
+  if (!out.configured) out.ok = false;
+  return out;
+}
+
+absl::StatusOr<std::optional<NvmlEvidence>> ParseEvidence(const json& doc) {
+  const auto e = doc.find("evidence");
+  if (e == doc.end() || e->is_null()) return std::nullopt;
+  if (!e->is_object()) return FieldError("evidence", "an object");
+  NvmlEvidence out;
+  for (const auto& [key, field] :
+       {std::pair{"podResources", &out.pod_resources}, std::pair{"runtime", &out.runtime}}) {
+    const auto it = e->find(key);
+    if (it == e->end() || it->is_null()) {
+      *field = NvmlEvidenceSource{true, false, "not reported"};
+      continue;
+    }
+    DYNMIG_ASSIGN_OR_RETURN(*field, ParseEvidenceSource(*it, fmt::format("evidence.{}", key)));
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<NvmlView> ParseNvmlView(const json& doc) {
   if (!doc.is_object()) return FieldError("document", "a JSON object");
   const auto gpus = doc.find("gpus");
   if (gpus == doc.end() || !gpus->is_array()) return FieldError("gpus", "an array");
+  if (gpus->size() > kMaxNvmlViewGpus) {
+    return FieldError("gpus", fmt::format("an array of at most {} entries", kMaxNvmlViewGpus));
+  }
   NvmlView view;
+  DYNMIG_RETURN_IF_ERROR(ReadString(doc, "node", "document", view.node));
   for (size_t i = 0; i < gpus->size(); ++i) {
-    const json& g = (*gpus)[i];
-    const std::string path = fmt::format("gpus[{}]", i);
-    if (!g.is_object()) return FieldError(path, "an object");
-    NvmlGpuView gpu;
-    uint64_t index = i;
-    DYNMIG_RETURN_IF_ERROR(ReadUint(g, "index", path, index));
-    gpu.index = static_cast<uint32_t>(index);
-    DYNMIG_RETURN_IF_ERROR(ReadString(g, "uuid", path, gpu.uuid));
-    DYNMIG_RETURN_IF_ERROR(ReadString(g, "name", path, gpu.name));
-    DYNMIG_RETURN_IF_ERROR(ReadUint(g, "memoryMiB", path, gpu.memory_mib));
-    if (const auto m = g.find("migMode"); m != g.end() && m->is_object()) {
-      if (const auto cur = m->find("current"); cur != m->end() && cur->is_boolean()) {
-        gpu.mig_enabled = cur->get<bool>();
-      }
-    } else if (const auto e = g.find("migEnabled"); e != g.end() && e->is_boolean()) {
-      gpu.mig_enabled = e->get<bool>();
-    } else if (const auto mig = g.find("mig"); mig != g.end() && mig->is_object()) {
-      if (const auto cur = mig->find("current"); cur != mig->end() && cur->is_boolean()) {
-        gpu.mig_enabled = cur->get<bool>();
-      }
-    }
-    if (const auto ps = g.find("profiles"); ps != g.end() && !ps->is_null()) {
-      if (!ps->is_array()) return FieldError(path + ".profiles", "an array");
-      for (size_t j = 0; j < ps->size(); ++j) {
-        const json& p = (*ps)[j];
-        const std::string ppath = fmt::format("{}.profiles[{}]", path, j);
-        if (!p.is_object()) return FieldError(ppath, "an object");
-        NvmlProfileView prof;
-        DYNMIG_RETURN_IF_ERROR(ReadString(p, "name", ppath, prof.name));
-        bool has = false;
-        DYNMIG_RETURN_IF_ERROR(ReadUint(p, "memoryMiB", ppath, prof.memory_mib, &has));
-        if (!has) DYNMIG_RETURN_IF_ERROR(ReadUint(p, "memoryMB", ppath, prof.memory_mib));
-        uint64_t slices = 0, count = 0;
-        DYNMIG_RETURN_IF_ERROR(ReadUint(p, "sliceCount", ppath, slices));
-        prof.slice_count = static_cast<uint32_t>(slices);
-        DYNMIG_RETURN_IF_ERROR(ReadUint(p, "instanceCount", ppath, count, &has));
-        if (has) prof.instance_count = static_cast<uint32_t>(count);
-        if (const auto pl = p.find("placements"); pl != p.end() && !pl->is_null()) {
-          if (!pl->is_array()) return FieldError(ppath + ".placements", "an array");
-          for (size_t k = 0; k < pl->size(); ++k) {
-            DYNMIG_ASSIGN_OR_RETURN(
-                auto placement,
-                ReadPlacement((*pl)[k], fmt::format("{}.placements[{}]", ppath, k)));
-            prof.placements.push_back(placement);
-          }
-        }
-        gpu.profiles.push_back(std::move(prof));
-      }
-    }
-    auto is = g.find("instances");
-    const bool nvml_cli_shape = is == g.end() || is->is_null();
-    if (nvml_cli_shape) is = g.find("gpuInstances");
-    if (is != g.end() && !is->is_null()) {
-      if (!is->is_array()) return FieldError(path + ".instances", "an array");
-      for (size_t j = 0; j < is->size(); ++j) {
-        const json& gi = (*is)[j];
-        const std::string ipath = fmt::format("{}.instances[{}]", path, j);
-        if (!gi.is_object()) return FieldError(ipath, "an object");
-        NvmlInstanceView inst;
-        uint64_t id = 0;
-        bool has = false;
-        DYNMIG_RETURN_IF_ERROR(ReadUint(gi, "gpuInstanceID", ipath, id, &has));
-        if (!has) DYNMIG_RETURN_IF_ERROR(ReadUint(gi, "id", ipath, id));
-        inst.gpu_instance_id = static_cast<uint32_t>(id);
-        DYNMIG_RETURN_IF_ERROR(ReadString(gi, "profile", ipath, inst.profile));
-        if (const auto pl = gi.find("placement"); pl != gi.end() && !pl->is_null()) {
-          DYNMIG_ASSIGN_OR_RETURN(inst.placement, ReadPlacement(*pl, ipath + ".placement"));
-        }
-        if (const auto cis = gi.find("computeInstances"); cis != gi.end() && !cis->is_null()) {
-          if (!cis->is_array()) return FieldError(ipath + ".computeInstances", "an array");
-          for (size_t k = 0; k < cis->size(); ++k) {
-            const json& ci = (*cis)[k];
-            const std::string cpath = fmt::format("{}.computeInstances[{}]", ipath, k);
-            if (!ci.is_object()) return FieldError(cpath, "an object");
-            NvmlComputeInstanceView civ;
-            uint64_t ci_id = 0;
-            DYNMIG_RETURN_IF_ERROR(ReadUint(ci, "id", cpath, ci_id, &has));
-            if (!has) DYNMIG_RETURN_IF_ERROR(ReadUint(ci, "computeInstanceID", cpath, ci_id));
-            civ.id = static_cast<uint32_t>(ci_id);
-            DYNMIG_RETURN_IF_ERROR(ReadString(ci, "migUUID", cpath, civ.mig_uuid));
-            inst.compute_instances.push_back(std::move(civ));
-          }
-        }
-        gpu.instances.push_back(std::move(inst));
-      }
-    }
+    DYNMIG_ASSIGN_OR_RETURN(auto gpu, ParseGpu((*gpus)[i], i));
     view.gpus.push_back(std::move(gpu));
   }
+  DYNMIG_ASSIGN_OR_RETURN(view.evidence, ParseEvidence(doc));
   return view;
 }
 

@@ -4,6 +4,8 @@
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "ops/checks.h"
+#include "ops/handover.h"
+#include "ops/validate.h"
 #include "protocol/annotations.h"
 #include "protocol/node_register.h"
 #include "protocol/pod_request.h"
@@ -51,25 +53,6 @@ bool IsMigManagerPod(const Object& pod) {
 }
 
 namespace checks {
-
-bool LegacyPods(const CheckInput& in, CheckReport& report) {
-  std::vector<std::string> legacy;
-  for (const Object* p : in.pods) {
-    for (const auto& id : LegacyIdentities(*p)) legacy.push_back(PodKey(*p) + ": " + id);
-  }
-  if (legacy.empty()) {
-    report.Add("legacy-pods", in.node_name, CheckStatus::kPass,
-               "no active pod holds a legacy GPU-uuid[template-slot] identity");
-    return true;
-  }
-  legacy.push_back(
-      "legacy identities cannot be adopted (the index does not prove a "
-      "placement): drain these pods");
-  report.Add("legacy-pods", in.node_name, CheckStatus::kFail,
-             fmt::format("{} legacy MIG identities on active pods", legacy.size() - 1),
-             std::move(legacy));
-  return true;
-}
 
 bool RegisterFormat(const CheckInput& in, CheckReport& report) {
   const auto reg = kube::Annotation(*in.node, protocol::kNodeRegisterAnnotation);
@@ -145,9 +128,17 @@ bool MigManager(const CheckInput& in, CheckReport& report) {
 
 bool GpuWorkloads(const CheckInput& in, CheckReport& report) {
   const protocol::ResourceNames resources;
+  // Legacy pods a no-drain handover proves stay: they are not workloads to drain.
+  std::set<const Object*> handed_over;
+  if (in.handover != nullptr && !in.handover->blocked()) {
+    for (const auto& p : in.handover->legacy_pods) handed_over.insert(p.pod);
+  }
+  std::set<const Object*> legacy;  // both legacy worlds (NVIDIA's MIG resources are not HAMi's)
+  for (const auto& p : FindLegacyPods(in.pods)) legacy.insert(p.pod);
   std::vector<std::string> workloads;
   for (const Object* p : in.pods) {
-    if (protocol::RequestsGpuResources(*p, resources) ||
+    if (handed_over.count(p)) continue;
+    if (protocol::RequestsGpuResources(*p, resources) || legacy.count(p) ||
         kube::Annotation(*p, protocol::kMigAllocationsAnnotation) ||
         kube::Annotation(*p, protocol::kDevicesAllocatedAnnotation)) {
       workloads.push_back(PodLine(*p));
@@ -155,7 +146,11 @@ bool GpuWorkloads(const CheckInput& in, CheckReport& report) {
   }
   if (workloads.empty()) {
     report.Add("gpu-workloads", in.node_name, CheckStatus::kPass,
-               "no active GPU workload on the node");
+               handed_over.empty()
+                   ? "no active GPU workload on the node"
+                   : fmt::format("no active GPU workload on the node beside the {} legacy pods "
+                                 "the no-drain handover proves",
+                                 handed_over.size()));
     return true;
   }
   const size_t n = workloads.size();
@@ -255,8 +250,8 @@ bool DeviceConfigCheck(const CheckInput& in, CheckReport& report) {
 
 }  // namespace checks
 
-absl::StatusOr<CheckReport> RunPreflight(kube::KubeClient& client, const PreflightOptions& options,
-                                         absl::Time now) {
+absl::StatusOr<CheckReport> RunPreflight(kube::KubeClient& client, NvmlSource* nvml,
+                                         const PreflightOptions& options, absl::Time now) {
   auto snap = TakeSnapshot(client, now);
   if (!snap.ok()) return snap.status();
   const auto config = FindDeviceConfig(client, options.config);
@@ -285,11 +280,24 @@ absl::StatusOr<CheckReport> RunPreflight(kube::KubeClient& client, const Preflig
   in.snapshot = &*snap;
   in.config_source = &config;
   in.schedulable_risk = "new legacy allocations can still land on it";
+  const protocol::DeviceConfig effective =
+      config.ok() ? EffectiveConfig(*config) : protocol::DeviceConfig{};
   for (const Object* node : nodes) {
     in.node = node;
     in.node_name = kube::Name(*node);
     in.pods = ActivePodsOn(*snap, in.node_name);
+    // The no-drain handover plan, read only where legacy pods run (no endpoint: none).
+    std::optional<HandoverPlan> plan;
+    if (nvml != nullptr && !FindLegacyPods(in.pods).empty()) {
+      NodeNvml nv;
+      NvmlResult r = FetchNvmlView(*nvml, *node);
+      nv.url = r.url;
+      nv.view = std::move(r.view);
+      plan = PlanHandover(*node, in.pods, nv, effective);
+    }
+    in.handover = plan ? &*plan : nullptr;
     RunChecks(CheckCommand::kPreflight, CheckScope::kNode, in, report);
+    in.handover = nullptr;
   }
   RunChecks(CheckCommand::kPreflight, CheckScope::kCluster, in, report);
   return report;

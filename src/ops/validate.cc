@@ -11,6 +11,7 @@
 #include "mig/occupancy.h"
 #include "mig/planner.h"
 #include "ops/checks.h"
+#include "ops/handover.h"
 #include "protocol/annotations.h"
 #include "protocol/node_register.h"
 #include "protocol/pod_request.h"
@@ -189,7 +190,10 @@ struct PodFacts {
   std::string key;                  // namespace/name
   std::string node;                 // PodNode
   std::vector<std::string> legacy;  // LegacyIdentities
-  bool annotated = false;           // it carries the reservation annotation
+  // A legacy pod the node's NVML view proves to hold its instances (a no-drain handover): what
+  // it holds; empty otherwise.
+  std::vector<std::string> handed_over;
+  bool annotated = false;  // it carries the reservation annotation
   absl::StatusOr<std::vector<protocol::MigAllocation>> allocs =
       std::vector<protocol::MigAllocation>{};
   std::vector<std::string> missing_runtime;  // entries without a runtime identity
@@ -434,6 +438,13 @@ void AddPod(const CheckInput& in, CheckReport& report, std::string_view check, C
 
 bool PodReservation(const CheckInput& in, CheckReport& report) {
   const PodFacts& f = *in.pod_facts;
+  if (!f.legacy.empty() && !f.handed_over.empty()) {
+    AddPod(in, report, "reservation", CheckStatus::kPass,
+           "a legacy pod handed over without draining: the device plugin proves its instances "
+           "(it keeps them until the pod ends)",
+           f.handed_over);
+    return false;
+  }
   if (!f.legacy.empty()) {
     AddPod(in, report, "reservation", CheckStatus::kFail,
            "holds legacy GPU-uuid[template-slot] identities (placed by a legacy scheduler)",
@@ -755,7 +766,14 @@ void ValidateNodes(const ClusterSnapshot& snapshot, const std::vector<const Obje
     const ValidateFacts facts = ReadValidateFacts(*node);
     in.nvml = &nv;
     in.validate = &facts;
+    in.pods = ActivePodsOn(snapshot, in.node_name);
+    std::optional<HandoverPlan> plan;
+    if (nv.view.ok() && !FindLegacyPods(in.pods).empty()) {
+      plan = PlanHandover(*node, in.pods, nv, config);
+    }
+    in.handover = plan ? &*plan : nullptr;
     RunChecks(CheckCommand::kValidate, CheckScope::kNode, in, report);
+    in.handover = nullptr;
   }
   in.validate = nullptr;
   in.nvml = nullptr;
@@ -773,7 +791,15 @@ void ValidatePod(const ClusterSnapshot& snapshot, const Object& pod,
                  const protocol::DeviceConfig& config,
                  const std::map<std::string, NodeNvml>& nvml_views, CheckReport& report,
                  const std::string& prefix) {
-  const PodFacts facts = ReadPodFacts(snapshot, pod);
+  PodFacts facts = ReadPodFacts(snapshot, pod);
+  const Object* node = snapshot.FindNode(facts.node);
+  if (const auto nv = nvml_views.find(facts.node);
+      !facts.legacy.empty() && node != nullptr && nv != nvml_views.end() && nv->second.view.ok()) {
+    const HandoverPlan plan = PlanHandover(*node, {&pod}, nv->second, config);
+    if (plan.legacy_pods.size() == 1 && plan.legacy_pods.front().attributed()) {
+      facts.handed_over = plan.legacy_pods.front().found;
+    }
+  }
   CheckInput in;
   in.snapshot = &snapshot;
   in.config = &config;

@@ -1,6 +1,9 @@
 // `dynmig validate`: the migration guide's validation checklist, each item PASS/FAIL with evidence.
 //
 // Node capability (every node with hami.io/node-nvidia-register, or --node):
+//   legacy-pods          only on a node with legacy pods (HAMi GPU-uuid[t-s] ids, NVIDIA
+//                        nvidia.com/mig-* requests): PASS when the no-drain handover plan
+//                        (handover.h) has nothing blocking, FAIL with its blockers otherwise
 //   device-plugin        the plugin is alive: its NVML view endpoint answers (when configured)
 //                        and its hami.io/node-handshake report is younger than the scheduler's
 //                        report timeout (3m); a stale or Deleted handshake or an unreachable
@@ -15,7 +18,9 @@
 //                        entry, is exposed
 // Per active MIG pod on those nodes (IsMigPod or carrying a reservation, not terminated):
 //   pod-reservation      the scheduler wrote hami.io/vgpu-mig-allocations and it decodes; no
-//                        legacy identities
+//                        legacy identities, unless the node's NVML view proves the pod holds its
+//                        instances (a legacy pod handed over without draining: PASS, and the
+//                        pod's other checks do not apply)
 //   pod-profile          each reserved profile's memory covers the container's request, and each
 //                        container got as many instances as it asked for
 //   pod-overlap          no reservation overlaps another active reservation (or is illegal, or
