@@ -344,10 +344,11 @@ int NvidiaStandin::registrations(std::string_view profile) const {
 bool NvidiaStandin::WaitForRegistrations(int count, absl::Duration timeout) const {
   dynmig::MutexLock lock(&mu_);
   return clock_.WaitFor(cv_, mu_, timeout, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return std::all_of(profiles_.begin(), profiles_.end(), [&](const std::string& p) {
-      auto it = registrations_.find(p);
-      return it != registrations_.end() && it->second >= count;
-    });
+    return std::all_of(profiles_.begin(), profiles_.end(),
+                       [&](const std::string& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                         auto it = registrations_.find(p);
+                         return it != registrations_.end() && it->second >= count;
+                       });
   });
 }
 
