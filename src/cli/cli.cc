@@ -45,6 +45,8 @@ int StopSignals::Wait() {
 // `dynmig chaos` (cmd_chaos.cc), declared here rather than in cli.h with the others so that adding
 // it did not rebuild every command.
 void RegisterChaosCommand(CLI::App& root, CliContext& ctx);
+// `dynmig nvidia-plugin-standin` (cmd_nvidia_standin.cc), likewise.
+void RegisterNvidiaStandinCommand(CLI::App& root, CliContext& ctx);
 
 int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
            const Clock& clock) {
@@ -64,6 +66,7 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   RegisterDevicePluginCommand(app, ctx);
   RegisterLocalCommand(app, ctx);
   RegisterChaosCommand(app, ctx);
+  RegisterNvidiaStandinCommand(app, ctx);
 
   // CLI11 parses a reversed vector of arguments.
   std::vector<std::string> reversed(args.rbegin(), args.rend());

@@ -15,8 +15,10 @@
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "nvml/dlopen_nvml.h"
+#include "nvml/geometry.h"
 #include "nvml/nvml.h"
 #include "nvml/sim_nvml.h"
+#include "protocol/device_config.h"
 
 namespace dynmig::cli {
 namespace {
@@ -50,6 +52,9 @@ struct NvmlFlags {
   uint32_t pid = 0;
   uint64_t memory_mib = 0;
   std::string mode;
+  std::string geometry;
+  std::string hami_config;
+  std::optional<size_t> hami_geometry;
 };
 
 // An opened backend.
@@ -488,6 +493,69 @@ void RunDevices(const NvmlFlags& f, CliContext& ctx) {
   }
 }
 
+// --- apply-geometry ------------------------------------------------------------------------------
+
+// The geometry for one GPU: --geometry, or the HAMi legacy geometry for its model.
+absl::StatusOr<nvml::GeometrySpec> GeometryFor(const NvmlFlags& f, Nvml& nvml, uint32_t gpu) {
+  if (!f.geometry.empty()) return nvml::ParseGeometry(f.geometry);
+  auto config = protocol::LoadDeviceConfig(f.hami_config);
+  if (!config.ok()) return config.status();
+  auto info = nvml.GetGpu(gpu);
+  if (!info.ok()) return info.status();
+  return nvml::SelectLegacyGeometry(config->legacy_geometries, info->name, *f.hami_geometry);
+}
+
+Json GeometryJson(const nvml::GeometryResult& r) {
+  Json instances = Json::array();
+  for (const auto& i : r.instances) {
+    instances.push_back({{"profile", i.profile},
+                         {"gpuInstanceID", i.gi_id},
+                         {"computeInstanceID", i.ci_id},
+                         {"placement", PlacementJson(i.placement)},
+                         {"migUUID", i.mig_uuid}});
+  }
+  return {
+      {"gpu", r.gpu}, {"name", r.gpu_name}, {"unchanged", r.unchanged}, {"instances", instances}};
+}
+
+void RunApplyGeometry(const NvmlFlags& f, CliContext& ctx) {
+  const char* command = "apply-geometry";
+  if (f.geometry.empty() == f.hami_config.empty() ||
+      f.hami_config.empty() != !f.hami_geometry.has_value()) {
+    return Fail(ctx, command, "give --geometry TEXT, or --hami-config FILE with --hami-geometry N",
+                kExitBadInput);
+  }
+  if (!f.geometry.empty()) {
+    if (auto parsed = nvml::ParseGeometry(f.geometry); !parsed.ok())
+      return Fail(ctx, command, parsed.status(), kExitBadInput);
+  }
+  auto b = Open(f, ctx, command);
+  if (!b) return;
+  if (!RequireYes(*b, f, ctx, command)) return;
+  auto gpus = Gpus(*b->nvml, f, ctx, command);
+  if (!gpus) return;
+  Json out = {{"gpus", Json::array()}};
+  for (uint32_t gpu : *gpus) {
+    auto spec = GeometryFor(f, *b->nvml, gpu);
+    if (!spec.ok()) return Fail(ctx, command, spec.status(), kExitBadInput);
+    auto r = nvml::ApplyGeometry(*b->nvml, gpu, *spec);
+    if (!r.ok()) {
+      const bool input = r.status().code() == absl::StatusCode::kInvalidArgument &&
+                         !nvml::NvmlReturnOf(r.status()).has_value();
+      return Fail(ctx, command, r.status(), input ? kExitBadInput : kExitFailure);
+    }
+    out["gpus"].push_back(GeometryJson(*r));
+    if (f.output == "json") continue;
+    ctx.out << fmt::format("GPU {} {}: {} {}\n", gpu, r->gpu_name, spec->ToString(),
+                           r->unchanged ? "already applied, nothing changed" : "applied");
+    for (const auto& i : r->instances) {
+      ctx.out << fmt::format("  GI {:>2} CI {}  {:<12} {}:{}  {}\n", i.gi_id, i.ci_id, i.profile,
+                             i.placement.start, i.placement.size, i.mig_uuid);
+    }
+  }
+  if (f.output == "json") ctx.out << out.dump(2) << "\n";
+}
+
 // --- simulator helpers ---------------------------------------------------------------------------
 
 std::optional<Backend> OpenSim(const NvmlFlags& f, CliContext& ctx, std::string_view command) {
@@ -646,6 +714,23 @@ void RegisterNvmlCommand(CLI::App& root, CliContext& ctx) {
   devices->add_option("--ci", f.ci, "Compute instance id")->capture_default_str();
   AddOutput(devices, f);
   devices->callback([flags, &ctx] { RunDevices(*flags, ctx); });
+
+  auto* geometry = nvml->add_subcommand(
+      "apply-geometry",
+      "Lay out a fixed geometry as NVIDIA MIG Manager (mig-parted) does: per GPU, instances "
+      "without placement (the driver's slot) and their full compute instances; refused on a GPU "
+      "with other instances, a no-op when they already match");
+  geometry->add_option("--gpu", f.gpu, "Only this GPU (default: every GPU)");
+  geometry->add_option("--geometry", f.geometry,
+                       "all-<profile> or <profile>=<n>,... e.g. \"1g.18gb=1,2g.35gb=3\"");
+  geometry->add_option("--hami-config", f.hami_config,
+                       "HAMi device config with nvidia.knownMigGeometries: use the entry "
+                       "matching each GPU's model");
+  geometry->add_option("--hami-geometry", f.hami_geometry,
+                       "Which allowedGeometries item of that entry (from 0)");
+  geometry->add_flag("--yes", f.yes, "Really change a real GPU");
+  AddOutput(geometry, f);
+  geometry->callback([flags, &ctx] { RunApplyGeometry(*flags, ctx); });
 
   auto* fault = nvml->add_subcommand(
       "fault", "Simulator: make the nth call of an operation fail, or slow it down");

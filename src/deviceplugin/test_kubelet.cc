@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <set>
 
+#include "deviceplugin/test_runtime.h"
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
 #include "fmt/format.h"
 #include "podresources/v1/api.grpc.pb.h"
@@ -459,6 +460,10 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> TestKubelet::Allocate(
                       response.container_responses(0)};
   dynmig::MutexLock lock(&mu_);
   allocations_.push_back(a);
+  if (runtime_ != nullptr) {
+    std::map<std::string, std::string> envs(a.response.envs().begin(), a.response.envs().end());
+    runtime_->AddEnvs(pod, uids_[pod], container, envs);
+  }
   return a.response;
 }
 
@@ -526,6 +531,17 @@ void TestKubelet::ReleasePod(const std::string& pod) {
   dynmig::MutexLock lock(&mu_);
   std::erase_if(allocations_, [&](const KubeletAllocation& a) { return a.pod == pod; });
   pods_.erase(pod);
+  if (runtime_ != nullptr) runtime_->ExitPod(pod);
+}
+
+void TestKubelet::SetPodUid(const std::string& pod, std::string uid) {
+  dynmig::MutexLock lock(&mu_);
+  uids_[pod] = std::move(uid);
+}
+
+void TestKubelet::AttachRuntime(TestRuntime* runtime) {
+  dynmig::MutexLock lock(&mu_);
+  runtime_ = runtime;
 }
 
 std::vector<KubeletAllocation> TestKubelet::allocations() const {

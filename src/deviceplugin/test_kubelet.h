@@ -24,6 +24,10 @@
 //   auto a = (*kubelet)->AllocateCount("default/pod-a", "main", 1);   // GetPreferred + Allocate
 //   a->response.envs().at("NVIDIA_VISIBLE_DEVICES");
 //
+// With a TestRuntime attached (AttachRuntime) it plays the kubelet's part towards the container
+// runtime too: each successful Allocate adds the answer's envs to the container's entry (running,
+// with the pod's UID from SetPodUid), and ReleasePod marks the pod's containers exited.
+//
 // Thread-safe.
 #pragma once
 
@@ -72,6 +76,8 @@ struct KubeletAllocation {
   v1beta1::ContainerAllocateResponse response;
 };
 
+class TestRuntime;
+
 class TestKubelet {
  public:
   // Serves <dir>/kubelet.sock (dir is created; a stale kubelet.sock is replaced) and the
@@ -110,6 +116,11 @@ class TestKubelet {
   // Allocate adds a pod it does not know yet, with the container as an app container.
   void AddPod(const std::string& pod, std::vector<std::string> containers,
               std::vector<std::string> init_containers = {});
+  // The pod's UID, as the runtime's io.kubernetes.pod.uid label shows it ("" until set).
+  void SetPodUid(const std::string& pod, std::string uid);
+  // The container runtime this kubelet starts containers in (null: none). Must outlive the
+  // kubelet or be detached first.
+  void AttachRuntime(TestRuntime* runtime);
   // What the PodResources API answers now.
   PodResourcesList PodResources() const;
   // The kubelet's PreStartContainer call before `container` of `pod` starts: nothing unless the
@@ -177,6 +188,8 @@ class TestKubelet {
   std::vector<KubeletAllocation> allocations_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, KnownPod> pods_ ABSL_GUARDED_BY(mu_);  // by "namespace/name"
   int prestart_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  TestRuntime* runtime_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::map<std::string, std::string> uids_ ABSL_GUARDED_BY(mu_);  // by "namespace/name"
   // Stream threads of replaced plugins, joined on Stop.
   std::vector<std::thread> retired_ ABSL_GUARDED_BY(mu_);
 };

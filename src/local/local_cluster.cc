@@ -15,13 +15,16 @@
 
 #include "common/strings.h"
 #include "deviceplugin/device_plugin.h"
+#include "deviceplugin/nvidia_standin.h"
 #include "deviceplugin/test_kubelet.h"
+#include "deviceplugin/test_runtime.h"
 #include "fmt/format.h"
 #include "kube/object.h"
 #include "kube/rest_kube_client.h"
 #include "local/embedded_config.h"
 #include "local/node_agent.h"
 #include "local/scheduler_loop.h"
+#include "nvml/geometry.h"
 #include "ops/layout.h"
 #include "protocol/annotations.h"
 #include "protocol/device_config.h"
@@ -82,19 +85,27 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
   return absl::OkStatus();
 }
 
+// The container runtime's socket beside the kubelet's: <root>/containerd/containerd.sock for the
+// device-plugin directory <root>/kubelet (its parent is as short as the PodResources socket's).
+std::string RuntimeSocketOf(const std::string& kubelet_dir) {
+  return fs::path(kubelet_dir).parent_path().string() + "/containerd/containerd.sock";
+}
+
 // The kubelet's side of the device-plugin API, over the test kubelet's real gRPC client.
 class KubeletAllocator : public DeviceAllocator {
  public:
-  explicit KubeletAllocator(deviceplugin::TestKubelet& kubelet) : kubelet_(kubelet) {}
+  // `resource`: dynmig's resource name (other plugins, e.g. NVIDIA's stand-in, may register too).
+  KubeletAllocator(deviceplugin::TestKubelet& kubelet, std::string resource)
+      : kubelet_(kubelet), resource_(std::move(resource)) {}
 
   std::string ResourceName() override {
-    auto info = kubelet_.plugin();
+    auto info = kubelet_.plugin(resource_);
     return info && info->stream_open ? info->resource_name : "";
   }
-  std::vector<std::string> DeviceIds() override { return kubelet_.FreeDevices(); }
+  std::vector<std::string> DeviceIds() override { return kubelet_.FreeDevices(resource_); }
   absl::StatusOr<ContainerAllocation> Allocate(const std::string& pod, const std::string& container,
                                                const std::vector<std::string>& ids) override {
-    auto response = kubelet_.Allocate(pod, container, ids);
+    auto response = kubelet_.Allocate(pod, container, ids, resource_);
     if (!response.ok()) return response.status();
     ContainerAllocation out;
     for (const auto& [k, v] : response->envs()) out.envs[k] = v;
@@ -103,16 +114,20 @@ class KubeletAllocator : public DeviceAllocator {
     return out;
   }
   void Release(const std::string& pod) override { kubelet_.ReleasePod(pod); }
+  void PodUid(const std::string& pod, const std::string& uid) override {
+    kubelet_.SetPodUid(pod, uid);
+  }
   void Admit(const std::string& pod, const std::vector<std::string>& containers,
              const std::vector<std::string>& init_containers) override {
     kubelet_.AddPod(pod, containers, init_containers);
   }
   absl::Status PreStart(const std::string& pod, const std::string& container) override {
-    return kubelet_.PreStart(pod, container);
+    return kubelet_.PreStart(pod, container, resource_);
   }
 
  private:
   deviceplugin::TestKubelet& kubelet_;
+  const std::string resource_;
 };
 
 // A component's API client that can be cut off, as a crashed process's connections are: once
@@ -260,7 +275,11 @@ struct LocalCluster::Node {
   std::string dir;          // <state_dir>/nodes/<name>
   std::string kubelet_dir;  // the device-plugin socket directory
   std::unique_ptr<deviceplugin::TestKubelet> kubelet;
+  std::unique_ptr<deviceplugin::TestRuntime> runtime;  // the container runtime's CRI
   std::unique_ptr<KubeletAllocator> allocator;
+  // NVIDIA's device plugin "process" (LocalClusterOptions::nvidia_standin_nodes).
+  std::unique_ptr<nvml::SimNvml> standin_nvml;
+  std::unique_ptr<deviceplugin::NvidiaStandin> standin;
   std::unique_ptr<kube::KubeClient> agent_client;
   std::unique_ptr<nvml::SimNvml> workload_nvml;  // the workloads' processes attach through it
   std::unique_ptr<NodeAgent> agent;
@@ -459,6 +478,7 @@ absl::Status LocalCluster::CreateGpus(Node& node) {
                     std::string(sim.status().message()), node.dir));
   }
   node.workload_nvml = std::move(*sim);
+  if (auto st = ApplyLegacyGeometry(node); !st.ok()) return st;
   // The workloads of an earlier run ended with it (its API objects are gone too): as after a node
   // reboot, no process is left on the GPUs. The device plugin then finds idle GPUs.
   if (int ended = EndProcessesOn(*node.workload_nvml); ended > 0) {
@@ -497,7 +517,16 @@ absl::Status LocalCluster::StartKubelet(Node& node) {
                                               std::string(kubelet.status().message())));
   }
   node.kubelet = std::move(*kubelet);
-  node.allocator = std::make_unique<KubeletAllocator>(*node.kubelet);
+  auto runtime = deviceplugin::TestRuntime::Start(RuntimeSocketOf(node.kubelet_dir));
+  if (!runtime.ok()) {
+    return absl::UnavailableError(fmt::format("node {}: container runtime: {}", node.spec.name,
+                                              std::string(runtime.status().message())));
+  }
+  node.runtime = std::move(*runtime);
+  node.kubelet->AttachRuntime(node.runtime.get());
+  node.allocator =
+      std::make_unique<KubeletAllocator>(*node.kubelet, device_config_.resources.count);
+  if (auto st = StartNvidiaStandin(node); !st.ok()) return st;
   auto agent_client = Client("system:node:" + node.spec.name);
   if (!agent_client.ok()) return agent_client.status();
   node.agent_client = std::move(*agent_client);
@@ -838,7 +867,13 @@ void LocalCluster::Stop() {
     node->plugin.reset();
     node->plugin_client.reset();
     node->plugin_nvml.reset();
-    if (node->kubelet) node->kubelet->Stop();
+    node->standin.reset();
+    node->standin_nvml.reset();
+    if (node->kubelet) {
+      node->kubelet->Stop();
+      node->kubelet->AttachRuntime(nullptr);
+    }
+    if (node->runtime) node->runtime->Stop();
   }
   for (auto& r : replicas_) StopReplicaLocked(*r);
   if (api_) api_->Stop();
@@ -940,6 +975,86 @@ deviceplugin::DevicePlugin* LocalCluster::device_plugin(std::string_view name) {
 deviceplugin::TestKubelet* LocalCluster::kubelet(std::string_view name) {
   Node* node = FindNode(name);
   return node != nullptr ? node->kubelet.get() : nullptr;
+}
+
+deviceplugin::TestRuntime* LocalCluster::runtime(std::string_view name) {
+  Node* node = FindNode(name);
+  return node != nullptr ? node->runtime.get() : nullptr;
+}
+
+std::string LocalCluster::runtime_socket(std::string_view name) const {
+  const Node* node = FindNode(name);
+  return node != nullptr ? RuntimeSocketOf(node->kubelet_dir) : "";
+}
+
+deviceplugin::NvidiaStandin* LocalCluster::nvidia_standin(std::string_view name) {
+  dynmig::MutexLock lock(&mu_);
+  Node* node = FindNode(name);
+  return node != nullptr ? node->standin.get() : nullptr;
+}
+
+absl::Status LocalCluster::StopNvidiaStandin(std::string_view name) {
+  dynmig::MutexLock lock(&mu_);
+  Node* node = FindNode(name);
+  if (node == nullptr || node->standin == nullptr) {
+    return absl::NotFoundError(fmt::format("no NVIDIA device plugin stand-in runs on {}", name));
+  }
+  node->standin->Stop();
+  node->standin.reset();
+  node->standin_nvml.reset();
+  Log(fmt::format("{}/nvidia-device-plugin: stopped", name));
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::ApplyLegacyGeometry(Node& node) {
+  auto it = options_.legacy_geometry.find(node.spec.name);
+  if (it == options_.legacy_geometry.end()) return absl::OkStatus();
+  auto spec = nvml::ParseGeometry(it->second);
+  if (!spec.ok())
+    return absl::InvalidArgumentError(
+        fmt::format("node {}: {}", node.spec.name, std::string(spec.status().message())));
+  auto count = node.workload_nvml->DeviceCount();
+  if (!count.ok()) return count.status();
+  for (uint32_t gpu = 0; gpu < *count; ++gpu) {
+    auto r = nvml::ApplyGeometry(*node.workload_nvml, gpu, *spec);
+    if (r.ok()) {
+      Log(fmt::format("{}: GPU {} geometry {} {}", node.spec.name, gpu, spec->ToString(),
+                      r->unchanged ? "already there" : "applied"));
+    } else if (r.status().code() == absl::StatusCode::kFailedPrecondition) {
+      Log(fmt::format("{}: GPU {} left as it is: {}", node.spec.name, gpu,
+                      std::string(r.status().message())));
+    } else {
+      return absl::Status(r.status().code(), fmt::format("node {}: {}", node.spec.name,
+                                                         std::string(r.status().message())));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::StartNvidiaStandin(Node& node) {
+  const auto& names = options_.nvidia_standin_nodes;
+  if (std::find(names.begin(), names.end(), node.spec.name) == names.end()) {
+    return absl::OkStatus();
+  }
+  // Its own "process": a simulator object of its own over the node's GPU state.
+  nvml::SimNvmlOptions so;
+  so.state_file = nvml_state_file(node.spec.name);
+  so.seed = node.spec.name;
+  auto sim = nvml::SimNvml::Create(std::move(so));
+  if (!sim.ok()) return sim.status();
+  deviceplugin::NvidiaStandinOptions o;
+  o.kubelet_dir = node.kubelet_dir;
+  auto standin = deviceplugin::NvidiaStandin::Start(o, **sim, clock_);
+  if (!standin.ok()) {
+    return absl::Status(standin.status().code(),
+                        fmt::format("node {}: NVIDIA device plugin stand-in: {}", node.spec.name,
+                                    std::string(standin.status().message())));
+  }
+  node.standin_nvml = std::move(*sim);
+  node.standin = std::move(*standin);
+  Log(fmt::format("{}/nvidia-device-plugin: serving {} profile(s)", node.spec.name,
+                  node.standin->profiles().size()));
+  return absl::OkStatus();
 }
 
 absl::Status LocalCluster::StopScheduler() {

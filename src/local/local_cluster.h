@@ -64,7 +64,9 @@ class SchedulerServer;
 }
 namespace dynmig::deviceplugin {
 class DevicePlugin;
+class NvidiaStandin;
 class TestKubelet;
+class TestRuntime;
 }  // namespace dynmig::deviceplugin
 
 namespace dynmig::local {
@@ -148,6 +150,13 @@ struct LocalClusterOptions {
   // More identities, each with a token of its own (Client(user)): tenants of tests. The
   // in-memory API server authorizes every identity; the webhooks tell them apart.
   std::vector<std::string> users;
+  // The legacy world of a handover, set up before dynmig's device plugin starts on the node: a
+  // fixed geometry laid out on each of the node's GPUs as MIG Manager does (nvml::ApplyGeometry;
+  // by node name, e.g. {"node-a", "1g.18gb=1,2g.35gb=3"}; a GPU whose instances differ, as after
+  // an earlier run, is left as it is and logged), and NVIDIA's device plugin in the mixed strategy
+  // (deviceplugin::NvidiaStandin) registered with the node's kubelet stand-in.
+  std::map<std::string, std::string> legacy_geometry;
+  std::vector<std::string> nvidia_standin_nodes;
   // One line per event of every component ("scheduler: ...", "node-a/kubelet: ..."). May be empty.
   std::function<void(const std::string&)> log;
 };
@@ -211,6 +220,15 @@ class LocalCluster {
   // The running plugin of a node, or null.
   deviceplugin::DevicePlugin* device_plugin(std::string_view node) ABSL_LOCKS_EXCLUDED(mu_);
   deviceplugin::TestKubelet* kubelet(std::string_view node);
+  // The node's container runtime stand-in (CRI on runtime_socket(node), beside the kubelet's
+  // sockets), which the kubelet stand-in fills as it allocates, or null for an unknown node.
+  deviceplugin::TestRuntime* runtime(std::string_view node);
+  std::string runtime_socket(std::string_view node) const;
+  // NVIDIA's device plugin stand-in of the node, while it runs (nvidia_standin_nodes), or null.
+  deviceplugin::NvidiaStandin* nvidia_standin(std::string_view node) ABSL_LOCKS_EXCLUDED(mu_);
+  // Stops it: its sockets go away, as when the legacy DaemonSet leaves the node. kNotFound when
+  // the node has none running.
+  absl::Status StopNvidiaStandin(std::string_view node) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Every replica.
   absl::Status StopScheduler() ABSL_LOCKS_EXCLUDED(mu_);
@@ -271,6 +289,9 @@ class LocalCluster {
   absl::Status CreateGpus(Node& node);
   absl::Status CreateNodeObject(const Node& node, kube::KubeClient& admin);
   absl::Status StartKubelet(Node& node);
+  // The legacy world (LocalClusterOptions::legacy_geometry, nvidia_standin_nodes).
+  absl::Status ApplyLegacyGeometry(Node& node);
+  absl::Status StartNvidiaStandin(Node& node);
   // The scheduler replicas, the routes to them, then kube-scheduler.
   absl::Status StartControlPlaneLocked(const SchedulerConfig& config)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -220,6 +220,7 @@ void NodeAgent::StartPod(const kube::Object& pod) {
   if (wanted > 0 && resource.empty()) return;  // plugin not registered yet: retry later
 
   // Admission: the kubelet knows the pod, then allocates each container's devices.
+  allocator_.PodUid(key, uid);
   allocator_.Admit(key, app_names, init_names);
   Running running;
   std::set<std::string> used;

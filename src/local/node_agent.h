@@ -59,6 +59,8 @@ class DeviceAllocator {
                                                        const std::vector<std::string>& ids) = 0;
   // The pod's containers ended: its devices are free again (the kubelet's checkpoint forgets it).
   virtual void Release(const std::string& pod) { (void)pod; }
+  // The pod's UID, told before Admit (the runtime's io.kubernetes.pod.uid label shows it).
+  virtual void PodUid(const std::string& pod, const std::string& uid) { (void)pod, (void)uid; }
   // The kubelet learns of a pod before admitting it: its app and init containers, by name.
   virtual void Admit(const std::string& pod, const std::vector<std::string>& containers,
                      const std::vector<std::string>& init_containers) {

@@ -1,6 +1,7 @@
 // `dynmig nvml`, run in-process against the simulator.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -216,6 +217,72 @@ TEST_F(CmdNvmlTest, RealDriverMissingIsAClearFailure) {
   EXPECT_EQ(r.code, kExitFailure);
   EXPECT_NE(r.err.find("no NVIDIA driver found (libdynmig-no-such-nvml.so.1: "), std::string::npos)
       << r.err;
+}
+
+}  // namespace
+}  // namespace dynmig::cli
+
+namespace dynmig::cli {
+namespace {
+
+class CmdApplyGeometryTest : public ::testing::Test {
+ protected:
+  Result Nvml(const std::string& spec, std::vector<std::string> args) {
+    std::vector<std::string> full = {"nvml", "--sim", spec, "--state", state_.path()};
+    full.insert(full.end(), args.begin(), args.end());
+    return RunDynmig(full);
+  }
+  nvml::testing::TempStateFile state_;
+};
+
+TEST_F(CmdApplyGeometryTest, AppliesOnEveryGpuAndIsIdempotent) {
+  Result r = Nvml("H200x2", {"apply-geometry", "--geometry", "1g.18gb=1,2g.35gb=3", "-o", "json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["gpus"].size(), 2u);
+  EXPECT_EQ(j["gpus"][1]["instances"].size(), 4u);
+  EXPECT_FALSE(j["gpus"][0]["unchanged"].get<bool>());
+  Result again =
+      Nvml("H200x2", {"apply-geometry", "--gpu", "1", "--geometry", "1g.18gb=1,2g.35gb=3"});
+  ASSERT_EQ(again.code, kExitOk) << again.err;
+  EXPECT_NE(again.out.find("already applied, nothing changed"), std::string::npos) << again.out;
+  Result other = Nvml("H200x2", {"apply-geometry", "--gpu", "0", "--geometry", "all-1g.18gb"});
+  EXPECT_EQ(other.code, kExitFailure);
+  EXPECT_NE(other.err.find("GPU 0 already has GPU instances"), std::string::npos) << other.err;
+}
+
+TEST_F(CmdApplyGeometryTest, HamiLegacyGeometryFromTheDeviceConfig) {
+  nvml::testing::TempStateFile config;
+  {
+    std::ofstream out(config.path());
+    out << "nvidia:\n"
+           "  knownMigGeometries:\n"
+           "    - models: [\"A100-SXM4-40GB\"]\n"
+           "      allowedGeometries:\n"
+           "        - - {name: 1g.5gb, core: 14, memory: 5120, count: 7}\n"
+           "        - - {name: 3g.20gb, core: 42, memory: 20480, count: 2}\n";
+  }
+  Result r = Nvml("A100-SXM4-40GBx1",
+                  {"apply-geometry", "--hami-config", config.path(), "--hami-geometry", "1"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_NE(r.out.find("3g.20gb=2 applied"), std::string::npos) << r.out;
+  Result beyond = Nvml("A100-SXM4-40GBx1",
+                       {"apply-geometry", "--hami-config", config.path(), "--hami-geometry", "5"});
+  EXPECT_EQ(beyond.code, kExitBadInput);
+}
+
+TEST_F(CmdApplyGeometryTest, BadInputChangesNothing) {
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"apply-geometry"},
+           {"apply-geometry", "--geometry", "1g.18gb=99"},
+           {"apply-geometry", "--geometry", "3g.20gb=1"},  // not an H200 profile
+           {"apply-geometry", "--geometry", "all-1g.18gb", "--hami-config", "/nonexistent"},
+       }) {
+    Result r = Nvml("H200x1", args);
+    EXPECT_EQ(r.code, kExitBadInput) << args.back() << ": " << r.err;
+  }
+  Result listed = Nvml("H200x1", {"instances", "-o", "json"});
+  EXPECT_TRUE(nlohmann::json::parse(listed.out)["gpus"][0]["gpuInstances"].empty());
 }
 
 }  // namespace

@@ -1,0 +1,125 @@
+// `dynmig nvidia-plugin-standin`: NVIDIA's device plugin in the mixed MIG strategy, stood in for
+// by deviceplugin::NvidiaStandin (one resource nvidia.com/mig-<profile> per profile present, MIG
+// UUIDs as device IDs), on a node's kubelet directory. It reads NVML as `dynmig device-plugin`
+// does: the real driver, or the simulator (--sim / --sim-state, seeded with --node), so a
+// real-cluster run and the local mode share one simulated GPU state with dynmig's device plugin.
+// --geometry first lays out a fixed geometry on every GPU (as MIG Manager does before the plugin
+// starts). Runs until SIGINT/SIGTERM, then removes its sockets (the plugin goes away).
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <ostream>
+#include <string>
+
+#include "absl/time/time.h"
+#include "cli/cli.h"
+#include "common/clock.h"
+#include "deviceplugin/nvidia_standin.h"
+#include "fmt/format.h"
+#include "fmt/ranges.h"
+#include "nvml/dlopen_nvml.h"
+#include "nvml/geometry.h"
+#include "nvml/sim_nvml.h"
+
+namespace dynmig::cli {
+
+// Declared here rather than in cli.h (as RegisterChaosCommand) so adding it rebuilds nothing else.
+void RegisterNvidiaStandinCommand(CLI::App& root, CliContext& ctx);
+
+namespace {
+
+struct StandinFlags {
+  std::string node = "dynmig-sim";
+  std::string kubelet_dir = "/var/lib/kubelet/device-plugins";
+  std::string sim;
+  std::string sim_state;
+  std::string geometry;
+  std::string refresh = "1s";
+};
+
+absl::Status ApplyEverywhere(nvml::Nvml& gpu, const std::string& text, CliContext& ctx) {
+  auto spec = nvml::ParseGeometry(text);
+  if (!spec.ok()) return spec.status();
+  auto count = gpu.DeviceCount();
+  if (!count.ok()) return count.status();
+  for (uint32_t i = 0; i < *count; ++i) {
+    auto r = nvml::ApplyGeometry(gpu, i, *spec);
+    if (!r.ok()) return r.status();
+    ctx.out << fmt::format("GPU {}: geometry {} {}\n", i, spec->ToString(),
+                           r->unchanged ? "already applied" : "applied");
+  }
+  return absl::OkStatus();
+}
+
+int Run(const StandinFlags& f, CliContext& ctx) {
+  auto fail = [&](const std::string& msg, int code) {
+    ctx.err << "dynmig nvidia-plugin-standin: " << msg << "\n";
+    return code;
+  };
+  absl::Duration refresh;
+  if (!absl::ParseDuration(f.refresh, &refresh) || refresh <= absl::ZeroDuration()) {
+    return fail(fmt::format("--refresh: \"{}\" is not a positive duration", f.refresh),
+                kExitBadInput);
+  }
+  const Clock& clock = RealClock();
+  std::unique_ptr<nvml::Nvml> gpu;
+  if (!f.sim.empty() || !f.sim_state.empty()) {
+    nvml::SimNvmlOptions o;
+    o.clock = &clock;
+    o.spec = f.sim;
+    o.state_file = f.sim_state;
+    o.seed = f.node;  // as dynmig device-plugin seeds it
+    auto sim = nvml::SimNvml::Create(std::move(o));
+    if (!sim.ok()) return fail(std::string(sim.status().message()), kExitBadInput);
+    gpu = std::move(*sim);
+  } else {
+    auto real = nvml::DlopenNvml::Create();
+    if (!real.ok()) return fail(std::string(real.status().message()), kExitFailure);
+    gpu = std::move(*real);
+  }
+  if (!f.geometry.empty()) {
+    if (auto st = ApplyEverywhere(*gpu, f.geometry, ctx); !st.ok()) {
+      return fail(std::string(st.message()),
+                  st.code() == absl::StatusCode::kInvalidArgument ? kExitBadInput : kExitFailure);
+    }
+  }
+  deviceplugin::NvidiaStandinOptions o;
+  o.kubelet_dir = f.kubelet_dir;
+  o.refresh_interval = refresh;
+  StopSignals stop;
+  auto standin = deviceplugin::NvidiaStandin::Start(o, *gpu, clock);
+  if (!standin.ok()) return fail(std::string(standin.status().message()), kExitFailure);
+  std::vector<std::string> resources;
+  for (const auto& p : (*standin)->profiles())
+    resources.push_back(deviceplugin::StandinResourceName(p));
+  ctx.out << fmt::format("nvidia-plugin-standin serving {} in {}", fmt::join(resources, ", "),
+                         f.kubelet_dir)
+          << std::endl;
+  const int signal_number = stop.Wait();
+  ctx.out << "nvidia-plugin-standin: signal " << signal_number << ", stopping" << std::endl;
+  (*standin)->Stop();
+  return kExitOk;
+}
+
+}  // namespace
+
+void RegisterNvidiaStandinCommand(CLI::App& root, CliContext& ctx) {
+  auto f = std::make_shared<StandinFlags>();
+  CLI::App* cmd = root.add_subcommand(
+      "nvidia-plugin-standin",
+      "Stand in for NVIDIA's device plugin, mixed MIG strategy (tests, local mode, real-cluster "
+      "suite): one nvidia.com/mig-<profile> resource per profile present, MIG UUIDs as devices");
+  cmd->add_option("--node", f->node, "this node's name (seeds the simulator's UUIDs)")
+      ->capture_default_str();
+  cmd->add_option("--kubelet-dir", f->kubelet_dir, "the kubelet's device-plugin directory")
+      ->capture_default_str();
+  cmd->add_option("--sim", f->sim, "simulated GPUs instead of NVML, e.g. H200x2");
+  cmd->add_option("--sim-state", f->sim_state, "the simulator's state file (shared with dynmig)");
+  cmd->add_option("--geometry", f->geometry,
+                  "first lay out this fixed geometry on every GPU (all-<profile> or "
+                  "<profile>=<n>,...), as MIG Manager does");
+  cmd->add_option("--refresh", f->refresh, "how often ListAndWatch re-reads NVML")
+      ->capture_default_str();
+  cmd->callback([f, &ctx] { ctx.exit_code = Run(*f, ctx); });
+}
+
+}  // namespace dynmig::cli
