@@ -143,7 +143,10 @@ void PluginCore::PersistOrLog(std::string_view what) {
   }
 }
 
-void PluginCore::UpdateGauges() { publisher_.SetGauges(ns_.state.instances, ns_.recovery_pending); }
+void PluginCore::UpdateGauges() {
+  publisher_.SetGauges(ns_.state.instances, ns_.recovery_pending);
+  UpdateLegacyGauge();
+}
 
 bool PluginCore::FirstReport(const std::string& key) { return reported_.insert(key).second; }
 

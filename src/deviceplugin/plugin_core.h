@@ -89,6 +89,7 @@
 #include "deviceplugin/cdi.h"
 #include "deviceplugin/device_list.h"
 #include "deviceplugin/events.h"
+#include "deviceplugin/handover.h"
 #include "deviceplugin/inventory.h"
 #include "deviceplugin/ledger.h"
 #include "deviceplugin/metrics.h"
@@ -96,6 +97,7 @@
 #include "deviceplugin/pod_resources.h"
 #include "deviceplugin/pods.h"
 #include "deviceplugin/publisher.h"
+#include "deviceplugin/runtime_source.h"
 #include "deviceplugin/state_store.h"
 #include "deviceplugin/v1beta1/api.pb.h"
 #include "kube/kube_client.h"
@@ -143,6 +145,9 @@ struct PluginCoreOptions {
   // The device list's waits (WaitForDeviceChange) run on real time: they pace a gRPC stream whose
   // peer, the kubelet, does.
   const Clock* clock = nullptr;
+  // The container runtime (CRI), handover's second source of evidence (handover.h); must outlive
+  // the core. null = not configured: instances only the runtime could prove stay unproven.
+  ContainerRuntimeSource* runtime = nullptr;
   std::function<bool(std::string_view point)> crash_point;  // testing only
   std::string component = "dynmig-device-plugin";
 };
@@ -322,6 +327,37 @@ class PluginCore {
   // adopted (`how`) and announced with `event`.
   void RecordAdopted(ManagedInstance m, const PodMig* pod, std::string_view how,
                      const std::string& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
+
+  // ---- handover of legacy instances (plugin_handover.cc, handover.h) ----
+  // Starts a cycle's attribution: the evidence is read again when next asked for.
+  void BeginHandoverCycle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
+  // This cycle's evidence (the kubelet's PodResources, the runtime), read once per cycle.
+  const HandoverEvidence& Evidence(const std::vector<PodMig>& pods)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
+  // The live instance of GI `gi` of `gpu` (its first CI and MIG UUID, when it has one).
+  LiveInstance Live(const GpuEntry& gpu, const nvml::GpuInstanceInfo& gi)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
+  // Attributes the GIs of `gpu` no pod annotation describes: held ones become managed (origin
+  // "legacy"), unproven ones are kept and published; returns the free ones (the untracked rule).
+  std::vector<nvml::GpuInstanceInfo> AttributeUnowned(
+      const GpuEntry& gpu, const std::vector<nvml::GpuInstanceInfo>& unowned,
+      const std::vector<PodMig>& pods, bool& changed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
+  // Re-attributes every managed legacy instance: held ones record their holders, unproven ones
+  // are kept, ones no container holds any more are reclaimed (ReclaimEnded). Whether the state
+  // changed.
+  bool ReconcileLegacy(const std::vector<PodMig>& pods, bool destructive, ReconcileReport& report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
+  // Why startup's idle-GPU cleanup must spare `gpu` ("" when nothing legacy is on it): a managed
+  // legacy instance, or a live untracked one that is held or unproven.
+  std::string LegacyOnGpu(const GpuEntry& gpu, const std::vector<PodMig>& pods)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
+  // Whether ended legacy instance `m` may be kept idle: its profile is allowlisted on its GPU.
+  bool LegacyMayIdle(const ManagedInstance& m) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
+  // The handover fields of one instance item of GET /nvml, and the top-level "evidence".
+  void AddHandoverView(const GpuEntry& gpu, const nvml::GpuInstanceInfo& gi,
+                       nlohmann::json& item) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
+  nlohmann::json EvidenceView() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
+  void UpdateLegacyGauge() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
 
   // ---- warm instances (plugin_warm.cc) ----
   // Whether the ended instance `m` is kept idle rather than destroyed: warm instances on, its CI

@@ -103,6 +103,7 @@ std::vector<std::string> PluginCore::Unreadable(const std::vector<PodMig>& pods)
 ReconcileReport PluginCore::ReconcileLocked(const std::vector<PodMig>& pods) {
   ReconcileReport report;
   report.listed = true;
+  BeginHandoverCycle();
   const std::vector<std::string> unreadable = Unreadable(pods);
   const bool destructive = unreadable.empty();
   if (!destructive) {
@@ -119,11 +120,13 @@ ReconcileReport PluginCore::ReconcileLocked(const std::vector<PodMig>& pods) {
   ns_.ended_held.clear();
   for (const auto& m : managed) {
     if (m.idle) continue;  // no pod owns it: SweepIdle decides
+    if (m.origin == kOriginLegacy) continue;  // its holders decide: ReconcileLegacy
     auto it = by_uid.find(m.owner.pod_uid);
     const PodMig* owner = it == by_uid.end() ? nullptr : it->second;
     if (owner != nullptr && owner->active) continue;
     if (ReclaimEnded(m, owner, destructive, report)) changed = true;
   }
+  if (ReconcileLegacy(pods, destructive, report)) changed = true;
   if (changed) PersistOrLog("reconcile");
   // Idle (warm) instances: TTL, slices needed by a reservation, cap, warm instances turned off.
   SweepIdle(pods, destructive, report);
@@ -439,8 +442,9 @@ void PluginCore::AdoptUntracked(const std::vector<PodMig>& pods, bool destructiv
       continue;
     }
     if (ForgetVanished(gpu, *gis)) changed = true;
+    // What no annotation describes is attributed first: held and unproven instances are kept.
     const std::vector<nvml::GpuInstanceInfo> unowned =
-        AdoptOnGpu(gpu, *gis, candidates, report, changed);
+        AttributeUnowned(gpu, AdoptOnGpu(gpu, *gis, candidates, report, changed), pods, changed);
     if (unowned.empty()) continue;
     // Untracked instances: cleaned only when the whole GPU is idle, otherwise kept and reported.
     std::string why;

@@ -17,6 +17,8 @@ void PluginCore::RecoverLocked(const std::vector<PodMig>& pods) {
                pods.size(), options_.node_name, ns_.state.instances.size(),
                ns_.state.intents.size());
   const bool readable = Unreadable(pods).empty();
+  BeginHandoverCycle();
+  Evidence(pods);  // read once at start, so GET /nvml shows it
   ResolveIntents(pods, readable);
   if (readable) {
     CleanIdleGpus(pods);
@@ -243,8 +245,8 @@ void PluginCore::CleanIdleGpus(const std::vector<PodMig>& pods) {
       why = all_busy_reason;
     } else if (referenced.count(gpu.info.uuid)) {
       why = "a pod references it";
-    } else {
-      GpuHasProcesses(gpu, &why);
+    } else if (!GpuHasProcesses(gpu, &why)) {
+      why = LegacyOnGpu(gpu, pods);  // a legacy instance a container holds, or may hold
     }
     if (!why.empty()) {
       spdlog::info("recovery: GPU {} ({}) is busy ({}): not cleaned", gpu.info.index, gpu.info.uuid,

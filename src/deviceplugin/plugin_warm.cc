@@ -17,6 +17,7 @@ namespace dynmig::deviceplugin {
 
 bool PluginCore::KeepIdle(const ManagedInstance& m) const {
   if (!options_.warm.enabled || m.mig_uuid.empty()) return false;
+  if (m.origin == kOriginLegacy && !LegacyMayIdle(m)) return false;
   uint32_t idle = 0;
   for (const auto& other : ns_.state.instances) {
     if (other.idle && other.gpu_uuid == m.gpu_uuid) ++idle;
