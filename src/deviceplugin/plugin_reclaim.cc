@@ -119,7 +119,7 @@ ReconcileReport PluginCore::ReconcileLocked(const std::vector<PodMig>& pods) {
   const std::vector<ManagedInstance> managed = ns_.state.instances;
   ns_.ended_held.clear();
   for (const auto& m : managed) {
-    if (m.idle) continue;  // no pod owns it: SweepIdle decides
+    if (m.idle) continue;                     // no pod owns it: SweepIdle decides
     if (m.origin == kOriginLegacy) continue;  // its holders decide: ReconcileLegacy
     auto it = by_uid.find(m.owner.pod_uid);
     const PodMig* owner = it == by_uid.end() ? nullptr : it->second;

@@ -145,7 +145,7 @@ class PluginTest : public ::testing::Test {
     plugin_sim_ = OpenSim("", plugin_device_nodes_);
     DevicePluginOptions o = Options();
     if (tweak) tweak(o);
-    auto plugin = DevicePlugin::Start(std::move(o), *plugin_sim_, *plugin_kube_);
+    auto plugin = DevicePlugin::Start(std::move(o), *plugin_sim_, *plugin_kube_, pod_resources_);
     EXPECT_TRUE(plugin.ok()) << plugin.status();
     if (!plugin.ok()) return nullptr;
     plugin_ = std::move(*plugin);
@@ -338,6 +338,8 @@ class PluginTest : public ::testing::Test {
   // Whether the plugin's simulator claims device nodes (as a real driver has); false: as
   // `--sim` on a node without GPUs.
   bool plugin_device_nodes_ = true;
+  // The plugin's PodResources source; null: the test kubelet's over gRPC.
+  PodResourcesSource* pod_resources_ = nullptr;
   int expected_registrations_ = 0;
   int pods_created_ = 0;
 };
