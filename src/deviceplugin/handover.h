@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "deviceplugin/pod_resources.h"
 #include "deviceplugin/pods.h"
 #include "deviceplugin/runtime_source.h"
@@ -103,7 +104,8 @@ Attribution Attribute(const LiveInstance& instance, const HandoverEvidence& evid
 // The device plugin's handover state between and within cycles (NodeState::legacy).
 struct LegacyState {
   std::optional<HandoverEvidence> evidence;  // the last read (shown in GET /nvml)
-  bool fresh = false;                        // `evidence` was read in this cycle
+  bool fresh = false;                        // `evidence` may be used in this cycle
+  absl::Duration read_at;                    // monotonic time of the read
   std::string gap;                           // EvidenceGap of `evidence`
   // Live instances dynmig does not manage, by (GPU UUID, GI id): free or unproven this cycle.
   std::map<std::pair<std::string, uint32_t>, Attribution> untracked;

@@ -148,6 +148,12 @@ struct PluginCoreOptions {
   // The container runtime (CRI), handover's second source of evidence (handover.h); must outlive
   // the core. null = not configured: instances only the runtime could prove stay unproven.
   ContainerRuntimeSource* runtime = nullptr;
+  // How long handover's evidence (PodResources and the runtime: up to 1024 ContainerStatus calls)
+  // is reused by later cycles: the Allocates of one kubelet admission burst each run a cycle, and
+  // must not each list every container. Stale evidence can only keep an instance longer, or miss
+  // a holder that a legacy allocator (stopped for handover) created in that window. 0 = read
+  // every cycle.
+  absl::Duration evidence_max_age = absl::Seconds(2);
   std::function<bool(std::string_view point)> crash_point;  // testing only
   std::string component = "dynmig-device-plugin";
 };
@@ -329,7 +335,8 @@ class PluginCore {
                      const std::string& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
 
   // ---- handover of legacy instances (plugin_handover.cc, handover.h) ----
-  // Starts a cycle's attribution: the evidence is read again when next asked for.
+  // Starts a cycle's attribution: the evidence is read again when next asked for, unless the last
+  // read is younger than options.evidence_max_age.
   void BeginHandoverCycle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // This cycle's evidence (the kubelet's PodResources, the runtime), read once per cycle.
   const HandoverEvidence& Evidence(const std::vector<PodMig>& pods)

@@ -40,7 +40,8 @@ std::string ProfileName(const GpuEntry& gpu, uint32_t profile_id) {
 
 void PluginCore::BeginHandoverCycle() {
   LegacyState& l = ns_.legacy;
-  l.fresh = false;
+  l.fresh =
+      l.evidence.has_value() && options_.clock->Monotonic() - l.read_at < options_.evidence_max_age;
   l.untracked.clear();
   l.held.clear();
   l.held_count = 0;
@@ -69,6 +70,7 @@ const HandoverEvidence& PluginCore::Evidence(const std::vector<PodMig>& pods) {
   l.gap = EvidenceGap(e, pods, live);
   l.evidence = std::move(e);
   l.fresh = true;
+  l.read_at = options_.clock->Monotonic();
   if (!l.gap.empty() && FirstReport("legacy-gap/" + l.gap)) {
     spdlog::warn("handover: no untracked instance can be proven free: {}", l.gap);
   }

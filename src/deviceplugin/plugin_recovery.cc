@@ -18,7 +18,7 @@ void PluginCore::RecoverLocked(const std::vector<PodMig>& pods) {
                ns_.state.intents.size());
   const bool readable = Unreadable(pods).empty();
   BeginHandoverCycle();
-  Evidence(pods);  // read once at start, so GET /nvml shows it
+  Evidence(pods);  // read at start, so GET /nvml shows it
   ResolveIntents(pods, readable);
   if (readable) {
     CleanIdleGpus(pods);

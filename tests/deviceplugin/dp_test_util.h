@@ -130,6 +130,7 @@ class PluginTest : public ::testing::Test {
     o.core.node_name = kNode;
     o.core.allowlist = TestAllowlist();
     o.core.fsync = false;
+    o.core.evidence_max_age = absl::ZeroDuration();  // tests change the evidence between cycles
     o.kubelet_dir = kubelet_dir_;
     o.core.state_file = dir_.path() + "/state/state.json";
     o.reconcile_interval = absl::Hours(1);  // tests drive reconciliation

@@ -17,6 +17,7 @@ class FakePodResources final : public PodResourcesSource {
   explicit FakePodResources(TestKubelet* kubelet) : kubelet_(kubelet) {}
   absl::StatusOr<PodResourcesList> List() override {
     dynmig::MutexLock lock(&mu_);
+    ++lists_;
     if (!error_.ok()) return error_;
     PodResourcesList out = kubelet_->PodResources();
     for (const auto& [name, pod] : extra_) out.push_back(pod);
@@ -31,6 +32,10 @@ class FakePodResources final : public PodResourcesSource {
     dynmig::MutexLock lock(&mu_);
     extra_.erase(pod);
   }
+  int lists() {
+    dynmig::MutexLock lock(&mu_);
+    return lists_;
+  }
   void Fail(absl::Status error) {
     dynmig::MutexLock lock(&mu_);
     error_ = std::move(error);
@@ -41,6 +46,7 @@ class FakePodResources final : public PodResourcesSource {
   dynmig::Mutex mu_;
   std::map<std::string, PodResourcesPod> extra_ ABSL_GUARDED_BY(mu_);
   absl::Status error_ ABSL_GUARDED_BY(mu_);
+  int lists_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 class FakeRuntime final : public ContainerRuntimeSource {
@@ -305,6 +311,25 @@ TEST_F(LegacyTest, EndedLegacyInstanceIsKeptWarmOnlyWhenAllowlisted) {
   EXPECT_TRUE(idle->idle);
   EXPECT_TRUE(idle->holders.empty());
   EXPECT_FALSE(GiAt(0, 2).has_value()) << "2g.10gb is not allowlisted: destroyed";
+}
+
+TEST_F(LegacyTest, EvidenceIsReusedWithinItsMaxAge) {
+  const auto a = CreateRaw(0, "1g.5gb", 0);
+  CreatePlainPod("nv");
+  pod_resources_fake_->Hold("nv", a.mig_uuid);
+  ASSERT_NE(StartPlugin([](DevicePluginOptions& o) { o.core.evidence_max_age = absl::Hours(1); }),
+            nullptr);
+  const int lists = pod_resources_fake_->lists();
+  EXPECT_GE(lists, 1);
+  DeletePod("nv");
+  pod_resources_fake_->Forget("nv");
+  for (int i = 0; i < 3; ++i) plugin_->core().Reconcile();
+  EXPECT_EQ(pod_resources_fake_->lists(), lists);
+  EXPECT_TRUE(GiAt(0, 0).has_value()) << "stale evidence only keeps an instance longer";
+  // Read every cycle (max age 0): the deleted holder's instance is reclaimed.
+  ASSERT_NE(StartPlugin(), nullptr);
+  plugin_->core().Reconcile();
+  EXPECT_FALSE(GiAt(0, 0).has_value());
 }
 
 TEST_F(LegacyTest, OldStateFileWithoutHoldersLoads) {
