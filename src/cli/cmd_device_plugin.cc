@@ -29,6 +29,7 @@ struct DevicePluginFlags {
   std::string kubelet_dir = "/var/lib/kubelet/device-plugins";
   std::string socket_name = "dynmig.sock";
   std::string pod_resources_socket = std::string(deviceplugin::kDefaultPodResourcesSocket);
+  std::string cri_socket = std::string(deviceplugin::kDefaultCriSocket);
   std::string state_file;
   std::string sim;
   std::string sim_state;
@@ -111,6 +112,7 @@ int Run(const DevicePluginFlags& f, CliContext& ctx) {
   options.kubelet_dir = f.kubelet_dir;
   options.socket_name = f.socket_name;
   options.pod_resources_socket = f.pod_resources_socket;
+  options.cri_socket = f.cri_socket;
   options.reconcile_interval = reconcile;
   options.register_interval = register_every;
   options.metrics_listen = f.metrics_listen;
@@ -155,6 +157,11 @@ void RegisterDevicePluginCommand(CLI::App& root, CliContext& ctx) {
   cmd->add_option("--pod-resources-socket", f->pod_resources_socket,
                   "the kubelet's PodResources API socket: PreStartContainer proves there that the "
                   "devices it starts a container with went to the reserved pod")
+      ->capture_default_str();
+  cmd->add_option("--cri-socket", f->cri_socket,
+                  "the container runtime's CRI socket: handover proves there which container "
+                  "holds a MIG instance dynmig did not create (\"\" = none: such instances "
+                  "that only the runtime can prove stay unproven, kept and never destroyed)")
       ->capture_default_str();
   cmd->add_option("--state-file", f->state_file,
                   "node-local state (default <kubelet-dir>/dynmig/state.json)");

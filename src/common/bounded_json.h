@@ -63,6 +63,12 @@ inline constexpr JsonLimits kKubeObjectJsonLimits{64 * kMiB, kKubeObjectDepth};
 // bounds the buffer against a broken or hostile endpoint without refusing any real list.
 inline constexpr JsonLimits kKubeResponseJsonLimits{1024 * kMiB, kKubeObjectDepth};
 
+// A container's verbose status info from the container runtime (containerd's info["info"]: the
+// container's OCI runtime spec with its env, mounts and hooks, plus a few runtime fields). A spec
+// is tens of KiB and about 6 levels deep; 4 MiB and 32 levels bound a hostile runtime answer
+// without refusing a real one.
+inline constexpr JsonLimits kCriInfoJsonLimits{4 * kMiB, 32};
+
 // "3 MiB", "256 KiB", "3145729 bytes (3.0 MiB)" or "1234 bytes".
 std::string FormatBytes(size_t bytes);
 

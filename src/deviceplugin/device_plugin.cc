@@ -44,6 +44,15 @@ absl::StatusOr<std::unique_ptr<DevicePlugin>> DevicePlugin::Start(
     pod_resources = p.own_pod_resources_.get();
   }
   spdlog::info("the kubelet's PodResources API: {}", pod_resources->Describe());
+  if (p.options_.core.runtime == nullptr && !p.options_.cri_socket.empty()) {
+    CriClientOptions cri;
+    cri.socket = p.options_.cri_socket;
+    p.own_runtime_ = std::make_unique<GrpcCriRuntime>(std::move(cri));
+    p.options_.core.runtime = p.own_runtime_.get();
+  }
+  spdlog::info("the container runtime (CRI): {}", p.options_.core.runtime != nullptr
+                                                      ? p.options_.core.runtime->Describe()
+                                                      : std::string("not configured"));
   DYNMIG_ASSIGN_OR_RETURN(p.core_, PluginCore::Create(p.options_.core, nvml, kube, *p.metrics_,
                                                       *p.events_, pod_resources));
   DYNMIG_RETURN_IF_ERROR(p.core_->Start());

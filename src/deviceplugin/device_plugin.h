@@ -28,14 +28,15 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "deviceplugin/events.h"
 #include "deviceplugin/grpc_endpoint.h"
 #include "deviceplugin/metrics.h"
 #include "deviceplugin/plugin_core.h"
 #include "deviceplugin/pod_resources.h"
+#include "deviceplugin/runtime_source.h"
 #include "kube/kube_client.h"
 #include "nvml/nvml.h"
 
@@ -65,6 +66,10 @@ struct DevicePluginOptions {
   // /var/lib/kubelet/device-plugins -> /var/lib/kubelet/pod-resources/kubelet.sock).
   std::string pod_resources_socket;
   absl::Duration pod_resources_timeout = absl::Seconds(5);
+  // The container runtime's CRI socket (handover's runtime evidence, handover.h), read when
+  // core.runtime is null; "" = no runtime (`dynmig device-plugin --cri-socket` defaults to
+  // kDefaultCriSocket).
+  std::string cri_socket;
   // "HOST:PORT" for /nvml (and /healthz), which names the pods that own MIG instances: keep it on
   // a loopback address (`dynmig device-plugin` defaults to 127.0.0.1:9401). "" or equal to
   // metrics_listen: /nvml is served on the metrics listener when that listener is on a loopback
@@ -132,6 +137,7 @@ class DevicePlugin {
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<EventRecorder> events_;
   std::unique_ptr<PodResourcesSource> own_pod_resources_;  // when none was given
+  std::unique_ptr<ContainerRuntimeSource> own_runtime_;    // from cri_socket, when none was given
   std::unique_ptr<PluginCore> core_;
   std::unique_ptr<GrpcEndpoint> endpoint_;
   HttpListener metrics_http_;

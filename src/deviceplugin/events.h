@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "kube/kube_client.h"
 #include "kube/object.h"
 
@@ -40,6 +40,11 @@ inline constexpr std::string_view kReasonIdentityMismatch = "MigIdentityMismatch
 // Warm instances: an ended pod's instance kept idle for reuse, and an idle instance given to a pod.
 inline constexpr std::string_view kReasonIdled = "MigInstanceIdle";
 inline constexpr std::string_view kReasonReused = "MigInstanceReused";
+// Handover (handover.h): a live instance dynmig did not create is held by this pod's container
+// (Normal, on the holder pod, once), or no holder can be proven and the evidence is incomplete
+// (Warning, on the node, once per instance): kept, never destroyed.
+inline constexpr std::string_view kReasonLegacyHeld = "MigLegacyInstanceHeld";
+inline constexpr std::string_view kReasonLegacyUnproven = "MigLegacyInstanceUnproven";
 
 struct RecordedEvent {
   std::string object;  // "Pod default/p" or "Node n"

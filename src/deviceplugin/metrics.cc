@@ -105,7 +105,12 @@ Metrics::Metrics()
       idle_(prometheus::BuildGauge()
                 .Name("dynmig_deviceplugin_idle_instances")
                 .Help("idle (warm) MIG instances kept for reuse, by GPU and profile")
-                .Register(*registry_)) {
+                .Register(*registry_)),
+      legacy_(prometheus::BuildGauge()
+                  .Name("dynmig_deviceplugin_legacy_instances")
+                  .Help("live MIG instances dynmig did not create, by attribution: held (a "
+                        "container holds it), unproven (kept: the evidence is incomplete), free")
+                  .Register(*registry_)) {
   for (const char* r : {"success", "failed", "refused"}) allocations_.Add({{"result", r}});
   allocate_duration_.Add({}, LatencyBuckets());
   reconcile_duration_.Add({}, LatencyBuckets());
@@ -117,6 +122,7 @@ Metrics::Metrics()
   busy_.Add({});
   unverified_.Add({});
   recovery_pending_.Add({});
+  SetLegacyInstances(0, 0, 0);
 }
 
 std::string Metrics::Serialize() const {
@@ -155,6 +161,11 @@ void Metrics::NodePublished(bool ok) {
 }
 void Metrics::SetManaged(double n) { managed_.Add({}).Set(n); }
 void Metrics::SetUntracked(double n) { untracked_.Add({}).Set(n); }
+void Metrics::SetLegacyInstances(int held, int unproven, int free) {
+  legacy_.Add({{"state", "held"}}).Set(held);
+  legacy_.Add({{"state", "unproven"}}).Set(unproven);
+  legacy_.Add({{"state", "free"}}).Set(free);
+}
 void Metrics::SetBusy(double n) { busy_.Add({}).Set(n); }
 void Metrics::SetUnverified(double n) { unverified_.Add({}).Set(n); }
 void Metrics::SetRecoveryPending(bool pending) { recovery_pending_.Add({}).Set(pending ? 1 : 0); }

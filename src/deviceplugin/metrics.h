@@ -72,6 +72,9 @@ class Metrics {
   void SetUntracked(double n);
   void SetBusy(double n);
   void SetUnverified(double n);
+  // dynmig_deviceplugin_legacy_instances{state="held"|"unproven"|"free"}: live instances dynmig
+  // did not create, by attribution (handover.h).
+  void SetLegacyInstances(int held, int unproven, int free);
   void SetRecoveryPending(bool pending);
   void SetGpuHealthy(std::string_view gpu_uuid, bool healthy);
   void InstanceIdled(std::string_view profile);
@@ -107,6 +110,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& idled_;
   prometheus::Family<prometheus::Counter>& reused_;
   prometheus::Family<prometheus::Gauge>& idle_;
+  prometheus::Family<prometheus::Gauge>& legacy_;
   dynmig::Mutex idle_mu_;
   std::set<std::pair<std::string, std::string>> idle_seen_ ABSL_GUARDED_BY(idle_mu_);
 };

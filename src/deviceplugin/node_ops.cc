@@ -54,7 +54,10 @@ void NodeOps::PersistOrLog(std::string_view what) {
   }
 }
 
-void NodeOps::UpdateGauges() { publisher_.SetGauges(ns.state.instances, ns.recovery_pending); }
+void NodeOps::UpdateGauges() {
+  publisher_.SetGauges(ns.state.instances, ns.recovery_pending);
+  UpdateLegacyGauge();
+}
 
 bool NodeOps::FirstReport(const std::string& key) { return reported_.insert(key).second; }
 
@@ -353,6 +356,16 @@ absl::Status NodeOps::VerifyIdle(const GpuEntry& gpu, const ManagedInstance& m,
   std::string busy;
   if (GiBusy(gpu, gi.id, &busy)) return absl::FailedPreconditionError(busy);
   return absl::OkStatus();
+}
+
+void NodeOps::UpdateLegacyGauge() {
+  int unproven = ns.legacy.unconfirmed;
+  int free = 0;
+  for (const auto& [key, a] : ns.legacy.untracked) {
+    unproven += a.kind == AttributionKind::kUnproven ? 1 : 0;
+    free += a.kind == AttributionKind::kFree ? 1 : 0;
+  }
+  metrics.SetLegacyInstances(ns.legacy.held_count, unproven, free);
 }
 
 }  // namespace dynmig::deviceplugin

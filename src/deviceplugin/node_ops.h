@@ -77,6 +77,8 @@ class NodeOps {
   void PersistOrLog(std::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns.mu);
   // The managed-instance and recovery gauges (the publisher's), as the state is now.
   void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns.mu);
+  // dynmig_deviceplugin_legacy_instances{state}: handover's held, unproven and free instances.
+  void UpdateLegacyGauge() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns.mu);
   // Reports once per key (events and warnings that would repeat every cycle): whether `key` is
   // new. ForgetReport makes it new again.
   bool FirstReport(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns.mu);

@@ -37,6 +37,7 @@ void NodeState::Manage(ManagedInstance instance) {
 std::vector<protocol::HeldSlices> NodeState::Held() const {
   std::vector<protocol::HeldSlices> held = ended_held;
   held.insert(held.end(), untracked_held.begin(), untracked_held.end());
+  held.insert(held.end(), legacy.held.begin(), legacy.held.end());
   return held;
 }
 

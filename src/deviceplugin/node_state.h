@@ -18,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "common/mutex.h"
 #include "deviceplugin/allocate_plan.h"
+#include "deviceplugin/handover.h"
 #include "deviceplugin/inventory.h"
 #include "deviceplugin/state_store.h"
 #include "mig/placement.h"
@@ -41,6 +42,8 @@ struct NodeState {
   // Reconcile's adoption: untracked instances kept (busy GPU).
   std::vector<protocol::HeldSlices> untracked_held ABSL_GUARDED_BY(mu);
   bool recovery_pending ABSL_GUARDED_BY(mu) = true;
+  // Handover (plugin_handover.cc): the evidence last read and what it proved this cycle.
+  LegacyState legacy ABSL_GUARDED_BY(mu);
 
   ManagedInstance* FindManaged(std::string_view gpu_uuid, const mig::Placement& placement)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
@@ -49,7 +52,7 @@ struct NodeState {
   void RemoveManaged(std::string_view gpu_uuid, uint32_t gi) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Manages `instance`, replacing a record of the same GI or an overlapping placement.
   void Manage(ManagedInstance instance) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  // Ended and untracked held slices together (dynmig.io/mig-held).
+  // Ended, untracked and legacy (held or unproven) slices together (dynmig.io/mig-held).
   std::vector<protocol::HeldSlices> Held() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // The idle (warm) instances (dynmig.io/idle-mig-instances).
   std::vector<protocol::IdleInstance> Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);

@@ -8,6 +8,7 @@
 #include <cctype>
 
 #include "deviceplugin/grpc_endpoint.h"
+#include "deviceplugin/runtime_source.h"
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
@@ -16,8 +17,6 @@
 
 namespace dynmig::deviceplugin {
 namespace {
-
-constexpr std::string_view kVisibleDevicesEnv = "NVIDIA_VISIBLE_DEVICES";
 
 uint64_t InodeOf(const std::string& path) {
   struct stat st {};

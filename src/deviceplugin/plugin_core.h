@@ -218,6 +218,11 @@ class PluginCore {
   nlohmann::json NvmlViewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   void RefreshViewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   void UpdateDevices() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
+  // Handover (plugin_handover.cc): the fields of one instance item of GET /nvml, and its top-level
+  // "evidence".
+  void AddHandoverView(const GpuEntry& gpu, const nvml::GpuInstanceInfo& gi,
+                       nlohmann::json& item) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
+  nlohmann::json EvidenceView() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // What PublishNode writes, as the state is now.
   NodeSnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // Start(): the state file (moved aside when corrupt) and the NVML inventory.

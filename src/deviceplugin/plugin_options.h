@@ -8,6 +8,7 @@
 
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "deviceplugin/runtime_source.h"
 #include "mig/allowlist.h"
 #include "protocol/annotations.h"
 #include "protocol/device_config.h"
@@ -43,6 +44,15 @@ struct PluginCoreOptions {
   // The device list's waits (WaitForDeviceChange) run on real time: they pace a gRPC stream whose
   // peer, the kubelet, does.
   const Clock* clock = nullptr;
+  // The container runtime (CRI), handover's second source of evidence (handover.h); must outlive
+  // the core. null = not configured: instances only the runtime could prove stay unproven.
+  ContainerRuntimeSource* runtime = nullptr;
+  // How long handover's evidence (PodResources and the runtime: up to 1024 ContainerStatus calls)
+  // is reused by later cycles: the Allocates of one kubelet admission burst each run a cycle, and
+  // must not each list every container. Stale evidence can only keep an instance longer, or miss
+  // a holder that a legacy allocator (stopped for handover) created in that window. 0 = read
+  // every cycle.
+  absl::Duration evidence_max_age = absl::Seconds(2);
   std::function<bool(std::string_view point)> crash_point;  // testing only
   std::string component = "dynmig-device-plugin";
 };

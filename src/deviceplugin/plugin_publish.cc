@@ -155,6 +155,7 @@ nlohmann::json PluginCore::NvmlViewLocked() {
               item["idleSince"] = m->idle_since;
             }
           }
+          AddHandoverView(g, gi, item);
           instances.push_back(std::move(item));
         }
       } else {
@@ -203,6 +204,7 @@ nlohmann::json PluginCore::NvmlViewLocked() {
   return Json{{"node", options_.node_name},
               {"nvml", ops_.nvml.Description()},
               {"recoveryPending", ns_.recovery_pending},
+              {"evidence", EvidenceView()},
               {"gpus", gpus},
               {"intents", intents},
               {"quarantined", quarantined}};

@@ -102,6 +102,7 @@ std::vector<std::string> Reclaimer::Unreadable(const std::vector<PodMig>& pods) 
 ReconcileReport Reclaimer::Reconcile(const std::vector<PodMig>& pods) {
   ReconcileReport report;
   report.listed = true;
+  BeginHandoverCycle();
   const std::vector<std::string> unreadable = Unreadable(pods);
   const bool destructive = unreadable.empty();
   if (!destructive) {
@@ -117,12 +118,14 @@ ReconcileReport Reclaimer::Reconcile(const std::vector<PodMig>& pods) {
   const std::vector<ManagedInstance> managed = ops_.ns.state.instances;
   ops_.ns.ended_held.clear();
   for (const auto& m : managed) {
-    if (m.idle) continue;  // no pod owns it: SweepIdle decides
+    if (m.idle) continue;                     // no pod owns it: SweepIdle decides
+    if (m.origin == kOriginLegacy) continue;  // its holders decide: ReconcileLegacy
     auto it = by_uid.find(m.owner.pod_uid);
     const PodMig* owner = it == by_uid.end() ? nullptr : it->second;
     if (owner != nullptr && owner->active) continue;
     if (ReclaimEnded(m, owner, destructive, report)) changed = true;
   }
+  if (ReconcileLegacy(pods, destructive, report)) changed = true;
   if (changed) ops_.PersistOrLog("reconcile");
   // Idle (warm) instances: TTL, slices needed by a reservation, cap, warm instances turned off.
   SweepIdle(pods, destructive, report);
@@ -450,8 +453,9 @@ void Reclaimer::AdoptUntracked(const std::vector<PodMig>& pods, bool destructive
       continue;
     }
     if (ForgetVanished(gpu, *gis)) changed = true;
+    // What no annotation describes is attributed first: held and unproven instances are kept.
     const std::vector<nvml::GpuInstanceInfo> unowned =
-        AdoptOnGpu(gpu, *gis, candidates, report, changed);
+        AttributeUnowned(gpu, AdoptOnGpu(gpu, *gis, candidates, report, changed), pods, changed);
     if (unowned.empty()) continue;
     // Untracked instances: cleaned only when the whole GPU is idle, otherwise kept and reported.
     std::string why;

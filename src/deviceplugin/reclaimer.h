@@ -25,6 +25,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "common/mutex.h"
+#include "deviceplugin/handover.h"
 #include "deviceplugin/inventory.h"
 #include "deviceplugin/node_ops.h"
 #include "deviceplugin/pods.h"
@@ -143,6 +144,32 @@ class Reclaimer {
   void ReleaseOrphanedNodeLock(const std::vector<PodMig>& pods);
   // Why the lock's pod will never reach Allocate here ("" when it may).
   std::string OrphanedBecause(const protocol::NodeLock& lock, const std::vector<PodMig>& pods);
+
+  // ---- handover of legacy instances (reclaimer_handover.cc, handover.h) ----
+  // Starts a cycle's attribution: the evidence is read again when next asked for, unless the last
+  // read is younger than options.evidence_max_age.
+  void BeginHandoverCycle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_.ns.mu);
+  // This cycle's evidence (the kubelet's PodResources, the runtime), read once per cycle.
+  const HandoverEvidence& Evidence(const std::vector<PodMig>& pods)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_.ns.mu);
+  // The live instance of GI `gi` of `gpu` (its CIs and MIG UUIDs).
+  LiveInstance Live(const GpuEntry& gpu, const nvml::GpuInstanceInfo& gi);
+  // Attributes the GIs of `gpu` no pod annotation describes: held ones become managed (origin
+  // "legacy"), unproven ones are kept and published; returns the free ones (the untracked rule).
+  std::vector<nvml::GpuInstanceInfo> AttributeUnowned(
+      const GpuEntry& gpu, const std::vector<nvml::GpuInstanceInfo>& unowned,
+      const std::vector<PodMig>& pods, bool& changed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_.ns.mu);
+  // Re-attributes every managed legacy instance: held ones record their holders, unproven ones
+  // are kept, ones no container holds any more are reclaimed (ReclaimEnded). Whether the state
+  // changed.
+  bool ReconcileLegacy(const std::vector<PodMig>& pods, bool destructive, ReconcileReport& report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_.ns.mu);
+  // Why startup's idle-GPU cleanup must spare `gpu` ("" when nothing legacy is on it): a managed
+  // legacy instance, or a live untracked one that is held or unproven.
+  std::string LegacyOnGpu(const GpuEntry& gpu, const std::vector<PodMig>& pods)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_.ns.mu);
+  // Whether ended legacy instance `m` may be kept idle: its profile is allowlisted on its GPU.
+  bool LegacyMayIdle(const ManagedInstance& m) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_.ns.mu);
 
   // ---- warm instances (reclaimer_warm.cc) ----
   // Whether the ended instance `m` is kept idle rather than destroyed: warm instances on, its CI

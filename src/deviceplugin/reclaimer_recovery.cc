@@ -18,6 +18,8 @@ void Reclaimer::Recover(const std::vector<PodMig>& pods) {
                pods.size(), ops_.options.node_name, ops_.ns.state.instances.size(),
                ops_.ns.state.intents.size());
   const bool readable = Unreadable(pods).empty();
+  BeginHandoverCycle();
+  Evidence(pods);  // read at start, so GET /nvml shows it
   ResolveIntents(pods, readable);
   if (readable) {
     CleanIdleGpus(pods);
@@ -245,8 +247,8 @@ void Reclaimer::CleanIdleGpus(const std::vector<PodMig>& pods) {
       why = all_busy_reason;
     } else if (referenced.count(gpu.info.uuid)) {
       why = "a pod references it";
-    } else {
-      ops_.GpuHasProcesses(gpu, &why);
+    } else if (!ops_.GpuHasProcesses(gpu, &why)) {
+      why = LegacyOnGpu(gpu, pods);  // a legacy instance a container holds, or may hold
     }
     if (!why.empty()) {
       spdlog::info("recovery: GPU {} ({}) is busy ({}): not cleaned", gpu.info.index, gpu.info.uuid,

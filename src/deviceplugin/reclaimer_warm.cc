@@ -17,6 +17,7 @@ namespace dynmig::deviceplugin {
 
 bool Reclaimer::KeepIdle(const ManagedInstance& m) const {
   if (!ops_.options.warm.enabled || m.mig_uuid.empty()) return false;
+  if (m.origin == kOriginLegacy && !LegacyMayIdle(m)) return false;
   uint32_t idle = 0;
   for (const auto& other : ops_.ns.state.instances) {
     if (other.idle && other.gpu_uuid == m.gpu_uuid) ++idle;

@@ -97,6 +97,21 @@ class Reader {
     }
     return out;
   }
+  std::vector<InstanceHolder> Holders(const Json& v, const std::string& path) {
+    std::vector<InstanceHolder> out;
+    if (!v.is_array()) {
+      Fail(path + ".holders: must be an array");
+      return out;
+    }
+    for (size_t k = 0; k < v.size(); ++k) {
+      const std::string p = fmt::format("{}.holders[{}]", path, k);
+      out.push_back({String(v[k], "podUID", p), String(v[k], "namespace", p),
+                     String(v[k], "name", p), String(v[k], "container", p),
+                     String(v[k], "resource", p), String(v[k], "deviceID", p),
+                     String(v[k], "source", p)});
+    }
+    return out;
+  }
   void Fail(std::string message) {
     if (error_->empty()) *error_ = std::move(message);
   }
@@ -157,6 +172,19 @@ std::string EncodeState(const PluginState& state) {
     if (i.idle) {
       entry["idle"] = true;
       entry["idleSince"] = i.idle_since;
+    }
+    if (!i.holders.empty()) {
+      Json holders = Json::array();
+      for (const auto& h : i.holders) {
+        holders.push_back(Json{{"podUID", h.pod_uid},
+                               {"namespace", h.ns},
+                               {"name", h.name},
+                               {"container", h.container},
+                               {"resource", h.resource},
+                               {"deviceID", h.device_id},
+                               {"source", h.source}});
+      }
+      entry["holders"] = std::move(holders);
     }
     instances.push_back(std::move(entry));
   }
@@ -225,6 +253,7 @@ absl::StatusOr<PluginState> DecodeState(std::string_view text) {
       i.idle = j.at("idle").is_boolean() && j.at("idle").get<bool>();
       if (i.idle) i.idle_since = r.Int(j, "idleSince", path);
     }
+    if (j.is_object() && j.contains("holders")) i.holders = r.Holders(j.at("holders"), path);
     state.instances.push_back(std::move(i));
   }
   for (size_t k = 0; k < intents->size(); ++k) {

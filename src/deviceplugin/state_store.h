@@ -15,7 +15,9 @@
 //    "ledger":[{"deviceIDs":["GPU-…::0"],"podUID":"…","namespace":"default","name":"p",
 //               "container":"main","containerIndex":0,"initContainer":false,
 //               "migUUIDs":["MIG-…"],"since":1800000000}]}
-// "ledger" may be absent (a file written before it existed): an empty ledger.
+// "ledger" may be absent (a file written before it existed): an empty ledger. An instance of
+// origin "legacy" also has "holders":[{"podUID","namespace","name","container","resource",
+// "deviceID","source"}]; absent = none (files written before handover existed).
 // Value types are thread-compatible; StateStore is thread-compatible (callers serialize).
 #pragma once
 
@@ -42,6 +44,24 @@ struct InstanceOwner {
   friend bool operator==(const InstanceOwner&, const InstanceOwner&) = default;
 };
 
+// A container the node says was given a legacy instance (handover.h): the kubelet's PodResources
+// ("pod-resources": `resource` is the resource, `device_id` its device ID) or the container
+// runtime ("runtime": `device_id` is the NVIDIA_VISIBLE_DEVICES entry). `pod_uid` is the pod's
+// UID in the API ("" when the API does not list it).
+struct InstanceHolder {
+  std::string pod_uid;
+  std::string ns;
+  std::string name;
+  std::string container;
+  std::string resource;
+  std::string device_id;
+  std::string source;  // "pod-resources" or "runtime"
+
+  std::string PodKey() const { return ns + "/" + name; }
+  friend bool operator==(const InstanceHolder&, const InstanceHolder&) = default;
+  friend auto operator<=>(const InstanceHolder&, const InstanceHolder&) = default;
+};
+
 // A MIG instance (one GI with its full CI) this plugin created or adopted.
 struct ManagedInstance {
   std::string gpu_uuid;
@@ -53,13 +73,17 @@ struct ManagedInstance {
   std::string mig_uuid;
   InstanceOwner owner;
   // "created", "adopted", "completed" (an intent finished after a crash), "intent" (an
-  // interrupted Allocate's instance kept while busy) or "reused" (an idle instance taken over).
+  // interrupted Allocate's instance kept while busy), "reused" (an idle instance taken over) or
+  // "legacy" (a live instance dynmig did not create, held by the containers in `holders`).
   std::string origin;
   int64_t since = 0;  // unix seconds
   // Warm instances (nvidia.migWarmInstances): its pod ended and it is kept for reuse. `owner` is
   // then the last pod that had it (no pod owns an idle instance).
   bool idle = false;
   int64_t idle_since = 0;  // unix seconds; 0 unless idle
+  // origin "legacy": the containers that hold it, as last proven (sorted). `owner` is the first
+  // holder's pod.
+  std::vector<InstanceHolder> holders;
 
   friend bool operator==(const ManagedInstance&, const ManagedInstance&) = default;
 };

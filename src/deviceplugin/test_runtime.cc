@@ -15,9 +15,9 @@
 namespace dynmig::deviceplugin {
 namespace {
 
-std::string PodKey(const RuntimeContainer& c) { return c.pod_namespace + "/" + c.pod_name; }
+std::string PodKey(const TestRuntimeContainer& c) { return c.pod_namespace + "/" + c.pod_name; }
 
-std::map<std::string, std::string> Labels(const RuntimeContainer& c) {
+std::map<std::string, std::string> Labels(const TestRuntimeContainer& c) {
   std::map<std::string, std::string> labels = c.extra_labels;
   labels[std::string(kCriPodUidLabel)] = c.pod_uid;
   labels[std::string(kCriPodNameLabel)] = c.pod_name;
@@ -28,7 +28,7 @@ std::map<std::string, std::string> Labels(const RuntimeContainer& c) {
 
 // containerd's filter: every set field must match.
 template <typename Filter>
-bool Matches(const RuntimeContainer& c, const Filter& f, bool has_filter) {
+bool Matches(const TestRuntimeContainer& c, const Filter& f, bool has_filter) {
   if (!has_filter) return true;
   if (!f.id().empty() && c.id.rfind(f.id(), 0) != 0) return false;  // containerd matches a prefix
   if (f.has_state() && static_cast<int>(f.state().state()) != static_cast<int>(c.state))
@@ -43,7 +43,7 @@ bool Matches(const RuntimeContainer& c, const Filter& f, bool has_filter) {
 }
 
 template <typename Message>
-void FillCommon(const RuntimeContainer& c, Message* m) {
+void FillCommon(const TestRuntimeContainer& c, Message* m) {
   m->set_id(c.id);
   m->mutable_metadata()->set_name(c.name);
   m->mutable_metadata()->set_attempt(c.attempt);
@@ -82,7 +82,7 @@ class CriService : public Base {
     for (const auto& c : runtime_.containers()) {
       if (c.id != request->container_id()) continue;
       FillCommon(c, out->mutable_status());
-      if (c.state == RuntimeState::kExited) {
+      if (c.state == TestRuntimeState::kExited) {
         out->mutable_status()->set_reason("Completed");
         out->mutable_status()->set_finished_at(c.created_at + 1);
       }
@@ -171,13 +171,13 @@ void TestRuntime::Stop() {
   ::unlink(socket_path_.c_str());
 }
 
-std::string TestRuntime::AddContainer(RuntimeContainer c) {
+std::string TestRuntime::AddContainer(TestRuntimeContainer c) {
   dynmig::MutexLock lock(&mu_);
   if (c.id.empty()) c.id = fmt::format("{:064x}", next_id_++ * 0x9e3779b97f4a7c15ULL);
   if (c.sandbox_id.empty())
     c.sandbox_id = fmt::format("{:064x}", std::hash<std::string>{}(c.pod_uid + PodKey(c)));
   auto it = std::find_if(table_.begin(), table_.end(),
-                         [&](const RuntimeContainer& x) { return x.id == c.id; });
+                         [&](const TestRuntimeContainer& x) { return x.id == c.id; });
   const std::string id = c.id;
   if (it != table_.end()) {
     *it = std::move(c);
@@ -190,8 +190,8 @@ std::string TestRuntime::AddContainer(RuntimeContainer c) {
 void TestRuntime::AddEnvs(const std::string& pod, const std::string& uid,
                           const std::string& container,
                           const std::map<std::string, std::string>& envs) {
-  std::optional<RuntimeContainer> existing = Find(pod, container);
-  RuntimeContainer c;
+  std::optional<TestRuntimeContainer> existing = Find(pod, container);
+  TestRuntimeContainer c;
   if (existing) {
     c = std::move(*existing);
   } else {
@@ -208,15 +208,15 @@ void TestRuntime::AddEnvs(const std::string& pod, const std::string& uid,
                                  [&](const std::string& e) { return e.rfind(prefix, 0) == 0; });
     if (!has) c.env.push_back(prefix + v);
   }
-  c.state = RuntimeState::kRunning;
+  c.state = TestRuntimeState::kRunning;
   AddContainer(std::move(c));
 }
 
-std::optional<RuntimeContainer> TestRuntime::Find(const std::string& pod,
+std::optional<TestRuntimeContainer> TestRuntime::Find(const std::string& pod,
                                                   const std::string& container) const {
   dynmig::MutexLock lock(&mu_);
   for (auto it = table_.rbegin(); it != table_.rend(); ++it) {
-    if (PodKey(*it) == pod && it->name == container && it->state != RuntimeState::kExited)
+    if (PodKey(*it) == pod && it->name == container && it->state != TestRuntimeState::kExited)
       return *it;
   }
   return std::nullopt;
@@ -226,15 +226,15 @@ int TestRuntime::ExitPod(const std::string& pod) {
   dynmig::MutexLock lock(&mu_);
   int changed = 0;
   for (auto& c : table_) {
-    if (PodKey(c) == pod && c.state != RuntimeState::kExited) {
-      c.state = RuntimeState::kExited;
+    if (PodKey(c) == pod && c.state != TestRuntimeState::kExited) {
+      c.state = TestRuntimeState::kExited;
       ++changed;
     }
   }
   return changed;
 }
 
-bool TestRuntime::SetState(const std::string& id, RuntimeState state) {
+bool TestRuntime::SetState(const std::string& id, TestRuntimeState state) {
   dynmig::MutexLock lock(&mu_);
   for (auto& c : table_) {
     if (c.id == id) {
@@ -245,7 +245,7 @@ bool TestRuntime::SetState(const std::string& id, RuntimeState state) {
   return false;
 }
 
-std::vector<RuntimeContainer> TestRuntime::containers() const {
+std::vector<TestRuntimeContainer> TestRuntime::containers() const {
   dynmig::MutexLock lock(&mu_);
   return table_;
 }
@@ -293,12 +293,12 @@ TestRuntime::Answer TestRuntime::Admit(bool v1) {
   return {};
 }
 
-std::string TestRuntime::VerboseInfo(const RuntimeContainer& c) {
+std::string TestRuntime::VerboseInfo(const TestRuntimeContainer& c) {
   nlohmann::json labels = nlohmann::json::object();
   for (const auto& [k, v] : Labels(c)) labels[k] = v;
   nlohmann::json info = {
       {"sandboxID", c.sandbox_id},
-      {"pid", c.state == RuntimeState::kRunning ? 4242 : 0},
+      {"pid", c.state == TestRuntimeState::kRunning ? 4242 : 0},
       {"removing", false},
       {"snapshotKey", c.id},
       {"snapshotter", "overlayfs"},

@@ -31,6 +31,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "common/mutex.h"
+#include "deviceplugin/runtime_source.h"  // the kubelet's container labels
 
 namespace grpc {
 class Server;
@@ -38,22 +39,16 @@ class Server;
 
 namespace dynmig::deviceplugin {
 
-// The kubelet's container labels (pkg/kubelet/types/labels.go).
-inline constexpr std::string_view kCriPodUidLabel = "io.kubernetes.pod.uid";
-inline constexpr std::string_view kCriPodNameLabel = "io.kubernetes.pod.name";
-inline constexpr std::string_view kCriPodNamespaceLabel = "io.kubernetes.pod.namespace";
-inline constexpr std::string_view kCriContainerNameLabel = "io.kubernetes.container.name";
+enum class TestRuntimeState { kCreated = 0, kRunning = 1, kExited = 2, kUnknown = 3 };
 
-enum class RuntimeState { kCreated = 0, kRunning = 1, kExited = 2, kUnknown = 3 };
-
-struct RuntimeContainer {
+struct TestRuntimeContainer {
   std::string id;  // 64 hex digits; AddContainer assigns one when empty
   std::string sandbox_id;
   std::string pod_uid;
   std::string pod_name;
   std::string pod_namespace;
   std::string name;  // the container's name in the pod
-  RuntimeState state = RuntimeState::kRunning;
+  TestRuntimeState state = TestRuntimeState::kRunning;
   std::vector<std::string> env;  // "KEY=VALUE", in order
   std::vector<std::string> args = {"sleep", "infinity"};
   uint32_t attempt = 0;
@@ -75,16 +70,17 @@ class TestRuntime {
   const std::string& socket_path() const { return socket_path_; }
 
   // Adds a container (or replaces the one with its id); returns its id.
-  std::string AddContainer(RuntimeContainer c) ABSL_LOCKS_EXCLUDED(mu_);
+  std::string AddContainer(TestRuntimeContainer c) ABSL_LOCKS_EXCLUDED(mu_);
   // The kubelet's view: the running container `container` of pod "namespace/name" (created when
   // missing, with `uid`) gets `envs` appended, an env it already has kept.
   void AddEnvs(const std::string& pod, const std::string& uid, const std::string& container,
                const std::map<std::string, std::string>& envs) ABSL_LOCKS_EXCLUDED(mu_);
   // Every container of pod "namespace/name" is exited. Returns how many changed.
   int ExitPod(const std::string& pod) ABSL_LOCKS_EXCLUDED(mu_);
-  bool SetState(const std::string& id, RuntimeState state) ABSL_LOCKS_EXCLUDED(mu_);
-  std::vector<RuntimeContainer> containers() const ABSL_LOCKS_EXCLUDED(mu_);
-  std::optional<RuntimeContainer> Find(const std::string& pod, const std::string& container) const
+  bool SetState(const std::string& id, TestRuntimeState state) ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<TestRuntimeContainer> containers() const ABSL_LOCKS_EXCLUDED(mu_);
+  std::optional<TestRuntimeContainer> Find(const std::string& pod,
+                                           const std::string& container) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Test knobs.
@@ -95,7 +91,7 @@ class TestRuntime {
   int calls() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // The verbose info["info"] JSON of a container, as containerd writes it.
-  static std::string VerboseInfo(const RuntimeContainer& c);
+  static std::string VerboseInfo(const TestRuntimeContainer& c);
 
   // What the services call (public so both versions' services share them).
   struct Answer {
@@ -119,7 +115,7 @@ class TestRuntime {
   std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(server_mu_);
 
   mutable dynmig::Mutex mu_;
-  std::vector<RuntimeContainer> table_ ABSL_GUARDED_BY(mu_);
+  std::vector<TestRuntimeContainer> table_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> raw_info_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   int fail_count_ ABSL_GUARDED_BY(mu_) = 0;

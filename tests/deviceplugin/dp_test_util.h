@@ -130,6 +130,7 @@ class PluginTest : public ::testing::Test {
     o.core.node_name = kNode;
     o.core.allowlist = TestAllowlist();
     o.core.fsync = false;
+    o.core.evidence_max_age = absl::ZeroDuration();  // tests change the evidence between cycles
     o.kubelet_dir = kubelet_dir_;
     o.core.state_file = dir_.path() + "/state/state.json";
     o.reconcile_interval = absl::Hours(1);  // tests drive reconciliation
@@ -145,7 +146,7 @@ class PluginTest : public ::testing::Test {
     plugin_sim_ = OpenSim("", plugin_device_nodes_);
     DevicePluginOptions o = Options();
     if (tweak) tweak(o);
-    auto plugin = DevicePlugin::Start(std::move(o), *plugin_sim_, *plugin_kube_);
+    auto plugin = DevicePlugin::Start(std::move(o), *plugin_sim_, *plugin_kube_, pod_resources_);
     EXPECT_TRUE(plugin.ok()) << plugin.status();
     if (!plugin.ok()) return nullptr;
     plugin_ = std::move(*plugin);
@@ -338,6 +339,8 @@ class PluginTest : public ::testing::Test {
   // Whether the plugin's simulator claims device nodes (as a real driver has); false: as
   // `--sim` on a node without GPUs.
   bool plugin_device_nodes_ = true;
+  // The plugin's PodResources source; null: the test kubelet's over gRPC.
+  PodResourcesSource* pod_resources_ = nullptr;
   int expected_registrations_ = 0;
   int pods_created_ = 0;
 };

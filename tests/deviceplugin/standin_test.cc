@@ -196,7 +196,7 @@ TEST(TestRuntime, ServesBothVersionsWithContainerdShapedVerboseInfo) {
   TempDir dir;
   auto runtime = TestRuntime::Start(dir.path() + "/containerd/containerd.sock");
   ASSERT_TRUE(runtime.ok()) << runtime.status();
-  RuntimeContainer c;
+  TestRuntimeContainer c;
   c.pod_uid = "uid-1";
   c.pod_name = "legacy";
   c.pod_namespace = "ml";
@@ -245,7 +245,7 @@ TEST(TestRuntime, KnobsMakeItHostile) {
   TempDir dir;
   auto runtime = TestRuntime::Start(dir.path() + "/cri.sock");
   ASSERT_TRUE(runtime.ok());
-  RuntimeContainer c;
+  TestRuntimeContainer c;
   c.pod_name = "p";
   c.pod_namespace = "default";
   c.name = "c";
@@ -291,13 +291,13 @@ TEST_F(StandinTest, KubeletFillsTheRuntimeFromEveryAllocateAnswer) {
   auto c = (*runtime)->Find("ml/legacy", "main");
   ASSERT_TRUE(c.has_value());
   EXPECT_EQ(c->pod_uid, "0b7c-uid");
-  EXPECT_EQ(c->state, RuntimeState::kRunning);
+  EXPECT_EQ(c->state, TestRuntimeState::kRunning);
   EXPECT_EQ(std::count(c->env.begin(), c->env.end(), "NVIDIA_VISIBLE_DEVICES=" + Uuid("1g.18gb")),
             1);
   EXPECT_EQ((*runtime)->containers().size(), 1u);
   kubelet_->ReleasePod("ml/legacy");
   ASSERT_EQ((*runtime)->containers().size(), 1u);
-  EXPECT_EQ((*runtime)->containers()[0].state, RuntimeState::kExited);
+  EXPECT_EQ((*runtime)->containers()[0].state, TestRuntimeState::kExited);
   kubelet_->AttachRuntime(nullptr);
 }
 
