@@ -78,6 +78,11 @@ absl::StatusOr<std::vector<std::string>> ParseVisibleDevices(const std::vector<s
     }
     for (const std::string& part : SplitTrimmed(value, ',')) {
       if (part.empty() || part == "none" || part == "void") continue;
+      if (part.starts_with("/")) {  // the toolkit's volume-mounts strategy: the list is elsewhere
+        return absl::InvalidArgumentError(
+            fmt::format("{} names a path ({}): the devices are mounted as files, not listed",
+                        kVisibleDevicesEnv, part));
+      }
       if (out.size() >= kVisibleDevicesMaxIds) {
         return absl::InvalidArgumentError(fmt::format("{} names more than {} devices",
                                                       kVisibleDevicesEnv, kVisibleDevicesMaxIds));

@@ -115,7 +115,8 @@ class GrpcCriRuntime final : public ContainerRuntimeSource {
 // The devices named by the "KEY=VALUE" strings `env` (an OCI spec's process.env): every
 // NVIDIA_VISIBLE_DEVICES entry's value (all of them when it occurs more than once: whichever the
 // runtime honours, the container may hold it), split at commas. kInvalidArgument when a value is
-// over kVisibleDevicesMaxBytes or names more than kVisibleDevicesMaxIds devices.
+// over kVisibleDevicesMaxBytes, names more than kVisibleDevicesMaxIds devices, or names a path
+// (the NVIDIA toolkit's volume-mounts strategy: the devices cannot be read from the env).
 absl::StatusOr<std::vector<std::string>> ParseVisibleDevices(const std::vector<std::string>& env);
 
 // The devices of a verbose ContainerStatus's info map entry "info" (containerd's JSON:

@@ -123,6 +123,10 @@ TEST(RuntimeSourceTest, ParseVisibleDevicesOddInput) {
   std::string many = "NVIDIA_VISIBLE_DEVICES=";
   for (int i = 0; i < 300; ++i) many += fmt::format("MIG-{},", i);
   EXPECT_EQ(ParseVisibleDevices({many}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseVisibleDevices({"NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices"})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(DevicesFromInfo("{}")->empty());  // no env: nothing
   EXPECT_FALSE(DevicesFromInfo("[]").ok());
   EXPECT_FALSE(DevicesFromInfo(std::string(5 << 20, ' ')).ok());
