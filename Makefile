@@ -43,7 +43,7 @@ fuzz:
 
 # ThreadSanitizer build of the concurrent tests (informers, scheduler, device plugin, local mode,
 # end to end with the 60-second chaos seed); TSAN_TESTS="kube_test ..." limits them.
-TSAN_TESTS ?= kube_test scheduler_test deviceplugin_test local_test e2e_test
+TSAN_TESTS ?= protocol_test kube_test scheduler_test deviceplugin_test local_test e2e_test
 tsan: deps
 	@cmake --preset tsan >/dev/null
 	@cmake --build --preset tsan -j $(JOBS) --target $(TSAN_TESTS)

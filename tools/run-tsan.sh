@@ -6,7 +6,7 @@
 # binary (halt_on_error); reports are kept in build-tsan/tsan-<binary>.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-tests=${TSAN_TESTS:-kube_test scheduler_test deviceplugin_test local_test e2e_test}
+tests=${TSAN_TESTS:-protocol_test kube_test scheduler_test deviceplugin_test local_test e2e_test}
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 history_size=4 suppressions=$PWD/tools/tsan.supp ${TSAN_OPTIONS:-}"
 export DYNMIG_SOURCE_DIR=$PWD
 # Left out here, run by every other build: PodResourcesClientTest.AHugeAnswerIsRefusedAtTheSizeLimit
