@@ -1137,10 +1137,10 @@ absl::Status LocalCluster::StartNvidiaStandinOn(Node& node) {
   // The kubelet shows what it serves in the node's capacity and allocatable, as the kubelet does
   // (and keeps the capacity, allocatable 0, once it stops).
   if (node.standin->WaitForRegistrations(1, absl::Seconds(10))) {
-    const std::vector<std::string> profiles = node.standin->profiles();
-    node.kubelet->WaitForDevices([](const auto& d) { return !d.empty(); }, absl::Seconds(5),
-                                 fmt::format("{}{}", protocol::kMigResourcePrefix,
-                                             profiles.empty() ? "" : profiles.front()));
+    for (const auto& profile : node.standin->profiles()) {
+      node.kubelet->WaitForDevices([](const auto& d) { return !d.empty(); }, absl::Seconds(5),
+                                   fmt::format("{}{}", protocol::kMigResourcePrefix, profile));
+    }
     PublishMigResources(node, /*serving=*/true);
   }
   Log(fmt::format("{}/nvidia-device-plugin: serving {} profile(s)", node.spec.name,
