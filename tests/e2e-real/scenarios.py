@@ -286,11 +286,28 @@ class RealBackend(Backend):
         return {cs["name"]: (cs.get("containerID"), cs.get("restartCount"), cs.get("state", {}).get("running", {})
                              .get("startedAt")) for cs in pod["status"].get("containerStatuses", [])}
 
+    KUBELET_LOG = "/var/lib/dynmig-real-k8s/logs/kubelet.log"
+
     def restart_kubelet(self):
+        """Restarts the kubelet; returns its log lines of the restart that speak of devices or the legacy pods."""
+        try:
+            offset = os.path.getsize(self.KUBELET_LOG)
+        except OSError:
+            offset = 0
         p = subprocess.run([sys.executable, os.path.join(REPO, "tools", "real-k8s", "cluster.py"), "restart-kubelet"],
                            capture_output=True, text=True, timeout=240)
         if p.returncode != 0:
             raise StepFailed("cluster.py restart-kubelet exited %d: %s" % (p.returncode, (p.stdout + p.stderr)[-2000:]))
+        time.sleep(20)
+        try:
+            with open(self.KUBELET_LOG, errors="replace") as f:
+                f.seek(offset)
+                text = f.read()
+        except OSError:
+            return []
+        words = ("legacy-", "nvidia.com/mig", "devicemanager", "device_manager", "Admission", "admit", "checkpoint",
+                 "UnexpectedAdmissionError", "OutOf")
+        return [line[:400] for line in text.splitlines() if any(w in line for w in words)][:60]
 
     def start(self):
         wait_for("node %s registered by its device plugin" % self.node,
@@ -1255,25 +1272,33 @@ def unprovable(s, dyn_alloc, got):
 
 
 def kubelet_restart(s, before, got):
+    """What the kubelet does with running pods of a resource whose plugin is gone when it restarts (within the
+    endpoint's grace period: capacity still listed, allocatable 0). Logged in full for docs/operations.md."""
     s.step("restart the kubelet while legacy pods run and their plugin is gone")
-    n = "legacy-2g"
-    pod = s.k.pod(n)
-    ids = s.b.container_ids(pod)
+    names = ("legacy-1g-b", "legacy-2g")
     res_before = node_mig_resources(s)
-    t0 = time.time()
-    s.b.restart_kubelet()
-    time.sleep(10)  # the kubelet's pod workers sync the pods again
-    pod = s.k.pod(n)
+    t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    kubelet_lines = s.b.restart_kubelet()
+    phases = []
+    deadline = time.monotonic() + 30  # the pod workers sync every pod again after the restart
+    while time.monotonic() < deadline:
+        phases.append(tuple((n, (s.k.pod(n) or {}).get("status", {}).get("phase")) for n in names))
+        time.sleep(2)
     res_after = node_mig_resources(s)
-    events = [e for e in s.k.events(n) if e.get("lastTimestamp", "") >= time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                                     time.gmtime(t0))]
-    log("    kubelet restart observed: pod %s phase %s, containers %s -> %s" % (
-        n, pod["status"].get("phase") if pod else None, ids, s.b.container_ids(pod) if pod else None))
-    log("    node nvidia.com/mig-* before %s after %s" % (res_before, res_after))
-    log("    events of %s since the restart: %s" % (n, [(e.get("type"), e.get("reason"), e.get("message"))
-                                                     for e in events]))
-    expect_unrestarted(s, {x: before[x] for x in ("legacy-1g-b", "legacy-2g")})
-    expect_held(s, {x: got[x] for x in ("legacy-1g-b", "legacy-2g")})
+    for n in names:
+        pod = s.k.pod(n)
+        events = [e for e in s.k.events(n) if (e.get("lastTimestamp") or e.get("eventTime") or "") >= t0]
+        log("    kubelet restart, pod %s: phase %s, containers %s -> %s, conditions %s" % (
+            n, pod["status"].get("phase") if pod else None, before[n], s.b.container_ids(pod) if pod else None,
+            [(c["type"], c["status"]) for c in pod["status"].get("conditions", [])] if pod else None))
+        log("    events of %s since the restart: %s" % (n, [(e.get("type"), e.get("reason"), e.get("message"))
+                                                         for e in events]))
+    log("    phases every 2 s for 30 s after the restart: %s" % sorted(set(phases)))
+    log("    node nvidia.com/mig-* before the restart %s, after %s" % (res_before, res_after))
+    for line in kubelet_lines:
+        log("    kubelet: %s" % line)
+    expect_unrestarted(s, {x: before[x] for x in names})
+    expect_held(s, {x: got[x] for x in names})
 
 
 
