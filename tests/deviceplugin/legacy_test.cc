@@ -353,9 +353,6 @@ TEST_F(LegacyTest, OldStateFileWithoutHoldersLoads) {
                    .ok());
 }
 
-}  // namespace
-}  // namespace dynmig::deviceplugin::testing
-
 // The device plugin's own container says NVIDIA_VISIBLE_DEVICES=all (deploy/: the toolkit gives it
 // NVML that way): with --self-pod it holds nothing, so an ended pod's legacy instance is still
 // reclaimed; without it, "all" would hold every legacy instance forever.
@@ -404,3 +401,6 @@ TEST_F(LegacyTest, OwnPodIsNeverAHolder) {
   EXPECT_EQ(held->holders[0].name, "dynmig-device-plugin-y");
   (void)b;
 }
+
+}  // namespace
+}  // namespace dynmig::deviceplugin::testing
