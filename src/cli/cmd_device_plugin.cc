@@ -175,7 +175,7 @@ void RegisterDevicePluginCommand(CLI::App& root, CliContext& ctx) {
         if (v.empty()) return "";
         if (v.size() > 317 || slash == std::string::npos || slash == 0 || slash + 1 == v.size() ||
             v.find('/', slash + 1) != std::string::npos)
-          return "--self-pod: expected NAMESPACE/NAME, got '" + v.substr(0, 80) + "'";
+          return "expected NAMESPACE/NAME, got '" + v.substr(0, 80) + "'";
         return "";
       });
   cmd->add_option("--state-file", f->state_file,
