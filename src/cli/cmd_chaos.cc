@@ -9,10 +9,10 @@
 #include <ostream>
 #include <string>
 
-#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "cli/cli.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "fmt/format.h"
 #include "local/chaos.h"
 #include "spdlog/spdlog.h"
@@ -29,6 +29,8 @@ struct ChaosFlags {
   std::string quiesce_timeout = "60s";
   size_t max_pods = 10;
   bool verbose = false;
+  bool handover = false;
+  std::string handover_geometry = "1g.5gb=2,2g.10gb=1";
 };
 
 int RunChaosCommand(const ChaosFlags& f, CliContext& ctx) {
@@ -40,6 +42,8 @@ int RunChaosCommand(const ChaosFlags& f, CliContext& ctx) {
   o.seed = f.seed;
   o.nodes = f.nodes;
   o.max_pods = f.max_pods;
+  o.handover = f.handover;
+  o.handover_geometry = f.handover_geometry;
   if (!absl::ParseDuration(f.duration, &o.duration) || o.duration < absl::ZeroDuration()) {
     return bad("--duration: '" + f.duration + "' is not a duration such as 90s or 30m");
   }
@@ -108,6 +112,13 @@ void RegisterChaosCommand(CLI::App& root, CliContext& ctx) {
          "how long, after the faults stop and every pod is deleted, until nothing may remain")
       ->capture_default_str();
   cmd->add_option("--max-pods", f->max_pods, "pods alive at most")->capture_default_str();
+  cmd->add_flag("--handover", f->handover,
+                "start with a legacy world on the first node (--handover-geometry, NVIDIA's "
+                "device-plugin stand-in, legacy pods), hand it over to dynmig, and restart its "
+                "kubelet stand-in among the faults");
+  cmd->add_option("--handover-geometry", f->handover_geometry,
+                  "the first node's fixed geometry for --handover (its GPUs' model must offer it)")
+      ->capture_default_str();
   cmd->add_flag(
       "--verbose", f->verbose,
       "the components' logs too (their own on stdout, their events on stderr), to follow a seed");

@@ -30,6 +30,7 @@ struct DevicePluginFlags {
   std::string socket_name = "dynmig.sock";
   std::string pod_resources_socket = std::string(deviceplugin::kDefaultPodResourcesSocket);
   std::string cri_socket = std::string(deviceplugin::kDefaultCriSocket);
+  std::string self_pod;
   std::string state_file;
   std::string sim;
   std::string sim_state;
@@ -113,6 +114,7 @@ int Run(const DevicePluginFlags& f, CliContext& ctx) {
   options.socket_name = f.socket_name;
   options.pod_resources_socket = f.pod_resources_socket;
   options.cri_socket = f.cri_socket;
+  options.core.self_pod = f.self_pod;
   options.reconcile_interval = reconcile;
   options.register_interval = register_every;
   options.metrics_listen = f.metrics_listen;
@@ -163,6 +165,19 @@ void RegisterDevicePluginCommand(CLI::App& root, CliContext& ctx) {
                   "holds a MIG instance dynmig did not create (\"\" = none: such instances "
                   "that only the runtime can prove stay unproven, kept and never destroyed)")
       ->capture_default_str();
+  cmd->add_option(
+         "--self-pod", f->self_pod,
+         "this plugin's pod, NAMESPACE/NAME (deploy/ passes $(POD_NAMESPACE)/$(POD_NAME)): "
+         "its own containers are never taken for holders of a MIG instance (its "
+         "NVIDIA_VISIBLE_DEVICES=all names every GPU)")
+      ->check([](const std::string& v) -> std::string {
+        const size_t slash = v.find('/');
+        if (v.empty()) return "";
+        if (v.size() > 317 || slash == std::string::npos || slash == 0 || slash + 1 == v.size() ||
+            v.find('/', slash + 1) != std::string::npos)
+          return "expected NAMESPACE/NAME, got '" + v.substr(0, 80) + "'";
+        return "";
+      });
   cmd->add_option("--state-file", f->state_file,
                   "node-local state (default <kubelet-dir>/dynmig/state.json)");
   cmd->add_option("--sim", f->sim, "simulated GPUs instead of NVML, e.g. A100-SXM4-40GBx2");

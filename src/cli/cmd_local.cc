@@ -14,14 +14,16 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include "absl/base/thread_annotations.h"
-#include "common/mutex.h"
 #include "cli/cli.h"
+#include "common/mutex.h"
 #include "fmt/format.h"
 #include "kube/informer.h"
 #include "local/demo.h"
 #include "local/local_cluster.h"
+#include "nvml/geometry.h"
 #include "spdlog/spdlog.h"
 
 namespace dynmig::cli {
@@ -43,6 +45,11 @@ struct LocalFlags {
   bool control_given = false;
   bool nvml_port_given = false;
   std::string sim_latency = "realistic";
+  // The legacy world of a handover (LocalClusterOptions::legacy_geometry, nvidia_standin_nodes,
+  // device_plugins_stopped).
+  std::vector<std::string> legacy_geometry;        // NODE=GEOMETRY
+  std::vector<std::string> nvidia_standin;         // NODE
+  std::vector<std::string> device_plugin_stopped;  // NODE
 };
 
 // Binds a TCP socket to host:port and closes it: the port is free now. port 0: the port the kernel
@@ -119,6 +126,52 @@ struct LocalSetup {
   int control_port = 0;
 };
 
+// --legacy-geometry, --nvidia-standin, --device-plugin-stopped: each names a node of --nodes
+// (once); a geometry must parse. kInvalidArgument names the flag and the item.
+absl::Status ParseLegacyFlags(const LocalFlags& f, local::LocalClusterOptions& o) {
+  auto known = [&o](std::string_view name) {
+    return std::any_of(o.nodes.begin(), o.nodes.end(),
+                       [&](const local::LocalNode& n) { return n.name == name; });
+  };
+  for (const auto& item : f.legacy_geometry) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == item.size()) {
+      return absl::InvalidArgumentError(
+          fmt::format("--legacy-geometry '{}': expected NODE=GEOMETRY, e.g. "
+                      "node-a=1g.5gb=2,2g.10gb=1",
+                      item));
+    }
+    const std::string node = item.substr(0, eq);
+    if (!known(node)) {
+      return absl::InvalidArgumentError(
+          fmt::format("--legacy-geometry: no node '{}' in --nodes", node));
+    }
+    if (o.legacy_geometry.count(node)) {
+      return absl::InvalidArgumentError(
+          fmt::format("--legacy-geometry: node '{}' given twice", node));
+    }
+    auto geometry = nvml::ParseGeometry(item.substr(eq + 1));
+    if (!geometry.ok()) {
+      return absl::InvalidArgumentError(
+          fmt::format("--legacy-geometry {}: {}", node, std::string(geometry.status().message())));
+    }
+    o.legacy_geometry[node] = item.substr(eq + 1);
+  }
+  for (const auto& [flag, from, to] :
+       {std::tuple{"--nvidia-standin", &f.nvidia_standin, &o.nvidia_standin_nodes},
+        std::tuple{"--device-plugin-stopped", &f.device_plugin_stopped,
+                   &o.device_plugins_stopped}}) {
+    for (const auto& node : *from) {
+      if (!known(node))
+        return absl::InvalidArgumentError(fmt::format("{}: no node '{}' in --nodes", flag, node));
+      if (std::find(to->begin(), to->end(), node) != to->end())
+        return absl::InvalidArgumentError(fmt::format("{}: node '{}' given twice", flag, node));
+      to->push_back(node);
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The addresses, ports, latency model and nodes of the flags; kInvalidArgument names the flag.
 absl::StatusOr<LocalSetup> ParseFlags(const LocalFlags& f) {
   LocalSetup s;
@@ -146,6 +199,7 @@ absl::StatusOr<LocalSetup> ParseFlags(const LocalFlags& f) {
   o.nodes = *nodes;
   o.state_dir = f.state_dir;
   o.nvml_port = f.nvml_port;
+  if (auto st = ParseLegacyFlags(f, o); !st.ok()) return st;
   return s;
 }
 
@@ -236,6 +290,16 @@ class ControlEndpoint {
                    res.set_content(st.ok() ? "ok\n" : std::string(st.message()) + "\n",
                                    "text/plain");
                  });
+    // NVIDIA's device-plugin stand-in of a node: as when its DaemonSet comes to or leaves it.
+    server_.Post(
+        R"(/(stop|start)/nvidia-device-plugin/([a-z0-9.-]+))",
+        [&c](const httplib::Request& req, httplib::Response& res) {
+          const std::string node = req.matches[2];
+          auto st =
+              req.matches[1] == "stop" ? c.StopNvidiaStandin(node) : c.StartNvidiaStandin(node);
+          res.status = st.ok() ? 200 : absl::IsNotFound(st) ? 404 : 500;
+          res.set_content(st.ok() ? "ok\n" : std::string(st.message()) + "\n", "text/plain");
+        });
     server_.Post(R"(/(restart|stop|start)/scheduler)", [part](const httplib::Request& req,
                                                               httplib::Response& res) {
       auto st = part(req.matches[1], "scheduler", "");
@@ -284,7 +348,7 @@ std::string Intro(local::LocalCluster& c, const std::string& control_host, int b
   if (bound_control > 0) {
     intro += fmt::format(
         "  curl -d '' http://{}:{}/restart/device-plugin/{}   # restart one part (also: stop, "
-        "start, /restart/scheduler)\n",
+        "start, /restart/scheduler, /start|stop/nvidia-device-plugin/NODE)\n",
         control_host, bound_control, c.nodes().front().name);
   }
   intro += "Events follow; Ctrl-C stops.\n";
@@ -413,6 +477,16 @@ void RegisterLocalCommand(CLI::App& root, CliContext& ctx) {
                   "(about 1.5 s per allocation) or [MODEL:]OP=DURATION items, OP one of "
                   "create-gi, destroy-gi, create-ci, destroy-ci (e.g. create-gi=250ms)")
       ->capture_default_str();
+  cmd->add_option("--legacy-geometry", f->legacy_geometry,
+                  "a handover's legacy world: lay NODE's GPUs out in a fixed geometry before "
+                  "anything runs, as MIG Manager does: NODE=PROFILE=COUNT[,PROFILE=COUNT...] "
+                  "(repeatable)");
+  cmd->add_option("--nvidia-standin", f->nvidia_standin,
+                  "run NVIDIA's device plugin stand-in (mixed strategy, nvidia.com/mig-<profile>) "
+                  "on NODE (repeatable; the control endpoint stops and starts it)");
+  cmd->add_option("--device-plugin-stopped", f->device_plugin_stopped,
+                  "do not start dynmig's device plugin on NODE until the control endpoint's "
+                  "/start/device-plugin/NODE (repeatable)");
   cmd->add_flag("--demo", f->demo,
                 "play the migration guide's canary and mixed-profile walk-through, then serve");
   cmd->add_flag("--quiet", f->quiet, "print only the summary (and the demo)");

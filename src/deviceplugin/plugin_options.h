@@ -47,6 +47,10 @@ struct PluginCoreOptions {
   // The container runtime (CRI), handover's second source of evidence (handover.h); must outlive
   // the core. null = not configured: instances only the runtime could prove stay unproven.
   ContainerRuntimeSource* runtime = nullptr;
+  // This device plugin's own pod, "namespace/name" ("" = none): the runtime's containers of it are
+  // never holders. Its NVIDIA_VISIBLE_DEVICES=all (the toolkit's way to give it NVML) names every
+  // GPU, so it would otherwise hold every legacy instance and none would ever be reclaimed.
+  std::string self_pod;
   // How long handover's evidence (PodResources and the runtime: up to 1024 ContainerStatus calls)
   // is reused by later cycles: the Allocates of one kubelet admission burst each run a cycle, and
   // must not each list every container. Stale evidence can only keep an instance longer, or miss

@@ -60,7 +60,13 @@ const HandoverEvidence& Reclaimer::Evidence(const std::vector<PodMig>& pods) {
   } else {
     e.pod_resources = ops_.pod_resources->List();
   }
-  if (ops_.options.runtime != nullptr) e.runtime = ops_.options.runtime->List();
+  if (ops_.options.runtime != nullptr) {
+    e.runtime = ops_.options.runtime->List();
+    if (e.runtime->ok() && !ops_.options.self_pod.empty()) {
+      std::erase_if(**e.runtime,
+                    [&](const RuntimeContainer& c) { return c.PodKey() == ops_.options.self_pod; });
+    }
+  }
   std::vector<LiveInstance> live;
   for (const auto& gpu : ops_.ns.inventory.gpus) {
     if (!gpu.exposed || !gpu.info.mig.current) continue;

@@ -334,6 +334,15 @@ std::optional<KubeletPluginInfo> TestKubelet::plugin(std::string_view resource) 
   return p->info;
 }
 
+std::vector<std::string> TestKubelet::resources() const {
+  dynmig::MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const auto& [name, p] : plugins_) {
+    if (p->info.stream_open) out.push_back(name);
+  }
+  return out;
+}
+
 std::vector<v1beta1::Device> TestKubelet::devices(std::string_view resource) const {
   dynmig::MutexLock lock(&mu_);
   auto p = Find(resource);

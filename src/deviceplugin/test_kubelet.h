@@ -42,9 +42,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "deviceplugin/pod_resources.h"
 #include "deviceplugin/v1beta1/api.pb.h"
 
@@ -105,6 +105,8 @@ class TestKubelet {
   int registrations(std::string_view resource = "") const;
   bool WaitForRegistrations(int count, absl::Duration timeout, std::string_view resource = "");
   std::optional<KubeletPluginInfo> plugin(std::string_view resource = "") const;
+  // Every resource a plugin registered whose ListAndWatch stream is open, by name.
+  std::vector<std::string> resources() const;
   std::vector<v1beta1::Device> devices(std::string_view resource = "") const;
   // Waits until the resource's device list satisfies `pred`.
   bool WaitForDevices(const std::function<bool(const std::vector<v1beta1::Device>&)>& pred,

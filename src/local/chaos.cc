@@ -10,6 +10,7 @@
 
 #include "common/bounded_json.h"
 #include "deviceplugin/plugin_core.h"
+#include "deviceplugin/test_kubelet.h"
 #include "fmt/format.h"
 #include "kube/in_memory_api_server.h"
 #include "kube/kube_client.h"
@@ -109,6 +110,11 @@ class Chaos {
     c.election.retry_period = absl::Milliseconds(500);
     c.scheduler_clock = &clock_;
     c.log = o_.component_log;
+    if (o_.handover) {
+      c.legacy_geometry[nodes->front().name] = o_.handover_geometry;
+      c.nvidia_standin_nodes = {nodes->front().name};
+      c.device_plugins_stopped = {nodes->front().name};
+    }
     auto cluster = LocalCluster::Start(c);
     if (!cluster.ok()) return cluster.status();
     cluster_ = std::move(*cluster);
@@ -116,6 +122,9 @@ class Chaos {
     if (!client.ok()) return client.status();
     kube_ = std::move(*client);
     for (const auto& n : cluster_->nodes()) node_names_.push_back(n.name);
+    if (o_.handover) {
+      if (auto st = HandOver(); !st.ok()) return st;
+    }
 
     Log(fmt::format("chaos: seed {}, {} of random work on {}", o_.seed,
                     absl::FormatDuration(o_.duration), o_.nodes));
@@ -151,7 +160,65 @@ class Chaos {
 
   // ---- the workload and the faults ----
 
+  // ---- handover ----
+
+  // Legacy pods on the first node's instances under NVIDIA's stand-in, then dynmig takes over.
+  absl::Status HandOver() {
+    const std::string& node = node_names_.front();
+    deviceplugin::TestKubelet* kubelet = cluster_->kubelet(node);
+    int n = 0;
+    for (const auto& resource : kubelet->resources()) {
+      if (resource.rfind(protocol::kMigResourcePrefix, 0) != 0) continue;
+      for (size_t i = 0; i < kubelet->devices(resource).size(); ++i) {
+        const std::string name = fmt::format("legacy-{}", n++);
+        const json pod = {
+            {"apiVersion", "v1"},
+            {"kind", "Pod"},
+            {"metadata", {{"name", name}, {"namespace", "default"}}},
+            {"spec",
+             {{"restartPolicy", "Never"},
+              {"nodeSelector", {{"kubernetes.io/hostname", node}}},
+              {"containers", json::array({{{"name", "main"},
+                                           {"image", "ubuntu:22.04"},
+                                           {"command", json::array({"sleep", "3600"})},
+                                           {"resources", {{"limits", {{resource, 1}}}}}}})}}}};
+        if (auto created = kube_->CreatePod(pod); !created.ok()) return created.status();
+      }
+    }
+    const absl::Duration deadline = base_clock_.Monotonic() + absl::Seconds(60);
+    while (legacy_.size() < static_cast<size_t>(n)) {
+      if (base_clock_.Monotonic() > deadline) {
+        return absl::DeadlineExceededError(fmt::format(
+            "chaos: {} of {} legacy pods ran under NVIDIA's stand-in", legacy_.size(), n));
+      }
+      base_clock_.SleepFor(absl::Milliseconds(100));
+      auto pods = kube_->ListPods({.ns = "default"});
+      if (!pods.ok()) continue;
+      for (const auto& p : pods->items) {
+        auto visible = kube::Annotation(p, kVisibleDevicesAnnotation);
+        if (kube::Phase(p) != "Running" || !visible) continue;
+        const auto v = ParseBoundedJson(*visible, kAnnotationJsonLimits, kVisibleDevicesAnnotation);
+        if (v.ok() && v->contains("main") && (*v)["main"].is_string())
+          legacy_[kube::Name(p)] = (*v)["main"].get<std::string>();
+      }
+    }
+    if (auto st = cluster_->StopNvidiaStandin(node); !st.ok()) return st;
+    if (auto st = cluster_->StartDevicePlugin(node); !st.ok()) return st;
+    report_.actions["legacy pods"] = n;
+    Log(fmt::format("chaos: {} legacy pods run on {}; dynmig's device plugin took it over", n,
+                    node));
+    return absl::OkStatus();
+  }
+
+  void RestartKubelet() {
+    const std::string& node = node_names_.front();
+    Count("restart kubelet");
+    if (auto st = cluster_->kubelet(node)->Restart(); !st.ok())
+      Log(fmt::format("chaos: restart of {}'s kubelet: {}", node, std::string(st.message())));
+  }
+
   void Act() {
+    if (o_.handover && Chance(0.04)) RestartKubelet();
     // The kind of action comes from its own stream, one draw per step, so step k does the same
     // kind of thing in every run of a seed however the timing shifts the other draws.
     const size_t roll = std::uniform_int_distribution<size_t>(0, 99)(actions_rng_);
@@ -362,6 +429,31 @@ class Chaos {
     return decoded.ok() ? *decoded : std::vector<protocol::MigAllocation>{};
   }
 
+  // A legacy pod Running before and after the NVML read keeps its instance, and no other pod's
+  // reservation overlaps it.
+  void CheckLegacy(const std::string& name, const std::vector<Live>& live,
+                   const std::vector<json>& after) {
+    const std::string& uuid = legacy_.at(name);
+    const Live* found = nullptr;
+    for (const auto& l : live) {
+      if (l.instance.mig_uuid == uuid) found = &l;
+    }
+    if (found == nullptr) {
+      Violation(fmt::format("running legacy pod {} lost its instance {}", name, uuid));
+      return;
+    }
+    for (const auto& pod : after) {
+      if (kube::IsTerminated(pod)) continue;
+      for (const auto& a : Allocations(pod)) {
+        if (a.gpu_uuid == found->instance.gpu_uuid &&
+            a.placement.Overlaps(found->instance.placement)) {
+          Violation(fmt::format("pod {} reserves {} {}, overlapping legacy pod {}'s instance {}",
+                                kube::Name(pod), a.gpu_uuid, a.placement.ToString(), name, uuid));
+        }
+      }
+    }
+  }
+
   void Check() {
     auto before = kube_->ListPods({.ns = "default"});
     std::vector<Live> live;
@@ -395,6 +487,10 @@ class Chaos {
       }
       if (seen_running_.insert(kube::Uid(pod)).second) ++report_.pods_running_seen;
       const std::string name = kube::Name(pod);
+      if (legacy_.contains(name)) {  // no annotation: NVIDIA's allocator gave it its instance
+        CheckLegacy(name, live, after->items);
+        continue;
+      }
       std::set<std::string> own;
       for (const auto& a : Allocations(*it->second)) {
         if (!a.runtime) continue;
@@ -531,6 +627,7 @@ class Chaos {
   std::unique_ptr<kube::KubeClient> kube_;
   std::vector<std::string> node_names_;
   std::set<std::string> seen_running_;
+  std::map<std::string, std::string> legacy_;  // legacy pod name -> its MIG UUID
 };
 
 }  // namespace

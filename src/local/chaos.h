@@ -21,7 +21,8 @@
 // armed to crash at one of its crash points (deviceplugin/plugin_core.h; the supervisor restarts
 // it), a crash of the leading scheduler replica (two replicas under leader election; its Lease is
 // not handed back), a step of the scheduler's clock (past the 30 s reservation TTL, half of it,
-// back, or behind), a restart of a device plugin or of both scheduler replicas.
+// back, or behind), a restart of a device plugin or of both scheduler replicas; with `handover`,
+// a restart of the handed-over node's kubelet stand-in too.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +47,14 @@ struct ChaosOptions {
   absl::Duration step = absl::Milliseconds(200);  // between actions
   absl::Duration quiesce_timeout = absl::Seconds(60);
   size_t max_pods = 10;  // creates are skipped while this many pods exist
+  // Handover without draining (issue 29): the first node starts with a legacy world (this fixed
+  // geometry on its GPUs, NVIDIA's device-plugin stand-in, dynmig's plugin held back), one legacy
+  // pod per instance runs (nvidia.com/mig-<profile>), then the stand-in stops and dynmig's plugin
+  // takes the node over; the random phase also restarts that node's kubelet stand-in. Checked
+  // besides: a legacy pod Running across a check keeps its instance, and no reservation overlaps
+  // it. Legacy pods are deleted like any pod (their instances must then be reclaimed).
+  bool handover = false;
+  std::string handover_geometry = "1g.5gb=2,2g.10gb=1";
   // Progress and every violation, one line each. May be empty.
   std::function<void(const std::string&)> log;
   // The components' event lines (LocalClusterOptions::log), for debugging a seed. May be empty.

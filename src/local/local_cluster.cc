@@ -91,21 +91,33 @@ std::string RuntimeSocketOf(const std::string& kubelet_dir) {
   return fs::path(kubelet_dir).parent_path().string() + "/containerd/containerd.sock";
 }
 
-// The kubelet's side of the device-plugin API, over the test kubelet's real gRPC client.
+// The kubelet's side of the device-plugin API, over the test kubelet's real gRPC client: every
+// resource a registered plugin serves (dynmig's, NVIDIA's stand-in's nvidia.com/mig-<profile>).
 class KubeletAllocator : public DeviceAllocator {
  public:
-  // `resource`: dynmig's resource name (other plugins, e.g. NVIDIA's stand-in, may register too).
-  KubeletAllocator(deviceplugin::TestKubelet& kubelet, std::string resource)
-      : kubelet_(kubelet), resource_(std::move(resource)) {}
+  // `resource`: dynmig's resource name.
+  KubeletAllocator(deviceplugin::TestKubelet& kubelet, deviceplugin::TestRuntime& runtime,
+                   std::string resource)
+      : kubelet_(kubelet), runtime_(runtime), resource_(std::move(resource)) {}
 
   std::string ResourceName() override {
     auto info = kubelet_.plugin(resource_);
     return info && info->stream_open ? info->resource_name : "";
   }
+  std::vector<std::string> ResourceNames() override { return kubelet_.resources(); }
   std::vector<std::string> DeviceIds() override { return kubelet_.FreeDevices(resource_); }
+  std::vector<std::string> ResourceDeviceIds(const std::string& resource) override {
+    return kubelet_.FreeDevices(resource);
+  }
   absl::StatusOr<ContainerAllocation> Allocate(const std::string& pod, const std::string& container,
                                                const std::vector<std::string>& ids) override {
-    auto response = kubelet_.Allocate(pod, container, ids, resource_);
+    return AllocateResource(pod, container, ids, resource_);
+  }
+  absl::StatusOr<ContainerAllocation> AllocateResource(const std::string& pod,
+                                                       const std::string& container,
+                                                       const std::vector<std::string>& ids,
+                                                       const std::string& resource) override {
+    auto response = kubelet_.Allocate(pod, container, ids, resource);
     if (!response.ok()) return response.status();
     ContainerAllocation out;
     for (const auto& [k, v] : response->envs()) out.envs[k] = v;
@@ -113,8 +125,14 @@ class KubeletAllocator : public DeviceAllocator {
     for (const auto& d : response->cdi_devices()) out.cdi_devices.push_back(d.name());
     return out;
   }
-  void Release(const std::string& pod) override { kubelet_.ReleasePod(pod); }
+  void Release(const std::string& pod) override {
+    kubelet_.ReleasePod(pod);
+    dynmig::MutexLock lock(&mu_);
+    uids_.erase(pod);
+  }
   void PodUid(const std::string& pod, const std::string& uid) override {
+    dynmig::MutexLock lock(&mu_);
+    uids_[pod] = uid;
     kubelet_.SetPodUid(pod, uid);
   }
   void Admit(const std::string& pod, const std::vector<std::string>& containers,
@@ -122,12 +140,29 @@ class KubeletAllocator : public DeviceAllocator {
     kubelet_.AddPod(pod, containers, init_containers);
   }
   absl::Status PreStart(const std::string& pod, const std::string& container) override {
-    return kubelet_.PreStart(pod, container, resource_);
+    // A no-op for a resource whose devices the container does not hold.
+    for (const auto& resource : kubelet_.resources()) {
+      if (auto st = kubelet_.PreStart(pod, container, resource); !st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
+  void ContainerEnv(const std::string& pod, const std::string& container,
+                    const std::map<std::string, std::string>& env) override {
+    std::string uid;
+    {
+      dynmig::MutexLock lock(&mu_);
+      auto it = uids_.find(pod);
+      if (it != uids_.end()) uid = it->second;
+    }
+    runtime_.AddEnvs(pod, uid, container, env);
   }
 
  private:
   deviceplugin::TestKubelet& kubelet_;
+  deviceplugin::TestRuntime& runtime_;
   const std::string resource_;
+  dynmig::Mutex mu_;
+  std::map<std::string, std::string> uids_ ABSL_GUARDED_BY(mu_);  // by "namespace/name"
 };
 
 // A component's API client that can be cut off, as a crashed process's connections are: once
@@ -280,6 +315,7 @@ struct LocalCluster::Node {
   // NVIDIA's device plugin "process" (LocalClusterOptions::nvidia_standin_nodes).
   std::unique_ptr<nvml::SimNvml> standin_nvml;
   std::unique_ptr<deviceplugin::NvidiaStandin> standin;
+  std::vector<std::string> mig_resources;  // what the node's status shows of the stand-in's
   std::unique_ptr<kube::KubeClient> agent_client;
   std::unique_ptr<nvml::SimNvml> workload_nvml;  // the workloads' processes attach through it
   std::unique_ptr<NodeAgent> agent;
@@ -345,7 +381,9 @@ absl::Status LocalCluster::Init() {
   if (auto st = StartControlPlaneLocked(*sched_config); !st.ok()) return st;
   // The nodes: device plugins, then the kubelets' pod loops.
   for (auto& node : nodes_) {
-    if (auto st = StartDevicePluginLocked(*node); !st.ok()) return st;
+    if (!HeldBack(node->spec.name)) {
+      if (auto st = StartDevicePluginLocked(*node); !st.ok()) return st;
+    }
     node->agent->Start();
   }
   if (auto st = AwaitReadyLocked(**admin); !st.ok()) return st;
@@ -524,8 +562,8 @@ absl::Status LocalCluster::StartKubelet(Node& node) {
   }
   node.runtime = std::move(*runtime);
   node.kubelet->AttachRuntime(node.runtime.get());
-  node.allocator =
-      std::make_unique<KubeletAllocator>(*node.kubelet, device_config_.resources.count);
+  node.allocator = std::make_unique<KubeletAllocator>(*node.kubelet, *node.runtime,
+                                                      device_config_.resources.count);
   if (auto st = StartNvidiaStandin(node); !st.ok()) return st;
   auto agent_client = Client("system:node:" + node.spec.name);
   if (!agent_client.ok()) return agent_client.status();
@@ -589,9 +627,16 @@ absl::Status LocalCluster::AwaitReadyLocked(kube::KubeClient& admin) {
   return absl::OkStatus();
 }
 
+bool LocalCluster::HeldBack(std::string_view node) const {
+  const auto& names = options_.device_plugins_stopped;
+  return std::find(names.begin(), names.end(), node) != names.end();
+}
+
 absl::Status LocalCluster::AwaitNodeReady(Node& node, kube::KubeClient& admin,
                                           absl::Duration monotonic_deadline) {
-  if (!node.kubelet->WaitForRegistrations(1, monotonic_deadline - clock_.Monotonic())) {
+  if (HeldBack(node.spec.name)) return absl::OkStatus();  // nothing of dynmig's runs there yet
+  if (!node.kubelet->WaitForRegistrations(1, monotonic_deadline - clock_.Monotonic(),
+                                          device_config_.resources.count)) {
     return absl::DeadlineExceededError(fmt::format(
         "node {}: the device plugin did not register with the kubelet", node.spec.name));
   }
@@ -806,6 +851,7 @@ absl::Status LocalCluster::StartDevicePluginLocked(Node& node) {
   o.core.state_file = node.dir + "/device-plugin-state.json";
   o.kubelet_dir = node.kubelet_dir;
   o.pod_resources_socket = node.kubelet->pod_resources_socket();
+  o.cri_socket = RuntimeSocketOf(node.kubelet_dir);  // handover's runtime evidence
   o.reconcile_interval = options_.reconcile_interval;
   o.register_interval = options_.register_interval;
   o.kubelet_poll_interval = absl::Milliseconds(200);
@@ -946,9 +992,10 @@ absl::Status LocalCluster::StartDevicePlugin(std::string_view name) {
   if (node == nullptr) return absl::NotFoundError(fmt::format("no node {}", name));
   // Already running (the supervisor restarted it after a crash meanwhile): nothing to wait for.
   if (node->plugin != nullptr) return absl::OkStatus();
-  const int before = node->kubelet->registrations();
+  const int before = node->kubelet->registrations(device_config_.resources.count);
   if (auto st = StartDevicePluginLocked(*node); !st.ok()) return st;
-  if (!node->kubelet->WaitForRegistrations(before + 1, absl::Seconds(30))) {
+  if (!node->kubelet->WaitForRegistrations(before + 1, absl::Seconds(30),
+                                           device_config_.resources.count)) {
     return absl::DeadlineExceededError(
         fmt::format("node {}: the restarted device plugin did not register", name));
   }
@@ -993,6 +1040,15 @@ deviceplugin::NvidiaStandin* LocalCluster::nvidia_standin(std::string_view name)
   return node != nullptr ? node->standin.get() : nullptr;
 }
 
+absl::Status LocalCluster::StartNvidiaStandin(std::string_view name) {
+  dynmig::MutexLock lock(&mu_);
+  if (stopped_) return absl::FailedPreconditionError("the local cluster is stopped");
+  Node* node = FindNode(name);
+  if (node == nullptr) return absl::NotFoundError(fmt::format("no node {}", name));
+  if (node->standin != nullptr) return absl::OkStatus();
+  return StartNvidiaStandinOn(*node);
+}
+
 absl::Status LocalCluster::StopNvidiaStandin(std::string_view name) {
   dynmig::MutexLock lock(&mu_);
   Node* node = FindNode(name);
@@ -1002,8 +1058,30 @@ absl::Status LocalCluster::StopNvidiaStandin(std::string_view name) {
   node->standin->Stop();
   node->standin.reset();
   node->standin_nvml.reset();
+  PublishMigResources(*node, /*serving=*/false);
   Log(fmt::format("{}/nvidia-device-plugin: stopped", name));
   return absl::OkStatus();
+}
+
+void LocalCluster::PublishMigResources(Node& node, bool serving) {
+  auto client = Client("system:node:" + node.spec.name);
+  if (!client.ok()) return;
+  nlohmann::json capacity = nlohmann::json::object();
+  nlohmann::json allocatable = nlohmann::json::object();
+  for (const auto& resource : serving ? node.kubelet->resources() : node.mig_resources) {
+    if (resource.rfind(protocol::kMigResourcePrefix, 0) != 0) continue;
+    const std::string count = std::to_string(node.kubelet->devices(resource).size());
+    if (serving) {
+      capacity[resource] = count;
+      node.mig_resources.push_back(resource);
+    }
+    allocatable[resource] = serving ? count : "0";
+  }
+  if (!serving) node.mig_resources.clear();
+  if (allocatable.empty()) return;
+  nlohmann::json status = {{"allocatable", allocatable}};
+  if (serving) status["capacity"] = capacity;
+  (void)(*client)->PatchNodeStatus(node.spec.name, {{"status", status}});
 }
 
 absl::Status LocalCluster::ApplyLegacyGeometry(Node& node) {
@@ -1036,6 +1114,10 @@ absl::Status LocalCluster::StartNvidiaStandin(Node& node) {
   if (std::find(names.begin(), names.end(), node.spec.name) == names.end()) {
     return absl::OkStatus();
   }
+  return StartNvidiaStandinOn(node);
+}
+
+absl::Status LocalCluster::StartNvidiaStandinOn(Node& node) {
   // Its own "process": a simulator object of its own over the node's GPU state.
   nvml::SimNvmlOptions so;
   so.state_file = nvml_state_file(node.spec.name);
@@ -1052,6 +1134,15 @@ absl::Status LocalCluster::StartNvidiaStandin(Node& node) {
   }
   node.standin_nvml = std::move(*sim);
   node.standin = std::move(*standin);
+  // The kubelet shows what it serves in the node's capacity and allocatable, as the kubelet does
+  // (and keeps the capacity, allocatable 0, once it stops).
+  if (node.standin->WaitForRegistrations(1, absl::Seconds(10))) {
+    for (const auto& profile : node.standin->profiles()) {
+      node.kubelet->WaitForDevices([](const auto& d) { return !d.empty(); }, absl::Seconds(5),
+                                   fmt::format("{}{}", protocol::kMigResourcePrefix, profile));
+    }
+    PublishMigResources(node, /*serving=*/true);
+  }
   Log(fmt::format("{}/nvidia-device-plugin: serving {} profile(s)", node.spec.name,
                   node.standin->profiles().size()));
   return absl::OkStatus();

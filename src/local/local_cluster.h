@@ -46,9 +46,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "kube/in_memory_api_server.h"
 #include "kube/kube_client.h"
 #include "local/scheduler_config.h"
@@ -157,6 +157,9 @@ struct LocalClusterOptions {
   // (deviceplugin::NvidiaStandin) registered with the node's kubelet stand-in.
   std::map<std::string, std::string> legacy_geometry;
   std::vector<std::string> nvidia_standin_nodes;
+  // Nodes whose dynmig device plugin does not start with the cluster, only on StartDevicePlugin:
+  // a handover's legacy pods run on them first, as on a node dynmig is not installed on yet.
+  std::vector<std::string> device_plugins_stopped;
   // One line per event of every component ("scheduler: ...", "node-a/kubelet: ..."). May be empty.
   std::function<void(const std::string&)> log;
 };
@@ -226,6 +229,10 @@ class LocalCluster {
   std::string runtime_socket(std::string_view node) const;
   // NVIDIA's device plugin stand-in of the node, while it runs (nvidia_standin_nodes), or null.
   deviceplugin::NvidiaStandin* nvidia_standin(std::string_view node) ABSL_LOCKS_EXCLUDED(mu_);
+  // Starts one on the node (a simulator object of its own over the node's GPU state: the
+  // instances there now), as when NVIDIA's DaemonSet comes to the node; ok when one runs.
+  // kNotFound for an unknown node.
+  absl::Status StartNvidiaStandin(std::string_view node) ABSL_LOCKS_EXCLUDED(mu_);
   // Stops it: its sockets go away, as when the legacy DaemonSet leaves the node. kNotFound when
   // the node has none running.
   absl::Status StopNvidiaStandin(std::string_view node) ABSL_LOCKS_EXCLUDED(mu_);
@@ -291,7 +298,12 @@ class LocalCluster {
   absl::Status StartKubelet(Node& node);
   // The legacy world (LocalClusterOptions::legacy_geometry, nvidia_standin_nodes).
   absl::Status ApplyLegacyGeometry(Node& node);
-  absl::Status StartNvidiaStandin(Node& node);
+  absl::Status StartNvidiaStandin(Node& node);  // when nvidia_standin_nodes names it
+  absl::Status StartNvidiaStandinOn(Node& node);
+  // The node's status shows the stand-in's nvidia.com/mig-* resources (serving), or allocatable 0
+  // for each once it stopped.
+  void PublishMigResources(Node& node, bool serving);
+  bool HeldBack(std::string_view node) const;  // device_plugins_stopped names it
   // The scheduler replicas, the routes to them, then kube-scheduler.
   absl::Status StartControlPlaneLocked(const SchedulerConfig& config)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

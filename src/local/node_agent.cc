@@ -29,7 +29,53 @@ uint32_t CountOf(const json& container, const std::string& resource) {
   return 0;
 }
 
+// The spec of the pod's (init or app) container `name`, or null.
+const json* ContainerSpec(const kube::Object& pod, const std::string& name) {
+  if (!pod.contains("spec") || !pod["spec"].is_object()) return nullptr;
+  for (const char* list : {"initContainers", "containers"}) {
+    const auto it = pod["spec"].find(list);
+    if (it == pod["spec"].end() || !it->is_array()) continue;
+    for (const auto& c : *it) {
+      if (c.is_object() && c.value("name", "") == name) return &c;
+    }
+  }
+  return nullptr;
+}
+
 }  // namespace
+
+std::map<std::string, std::string> SpecEnv(const kube::Object& container) {
+  std::map<std::string, std::string> out;
+  const auto env = container.find("env");
+  if (env == container.end() || !env->is_array()) return out;
+  for (const auto& e : *env) {
+    if (out.size() >= kMaxSpecEnv) break;
+    if (!e.is_object()) continue;
+    const auto n = e.find("name");
+    const auto v = e.find("value");
+    if (n == e.end() || v == e.end() || !n->is_string() || !v->is_string()) continue;
+    const auto& name = n->get_ref<const std::string&>();
+    const auto& value = v->get_ref<const std::string&>();
+    if (name.empty() || name.size() > 256 || value.size() > 4096) continue;
+    out.emplace(name, value);
+  }
+  return out;
+}
+
+std::vector<std::string> MigResources(const kube::Object& container) {
+  std::set<std::string> found;
+  const auto res = container.find("resources");
+  if (res == container.end() || !res->is_object()) return {};
+  for (const char* kind : {"limits", "requests"}) {
+    const auto r = res->find(kind);
+    if (r == res->end() || !r->is_object()) continue;
+    for (auto it = r->begin(); it != r->end() && found.size() < 16; ++it) {
+      if (it.key().rfind(protocol::kMigResourcePrefix, 0) == 0 && CountOf(container, it.key()) > 0)
+        found.insert(it.key());
+    }
+  }
+  return {found.begin(), found.end()};
+}
 
 std::optional<int64_t> SleepSeconds(const kube::Object& container) {
   std::string text;
@@ -200,7 +246,8 @@ void NodeAgent::Reconcile() {
 void NodeAgent::StartPod(const kube::Object& pod) {
   const std::string key = kube::ObjectKey(pod);
   const std::string uid = kube::Uid(pod);
-  const std::string resource = allocator_.ResourceName();
+  const std::string own = allocator_.ResourceName();
+  const std::vector<std::string> registered = allocator_.ResourceNames();
   std::vector<std::pair<const json*, bool>> containers;  // (container, init), in start order
   std::vector<std::string> app_names, init_names;
   for (const char* list : {"initContainers", "containers"}) {
@@ -213,55 +260,75 @@ void NodeAgent::StartPod(const kube::Object& pod) {
       (init ? init_names : app_names).push_back(c.value("name", ""));
     }
   }
-  // Every container's device count first: a pod waits until the plugin is registered.
-  uint32_t wanted = 0;
-  for (const auto& [c, init] : containers)
-    wanted += CountOf(*c, resource.empty() ? std::string(protocol::kResourceCount) : resource);
-  if (wanted > 0 && resource.empty()) return;  // plugin not registered yet: retry later
+  // A pod waits while a device resource it asks for has no registered plugin yet: dynmig's, or
+  // NVIDIA's per-profile ones.
+  for (const auto& [c, init] : containers) {
+    if (own.empty() && CountOf(*c, std::string(protocol::kResourceCount)) > 0) return;
+    for (const auto& r : MigResources(*c)) {
+      if (std::find(registered.begin(), registered.end(), r) == registered.end()) return;
+    }
+  }
 
   // Admission: the kubelet knows the pod, then allocates each container's devices.
   allocator_.PodUid(key, uid);
   allocator_.Admit(key, app_names, init_names);
   Running running;
-  std::set<std::string> used;
-  const std::vector<std::string> ids = allocator_.DeviceIds();
+  std::map<std::string, std::set<std::string>> used;  // by resource
   for (const auto& [c, init] : containers) {
     Admitted admitted{c->value("name", ""), init, "", ""};
-    const uint32_t n = resource.empty() ? 0 : CountOf(*c, resource);
-    if (n > 0) {
-      std::vector<std::string> chosen;
-      for (const auto& id : ids) {
-        if (chosen.size() == n) break;
-        if (!used.count(id)) chosen.push_back(id);
-      }
-      absl::StatusOr<ContainerAllocation> alloc =
-          chosen.size() < n
-              ? absl::ResourceExhaustedError(fmt::format(
-                    "the node advertises {} {} devices, {} asked", ids.size(), resource, n))
-              : allocator_.Allocate(key, admitted.name, chosen);
-      if (!alloc.ok()) {
-        const std::string msg = fmt::format("Allocate failed for container {}: {}", admitted.name,
-                                            std::string(alloc.status().message()));
-        Log(fmt::format("{} failed on {}: {}", key, options_.node, msg));
-        json status = {
-            {"status",
-             {{"phase", "Failed"}, {"reason", "UnexpectedAdmissionError"}, {"message", msg}}}};
-        WriteStatus(pod, std::move(status));
-        (void)client_.CreateEvent(kube::NewEvent(pod, "Warning", "UnexpectedAdmissionError", msg,
-                                                 "dynmig-local-kubelet", clock_.Now()));
-        allocator_.Release(key);
-        started_uid_[uid] = key;
-        return;
-      }
-      for (const auto& id : chosen) used.insert(id);
-      admitted.devices = alloc->envs.count("NVIDIA_VISIBLE_DEVICES")
-                             ? alloc->envs.at("NVIDIA_VISIBLE_DEVICES")
-                             : fmt::format("{}", fmt::join(alloc->cdi_devices, ","));
+    auto devices = AllocateContainer(key, *c, admitted.name, registered, used);
+    if (!devices.ok()) {
+      FailAdmission(pod, std::string(devices.status().message()));
+      started_uid_[uid] = key;
+      return;
     }
+    admitted.devices = *devices;
     running.waiting.push_back(std::move(admitted));
   }
   started_uid_[uid] = key;
   StartContainers(pod, running_[uid] = std::move(running));
+}
+
+absl::StatusOr<std::string> NodeAgent::AllocateContainer(
+    const std::string& key, const kube::Object& container, const std::string& name,
+    const std::vector<std::string>& resources, std::map<std::string, std::set<std::string>>& used) {
+  std::vector<std::string> parts;
+  for (const auto& resource : resources) {
+    const uint32_t n = CountOf(container, resource);
+    if (n == 0) continue;
+    const std::vector<std::string> ids = allocator_.ResourceDeviceIds(resource);
+    std::vector<std::string> chosen;
+    for (const auto& id : ids) {
+      if (chosen.size() == n) break;
+      if (!used[resource].count(id)) chosen.push_back(id);
+    }
+    absl::StatusOr<ContainerAllocation> alloc =
+        chosen.size() < n
+            ? absl::ResourceExhaustedError(fmt::format(
+                  "the node advertises {} {} devices, {} asked", ids.size(), resource, n))
+            : allocator_.AllocateResource(key, name, chosen, resource);
+    if (!alloc.ok()) {
+      return absl::Status(alloc.status().code(),
+                          fmt::format("Allocate failed for container {}: {}", name,
+                                      std::string(alloc.status().message())));
+    }
+    for (const auto& id : chosen) used[resource].insert(id);
+    parts.push_back(alloc->envs.count("NVIDIA_VISIBLE_DEVICES")
+                        ? alloc->envs.at("NVIDIA_VISIBLE_DEVICES")
+                        : fmt::format("{}", fmt::join(alloc->cdi_devices, ",")));
+  }
+  return fmt::format("{}", fmt::join(parts, ","));
+}
+
+void NodeAgent::FailAdmission(const kube::Object& pod, const std::string& msg) {
+  const std::string key = kube::ObjectKey(pod);
+  Log(fmt::format("{} failed on {}: {}", key, options_.node, msg));
+  json status = {
+      {"status", {{"phase", "Failed"}, {"reason", "UnexpectedAdmissionError"}, {"message", msg}}}};
+  WriteStatus(pod, std::move(status));
+  (void)client_.CreateEvent(kube::NewEvent(pod, "Warning", "UnexpectedAdmissionError", msg,
+                                           "dynmig-local-kubelet", clock_.Now()));
+  allocator_.Release(key);
 }
 
 void NodeAgent::StartContainers(const kube::Object& pod, Running& running) {
@@ -278,6 +345,10 @@ void NodeAgent::StartContainers(const kube::Object& pod, Running& running) {
       if (it->init) break;  // init containers run one after the other, before the app ones
       ++it;
       continue;
+    }
+    if (const json* spec = ContainerSpec(pod, it->name); spec != nullptr) {
+      auto env = SpecEnv(*spec);
+      if (!env.empty()) allocator_.ContainerEnv(key, it->name, env);
     }
     if (!it->devices.empty()) {
       running.visible[it->name] = it->devices;

@@ -22,15 +22,16 @@
 
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "kube/informer.h"
 #include "kube/kube_client.h"
 #include "protocol/annotations.h"
@@ -45,18 +46,39 @@ struct ContainerAllocation {
   std::vector<std::string> cdi_devices;  // fully qualified CDI names
 };
 
-// The kubelet's side of the device plugin API.
+// The kubelet's side of the device plugin API. Like the kubelet, the agent allocates every
+// extended resource a registered plugin serves: dynmig's, and others' (NVIDIA's device plugin
+// serves one resource per MIG profile, nvidia.com/mig-<profile>, to a handover's legacy pods).
 class DeviceAllocator {
  public:
   virtual ~DeviceAllocator() = default;
-  // The resource name the plugin registered, e.g. "nvidia.com/gpu"; "" while not registered.
+  // The resource name dynmig's plugin registered, e.g. "nvidia.com/gpu"; "" while not registered.
   virtual std::string ResourceName() = 0;
-  // Device IDs the plugin advertises (ListAndWatch), healthy ones.
+  // Every resource a registered plugin serves now (dynmig's among them). Default: dynmig's alone.
+  virtual std::vector<std::string> ResourceNames() {
+    std::string own = ResourceName();
+    return own.empty() ? std::vector<std::string>{} : std::vector<std::string>{own};
+  }
+  // Device IDs dynmig's plugin advertises (ListAndWatch), healthy ones.
   virtual std::vector<std::string> DeviceIds() = 0;
-  // Allocate for one container of a pod ("namespace/name") with the chosen device IDs.
+  // Free healthy device IDs of `resource`. Default: dynmig's resource only.
+  virtual std::vector<std::string> ResourceDeviceIds(const std::string& resource) {
+    return resource == ResourceName() ? DeviceIds() : std::vector<std::string>{};
+  }
+  // Allocate for one container of a pod ("namespace/name") with the chosen device IDs of dynmig's
+  // resource.
   virtual absl::StatusOr<ContainerAllocation> Allocate(const std::string& pod,
                                                        const std::string& container,
                                                        const std::vector<std::string>& ids) = 0;
+  // The same for `resource`. Default: dynmig's resource only.
+  virtual absl::StatusOr<ContainerAllocation> AllocateResource(const std::string& pod,
+                                                               const std::string& container,
+                                                               const std::vector<std::string>& ids,
+                                                               const std::string& resource) {
+    if (resource != ResourceName())
+      return absl::NotFoundError("no device plugin registered for " + resource);
+    return Allocate(pod, container, ids);
+  }
   // The pod's containers ended: its devices are free again (the kubelet's checkpoint forgets it).
   virtual void Release(const std::string& pod) { (void)pod; }
   // The pod's UID, told before Admit (the runtime's io.kubernetes.pod.uid label shows it).
@@ -71,6 +93,12 @@ class DeviceAllocator {
   virtual absl::Status PreStart(const std::string& pod, const std::string& container) {
     (void)pod, (void)container;
     return absl::OkStatus();
+  }
+  // The container starts with the literal env of its spec (SpecEnv), which the container runtime
+  // shows beside what the plugins' Allocate answers gave (an env an answer set is kept).
+  virtual void ContainerEnv(const std::string& pod, const std::string& container,
+                            const std::map<std::string, std::string>& env) {
+    (void)pod, (void)container, (void)env;
   }
 };
 
@@ -130,6 +158,15 @@ class NodeAgent {
   // (at most a second, to retry status writes).
   absl::Duration NextWake() const;
   void StartPod(const kube::Object& pod);
+  // Allocates every registered resource `container` asks for (free devices of each, not in
+  // `used`); returns what the container's NVIDIA_VISIBLE_DEVICES (or CDI names) say, comma-joined.
+  absl::StatusOr<std::string> AllocateContainer(const std::string& key,
+                                                const kube::Object& container,
+                                                const std::string& name,
+                                                const std::vector<std::string>& resources,
+                                                std::map<std::string, std::set<std::string>>& used);
+  // The pod failed admission (UnexpectedAdmissionError), as the kubelet fails it.
+  void FailAdmission(const kube::Object& pod, const std::string& message);
   // Starts the waiting containers of `running` in the kubelet's order: each after its
   // PreStartContainer; stops at an init container that cannot start. Then writes the status.
   void StartContainers(const kube::Object& pod, Running& running);
@@ -163,6 +200,15 @@ class NodeAgent {
   bool dirty_ ABSL_GUARDED_BY(mu_) = true;  // the node's pods changed since the last Reconcile
   std::thread thread_;
 };
+
+// The literal env of a container's spec (env[].value; valueFrom is not resolved), bounded: at
+// most kMaxSpecEnv entries, names up to 256 bytes, values up to 4 KiB (longer ones are left out).
+inline constexpr size_t kMaxSpecEnv = 64;
+std::map<std::string, std::string> SpecEnv(const kube::Object& container);
+
+// The nvidia.com/mig-<profile> resources a container asks at least one of (NVIDIA's device
+// plugin's, mixed strategy), bounded to 16.
+std::vector<std::string> MigResources(const kube::Object& container);
 
 // Seconds of the first `sleep N` in a container's command and args (e.g. bash -c "sleep 3600").
 std::optional<int64_t> SleepSeconds(const kube::Object& container);

@@ -33,9 +33,9 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "kube/informer.h"
 #include "kube/kube_client.h"
 #include "local/scheduler_config.h"

@@ -356,6 +356,12 @@ def group_objects(c):
     c.equal(flag(dargs, "--metrics-listen"), "0.0.0.0:9400", "device plugin --metrics-listen")
     c.equal(flag(dargs, "--pod-resources-socket"), "/var/lib/kubelet/pod-resources/kubelet.sock",
             "device plugin --pod-resources-socket (the mounted kubelet PodResources socket)")
+    c.equal(flag(dargs, "--self-pod"), "$(POD_NAMESPACE)/$(POD_NAME)",
+            "device plugin --self-pod (its own containers are never holders of a legacy instance)")
+    c.equal(flag(dargs, "--cri-socket") or "/run/containerd/containerd.sock", "/run/containerd/containerd.sock",
+            "device plugin --cri-socket (the mounted containerd socket)")
+    c.equal(denv.get("POD_NAME"), "metadata.name", "POD_NAME from the downward API")
+    c.equal(denv.get("POD_NAMESPACE"), "metadata.namespace", "POD_NAMESPACE from the downward API")
     c.equal(flag(dargs, "--nvml-listen"), "127.0.0.1:9401", "device plugin --nvml-listen (loopback: /nvml names pods)")
     c.check(configmap_file(base, dspec, dp, flag(dargs, "--device-config") or "") is not None,
             "device plugin --device-config is not a file of a mounted ConfigMap")
@@ -368,6 +374,7 @@ def group_objects(c):
         "/dev": ("/dev", False),
         "/proc/driver/nvidia-caps": ("/proc/driver/nvidia-caps", True),
         "/var/run/cdi": ("/var/run/cdi", False),
+        "/run/containerd": ("/run/containerd", True),
     }, "device plugin hostPath mounts (container path: (host path, readOnly))")
     c.equal(ds["spec"]["updateStrategy"], {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
             "device plugins are upgraded one node at a time")

@@ -353,5 +353,54 @@ TEST_F(LegacyTest, OldStateFileWithoutHoldersLoads) {
                    .ok());
 }
 
+// The device plugin's own container says NVIDIA_VISIBLE_DEVICES=all (deploy/: the toolkit gives it
+// NVML that way): with --self-pod it holds nothing, so an ended pod's legacy instance is still
+// reclaimed; without it, "all" would hold every legacy instance forever.
+TEST_F(LegacyTest, OwnPodIsNeverAHolder) {
+  const auto a = CreateRaw(0, "1g.5gb", 0);
+  CreatePlainPod("nv");
+  pod_resources_fake_->Hold("nv", a.mig_uuid);
+  RuntimeContainer self;
+  self.id = "ctr-self";
+  self.pod_uid = "uid-self";
+  self.pod_namespace = "dynmig-system";
+  self.pod_name = "dynmig-device-plugin-x";
+  self.container = "device-plugin";
+  self.state = RuntimeContainerState::kRunning;
+  self.devices = {"all"};
+  runtime_.Set({self});
+  ASSERT_NE(StartPlugin([&](DevicePluginOptions& o) {
+              o.core.runtime = &runtime_;
+              o.core.self_pod = "dynmig-system/dynmig-device-plugin-x";
+            }),
+            nullptr);
+  auto m = ManagedAt(0, 0);
+  ASSERT_TRUE(m.has_value());
+  ASSERT_EQ(m->holders.size(), 1u) << "only nv holds it";
+  EXPECT_EQ(m->holders[0].name, "nv");
+
+  DeletePod("nv");
+  pod_resources_fake_->Forget("nv");
+  plugin_->core().Reconcile();
+  EXPECT_FALSE(GiAt(0, 0).has_value()) << "reclaimed: the plugin's own \"all\" holds nothing";
+
+  // Another pod of the same namespace with "all" is a holder: only the plugin's own pod is left
+  // out.
+  const auto b = CreateRaw(0, "1g.5gb", 1);
+  RuntimeContainer other = self;
+  other.id = "ctr-other";
+  other.pod_uid = "uid-other";
+  other.pod_name = "dynmig-device-plugin-y";
+  runtime_.Set({self, other});
+  plugin_->core().Reconcile();
+  plugin_->core().Reconcile();
+  EXPECT_TRUE(GiAt(0, 1).has_value());
+  auto held = ManagedAt(0, 1);
+  ASSERT_TRUE(held.has_value());
+  EXPECT_EQ(held->holders.size(), 1u);
+  EXPECT_EQ(held->holders[0].name, "dynmig-device-plugin-y");
+  (void)b;
+}
+
 }  // namespace
 }  // namespace dynmig::deviceplugin::testing

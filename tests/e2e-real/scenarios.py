@@ -179,11 +179,44 @@ class LocalBackend(Backend):
         first = got.get(pod["spec"]["containers"][0]["name"], [])
         return first if isinstance(first, list) else str(first).split(",")
 
+    def control_post(self, path):
+        req = urllib.request.Request("http://127.0.0.1:%d/%s" % (self.control, path), data=b"", method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                r.read()
+        except urllib.error.HTTPError as e:
+            raise StepFailed("POST /%s answered %d: %s" % (path, e.code, e.read().decode(errors="replace")))
+
     def restart_device_plugin(self):
-        req = urllib.request.Request("http://127.0.0.1:%d/restart/device-plugin/%s" % (self.control, self.node),
-                                     data=b"", method="POST")
-        with urllib.request.urlopen(req, timeout=60) as r:
-            r.read()
+        self.control_post("restart/device-plugin/" + self.node)
+
+    # The handover scenario's parts (see handover_no_drain).
+    @property
+    def sim_state(self):
+        return os.path.join(self.dir, "state", "nodes", self.node, "nvml.json")
+
+    def stop_dynmig_plugin(self):
+        self.control_post("stop/device-plugin/" + self.node)
+
+    def start_dynmig_plugin(self):
+        self.control_post("start/device-plugin/" + self.node)
+
+    def start_legacy_allocator(self):
+        self.control_post("start/nvidia-device-plugin/" + self.node)
+
+    def stop_legacy_allocator(self):
+        try:
+            self.control_post("stop/nvidia-device-plugin/" + self.node)
+        except StepFailed as e:
+            if "no NVIDIA device plugin stand-in runs" not in str(e):
+                raise
+
+    def container_ids(self, pod):
+        """The local kubelet stand-in writes no container IDs: its containers are never restarted either."""
+        return {cs["name"]: (cs.get("containerID"), cs.get("restartCount"), cs.get("state", {}).get("running", {})
+                             .get("startedAt")) for cs in pod["status"].get("containerStatuses", [])}
+
+    restart_kubelet = None  # the kubelet stand-in is not a process of its own
 
     def diagnostics(self):
         return "---- dynmig local (last lines) ----\n" + self.tail()
@@ -192,10 +225,89 @@ class LocalBackend(Backend):
 class RealBackend(Backend):
     name = "real"
 
-    def __init__(self, kubectl, kubeconfig, node, nvml_url, logs_cmd, extender_url):
+    def __init__(self, kubectl, kubeconfig, node, nvml_url, logs_cmd, extender_url, dynmig):
         self.kube = Kube(kubectl, kubeconfig)
         self.node, self.nvml_url, self.logs_cmd = node, nvml_url, logs_cmd
         self.extender_url = extender_url
+        self.dynmig = dynmig
+        self.standin = None
+        self.kubeconfig = kubeconfig
+
+    # The handover scenario's parts (see handover_no_drain): the simulator's state file on the host path the
+    # device plugin's DaemonSet mounts (tools/real-k8s/translate.py), NVIDIA's device-plugin stand-in as a host
+    # process on the kubelet's device-plugin directory, dynmig's DaemonSet moved off the node by a nodeSelector.
+    sim_state = "/var/lib/kubelet/device-plugins/dynmig/sim-nvml.json"
+    KUBELET_PLUGINS = "/var/lib/kubelet/device-plugins"
+    AWAY = "dynmig.io/e2e-handover-away"
+
+    def stop_dynmig_plugin(self):
+        patch = {"spec": {"template": {"spec": {"nodeSelector": {self.AWAY: "true"}}}}}
+        self.kube.run("-n", "dynmig-system", "patch", "daemonset", "dynmig-device-plugin", "--type=merge", "-p",
+                      json.dumps(patch))
+        wait_for("dynmig's device-plugin pod gone from the node", lambda: not self.kube.json(
+            "-n", "dynmig-system", "get", "pods", "-l", "app.kubernetes.io/component=device-plugin")["items"], 120)
+
+    def start_dynmig_plugin(self):
+        patch = {"spec": {"template": {"spec": {"nodeSelector": {self.AWAY: None}}}}}
+        self.kube.run("-n", "dynmig-system", "patch", "daemonset", "dynmig-device-plugin", "--type=merge", "-p",
+                      json.dumps(patch))
+
+        def ready():
+            return any(any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
+                       for p in self.plugin_pod())
+        wait_for("dynmig's device-plugin pod Ready again", ready, 120)
+        wait_for("the device plugin's /nvml answering", lambda: self.nvml(), 60)
+
+    def start_legacy_allocator(self):
+        self.standin_log = open("/tmp/dynmig-e2e-nvidia-standin.log", "w")
+        self.standin = subprocess.Popen(
+            [self.dynmig, "nvidia-plugin-standin", "--node", self.node, "--kubelet-dir", self.KUBELET_PLUGINS,
+             "--sim", "A100-SXM4-40GBx1", "--sim-state", self.sim_state], stdout=self.standin_log,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+        def advertised():
+            if self.standin.poll() is not None:
+                raise StepFailed("dynmig nvidia-plugin-standin exited %d: %s" % (
+                    self.standin.returncode, open("/tmp/dynmig-e2e-nvidia-standin.log").read()[-2000:]))
+            alloc = self.kube.json("get", "node", self.node)["status"].get("allocatable", {})
+            return [k for k, v in alloc.items() if k.startswith("nvidia.com/mig-") and v != "0"]
+        wait_for("the kubelet advertising NVIDIA's nvidia.com/mig-* resources", advertised, 60)
+
+    def stop_legacy_allocator(self):
+        if self.standin is None:
+            return
+        if self.standin.poll() is None:
+            self.standin.kill()  # as the DaemonSet's pod goes away: no goodbye to the kubelet
+            self.standin.wait(10)
+        self.standin = None
+        self.standin_log.close()
+
+    def container_ids(self, pod):
+        return {cs["name"]: (cs.get("containerID"), cs.get("restartCount"), cs.get("state", {}).get("running", {})
+                             .get("startedAt")) for cs in pod["status"].get("containerStatuses", [])}
+
+    KUBELET_LOG = "/var/lib/dynmig-real-k8s/logs/kubelet.log"
+
+    def restart_kubelet(self):
+        """Restarts the kubelet; returns its log lines of the restart that speak of devices or the legacy pods."""
+        try:
+            offset = os.path.getsize(self.KUBELET_LOG)
+        except OSError:
+            offset = 0
+        p = subprocess.run([sys.executable, os.path.join(REPO, "tools", "real-k8s", "cluster.py"), "restart-kubelet"],
+                           capture_output=True, text=True, timeout=240)
+        if p.returncode != 0:
+            raise StepFailed("cluster.py restart-kubelet exited %d: %s" % (p.returncode, (p.stdout + p.stderr)[-2000:]))
+        time.sleep(20)
+        try:
+            with open(self.KUBELET_LOG, errors="replace") as f:
+                f.seek(offset)
+                text = f.read()
+        except OSError:
+            return []
+        words = ("legacy-", "nvidia.com/mig", "devicemanager", "device_manager", "Admission", "admit", "checkpoint",
+                 "UnexpectedAdmissionError", "OutOf")
+        return [line[:400] for line in text.splitlines() if any(w in line for w in words)][:60]
 
     def start(self):
         wait_for("node %s registered by its device plugin" % self.node,
@@ -891,6 +1003,304 @@ def attack6_endpoints_expose_no_pod_names(s):
     else:
         log("    local mode: /layout and /nvml listen on loopback addresses only, where they are served")
 
+# --- handover without draining (issue 29) ---------------------------------------------------------------------------
+
+HELD = "dynmig.io/mig-held"
+HANDOVER_GEOMETRY = "1g.5gb=2,2g.10gb=1"  # MIG Manager's layout on the A100-SXM4-40GB: 1g at 0 and 6, 2g at 4
+LEGACY = {"legacy-1g-a": "1g.5gb", "legacy-1g-b": "1g.5gb", "legacy-2g": "2g.10gb"}
+
+
+def legacy_pod(s, name, profile, env=None, resources=True):
+    c = {"name": "workload", "image": s.image, "command": ["sh", "-c", "sleep 3600"]}
+    if resources:
+        c["resources"] = {"limits": {"nvidia.com/mig-" + profile: 1}}
+    if env:
+        c["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 2, "containers": [c]}}
+
+
+def dynmig_cli(s, *args, check=True):
+    p = subprocess.run([s.b.dynmig] + list(args), capture_output=True, text=True, timeout=120)
+    if check and p.returncode != 0:
+        raise StepFailed("dynmig %s exited %d: %s%s" % (" ".join(args), p.returncode, p.stdout[-2000:], p.stderr[-2000:]))
+    return p
+
+
+def nvml_items(view):
+    """Every GPU instance item of the device plugin's NVML view, by its first CI's MIG UUID."""
+    out = {}
+    for g in view.get("gpus", []):
+        for i in g.get("instances", []):
+            cis = i.get("computeInstances") or []
+            if cis:
+                out[cis[0]["migUUID"]] = dict(i, gpuUUID=g.get("uuid"))
+    return out
+
+
+def sim_uuids(s):
+    """Every MIG UUID on the node's simulated GPUs, read from the simulator's state as nvidia-smi would."""
+    out = json.loads(dynmig_cli(s, "nvml", "--state", s.b.sim_state, "instances", "--output", "json").stdout)
+    return {ci["migUUID"] for g in out.get("gpus", []) for gi in g.get("gpuInstances", [])
+            for ci in gi.get("computeInstances", [])}
+
+
+def plain_running(s, name, timeout=POD_TIMEOUT):
+    def check():
+        pod = s.k.pod(name)
+        if pod is None:
+            raise StepFailed("pod %s does not exist" % name)
+        phase = pod["status"].get("phase")
+        if phase in ("Failed", "Succeeded"):
+            raise StepFailed("pod %s is %s: %s" % (name, phase, json.dumps(pod["status"])[:1500]))
+        return pod if phase == "Running" else None
+    return wait_for("pod %s Running" % name, check, timeout)
+
+
+def node_mig_resources(s):
+    st = s.k.json("get", "node", s.b.node)["status"]
+    return {f: {k: v for k, v in st.get(f, {}).items() if k.startswith("nvidia.com/mig-")}
+            for f in ("capacity", "allocatable")}
+
+
+def expect_unrestarted(s, before):
+    for n, ids in before.items():
+        pod = s.k.pod(n)
+        if pod is None or pod["status"].get("phase") != "Running":
+            raise StepFailed("legacy pod %s is no longer Running: %s" % (
+                n, json.dumps(pod["status"])[:1500] if pod else "deleted"))
+        now = s.b.container_ids(pod)
+        if now != ids:
+            raise StepFailed("legacy pod %s was restarted: containers %s became %s" % (n, ids, now))
+        for name, (_, restarts, _) in now.items():
+            if restarts:
+                raise StepFailed("legacy pod %s container %s restartCount %s" % (n, name, restarts))
+
+
+def handover_no_drain(s):
+    b = s.b
+    extra = []  # what this scenario changed beyond pods: undone in `finally`
+    try:
+        handover_steps(s, extra)
+    finally:
+        log("    handover cleanup")
+        b.stop_legacy_allocator()
+        if "plugin-stopped" in extra:
+            b.start_dynmig_plugin()
+
+
+def handover_steps(s, extra):
+    b = s.b
+    s.step("dynmig's device plugin leaves the node")
+    b.stop_dynmig_plugin()
+    extra.append("plugin-stopped")
+    s.step("the fixed geometry %s, laid out as MIG Manager does, on the simulator's state" % HANDOVER_GEOMETRY)
+    print(dynmig_cli(s, "nvml", "--state", b.sim_state, "apply-geometry", "--geometry", HANDOVER_GEOMETRY).stdout,
+          end="", flush=True)
+    s.step("NVIDIA's device plugin (stand-in, mixed strategy) serves the node")
+    b.start_legacy_allocator()
+    s.step("legacy pods requesting nvidia.com/mig-<profile> run (default scheduler)")
+    for n, profile in LEGACY.items():
+        s.create(legacy_pod(s, n, profile))
+    before, got = {}, {}
+    for n, profile in LEGACY.items():
+        pod = plain_running(s, n)
+        before[n] = b.container_ids(pod)
+        seen = wait_for("the container of %s to see its MIG device" % n, lambda: b.visible_devices(pod), 30)
+        if len(seen) != 1 or not seen[0].startswith("MIG-"):
+            raise StepFailed("legacy pod %s sees NVIDIA_VISIBLE_DEVICES %s, expected one MIG UUID" % (n, seen))
+        got[n] = seen[0]
+        log("    %s: %s, containers %s" % (n, got[n], before[n]))
+    if len(set(got.values())) != len(got):
+        raise StepFailed("two legacy pods got the same instance: %s" % got)
+    resources_serving = node_mig_resources(s)
+    log("    node resources while NVIDIA's plugin serves: %s" % resources_serving)
+
+    s.step("NVIDIA's device plugin leaves the node; dynmig's comes back")
+    b.stop_legacy_allocator()
+    wait_for("the kubelet to drop NVIDIA's nvidia.com/mig-* allocatable to 0",
+             lambda: all(v == "0" for v in node_mig_resources(s)["allocatable"].values()), 60)
+    resources_gone = node_mig_resources(s)
+    log("    node resources once it stopped: %s" % resources_gone)
+    b.start_dynmig_plugin()
+    extra.remove("plugin-stopped")
+
+    s.step("the legacy pods still run, not restarted; dynmig proves each instance's holder")
+    expect_unrestarted(s, before)
+    expect_held(s, got)
+    s.step("dynmig handover check passes")
+    handover_check(s, expect_ok=True)
+
+    s.step("a dynamic pod runs beside them, in the free slices")
+    s.create(s.mig_pod("dyn-1g", 4000))
+    pod, allocs = s.running("dyn-1g")
+    s.expect_realized("dyn-1g", pod, allocs)
+    items = nvml_items(b.nvml())
+    legacy_items = [items[u] for u in got.values()]
+    for li in legacy_items:
+        if overlap(allocs[0], li):
+            raise StepFailed("dyn-1g's instance %s overlaps legacy instance %s" % (allocs[0]["placement"],
+                                                                                   li["placement"]))
+
+    s.step("deleting one legacy pod frees exactly its instance")
+    s.delete("legacy-1g-a")
+    s.gone("legacy-1g-a")
+    s.reclaimed([got["legacy-1g-a"]])
+    live = s.instances()
+    for n in ("legacy-1g-b", "legacy-2g"):
+        if got[n] not in live:
+            raise StepFailed("legacy pod %s's instance %s was destroyed" % (n, got[n]))
+    if allocs[0]["migUUID"] not in live:
+        raise StepFailed("dyn-1g's instance was destroyed")
+    expect_unrestarted(s, {n: before[n] for n in ("legacy-1g-b", "legacy-2g")})
+
+    unprovable(s, allocs[0], got)
+
+    if b.restart_kubelet:
+        kubelet_restart(s, before, got)
+
+    s.step("the remaining legacy pods end: their instances are reclaimed")
+    s.delete("legacy-1g-b", "legacy-2g", "dyn-1g")
+    s.gone("legacy-1g-b", "legacy-2g", "dyn-1g")
+    s.reclaimed([got["legacy-1g-b"], got["legacy-2g"], allocs[0]["migUUID"]])
+    s.no_warnings("legacy-1g-b", "legacy-2g", "dyn-1g")
+
+
+def expect_held(s, got, timeout=60):
+    def check():
+        items = nvml_items(s.b.nvml())
+        problems = []
+        for n, uuid in got.items():
+            i = items.get(uuid)
+            if i is None:
+                problems.append("%s's instance %s is not in /nvml" % (n, uuid))
+            elif not i.get("managed") or i.get("origin") != "legacy":
+                problems.append("%s's instance %s: managed %s origin %s unproven %s" % (
+                    n, uuid, i.get("managed"), i.get("origin"), i.get("unproven")))
+            elif not any(h.get("name") == n for h in i.get("holders", [])):
+                problems.append("%s's instance %s: holders %s" % (n, uuid, i.get("holders")))
+        node = s.k.json("get", "node", s.b.node)
+        held = json.loads(node["metadata"].get("annotations", {}).get(HELD) or "[]")
+        for n, uuid in got.items():
+            i = items.get(uuid)
+            if i and not any(h["gpuUUID"] == i["gpuUUID"] and h["placement"] == i["placement"] and n in h["reason"]
+                             for h in held):
+                problems.append("%s's instance is not in %s: %s" % (n, HELD, held))
+        if problems:
+            raise RuntimeError("; ".join(problems))
+        return items
+    items = wait_for("every legacy instance managed, origin legacy, held by its pod, in %s" % HELD, check, timeout)
+    for n, uuid in got.items():
+        log("    %s: %s holders %s" % (n, uuid, [(h["name"], h["container"], h["resource"], h["source"])
+                                            for h in items[uuid]["holders"]]))
+
+
+def handover_check(s, expect_ok, expect_fail=()):
+    args = ["handover", "check", "--node", s.b.node, "--kubeconfig", s.k.kubeconfig,
+            "--nvml-endpoint", s.b.nvml_url]
+    p = dynmig_cli(s, *args, check=False)
+    out = p.stdout + p.stderr
+    log("    dynmig handover check: exit %d\n%s" % (p.returncode, "\n".join("      " + l for l in out.splitlines())))
+    if expect_ok and p.returncode != 0:
+        raise StepFailed("dynmig handover check failed (exit %d):\n%s" % (p.returncode, out))
+    if not expect_ok:
+        if p.returncode == 0:
+            raise StepFailed("dynmig handover check passed, expected it to FAIL on %s" % (expect_fail,))
+        for word in expect_fail:
+            if word not in out:
+                raise StepFailed("dynmig handover check does not say %r:\n%s" % (word, out))
+    return out
+
+
+def unprovable(s, dyn_alloc, got):
+    """An instance made by hand while a container's devices cannot be read (its NVIDIA_VISIBLE_DEVICES names a
+    path, the volume-mounts strategy): no holder can be proven or ruled out, so it is unproven, kept, and never
+    destroyed, also across a device-plugin restart."""
+    b = s.b
+    s.step("a pod whose NVIDIA_VISIBLE_DEVICES names a path (devices unreadable) runs")
+    s.create(legacy_pod(s, "opaque-env", "", env={"NVIDIA_VISIBLE_DEVICES": "/var/run/nvidia-container-devices"},
+                        resources=False))
+    plain_running(s, "opaque-env")
+    s.step("an instance made by hand in a free slot")
+    items = nvml_items(b.nvml())
+    used = [(i["placement"]["start"], i["placement"]["size"]) for i in items.values()]
+    free = [u for u in range(7) if not any(st <= u < st + sz for st, sz in used)]
+    if not free:
+        raise StepFailed("no free slice for the hand-made instance: %s" % used)
+    made = dynmig_cli(s, "nvml", "--state", b.sim_state, "create", "--gpu", "0", "--profile", "1g.5gb",
+                      "--placement", str(free[0]), "--output", "json").stdout
+    uuid = re.search(r"MIG-[0-9a-f-]+", made)
+    if not uuid:
+        raise StepFailed("dynmig nvml create printed no MIG UUID: %s" % made)
+    uuid = uuid.group(0)
+
+    def unproven():
+        # Destroyed is what NVML says (the simulator's state), not the view: a restarting plugin's view may lag.
+        if uuid not in sim_uuids(s):
+            raise StepFailed("the hand-made instance %s was destroyed" % uuid)
+        i = nvml_items(b.nvml()).get(uuid)
+        if i is None:
+            return None  # the view is not refreshed yet
+        return i.get("unproven")
+    reason = wait_for("the hand-made instance reported unproven", unproven, 60)
+    log("    unproven: %s" % reason)
+    if "opaque-env" not in reason:
+        raise StepFailed("the unproven reason does not name the pod whose devices cannot be read: %s" % reason)
+    inst = nvml_items(b.nvml())[uuid]
+
+    def published():
+        node = s.k.json("get", "node", b.node)
+        held = json.loads(node["metadata"].get("annotations", {}).get(HELD) or "[]")
+        return [h for h in held if h["gpuUUID"] == inst["gpuUUID"] and h["placement"] == inst["placement"]
+                and h["reason"].startswith("unproven")]
+    log("    %s: %s" % (HELD, wait_for("the unproven instance published in " + HELD, published, 60)))
+    # Exactly the proof blocks the handover: the instance is published, nothing else is in the way.
+    out = handover_check(s, expect_ok=False, expect_fail=("unproven",))
+    for line in out.splitlines():
+        if ("handover-overlap" in line or "handover-allocator" in line) and "PASS" not in line:
+            raise StepFailed("dynmig handover check: only handover-proof should FAIL: %s" % line)
+    s.step("a device-plugin restart keeps it, still unproven")
+    b.restart_device_plugin()
+    time.sleep(5)  # a few reconciles
+    wait_for("the hand-made instance unproven after the restart", unproven, 60)
+    if uuid not in sim_uuids(s):
+        raise StepFailed("the hand-made instance %s was destroyed across the restart" % uuid)
+    s.step("the pod ends: the instance is free and cleaned like any free one")
+    s.delete("opaque-env")
+    s.gone("opaque-env")
+    wait_for("the hand-made instance no longer unproven", lambda: not unproven(), 60)
+
+
+def kubelet_restart(s, before, got):
+    """What the kubelet does with running pods of a resource whose plugin is gone when it restarts (within the
+    endpoint's grace period: capacity still listed, allocatable 0). Logged in full for docs/operations.md."""
+    s.step("restart the kubelet while legacy pods run and their plugin is gone")
+    names = ("legacy-1g-b", "legacy-2g")
+    res_before = node_mig_resources(s)
+    t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    kubelet_lines = s.b.restart_kubelet()
+    phases = []
+    deadline = time.monotonic() + 30  # the pod workers sync every pod again after the restart
+    while time.monotonic() < deadline:
+        phases.append(tuple((n, (s.k.pod(n) or {}).get("status", {}).get("phase")) for n in names))
+        time.sleep(2)
+    res_after = node_mig_resources(s)
+    for n in names:
+        pod = s.k.pod(n)
+        events = [e for e in s.k.events(n) if (e.get("lastTimestamp") or e.get("eventTime") or "") >= t0]
+        log("    kubelet restart, pod %s: phase %s, containers %s -> %s, conditions %s" % (
+            n, pod["status"].get("phase") if pod else None, before[n], s.b.container_ids(pod) if pod else None,
+            [(c["type"], c["status"]) for c in pod["status"].get("conditions", [])] if pod else None))
+        log("    events of %s since the restart: %s" % (n, [(e.get("type"), e.get("reason"), e.get("message"))
+                                                         for e in events]))
+    log("    phases every 2 s for 30 s after the restart: %s" % sorted(set(phases)))
+    log("    node nvidia.com/mig-* before the restart %s, after %s" % (res_before, res_after))
+    for line in kubelet_lines:
+        log("    kubelet: %s" % line)
+    expect_unrestarted(s, {x: before[x] for x in names})
+    expect_held(s, {x: got[x] for x in names})
+
+
 
 SCENARIOS = [
     ("scenario 1: create and delete one 1g pod", scenario1_create_and_delete_one_1g),
@@ -912,6 +1322,8 @@ SCENARIOS = [
     ("attack 4: a routing annotation cannot be removed to block a node", attack4_routing_annotation_removed),
     ("attack 5: a recreated pod keeps no node lock", attack5_recreated_pod_keeps_no_lock),
     ("attack 6: endpoints show no tenant's pod names to other pods", attack6_endpoints_expose_no_pod_names),
+    # Last: it moves dynmig's device plugin off the node for a while and restores it.
+    ("handover: legacy pods kept without draining (handover_no_drain)", handover_no_drain),
 ]
 
 
@@ -925,7 +1337,7 @@ def main():
     ap.add_argument("--extender-url", default="https://127.0.0.1:18443",
                     help="real: the dynmig extender as kube-scheduler reaches it")
     ap.add_argument("--logs-cmd", default="", help="real: a command whose stderr shows the cluster's logs")
-    ap.add_argument("--dynmig", default=os.path.join(REPO, "build", "bin", "dynmig"), help="local: the binary")
+    ap.add_argument("--dynmig", default=os.path.join(REPO, "build", "bin", "dynmig"), help="the binary (local: the local mode; both: the nvml CLI and the handover commands)")
     ap.add_argument("--image", default="localhost/busybox:local", help="the image the pods run")
     ap.add_argument("--only", default="", help="run the scenarios whose title contains this text")
     a = ap.parse_args()
@@ -936,7 +1348,7 @@ def main():
         if not a.kubeconfig:
             print("scenarios: --backend real needs --kubeconfig", file=sys.stderr)
             return 2
-        backend = RealBackend(a.kubectl, a.kubeconfig, a.node, a.nvml_url, a.logs_cmd, a.extender_url)
+        backend = RealBackend(a.kubectl, a.kubeconfig, a.node, a.nvml_url, a.logs_cmd, a.extender_url, a.dynmig)
     else:
         backend = LocalBackend(a.dynmig, a.kubectl)
     passed, failed = [], []

@@ -51,6 +51,34 @@ TEST(ChaosTest, SixtySecondSeedKeepsEveryInvariant) {
   EXPECT_FALSE(std::filesystem::exists(o.state_dir));
 }
 
+// Handover (issue 29): legacy pods run on the first node under NVIDIA's stand-in, dynmig takes
+// the node over, then the usual faults plus restarts of that node's kubelet stand-in and device
+// plugin: no running legacy pod loses its instance, no reservation overlaps one, and at the end
+// every legacy instance is reclaimed with its pod.
+TEST(ChaosTest, HandoverSeedKeepsEveryInvariant) {
+  spdlog::set_level(spdlog::level::off);
+  ChaosOptions o;
+  o.seed = 11;
+  o.handover = true;
+  o.duration = absl::Seconds(40);
+  o.step = absl::Milliseconds(150);
+  o.max_pods = 10;
+  o.quiesce_timeout = absl::Seconds(90);
+  o.state_dir = (std::filesystem::temp_directory_path() /
+                 ("dynmig-chaos-handover-" + std::to_string(::getpid())))
+                    .string();
+  o.log = [](const std::string& line) { std::cerr << line << "\n"; };
+  auto report = RunChaos(o, RealClock());
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->ok()) << report->Summary();
+  std::cerr << report->Summary();
+  EXPECT_EQ(report->actions["legacy pods"], 6) << "2 GPUs of 1g.5gb=2,2g.10gb=1";
+  EXPECT_GT(report->Total("restart kubelet"), 0) << report->Summary();
+  EXPECT_GT(report->Total("restart device-plugin"), 0) << report->Summary();
+  EXPECT_GT(report->checks, 50) << report->Summary();
+  EXPECT_FALSE(std::filesystem::exists(o.state_dir));
+}
+
 TEST(ChaosTest, BadFlagsAreNamed) {
   std::ostringstream out, err;
   EXPECT_EQ(cli::RunCli({"chaos", "--duration", "soon"}, out, err), cli::kExitBadInput);

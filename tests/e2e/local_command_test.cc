@@ -207,5 +207,80 @@ TEST(LocalCommandTest, BadFlagsExit2AndNameTheFlag) {
   EXPECT_NE(out3.find("bad port '99999' in --control"), std::string::npos) << out3;
 }
 
+// A handover's legacy world from the flags: the geometry laid out, NVIDIA's stand-in serving,
+// dynmig's plugin held back until the control endpoint starts it; the stand-in stops through it
+// too.
+TEST(LocalCommandTest, LegacyWorldFlagsAndEndpoints) {
+  const std::string bin = DYNMIG_BIN;
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("dynmig-local-legacy-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  LocalProcess p({bin, "local", "--listen", "127.0.0.1:0", "--control", "127.0.0.1:0",
+                  "--nvml-port", std::to_string(FreePort()), "--state-dir", dir.string(), "--nodes",
+                  "node-a=A100-SXM4-40GBx1", "--legacy-geometry", "node-a=1g.5gb=2,2g.10gb=1",
+                  "--nvidia-standin", "node-a", "--device-plugin-stopped", "node-a"});
+  ASSERT_TRUE(p.ReadUntil("Events follow", absl::Seconds(60))) << p.output();
+  EXPECT_NE(p.output().find("GPU 0 geometry 1g.5gb=2,2g.10gb=1 applied"), std::string::npos)
+      << p.output();
+  EXPECT_NE(p.output().find("node-a/nvidia-device-plugin: serving 2 profile(s)"), std::string::npos)
+      << p.output();
+  EXPECT_EQ(p.output().find("node-a/device-plugin: serving"), std::string::npos)
+      << "dynmig's plugin is held back: " << p.output();
+  std::smatch m;
+  const std::string out = p.output();
+  ASSERT_TRUE(std::regex_search(
+      out, m, std::regex(R"(curl -d '' (http://\S+)/restart/device-plugin/node-a)")))
+      << out;
+  const std::string control = m[1];
+  auto code = [&](const std::string& path) {
+    return Shell(fmt::format("curl -s -o /dev/null -w '%{{http_code}}' -d '' {}/{}", control, path))
+        .second;
+  };
+  EXPECT_EQ(code("stop/nvidia-device-plugin/node-a"), "200");
+  EXPECT_TRUE(p.ReadUntil("node-a/nvidia-device-plugin: stopped", absl::Seconds(10))) << p.output();
+  EXPECT_EQ(code("stop/nvidia-device-plugin/node-a"), "404") << "none runs any more";
+  EXPECT_EQ(code("stop/nvidia-device-plugin/nope"), "404");
+  // Started again on the instances there now (dynmig's plugin, not running yet, cleaned none).
+  EXPECT_EQ(code("start/nvidia-device-plugin/node-a"), "200");
+  EXPECT_TRUE(p.ReadUntil("node-a/nvidia-device-plugin: serving 2 profile(s)\n", absl::Seconds(10)))
+      << p.output();
+  EXPECT_EQ(code("stop/nvidia-device-plugin/node-a"), "200");
+  EXPECT_EQ(code("start/device-plugin/node-a"), "200");
+  EXPECT_TRUE(p.ReadUntil("node-a/device-plugin: serving", absl::Seconds(30))) << p.output();
+  EXPECT_EQ(p.Interrupt(absl::Seconds(20)), 0) << p.output();
+  std::filesystem::remove_all(dir);
+}
+
+TEST(LocalCommandTest, BadLegacyWorldFlagsExit2AndNameTheFlag) {
+  const std::string bin = DYNMIG_BIN;
+  const std::string nodes = " local --nodes node-a=A100-SXM4-40GBx1 ";
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--legacy-geometry node-a", "--legacy-geometry 'node-a': expected NODE=GEOMETRY"},
+           {"--legacy-geometry =1g.5gb=1", "expected NODE=GEOMETRY"},
+           {"--legacy-geometry node-z=1g.5gb=1", "--legacy-geometry: no node 'node-z' in --nodes"},
+           {"--legacy-geometry node-a=1g.5gb=1 --legacy-geometry node-a=1g.5gb=2",
+            "--legacy-geometry: node 'node-a' given twice"},
+           {"--legacy-geometry node-a=1g.5gb=banana", "--legacy-geometry node-a:"},
+           {"--nvidia-standin node-z", "--nvidia-standin: no node 'node-z' in --nodes"},
+           {"--device-plugin-stopped node-a --device-plugin-stopped node-a",
+            "--device-plugin-stopped: node 'node-a' given twice"},
+       }) {
+    auto [rc, out] = Shell(bin + nodes + args);
+    EXPECT_EQ(WEXITSTATUS(rc), 2) << args << ": " << out;
+    EXPECT_NE(out.find(says), std::string::npos) << args << ": " << out;
+  }
+}
+
+TEST(LocalCommandTest, DevicePluginSelfPodMustBeNamespaceSlashName) {
+  const std::string bin = DYNMIG_BIN;
+  for (const std::string& bad :
+       std::vector<std::string>{"nope", "/p", "ns/", "a/b/c", std::string(400, 'x') + "/p"}) {
+    auto [rc, out] = Shell(bin + " device-plugin --self-pod '" + bad + "'");
+    EXPECT_NE(WEXITSTATUS(rc), 0) << bad << ": " << out;
+    EXPECT_NE(out.find("--self-pod: expected NAMESPACE/NAME"), std::string::npos)
+        << bad << ": " << out;
+  }
+}
+
 }  // namespace
 }  // namespace dynmig::e2e

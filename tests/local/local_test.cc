@@ -6,8 +6,9 @@
 #include <set>
 #include <thread>
 
-#include "common/mutex.h"
 #include "common/clock.h"
+#include "common/mutex.h"
+#include "fmt/format.h"
 #include "kube/in_memory_api_server.h"
 #include "kube/rest_kube_client.h"
 #include "local/local_cluster.h"
@@ -552,6 +553,121 @@ TEST_F(LocalTest, NodeAgentDoesNotStartAContainerWhosePreStartFails) {
     EXPECT_EQ(attached.size(), 1u);
   }
   agent.Stop();
+}
+
+// The kubelet allocates every resource a registered plugin serves: dynmig's, and NVIDIA's
+// nvidia.com/mig-<profile> (a handover's legacy pods).
+class MultiAllocator : public DeviceAllocator {
+ public:
+  std::string ResourceName() override { return "nvidia.com/gpu"; }
+  std::vector<std::string> ResourceNames() override {
+    return {"nvidia.com/gpu", "nvidia.com/mig-1g.5gb"};
+  }
+  std::vector<std::string> DeviceIds() override { return {"GPU-0::0"}; }
+  std::vector<std::string> ResourceDeviceIds(const std::string& resource) override {
+    if (resource == "nvidia.com/mig-1g.5gb") return {"MIG-legacy-a", "MIG-legacy-b"};
+    return DeviceIds();
+  }
+  absl::StatusOr<ContainerAllocation> Allocate(const std::string& pod, const std::string& c,
+                                               const std::vector<std::string>& ids) override {
+    return AllocateResource(pod, c, ids, "nvidia.com/gpu");
+  }
+  absl::StatusOr<ContainerAllocation> AllocateResource(const std::string& pod, const std::string&,
+                                                       const std::vector<std::string>& ids,
+                                                       const std::string& resource) override {
+    dynmig::MutexLock lock(&mu);
+    calls.push_back(pod + " " + resource + " " + fmt::format("{}", fmt::join(ids, ",")));
+    ContainerAllocation a;
+    a.envs["NVIDIA_VISIBLE_DEVICES"] =
+        resource == "nvidia.com/gpu" ? "MIG-dynmig" : fmt::format("{}", fmt::join(ids, ","));
+    return a;
+  }
+  void ContainerEnv(const std::string& pod, const std::string& container,
+                    const std::map<std::string, std::string>& env) override {
+    dynmig::MutexLock lock(&mu);
+    envs[pod + "/" + container] = env;
+  }
+  dynmig::Mutex mu;
+  std::vector<std::string> calls ABSL_GUARDED_BY(mu);
+  std::map<std::string, std::map<std::string, std::string>> envs ABSL_GUARDED_BY(mu);
+};
+
+json MigPod(const std::string& name, const std::string& resource) {
+  return {
+      {"apiVersion", "v1"},
+      {"kind", "Pod"},
+      {"metadata", {{"name", name}, {"namespace", "default"}}},
+      {"spec",
+       {{"nodeName", "node-a"},
+        {"containers",
+         json::array(
+             {{{"name", "main"},
+               {"image", "busybox"},
+               {"command", json::array({"sleep", "3600"})},
+               {"env", json::array({{{"name", "NVIDIA_VISIBLE_DEVICES"},
+                                     {"value", "/var/run/nvidia-container-devices"}},
+                                    {{"name", "FROM_API"}, {"valueFrom", {{"fieldRef", "x"}}}}})},
+               {"resources", {{"limits", {{resource, 1}}}}}}})}}}};
+}
+
+TEST_F(LocalTest, NodeAgentAllocatesEveryRegisteredResource) {
+  MultiAllocator alloc;
+  NodeAgentOptions opts;
+  opts.node = "node-a";
+  NodeAgent agent(*client_, alloc, RealClock(), opts);
+  agent.Start();
+  ASSERT_TRUE(client_->CreatePod(MigPod("legacy", "nvidia.com/mig-1g.5gb")).ok());
+  // A profile no registered plugin serves: the pod waits, as for dynmig's own resource.
+  ASSERT_TRUE(client_->CreatePod(MigPod("unserved", "nvidia.com/mig-7g.40gb")).ok());
+  ASSERT_TRUE(WaitUntil([&] {
+    auto p = client_->GetPod("default", "legacy");
+    return p.ok() && kube::Phase(*p) == "Running";
+  }));
+  auto p = client_->GetPod("default", "legacy");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(json::parse(kube::Annotation(*p, kVisibleDevicesAnnotation).value_or("{}")),
+            json({{"main", "MIG-legacy-a"}}));
+  {
+    dynmig::MutexLock lock(&alloc.mu);
+    EXPECT_EQ(alloc.calls,
+              std::vector<std::string>({"default/legacy nvidia.com/mig-1g.5gb MIG-legacy-a"}));
+    // The runtime sees the literal env of the spec (valueFrom is not resolved).
+    EXPECT_EQ(alloc.envs["default/legacy/main"],
+              (std::map<std::string, std::string>{
+                  {"NVIDIA_VISIBLE_DEVICES", "/var/run/nvidia-container-devices"}}));
+  }
+  auto u = client_->GetPod("default", "unserved");
+  ASSERT_TRUE(u.ok());
+  EXPECT_NE(kube::Phase(*u), "Running");
+  EXPECT_NE(kube::Phase(*u), "Failed");
+  agent.Stop();
+}
+
+TEST(SpecEnvTest, LiteralValuesOnlyAndBounded) {
+  json env = json::array();
+  for (int i = 0; i < 100; ++i) env.push_back({{"name", fmt::format("V{:03}", i)}, {"value", "x"}});
+  env.push_back({{"name", "LONG"}, {"value", std::string(5000, 'a')}});
+  json c = {{"env", env}};
+  EXPECT_EQ(SpecEnv(c).size(), kMaxSpecEnv);
+  json hostile = {{"env", json::array({1,
+                                       "x",
+                                       {{"name", 5}, {"value", "v"}},
+                                       {{"name", std::string(300, 'n')}, {"value", "v"}},
+                                       {{"name", "LONG"}, {"value", std::string(5000, 'a')}},
+                                       {{"name", "OK"}, {"value", "1"}}})}};
+  EXPECT_EQ(SpecEnv(hostile), (std::map<std::string, std::string>{{"OK", "1"}}));
+  EXPECT_TRUE(SpecEnv(json{{"env", "not a list"}}).empty());
+}
+
+TEST(MigResourcesTest, OnlyNvidiaMigRequestsAboveZeroAndBounded) {
+  json limits = {
+      {"nvidia.com/gpu", 1}, {"nvidia.com/mig-1g.5gb", 1}, {"nvidia.com/mig-2g.10gb", 0}};
+  EXPECT_EQ(MigResources(json{{"resources", {{"limits", limits}}}}),
+            std::vector<std::string>({"nvidia.com/mig-1g.5gb"}));
+  json many = json::object();
+  for (int i = 0; i < 100; ++i) many[fmt::format("nvidia.com/mig-{}g.x", i)] = 1;
+  EXPECT_EQ(MigResources(json{{"resources", {{"requests", many}}}}).size(), 16u);
+  EXPECT_TRUE(MigResources(json{{"resources", "x"}}).empty());
 }
 
 TEST(SleepSecondsTest, FindsTheSleepInCommandAndArgs) {

@@ -7,6 +7,7 @@
                        kube-scheduler with the dynmig extender, the device plugin on simulated GPUs
   cluster.py down      stops exactly what `up`/`deploy` started (PID files), wipes the state
   cluster.py logs      prints the tail of every component log
+  cluster.py restart-kubelet   stops the kubelet and starts it again (the pods keep running in containerd)
 
 Every wait is bounded and names what it waited for. Binaries come from build-k8s.sh's cache.
 Ports (none collides with `dynmig local`): etcd 22379/22380, apiserver 16443, controller-manager 20257,
@@ -395,6 +396,33 @@ authorization:
     return cfg
 
 
+def start_kubelet(sock):
+    """The kubelet on containerd's socket SOCK, until node NODE is Ready."""
+    start("kubelet", [
+        os.path.join(BIN, "kubelet"), "--config", kubelet_config(), "--kubeconfig", os.path.join(STATE, "kubelet.kubeconfig"),
+        "--container-runtime", "remote", "--container-runtime-endpoint", "unix://" + sock,
+        "--runtime-request-timeout", "2m", "--hostname-override", NODE, "--cloud-provider=",
+        "--pod-infra-container-image", PAUSE_IMAGE, "--root-dir", KUBELET_DIR,
+        "--cert-dir", os.path.join(STATE, "kubelet-pki"), "--v=1"],
+        env={"AWS_EC2_METADATA_DISABLED": "true"})
+
+    def node_ready():
+        check_alive("kubelet")
+        node = json.loads(api_get("/api/v1/nodes/" + NODE))
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions", []))
+    wait_for("node %s Ready" % NODE, node_ready, 120, interval=1, logs=["kubelet", "containerd"])
+
+
+def cmd_restart_kubelet(args):
+    """Stops the kubelet (SIGTERM, as systemd does) and starts it again: the pods' containers keep running in
+    containerd meanwhile (tests/e2e-real/scenarios.py handover_no_drain watches what the kubelet does)."""
+    if not running("kubelet"):
+        raise Failure("the kubelet is not running")
+    stop("kubelet")
+    start_kubelet(os.path.join(RUN, "containerd.sock"))
+    log("kubelet restarted")
+
+
 def cmd_up(args):
     for b in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"):
         if not os.access(os.path.join(BIN, b), os.X_OK):
@@ -481,19 +509,7 @@ def cmd_up(args):
              30, logs=["containerd"])
     import_images(images)
 
-    start("kubelet", [
-        os.path.join(BIN, "kubelet"), "--config", kubelet_config(), "--kubeconfig", os.path.join(STATE, "kubelet.kubeconfig"),
-        "--container-runtime", "remote", "--container-runtime-endpoint", "unix://" + sock,
-        "--runtime-request-timeout", "2m", "--hostname-override", NODE, "--cloud-provider=",
-        "--pod-infra-container-image", PAUSE_IMAGE, "--root-dir", KUBELET_DIR,
-        "--cert-dir", os.path.join(STATE, "kubelet-pki"), "--v=1"],
-        env={"AWS_EC2_METADATA_DISABLED": "true"})
-
-    def node_ready():
-        check_alive("kubelet")
-        node = json.loads(api_get("/api/v1/nodes/" + NODE))
-        return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions", []))
-    wait_for("node %s Ready" % NODE, node_ready, 120, interval=1, logs=["kubelet", "containerd"])
+    start_kubelet(sock)
     wait_for("ServiceAccount default/default", lambda: api_get("/api/v1/namespaces/default/serviceaccounts/default"),
              60, logs=["kube-controller-manager"])
     for name in ("kube-controller-manager", "kube-scheduler"):
@@ -697,6 +713,7 @@ def main():
     sub.add_parser("deploy")
     d = sub.add_parser("down")
     d.add_argument("--keep-state", action="store_true", help="keep logs and state (for a post-mortem)")
+    sub.add_parser("restart-kubelet")
     lg = sub.add_parser("logs")
     lg.add_argument("--lines", type=int, default=40)
     args = ap.parse_args()
@@ -704,7 +721,8 @@ def main():
         print("cluster.py: must run as root (containerd, kubelet)", file=sys.stderr)
         return 2
     try:
-        {"up": cmd_up, "deploy": cmd_deploy, "down": cmd_down, "logs": cmd_logs}[args.cmd](args)
+        {"up": cmd_up, "deploy": cmd_deploy, "down": cmd_down, "logs": cmd_logs,
+         "restart-kubelet": cmd_restart_kubelet}[args.cmd](args)
     except Failure as e:
         log("FAILED: %s" % e)
         return 1

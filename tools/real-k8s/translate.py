@@ -57,7 +57,8 @@ def _with_warm(text, warm):
     return out
 
 
-def translate(rendered, api_host, api_port, sched_port, dp_port, sim, sim_latency="", warm=""):
+def translate(rendered, api_host, api_port, sched_port, dp_port, sim, sim_latency="", warm="",
+              cri_dir="/run/dynmig-real-k8s"):
     """rendered: deploy/base's objects (render.py), or their YAML stream. Returns (objects to apply, the
     KubeSchedulerConfiguration text of deploy/scheduler). sim_latency: the device plugin's --sim-latency (empty:
     none given); warm: "TTL,MAX_PER_GPU" turns warm instances on in device-config.yaml (empty: as deploy/ has it)."""
@@ -101,6 +102,10 @@ def translate(rendered, api_host, api_port, sched_port, dp_port, sim, sim_latenc
             c["args"] += ["--sim", sim, "--sim-state", "/var/lib/kubelet/device-plugins/dynmig/sim-nvml.json"]
             if sim_latency:
                 c["args"] += ["--sim-latency", sim_latency]
+            # The harness's containerd listens in its own run directory, as containerd.sock.
+            for v in spec["volumes"]:
+                if v["name"] == "containerd":
+                    v["hostPath"]["path"] = cri_dir
             c["ports"] = [{"name": "metrics", "containerPort": dp_port, "protocol": "TCP"}]
             _host_network(spec, api_host, api_port)
         elif kind == "Job" and name == "dynmig-certgen":
