@@ -21,7 +21,8 @@ absl::Duration SystemClock::Monotonic() const {
 
 void SystemClock::SleepFor(absl::Duration d) const { absl::SleepFor(d); }
 
-bool SystemClock::WaitUntil(dynmig::CondVar& cv, dynmig::Mutex& mu, absl::Duration monotonic_deadline,
+bool SystemClock::WaitUntil(dynmig::CondVar& cv, dynmig::Mutex& mu,
+                            absl::Duration monotonic_deadline,
                             absl::FunctionRef<bool()> done) const {
   while (!done()) {
     if (monotonic_deadline == absl::InfiniteDuration()) {

@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "deviceplugin/v1beta1/api.pb.h"
 
 namespace dynmig::deviceplugin {

@@ -15,9 +15,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "deviceplugin/metrics.h"
 #include "deviceplugin/plugin_core.h"
 #include "protocol/annotations.h"

@@ -20,8 +20,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "common/mutex.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "deviceplugin/metrics.h"
 #include "deviceplugin/state_store.h"
 #include "kube/kube_client.h"

@@ -213,7 +213,7 @@ void TestRuntime::AddEnvs(const std::string& pod, const std::string& uid,
 }
 
 std::optional<TestRuntimeContainer> TestRuntime::Find(const std::string& pod,
-                                                  const std::string& container) const {
+                                                      const std::string& container) const {
   dynmig::MutexLock lock(&mu_);
   for (auto it = table_.rbegin(); it != table_.rend(); ++it) {
     if (PodKey(*it) == pod && it->name == container && it->state != TestRuntimeState::kExited)

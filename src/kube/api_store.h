@@ -23,9 +23,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "kube/kube_client.h"
 #include "kube/object.h"
 #include "kube/selector.h"

@@ -28,9 +28,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "kube/admission.h"
 #include "kube/api_store.h"
 #include "kube/audit.h"

@@ -15,8 +15,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "common/mutex.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "kube/kube_client.h"
 #include "kube/rest_config.h"
 

@@ -32,8 +32,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "common/mutex.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 #include "mig/allowlist.h"
 #include "mig/node_planner.h"
 #include "nlohmann/json.hpp"

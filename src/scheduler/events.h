@@ -12,9 +12,9 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
-#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "kube/kube_client.h"
 
 namespace dynmig::scheduler {

@@ -39,10 +39,10 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "common/bounded_json.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "kube/informer.h"
 #include "kube/kube_client.h"
 #include "protocol/annotations.h"

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "common/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 #include "kube/in_memory_api_server.h"
 #include "kube/kube_client.h"
 #include "kube/rest_kube_client.h"

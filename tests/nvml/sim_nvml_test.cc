@@ -14,8 +14,8 @@
 #include <set>
 #include <thread>
 
-#include "common/mutex.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "nvml_test_util.h"
 
 namespace dynmig::nvml {

@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "common/mutex.h"
 #include "cli/cli_test_util.h"
+#include "common/mutex.h"
 #include "fmt/format.h"
 #include "kube/in_memory_api_server.h"
 #include "kube/rest_kube_client.h"
