@@ -13,17 +13,7 @@ void PluginCore::AddHandoverView(const GpuEntry& gpu, const nvml::GpuInstanceInf
   }
   if (m != nullptr) {
     if (m->origin != kOriginLegacy || m->idle) return;
-    nlohmann::json holders = nlohmann::json::array();
-    for (const auto& h : m->holders) {
-      holders.push_back({{"podUID", h.pod_uid},
-                         {"namespace", h.ns},
-                         {"name", h.name},
-                         {"container", h.container},
-                         {"resource", h.resource},
-                         {"deviceID", h.device_id},
-                         {"source", h.source}});
-    }
-    item["holders"] = std::move(holders);
+    item["holders"] = HoldersJson(m->holders);
     return;
   }
   auto it = ns_.legacy.untracked.find({gpu.info.uuid, gi.id});

@@ -156,6 +156,20 @@ void DecodeLedger(const Json& doc, Reader& r, PluginState& state) {
 
 }  // namespace
 
+nlohmann::json HoldersJson(const std::vector<InstanceHolder>& holders) {
+  Json out = Json::array();
+  for (const auto& h : holders) {
+    out.push_back(Json{{"podUID", h.pod_uid},
+                       {"namespace", h.ns},
+                       {"name", h.name},
+                       {"container", h.container},
+                       {"resource", h.resource},
+                       {"deviceID", h.device_id},
+                       {"source", h.source}});
+  }
+  return out;
+}
+
 std::string EncodeState(const PluginState& state) {
   Json instances = Json::array();
   for (const auto& i : state.instances) {
@@ -173,19 +187,7 @@ std::string EncodeState(const PluginState& state) {
       entry["idle"] = true;
       entry["idleSince"] = i.idle_since;
     }
-    if (!i.holders.empty()) {
-      Json holders = Json::array();
-      for (const auto& h : i.holders) {
-        holders.push_back(Json{{"podUID", h.pod_uid},
-                               {"namespace", h.ns},
-                               {"name", h.name},
-                               {"container", h.container},
-                               {"resource", h.resource},
-                               {"deviceID", h.device_id},
-                               {"source", h.source}});
-      }
-      entry["holders"] = std::move(holders);
-    }
+    if (!i.holders.empty()) entry["holders"] = HoldersJson(i.holders);
     instances.push_back(std::move(entry));
   }
   Json intents = Json::array();

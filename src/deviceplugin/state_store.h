@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "mig/placement.h"
+#include "nlohmann/json_fwd.hpp"
 
 namespace dynmig::deviceplugin {
 
@@ -130,6 +131,8 @@ struct PluginState {
 };
 
 std::string EncodeState(const PluginState& state);
+// The holders of a legacy instance as the state file and GET /nvml write them.
+nlohmann::json HoldersJson(const std::vector<InstanceHolder>& holders);
 // kDataLoss naming the field when the text is not a valid version-1 state.
 absl::StatusOr<PluginState> DecodeState(std::string_view text);
 
