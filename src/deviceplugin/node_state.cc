@@ -1,6 +1,7 @@
 // NodeState: the managed-instance bookkeeping under the node lock. See node_state.h.
 #include "deviceplugin/node_state.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace dynmig::deviceplugin {
@@ -38,6 +39,18 @@ std::vector<protocol::HeldSlices> NodeState::Held() const {
   std::vector<protocol::HeldSlices> held = ended_held;
   held.insert(held.end(), untracked_held.begin(), untracked_held.end());
   held.insert(held.end(), legacy.held.begin(), legacy.held.end());
+  // Every managed legacy instance from the state itself too: this cycle's list is empty after a
+  // restart until the first reconcile, and a publish in between must not offer its slices.
+  for (const auto& m : state.instances) {
+    if (m.idle || m.origin != kOriginLegacy) continue;
+    const bool listed = std::any_of(held.begin(), held.end(), [&](const protocol::HeldSlices& h) {
+      return h.gpu_uuid == m.gpu_uuid && h.placement == m.placement;
+    });
+    if (!listed) {
+      held.push_back({m.gpu_uuid, m.placement, m.profile,
+                      "legacy instance " + m.mig_uuid + " of " + m.owner.PodKey()});
+    }
+  }
   return held;
 }
 

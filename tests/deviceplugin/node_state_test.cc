@@ -57,5 +57,33 @@ TEST(NodeStateTest, HeldJoinsEndedAndUntrackedAndIdleListsOnlyIdleInstances) {
   EXPECT_EQ(listed[0].idle_since, 42);
 }
 
+// After a restart the cycle's handover list is empty until the first reconcile: the managed legacy
+// instances of the state file are held all the same, so no publish in between offers their slices
+// (a chaos seed under TSan caught a reservation overlapping them).
+TEST(NodeStateTest, ManagedLegacyInstancesAreHeldBeforeAnyCycle) {
+  NodeState ns;
+  dynmig::MutexLock lock(&ns.mu);
+  auto legacy = Instance("GPU-a", 4, 1, 9);
+  legacy.origin = std::string(kOriginLegacy);
+  legacy.mig_uuid = "MIG-x";
+  legacy.owner.ns = "default";
+  legacy.owner.name = "legacy-0";
+  ns.Manage(legacy);
+  ns.Manage(Instance("GPU-a", 0, 1, 7));  // dynmig's own: its reservation names it, not held
+  auto ended_legacy = Instance("GPU-a", 6, 1, 13);
+  ended_legacy.origin = std::string(kOriginLegacy);
+  ended_legacy.idle = true;  // kept warm: no longer held, offered as idle
+  ns.Manage(ended_legacy);
+  auto held = ns.Held();
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_EQ(held[0].gpu_uuid, "GPU-a");
+  EXPECT_EQ(held[0].placement, (mig::Placement{4, 1}));
+  EXPECT_NE(held[0].reason.find("default/legacy-0"), std::string::npos) << held[0].reason;
+  // Listed once when the cycle lists it too.
+  ns.legacy.held = {
+      {"GPU-a", mig::Placement{4, 1}, "1g.5gb", "legacy instance of default/legacy-0"}};
+  EXPECT_EQ(ns.Held().size(), 1u);
+}
+
 }  // namespace
 }  // namespace dynmig::deviceplugin
