@@ -175,11 +175,11 @@ Attribution Attribute(const LiveInstance& instance, const HandoverEvidence& evid
   return out;
 }
 
-std::string HeldReason(const Attribution& attribution) {
-  if (attribution.holders.empty()) return "legacy instance";
-  const InstanceHolder* first = &attribution.holders.front();
-  for (const auto& h : attribution.holders) {
-    if (h.ns == attribution.owner.ns && h.name == attribution.owner.name) {
+std::string HeldReason(const std::vector<InstanceHolder>& holders, const InstanceOwner& owner) {
+  if (holders.empty()) return "legacy instance";
+  const InstanceHolder* first = &holders.front();
+  for (const auto& h : holders) {
+    if (h.ns == owner.ns && h.name == owner.name) {
       first = &h;
       break;
     }
@@ -189,7 +189,7 @@ std::string HeldReason(const Attribution& attribution) {
       first->resource.empty() ? fmt::format("{} {}", kVisibleDevicesEnv, first->device_id)
                               : first->resource);
   std::map<std::string, int> others;  // other pods' containers
-  for (const auto& h : attribution.holders) {
+  for (const auto& h : holders) {
     if (&h != first && (h.PodKey() != first->PodKey() || h.container != first->container)) {
       others[h.PodKey() + "/" + h.container] = 1;
     }

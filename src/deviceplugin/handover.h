@@ -101,22 +101,33 @@ std::string EvidenceGap(const HandoverEvidence& evidence, const std::vector<PodM
 Attribution Attribute(const LiveInstance& instance, const HandoverEvidence& evidence,
                       const std::vector<PodMig>& pods, const std::string& gap);
 
-// The device plugin's handover state between and within cycles (NodeState::legacy).
+// The device plugin's handover state between and within cycles (NodeState::legacy). What
+// dynmig.io/mig-held and the gauge say of managed legacy instances is derived from the managed
+// instances themselves (NodeState::Held); this keeps only what a cycle learns beyond them.
 struct LegacyState {
   std::optional<HandoverEvidence> evidence;  // the last read (shown in GET /nvml)
   bool fresh = false;                        // `evidence` may be used in this cycle
   absl::Duration read_at;                    // monotonic time of the read
   std::string gap;                           // EvidenceGap of `evidence`
-  // Live instances dynmig does not manage, by (GPU UUID, GI id): free or unproven this cycle.
-  std::map<std::pair<std::string, uint32_t>, Attribution> untracked;
-  // Published in dynmig.io/mig-held: held legacy instances, unproven ones.
-  std::vector<protocol::HeldSlices> held;
-  int held_count = 0;   // managed legacy instances a holder holds
-  int unconfirmed = 0;  // managed legacy instances whose holders cannot be confirmed
+  // A live instance dynmig does not manage, as this cycle attributed it (free or unproven).
+  struct Untracked {
+    Attribution attribution;
+    mig::Placement placement;
+    std::string profile;
+    std::string held_reason;  // what dynmig.io/mig-held says of it when unproven
+  };
+  // By (GPU UUID, GI id).
+  std::map<std::pair<std::string, uint32_t>, Untracked> untracked;
+  // Managed legacy instances whose holders this cycle could not confirm, by (GPU UUID, GI id):
+  // why (they are kept).
+  std::map<std::pair<std::string, uint32_t>, std::string> unconfirmed;
 };
 
 // What dynmig.io/mig-held says of a held legacy instance: "legacy instance of ns/name (container
-// c, nvidia.com/mig-1g.18gb)" (+ " and N other holder(s)").
-std::string HeldReason(const Attribution& attribution);
+// c, nvidia.com/mig-1g.18gb)" (+ " and N other holder(s)"); the owner's holder is named first.
+std::string HeldReason(const std::vector<InstanceHolder>& holders, const InstanceOwner& owner);
+inline std::string HeldReason(const Attribution& attribution) {
+  return HeldReason(attribution.holders, attribution.owner);
+}
 
 }  // namespace dynmig::deviceplugin

@@ -359,13 +359,16 @@ absl::Status NodeOps::VerifyIdle(const GpuEntry& gpu, const ManagedInstance& m,
 }
 
 void NodeOps::UpdateLegacyGauge() {
-  int unproven = ns.legacy.unconfirmed;
+  int held = 0;
+  for (const auto& m : ns.state.instances) held += !m.idle && m.origin == kOriginLegacy ? 1 : 0;
+  const int unconfirmed = static_cast<int>(ns.legacy.unconfirmed.size());
+  int unproven = unconfirmed;
   int free = 0;
-  for (const auto& [key, a] : ns.legacy.untracked) {
-    unproven += a.kind == AttributionKind::kUnproven ? 1 : 0;
-    free += a.kind == AttributionKind::kFree ? 1 : 0;
+  for (const auto& [key, u] : ns.legacy.untracked) {
+    unproven += u.attribution.kind == AttributionKind::kUnproven ? 1 : 0;
+    free += u.attribution.kind == AttributionKind::kFree ? 1 : 0;
   }
-  metrics.SetLegacyInstances(ns.legacy.held_count, unproven, free);
+  metrics.SetLegacyInstances(held - unconfirmed, unproven, free);
 }
 
 }  // namespace dynmig::deviceplugin

@@ -1,8 +1,9 @@
 // NodeState: the managed-instance bookkeeping under the node lock. See node_state.h.
 #include "deviceplugin/node_state.h"
 
-#include <algorithm>
 #include <utility>
+
+#include "fmt/format.h"
 
 namespace dynmig::deviceplugin {
 
@@ -38,17 +39,21 @@ void NodeState::Manage(ManagedInstance instance) {
 std::vector<protocol::HeldSlices> NodeState::Held() const {
   std::vector<protocol::HeldSlices> held = ended_held;
   held.insert(held.end(), untracked_held.begin(), untracked_held.end());
-  held.insert(held.end(), legacy.held.begin(), legacy.held.end());
-  // Every managed legacy instance from the state itself too: this cycle's list is empty after a
-  // restart until the first reconcile, and a publish in between must not offer its slices.
+  // Managed legacy instances, from the managed instances themselves: also right after a restart,
+  // before any cycle has attributed them again.
   for (const auto& m : state.instances) {
     if (m.idle || m.origin != kOriginLegacy) continue;
-    const bool listed = std::any_of(held.begin(), held.end(), [&](const protocol::HeldSlices& h) {
-      return h.gpu_uuid == m.gpu_uuid && h.placement == m.placement;
-    });
-    if (!listed) {
-      held.push_back({m.gpu_uuid, m.placement, m.profile,
-                      "legacy instance " + m.mig_uuid + " of " + m.owner.PodKey()});
+    auto unconfirmed = legacy.unconfirmed.find({m.gpu_uuid, m.gpu_instance_id});
+    held.push_back(
+        {m.gpu_uuid, m.placement, m.profile,
+         unconfirmed == legacy.unconfirmed.end()
+             ? HeldReason(m.holders, m.owner)
+             : fmt::format("legacy instance {} of {}: its holders cannot be confirmed ({}); kept",
+                           m.mig_uuid, m.owner.PodKey(), unconfirmed->second)});
+  }
+  for (const auto& [key, u] : legacy.untracked) {
+    if (u.attribution.kind == AttributionKind::kUnproven) {
+      held.push_back({key.first, u.placement, u.profile, u.held_reason});
     }
   }
   return held;

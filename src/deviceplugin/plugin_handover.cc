@@ -18,10 +18,10 @@ void PluginCore::AddHandoverView(const GpuEntry& gpu, const nvml::GpuInstanceInf
   }
   auto it = ns_.legacy.untracked.find({gpu.info.uuid, gi.id});
   if (it == ns_.legacy.untracked.end()) return;
-  if (it->second.kind == AttributionKind::kFree) {
+  if (it->second.attribution.kind == AttributionKind::kFree) {
     item["free"] = true;
-  } else if (it->second.kind == AttributionKind::kUnproven) {
-    item["unproven"] = it->second.reason;
+  } else if (it->second.attribution.kind == AttributionKind::kUnproven) {
+    item["unproven"] = it->second.attribution.reason;
   }
 }
 

@@ -4,6 +4,7 @@
 // the untracked rule. The Reclaimer's part; GET /nvml's fields are in plugin_handover.cc. See
 // docs/device-plugin.md (Handover).
 #include <algorithm>
+#include <map>
 
 #include "deviceplugin/plugin_internal.h"
 #include "deviceplugin/reclaimer.h"
@@ -44,9 +45,7 @@ void Reclaimer::BeginHandoverCycle() {
   l.fresh = l.evidence.has_value() &&
             ops_.options.clock->Monotonic() - l.read_at < ops_.options.evidence_max_age;
   l.untracked.clear();
-  l.held.clear();
-  l.held_count = 0;
-  l.unconfirmed = 0;
+  l.unconfirmed.clear();
 }
 
 const HandoverEvidence& Reclaimer::Evidence(const std::vector<PodMig>& pods) {
@@ -115,20 +114,20 @@ std::vector<nvml::GpuInstanceInfo> Reclaimer::AttributeUnowned(
         live.profile.empty() ? fmt::format("profile id {}", gi.profile_id) : live.profile,
         PlacementText(gi.placement), gpu.info.uuid);
     if (a.kind != AttributionKind::kHeld) {
-      if (a.kind == AttributionKind::kFree) {
+      LegacyState::Untracked u{std::move(a), gi.placement, live.profile, ""};
+      if (u.attribution.kind == AttributionKind::kFree) {
         free.push_back(gi);
       } else {
-        ops_.ns.legacy.held.push_back({gpu.info.uuid, gi.placement, live.profile,
-                                       fmt::format("unproven: {}: {}", what, a.reason)});
+        u.held_reason = fmt::format("unproven: {}: {}", what, u.attribution.reason);
         if (ops_.FirstReport(fmt::format("legacy-unproven/{}/{}/{}", gpu.info.uuid, gi.id,
                                          gi.placement.start))) {
           ops_.Event(nullptr, "Warning", kReasonLegacyUnproven,
                      fmt::format("{} was not created by dynmig and no container holding it can be "
                                  "proven: {}; kept, never destroyed, attributed again every cycle",
-                                 what, a.reason));
+                                 what, u.attribution.reason));
         }
       }
-      ops_.ns.legacy.untracked[{gpu.info.uuid, gi.id}] = std::move(a);
+      ops_.ns.legacy.untracked[{gpu.info.uuid, gi.id}] = std::move(u);
       continue;
     }
     const LiveCi first = live.cis.empty() ? LiveCi{} : live.cis.front();
@@ -140,8 +139,6 @@ std::vector<nvml::GpuInstanceInfo> Reclaimer::AttributeUnowned(
     ops_.ns.Manage(std::move(m));
     ops_.metrics.InstanceAdopted(kOriginLegacy);
     changed = true;
-    ++ops_.ns.legacy.held_count;
-    ops_.ns.legacy.held.push_back({gpu.info.uuid, gi.placement, live.profile, reason});
     ops_.Event(
         PodWithUid(pods, a.owner.pod_uid), "Normal", kReasonLegacyHeld,
         fmt::format("{} (MIG device {}) is a {}: managed by dynmig from now on, never "
@@ -155,16 +152,21 @@ bool Reclaimer::ReconcileLegacy(const std::vector<PodMig>& pods, bool destructiv
                                 ReconcileReport& report) {
   bool changed = false;
   const std::vector<ManagedInstance> managed = ops_.ns.state.instances;
+  std::map<std::string, absl::StatusOr<std::vector<nvml::GpuInstanceInfo>>> gis_of;  // by GPU
   for (const auto& m : managed) {
     if (m.idle || m.origin != kOriginLegacy) continue;
     const GpuEntry* gpu = ops_.ns.inventory.FindByUuid(m.gpu_uuid);
     if (gpu == nullptr || !gpu->info.mig.current) continue;
-    auto gis = ops_.nvml.ListGpuInstances(gpu->info.index);
-    if (!gis.ok()) continue;
-    auto gi = std::find_if(gis->begin(), gis->end(), [&](const nvml::GpuInstanceInfo& g) {
+    auto listed = gis_of.find(m.gpu_uuid);
+    if (listed == gis_of.end()) {
+      listed = gis_of.emplace(m.gpu_uuid, ops_.nvml.ListGpuInstances(gpu->info.index)).first;
+    }
+    if (!listed->second.ok()) continue;
+    const auto& gis = *listed->second;
+    auto gi = std::find_if(gis.begin(), gis.end(), [&](const nvml::GpuInstanceInfo& g) {
       return g.id == m.gpu_instance_id && g.placement == m.placement;
     });
-    if (gi == gis->end()) continue;  // vanished: adoption forgets it
+    if (gi == gis.end()) continue;  // vanished: adoption forgets it
     Attribution a = Attribute(Live(*gpu, *gi), Evidence(pods), pods, ops_.ns.legacy.gap);
     const PodMig* active = ActiveHolderPod(m, pods);
     if (a.kind == AttributionKind::kFree && active != nullptr) {
@@ -178,14 +180,8 @@ bool Reclaimer::ReconcileLegacy(const std::vector<PodMig>& pods, bool destructiv
         entry->owner = a.owner;
         changed = true;
       }
-      ++ops_.ns.legacy.held_count;
-      ops_.ns.legacy.held.push_back({m.gpu_uuid, m.placement, m.profile, HeldReason(a)});
     } else if (a.kind == AttributionKind::kUnproven) {
-      ++ops_.ns.legacy.unconfirmed;
-      ops_.ns.legacy.held.push_back(
-          {m.gpu_uuid, m.placement, m.profile,
-           fmt::format("legacy instance {} of {}: its holders cannot be confirmed ({}); kept",
-                       m.mig_uuid, m.owner.PodKey(), a.reason)});
+      ops_.ns.legacy.unconfirmed[{m.gpu_uuid, m.gpu_instance_id}] = a.reason;
     } else if (ReclaimEnded(m, PodWithUid(pods, m.owner.pod_uid), destructive, report)) {
       // Reclaimed: destroyed, or kept idle (its holders no longer apply).
       if (ManagedInstance* idle = ops_.ns.FindManagedGi(m.gpu_uuid, m.gpu_instance_id)) {

@@ -19,7 +19,7 @@ void Reclaimer::Recover(const std::vector<PodMig>& pods) {
                ops_.ns.state.intents.size());
   const bool readable = Unreadable(pods).empty();
   BeginHandoverCycle();
-  Evidence(pods);  // read at start, so GET /nvml shows it
+  Evidence(pods);  // read at start, so GET /nvml (and `dynmig handover plan`) shows it
   ResolveIntents(pods, readable);
   if (readable) {
     CleanIdleGpus(pods);

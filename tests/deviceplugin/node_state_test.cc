@@ -57,10 +57,11 @@ TEST(NodeStateTest, HeldJoinsEndedAndUntrackedAndIdleListsOnlyIdleInstances) {
   EXPECT_EQ(listed[0].idle_since, 42);
 }
 
-// After a restart the cycle's handover list is empty until the first reconcile: the managed legacy
-// instances of the state file are held all the same, so no publish in between offers their slices
-// (a chaos seed under TSan caught a reservation overlapping them).
-TEST(NodeStateTest, ManagedLegacyInstancesAreHeldBeforeAnyCycle) {
+// Managed legacy instances are held from the managed instances themselves, so also right after a
+// restart, before any cycle has attributed them again (a chaos seed under TSan caught a
+// reservation overlapping them when only the cycle's list was published); a cycle adds the
+// instances whose holders it could not confirm and the unproven untracked ones.
+TEST(NodeStateTest, LegacyInstancesAreHeldFromTheStateAndTheCycle) {
   NodeState ns;
   dynmig::MutexLock lock(&ns.mu);
   auto legacy = Instance("GPU-a", 4, 1, 9);
@@ -68,6 +69,8 @@ TEST(NodeStateTest, ManagedLegacyInstancesAreHeldBeforeAnyCycle) {
   legacy.mig_uuid = "MIG-x";
   legacy.owner.ns = "default";
   legacy.owner.name = "legacy-0";
+  legacy.holders = {{"uid-0", "default", "legacy-0", "main", "nvidia.com/mig-1g.5gb", "MIG-x",
+                     std::string(kHolderSourcePodResources)}};
   ns.Manage(legacy);
   ns.Manage(Instance("GPU-a", 0, 1, 7));  // dynmig's own: its reservation names it, not held
   auto ended_legacy = Instance("GPU-a", 6, 1, 13);
@@ -78,11 +81,28 @@ TEST(NodeStateTest, ManagedLegacyInstancesAreHeldBeforeAnyCycle) {
   ASSERT_EQ(held.size(), 1u);
   EXPECT_EQ(held[0].gpu_uuid, "GPU-a");
   EXPECT_EQ(held[0].placement, (mig::Placement{4, 1}));
-  EXPECT_NE(held[0].reason.find("default/legacy-0"), std::string::npos) << held[0].reason;
-  // Listed once when the cycle lists it too.
-  ns.legacy.held = {
-      {"GPU-a", mig::Placement{4, 1}, "1g.5gb", "legacy instance of default/legacy-0"}};
-  EXPECT_EQ(ns.Held().size(), 1u);
+  EXPECT_EQ(held[0].reason,
+            "legacy instance of default/legacy-0 (container main, nvidia.com/mig-1g.5gb)");
+
+  ns.legacy.unconfirmed[{"GPU-a", 9}] = "PodResources cannot be read";
+  LegacyState::Untracked unproven;
+  unproven.attribution.kind = AttributionKind::kUnproven;
+  unproven.placement = mig::Placement{2, 2};
+  unproven.profile = "2g.10gb";
+  unproven.held_reason = "unproven: GI 3";
+  ns.legacy.untracked[{"GPU-b", 3}] = unproven;
+  LegacyState::Untracked free;
+  free.attribution.kind = AttributionKind::kFree;
+  free.placement = mig::Placement{5, 1};
+  ns.legacy.untracked[{"GPU-b", 5}] = free;  // free: the untracked rule decides, not held here
+  held = ns.Held();
+  ASSERT_EQ(held.size(), 2u);
+  EXPECT_EQ(held[0].reason,
+            "legacy instance MIG-x of default/legacy-0: its holders cannot be confirmed "
+            "(PodResources cannot be read); kept");
+  EXPECT_EQ(held[1].gpu_uuid, "GPU-b");
+  EXPECT_EQ(held[1].placement, (mig::Placement{2, 2}));
+  EXPECT_EQ(held[1].reason, "unproven: GI 3");
 }
 
 }  // namespace
