@@ -19,6 +19,7 @@
 #include "nvml/dlopen_nvml.h"
 #include "nvml/geometry.h"
 #include "nvml/sim_nvml.h"
+#include "protocol/devices.h"
 
 namespace dynmig::cli {
 
@@ -90,7 +91,7 @@ int Run(const StandinFlags& f, CliContext& ctx) {
   if (!standin.ok()) return fail(std::string(standin.status().message()), kExitFailure);
   std::vector<std::string> resources;
   for (const auto& p : (*standin)->profiles())
-    resources.push_back(deviceplugin::StandinResourceName(p));
+    resources.push_back(*protocol::MigResourceName(p));  // profiles() are valid names
   ctx.out << fmt::format("nvidia-plugin-standin serving {} in {}", fmt::join(resources, ", "),
                          f.kubelet_dir)
           << std::endl;

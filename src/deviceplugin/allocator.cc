@@ -17,6 +17,7 @@
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "protocol/annotations.h"
+#include "protocol/devices.h"
 #include "spdlog/spdlog.h"
 
 namespace dynmig::deviceplugin {
@@ -409,7 +410,8 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> Allocator::Answer(
     }
   }
   if (!ops_.cdi.enabled()) {
-    (*response.mutable_envs())["NVIDIA_VISIBLE_DEVICES"] = fmt::format("{}", fmt::join(uuids, ","));
+    (*response.mutable_envs())[std::string(protocol::kVisibleDevicesEnv)] =
+        fmt::format("{}", fmt::join(uuids, ","));
     for (const auto& p : paths) {
       v1beta1::DeviceSpec* spec = response.add_devices();
       spec->set_container_path(p);

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "fmt/format.h"
+#include "protocol/devices.h"
 
 namespace dynmig::deviceplugin {
 namespace {
@@ -186,7 +187,7 @@ std::string HeldReason(const std::vector<InstanceHolder>& holders, const Instanc
   }
   std::string text = fmt::format(
       "legacy instance of {} (container {}, {})", first->PodKey(), first->container,
-      first->resource.empty() ? fmt::format("{} {}", kVisibleDevicesEnv, first->device_id)
+      first->resource.empty() ? fmt::format("{} {}", protocol::kVisibleDevicesEnv, first->device_id)
                               : first->resource);
   std::map<std::string, int> others;  // other pods' containers
   for (const auto& h : holders) {

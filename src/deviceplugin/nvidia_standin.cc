@@ -13,6 +13,7 @@
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "protocol/annotations.h"
+#include "protocol/devices.h"
 #include "spdlog/spdlog.h"
 
 namespace dynmig::deviceplugin {
@@ -22,15 +23,6 @@ uint64_t InodeOf(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return 0;
   return static_cast<uint64_t>(st.st_ino);
-}
-
-// A Kubernetes resource name's part after the '/': [A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?.
-bool ValidResourceSuffix(std::string_view s) {
-  if (s.empty() || s.size() > 63) return false;
-  auto alnum = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; };
-  if (!alnum(s.front()) || !alnum(s.back())) return false;
-  return std::all_of(s.begin(), s.end(),
-                     [&](char c) { return alnum(c) || c == '-' || c == '_' || c == '.'; });
 }
 
 // The MIG devices of one GPU, by profile.
@@ -68,10 +60,6 @@ absl::StatusOr<std::map<std::string, std::vector<std::string>>> MigDevicesByProf
     if (auto st = AddGpuDevices(nvml, gpu, out); !st.ok()) return st;
   }
   return out;
-}
-
-std::string StandinResourceName(std::string_view profile) {
-  return std::string(protocol::kMigResourcePrefix) + std::string(profile);
 }
 
 std::string StandinSocketName(std::string_view profile) {
@@ -158,7 +146,7 @@ absl::StatusOr<std::unique_ptr<NvidiaStandin>> NvidiaStandin::Start(NvidiaStandi
   if (!devices.ok()) return devices.status();
   std::unique_ptr<NvidiaStandin> s(new NvidiaStandin(std::move(options), nvml, clock));
   for (const auto& [profile, ids] : *devices) {
-    if (!ValidResourceSuffix("mig-" + profile)) {
+    if (!protocol::MigResourceName(profile).has_value()) {
       spdlog::warn("nvidia stand-in: profile {} is not a valid resource name: not served", profile);
       continue;
     }
@@ -217,7 +205,7 @@ absl::Status NvidiaStandin::Register(const std::string& profile) {
   v1beta1::RegisterRequest request;
   request.set_version(std::string(kDevicePluginVersion));
   request.set_endpoint(StandinSocketName(profile));
-  request.set_resource_name(StandinResourceName(profile));
+  request.set_resource_name(*protocol::MigResourceName(profile));
   v1beta1::Empty empty;
   grpc::Status st = stub->Register(&ctx, request, &empty);
   if (!st.ok()) {
@@ -298,7 +286,7 @@ bool NvidiaStandin::WaitRefresh() const {
 
 absl::StatusOr<v1beta1::ContainerAllocateResponse> NvidiaStandin::Allocate(
     const std::string& profile, const v1beta1::ContainerAllocateRequest& request) {
-  const std::string resource = StandinResourceName(profile);
+  const std::string resource = *protocol::MigResourceName(profile);
   auto invalid = [&](const std::string& why) {
     return absl::InvalidArgumentError(
         fmt::format("invalid allocation request for '{}': {}", resource, why));
@@ -321,7 +309,8 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> NvidiaStandin::Allocate(
   }
   if (!unknown.empty()) return invalid(fmt::format("unknown device: {}", fmt::join(unknown, ", ")));
   v1beta1::ContainerAllocateResponse out;
-  (*out.mutable_envs())[std::string(kVisibleDevicesEnv)] = fmt::format("{}", fmt::join(ids, ","));
+  (*out.mutable_envs())[std::string(protocol::kVisibleDevicesEnv)] =
+      fmt::format("{}", fmt::join(ids, ","));
   return out;
 }
 

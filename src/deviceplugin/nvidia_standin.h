@@ -59,8 +59,7 @@ struct NvidiaStandinOptions {
 absl::StatusOr<std::map<std::string, std::vector<std::string>>> MigDevicesByProfile(
     nvml::Nvml& nvml);
 
-// "nvidia.com/mig-<profile>", and the socket file name "nvidia-mig-<profile>.sock".
-std::string StandinResourceName(std::string_view profile);
+// The socket file name "nvidia-mig-<profile>.sock" (the resource is protocol::MigResourceName).
 std::string StandinSocketName(std::string_view profile);
 
 class NvidiaStandin {

@@ -10,6 +10,7 @@
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "protocol/annotations.h"
+#include "protocol/devices.h"
 #include "spdlog/spdlog.h"
 
 namespace dynmig::deviceplugin {
@@ -86,7 +87,7 @@ absl::Status PluginCore::LoadStateAndInventory() {
   DYNMIG_ASSIGN_OR_RETURN(ns_.inventory, DiscoverInventory(ops_.nvml, options_.allowlist));
   if (!ops_.nvml.HasDeviceNodes()) {
     spdlog::info("{}: no device nodes on this host; containers get {} only",
-                 ops_.nvml.Description(), "NVIDIA_VISIBLE_DEVICES");
+                 ops_.nvml.Description(), protocol::kVisibleDevicesEnv);
   } else if (auto minors = ops_.nvml.GetMigMinors(); minors.ok()) {
     ns_.minors = std::move(*minors);
   } else {

@@ -10,6 +10,7 @@
 #include "cri/v1/api.grpc.pb.h"
 #include "cri/v1alpha2/api.grpc.pb.h"
 #include "fmt/format.h"
+#include "protocol/devices.h"
 
 namespace dynmig::deviceplugin {
 namespace {
@@ -67,25 +68,25 @@ std::string_view StateName(RuntimeContainerState state) {
 
 absl::StatusOr<std::vector<std::string>> ParseVisibleDevices(const std::vector<std::string>& env) {
   std::vector<std::string> out;
-  const std::string prefix = std::string(kVisibleDevicesEnv) + "=";
+  const std::string prefix = std::string(protocol::kVisibleDevicesEnv) + "=";
   for (const auto& entry : env) {
     if (!entry.starts_with(prefix)) continue;
     const std::string_view value = std::string_view(entry).substr(prefix.size());
     if (value.size() > kVisibleDevicesMaxBytes) {
-      return absl::InvalidArgumentError(fmt::format("{} is {} long, over the {} limit",
-                                                    kVisibleDevicesEnv, FormatBytes(value.size()),
-                                                    FormatBytes(kVisibleDevicesMaxBytes)));
+      return absl::InvalidArgumentError(
+          fmt::format("{} is {} long, over the {} limit", protocol::kVisibleDevicesEnv,
+                      FormatBytes(value.size()), FormatBytes(kVisibleDevicesMaxBytes)));
     }
     for (const std::string& part : SplitTrimmed(value, ',')) {
       if (part.empty() || part == "none" || part == "void") continue;
       if (part.starts_with("/")) {  // the toolkit's volume-mounts strategy: the list is elsewhere
         return absl::InvalidArgumentError(
             fmt::format("{} names a path ({}): the devices are mounted as files, not listed",
-                        kVisibleDevicesEnv, part));
+                        protocol::kVisibleDevicesEnv, part));
       }
       if (out.size() >= kVisibleDevicesMaxIds) {
-        return absl::InvalidArgumentError(fmt::format("{} names more than {} devices",
-                                                      kVisibleDevicesEnv, kVisibleDevicesMaxIds));
+        return absl::InvalidArgumentError(fmt::format(
+            "{} names more than {} devices", protocol::kVisibleDevicesEnv, kVisibleDevicesMaxIds));
       }
       out.emplace_back(part);
     }

@@ -42,7 +42,6 @@ inline constexpr std::string_view kCriPodUidLabel = "io.kubernetes.pod.uid";
 inline constexpr std::string_view kCriPodNameLabel = "io.kubernetes.pod.name";
 inline constexpr std::string_view kCriPodNamespaceLabel = "io.kubernetes.pod.namespace";
 inline constexpr std::string_view kCriContainerNameLabel = "io.kubernetes.container.name";
-inline constexpr std::string_view kVisibleDevicesEnv = "NVIDIA_VISIBLE_DEVICES";
 // A node runs at most a few hundred containers (110 pods by default); 1024 bounds the
 // ContainerStatus calls one List makes.
 inline constexpr size_t kCriMaxContainers = 1024;

@@ -28,6 +28,7 @@
 #include "ops/layout.h"
 #include "protocol/annotations.h"
 #include "protocol/device_config.h"
+#include "protocol/devices.h"
 #include "scheduler/server.h"
 #include "webhook/pki.h"
 
@@ -1069,7 +1070,7 @@ void LocalCluster::PublishMigResources(Node& node, bool serving) {
   nlohmann::json capacity = nlohmann::json::object();
   nlohmann::json allocatable = nlohmann::json::object();
   for (const auto& resource : serving ? node.kubelet->resources() : node.mig_resources) {
-    if (resource.rfind(protocol::kMigResourcePrefix, 0) != 0) continue;
+    if (!protocol::MigResourceProfile(resource).has_value()) continue;
     const std::string count = std::to_string(node.kubelet->devices(resource).size());
     if (serving) {
       capacity[resource] = count;
@@ -1139,7 +1140,7 @@ absl::Status LocalCluster::StartNvidiaStandinOn(Node& node) {
   if (node.standin->WaitForRegistrations(1, absl::Seconds(10))) {
     for (const auto& profile : node.standin->profiles()) {
       node.kubelet->WaitForDevices([](const auto& d) { return !d.empty(); }, absl::Seconds(5),
-                                   fmt::format("{}{}", protocol::kMigResourcePrefix, profile));
+                                   *protocol::MigResourceName(profile));
     }
     PublishMigResources(node, /*serving=*/true);
   }

@@ -6,6 +6,8 @@
 
 #include "common/strings.h"
 #include "fmt/format.h"
+#include "protocol/annotations.h"
+#include "protocol/devices.h"
 
 namespace dynmig::local {
 namespace {
@@ -70,7 +72,7 @@ std::vector<std::string> MigResources(const kube::Object& container) {
     const auto r = res->find(kind);
     if (r == res->end() || !r->is_object()) continue;
     for (auto it = r->begin(); it != r->end() && found.size() < 16; ++it) {
-      if (it.key().rfind(protocol::kMigResourcePrefix, 0) == 0 && CountOf(container, it.key()) > 0)
+      if (protocol::MigResourceProfile(it.key()).has_value() && CountOf(container, it.key()) > 0)
         found.insert(it.key());
     }
   }
@@ -313,8 +315,9 @@ absl::StatusOr<std::string> NodeAgent::AllocateContainer(
                                       std::string(alloc.status().message())));
     }
     for (const auto& id : chosen) used[resource].insert(id);
-    parts.push_back(alloc->envs.count("NVIDIA_VISIBLE_DEVICES")
-                        ? alloc->envs.at("NVIDIA_VISIBLE_DEVICES")
+    const auto visible = alloc->envs.find(std::string(protocol::kVisibleDevicesEnv));
+    parts.push_back(visible != alloc->envs.end()
+                        ? visible->second
                         : fmt::format("{}", fmt::join(alloc->cdi_devices, ",")));
   }
   return fmt::format("{}", fmt::join(parts, ","));

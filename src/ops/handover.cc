@@ -92,11 +92,12 @@ std::vector<Want> NvidiaWants(const Object& pod) {
       const auto list = res->find(section);
       if (list == res->end() || !list->is_object()) continue;
       for (const auto& [key, value] : list->items()) {
-        if (key.rfind(protocol::kMigResourcePrefix, 0) != 0 || !seen.insert(key).second) continue;
+        auto profile = protocol::MigResourceProfile(key);
+        if (!profile.has_value() || !seen.insert(key).second) continue;
         Want w;
         w.container = name;
         w.resource = key;
-        w.profile = key.substr(protocol::kMigResourcePrefix.size());
+        w.profile = std::move(*profile);
         w.count = QuantityCount(value);
         w.what = fmt::format("container {}: {} x{}", name, key, w.count);
         out.push_back(std::move(w));
@@ -342,7 +343,7 @@ void AllocatorBlockers(HandoverPlan& plan, const Object& node,
   const auto status = node.find("status");
   const json none = json::object();
   for (const auto& [k, v] : NvidiaResources(status != node.end() ? *status : none, "allocatable")) {
-    if (k.rfind(protocol::kMigResourcePrefix, 0) == 0 && v != "0") {
+    if (protocol::MigResourceProfile(k).has_value() && v != "0") {
       allocatable.push_back(fmt::format("{}={}", k, v));
     }
   }

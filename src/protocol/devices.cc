@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "fmt/format.h"
+#include "protocol/annotations.h"
 
 namespace dynmig::protocol {
 namespace {
@@ -139,6 +140,25 @@ std::vector<std::string> GpuUuidsNamedIn(std::string_view text) {
     i = end;
   }
   return out;
+}
+
+std::optional<std::string> MigResourceName(std::string_view profile) {
+  std::string name = std::string(kMigResourcePrefix) + std::string(profile);
+  const std::string_view suffix = std::string_view(name).substr(name.find('/') + 1);
+  auto alnum = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; };
+  if (profile.empty() || suffix.size() > 63 || !alnum(suffix.back()) ||
+      !std::all_of(suffix.begin(), suffix.end(),
+                   [&](char c) { return alnum(c) || c == '-' || c == '_' || c == '.'; })) {
+    return std::nullopt;
+  }
+  return name;
+}
+
+std::optional<std::string> MigResourceProfile(std::string_view resource) {
+  if (!resource.starts_with(kMigResourcePrefix) || resource.size() == kMigResourcePrefix.size()) {
+    return std::nullopt;
+  }
+  return std::string(resource.substr(kMigResourcePrefix.size()));
 }
 
 }  // namespace dynmig::protocol

@@ -59,4 +59,18 @@ std::optional<LegacyMigIdentity> ParseLegacyMigIdentity(std::string_view id);
 // decoding: for a value its decoder refuses, to fail closed on exactly the GPUs it names.
 std::vector<std::string> GpuUuidsNamedIn(std::string_view text);
 
+// NVIDIA's device plugin with the mixed MIG strategy: one extended resource per MIG profile,
+// "nvidia.com/mig-<profile>" (kMigResourcePrefix), whose devices are MIG UUIDs.
+// The resource of `profile`; nullopt when it would not be a valid resource name (the part after
+// the '/' must be at most 63 of [A-Za-z0-9-_.], alphanumeric at both ends: "+me" profiles have
+// none).
+std::optional<std::string> MigResourceName(std::string_view profile);
+// The profile such a resource stands for ("1g.10gb" of "nvidia.com/mig-1g.10gb"); nullopt for any
+// other name, or nothing after the prefix.
+std::optional<std::string> MigResourceProfile(std::string_view resource);
+
+// The environment variable through which the NVIDIA Container Toolkit gives a container its
+// devices: comma-separated GPU or MIG UUIDs, indices, "all", "none"/"void".
+inline constexpr std::string_view kVisibleDevicesEnv = "NVIDIA_VISIBLE_DEVICES";
+
 }  // namespace dynmig::protocol

@@ -139,5 +139,20 @@ TEST(DevicesTest, GpuUuidsNamedInReadsUnreadableValuesLeniently) {
   EXPECT_EQ(GpuUuidsNamedIn(run).size(), 1u);
 }
 
+TEST(DevicesTest, MigResourceNamesOfNvidiasMixedStrategy) {
+  EXPECT_EQ(MigResourceName("1g.10gb"), "nvidia.com/mig-1g.10gb");
+  EXPECT_EQ(MigResourceName("1g.18gb+me"), std::nullopt);  // '+' is not legal in a resource name
+  EXPECT_EQ(MigResourceName(""), std::nullopt);
+  EXPECT_EQ(MigResourceName("1g./"), std::nullopt);
+  EXPECT_EQ(MigResourceName("1g.5gb."), std::nullopt);             // must end alphanumeric
+  EXPECT_TRUE(MigResourceName(std::string(59, 'a')).has_value());  // 63 characters after the '/'
+  EXPECT_EQ(MigResourceName(std::string(60, 'a')), std::nullopt);  // 64
+  EXPECT_EQ(MigResourceProfile("nvidia.com/mig-2g.35gb"), "2g.35gb");
+  EXPECT_EQ(MigResourceProfile("nvidia.com/mig-"), std::nullopt);
+  EXPECT_EQ(MigResourceProfile("nvidia.com/gpu"), std::nullopt);
+  EXPECT_EQ(MigResourceProfile("example.com/mig-1g.5gb"), std::nullopt);
+  EXPECT_EQ(MigResourceProfile(*MigResourceName("3g.71gb")), "3g.71gb");
+}
+
 }  // namespace
 }  // namespace dynmig::protocol
