@@ -5,7 +5,11 @@
 #include <CLI/CLI.hpp>
 #include <charconv>
 #include <exception>
+#include <memory>
 #include <ostream>
+
+#include "nvml/dlopen_nvml.h"
+#include "nvml/sim_nvml.h"
 
 namespace dynmig::cli {
 
@@ -25,6 +29,24 @@ absl::Status ParseHostPort(std::string_view flag, const std::string& text,
   }
   *port = value;
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<nvml::Nvml>> OpenNodeNvml(const NodeNvmlFlags& flags,
+                                                         const Clock& clock) {
+  if (flags.sim.empty() && flags.sim_state.empty()) {
+    auto real = nvml::DlopenNvml::Create();
+    if (!real.ok()) return real.status();
+    return std::unique_ptr<nvml::Nvml>(std::move(*real));
+  }
+  nvml::SimNvmlOptions o;
+  o.clock = &clock;
+  o.spec = flags.sim;
+  o.state_file = flags.sim_state;
+  o.seed = flags.node;
+  o.latency = flags.latency;
+  auto sim = nvml::SimNvml::Create(std::move(o));
+  if (!sim.ok()) return absl::InvalidArgumentError(sim.status().message());
+  return std::unique_ptr<nvml::Nvml>(std::move(*sim));
 }
 
 StopSignals::StopSignals() {

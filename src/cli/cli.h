@@ -8,12 +8,16 @@
 #include <signal.h>
 
 #include <iosfwd>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/clock.h"
+#include "mig/nvml_latency.h"
+#include "nvml/nvml.h"
 
 namespace CLI {
 class App;
@@ -73,6 +77,20 @@ class StopSignals {
   sigset_t signals_;
   sigset_t previous_;
 };
+
+// The NVML a node agent (`dynmig device-plugin`, `dynmig nvidia-plugin-standin`) works on: the
+// simulator when `sim` (a spec) or `sim_state` (its shared state file) is given, seeded with the
+// node's name so that nodes differ and every process of one node sees the same GPUs, else the
+// driver through dlopen. The simulator's errors are kInvalidArgument (bad flags); the driver's keep
+// their codes.
+struct NodeNvmlFlags {
+  std::string node;
+  std::string sim;
+  std::string sim_state;
+  mig::NvmlLatency latency;  // the simulator's injected latency
+};
+absl::StatusOr<std::unique_ptr<nvml::Nvml>> OpenNodeNvml(const NodeNvmlFlags& flags,
+                                                         const Clock& clock);
 
 // `dynmig layout`'s terminal picture of these nodes (cmd_ops.cc), for other commands.
 std::string RenderLayoutText(const std::vector<scheduler::NodeReport>& nodes);

@@ -13,8 +13,6 @@
 #include "fmt/format.h"
 #include "kube/rest_config.h"
 #include "kube/rest_kube_client.h"
-#include "nvml/dlopen_nvml.h"
-#include "nvml/sim_nvml.h"
 #include "protocol/device_config.h"
 #include "spdlog/spdlog.h"
 
@@ -78,23 +76,13 @@ int Run(const DevicePluginFlags& f, CliContext& ctx) {
 
   // The process's one clock: the simulator's delays, the plugin's intervals, timestamps.
   const Clock& clock = RealClock();
-  std::unique_ptr<nvml::Nvml> gpu;
-  if (!f.sim.empty() || !f.sim_state.empty()) {
-    nvml::SimNvmlOptions o;
-    o.clock = &clock;
-    o.spec = f.sim;
-    o.state_file = f.sim_state;
-    o.seed = f.node;
-    auto latency = mig::ParseNvmlLatency(f.sim_latency);
-    if (!latency.ok()) return bad("--sim-latency: " + std::string(latency.status().message()));
-    o.latency = *latency;
-    auto sim = nvml::SimNvml::Create(std::move(o));
-    if (!sim.ok()) return bad(std::string(sim.status().message()));
-    gpu = std::move(*sim);
-  } else {
-    auto real = nvml::DlopenNvml::Create();
-    if (!real.ok()) return failed(std::string(real.status().message()));
-    gpu = std::move(*real);
+  auto latency = mig::ParseNvmlLatency(f.sim_latency);
+  if (!latency.ok()) return bad("--sim-latency: " + std::string(latency.status().message()));
+  auto gpu = OpenNodeNvml({f.node, f.sim, f.sim_state, *latency}, clock);
+  if (!gpu.ok()) {
+    return gpu.status().code() == absl::StatusCode::kInvalidArgument
+               ? bad(std::string(gpu.status().message()))
+               : failed(std::string(gpu.status().message()));
   }
 
   auto rest = f.in_cluster ? kube::InClusterConfig() : kube::DefaultConfig(f.kubeconfig);
@@ -122,7 +110,7 @@ int Run(const DevicePluginFlags& f, CliContext& ctx) {
 
   // Blocked before any thread starts (they inherit the mask), then waited for.
   StopSignals stop;
-  auto plugin = deviceplugin::DevicePlugin::Start(std::move(options), *gpu, **kube);
+  auto plugin = deviceplugin::DevicePlugin::Start(std::move(options), **gpu, **kube);
   if (!plugin.ok()) {
     const bool input = plugin.status().code() == absl::StatusCode::kInvalidArgument;
     ctx.err << "dynmig device-plugin: " << plugin.status().message() << "\n";

@@ -16,9 +16,7 @@
 #include "deviceplugin/nvidia_standin.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
-#include "nvml/dlopen_nvml.h"
 #include "nvml/geometry.h"
-#include "nvml/sim_nvml.h"
 #include "protocol/devices.h"
 
 namespace dynmig::cli {
@@ -62,23 +60,14 @@ int Run(const StandinFlags& f, CliContext& ctx) {
                 kExitBadInput);
   }
   const Clock& clock = RealClock();
-  std::unique_ptr<nvml::Nvml> gpu;
-  if (!f.sim.empty() || !f.sim_state.empty()) {
-    nvml::SimNvmlOptions o;
-    o.clock = &clock;
-    o.spec = f.sim;
-    o.state_file = f.sim_state;
-    o.seed = f.node;  // as dynmig device-plugin seeds it
-    auto sim = nvml::SimNvml::Create(std::move(o));
-    if (!sim.ok()) return fail(std::string(sim.status().message()), kExitBadInput);
-    gpu = std::move(*sim);
-  } else {
-    auto real = nvml::DlopenNvml::Create();
-    if (!real.ok()) return fail(std::string(real.status().message()), kExitFailure);
-    gpu = std::move(*real);
+  auto gpu = OpenNodeNvml({f.node, f.sim, f.sim_state, {}}, clock);  // as dynmig device-plugin
+  if (!gpu.ok()) {
+    return fail(
+        std::string(gpu.status().message()),
+        gpu.status().code() == absl::StatusCode::kInvalidArgument ? kExitBadInput : kExitFailure);
   }
   if (!f.geometry.empty()) {
-    if (auto st = ApplyEverywhere(*gpu, f.geometry, ctx); !st.ok()) {
+    if (auto st = ApplyEverywhere(**gpu, f.geometry, ctx); !st.ok()) {
       return fail(std::string(st.message()),
                   st.code() == absl::StatusCode::kInvalidArgument ? kExitBadInput : kExitFailure);
     }
@@ -87,7 +76,7 @@ int Run(const StandinFlags& f, CliContext& ctx) {
   o.kubelet_dir = f.kubelet_dir;
   o.refresh_interval = refresh;
   StopSignals stop;
-  auto standin = deviceplugin::NvidiaStandin::Start(o, *gpu, clock);
+  auto standin = deviceplugin::NvidiaStandin::Start(o, **gpu, clock);
   if (!standin.ok()) return fail(std::string(standin.status().message()), kExitFailure);
   std::vector<std::string> resources;
   for (const auto& p : (*standin)->profiles())
