@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "deviceplugin/unix_grpc.h"
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
@@ -105,19 +106,10 @@ std::string GrpcEndpoint::kubelet_socket_path() const {
 
 absl::Status GrpcEndpoint::Serve() {
   const std::string path = socket_path();
-  if (path.size() > 107) {
-    return absl::InvalidArgumentError(fmt::format(
-        "socket path {} is {} bytes; a unix socket path holds at most 107", path, path.size()));
-  }
-  ::unlink(path.c_str());
   service_->set_stopping(false);
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix://" + path, grpc::InsecureServerCredentials());
-  builder.RegisterService(service_.get());
-  server_ = builder.BuildAndStart();
-  if (server_ == nullptr) {
-    return absl::UnavailableError(fmt::format("cannot serve gRPC on unix://{}", path));
-  }
+  auto server = ServeOnUnixSocket(path, {service_.get()});
+  if (!server.ok()) return server.status();
+  server_ = std::move(*server);
   spdlog::info("device plugin serving on unix://{}", path);
   return absl::OkStatus();
 }

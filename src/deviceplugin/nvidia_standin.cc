@@ -9,6 +9,7 @@
 
 #include "deviceplugin/grpc_endpoint.h"
 #include "deviceplugin/runtime_source.h"
+#include "deviceplugin/unix_grpc.h"
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
@@ -180,18 +181,9 @@ absl::StatusOr<std::unique_ptr<NvidiaStandin>> NvidiaStandin::Start(NvidiaStandi
 
 absl::Status NvidiaStandin::Serve(Served& served) {
   const std::string path = socket_path(served.profile);
-  if (path.size() > 107) {
-    return absl::InvalidArgumentError(fmt::format(
-        "socket path {} is {} bytes; a unix socket path holds at most 107", path, path.size()));
-  }
-  ::unlink(path.c_str());
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix://" + path, grpc::InsecureServerCredentials());
-  builder.RegisterService(served.service.get());
-  served.server = builder.BuildAndStart();
-  if (served.server == nullptr) {
-    return absl::UnavailableError(fmt::format("cannot serve gRPC on unix://{}", path));
-  }
+  auto server = ServeOnUnixSocket(path, {served.service.get()});
+  if (!server.ok()) return server.status();
+  served.server = std::move(*server);
   served.inode = InodeOf(path);
   return absl::OkStatus();
 }

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "deviceplugin/test_runtime.h"
+#include "deviceplugin/unix_grpc.h"
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
 #include "fmt/format.h"
 #include "podresources/v1/api.grpc.pb.h"
@@ -144,37 +145,17 @@ TestKubelet::~TestKubelet() { Stop(); }
 
 absl::Status TestKubelet::Serve() {
   dynmig::MutexLock lock(&server_mu_);
-  const std::string path = socket_path();
-  if (path.size() > 107) {
-    return absl::InvalidArgumentError(fmt::format(
-        "socket path {} is {} bytes; a unix socket path holds at most 107", path, path.size()));
-  }
-  ::unlink(path.c_str());
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix://" + path, grpc::InsecureServerCredentials());
-  builder.RegisterService(service_.get());
-  server_ = builder.BuildAndStart();
-  if (server_ == nullptr) {
-    return absl::UnavailableError(fmt::format("cannot serve gRPC on unix://{}", path));
-  }
+  auto server = ServeOnUnixSocket(socket_path(), {service_.get()});
+  if (!server.ok()) return server.status();
+  server_ = std::move(*server);
   return ServePodResources();
 }
 
 absl::Status TestKubelet::ServePodResources() {
-  const std::string& path = pod_resources_socket_;
-  if (path.size() > 107) {
-    return absl::InvalidArgumentError(fmt::format(
-        "socket path {} is {} bytes; a unix socket path holds at most 107", path, path.size()));
-  }
-  ::unlink(path.c_str());
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix://" + path, grpc::InsecureServerCredentials());
-  builder.RegisterService(pod_resources_v1_.get());
-  builder.RegisterService(pod_resources_v1alpha1_.get());
-  pod_resources_server_ = builder.BuildAndStart();
-  if (pod_resources_server_ == nullptr) {
-    return absl::UnavailableError(fmt::format("cannot serve gRPC on unix://{}", path));
-  }
+  auto server = ServeOnUnixSocket(pod_resources_socket_,
+                                  {pod_resources_v1_.get(), pod_resources_v1alpha1_.get()});
+  if (!server.ok()) return server.status();
+  pod_resources_server_ = std::move(*server);
   return absl::OkStatus();
 }
 

@@ -9,6 +9,7 @@
 #include "common/clock.h"
 #include "cri/v1/api.grpc.pb.h"
 #include "cri/v1alpha2/api.grpc.pb.h"
+#include "deviceplugin/unix_grpc.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
 
@@ -135,12 +136,6 @@ TestRuntime::TestRuntime(std::string socket_path)
 TestRuntime::~TestRuntime() { Stop(); }
 
 absl::StatusOr<std::unique_ptr<TestRuntime>> TestRuntime::Start(std::string socket_path) {
-  if (socket_path.size() > 107) {
-    return absl::InvalidArgumentError(
-        fmt::format("socket path {} is {} bytes; a unix socket path "
-                    "holds at most 107",
-                    socket_path, socket_path.size()));
-  }
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(socket_path).parent_path(), ec);
   std::unique_ptr<TestRuntime> r(new TestRuntime(std::move(socket_path)));
@@ -150,15 +145,9 @@ absl::StatusOr<std::unique_ptr<TestRuntime>> TestRuntime::Start(std::string sock
 
 absl::Status TestRuntime::Serve() {
   dynmig::MutexLock lock(&server_mu_);
-  ::unlink(socket_path_.c_str());
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix://" + socket_path_, grpc::InsecureServerCredentials());
-  builder.RegisterService(v1_.get());
-  builder.RegisterService(v1alpha2_.get());
-  server_ = builder.BuildAndStart();
-  if (server_ == nullptr) {
-    return absl::UnavailableError(fmt::format("cannot serve gRPC on unix://{}", socket_path_));
-  }
+  auto server = ServeOnUnixSocket(socket_path_, {v1_.get(), v1alpha2_.get()});
+  if (!server.ok()) return server.status();
+  server_ = std::move(*server);
   return absl::OkStatus();
 }
 
