@@ -4,6 +4,7 @@
 #include <regex>
 #include <set>
 
+#include "common/quantity.h"
 #include "common/strings.h"
 #include "fmt/format.h"
 #include "protocol/annotations.h"
@@ -20,13 +21,15 @@ uint32_t CountOf(const json& container, const std::string& resource) {
     const json& r = container["resources"][kind];
     if (!r.is_object() || !r.contains(resource)) continue;
     const json& v = r[resource];
-    try {
-      if (v.is_number_integer())
-        return static_cast<uint32_t>(std::max<int64_t>(0, v.get<int64_t>()));
-      if (v.is_string()) return static_cast<uint32_t>(std::max(0, std::stoi(v.get<std::string>())));
-    } catch (const std::exception&) {
-      return 0;
+    if (v.is_number_integer()) {
+      return static_cast<uint32_t>(std::clamp<int64_t>(v.get<int64_t>(), 0, UINT32_MAX));
     }
+    // A quantity as the API server serves it ("2", "1k" for 1000).
+    if (!v.is_string()) return 0;
+    auto q = ParseQuantity(v.get_ref<const std::string&>());
+    if (!q.ok()) return 0;
+    const auto n = q->AsInt64();
+    return n.has_value() ? static_cast<uint32_t>(std::clamp<int64_t>(*n, 0, UINT32_MAX)) : 0;
   }
   return 0;
 }

@@ -1,9 +1,9 @@
 #include "ops/handover.h"
 
 #include <algorithm>
-#include <charconv>
 #include <set>
 
+#include "common/quantity.h"
 #include "common/strings.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
@@ -68,13 +68,14 @@ std::vector<std::string> HamiIds(const Object& pod) {
   return out;
 }
 
+// A device count as the API server serves it (a number, or a quantity such as "2" or "1k").
 uint64_t QuantityCount(const json& v) {
-  uint64_t n = 0;
   if (v.is_number_unsigned()) return v.get<uint64_t>();
   if (v.is_string()) {
-    const auto& s = v.get_ref<const std::string&>();
-    auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
-    if (ec == std::errc() && ptr == s.data() + s.size()) return n;
+    auto q = ParseQuantity(v.get_ref<const std::string&>());
+    if (q.ok()) {
+      if (auto n = q->AsInt64(); n.has_value() && *n >= 0) return static_cast<uint64_t>(*n);
+    }
   }
   return 1;  // unreadable: at least one device is asked for
 }

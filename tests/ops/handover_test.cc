@@ -296,6 +296,23 @@ TEST_F(HandoverTest, ALegacyPodWhoseInstanceIsNotAmongTheHoldersBlocks) {
               HasSubstr("default/nv2: container main: nvidia.com/mig-3g.20gb x1: 0 of 1 found"));
 }
 
+// Counts are read as the API server serves quantities: "2k" asks for 2,000 devices (not 2), so
+// one proven instance is far from enough. (A count that is no quantity never gets past the API
+// server.)
+TEST_F(HandoverTest, LegacyDeviceCountsAreReadAsQuantities) {
+  Add(NodeA());
+  json many = NvidiaPod("nv");
+  many["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-1g.5gb"] = "2k";
+  Add(many);
+  nvml_.Set("node-a", View());
+  const json plan = RunJson(WithNvml({"handover", "plan", "--node", "node-a"}), 0);
+  std::string missing;
+  for (const auto& p : plan["legacyPods"]) {
+    for (const auto& m : p["missing"]) missing += m.get<std::string>() + "\n";
+  }
+  EXPECT_THAT(missing, HasSubstr("nvidia.com/mig-1g.5gb x2000: 1 of 2000 found")) << missing;
+}
+
 TEST_F(HandoverTest, AnUnreachableViewBlocksAndTheCheckFails) {
   Add(NodeA());
   Add(HamiPod("hami"));
