@@ -150,7 +150,7 @@ absl::Status ParseLegacyFlags(const LocalFlags& f, local::LocalClusterOptions& o
       return absl::InvalidArgumentError(
           fmt::format("--legacy-geometry: node '{}' given twice", node));
     }
-    auto geometry = nvml::ParseGeometry(item.substr(eq + 1));
+    auto geometry = mig::ParseGeometry(item.substr(eq + 1));
     if (!geometry.ok()) {
       return absl::InvalidArgumentError(
           fmt::format("--legacy-geometry {}: {}", node, std::string(geometry.status().message())));

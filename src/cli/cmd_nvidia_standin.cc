@@ -36,7 +36,7 @@ struct StandinFlags {
 };
 
 absl::Status ApplyEverywhere(nvml::Nvml& gpu, const std::string& text, CliContext& ctx) {
-  auto spec = nvml::ParseGeometry(text);
+  auto spec = mig::ParseGeometry(text);
   if (!spec.ok()) return spec.status();
   auto count = gpu.DeviceCount();
   if (!count.ok()) return count.status();

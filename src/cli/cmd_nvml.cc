@@ -496,13 +496,13 @@ void RunDevices(const NvmlFlags& f, CliContext& ctx) {
 // --- apply-geometry ------------------------------------------------------------------------------
 
 // The geometry for one GPU: --geometry, or the HAMi legacy geometry for its model.
-absl::StatusOr<nvml::GeometrySpec> GeometryFor(const NvmlFlags& f, Nvml& nvml, uint32_t gpu) {
-  if (!f.geometry.empty()) return nvml::ParseGeometry(f.geometry);
+absl::StatusOr<mig::GeometrySpec> GeometryFor(const NvmlFlags& f, Nvml& nvml, uint32_t gpu) {
+  if (!f.geometry.empty()) return mig::ParseGeometry(f.geometry);
   auto config = protocol::LoadDeviceConfig(f.hami_config);
   if (!config.ok()) return config.status();
   auto info = nvml.GetGpu(gpu);
   if (!info.ok()) return info.status();
-  return nvml::SelectLegacyGeometry(config->legacy_geometries, info->name, *f.hami_geometry);
+  return mig::SelectLegacyGeometry(config->legacy_geometries, info->name, *f.hami_geometry);
 }
 
 Json GeometryJson(const nvml::GeometryResult& r) {
@@ -526,7 +526,7 @@ void RunApplyGeometry(const NvmlFlags& f, CliContext& ctx) {
                 kExitBadInput);
   }
   if (!f.geometry.empty()) {
-    if (auto parsed = nvml::ParseGeometry(f.geometry); !parsed.ok())
+    if (auto parsed = mig::ParseGeometry(f.geometry); !parsed.ok())
       return Fail(ctx, command, parsed.status(), kExitBadInput);
   }
   auto b = Open(f, ctx, command);

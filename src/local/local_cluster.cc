@@ -1088,7 +1088,7 @@ void LocalCluster::PublishMigResources(Node& node, bool serving) {
 absl::Status LocalCluster::ApplyLegacyGeometry(Node& node) {
   auto it = options_.legacy_geometry.find(node.spec.name);
   if (it == options_.legacy_geometry.end()) return absl::OkStatus();
-  auto spec = nvml::ParseGeometry(it->second);
+  auto spec = mig::ParseGeometry(it->second);
   if (!spec.ok())
     return absl::InvalidArgumentError(
         fmt::format("node {}: {}", node.spec.name, std::string(spec.status().message())));

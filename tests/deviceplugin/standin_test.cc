@@ -39,7 +39,7 @@ class StandinTest : public ::testing::Test {
   void SetUp() override {
     sim_ = H200(dir_.path() + "/gpus.json");
     ASSERT_NE(sim_, nullptr);
-    auto g = nvml::ApplyGeometry(*sim_, 0, *nvml::ParseGeometry("1g.18gb=1,2g.35gb=3"));
+    auto g = nvml::ApplyGeometry(*sim_, 0, *mig::ParseGeometry("1g.18gb=1,2g.35gb=3"));
     ASSERT_TRUE(g.ok()) << g.status();
     geometry_ = *g;
     auto kubelet = TestKubelet::Start(dir_.path() + "/dp");
