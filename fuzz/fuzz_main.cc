@@ -14,6 +14,7 @@ int FuzzAdmissionReview(const uint8_t* data, size_t size);
 int FuzzBoundedJson(const uint8_t* data, size_t size);
 int FuzzDeviceConfig(const uint8_t* data, size_t size);
 int FuzzExtenderArgs(const uint8_t* data, size_t size);
+int FuzzGeometry(const uint8_t* data, size_t size);
 int FuzzHeldSlices(const uint8_t* data, size_t size);
 int FuzzIdleInstances(const uint8_t* data, size_t size);
 int FuzzKubeconfig(const uint8_t* data, size_t size);
@@ -22,6 +23,7 @@ int FuzzMigMinors(const uint8_t* data, size_t size);
 int FuzzNodeRegister(const uint8_t* data, size_t size);
 int FuzzPodDevices(const uint8_t* data, size_t size);
 int FuzzPodRequest(const uint8_t* data, size_t size);
+int FuzzRuntimeInfo(const uint8_t* data, size_t size);
 int FuzzTraceCsv(const uint8_t* data, size_t size);
 
 namespace {
@@ -38,6 +40,7 @@ constexpr Entry kTargets[] = {
     {"bounded_json", FuzzBoundedJson},
     {"device_config", FuzzDeviceConfig},
     {"extender_args", FuzzExtenderArgs},
+    {"geometry", FuzzGeometry},
     {"held_slices", FuzzHeldSlices},
     {"idle_instances", FuzzIdleInstances},
     {"kubeconfig", FuzzKubeconfig},
@@ -46,6 +49,7 @@ constexpr Entry kTargets[] = {
     {"node_register", FuzzNodeRegister},
     {"pod_devices", FuzzPodDevices},
     {"pod_request", FuzzPodRequest},
+    {"runtime_info", FuzzRuntimeInfo},
     {"trace_csv", FuzzTraceCsv},
 };
 

@@ -17,7 +17,7 @@ failed=()
 max_len_of() {
   case $1 in
     admission_review | bounded_json | extender_args | held_slices | idle_instances | \
-      mig_allocations | node_register | pod_request) echo 1048576 ;;
+      mig_allocations | node_register | pod_request | runtime_info) echo 1048576 ;;
     *) echo 65536 ;;
   esac
 }
