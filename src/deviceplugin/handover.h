@@ -109,6 +109,9 @@ struct LegacyState {
   bool fresh = false;                        // `evidence` may be used in this cycle
   absl::Duration read_at;                    // monotonic time of the read
   std::string gap;                           // EvidenceGap of `evidence`
+  bool gap_known = false;   // `gap` was computed for `evidence` (not so for a prefetched read)
+  bool asked = false;       // this cycle asked for the evidence (the next one likely will)
+  bool prefetched = false;  // `evidence` was read ahead for the next cycle (OfferEvidence)
   // A live instance dynmig does not manage, as this cycle attributed it (free or unproven).
   struct Untracked {
     Attribution attribution;

@@ -110,6 +110,7 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> PluginCore::Allocate(
   const absl::Duration start = options_.clock->Monotonic();
   std::string result = "failed";
   absl::StatusOr<v1beta1::ContainerAllocateResponse> out;
+  PrefetchEvidence();
   {
     NodeLock lock(this);
     out = AllocateLocked(device_ids, &result);
@@ -134,8 +135,20 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> PluginCore::AllocateLocked(
   return allocator_.Allocate(device_ids, pods, result);
 }
 
+void PluginCore::PrefetchEvidence() {
+  {
+    NodeLock lock(this);
+    if (!reclaimer_.WantsEvidence()) return;
+  }
+  const absl::Duration read_at = options_.clock->Monotonic();
+  HandoverEvidence evidence = reclaimer_.ReadEvidenceSources();
+  NodeLock lock(this);
+  reclaimer_.OfferEvidence(std::move(evidence), read_at);
+}
+
 ReconcileReport PluginCore::Reconcile() {
   const absl::Duration start = options_.clock->Monotonic();
+  PrefetchEvidence();
   NodeLock lock(this);
   ReconcileReport report = reclaimer_.Reconcile();
   const std::string_view outcome = !report.listed           ? "skipped_list"

@@ -210,6 +210,10 @@ class PluginCore {
 
   class NodeLock;
 
+  // Reads the handover evidence outside the node lock when the last cycles needed it and it is
+  // stale, and offers it to the reclaimer (Reclaimer::ReadEvidenceSources).
+  void PrefetchEvidence() ABSL_LOCKS_EXCLUDED(ns_.mu);
+
   // Allocate under the node state's lock: the reclaimer frees what ended pods hold (recovering
   // first when recovery is pending), then the allocator's pipeline runs.
   absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateLocked(

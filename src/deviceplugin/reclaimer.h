@@ -69,6 +69,20 @@ class Reclaimer {
   // answers); clears recovery_pending.
   void Recover(const std::vector<PodMig>& pods) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_.ns.mu);
 
+  // Handover evidence read WITHOUT the node lock, so that the kubelet's and the runtime's answers
+  // (each bounded by its deadline, the runtime's List by its budget) never hold Allocate up:
+  //   if (core.WantsEvidence()) { auto e = ReadEvidenceSources(); <lock>; OfferEvidence(e, t); }
+  // Reading early is safe: a legacy allocator is gone, so no container gains a legacy instance
+  // after the read, and one that ended after it still counts as a holder (kept one cycle more).
+  // Whether the last cycle needed evidence (instances to attribute or legacy ones to confirm) and
+  // what it has is older than options.evidence_max_age.
+  bool WantsEvidence() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_.ns.mu);
+  // Reads PodResources and the runtime (the device plugin's own pod left out). No lock.
+  HandoverEvidence ReadEvidenceSources() const;
+  // Installs evidence read at monotonic `read_at`; the next cycle uses it while fresh.
+  void OfferEvidence(HandoverEvidence evidence, absl::Duration read_at)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_.ns.mu);
+
  private:
   struct Candidate;
   using Candidates = std::map<std::pair<std::string, uint32_t>, Candidate>;  // (gpu, start)
@@ -149,9 +163,12 @@ class Reclaimer {
   // Starts a cycle's attribution: the evidence is read again when next asked for, unless the last
   // read is younger than options.evidence_max_age.
   void BeginHandoverCycle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_.ns.mu);
-  // This cycle's evidence (the kubelet's PodResources, the runtime), read once per cycle.
+  // This cycle's evidence (the kubelet's PodResources, the runtime), read once per cycle, or the
+  // one OfferEvidence installed while it is younger than options.evidence_max_age.
   const HandoverEvidence& Evidence(const std::vector<PodMig>& pods)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_.ns.mu);
+  // EvidenceGap of the installed evidence over this cycle's live instances (logged once).
+  void ComputeGap(const std::vector<PodMig>& pods) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_.ns.mu);
   // The live instance of GI `gi` of `gpu` (its CIs and MIG UUIDs).
   LiveInstance Live(const GpuEntry& gpu, const nvml::GpuInstanceInfo& gi);
   // Attributes the GIs of `gpu` no pod annotation describes: held ones become managed (origin

@@ -42,15 +42,22 @@ std::string ProfileName(const GpuEntry& gpu, uint32_t profile_id) {
 
 void Reclaimer::BeginHandoverCycle() {
   LegacyState& l = ops_.ns.legacy;
-  l.fresh = l.evidence.has_value() &&
-            ops_.options.clock->Monotonic() - l.read_at < ops_.options.evidence_max_age;
+  l.asked = false;
+  // A read ahead (OfferEvidence) serves this one cycle whatever its age; any read serves while
+  // younger than evidence_max_age.
+  l.fresh = l.evidence.has_value() && (l.prefetched || ops_.options.clock->Monotonic() - l.read_at <
+                                                           ops_.options.evidence_max_age);
+  l.prefetched = false;
   l.untracked.clear();
   l.unconfirmed.clear();
 }
 
-const HandoverEvidence& Reclaimer::Evidence(const std::vector<PodMig>& pods) {
-  LegacyState& l = ops_.ns.legacy;
-  if (l.fresh && l.evidence.has_value()) return *l.evidence;
+bool Reclaimer::WantsEvidence() const {
+  const LegacyState& l = ops_.ns.legacy;
+  return l.asked && ops_.options.clock->Monotonic() - l.read_at >= ops_.options.evidence_max_age;
+}
+
+HandoverEvidence Reclaimer::ReadEvidenceSources() const {
   HandoverEvidence e;
   e.own_resource = ops_.options.resource_name;
   if (ops_.pod_resources == nullptr) {
@@ -66,6 +73,37 @@ const HandoverEvidence& Reclaimer::Evidence(const std::vector<PodMig>& pods) {
                     [&](const RuntimeContainer& c) { return c.PodKey() == ops_.options.self_pod; });
     }
   }
+  return e;
+}
+
+void Reclaimer::OfferEvidence(HandoverEvidence evidence, absl::Duration read_at) {
+  LegacyState& l = ops_.ns.legacy;
+  if (l.evidence.has_value() && read_at <= l.read_at) return;  // a newer read is in place
+  l.evidence = std::move(evidence);
+  l.read_at = read_at;
+  l.gap_known = false;
+  l.prefetched = true;
+}
+
+const HandoverEvidence& Reclaimer::Evidence(const std::vector<PodMig>& pods) {
+  LegacyState& l = ops_.ns.legacy;
+  l.asked = true;
+  if (l.fresh && l.evidence.has_value()) {
+    if (!l.gap_known) ComputeGap(pods);
+    return *l.evidence;
+  }
+  // The first need (or a cycle no prefetch served): read under the lock.
+  const absl::Duration read_at = ops_.options.clock->Monotonic();
+  l.evidence = ReadEvidenceSources();
+  l.read_at = read_at;
+  l.fresh = true;
+  l.prefetched = false;
+  ComputeGap(pods);
+  return *l.evidence;
+}
+
+void Reclaimer::ComputeGap(const std::vector<PodMig>& pods) {
+  LegacyState& l = ops_.ns.legacy;
   std::vector<LiveInstance> live;
   for (const auto& gpu : ops_.ns.inventory.gpus) {
     if (!gpu.exposed || !gpu.info.mig.current) continue;
@@ -73,14 +111,11 @@ const HandoverEvidence& Reclaimer::Evidence(const std::vector<PodMig>& pods) {
     if (!gis.ok()) continue;
     for (const auto& gi : *gis) live.push_back(Live(gpu, gi));
   }
-  l.gap = EvidenceGap(e, pods, live);
-  l.evidence = std::move(e);
-  l.fresh = true;
-  l.read_at = ops_.options.clock->Monotonic();
+  l.gap = EvidenceGap(*l.evidence, pods, live);
+  l.gap_known = true;
   if (!l.gap.empty() && ops_.FirstReport("legacy-gap/" + l.gap)) {
     spdlog::warn("handover: no untracked instance can be proven free: {}", l.gap);
   }
-  return *l.evidence;
 }
 
 LiveInstance Reclaimer::Live(const GpuEntry& gpu, const nvml::GpuInstanceInfo& gi) {

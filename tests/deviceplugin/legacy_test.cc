@@ -3,6 +3,9 @@
 // a fake PodResources source and a fake container runtime.
 #include <gtest/gtest.h>
 
+#include <future>
+#include <thread>
+
 #include "dp_test_util.h"
 
 namespace dynmig::deviceplugin::testing {
@@ -18,6 +21,8 @@ class FakePodResources final : public PodResourcesSource {
   absl::StatusOr<PodResourcesList> List() override {
     dynmig::MutexLock lock(&mu_);
     ++lists_;
+    entered_ = true;
+    mu_.Await(dynmig::Condition(&open_));
     if (!error_.ok()) return error_;
     PodResourcesList out = kubelet_->PodResources();
     for (const auto& [name, pod] : extra_) out.push_back(pod);
@@ -40,6 +45,20 @@ class FakePodResources final : public PodResourcesSource {
     dynmig::MutexLock lock(&mu_);
     error_ = std::move(error);
   }
+  // List waits while blocked (a slow kubelet).
+  void Block() {
+    dynmig::MutexLock lock(&mu_);
+    open_ = false;
+    entered_ = false;
+  }
+  bool AwaitEntered(absl::Duration timeout) {
+    dynmig::MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(dynmig::Condition(&entered_), timeout);
+  }
+  void Unblock() {
+    dynmig::MutexLock lock(&mu_);
+    open_ = true;
+  }
 
  private:
   TestKubelet* kubelet_;
@@ -47,6 +66,8 @@ class FakePodResources final : public PodResourcesSource {
   std::map<std::string, PodResourcesPod> extra_ ABSL_GUARDED_BY(mu_);
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   int lists_ ABSL_GUARDED_BY(mu_) = 0;
+  bool open_ ABSL_GUARDED_BY(mu_) = true;
+  bool entered_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 class FakeRuntime final : public ContainerRuntimeSource {
@@ -330,6 +351,41 @@ TEST_F(LegacyTest, EvidenceIsReusedWithinItsMaxAge) {
   ASSERT_NE(StartPlugin(), nullptr);
   plugin_->core().Reconcile();
   EXPECT_FALSE(GiAt(0, 0).has_value());
+}
+
+TEST_F(LegacyTest, EvidenceIsReadOutsideTheNodeLock) {
+  const auto a = CreateRaw(0, "1g.5gb", 0);
+  CreatePlainPod("nv");
+  pod_resources_fake_->Hold("nv", a.mig_uuid);
+  ASSERT_NE(StartPlugin(), nullptr);  // evidence_max_age 0: read every cycle
+  plugin_->core().Reconcile();        // a cycle that needed the evidence
+  const int lists = pod_resources_fake_->lists();
+  pod_resources_fake_->Block();
+  std::thread cycle([&] { plugin_->core().Reconcile(); });
+  ASSERT_TRUE(pod_resources_fake_->AwaitEntered(absl::Seconds(30)));
+  // While the kubelet is slow to answer, the node lock is free: its users (Allocate, GET /nvml,
+  // ListAndWatch) go on.
+  auto managed = std::async(std::launch::async, [&] { return plugin_->core().Managed(); });
+  const bool free = managed.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  pod_resources_fake_->Unblock();
+  cycle.join();
+  EXPECT_TRUE(free) << "the node lock was held while the evidence was read";
+  EXPECT_EQ(managed.get().size(), 1u);
+  // The cycle used the read it prefetched: one read, and the holder still proven.
+  EXPECT_EQ(pod_resources_fake_->lists(), lists + 1);
+  ASSERT_TRUE(ManagedAt(0, 0).has_value());
+  EXPECT_EQ(ManagedAt(0, 0)->holders.size(), 1u);
+  // A cycle that needs no evidence reads none ahead: with the holder gone the instance is
+  // reclaimed, and the cycles after it read nothing.
+  DeletePod("nv");
+  pod_resources_fake_->Forget("nv");
+  plugin_->core().Reconcile();
+  EXPECT_FALSE(GiAt(0, 0).has_value());
+  plugin_->core().Reconcile();
+  const int after = pod_resources_fake_->lists();
+  plugin_->core().Reconcile();
+  plugin_->core().Reconcile();
+  EXPECT_EQ(pod_resources_fake_->lists(), after);
 }
 
 TEST_F(LegacyTest, OldStateFileWithoutHoldersLoads) {
