@@ -82,9 +82,7 @@ std::optional<MovePlan> PlanMove(const MoveInput& in, uint32_t pod) {
   }
   std::sort(plans.begin(), plans.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
-  // The acceptance check re-plans the moved pods: only the best few plans are tried.
-  constexpr size_t kMaxTried = 16;
-  for (size_t k = 0; k < plans.size() && k < kMaxTried; ++k) {
+  for (size_t k = 0; k < plans.size(); ++k) {
     if (!in.accept || in.accept(plans[k].second)) return std::move(plans[k].second);
   }
   return std::nullopt;

@@ -427,37 +427,52 @@ class DynmigPolicy : public DynamicBase {
 
   bool MovedPodsFit(const std::vector<uint32_t>& evict, uint32_t gpu,
                     Placement placement) override {
-    std::vector<mig::NodeView> view = nodes_;
+    // Tried on the planner's own view, every change undone before returning.
+    undo_.clear();
+    auto touch = [&](GpuUsage& u) -> GpuUsage& {
+      undo_.push_back({&u, u});
+      return u;
+    };
+    bool fits = true;
     for (uint32_t e : evict) {
-      if (!live_[e]) return false;
-      for (uint32_t k = 0; k < pods_[e].count; ++k) {
+      if (!live_[e]) fits = false;
+      for (uint32_t k = 0; fits && k < pods_[e].count; ++k) {
         const Inst& in = inst_[pods_[e].inst_offset + k];
-        GpuUsage& u = ViewUsage(view, in.gpu);
+        GpuUsage& u = touch(ViewUsage(in.gpu));
         u.occupied &= ~in.placement.Mask();
         if (u.counts[in.profile] > 0) --u.counts[in.profile];
       }
     }
-    ViewUsage(view, gpu).occupied |= placement.Mask();
-    for (uint32_t e : evict) {
-      const mig::PodPlan plan = mig::PlanPod(view, requests_[pods_[e].cls]);
-      if (plan.chosen < 0) return false;
-      mig::NodeView& node = view[static_cast<size_t>(plan.chosen)];
+    if (fits) touch(ViewUsage(gpu)).occupied |= placement.Mask();
+    for (size_t i = 0; fits && i < evict.size(); ++i) {
+      const mig::PodPlan plan = mig::PlanPod(nodes_, requests_[pods_[evict[i]].cls]);
+      if (plan.chosen < 0) {
+        fits = false;
+        break;
+      }
+      mig::NodeView& node = nodes_[static_cast<size_t>(plan.chosen)];
       for (const auto& a : plan.nodes[plan.chosen].assignments) {
-        if (a.gpu >= node.gpus.size()) return false;
-        GpuUsage& u = node.gpus[a.gpu].usage;
+        if (a.gpu >= node.gpus.size()) {
+          fits = false;
+          break;
+        }
+        GpuUsage& u = touch(node.gpus[a.gpu].usage);
         u.occupied |= a.placement.Mask();
         ++u.counts[a.profile_index];
       }
     }
-    return true;
+    for (size_t i = undo_.size(); i-- > 0;) *undo_[i].first = undo_[i].second;
+    undo_.clear();
+    return fits;
   }
 
  private:
-  GpuUsage& ViewUsage(std::vector<mig::NodeView>& view, uint32_t gpu) const {
+  GpuUsage& ViewUsage(uint32_t gpu) {
     const uint32_t node = cluster_.gpu_node[gpu];
-    return view[node].gpus[gpu - cluster_.node_first_gpu[node]].usage;
+    return nodes_[node].gpus[gpu - cluster_.node_first_gpu[node]].usage;
   }
 
+  std::vector<std::pair<GpuUsage*, GpuUsage>> undo_;  // MovedPodsFit's changes to the view
   std::optional<DefragConfig> defrag_;
 
  public:
@@ -817,14 +832,57 @@ class PlannerBestFitPolicy : public DynamicBase {
   }
 };
 
+// The longest run of free units in `occupied` (of `units`).
+uint32_t LargestFreeRun(SliceMask occupied, uint32_t units) {
+  uint32_t best = 0, run = 0;
+  for (uint32_t b = 0; b < units; ++b) {
+    run = ((occupied >> b) & 1u) ? 0 : run + 1;
+    best = std::max(best, run);
+  }
+  return best;
+}
+
+// HAMi after PR #2855 (reference study, section 8): the smallest covering profile with a free
+// placement, as before; among its free placements the one that leaves the largest free run, then
+// the most legal placements of the allowlisted profiles still free (within their instance
+// limits), then the lowest start.
+bool PickNewest(const ModelGroup& g, const PlacementOrder& asc, const GpuUsage& u,
+                const std::vector<uint32_t>& cands, uint32_t& profile, Placement& placement) {
+  for (uint32_t p : cands) {
+    if (u.counts[p] >= g.profile(p).instance_count) continue;
+    bool found = false;
+    uint32_t best_run = 0, best_left = 0;
+    for (const auto& op : asc[p]) {  // by start ascending: ties keep the lowest start
+      if ((op.mask & u.occupied) != 0) continue;
+      const SliceMask after = u.occupied | op.mask;
+      const uint32_t run = LargestFreeRun(after, g.units);
+      uint32_t left = 0;
+      for (uint32_t q : g.planner->allowed()) {
+        if (u.counts[q] + (q == p ? 1u : 0u) >= g.profile(q).instance_count) continue;
+        for (const auto& oq : asc[q]) left += (oq.mask & after) == 0 ? 1u : 0u;
+      }
+      if (!found || run > best_run || (run == best_run && left > best_left)) {
+        found = true;
+        best_run = run;
+        best_left = left;
+        profile = p;
+        placement = op.placement;
+      }
+    }
+    if (found) return true;
+  }
+  return false;
+}
+
 // HAMi v2.10 (reference study, section 2.3-2.4): nodes binpack by the node score before the pod,
 // GPUs in spread order (emptiest first by the GPU score), instances of one container stay on a
 // GPU until it is full, profile = smallest covering one with a free placement, placements by the
 // name-prefix rule.
 class HamiPolicy : public DynamicBase {
  public:
-  HamiPolicy(std::string name, const Cluster& cluster, const std::vector<SimPod>& pods)
-      : DynamicBase(std::move(name), cluster, pods) {
+  // `newest`: per GPU, PR #2855's placement scoring (PickNewest) instead of the name-prefix order.
+  HamiPolicy(std::string name, const Cluster& cluster, const std::vector<SimPod>& pods, bool newest)
+      : DynamicBase(std::move(name), cluster, pods), newest_(newest) {
     order_.resize(cluster.gpus_per_node);
     gpu_score_.resize(cluster.gpus_per_node);
   }
@@ -904,13 +962,16 @@ class HamiPolicy : public DynamicBase {
         uint32_t instances = 0;
         for (uint32_t idx : g.planner->allowed()) instances += scratch_[i].counts[idx];
         if (instances >= g.device_count) continue;
-        if (PickOn(g, hami_[gi], scratch_[i], cands, profile, pl)) return static_cast<int32_t>(i);
+        const bool ok = newest_ ? PickNewest(g, asc_[gi], scratch_[i], cands, profile, pl)
+                                : PickOn(g, hami_[gi], scratch_[i], cands, profile, pl);
+        if (ok) return static_cast<int32_t>(i);
       }
       return -1;
     };
     return PlanOnNode(cluster_, n, sp.count, scratch_, usage_, picks_, npicks_, choose);
   }
 
+  bool newest_;
   std::vector<uint32_t> order_;
   std::vector<double> gpu_score_;
 };
@@ -1386,8 +1447,9 @@ class StaticPolicy : public Policy {
 }  // namespace
 
 std::vector<std::string> DefaultPolicies() {
-  return {"dynmig",        "hami-v2.10",    "first-fit",     "best-fit",      "static:all-balanced",
-          "static:all-1g", "static:all-2g", "static:all-3g", "static:all-7g", "repack"};
+  return {"dynmig",        "dynmig:defrag", "hami-v2.10",          "hami-newest",
+          "first-fit",     "best-fit",      "static:all-balanced", "static:all-1g",
+          "static:all-2g", "static:all-3g", "static:all-7g",       "repack"};
 }
 
 absl::StatusOr<WarmConfig> ParseWarmConfig(std::string_view text) {
@@ -1524,7 +1586,10 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec, const 
     return std::unique_ptr<Policy>(std::move(policy));
   }
   if (spec == "hami-v2.10" || spec == "hami") {
-    return std::unique_ptr<Policy>(new HamiPolicy(name, cluster, pods));
+    return std::unique_ptr<Policy>(new HamiPolicy(name, cluster, pods, false));
+  }
+  if (spec == "hami-newest") {
+    return std::unique_ptr<Policy>(new HamiPolicy(name, cluster, pods, true));
   }
   if (spec == "gpuplanner:best-fit") {
     return std::unique_ptr<Policy>(new PlannerBestFitPolicy(name, cluster, pods));
@@ -1544,7 +1609,8 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec, const 
     return std::unique_ptr<Policy>(std::move(policy));
   }
   return absl::InvalidArgumentError(fmt::format(
-      "--policy: unknown policy \"{}\" (known: dynmig, hami-v2.10, first-fit, best-fit, repack, "
+      "--policy: unknown policy \"{}\" (known: dynmig, dynmig:defrag, hami-v2.10, hami-newest, "
+      "first-fit, best-fit, repack, "
       "gpuplanner:best-fit, "
       "static:all-balanced, static:all-1g, static:all-2g, static:all-3g, static:all-4g, "
       "static:all-7g)",
