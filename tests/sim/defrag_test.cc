@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "sim/generator.h"
 #include "sim/policies.h"
 #include "sim/simulator.h"
 #include "sim_test_util.h"
@@ -159,6 +160,36 @@ TEST(Defrag, NeverEvictsWithoutAPodWaitingForFragmentation) {
     EXPECT_EQ(r.policies[1].evictions, 0u);
     EXPECT_EQ(r.policies[1].accepted, r.policies[0].accepted);
     EXPECT_LT(r.policies[1].accepted, 300u);  // pods did wait or were lost
+  }
+}
+
+// The generator's optin/optout shares: the same pods either way, about the shares asked, and a
+// run with every pod opted out moves nothing.
+TEST(Defrag, GeneratedOptInAndOptOut) {
+  Cluster c = A100(16);
+  auto plain = GenerateTrace("pods=2000,load=1.2", 3, c);
+  auto marked = GenerateTrace("pods=2000,load=1.2,optin=0.3,optout=0.2", 3, c);
+  ASSERT_TRUE(plain.ok() && marked.ok());
+  ASSERT_EQ(plain->pods.size(), marked->pods.size());
+  size_t in = 0, out = 0;
+  for (size_t k = 0; k < plain->pods.size(); ++k) {
+    EXPECT_EQ(plain->pods[k].arrival, marked->pods[k].arrival);
+    EXPECT_EQ(plain->pods[k].percent, marked->pods[k].percent);
+    EXPECT_EQ(plain->pods[k].defrag, DefragChoice::kDefault);
+    in += marked->pods[k].defrag == DefragChoice::kOptIn;
+    out += marked->pods[k].defrag == DefragChoice::kOptOut;
+  }
+  EXPECT_NEAR(static_cast<double>(in) / 2000, 0.3, 0.05);
+  EXPECT_NEAR(static_cast<double>(out) / 2000, 0.2, 0.05);
+  auto all_out = GenerateTrace("pods=2000,load=1.2,optout=1", 3, c);
+  ASSERT_TRUE(all_out.ok());
+  SimResult r = RunSim(*all_out, c, {"dynmig:defrag", "dynmig:defrag+any-move"}, Mode::kReject);
+  EXPECT_EQ(r.policies[0].evictions, 0u);
+  EXPECT_EQ(r.policies[1].evictions, 0u);
+  SimResult some = RunSim(*plain, c, {"dynmig:defrag+any-move"}, Mode::kReject);
+  EXPECT_GT(some.policies[0].evictions, 0u);  // the same pods do move when they may
+  for (const char* bad : {"optin=1.5", "optout=-0.1", "optin=0.6,optout=0.6", "optin=nan"}) {
+    EXPECT_FALSE(GenerateTrace(fmt::format("pods=10,{}", bad), 1, c).ok()) << bad;
   }
 }
 
