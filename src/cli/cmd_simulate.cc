@@ -229,9 +229,11 @@ void RegisterSimulateCommand(CLI::App& root, CliContext& ctx) {
                   "GPU models and counts, e.g. A100-SXM4-40GBx100,H100 80GBx50")
       ->capture_default_str();
   cmd->add_option("--gpus-per-node", flags->gpus_per_node, "GPUs per node")->capture_default_str();
-  cmd->add_option("--policy", flags->policy,
-                  "comma-separated policies (default: dynmig, hami-v2.10, first-fit, best-fit, "
-                  "static:all-balanced/all-1g/all-2g/all-3g/all-7g, repack)");
+  cmd->add_option(
+      "--policy", flags->policy,
+      "comma-separated policies (default: dynmig, dynmig:defrag, hami-v2.10, hami-newest, "
+      "first-fit, best-fit, "
+      "static:all-balanced/all-1g/all-2g/all-3g/all-7g, repack)");
   cmd->add_option("--mode", flags->mode, "reject | queue | fill")->capture_default_str();
   cmd->add_option("--nvml-latency", flags->nvml_latency,
                   "instance create/destroy time added to each pod's time to Running: none, "

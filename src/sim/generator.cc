@@ -112,6 +112,7 @@ struct GenSpec {
   double mu = 6.3, sigma = 1.9;  // lognormal lifetime
   double fixed_life = 0;         // > 0: every pod lives this long
   uint64_t burst = 50;
+  double optin = 0, optout = 0;  // shares of pods that opt in to / out of moves
 };
 
 // SPEC's key=value pairs. Split on ',' but keep pieces without '=' with the previous value
@@ -197,9 +198,17 @@ absl::Status ApplyKey(const std::string& key, const std::string& value, GenSpec&
       return absl::InvalidArgumentError("--generate: burst must be from 1 to 1000000");
     }
     g.burst = static_cast<uint64_t>(*v);
+  } else if (key == "optin" || key == "optout") {
+    auto v = ParseDouble(key, value);
+    if (!v.ok()) return v.status();
+    if (!(*v >= 0 && *v <= 1)) {
+      return absl::InvalidArgumentError(fmt::format("--generate: {} must be from 0 to 1", key));
+    }
+    (key == "optin" ? g.optin : g.optout) = *v;
   } else {
     return absl::InvalidArgumentError(fmt::format(
-        "--generate: unknown key \"{}\" (known: pods, mix, arrival, rate, load, life, burst)",
+        "--generate: unknown key \"{}\" (known: pods, mix, arrival, rate, load, life, burst, "
+        "optin, optout)",
         key));
   }
   return absl::OkStatus();
@@ -265,6 +274,9 @@ absl::StatusOr<Trace> GenerateTrace(std::string_view spec, uint64_t seed, const 
   }
   auto mix = ParseMix(g.mix, ref);
   if (!mix.ok()) return mix.status();
+  if (g.optin + g.optout > 1) {
+    return absl::InvalidArgumentError("--generate: optin + optout must be at most 1");
+  }
 
   double rate = g.rate;
   if (rate == 0) {
@@ -278,6 +290,16 @@ absl::StatusOr<Trace> GenerateTrace(std::string_view spec, uint64_t seed, const 
   Trace trace;
   trace.source = fmt::format("generated:{} (seed {})", spec, seed);
   trace.pods = DrawPods(g, *mix, rate, seed);
+  if (g.optin > 0 || g.optout > 0) {
+    // A stream of its own: the same seed draws the same pods with or without these keys.
+    Rng choice(seed ^ 0x9e3779b97f4a7c15ULL);
+    for (auto& pod : trace.pods) {
+      const double u = choice.Uniform();
+      pod.defrag = u < g.optin              ? DefragChoice::kOptIn
+                   : u < g.optin + g.optout ? DefragChoice::kOptOut
+                                            : DefragChoice::kDefault;
+    }
+  }
   // The horizon is the last arrival: utilization and waits are measured while pods arrive (a
   // heavy tail of departures would otherwise dilute them).
   trace.end = trace.pods.empty() ? 0 : trace.pods.back().arrival;

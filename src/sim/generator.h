@@ -13,6 +13,8 @@
 //   life=lognormal:6.3,1.9          lifetime in seconds: lognormal:mu,sigma (heavy-tailed; the
 //                                   default fits the trace's p50 545 s and p90 6,255 s) or fixed:S
 //   burst=50                        batch size for arrival=burst
+//   optin=0, optout=0               shares of pods that opt in to / out of the defragmenter's
+//                                   moves (drawn from a stream of their own)
 // Deterministic for a given (SPEC, seed, cluster) on every platform.
 #pragma once
 

@@ -5,6 +5,7 @@
 #include <bit>
 #include <deque>
 #include <limits>
+#include <optional>
 #include <span>
 
 #include "common/status_macros.h"
@@ -26,6 +27,15 @@ absl::Status Policy::Violation(uint32_t pod, const std::string& what) const {
                                      : fmt::format("generated pod #{}", pod);
   return absl::InternalError(
       fmt::format("invariant violated by policy {} ({}): {}", name_, who, what));
+}
+
+absl::Status Policy::PlaceExactly(uint32_t pod, uint32_t /*gpu*/, uint32_t /*profile*/,
+                                  mig::Placement /*placement*/) {
+  return Violation(pod, "this policy does not place pods at a given placement");
+}
+
+absl::Status Policy::Reserve(uint32_t pod, uint32_t /*gpu*/, mig::Placement /*placement*/) {
+  return Violation(pod, "this policy does not reserve slices");
 }
 
 namespace {
@@ -100,10 +110,44 @@ class DynamicBase : public Policy {
     node_of_.assign(pods.size(), 0);
     live_.assign(pods.size(), 0);
     scratch_.assign(cluster.gpus_per_node, GpuUsage{});
+    reserved_.assign(cluster.gpu_count(), 0);
     for (const auto& g : cluster.groups) {
       asc_.push_back(MakeOrder(g, false));
       hami_.push_back(MakeOrder(g, true));
     }
+  }
+
+  absl::Status PlaceExactly(uint32_t pod, uint32_t gpu, uint32_t profile,
+                            Placement placement) override {
+    picks_[0] = {gpu, profile, placement};
+    npicks_ = 1;
+    return Commit(pod);
+  }
+
+  absl::Status Reserve(uint32_t pod, uint32_t gpu, Placement placement) override {
+    if (gpu >= cluster_.gpu_count())
+      return Violation(pod, fmt::format("GPU {} does not exist", gpu));
+    const SliceMask m = placement.Mask();
+    if ((reserved_[gpu] & m) != 0) {
+      return Violation(
+          pod, fmt::format("slices {} of GPU {} are already reserved", placement.ToString(), gpu));
+    }
+    reserved_[gpu] |= m;
+    reservations_.push_back({pod, gpu, m});
+    OnChange(gpu);
+    return absl::OkStatus();
+  }
+
+  void Unreserve(uint32_t gpu, Placement placement) override {
+    const SliceMask m = placement.Mask();
+    for (size_t i = 0; i < reservations_.size(); ++i) {
+      if (reservations_[i].gpu == gpu && reservations_[i].mask == m) {
+        reservations_.erase(reservations_.begin() + static_cast<std::ptrdiff_t>(i));
+        break;
+      }
+    }
+    reserved_[gpu] &= ~m;
+    OnChange(gpu);
   }
 
   absl::Status Remove(uint32_t pod) override {
@@ -134,7 +178,7 @@ class DynamicBase : public Policy {
     for (const auto& g : cluster_.groups) {
       const SliceMask full = mig::FullMask(g.units);
       for (uint32_t gpu = g.first_gpu; gpu < g.first_gpu + g.gpus; ++gpu) {
-        const SliceMask f = full & ~usage_[gpu].occupied;
+        const SliceMask f = full & ~(usage_[gpu].occupied | reserved_[gpu]);
         if (f == 0) continue;
         const uint32_t n = static_cast<uint32_t>(std::popcount(f));
         free += n;
@@ -230,6 +274,14 @@ class DynamicBase : public Policy {
       return Violation(pod, fmt::format("{} on GPU {} overlaps occupied slices (mask {:#x})",
                                         ProfileAt(g, p.profile, p.placement), p.gpu, u.occupied));
     }
+    if ((reserved_[p.gpu] & p.placement.Mask()) != 0) {
+      for (const auto& r : reservations_) {
+        if (r.gpu == p.gpu && (r.mask & p.placement.Mask()) != 0 && r.pod != pod) {
+          return Violation(pod, fmt::format("{} on GPU {} takes slices reserved for pod #{}",
+                                            ProfileAt(g, p.profile, p.placement), p.gpu, r.pod));
+        }
+      }
+    }
     if (u.counts[p.profile] >= spec.instance_count) {
       return Violation(pod, fmt::format("GPU {} already holds {} instance(s) of {}, the limit",
                                         p.gpu, u.counts[p.profile], spec.name));
@@ -242,6 +294,14 @@ class DynamicBase : public Policy {
   std::vector<uint32_t> node_of_;
   std::vector<uint8_t> live_;
   std::vector<GpuUsage> scratch_;  // one node's GPUs, while planning
+  // Slices reserved for a pod (a move's freed slices): no other pod is placed over them.
+  struct Resv {
+    uint32_t pod;
+    uint32_t gpu;
+    SliceMask mask;
+  };
+  std::vector<SliceMask> reserved_;  // per GPU
+  std::vector<Resv> reservations_;
   std::array<Pick, kMaxInstancesPerPod> picks_{};
   uint32_t npicks_ = 0;
   std::vector<PlacementOrder> asc_, hami_;  // by group
@@ -332,8 +392,88 @@ class DynmigPolicy : public DynamicBase {
 
   void OnChange(uint32_t gpu) override {
     const uint32_t node = cluster_.gpu_node[gpu];
-    nodes_[node].gpus[gpu - cluster_.node_first_gpu[node]].usage = usage_[gpu];
+    GpuUsage& view = nodes_[node].gpus[gpu - cluster_.node_first_gpu[node]].usage;
+    view = usage_[gpu];
+    view.occupied |= reserved_[gpu];  // reserved slices are taken for everyone else
   }
+
+ public:
+  const DefragConfig* defrag() const override { return defrag_ ? &*defrag_ : nullptr; }
+  void EnableDefrag(const DefragConfig& config) { defrag_ = config; }
+
+  bool WaitsForFragmentation(uint32_t pod) override {
+    const mig::PodPlan plan = mig::PlanPod(nodes_, requests_[pods_[pod].cls]);
+    if (plan.chosen >= 0) return false;
+    if (std::any_of(plan.nodes.begin(), plan.nodes.end(), [](const mig::NodePlan& n) {
+          return n.verdict == mig::Verdict::kFragmented;
+        })) {
+      return true;
+    }
+    if (!defrag_ || !defrag_->across_gpus) return false;
+    // Fragmentation across GPUs: some node has the free slices in total.
+    for (uint32_t n = 0; n < cluster_.node_count(); ++n) {
+      const ModelGroup& g = cluster_.group_of_node(n);
+      if (g.candidates[pods_[pod].percent].empty()) continue;
+      uint32_t free = 0;
+      for (uint32_t i = 0; i < cluster_.node_gpus[n]; ++i) {
+        const uint32_t gpu = cluster_.node_first_gpu[n] + i;
+        free += g.units - static_cast<uint32_t>(std::popcount(
+                              (usage_[gpu].occupied | reserved_[gpu]) & mig::FullMask(g.units)));
+      }
+      if (free >= pods_[pod].asked_units) return true;
+    }
+    return false;
+  }
+
+  bool MovedPodsFit(const std::vector<uint32_t>& evict, uint32_t gpu,
+                    Placement placement) override {
+    // Tried on the planner's own view, every change undone before returning.
+    undo_.clear();
+    auto touch = [&](GpuUsage& u) -> GpuUsage& {
+      undo_.push_back({&u, u});
+      return u;
+    };
+    bool fits = true;
+    for (uint32_t e : evict) {
+      if (!live_[e]) fits = false;
+      for (uint32_t k = 0; fits && k < pods_[e].count; ++k) {
+        const Inst& in = inst_[pods_[e].inst_offset + k];
+        GpuUsage& u = touch(ViewUsage(in.gpu));
+        u.occupied &= ~in.placement.Mask();
+        if (u.counts[in.profile] > 0) --u.counts[in.profile];
+      }
+    }
+    if (fits) touch(ViewUsage(gpu)).occupied |= placement.Mask();
+    for (size_t i = 0; fits && i < evict.size(); ++i) {
+      const mig::PodPlan plan = mig::PlanPod(nodes_, requests_[pods_[evict[i]].cls]);
+      if (plan.chosen < 0) {
+        fits = false;
+        break;
+      }
+      mig::NodeView& node = nodes_[static_cast<size_t>(plan.chosen)];
+      for (const auto& a : plan.nodes[plan.chosen].assignments) {
+        if (a.gpu >= node.gpus.size()) {
+          fits = false;
+          break;
+        }
+        GpuUsage& u = touch(node.gpus[a.gpu].usage);
+        u.occupied |= a.placement.Mask();
+        ++u.counts[a.profile_index];
+      }
+    }
+    for (size_t i = undo_.size(); i-- > 0;) *undo_[i].first = undo_[i].second;
+    undo_.clear();
+    return fits;
+  }
+
+ private:
+  GpuUsage& ViewUsage(uint32_t gpu) {
+    const uint32_t node = cluster_.gpu_node[gpu];
+    return nodes_[node].gpus[gpu - cluster_.node_first_gpu[node]].usage;
+  }
+
+  std::vector<std::pair<GpuUsage*, GpuUsage>> undo_;  // MovedPodsFit's changes to the view
+  std::optional<DefragConfig> defrag_;
 
  public:
   // Warm instances -------------------------------------------------------------------------------
@@ -692,14 +832,57 @@ class PlannerBestFitPolicy : public DynamicBase {
   }
 };
 
+// The longest run of free units in `occupied` (of `units`).
+uint32_t LargestFreeRun(SliceMask occupied, uint32_t units) {
+  uint32_t best = 0, run = 0;
+  for (uint32_t b = 0; b < units; ++b) {
+    run = ((occupied >> b) & 1u) ? 0 : run + 1;
+    best = std::max(best, run);
+  }
+  return best;
+}
+
+// HAMi after PR #2855 (reference study, section 8): the smallest covering profile with a free
+// placement, as before; among its free placements the one that leaves the largest free run, then
+// the most legal placements of the allowlisted profiles still free (within their instance
+// limits), then the lowest start.
+bool PickNewest(const ModelGroup& g, const PlacementOrder& asc, const GpuUsage& u,
+                const std::vector<uint32_t>& cands, uint32_t& profile, Placement& placement) {
+  for (uint32_t p : cands) {
+    if (u.counts[p] >= g.profile(p).instance_count) continue;
+    bool found = false;
+    uint32_t best_run = 0, best_left = 0;
+    for (const auto& op : asc[p]) {  // by start ascending: ties keep the lowest start
+      if ((op.mask & u.occupied) != 0) continue;
+      const SliceMask after = u.occupied | op.mask;
+      const uint32_t run = LargestFreeRun(after, g.units);
+      uint32_t left = 0;
+      for (uint32_t q : g.planner->allowed()) {
+        if (u.counts[q] + (q == p ? 1u : 0u) >= g.profile(q).instance_count) continue;
+        for (const auto& oq : asc[q]) left += (oq.mask & after) == 0 ? 1u : 0u;
+      }
+      if (!found || run > best_run || (run == best_run && left > best_left)) {
+        found = true;
+        best_run = run;
+        best_left = left;
+        profile = p;
+        placement = op.placement;
+      }
+    }
+    if (found) return true;
+  }
+  return false;
+}
+
 // HAMi v2.10 (reference study, section 2.3-2.4): nodes binpack by the node score before the pod,
 // GPUs in spread order (emptiest first by the GPU score), instances of one container stay on a
 // GPU until it is full, profile = smallest covering one with a free placement, placements by the
 // name-prefix rule.
 class HamiPolicy : public DynamicBase {
  public:
-  HamiPolicy(std::string name, const Cluster& cluster, const std::vector<SimPod>& pods)
-      : DynamicBase(std::move(name), cluster, pods) {
+  // `newest`: per GPU, PR #2855's placement scoring (PickNewest) instead of the name-prefix order.
+  HamiPolicy(std::string name, const Cluster& cluster, const std::vector<SimPod>& pods, bool newest)
+      : DynamicBase(std::move(name), cluster, pods), newest_(newest) {
     order_.resize(cluster.gpus_per_node);
     gpu_score_.resize(cluster.gpus_per_node);
   }
@@ -779,13 +962,16 @@ class HamiPolicy : public DynamicBase {
         uint32_t instances = 0;
         for (uint32_t idx : g.planner->allowed()) instances += scratch_[i].counts[idx];
         if (instances >= g.device_count) continue;
-        if (PickOn(g, hami_[gi], scratch_[i], cands, profile, pl)) return static_cast<int32_t>(i);
+        const bool ok = newest_ ? PickNewest(g, asc_[gi], scratch_[i], cands, profile, pl)
+                                : PickOn(g, hami_[gi], scratch_[i], cands, profile, pl);
+        if (ok) return static_cast<int32_t>(i);
       }
       return -1;
     };
     return PlanOnNode(cluster_, n, sp.count, scratch_, usage_, picks_, npicks_, choose);
   }
 
+  bool newest_;
   std::vector<uint32_t> order_;
   std::vector<double> gpu_score_;
 };
@@ -1261,8 +1447,9 @@ class StaticPolicy : public Policy {
 }  // namespace
 
 std::vector<std::string> DefaultPolicies() {
-  return {"dynmig",        "hami-v2.10",    "first-fit",     "best-fit",      "static:all-balanced",
-          "static:all-1g", "static:all-2g", "static:all-3g", "static:all-7g", "repack"};
+  return {"dynmig",        "dynmig:defrag", "hami-v2.10",          "hami-newest",
+          "first-fit",     "best-fit",      "static:all-balanced", "static:all-1g",
+          "static:all-2g", "static:all-3g", "static:all-7g",       "repack"};
 }
 
 absl::StatusOr<WarmConfig> ParseWarmConfig(std::string_view text) {
@@ -1292,6 +1479,42 @@ absl::StatusOr<WarmConfig> ParseWarmConfig(std::string_view text) {
   return w;
 }
 
+absl::StatusOr<bool> ParseDefragOption(std::string_view opt, DefragConfig& config) {
+  struct Timed {
+    std::string_view prefix;
+    double* field;
+    absl::Duration max;
+  };
+  const Timed timed[] = {{"wait-", &config.wait_s, absl::Hours(24)},
+                         {"grace-", &config.grace_s, absl::Hours(1)},
+                         {"restart-", &config.restart_s, absl::Hours(24)}};
+  for (const Timed& t : timed) {
+    if (!opt.starts_with(t.prefix)) continue;
+    const std::string_view value = opt.substr(t.prefix.size());
+    absl::Duration d;
+    if (value.empty() || value.size() > 16 || !absl::ParseDuration(std::string(value), &d) ||
+        d < absl::ZeroDuration() || d > t.max) {
+      return absl::InvalidArgumentError(
+          fmt::format("\"{}\": {}DURATION needs a duration from 0s to {} (e.g. {}90s)",
+                      opt.substr(0, 64), t.prefix, absl::FormatDuration(t.max), t.prefix));
+    }
+    *t.field = absl::ToDoubleSeconds(d);
+    return true;
+  }
+  if (opt.starts_with("rate-")) {
+    const std::string_view n = opt.substr(5);
+    if (n.empty() || n.size() > 4 || n.find_first_not_of("0123456789") != std::string_view::npos ||
+        std::stoul(std::string(n)) < 1 || std::stoul(std::string(n)) > 1000) {
+      return absl::InvalidArgumentError(
+          fmt::format("\"{}\": rate-N needs N, the evictions per node per hour, from 1 to 1000",
+                      opt.substr(0, 64)));
+    }
+    config.per_node_hour = static_cast<uint32_t>(std::stoul(std::string(n)));
+    return true;
+  }
+  return false;
+}
+
 std::string WarmConfigText(const WarmConfig& warm) {
   return fmt::format("{},{}", absl::FormatDuration(warm.ttl), warm.max_per_gpu);
 }
@@ -1305,9 +1528,27 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec, const 
     mig::NodePolicy node = mig::PodRequest{}.node_policy;
     uint32_t bind_window = 0;
     bool with_warm = false;
+    bool with_defrag = false;
+    bool defrag_options = false;
+    DefragConfig defrag;
     if (spec.size() > 7) {
       for (const auto& opt : SplitTrimmed(spec.substr(7), '+')) {
-        if (opt == "warm") {
+        auto is_defrag = ParseDefragOption(opt, defrag);
+        if (!is_defrag.ok()) {
+          return absl::InvalidArgumentError(
+              fmt::format("--policy {}: {}", spec, std::string(is_defrag.status().message())));
+        }
+        if (*is_defrag) {
+          defrag_options = true;
+        } else if (opt == "defrag") {
+          with_defrag = true;
+        } else if (opt == "any-move") {
+          defrag.moved_must_fit = false;
+          defrag_options = true;
+        } else if (opt == "across-gpus") {
+          defrag.across_gpus = true;
+          defrag_options = true;
+        } else if (opt == "warm") {
           with_warm = true;
         } else if (opt.starts_with("binds-in-flight-")) {
           const std::string n = opt.substr(16);
@@ -1328,16 +1569,27 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec, const 
         } else {
           return absl::InvalidArgumentError(fmt::format(
               "--policy {}: unknown option \"{}\" (gpu-binpack, gpu-spread, node-binpack, "
-              "node-spread, binds-in-flight-N, warm, joined with '+')",
+              "node-spread, binds-in-flight-N, warm, defrag with wait-DURATION, grace-DURATION, "
+              "restart-DURATION, rate-N; joined with '+')",
               spec, opt));
         }
       }
     }
-    return std::unique_ptr<Policy>(
-        new DynmigPolicy(name, cluster, pods, gpu, node, bind_window, with_warm ? &warm : nullptr));
+    if (defrag_options && !with_defrag) {
+      return absl::InvalidArgumentError(fmt::format(
+          "--policy {}: wait-, grace-, restart- and rate- are options of defrag (add +defrag)",
+          spec));
+    }
+    auto policy = std::make_unique<DynmigPolicy>(name, cluster, pods, gpu, node, bind_window,
+                                                 with_warm ? &warm : nullptr);
+    if (with_defrag) policy->EnableDefrag(defrag);
+    return std::unique_ptr<Policy>(std::move(policy));
   }
   if (spec == "hami-v2.10" || spec == "hami") {
-    return std::unique_ptr<Policy>(new HamiPolicy(name, cluster, pods));
+    return std::unique_ptr<Policy>(new HamiPolicy(name, cluster, pods, false));
+  }
+  if (spec == "hami-newest") {
+    return std::unique_ptr<Policy>(new HamiPolicy(name, cluster, pods, true));
   }
   if (spec == "gpuplanner:best-fit") {
     return std::unique_ptr<Policy>(new PlannerBestFitPolicy(name, cluster, pods));
@@ -1357,7 +1609,8 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec, const 
     return std::unique_ptr<Policy>(std::move(policy));
   }
   return absl::InvalidArgumentError(fmt::format(
-      "--policy: unknown policy \"{}\" (known: dynmig, hami-v2.10, first-fit, best-fit, repack, "
+      "--policy: unknown policy \"{}\" (known: dynmig, dynmig:defrag, hami-v2.10, hami-newest, "
+      "first-fit, best-fit, repack, "
       "gpuplanner:best-fit, "
       "static:all-balanced, static:all-1g, static:all-2g, static:all-3g, static:all-4g, "
       "static:all-7g)",

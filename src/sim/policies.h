@@ -17,8 +17,14 @@
 //   best-fit             the GPU with the fewest free slices where it fits, lowest free start;
 //   static:all-<x>       fixed geometries as NVIDIA MIG Manager applies them: a pod takes an idle
 //                        pre-made instance of a covering profile (smallest first);
+//   hami-newest          HAMi's placement after PR #2855: the same node and GPU order as
+//                        hami-v2.10, but per GPU the free placement of the smallest covering
+//                        profile that leaves the largest free run, then the most legal
+//                        placements free, then the lowest start;
 //   repack               a GPU accepts any multiset of instances with SOME legal layout (running
 //                        instances move freely inside their GPU); best-fit GPU choice.
+// "dynmig:defrag" (DefragConfig) is dynmig plus the defragmenter: the simulator evicts running
+// pods so that a pod waiting only because of fragmentation fits (sim/defrag.h).
 // Every policy checks its invariants on every change (legal placements, no overlap, instance
 // limits) and reports a violation as an error that aborts the run. Thread-compatible.
 #pragma once
@@ -48,6 +54,7 @@ struct SimPod {
   uint32_t inst_offset = 0;  // first of its `count` slots in per-instance storage
   uint32_t asked_units = 0;  // Cluster::AskedUnits(count, percent)
   uint32_t line = 0;
+  DefragChoice defrag = DefragChoice::kDefault;  // may the defragmenter move it
 };
 
 // One live GPU instance, for checks and dumps.
@@ -70,6 +77,24 @@ struct WarmConfig {
 // "TTL,MAX_PER_GPU" (e.g. "5m,2"; the limits of device-config.yaml).
 absl::StatusOr<WarmConfig> ParseWarmConfig(std::string_view text);
 std::string WarmConfigText(const WarmConfig& warm);  // "5m,2"
+
+// The defragmenter of "dynmig:defrag" (options in the policy spec, docs/simulate.md). Limits:
+// ParseDefragOption.
+struct DefragConfig {
+  double wait_s = 60;          // a pod waits this long for fragmentation before pods are moved
+  double grace_s = 30;         // an evicted pod terminates this long after its eviction
+  double restart_s = 120;      // an evicted pod, placed again, runs this long later
+  uint32_t per_node_hour = 4;  // evictions per node in any hour
+  // Also moves pods for a pod that no GPU has the free slices for while some node has them in
+  // total (fragmentation across GPUs; "across-gpus"). Not what `dynmig explain` calls
+  // fragmented: a what-if beyond the defragmenter's rule.
+  bool across_gpus = false;
+  // Moves only when every evicted pod would be placed again at once ("any-move" turns it off).
+  bool moved_must_fit = true;
+};
+// Applies one "dynmig:" option of the defragmenter ("wait-90s", "grace-30s", "restart-2m",
+// "rate-4"); false when `opt` is not one; kInvalidArgument when its value is bad.
+absl::StatusOr<bool> ParseDefragOption(std::string_view opt, DefragConfig& config);
 
 // What warm instances did in one run (all zero for a policy without them).
 struct WarmStats {
@@ -105,6 +130,25 @@ class Policy {
   // destroyed. Called before every event.
   virtual void AdvanceTo(double /*seconds*/) {}
   const WarmStats& warm() const { return warm_; }
+
+  // The defragmenter (null: the policy does not move pods).
+  virtual const DefragConfig* defrag() const { return nullptr; }
+  // The pod fits nowhere now only because of fragmentation: some GPU has the free slices, but no
+  // legal placement of a covering profile is free (`dynmig explain`'s "fragmented").
+  virtual bool WaitsForFragmentation(uint32_t /*pod*/) { return false; }
+  // Places a one-instance pod exactly there (a move's freed slices). An error when that breaks
+  // an invariant or the policy cannot.
+  virtual absl::Status PlaceExactly(uint32_t pod, uint32_t gpu, uint32_t profile,
+                                    mig::Placement placement);
+  // Reserves `placement` of `gpu` for `pod`: no other pod may be placed over it until Unreserve.
+  virtual absl::Status Reserve(uint32_t pod, uint32_t gpu, mig::Placement placement);
+  virtual void Unreserve(uint32_t /*gpu*/, mig::Placement /*placement*/) {}
+  // Whether the pods `evict`, evicted so that `placement` of `gpu` is free (and reserved), would
+  // each be placed again at once by this policy (one after the other; nothing changes here).
+  virtual bool MovedPodsFit(const std::vector<uint32_t>& /*evict*/, uint32_t /*gpu*/,
+                            mig::Placement /*placement*/) {
+    return false;
+  }
 
   uint64_t used_units() const { return used_units_; }
   uint64_t creates() const { return creates_; }    // GPU instances created

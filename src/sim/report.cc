@@ -110,8 +110,9 @@ std::string FormatText(const SimResult& r) {
   out += fmt::format("{:<{}}  {:>8}  {:>10}  {:>10}  {:>9}  {:>9}  {:>6}", "policy", w, "accepted",
                      "slice-time", "gap closed", "mean util", "peak util", "frag");
   if (queue) out += fmt::format("  {:>8}  {:>8}  {:>7}", "p50 wait", "p99 wait", "waiting");
-  out += fmt::format("  {:>9}  {:>9}  {:>9}  {:>9}  {:>10}  {:>7}\n", "p50 toRun", "p99 toRun",
-                     "mean NVML", "GI create", "GI destroy", "run");
+  out += fmt::format("  {:>9}  {:>9}  {:>9}  {:>9}  {:>10}  {:>9}  {:>9}  {:>7}\n", "p50 toRun",
+                     "p99 toRun", "mean NVML", "GI create", "GI destroy", "evictions", "evict/acc",
+                     "run");
   for (const auto& p : r.policies) {
     out += fmt::format("{:<{}}  {:>8}  {:>10}  {:>10}  {:>9}  {:>9}  {:>6}", p.name, w,
                        Pct(p.accepted_count), Pct(p.accepted_slice_time), Gap(r, p),
@@ -120,9 +121,10 @@ std::string FormatText(const SimResult& r) {
       out += fmt::format("  {:>8}  {:>8}  {:>7}", Duration(p.pending_p50), Duration(p.pending_p99),
                          p.never_started);
     }
-    out += fmt::format("  {:>9}  {:>9}  {:>9}  {:>9}  {:>10}  {:>6.2f}s\n",
+    out += fmt::format("  {:>9}  {:>9}  {:>9}  {:>9}  {:>10}  {:>9}  {:>9.4f}  {:>6.2f}s\n",
                        FineDuration(p.running_p50), FineDuration(p.running_p99),
-                       FineDuration(p.nvml_mean), p.creates, p.destroys, p.seconds);
+                       FineDuration(p.nvml_mean), p.creates, p.destroys, p.evictions,
+                       p.evictions_per_accepted(), p.seconds);
   }
   if (r.warm) {
     // Warm instances beside the same policies' acceptance and time to Running above.
@@ -234,6 +236,13 @@ std::string FormatJson(const SimResult& r) {
     }
     q["giCreates"] = p.creates;
     q["giDestroys"] = p.destroys;
+    if (r.mode != Mode::kFill) {
+      q["evictions"] = p.evictions;
+      q["evictionsPerAcceptedPod"] = p.evictions_per_accepted();
+      q["moves"] = p.moves;
+      q["restarts"] = p.restarts;
+      q["evictedWaitingAtEnd"] = p.evicted_waiting;
+    }
     if (p.warm.enabled) {
       q["warm"] = {{"kept", p.warm.kept},
                    {"reused", p.warm.reused},
@@ -262,7 +271,7 @@ std::string FormatCsv(const SimResult& r) {
       "peakUtilization,fragmentation,pendingP50Seconds,pendingP99Seconds,pendingMeanSeconds,"
       "neverStarted,giCreates,giDestroys,filled,seconds,timeToRunningP50Seconds,"
       "timeToRunningP99Seconds,nvmlMeanSeconds,warmKept,warmReused,warmDestroyedTtl,"
-      "warmDestroyedCap,warmDestroyedNeeded\n";
+      "warmDestroyedCap,warmDestroyedNeeded,evictions,evictionsPerAcceptedPod\n";
   for (const auto& p : r.policies) {
     const std::string warm =
         p.warm.enabled
@@ -272,16 +281,16 @@ std::string FormatCsv(const SimResult& r) {
     out += fmt::format(
         "{},{},{:.6f},{:.6f},{},{:.6f},{:.6f},{:.6f},{:.3f},{:.3f},{:.3f},{},{},{},{},{:.3f},{:.3f}"
         ","
-        "{:.3f},{:.3f}{}\n",
+        "{:.3f},{:.3f}{},{},{:.6f}\n",
         p.name, p.accepted, p.accepted_count, p.accepted_slice_time,
         p.gap_closed ? fmt::format("{:.6f}", *p.gap_closed) : "", p.mean_utilization,
         p.peak_utilization, p.fragmentation, p.pending_p50, p.pending_p99, p.pending_mean,
         p.never_started, p.creates, p.destroys,
         r.mode == Mode::kFill ? fmt::format("{:.6f}", p.filled) : "", p.seconds, p.running_p50,
-        p.running_p99, p.nvml_mean, warm);
+        p.running_p99, p.nvml_mean, warm, p.evictions, p.evictions_per_accepted());
   }
   if (r.bound) {
-    out += fmt::format("bound,{},,,,,,,,,,,,,{:.6f},,,,,,,,,\n", r.bound->pods, r.bound->filled);
+    out += fmt::format("bound,{},,,,,,,,,,,,,{:.6f},,,,,,,,,,,\n", r.bound->pods, r.bound->filled);
   }
   return out;
 }

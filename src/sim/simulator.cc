@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <limits>
 
 #include "common/status_macros.h"
 #include "fmt/format.h"
+#include "sim/defrag.h"
 #include "sim/policies.h"
 
 namespace dynmig::sim {
@@ -21,6 +23,31 @@ struct Departure {
 bool Later(const Departure& a, const Departure& b) {
   return a.time != b.time ? a.time > b.time : a.pod > b.pod;
 }
+
+// A timed step of the defragmenter: look at a waiting pod, or finish a move after the evicted
+// pods' grace period. Min-heap order: earlier first, then kind, then id.
+struct DefragEvent {
+  double time;
+  uint32_t kind;  // kCheck or kMoveDone
+  uint32_t id;    // pod (kCheck) or move (kMoveDone)
+};
+constexpr uint32_t kMoveDone = 0;  // before checks at the same instant: the move frees slices
+constexpr uint32_t kCheck = 1;
+bool LaterEvent(const DefragEvent& a, const DefragEvent& b) {
+  if (a.time != b.time) return a.time > b.time;
+  if (a.kind != b.kind) return a.kind > b.kind;
+  return a.id > b.id;
+}
+
+// A move in progress: `evict` terminate, then `pod` takes the reserved placement.
+struct Move {
+  uint32_t pod;
+  uint32_t gpu;
+  uint32_t profile;
+  mig::Placement placement;
+  std::vector<uint32_t> evict;
+  bool done = false;
+};
 
 double Percentile(std::vector<double>& v, double q) {
   if (v.empty()) return 0;
@@ -50,6 +77,18 @@ class Run {
     next_queue_.reserve(n);
     start_.assign(n, -1);
     nvml_.assign(n, 0);
+    defrag_ = policy.defrag();
+    if (defrag_ != nullptr) {
+      dep_.assign(n, -1);
+      last_start_.assign(n, 0);
+      run_from_.assign(n, 0);
+      remaining_.assign(n, 0);
+      evicted_.assign(n, 0);
+      terminating_.assign(n, 0);
+      waiting_.assign(n, 0);
+      checks_.assign(n, 0);
+      node_evictions_.resize(cluster.node_count());
+    }
     const size_t stride_n = std::max<size_t>(options.fragmentation_samples, 1);
     frag_stride_ = std::max<size_t>(1, n / stride_n);
     out_.utilization.assign(res.sample_x.size(), 0.0);
@@ -74,6 +113,7 @@ class Run {
     out_.creates = policy_.creates();
     out_.destroys = policy_.destroys();
     out_.warm = policy_.warm();
+    for (size_t k = 0; k < evicted_.size(); ++k) out_.evicted_waiting += evicted_[k];
     return std::move(out_);
   }
 
@@ -110,14 +150,19 @@ class Run {
   absl::StatusOr<bool> Place(uint32_t pod, int32_t node) {
     const uint64_t creates = policy_.creates(), destroys = policy_.destroys();
     DYNMIG_ASSIGN_OR_RETURN(const bool placed, policy_.Place(pod, node));
-    if (placed && !latency_.IsZero()) {
+    if (placed) NoteNvml(pod, creates, destroys);
+    return placed;
+  }
+
+  // The NVML time of a pod's first placement (a restart after a move is not a new pod).
+  void NoteNvml(uint32_t pod, uint64_t creates, uint64_t destroys) {
+    if (!latency_.IsZero() && start_[pod] < 0) {
       const std::string& model = cluster_.group_of_node(policy_.NodeOf(pod)).cap().model;
       nvml_[pod] = static_cast<double>(policy_.creates() - creates) *
                        absl::ToDoubleSeconds(latency_.Create(model)) +
                    static_cast<double>(policy_.destroys() - destroys) *
                        absl::ToDoubleSeconds(latency_.Destroy(model));
     }
-    return placed;
   }
 
   void Started(uint32_t pod, double t) {
@@ -128,6 +173,147 @@ class Run {
     heap_.push_back({t + (p.departure - p.arrival), pod});
     std::push_heap(heap_.begin(), heap_.end(), Later);
     out_.peak_utilization = std::max(out_.peak_utilization, Utilization());
+    if (defrag_ != nullptr) {
+      dep_[pod] = t + (p.departure - p.arrival);
+      run_from_[pod] = t;
+      last_start_[pod] = t;
+      waiting_[pod] = 0;
+    }
+  }
+
+  // A pod the defragmenter evicted is placed again at `t`: it holds its slices from now, runs
+  // after its restart time, and then for what was left of its lifetime.
+  void Restarted(uint32_t pod, double t) {
+    const SimPod& p = pods_[pod];
+    const double end = t + defrag_->restart_s + remaining_[pod];
+    accepted_asked_ += static_cast<double>(p.asked_units) * remaining_[pod];
+    evicted_[pod] = 0;
+    waiting_[pod] = 0;
+    dep_[pod] = end;
+    run_from_[pod] = t + defrag_->restart_s;
+    last_start_[pod] = t;
+    ++out_.restarts;
+    heap_.push_back({end, pod});
+    std::push_heap(heap_.begin(), heap_.end(), Later);
+    out_.peak_utilization = std::max(out_.peak_utilization, Utilization());
+  }
+
+  void StartedOrRestarted(uint32_t pod, double t) {
+    if (defrag_ != nullptr && evicted_[pod]) {
+      Restarted(pod, t);
+    } else {
+      Started(pod, t);
+    }
+  }
+
+  // Defragmentation ------------------------------------------------------------------------------
+
+  void Wait(uint32_t pod, double t) {
+    queue_.push_back(pod);
+    if (defrag_ == nullptr) return;
+    waiting_[pod] = 1;
+    checks_[pod] = 0;
+    ScheduleCheck(pod, t + defrag_->wait_s);
+  }
+
+  void ScheduleCheck(uint32_t pod, double at) {
+    events_.push_back({at, kCheck, pod});
+    std::push_heap(events_.begin(), events_.end(), LaterEvent);
+  }
+
+  // Evictions the node may still take: its rate limit over the last hour.
+  uint32_t Budget(uint32_t node, double t) {
+    auto& h = node_evictions_[node];
+    while (!h.empty() && h.front() <= t - 3600) h.pop_front();
+    return h.size() >= defrag_->per_node_hour
+               ? 0
+               : defrag_->per_node_hour - static_cast<uint32_t>(h.size());
+  }
+
+  // The defragmenter looks at a pod that has waited: when only fragmentation stops it and a move
+  // is allowed, the planned pods are evicted and the freed placement is reserved for it.
+  absl::StatusOr<bool> TryMove(uint32_t pod, double t) {
+    if (pods_[pod].count != 1 || !policy_.WaitsForFragmentation(pod)) return false;
+    MoveInput in;
+    in.cluster = &cluster_;
+    in.pods = &pods_;
+    in.live = policy_.Snapshot();
+    in.pinned = terminating_;
+    in.started = last_start_;
+    for (const Move& m : moves_) {
+      if (!m.done) in.held.push_back({m.gpu, m.profile, m.placement});
+    }
+    in.budget = [&](uint32_t node) { return Budget(node, t); };
+    if (defrag_->moved_must_fit) {
+      in.accept = [&](const MovePlan& m) {
+        return policy_.MovedPodsFit(m.evict, m.gpu, m.placement);
+      };
+    }
+    const std::optional<MovePlan> plan = PlanMove(in, pod);
+    if (!plan) return false;
+    DYNMIG_RETURN_IF_ERROR(policy_.Reserve(pod, plan->gpu, plan->placement));
+    const uint32_t node = cluster_.gpu_node[plan->gpu];
+    for (uint32_t e : plan->evict) {
+      terminating_[e] = 1;
+      node_evictions_[node].push_back(t);
+      ++out_.evictions;
+    }
+    ++out_.moves;
+    waiting_[pod] = 0;
+    queue_.erase(std::remove(queue_.begin(), queue_.end(), pod), queue_.end());
+    events_.push_back({t + defrag_->grace_s, kMoveDone, static_cast<uint32_t>(moves_.size())});
+    std::push_heap(events_.begin(), events_.end(), LaterEvent);
+    moves_.push_back({pod, plan->gpu, plan->profile, plan->placement, plan->evict});
+    return true;
+  }
+
+  // The evicted pods have terminated: the waiting pod takes the reserved placement, the evicted
+  // ones are recreated (placed at once where they fit, else they wait).
+  absl::Status FinishMove(uint32_t id, double t) {
+    Move& m = moves_[id];
+    m.done = true;
+    std::vector<uint32_t> back;
+    for (uint32_t e : m.evict) {
+      if (!terminating_[e]) continue;  // it ended on its own during the grace period
+      terminating_[e] = 0;
+      DYNMIG_RETURN_IF_ERROR(policy_.Remove(e));
+      remaining_[e] = std::max(0.0, dep_[e] - std::max(t, run_from_[e]));
+      accepted_asked_ -= static_cast<double>(pods_[e].asked_units) * remaining_[e];
+      dep_[e] = -1;
+      evicted_[e] = 1;
+      back.push_back(e);
+    }
+    policy_.Unreserve(m.gpu, m.placement);
+    const uint64_t creates = policy_.creates(), destroys = policy_.destroys();
+    DYNMIG_RETURN_IF_ERROR(policy_.PlaceExactly(m.pod, m.gpu, m.profile, m.placement));
+    NoteNvml(m.pod, creates, destroys);
+    StartedOrRestarted(m.pod, t);
+    for (uint32_t e : back) {
+      DYNMIG_ASSIGN_OR_RETURN(const bool placed, Place(e, -1));
+      if (placed) {
+        Restarted(e, t);
+      } else {
+        Wait(e, t);
+      }
+    }
+    if (!queue_.empty() && t < res_.end) {
+      DYNMIG_RETURN_IF_ERROR(Retry(cluster_.gpu_node[m.gpu], t));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Check(uint32_t pod, double t) {
+    if (!waiting_[pod]) return absl::OkStatus();  // started, or served by a move, since
+    DYNMIG_ASSIGN_OR_RETURN(const bool moved, TryMove(pod, t));
+    if (moved) return absl::OkStatus();
+    // Not now (not fragmentation, no allowed move, the rate limit): looked at again later, less
+    // and less often.
+    const double base = std::max(defrag_->wait_s, 30.0);
+    const double delay =
+        std::min(base * static_cast<double>(uint64_t{1} << std::min(checks_[pod], 7u)), 3600.0);
+    ++checks_[pod];
+    ScheduleCheck(pod, t + delay);
+    return absl::OkStatus();
   }
 
   void Tick() {
@@ -147,7 +333,7 @@ class Run {
       }
       DYNMIG_ASSIGN_OR_RETURN(const bool placed, Place(pod, static_cast<int32_t>(node)));
       if (placed) {
-        Started(pod, t);
+        StartedOrRestarted(pod, t);
       } else {
         failed_pass_[cls] = pass_;
         next_queue_.push_back(pod);
@@ -165,18 +351,38 @@ class Run {
       Tick();
       const double t_arr = i < pods_.size() ? pods_[i].arrival : kInf;
       const double t_dep = heap_.empty() ? kInf : heap_.front().time;
-      if (t_dep == kInf && t_arr == kInf) break;
-      if (t_dep <= t_arr) {
+      const double t_def = events_.empty() ? kInf : events_.front().time;
+      if (t_dep == kInf && t_arr == kInf && t_def == kInf) break;
+      if (t_dep <= t_arr && t_dep <= t_def) {
         if (t_dep > res_.end) break;
         Advance(t_dep);
         std::pop_heap(heap_.begin(), heap_.end(), Later);
         const uint32_t pod = heap_.back().pod;
         heap_.pop_back();
+        if (defrag_ != nullptr) {
+          if (dep_[pod] != t_dep) continue;  // evicted since: that departure is void
+          dep_[pod] = -1;
+          terminating_[pod] = 0;  // ended during its grace period
+        }
         const uint32_t node = policy_.NodeOf(pod);
         DYNMIG_RETURN_IF_ERROR(policy_.Remove(pod));
-        // Nothing starts at the very end of the horizon.
-        if (queue_mode && !queue_.empty() && t_dep < res_.end) {
+        // Nothing starts at the very end of the horizon. In reject mode only pods evicted by a
+        // move wait.
+        if (!queue_.empty() && t_dep < res_.end) {
           DYNMIG_RETURN_IF_ERROR(Retry(node, t_dep));
+        }
+        continue;
+      }
+      if (t_def <= t_arr) {
+        if (t_def > res_.end) break;
+        Advance(t_def);
+        std::pop_heap(events_.begin(), events_.end(), LaterEvent);
+        const DefragEvent e = events_.back();
+        events_.pop_back();
+        if (e.kind == kMoveDone) {
+          DYNMIG_RETURN_IF_ERROR(FinishMove(e.id, t_def));
+        } else {
+          DYNMIG_RETURN_IF_ERROR(Check(e.id, t_def));
         }
         continue;
       }
@@ -187,7 +393,12 @@ class Run {
       if (placed) {
         Started(pod, t_arr);
       } else if (queue_mode) {
-        queue_.push_back(pod);
+        Wait(pod, t_arr);
+      } else if (defrag_ != nullptr) {
+        // Reject mode has no waiting: the defragmenter looks at the pod as it arrives; without
+        // a move it is lost.
+        DYNMIG_ASSIGN_OR_RETURN(const bool moved, TryMove(pod, t_arr));
+        (void)moved;
       }
       ++i;
       ++arrivals_;
@@ -269,6 +480,19 @@ class Run {
   std::vector<uint64_t> failed_pass_;
   uint64_t pass_ = 0;
   std::vector<double> start_;
+  // The defragmenter (dynmig:defrag; null otherwise) and its per-pod state.
+  const DefragConfig* defrag_ = nullptr;
+  std::vector<DefragEvent> events_;  // min-heap by LaterEvent
+  std::vector<Move> moves_;
+  std::vector<double> dep_;           // scheduled departure of a running pod, -1 when none
+  std::vector<double> last_start_;    // when it last started (the youngest are moved first)
+  std::vector<double> run_from_;      // when its work (re)starts: after a restart's delay
+  std::vector<double> remaining_;     // an evicted pod's lifetime left
+  std::vector<uint8_t> evicted_;      // evicted, not running again yet
+  std::vector<uint8_t> terminating_;  // evicted, in its grace period (still holds its slices)
+  std::vector<uint8_t> waiting_;      // in queue_ (a check may serve it)
+  std::vector<uint32_t> checks_;      // checks that found no move since it last began waiting
+  std::vector<std::deque<double>> node_evictions_;  // per node: eviction times, last hour
   double accepted_asked_ = 0;
   double area_ = 0;
   double last_t_ = 0;
@@ -348,6 +572,7 @@ absl::StatusOr<PodSet> CollectPods(const Trace& trace, const Cluster& cluster, S
     sp.count = tp.count;
     sp.percent = tp.percent;
     sp.line = tp.line;
+    sp.defrag = tp.defrag;
     int32_t& cls = cls_of[tp.count][tp.percent];
     if (cls < 0) cls = static_cast<int32_t>(set.classes++);
     sp.cls = static_cast<uint32_t>(cls);

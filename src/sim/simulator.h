@@ -65,8 +65,17 @@ struct PolicyResult {
   double nvml_mean = 0;  // of which NVML reconfiguration, mean over started pods
   uint64_t creates = 0;  // GPU instances created (static: none after setup)
   uint64_t destroys = 0;
-  WarmStats warm;     // warm instances (warm.enabled: the policy models them)
-  double filled = 0;  // fill mode: asked units accepted / capacity
+  WarmStats warm;  // warm instances (warm.enabled: the policy models them)
+  // Moves (dynmig:defrag; 0 for the others): pods evicted, waiting pods served by a move, evicted
+  // pods running again, evicted pods still waiting at the end of the horizon.
+  uint64_t evictions = 0;
+  uint64_t moves = 0;
+  uint64_t restarts = 0;
+  uint64_t evicted_waiting = 0;
+  double evictions_per_accepted() const {
+    return accepted == 0 ? 0.0 : static_cast<double>(evictions) / static_cast<double>(accepted);
+  }
+  double filled = 0;                          // fill mode: asked units accepted / capacity
   std::vector<uint64_t> rejected_by_profile;  // by SimResult::profiles: pods not accepted
   std::vector<double> utilization;            // at SimResult::sample_x
   double seconds = 0;                         // time of this policy's run (Simulate's clock)

@@ -19,12 +19,16 @@ namespace dynmig::sim {
 
 inline constexpr uint32_t kMaxInstancesPerPod = 16;
 
+// Whether the defragmenter may move a pod (the pod's opt-in / opt-out; traces have none).
+enum class DefragChoice : uint8_t { kDefault, kOptIn, kOptOut };
+
 struct TracePod {
   double arrival = 0;      // seconds
   double departure = 0;    // seconds, >= arrival
   uint32_t count = 1;      // MIG instances (nvidia.com/gpu)
   uint32_t percent = 100;  // memory per instance, percent of the GPU (1..100)
   uint32_t line = 0;       // line in the source file (1-based); 0 for generated pods
+  DefragChoice defrag = DefragChoice::kDefault;
 };
 
 struct Trace {

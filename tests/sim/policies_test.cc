@@ -72,6 +72,24 @@ TEST(Policies, HamiOrderPlacesOneAndThreeGHighFirst) {
   EXPECT_THAT(Layout(*ff, c), ElementsAre("1g.5gb@0", "3g.20gb@4", "1g.10gb@2"));
 }
 
+// hami-newest (HAMi after PR #2855) scores each free placement by the largest free run it leaves,
+// then the legal placements still free: the first 1g.5gb goes to slice 0 (a run of 7 left, where
+// v2.10's slice 6 leaves 6), the 1g.10gb to 2-3 (slices 0-1 are not free; 2 is its only start).
+TEST(Policies, HamiNewestKeepsTheLargestFreeRun) {
+  Cluster c = A100(1);
+  auto pods = MakePods(c, {{0, 9, k1g5}, {1, 9, k3g20}, {2, 9, k1g10}, {3, 9, k1g5}});
+  auto newest = Make("hami-newest", c, pods);
+  EXPECT_THAT(PlaceAll(*newest, pods.size()), ElementsAre(true, true, true, true));
+  EXPECT_THAT(Layout(*newest, c), ElementsAre("1g.5gb@0", "3g.20gb@4", "1g.10gb@2", "1g.5gb@1"));
+  ExpectLegal(*newest, c);
+  // Ties in the largest run go to the most placements left: on an empty GPU a 3g.20gb at 4 or at
+  // 0 both leave a run of 4; at 4, the 4 slices left still take a 4g.20gb (start 0 only).
+  auto three = MakePods(c, {{0, 9, k3g20}});
+  auto p3 = Make("hami-newest", c, three);
+  EXPECT_THAT(PlaceAll(*p3, 1), ElementsAre(true));
+  EXPECT_THAT(Layout(*p3, c), ElementsAre("3g.20gb@4"));
+}
+
 // hami-v2.10's order strands slice 7 (1g.5gb at 6 blocks 3g.20gb at 4), so a fourth small pod no
 // longer fits; the production planner keeps the layout packable.
 TEST(Policies, HamiFragmentsWhereDynmigDoesNot) {

@@ -336,9 +336,9 @@ TEST(WarmReport, TextJsonCsv) {
   EXPECT_EQ(j["policies"][1]["warm"]["idleAtEnd"], 1);
   const std::string csv = FormatCsv(*r);
   EXPECT_THAT(csv, HasSubstr(",warmKept,warmReused,warmDestroyedTtl,warmDestroyedCap,"
-                             "warmDestroyedNeeded\n"));
-  EXPECT_THAT(csv, HasSubstr(",,,,,\ndynmig:warm,"));
-  EXPECT_THAT(csv, ::testing::EndsWith(",2,1,0,0,0\n"));
+                             "warmDestroyedNeeded,evictions,evictionsPerAcceptedPod\n"));
+  EXPECT_THAT(csv, HasSubstr(",,,,,,0,0.000000\ndynmig:warm,"));
+  EXPECT_THAT(csv, ::testing::EndsWith(",2,1,0,0,0,0,0.000000\n"));
   // Without a warm policy, nothing about warm instances is shown.
   auto plain = Simulate(t, c, {"dynmig"}, Latency(Mode::kReject), RealClock());
   ASSERT_TRUE(plain.ok());
