@@ -317,6 +317,9 @@ StoredPtr ApiStore::CommitLocked(Resource resource, const std::string& key, Obje
                       stored, previous});
   TrimHistoryLocked();
   changed_.SignalAll();
+  if (resource == Resource::kPods) {
+    RefreshBudgetsLocked(stored->object, previous ? &previous->object : nullptr);
+  }
   return stored;
 }
 
@@ -334,6 +337,7 @@ StoredPtr ApiStore::RemoveLocked(Resource resource, const std::string& key) {
   history_.push_back({rv_, resource, WatchEventType::kDeleted, stored, nullptr});
   TrimHistoryLocked();
   changed_.SignalAll();
+  if (resource == Resource::kPods) RefreshBudgetsLocked(stored->object, nullptr);
   return stored;
 }
 
@@ -975,6 +979,28 @@ Object ApiStore::PdbStatusLocked(const Object& pdb) const {
   return status;
 }
 
+void ApiStore::RefreshBudgetsLocked(const Object& pod, const Object* previous) {
+  ObjectMap& budgets = Objects(Resource::kPodDisruptionBudgets);
+  if (budgets.empty()) return;
+  const std::string prefix = Namespace(pod) + "/";
+  std::vector<std::pair<std::string, StoredPtr>> touched;
+  for (auto b = budgets.lower_bound(prefix);
+       b != budgets.end() && b->first.compare(0, prefix.size(), prefix) == 0; ++b) {
+    std::optional<LabelSelector> selector = BudgetSelector(b->second->object);
+    if (selector &&
+        (selector->Matches(pod) || (previous != nullptr && selector->Matches(*previous)))) {
+      touched.emplace_back(b->first, b->second);
+    }
+  }
+  for (const auto& [key, current] : touched) {
+    Object status = PdbStatusLocked(current->object);
+    if (current->object.value("status", Object()) == status) continue;
+    Object next = current->object;
+    next["status"] = std::move(status);
+    CommitLocked(Resource::kPodDisruptionBudgets, key, std::move(next), current);
+  }
+}
+
 absl::StatusOr<Object> ApiStore::Evict(std::string_view ns, std::string_view name,
                                        const DeleteOptions& options, bool dry_run) {
   dynmig::MutexLock lock(&mu_);
@@ -989,7 +1015,7 @@ absl::StatusOr<Object> ApiStore::Evict(std::string_view ns, std::string_view nam
                                 "meta: {}",
                                 options.precondition_uid, Uid(pod)));
   }
-  auto evict = [&]() -> absl::StatusOr<Object> {
+  auto evict = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<Object> {
     auto deleted = DeleteLocked(Resource::kPods, ns, name, options, dry_run);
     if (!deleted.ok()) return deleted.status();
     return MakeApiStatus(201, "", "");
@@ -1030,11 +1056,16 @@ absl::StatusOr<Object> ApiStore::Evict(std::string_view ns, std::string_view nam
   if (dry_run) return evict();
   if (!status.contains("disruptedPods")) status["disruptedPods"] = Object::object();
   status["disruptedPods"][std::string(name)] = Rfc3339(Now());
-  auto deleted = DeleteLocked(Resource::kPods, ns, name, options, /*dry_run=*/false);
-  if (!deleted.ok()) return deleted.status();
+  if (options.grace_period_seconds && *options.grace_period_seconds < 0) {
+    return Invalid(Resource::kPods, name, "gracePeriodSeconds must not be negative");
+  }
+  // The budget first, as the apiserver does; the pod's deletion then refreshes it (the pod no
+  // longer counts as healthy, and its disruptedPods entry goes once it is being deleted).
   Object next = budget->object;
   next["status"] = std::move(status);
   CommitLocked(Resource::kPodDisruptionBudgets, budget_key, std::move(next), budget);
+  auto deleted = DeleteLocked(Resource::kPods, ns, name, options, /*dry_run=*/false);
+  if (!deleted.ok()) return deleted.status();
   return MakeApiStatus(201, "", "");
 }
 

@@ -10,7 +10,8 @@
 // method given Resource::kPodDisruptionBudgetsV1beta1 reads and writes the same objects, with
 // apiVersion policy/v1beta1 on the way in and out. Evict() is the pods/eviction subresource with
 // the apiserver's budget rules; the disruption controller's part (a budget's status) is computed
-// by the store itself, at once, when a budget is created or a pod is evicted.
+// by the store itself, at once, when a budget is created or changed, a pod it selects is written or
+// removed, and a pod is evicted.
 //
 // Errors are absl::Status values made by ApiError(): KubeHttpCode()/KubeReason() give the HTTP
 // code and reason the API server would send, message() is the API's message.
@@ -232,6 +233,10 @@ class ApiStore {
   // pods, disruptionsAllowed; disruptedPods kept while their pods are not yet being deleted and
   // younger than two minutes).
   Object PdbStatusLocked(const Object& pdb) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // After a pod's write (`previous`: its version before, if any): the budgets of its namespace
+  // that select it (before or after) get their new status, as the disruption controller writes it.
+  void RefreshBudgetsLocked(const Object& pod, const Object* previous)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ApiStoreOptions options_;
   const Clock& clock_;

@@ -1206,8 +1206,8 @@ void InMemoryApiServer::ServePolicyGroup(Call& call) {
   SendJson(call.res, 200, PolicyGroup(options_.minor_version).dump());
 }
 
-// GET /apis/policy/v1 and /apis/policy/v1beta1: the resource list of a version this server serves, else 404 (what a
-// v1.20 apiserver answers for policy/v1).
+// GET /apis/policy/v1 and /apis/policy/v1beta1: the resource list of a version this server serves,
+// else 404 (what a v1.20 apiserver answers for policy/v1).
 void InMemoryApiServer::ServePolicyResources(Call& call) {
   const std::string group_version = call.seg.size() == 3 ? "policy/" + call.seg[2] : "";
   for (Resource r : {Resource::kPodDisruptionBudgets, Resource::kPodDisruptionBudgetsV1beta1}) {
@@ -1393,12 +1393,14 @@ void InMemoryApiServer::ServeEvict(ResourceCall& call) {
   const std::string version = api_version.is_string() ? api_version.get<std::string>() : "";
   const bool v1 = version == "policy/v1" && options_.minor_version >= 22;
   if (kind != "Eviction" || !(version == "policy/v1beta1" || v1)) {
-    return SendError(call.res,
-                     ApiError(400, "BadRequest",
-                              fmt::format("no kind \"{}\" is registered for version \"{}\" (the "
-                                          "pods/eviction subresource takes a policy/{} Eviction)",
-                                          kind.substr(0, 64), version.substr(0, 64),
-                                          EvictionGroupVersion(options_.minor_version))));
+    return SendError(
+        call.res,
+        ApiError(400, "BadRequest",
+                 fmt::format("{} in version \"{}\" cannot be handled as a Eviction: "
+                             "no kind \"{}\" is registered for version \"{}\" in "
+                             "scheme \"dynmig in-memory API server\"",
+                             kind.substr(0, 64), version.substr(version.find('/') + 1, 64),
+                             kind.substr(0, 64), version.substr(0, 64))));
   }
   const std::string body_name = Name(body);
   if (body_name != call.route.name) {

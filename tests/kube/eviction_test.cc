@@ -124,11 +124,35 @@ TEST_P(EvictionTest, BudgetRefusesThenAllowsAndTwoEvictionsCannotShareOneDisrupt
   EXPECT_TRUE(Gone("web-a"));
   status = GetBudget("web")["status"];
   EXPECT_EQ(status["disruptionsAllowed"], 0);
-  EXPECT_TRUE(status["disruptedPods"].contains("web-a"));
+  EXPECT_EQ(status["currentHealthy"], 1);          // web-a is being deleted
+  EXPECT_FALSE(status.contains("disruptedPods"));  // dropped once its pod is being deleted
   // web-a is being deleted (30 s grace): the budget has no disruption left for web-b.
   absl::Status second = client_->EvictPod("default", "web-b", {});
   EXPECT_EQ(second.code(), absl::StatusCode::kResourceExhausted) << second;
   EXPECT_FALSE(Gone("web-b"));
+}
+
+// As the disruption controller (the real cluster shows it): a budget's status follows its pods.
+TEST_P(EvictionTest, BudgetStatusFollowsThePods) {
+  CreateBudget("web", {{"selector", WebSelector()}, {"minAvailable", 1}});
+  EXPECT_EQ(GetBudget("web")["status"]["expectedPods"], 0);
+  RunningPod("web-a");
+  RunningPod("web-b");
+  RunningPod("other", true, {{"app", "db"}});
+  Object status = GetBudget("web")["status"];
+  EXPECT_EQ(status["expectedPods"], 2);
+  EXPECT_EQ(status["currentHealthy"], 2);
+  EXPECT_EQ(status["disruptionsAllowed"], 1);
+  ASSERT_TRUE(client_->EvictPod("default", "web-a", {.grace_period_seconds = 0}).ok());
+  EXPECT_EQ(client_->GetPod("default", "web-a").status().code(), absl::StatusCode::kNotFound);
+  status = GetBudget("web")["status"];
+  EXPECT_EQ(status["expectedPods"], 1);
+  EXPECT_EQ(status["currentHealthy"], 1);
+  EXPECT_EQ(status["disruptionsAllowed"], 0);
+  EXPECT_EQ(status["observedGeneration"], 1);
+  ASSERT_TRUE(
+      client_->PatchPodStatus("default", "web-b", {{"status", {{"phase", "Failed"}}}}).ok());
+  EXPECT_EQ(GetBudget("web")["status"]["currentHealthy"], 0);
 }
 
 TEST_P(EvictionTest, DryRunChecksTheBudgetAndChangesNothing) {
@@ -298,6 +322,15 @@ TEST_P(EvictionTest, HostileEvictionBodiesAreRefusedWithoutHarm) {
     EXPECT_EQ(res->status, c.code) << c.what << ": " << res->body;
     EXPECT_FALSE(Gone("web-a")) << c.what;
   }
+  // The words of the real v1.20 apiserver.
+  auto v2 = PostEviction("web-a", body("web-a", "default", "policy/v2"));
+  ASSERT_TRUE(v2);
+  EXPECT_THAT(v2->body, HasSubstr("Eviction in version \\\"v2\\\" cannot be handled as a Eviction: "
+                                  "no kind \\\"Eviction\\\" is registered for version "
+                                  "\\\"policy/v2\\\""));
+  auto other = PostEviction("web-a", body("web-b", "default", version));
+  ASSERT_TRUE(other);
+  EXPECT_THAT(other->body, HasSubstr("name in URL does not match name in Eviction object"));
   auto res = PostEviction("web-a", body("web-a", "default", "policy/v1"));
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, GetParam() >= 22 ? 201 : 400) << res->body;
