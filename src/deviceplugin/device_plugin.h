@@ -75,6 +75,9 @@ struct DevicePluginOptions {
   // metrics_listen: /nvml is served on the metrics listener when that listener is on a loopback
   // address (or equal to this), else nowhere.
   std::string nvml_listen;
+  // /metrics also exports dynmig_mig_instance_info (metrics.h), which names the pod, namespace and
+  // container holding each live instance: workload identity on metrics_listen. Off by default.
+  bool metrics_pod_identity = false;
 };
 
 class DevicePlugin {
