@@ -60,7 +60,8 @@ struct DevicePluginOptions {
   absl::Duration register_interval = absl::Seconds(30);
   absl::Duration kubelet_poll_interval = absl::Seconds(1);
   // "HOST:PORT" for /metrics and /healthz; port 0 picks a free one; "" = no listener. /metrics
-  // names no pod (GPU UUIDs, profiles, counts), so it may listen on every interface.
+  // names no pod (GPU UUIDs, profiles, counts) unless metrics_pod_identity, so it may listen on
+  // every interface.
   std::string metrics_listen;
   // The kubelet's PodResources socket; "" = beside kubelet_dir (PodResourcesSocketBeside:
   // /var/lib/kubelet/device-plugins -> /var/lib/kubelet/pod-resources/kubelet.sock).
