@@ -6,7 +6,11 @@ pkgs=(build-essential cmake ninja-build pkg-config ccache
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev libcurl4-openssl-dev libssl-dev
   libspdlog-dev libfmt-dev libcli11-dev prometheus-cpp-dev
-  libgtest-dev libgmock-dev libbenchmark-dev yamllint python3 curl kubectl)
+  libgtest-dev libgmock-dev libbenchmark-dev yamllint python3 python3-yaml curl kubectl
+  prometheus)
+# prometheus: promtool for the monitoring.rules test (`promtool test rules`) and the prometheus binary that the
+# real-cluster scenarios run (make e2e-real). On a host with systemd the package also starts its own service on
+# :9090; dynmig's uses never touch that one.
 # Extra packages a target needs beyond `make test` (make fuzz: clang-14 libclang-rt-14-dev).
 pkgs+=("$@")
 missing=()

@@ -37,6 +37,7 @@ struct DevicePluginFlags {
   std::string reconcile_interval = "5s";
   std::string register_interval = "30s";
   std::string metrics_listen;
+  bool metrics_pod_identity = false;
   std::string nvml_listen = "127.0.0.1:9401";
   std::string log_level = "info";
 };
@@ -107,6 +108,7 @@ int Run(const DevicePluginFlags& f, CliContext& ctx) {
   options.register_interval = register_every;
   options.metrics_listen = f.metrics_listen;
   options.nvml_listen = f.nvml_listen;
+  options.metrics_pod_identity = f.metrics_pod_identity;
 
   // Blocked before any thread starts (they inherit the mask), then waited for.
   StopSignals stop;
@@ -184,6 +186,10 @@ void RegisterDevicePluginCommand(CLI::App& root, CliContext& ctx) {
   cmd->add_option("--metrics-listen", f->metrics_listen,
                   "HOST:PORT for /metrics and /healthz (port 0 picks one; also /nvml when HOST is "
                   "a loopback address and --nvml-listen is empty)");
+  cmd->add_flag("--metrics-pod-identity", f->metrics_pod_identity,
+                "also export dynmig_mig_instance_info on /metrics: one series per live MIG "
+                "instance naming the namespace, pod and container that hold it (joins with "
+                "dcgm-exporter's UUID and GPU_I_ID)");
   cmd->add_option("--nvml-listen", f->nvml_listen,
                   "HOST:PORT for /nvml, which names the pods owning MIG instances: keep it on "
                   "loopback (\"\": only on a loopback --metrics-listen)")

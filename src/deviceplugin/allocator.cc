@@ -361,6 +361,7 @@ void Allocator::Commit(const std::vector<std::string>& device_ids, const PodMig&
     }
     if (plan.devices[k].reuse.has_value()) continue;
     ops_.metrics.InstanceCreated(m.profile);
+    if (ops_.options.warm.enabled) ops_.metrics.WarmMiss(m.profile);
     ops_.Event(&pod, "Normal", kReasonCreated,
                fmt::format(
                    "created MIG device {} ({} at {} of GPU {}, GI {}, CI {}) for container {} "

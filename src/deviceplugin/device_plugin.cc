@@ -32,7 +32,7 @@ absl::StatusOr<std::unique_ptr<DevicePlugin>> DevicePlugin::Start(
   }
   std::unique_ptr<DevicePlugin> plugin(new DevicePlugin(std::move(options), nvml, kube));
   DevicePlugin& p = *plugin;
-  p.metrics_ = std::make_unique<Metrics>();
+  p.metrics_ = std::make_unique<Metrics>(p.options_.metrics_pod_identity);
   p.events_ = std::make_unique<EventRecorder>(kube, p.options_.core.component, p.clock_);
   if (pod_resources == nullptr) {
     PodResourcesClientOptions client;

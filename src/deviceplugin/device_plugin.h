@@ -60,7 +60,8 @@ struct DevicePluginOptions {
   absl::Duration register_interval = absl::Seconds(30);
   absl::Duration kubelet_poll_interval = absl::Seconds(1);
   // "HOST:PORT" for /metrics and /healthz; port 0 picks a free one; "" = no listener. /metrics
-  // names no pod (GPU UUIDs, profiles, counts), so it may listen on every interface.
+  // names no pod (GPU UUIDs, profiles, counts) unless metrics_pod_identity, so it may listen on
+  // every interface.
   std::string metrics_listen;
   // The kubelet's PodResources socket; "" = beside kubelet_dir (PodResourcesSocketBeside:
   // /var/lib/kubelet/device-plugins -> /var/lib/kubelet/pod-resources/kubelet.sock).
@@ -75,6 +76,9 @@ struct DevicePluginOptions {
   // metrics_listen: /nvml is served on the metrics listener when that listener is on a loopback
   // address (or equal to this), else nowhere.
   std::string nvml_listen;
+  // /metrics also exports dynmig_mig_instance_info (metrics.h), which names the pod, namespace and
+  // container holding each live instance: workload identity on metrics_listen. Off by default.
+  bool metrics_pod_identity = false;
 };
 
 class DevicePlugin {

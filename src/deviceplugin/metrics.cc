@@ -13,8 +13,17 @@ const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
 
 }  // namespace
 
-Metrics::Metrics()
-    : registry_(std::make_shared<prometheus::Registry>()),
+std::string BoundedLabelValue(std::string_view value) {
+  std::string out(value.substr(0, kMaxLabelValueBytes));
+  for (char& c : out) {
+    if (c < 0x20 || c > 0x7e) c = '?';
+  }
+  return out;
+}
+
+Metrics::Metrics(bool pod_identity)
+    : pod_identity_(pod_identity),
+      registry_(std::make_shared<prometheus::Registry>()),
       allocations_(prometheus::BuildCounter()
                        .Name("dynmig_deviceplugin_allocations_total")
                        .Help("kubelet Allocate calls by result (success, failed, refused)")
@@ -110,7 +119,22 @@ Metrics::Metrics()
                   .Name("dynmig_deviceplugin_legacy_instances")
                   .Help("live MIG instances dynmig did not create, by attribution: held (a "
                         "container holds it), unproven (kept: the evidence is incomplete), free")
-                  .Register(*registry_)) {
+                  .Register(*registry_)),
+      warm_misses_(prometheus::BuildCounter()
+                       .Name("dynmig_deviceplugin_warm_instance_misses_total")
+                       .Help("MIG instances created while warm instances are on: no idle "
+                             "instance of the profile could be reused, by profile")
+                       .Register(*registry_)) {
+  if (pod_identity_) {
+    instance_info_ = &prometheus::BuildGauge()
+                          .Name("dynmig_mig_instance_info")
+                          .Help(
+                              "A live MIG instance and the pod container holding it (always 1); "
+                              "UUID, GPU_I_ID, GPU_I_PROFILE, gpu and Hostname repeat the GPU's "
+                              "UUID, GPU instance ID, profile, GPU index and node under "
+                              "dcgm-exporter's label names")
+                          .Register(*registry_);
+  }
   for (const char* r : {"success", "failed", "refused"}) allocations_.Add({{"result", r}});
   allocate_duration_.Add({}, LatencyBuckets());
   reconcile_duration_.Add({}, LatencyBuckets());
@@ -187,6 +211,54 @@ void Metrics::SetIdle(const std::map<std::pair<std::string, std::string>, int>& 
   for (const auto& [key, n] : idle) {
     idle_.Add({{"gpu", key.first}, {"profile", key.second}}).Set(n);
     idle_seen_.insert(key);
+  }
+}
+
+void Metrics::WarmMiss(std::string_view profile) {
+  warm_misses_.Add({{"profile", BoundedLabelValue(profile)}}).Increment();
+}
+
+void Metrics::SetInstances(const std::vector<InstanceInfo>& instances) {
+  if (instance_info_ == nullptr) return;
+  std::set<std::map<std::string, std::string>> wanted;
+  for (const auto& i : instances) {
+    if (wanted.size() >= kMaxInstanceSeries) break;
+    const std::string gi = std::to_string(i.gpu_instance_id);
+    const std::string profile = BoundedLabelValue(i.profile);
+    const std::string gpu_uuid = BoundedLabelValue(i.gpu_uuid);
+    const std::string node = BoundedLabelValue(i.node);
+    const std::string index = std::to_string(i.gpu_index);
+    wanted.insert({{"namespace", BoundedLabelValue(i.ns)},
+                   {"pod", BoundedLabelValue(i.pod)},
+                   {"container", BoundedLabelValue(i.container)},
+                   {"node", node},
+                   {"gpu_uuid", gpu_uuid},
+                   {"gpu_index", index},
+                   {"gpu_instance_id", gi},
+                   {"compute_instance_id", std::to_string(i.compute_instance_id)},
+                   {"mig_uuid", BoundedLabelValue(i.mig_uuid)},
+                   {"profile", profile},
+                   {"placement", BoundedLabelValue(i.placement)},
+                   {"UUID", gpu_uuid},
+                   {"GPU_I_ID", gi},
+                   {"GPU_I_PROFILE", profile},
+                   {"gpu", index},
+                   {"Hostname", node}});
+  }
+  dynmig::MutexLock lock(&info_mu_);
+  for (auto it = info_series_.begin(); it != info_series_.end();) {
+    if (wanted.count(it->first)) {
+      ++it;
+      continue;
+    }
+    instance_info_->Remove(it->second);
+    it = info_series_.erase(it);
+  }
+  for (const auto& labels : wanted) {
+    if (info_series_.count(labels)) continue;
+    prometheus::Gauge& g = instance_info_->Add(labels);
+    g.Set(1);
+    info_series_.emplace(labels, &g);
   }
 }
 

@@ -30,6 +30,19 @@
 //   dynmig_deviceplugin_recovery_pending                      gauge: 1 while startup recovery waits
 //                                                             for the API
 //   dynmig_deviceplugin_gpu_healthy{gpu}                      gauge per exposed GPU
+//   dynmig_deviceplugin_warm_instance_misses_total{profile}   instances created while warm
+//                                                             instances are on (no idle instance
+//                                                             of that profile could be reused);
+//                                                             the hits are instances_reused_total
+//   dynmig_mig_instance_info{...} 1                           one per live instance a pod holds,
+//                                                             only with pod identity on (below)
+//
+// dynmig_mig_instance_info names pods (workload identity), so it is exported only when the
+// Metrics is made with `pod_identity` (--metrics-pod-identity): labels namespace, pod, container,
+// node, gpu_uuid, gpu_index, gpu_instance_id, compute_instance_id, mig_uuid, profile, placement
+// ("start:size"), and the same values under dcgm-exporter's names (UUID = the GPU's UUID,
+// GPU_I_ID, GPU_I_PROFILE, gpu = the GPU's index, Hostname = the node) so that its series join
+// with `on(UUID, GPU_I_ID)`. A series goes when its instance goes (no stale series).
 #pragma once
 
 #include <map>
@@ -38,6 +51,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "common/mutex.h"
@@ -49,9 +63,30 @@
 
 namespace dynmig::deviceplugin {
 
+// One live MIG instance and the pod container that holds it (dynmig_mig_instance_info).
+struct InstanceInfo {
+  std::string ns;
+  std::string pod;
+  std::string container;  // "" when no served Allocate names it
+  std::string node;
+  std::string gpu_uuid;
+  uint32_t gpu_index = 0;
+  uint32_t gpu_instance_id = 0;
+  uint32_t compute_instance_id = 0;
+  std::string mig_uuid;
+  std::string profile;
+  std::string placement;  // "start:size"
+};
+
+// A label value as exported: bytes outside printable ASCII become '?' (a label value must be
+// UTF-8, and one bad value would fail the whole scrape), at most kMaxLabelValueBytes bytes (the
+// rest is cut). Quotes and backslashes are kept: the text serializer escapes them.
+inline constexpr size_t kMaxLabelValueBytes = 256;
+std::string BoundedLabelValue(std::string_view value);
+
 class Metrics {
  public:
-  Metrics();
+  explicit Metrics(bool pod_identity = false);
 
   // The registry in the Prometheus text exposition format.
   std::string Serialize() const;
@@ -81,12 +116,20 @@ class Metrics {
   void InstanceReused(std::string_view profile);
   // The idle instances per (GPU UUID, profile); pairs no longer present are set to 0.
   void SetIdle(const std::map<std::pair<std::string, std::string>, int>& idle);
+  // An instance was created while warm instances are on: no idle one could be reused.
+  void WarmMiss(std::string_view profile);
+  // The live instances held by pods, replacing the previous set (series of instances that are
+  // gone are removed). A no-op without pod identity. At most kMaxInstanceSeries are exported.
+  static constexpr size_t kMaxInstanceSeries = 4096;
+  void SetInstances(const std::vector<InstanceInfo>& instances) ABSL_LOCKS_EXCLUDED(info_mu_);
+  bool pod_identity() const { return pod_identity_; }
 
   // Current value of a counter or gauge sample (tests): name plus its labels; 0 when absent.
   double Value(std::string_view name, std::string_view label = "",
                std::string_view label_value = "") const;
 
  private:
+  const bool pod_identity_;
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>& allocations_;
   prometheus::Family<prometheus::Histogram>& allocate_duration_;
@@ -111,8 +154,14 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& reused_;
   prometheus::Family<prometheus::Gauge>& idle_;
   prometheus::Family<prometheus::Gauge>& legacy_;
+  prometheus::Family<prometheus::Counter>& warm_misses_;
+  prometheus::Family<prometheus::Gauge>* instance_info_ = nullptr;  // with pod identity only
   dynmig::Mutex idle_mu_;
   std::set<std::pair<std::string, std::string>> idle_seen_ ABSL_GUARDED_BY(idle_mu_);
+  dynmig::Mutex info_mu_;
+  // The exported info series by their labels.
+  std::map<std::map<std::string, std::string>, prometheus::Gauge*> info_series_
+      ABSL_GUARDED_BY(info_mu_);
 };
 
 }  // namespace dynmig::deviceplugin

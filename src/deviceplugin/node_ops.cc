@@ -56,6 +56,10 @@ void NodeOps::PersistOrLog(std::string_view what) {
 
 void NodeOps::UpdateGauges() {
   publisher_.SetGauges(ns.state.instances, ns.recovery_pending);
+  if (metrics.pod_identity()) {
+    metrics.SetInstances(
+        LiveInstanceInfos(ns.state.instances, ledger.Entries(), ns.inventory, options.node_name));
+  }
   UpdateLegacyGauge();
 }
 

@@ -50,6 +50,41 @@ bool Publisher::IdleChanged(const std::vector<protocol::IdleInstance>& idle) con
   return value != last_idle_;
 }
 
+std::vector<InstanceInfo> LiveInstanceInfos(const std::vector<ManagedInstance>& instances,
+                                            const std::vector<LedgerEntry>& ledger,
+                                            const Inventory& inventory, std::string_view node) {
+  std::map<std::string, const LedgerEntry*> by_mig_uuid;
+  for (const auto& e : ledger) {
+    for (const auto& u : e.mig_uuids) by_mig_uuid[u] = &e;
+  }
+  std::map<std::string, uint32_t> gpu_index;
+  for (const auto& g : inventory.gpus) gpu_index[g.info.uuid] = g.info.index;
+  std::vector<InstanceInfo> out;
+  for (const auto& m : instances) {
+    if (m.idle || m.owner.name.empty()) continue;
+    InstanceInfo i;
+    i.ns = m.owner.ns;
+    i.pod = m.owner.name;
+    if (auto e = by_mig_uuid.find(m.mig_uuid); !m.mig_uuid.empty() && e != by_mig_uuid.end() &&
+                                               e->second->ns == m.owner.ns &&
+                                               e->second->name == m.owner.name) {
+      i.container = e->second->container;
+    } else if (!m.holders.empty()) {
+      i.container = m.holders.front().container;
+    }
+    i.node = std::string(node);
+    i.gpu_uuid = m.gpu_uuid;
+    if (auto g = gpu_index.find(m.gpu_uuid); g != gpu_index.end()) i.gpu_index = g->second;
+    i.gpu_instance_id = m.gpu_instance_id;
+    i.compute_instance_id = m.compute_instance_id;
+    i.mig_uuid = m.mig_uuid;
+    i.profile = m.profile;
+    i.placement = fmt::format("{}:{}", m.placement.start, m.placement.size);
+    out.push_back(std::move(i));
+  }
+  return out;
+}
+
 void Publisher::SetGauges(const std::vector<ManagedInstance>& instances, bool recovery_pending) {
   metrics_.SetManaged(static_cast<double>(instances.size()));
   std::map<std::pair<std::string, std::string>, int> idle;

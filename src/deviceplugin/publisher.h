@@ -10,6 +10,7 @@
 //                  last written.
 //   IdleChanged()  whether given idle instances differ from those last written.
 //   SetGauges()    the managed / idle instance and recovery-pending gauges.
+//   LiveInstanceInfos()  the pod-attributed instances (dynmig_mig_instance_info, metrics.h).
 //
 // The kubelet's device list (ListAndWatch) is DeviceList (device_list.h), also with its own lock.
 // Thread-safe.
@@ -22,6 +23,7 @@
 #include "absl/status/status.h"
 #include "common/clock.h"
 #include "common/mutex.h"
+#include "deviceplugin/inventory.h"
 #include "deviceplugin/metrics.h"
 #include "deviceplugin/state_store.h"
 #include "kube/kube_client.h"
@@ -37,6 +39,13 @@ struct NodeSnapshot {
   std::vector<protocol::HeldSlices> held;     // dynmig.io/mig-held
   std::vector<protocol::IdleInstance> idle;   // dynmig.io/idle-mig-instances
 };
+
+// The live instances a pod holds (idle ones excluded: no pod holds them), each with its pod,
+// the container (from the served Allocate that handed it out, `ledger`; for a legacy instance its
+// first proven holder), the GPU's index (`inventory`) and `node`.
+std::vector<InstanceInfo> LiveInstanceInfos(const std::vector<ManagedInstance>& instances,
+                                            const std::vector<LedgerEntry>& ledger,
+                                            const Inventory& inventory, std::string_view node);
 
 class Publisher {
  public:

@@ -862,6 +862,7 @@ absl::Status LocalCluster::StartDevicePluginLocked(Node& node) {
   o.register_interval = options_.register_interval;
   o.kubelet_poll_interval = absl::Milliseconds(200);
   o.metrics_listen = fmt::format("{}:{}", node.address, options_.nvml_port);
+  o.metrics_pod_identity = true;  // a sandbox on loopback: the pod-attributed instance series too
   // A crash point armed for this node crashes this process once: fenced at once, restarted by the
   // supervisor.
   FencedKubeClient* fence = node.plugin_client.get();

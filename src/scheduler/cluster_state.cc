@@ -586,6 +586,7 @@ const mig::NodeView& ClusterState::ViewOf(NodeEntry& node, absl::Time now) const
   node.report.unhealthy_code = std::move(code);
   node.view.bind_in_flight =
       node.locked_at.has_value() && now - *node.locked_at < kDefaultNodeLockExpiry;
+  node.report.locked_at = node.locked_at;
   // The next instant at which time alone flips either: a report older than the timeout makes
   // the node unhealthy (strictly after reported_at + timeout); the lock expires at locked_at +
   // expiry. An instant already past changes nothing more; a clock set back (now < viewed_at)

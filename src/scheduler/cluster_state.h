@@ -96,6 +96,8 @@ struct NodeReport {
   // unreadable-register, deregistered or stopped-reporting (a metric label, no names in it).
   std::string unhealthy_code;
   std::vector<GpuReport> gpus;
+  // hami.io/mutex.lock's time while a bind holds the node's lock (metrics: how long it is held).
+  std::optional<absl::Time> locked_at;
 };
 
 // What a successful filter decided: the node and the annotations to write on the pod.

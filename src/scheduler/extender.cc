@@ -149,8 +149,8 @@ ExtenderFilterResult Extender::Filter(const ExtenderArgs& args) {
   const absl::Duration started = clock_.Monotonic();
   ExtenderFilterResult result;
   if (args.nodes.has_value()) result.nodes = args.nodes;
-  auto finish = [&](std::string_view outcome) {
-    if (metrics_ != nullptr) metrics_->ObserveFilter(outcome, clock_.Monotonic() - started);
+  auto finish = [&](std::string_view outcome, std::string_view why = "") {
+    CountFilter(outcome, args.pod, why, clock_.Monotonic() - started);
     return std::move(result);  // once per filter; a copy of thousands of FailedNodes is not free
   };
   auto fail = [&](std::string error) {
@@ -197,7 +197,7 @@ ExtenderFilterResult Extender::Filter(const ExtenderArgs& args) {
             fmt::format("the pod holds a MIG reservation on node {}, which is being bound",
                         assumed->reservation.node);
       }
-      return finish("pending");
+      return finish("pending", "binding");
     }
     // Its node is no longer a candidate: the reservation lives only here, so giving it back
     // touches nothing on the API server.
@@ -231,12 +231,12 @@ ExtenderFilterResult Extender::Filter(const ExtenderArgs& args) {
             fmt::format("the pod holds a MIG reservation on node {}, which is not a candidate ({})",
                         *reserved, std::string(released.message()));
       }
-      return finish("pending");
+      return finish("pending", "binding");
     }
     spdlog::info("filter {}: released the reservation on {}, which is no longer a candidate", key,
                  *reserved);
   }
-  if (candidates.empty()) return finish("pending");
+  if (candidates.empty()) return finish("pending", "no-candidates");
 
   std::vector<std::string> warnings;
   auto request = protocol::ParsePodRequest(pod, options_.resources, &warnings);
@@ -258,7 +258,7 @@ ExtenderFilterResult Extender::Filter(const ExtenderArgs& args) {
   result.failed_nodes = std::move(decision->failed);
   if (!decision->reservation.has_value()) {
     Event(pod, "Warning", "MigPending", PendingMessage(decision->verdict, result.failed_nodes));
-    return finish("pending");
+    return finish("pending", mig::VerdictName(decision->verdict));  // explain's classification
   }
   const Reservation& r = *decision->reservation;
   Event(pod, "Normal", "MigReserved", "reserved " + r.summary);
@@ -507,7 +507,40 @@ std::string Extender::Bind(const ExtenderBindingArgs& args) {
                    args.node, std::string(st.status().message()));
     }
   }
+  if (metrics_ != nullptr) ObserveBound(*pod, key, *reservation, clock_.Now());
   return finish("");
+}
+
+void Extender::CountFilter(std::string_view outcome, const kube::Object& pod, std::string_view why,
+                           absl::Duration took) {
+  if (metrics_ == nullptr) return;
+  metrics_->ObserveFilter(outcome, took);
+  if (kube::Name(pod).empty() || outcome == "error") return;
+  const std::string key = PodNamespace(pod) + "/" + kube::Name(pod);
+  if (outcome == "pending") {
+    metrics_->PodPending(key, why, clock_.Now());
+  } else {
+    metrics_->PodDone(key);
+  }
+}
+
+void Extender::ObserveBound(const kube::Object& pod, const std::string& key,
+                            const std::optional<Reservation>& written, absl::Time now) {
+  metrics_->PodDone(key);
+  std::vector<std::string> profiles;
+  if (written.has_value()) {
+    for (const auto& a : written->allocations) profiles.push_back(a.profile);
+  } else if (auto carried = protocol::DecodeMigAllocations(
+                 AnnotationOr(pod, protocol::kMigAllocationsAnnotation));
+             carried.ok()) {
+    for (const auto& a : *carried) profiles.push_back(a.profile);
+  }
+  const auto meta = pod.find("metadata");
+  if (profiles.empty() || meta == pod.end() || !meta->is_object()) return;
+  const auto created = meta->find("creationTimestamp");
+  if (created == meta->end() || !created->is_string()) return;
+  auto at = kube::ParseRfc3339(created->get<std::string>());
+  if (at.ok()) metrics_->ObserveWait(profiles, now - *at);
 }
 
 Extender::ExpiryResult Extender::ExpireReservations() {

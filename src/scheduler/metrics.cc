@@ -1,6 +1,9 @@
 #include "scheduler/metrics.h"
 
+#include <algorithm>
+#include <bit>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "prometheus/counter.h"
@@ -19,6 +22,35 @@ const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
   return *buckets;
 }
 
+const prometheus::Histogram::BucketBoundaries& WaitBuckets() {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200};
+  return *buckets;
+}
+
+// Every reason dynmig_scheduler_pending_pods has (each exported, 0 when none).
+constexpr const char* kPendingReasons[] = {"fragmented",
+                                           "capacity-exhausted",
+                                           "no-profile-big-enough",
+                                           "not-allowlisted",
+                                           "filtered",
+                                           "gpu-unhealthy",
+                                           "no-mig-gpu",
+                                           "node-unhealthy",
+                                           "no-candidates",
+                                           "binding",
+                                           "waiting-for-node-lock"};
+
+// The longest run of adjacent free slices of `units` slices under `occupied`.
+uint32_t LongestFreeRun(uint64_t occupied, uint32_t units) {
+  uint32_t run = 0, longest = 0;
+  for (uint32_t u = 0; u < units && u < 64; ++u) {
+    run = (occupied >> u) & 1 ? 0 : run + 1;
+    longest = std::max(longest, run);
+  }
+  return longest;
+}
+
 prometheus::ClientMetric Gauge(double value,
                                std::vector<std::pair<std::string, std::string>> labels) {
   prometheus::ClientMetric m;
@@ -33,6 +65,44 @@ prometheus::MetricFamily GaugeFamily(std::string name, std::string help) {
   f.help = std::move(help);
   f.type = prometheus::MetricType::Gauge;
   return f;
+}
+
+// Per allowlisted GPU its slices, free slices and longest free run; per locked node the lock's age.
+std::vector<prometheus::MetricFamily> CapacityFamilies(const std::vector<NodeReport>& nodes,
+                                                       absl::Time now) {
+  auto slices = GaugeFamily("dynmig_scheduler_gpu_slices", "Slices (memory units) of a MIG GPU");
+  auto free_slices = GaugeFamily("dynmig_scheduler_gpu_free_slices",
+                                 "Slices of a MIG GPU no reservation or held instance covers");
+  auto largest_free = GaugeFamily("dynmig_scheduler_gpu_largest_free_run_slices",
+                                  "The longest run of adjacent free slices of a MIG GPU");
+  auto lock_held = GaugeFamily("dynmig_scheduler_node_lock_held_seconds",
+                               "How long a node's bind lock (hami.io/mutex.lock) has been held");
+  for (const auto& node : nodes) {
+    if (node.locked_at.has_value()) {
+      lock_held.metric.push_back(Gauge(std::max(0.0, absl::ToDoubleSeconds(now - *node.locked_at)),
+                                       {{"node", node.name}}));
+    }
+    for (const auto& gpu : node.gpus) {
+      if (!gpu.allowlisted || gpu.units == 0) continue;
+      uint64_t occupied = 0;
+      for (const auto& r : gpu.reservations) occupied |= r.placement.Mask();
+      const uint32_t units = std::min<uint32_t>(gpu.units, 64);
+      const uint64_t all = units == 64 ? ~uint64_t{0} : (uint64_t{1} << units) - 1;
+      const auto labels = [&] {
+        return std::vector<std::pair<std::string, std::string>>{
+            {"node", node.name},
+            {"device_uuid", gpu.uuid},
+            {"device_index", std::to_string(gpu.index)}};
+      };
+      slices.metric.push_back(Gauge(units, labels()));
+      free_slices.metric.push_back(
+          Gauge(static_cast<double>(units - std::popcount(occupied & all)), labels()));
+      largest_free.metric.push_back(Gauge(LongestFreeRun(occupied, units), labels()));
+    }
+  }
+  std::vector<prometheus::MetricFamily> out;
+  for (auto* f : {&slices, &free_slices, &largest_free, &lock_held}) out.push_back(std::move(*f));
+  return out;
 }
 
 }  // namespace
@@ -70,6 +140,10 @@ SchedulerMetrics::SchedulerMetrics() : registry_(std::make_shared<prometheus::Re
                        .Help("Time to answer a bind call")
                        .Register(*registry_)
                        .Add({}, LatencyBuckets());
+  pod_wait_ = &prometheus::BuildHistogram()
+                   .Name("dynmig_scheduler_pod_wait_seconds")
+                   .Help("MIG pods' wait from creation to a successful bind, by profile")
+                   .Register(*registry_);
   for (const char* o : {"reserved", "already-reserved", "pending", "passthrough", "error"}) {
     filter_total_->Add({{"outcome", o}});
   }
@@ -102,9 +176,70 @@ void SchedulerMetrics::CountUnauthenticated(std::string_view path) {
   unauthenticated_total_->Add({{"path", std::string(known)}}).Increment();
 }
 
+void SchedulerMetrics::ObserveWait(const std::vector<std::string>& profiles,
+                                   absl::Duration waited) {
+  const double seconds = std::max(0.0, absl::ToDoubleSeconds(waited));
+  for (const auto& p : std::set<std::string>(profiles.begin(), profiles.end())) {
+    // Profile names are the catalogue's (decoded from our own annotation); bounded all the same.
+    pod_wait_->Add({{"profile", p.substr(0, 64)}}, WaitBuckets()).Observe(seconds);
+  }
+}
+
+void SchedulerMetrics::PodPending(const std::string& pod_key, std::string_view reason,
+                                  absl::Time now) {
+  dynmig::MutexLock lock(&pending_mu_);
+  auto it = pending_.find(pod_key);
+  if (it == pending_.end()) {
+    if (pending_.size() >= kMaxPendingPods) return;
+    pending_.emplace(pod_key, Pending{std::string(reason), now, now});
+    return;
+  }
+  it->second.reason = std::string(reason);
+  it->second.last_seen = now;
+}
+
+void SchedulerMetrics::PodDone(const std::string& pod_key) {
+  dynmig::MutexLock lock(&pending_mu_);
+  pending_.erase(pod_key);
+}
+
+std::vector<prometheus::MetricFamily> SchedulerMetrics::PendingFamilies(int binds_waiting,
+                                                                        absl::Time now) const {
+  auto pending = GaugeFamily("dynmig_scheduler_pending_pods",
+                             "MIG pods pending, by the reason of their last filter");
+  auto oldest = GaugeFamily("dynmig_scheduler_pending_oldest_seconds",
+                            "How long the oldest MIG pod pending for that reason has waited");
+  {
+    std::map<std::string, std::pair<int64_t, double>> by_reason;
+    for (const char* r : kPendingReasons) by_reason[r] = {0, 0};
+    dynmig::MutexLock lock(&pending_mu_);
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (now - it->second.last_seen > kPendingTtl) {
+        it = pending_.erase(it);
+        continue;
+      }
+      auto& [count, age] = by_reason[it->second.reason];
+      ++count;
+      age = std::max(age, absl::ToDoubleSeconds(now - it->second.since));
+      ++it;
+    }
+    by_reason["waiting-for-node-lock"].first += binds_waiting;
+    for (const auto& [reason, v] : by_reason) {
+      pending.metric.push_back(Gauge(static_cast<double>(v.first), {{"reason", reason}}));
+      oldest.metric.push_back(Gauge(v.second, {{"reason", reason}}));
+    }
+  }
+  std::vector<prometheus::MetricFamily> out;
+  out.push_back(std::move(pending));
+  out.push_back(std::move(oldest));
+  return out;
+}
+
 std::string SchedulerMetrics::Render(const std::vector<NodeReport>& nodes, bool leader,
-                                     int binds_waiting) const {
+                                     int binds_waiting, absl::Time now) const {
   std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  std::vector<prometheus::MetricFamily> pending = PendingFamilies(binds_waiting, now);
+  std::vector<prometheus::MetricFamily> capacity = CapacityFamilies(nodes, now);
   auto info = GaugeFamily("hami_node_gpu_mig_instance_info",
                           "A MIG instance realized for a pod's reservation (always 1)");
   auto fail_closed =
@@ -165,6 +300,9 @@ std::string SchedulerMetrics::Render(const std::vector<NodeReport>& nodes, bool 
   families.push_back(std::move(reserved));
   families.push_back(std::move(leader_family));
   families.push_back(std::move(waiting));
+  for (auto* more : {&pending, &capacity}) {
+    for (auto& f : *more) families.push_back(std::move(f));
+  }
   std::ostringstream out;
   prometheus::TextSerializer().Serialize(out, families);
   return out.str();

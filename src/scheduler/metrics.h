@@ -17,6 +17,20 @@
 //   dynmig_scheduler_bind_total{outcome="bound|error"}
 //   dynmig_scheduler_unauthenticated_total{path="/filter|/bind|/layout"}
 //   dynmig_scheduler_filter_duration_seconds, dynmig_scheduler_bind_duration_seconds (histograms)
+//   dynmig_scheduler_pod_wait_seconds{profile}   histogram: a MIG pod's creation to its successful
+//       bind, once per profile the pod holds (the bind is the scheduler's last step; what follows,
+//       image pull and container start, is the node's and not a wait for MIG capacity)
+//   dynmig_scheduler_pending_pods{reason}        MIG pods whose last filter left them pending, by
+//       the planner's best verdict (mig::VerdictName: fragmented, capacity-exhausted,
+//       no-profile-big-enough, not-allowlisted, filtered, gpu-unhealthy, no-mig-gpu,
+//       node-unhealthy; the classification `dynmig explain` shows), or no-candidates
+//       (kube-scheduler offered no node), binding (its reservation is being bound),
+//       waiting-for-node-lock (binds queued for a node's lock)
+//   dynmig_scheduler_pending_oldest_seconds{reason}  how long the oldest of them has been pending
+//   dynmig_scheduler_gpu_slices{node,device_uuid,device_index}, ..._gpu_free_slices{...},
+//   ..._gpu_largest_free_run_slices{...}           per allowlisted GPU: its slices, those no
+//       reservation or held instance covers, and the longest run of adjacent free slices
+//   dynmig_scheduler_node_lock_held_seconds{node}  how long a node's bind lock has been held
 //
 // No series carries a pod or namespace name (reasons are codes; the full reasons, which name pods,
 // are on the authenticated /layout and in the pods' events), so /metrics needs no authentication:
@@ -25,18 +39,22 @@
 // Thread-safe.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 #include "scheduler/cluster_state.h"
 
 namespace prometheus {
 class Registry;
 class Counter;
 class Histogram;
+struct MetricFamily;
 template <typename T>
 class Family;
 }  // namespace prometheus
@@ -59,12 +77,30 @@ class SchedulerMetrics {
   // A /filter or /bind refused for want of a valid client certificate.
   void CountUnauthenticated(std::string_view path);
 
-  // The exposition text: the registry's metrics plus the state-derived gauges of `nodes` and the
-  // binds waiting for node locks.
-  std::string Render(const std::vector<NodeReport>& nodes, bool leader,
-                     int binds_waiting = 0) const;
+  // A MIG pod bound after `waited` (its creation to now), once per distinct profile it holds.
+  void ObserveWait(const std::vector<std::string>& profiles, absl::Duration waited);
+
+  // The pending-pod gauges. PodPending: the filter of `pod_key` left it pending for `reason` at
+  // `now` (its first pending time is kept while it stays pending). PodDone: it was reserved,
+  // bound, deleted or is not a MIG pod. An entry not refreshed for kPendingTtl is dropped (a pod
+  // deleted while no watch event reached us; kube-scheduler retries pending pods well within).
+  // At most kMaxPendingPods are tracked.
+  static constexpr absl::Duration kPendingTtl = absl::Minutes(15);
+  static constexpr size_t kMaxPendingPods = 100000;
+  void PodPending(const std::string& pod_key, std::string_view reason, absl::Time now)
+      ABSL_LOCKS_EXCLUDED(pending_mu_);
+  void PodDone(const std::string& pod_key) ABSL_LOCKS_EXCLUDED(pending_mu_);
+
+  // The exposition text: the registry's metrics plus the state-derived gauges of `nodes`, the
+  // pending pods and the binds waiting for node locks, aged at `now`.
+  std::string Render(const std::vector<NodeReport>& nodes, bool leader, int binds_waiting,
+                     absl::Time now) const ABSL_LOCKS_EXCLUDED(pending_mu_);
 
  private:
+  // dynmig_scheduler_pending_pods and _pending_oldest_seconds at `now` (dropping expired entries).
+  std::vector<prometheus::MetricFamily> PendingFamilies(int binds_waiting, absl::Time now) const
+      ABSL_LOCKS_EXCLUDED(pending_mu_);
+
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>* filter_total_;
   prometheus::Family<prometheus::Counter>* expiries_total_;
@@ -73,6 +109,15 @@ class SchedulerMetrics {
   prometheus::Counter* reservations_total_;
   prometheus::Histogram* filter_latency_;
   prometheus::Histogram* bind_latency_;
+  prometheus::Family<prometheus::Histogram>* pod_wait_;
+
+  struct Pending {
+    std::string reason;
+    absl::Time since;      // first seen pending
+    absl::Time last_seen;  // last filter that left it pending
+  };
+  mutable dynmig::Mutex pending_mu_;
+  mutable std::map<std::string, Pending> pending_ ABSL_GUARDED_BY(pending_mu_);
 };
 
 }  // namespace dynmig::scheduler

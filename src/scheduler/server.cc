@@ -13,6 +13,26 @@
 namespace dynmig::scheduler {
 namespace {
 
+// The pod informer's handlers: the cluster state, and the pending-pod gauges (a pod bound, by
+// this scheduler or another, or deleted is no longer pending).
+kube::InformerHandlers PodHandlers(ClusterState& state, SchedulerMetrics& metrics) {
+  return {
+      .on_add = [&state](const kube::Object& pod) { state.UpsertPod(pod); },
+      .on_update =
+          [&state, &metrics](const kube::Object&, const kube::Object& pod) {
+            state.UpsertPod(pod);
+            if (!kube::NodeName(pod).empty()) {
+              metrics.PodDone(kube::Namespace(pod) + "/" + kube::Name(pod));
+            }
+          },
+      .on_delete =
+          [&state, &metrics](const kube::Object& pod) {
+            state.RemovePod(kube::Namespace(pod), kube::Name(pod));
+            metrics.PodDone(kube::Namespace(pod) + "/" + kube::Name(pod));
+          },
+  };
+}
+
 constexpr const char* kJson = "application/json";
 
 // The pod name in a lease holder identity "<pod name>_<suffix>" ("" when it has no suffix).
@@ -102,14 +122,7 @@ absl::Status SchedulerServer::Init() {
   pod_options.filter = {};
   pod_options.filter.field_selector = "status.phase!=Succeeded,status.phase!=Failed";
   pods_ = std::make_unique<kube::Informer>(client_, kube::Resource::kPods, pod_options);
-  pods_->AddHandlers({
-      .on_add = [this](const kube::Object& pod) { state_->UpsertPod(pod); },
-      .on_update = [this](const kube::Object&, const kube::Object& pod) { state_->UpsertPod(pod); },
-      .on_delete =
-          [this](const kube::Object& pod) {
-            state_->RemovePod(kube::Namespace(pod), kube::Name(pod));
-          },
-  });
+  pods_->AddHandlers(PodHandlers(*state_, *metrics_));
   kube::InformerOptions node_options = options_.informer;
   node_options.filter = {};
   if (!node_options.cache_transform) node_options.cache_transform = kube::MetadataOnly;
@@ -385,7 +398,7 @@ void SchedulerServer::HandleLayout(const std::string& node, const std::string& f
 
 std::string SchedulerServer::MetricsText() const {
   return metrics_->Render(state_->Report(clock_.Now()), elector_ == nullptr || elector_->IsLeader(),
-                          extender_->lock_queue().Waiting());
+                          extender_->lock_queue().Waiting(), clock_.Now());
 }
 
 SchedulerServer::~SchedulerServer() { Stop(); }

@@ -226,6 +226,7 @@ MONITORING_OBJECTS = {
     ("Service", NS, "dynmig-device-plugin-metrics"),
     ("ServiceMonitor", NS, "dynmig-scheduler"),
     ("ServiceMonitor", NS, "dynmig-device-plugin"),
+    ("PrometheusRule", NS, "dynmig"),
 }
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
                   "ValidatingWebhookConfiguration"}
@@ -492,6 +493,17 @@ def group_objects(c):
             if server:
                 c.check(server in certgen_dns_names(), f"ServiceMonitor {sm_name} serverName {server} not in the "
                         "certificate")
+    # Pod identity on /metrics only with the monitoring overlay, whose ServiceMonitor keeps the series' own pod labels.
+    def plugin_args(objs):
+        ds = get(objs, "DaemonSet", "dynmig-device-plugin")
+        return container(ds["spec"]["template"]["spec"], "device-plugin")["args"]
+    c.check("--metrics-pod-identity" in plugin_args(mon), "overlays/monitoring starts the device plugin with "
+            "--metrics-pod-identity")
+    c.check("--metrics-pod-identity" not in plugin_args(render("base")), "deploy/base names no pod on /metrics")
+    c.equal([ep.get("honorLabels") for ep in get(mon, "ServiceMonitor", "dynmig-device-plugin")["spec"]["endpoints"]],
+            [True], "the device plugin's ServiceMonitor honors the series' own namespace/pod/container labels")
+    rule = get(mon, "PrometheusRule", "dynmig")
+    c.check(any("alert" in r for g in rule["spec"]["groups"] for r in g["rules"]), "the PrometheusRule has alerts")
 
 
 def group_scheduler_config(c):

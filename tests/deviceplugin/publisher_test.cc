@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <sstream>
+
 #include "kube/in_memory_api_server.h"
 #include "kube/rest_kube_client.h"
 #include "protocol/annotations.h"
@@ -75,6 +77,106 @@ TEST_F(PublisherTest, AFailedPatchNamesTheNodeAndKeepsTheLastWrittenIdleInstance
   EXPECT_NE(st.message().find("missing-node"), std::string_view::npos) << st;
   EXPECT_TRUE(publisher.IdleChanged(snapshot.idle));
   EXPECT_FALSE(publisher.IdleChanged({}));
+}
+
+// The pod-attributed instances: idle ones are left out; the container comes from the served
+// Allocate that handed the instance out (not from another pod's), a legacy one's from its holder.
+TEST(LiveInstanceInfosTest, NamesEachLiveInstancesPodAndContainer) {
+  ManagedInstance a;
+  a.gpu_uuid = "GPU-b";
+  a.profile = "3g.20gb";
+  a.placement = {4, 4};
+  a.gpu_instance_id = 2;
+  a.compute_instance_id = 0;
+  a.mig_uuid = "MIG-a";
+  a.owner = {"uid-a", "ml", "trainer-0", 1, 0};
+  ManagedInstance idle = a;
+  idle.mig_uuid = "MIG-idle";
+  idle.idle = true;
+  ManagedInstance legacy = a;
+  legacy.mig_uuid = "MIG-legacy";
+  legacy.owner = {"uid-l", "old", "holder", 0, 0};
+  legacy.holders = {{"uid-l", "old", "holder", "app", "nvidia.com/gpu", "MIG-legacy", "runtime"}};
+  ManagedInstance stranger = a;  // a ledger entry of another pod names its MIG UUID
+  stranger.mig_uuid = "MIG-s";
+  stranger.owner = {"uid-s", "ml", "other", 0, 0};
+  LedgerEntry served;
+  served.pod_uid = "uid-a";
+  served.ns = "ml";
+  served.name = "trainer-0";
+  served.container = "main";
+  served.mig_uuids = {"MIG-a"};
+  LedgerEntry foreign = served;
+  foreign.name = "trainer-1";
+  foreign.container = "wrong";
+  foreign.mig_uuids = {"MIG-s"};
+  Inventory inv;
+  inv.gpus.resize(2);
+  inv.gpus[0].info.uuid = "GPU-a";
+  inv.gpus[0].info.index = 0;
+  inv.gpus[1].info.uuid = "GPU-b";
+  inv.gpus[1].info.index = 1;
+  auto infos = LiveInstanceInfos({a, idle, legacy, stranger}, {served, foreign}, inv, "gpu-1");
+  ASSERT_EQ(infos.size(), 3u);
+  EXPECT_EQ(infos[0].ns, "ml");
+  EXPECT_EQ(infos[0].pod, "trainer-0");
+  EXPECT_EQ(infos[0].container, "main");
+  EXPECT_EQ(infos[0].node, "gpu-1");
+  EXPECT_EQ(infos[0].gpu_index, 1u);
+  EXPECT_EQ(infos[0].gpu_instance_id, 2u);
+  EXPECT_EQ(infos[0].placement, "4:4");
+  EXPECT_EQ(infos[1].pod, "holder");
+  EXPECT_EQ(infos[1].container, "app");
+  EXPECT_EQ(infos[2].pod, "other");
+  EXPECT_EQ(infos[2].container, "") << "another pod's ledger entry does not name its container";
+}
+
+// A hostile pod name (quotes, a newline that would start a forged sample, bytes that are not
+// UTF-8, 10 KiB): one sample line, its value escaped by the serializer and bounded.
+TEST(InstanceInfoMetricTest, AHostileNameStaysInsideItsLabelValue) {
+  Metrics m(/*pod_identity=*/true);
+  InstanceInfo i;
+  i.ns = "default";
+  i.pod = "evil\"} 1\nforged_metric{x=\"\\" + std::string("\xff\xfe") + std::string(10240, 'p');
+  i.container = "c";
+  i.node = "n";
+  i.gpu_uuid = "GPU-a";
+  i.mig_uuid = "MIG-a";
+  i.profile = "1g.5gb";
+  i.placement = "0:1";
+  m.SetInstances({i});
+  const std::string text = m.Serialize();
+  std::istringstream lines(text);
+  std::string line;
+  int samples = 0;
+  while (std::getline(lines, line)) {
+    EXPECT_FALSE(line.starts_with("forged_metric")) << line;
+    if (!line.starts_with("dynmig_mig_instance_info{")) continue;
+    ++samples;
+    EXPECT_LT(line.size(), 16u * 1024) << "label values are bounded";
+    EXPECT_NE(line.find("pod=\"evil\\\"} 1?forged_metric{x=\\\"\\\\??ppp"), std::string::npos)
+        << line;
+    EXPECT_TRUE(line.ends_with("} 1")) << line;
+  }
+  EXPECT_EQ(samples, 1);
+  EXPECT_EQ(BoundedLabelValue(i.pod).size(), kMaxLabelValueBytes);
+
+  // Replaced, not added: the old series goes.
+  i.pod = "calm";
+  m.SetInstances({i});
+  EXPECT_EQ(m.Value("dynmig_mig_instance_info"), 1);
+  EXPECT_EQ(m.Value("dynmig_mig_instance_info", "pod", "calm"), 1);
+  m.SetInstances({});
+  EXPECT_EQ(m.Value("dynmig_mig_instance_info"), 0);
+}
+
+// At most kMaxInstanceSeries series, however many instances are given.
+TEST(InstanceInfoMetricTest, TheSeriesAreBounded) {
+  Metrics m(true);
+  std::vector<InstanceInfo> many(Metrics::kMaxInstanceSeries + 10);
+  for (size_t k = 0; k < many.size(); ++k) many[k].mig_uuid = "MIG-" + std::to_string(k);
+  m.SetInstances(many);
+  EXPECT_EQ(m.Value("dynmig_mig_instance_info"), Metrics::kMaxInstanceSeries);
 }
 
 }  // namespace

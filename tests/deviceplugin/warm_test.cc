@@ -17,8 +17,10 @@ class WarmTest : public PluginTest {
  protected:
   // A plugin with warm instances on and the test's clock.
   DevicePlugin* StartWarm(uint32_t max_per_gpu = 2, bool enabled = true,
-                          std::function<bool(std::string_view)> crash = {}) {
+                          std::function<bool(std::string_view)> crash = {},
+                          bool pod_identity = false) {
     return StartPlugin([&](DevicePluginOptions& o) {
+      o.metrics_pod_identity = pod_identity;
       o.core.warm.enabled = enabled;
       o.core.warm.ttl = absl::Minutes(5);
       o.core.warm.max_per_gpu = max_per_gpu;
@@ -313,6 +315,55 @@ TEST_F(WarmTest, OffByDefault) {
   EXPECT_EQ(TotalGis(), 0u);
   ASSERT_TRUE(plugin_->core().PublishNode().ok());
   EXPECT_EQ(kube::Annotation(*kube_->GetNode(kNode), protocol::kNodeIdleInstancesAnnotation), "[]");
+}
+
+// dynmig_mig_instance_info (metrics.h): one series per live instance naming its pod and container,
+// gone once the instance is idle; warm misses count the creates, reused_total the hits.
+TEST_F(WarmTest, TheInstanceInfoSeriesFollowsThePodAndWarmHitsAndMissesAreCounted) {
+  StartWarm(2, true, {}, /*pod_identity=*/true);
+  CreatePod("a", {{0, 0, 0, "1g.5gb", 6}});
+  ASSERT_TRUE(Allocate("a", 0, 1).ok());
+  const uint32_t gi = GiAt(0, 6)->id;
+  const std::string mig_uuid = Allocations("a")[0].runtime->mig_uuid;
+  EXPECT_EQ(Metric("dynmig_mig_instance_info", "pod", "a"), 1);
+  EXPECT_EQ(Metric("dynmig_mig_instance_info", "mig_uuid", mig_uuid), 1);
+  EXPECT_EQ(Metric("dynmig_mig_instance_info", "GPU_I_ID", std::to_string(gi)), 1);
+  EXPECT_EQ(Metric("dynmig_deviceplugin_warm_instance_misses_total", "profile", "1g.5gb"), 1);
+  const std::string text = plugin_->metrics().Serialize();
+  for (const std::string& label : std::vector<std::string>{
+           "namespace=\"default\"", "pod=\"a\"", "container=\"c0\"", "node=\"node-a\"",
+           "UUID=\"" + GpuUuid(0) + "\"", "gpu_uuid=\"" + GpuUuid(0) + "\"",
+           "GPU_I_PROFILE=\"1g.5gb\"", "placement=\"6:1\"", "compute_instance_id=\"0\"",
+           "Hostname=\"node-a\"", "gpu=\"0\""}) {
+    EXPECT_THAT(text, ::testing::HasSubstr(label));
+  }
+
+  // The pod ends: its instance is kept idle, held by no pod: no series (none left stale).
+  SetPhase("a", "Running");
+  DeletePod("a");
+  ASSERT_EQ(plugin_->core().Reconcile().idled, 1);
+  EXPECT_EQ(Metric("dynmig_mig_instance_info"), 0);
+  EXPECT_THAT(plugin_->metrics().Serialize(),
+              ::testing::Not(::testing::HasSubstr("dynmig_mig_instance_info{")));
+
+  // Reused by the next pod: a hit, no new miss, and the series names the new pod.
+  CreatePod("b", {{0, 0, 0, "1g.5gb", 6}});
+  ASSERT_TRUE(Allocate("b", 0, 1).ok());
+  EXPECT_EQ(Metric("dynmig_deviceplugin_instances_reused_total", "profile", "1g.5gb"), 1);
+  EXPECT_EQ(Metric("dynmig_deviceplugin_warm_instance_misses_total", "profile", "1g.5gb"), 1);
+  EXPECT_EQ(Metric("dynmig_mig_instance_info", "pod", "b"), 1);
+  EXPECT_EQ(Metric("dynmig_mig_instance_info", "pod", "a"), 0);
+}
+
+TEST_F(WarmTest, WithoutPodIdentityNoSeriesNamesAPodAndWithoutWarmInstancesNoMissIsCounted) {
+  StartWarm(2, /*enabled=*/false);
+  CreatePod("a", {{0, 0, 0, "1g.5gb", 6}});
+  ASSERT_TRUE(Allocate("a", 0, 1).ok());
+  const std::string text = plugin_->metrics().Serialize();
+  EXPECT_THAT(text, ::testing::Not(::testing::HasSubstr("dynmig_mig_instance_info")));
+  EXPECT_THAT(text, ::testing::Not(::testing::HasSubstr("pod=\"a\"")));
+  EXPECT_EQ(Metric("dynmig_deviceplugin_warm_instance_misses_total"), 0);
+  EXPECT_EQ(Metric("dynmig_deviceplugin_instances_created_total", "profile", "1g.5gb"), 1);
 }
 
 }  // namespace

@@ -26,6 +26,7 @@ import tempfile
 import time
 import traceback
 import urllib.error
+import urllib.parse
 import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -1003,6 +1004,179 @@ def attack6_endpoints_expose_no_pod_names(s):
     else:
         log("    local mode: /layout and /nvml listen on loopback addresses only, where they are served")
 
+# --- a real Prometheus scrapes dynmig (issue 32) ---------------------------------------------------------------------
+
+PROMETHEUS = os.environ.get("PROMETHEUS", "/usr/bin/prometheus")  # Debian's package (tools/install-deps.sh)
+
+
+class Prometheus:
+    """A real Prometheus on a free loopback port scraping the scheduler's and the device plugin's /metrics every 2 s
+    and evaluating dynmig's rules (deploy/overlays/monitoring, written out by tools/prometheus-rules.py with
+    `overrides`) every 2 s. The scheduler is scraped over TLS without verifying its certificate: what is checked is
+    what Prometheus reads and fires, not the server's identity (the same as https_get)."""
+
+    def __init__(self, scheduler_url, plugin_target, node, overrides):
+        self.scheduler = re.sub(r"^https://", "", scheduler_url).rstrip("/")
+        self.plugin, self.node, self.overrides = plugin_target, node, overrides
+        self.proc = None
+
+    def start(self):
+        if not os.access(PROMETHEUS, os.X_OK):
+            raise StepFailed("%s is missing: install Debian's prometheus package (tools/install-deps.sh)" % PROMETHEUS)
+        self.dir = tempfile.mkdtemp(prefix="dynmig-prometheus-")
+        rules = os.path.join(self.dir, "dynmig-rules.yaml")
+        cmd = [sys.executable, os.path.join(REPO, "tools", "prometheus-rules.py")]
+        for o in self.overrides:
+            cmd += ["--override", o]
+        subprocess.run(cmd + [rules], check=True)
+        config = os.path.join(self.dir, "prometheus.yml")
+        with open(config, "w") as f:
+            f.write(json.dumps({  # JSON is YAML
+                "global": {"scrape_interval": "2s", "evaluation_interval": "2s", "scrape_timeout": "2s"},
+                "rule_files": [rules],
+                "scrape_configs": [
+                    {"job_name": "dynmig-scheduler", "scheme": "https",
+                     "tls_config": {"insecure_skip_verify": True},
+                     "static_configs": [{"targets": [self.scheduler]}]},
+                    {"job_name": "dynmig-device-plugin", "honor_labels": True,
+                     "static_configs": [{"targets": [self.plugin], "labels": {"node": self.node}}]},
+                ]}, indent=1))
+        self.port = LocalBackend.free_port()
+        self.url = "http://127.0.0.1:%d" % self.port
+        self.log_path = os.path.join(self.dir, "prometheus.log")
+        self.out = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [PROMETHEUS, "--config.file", config, "--storage.tsdb.path", os.path.join(self.dir, "data"),
+             "--web.listen-address", "127.0.0.1:%d" % self.port, "--log.level", "warn"],
+            stdout=self.out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        log("    prometheus on %s, rules %s (overrides %s)" % (self.url, rules, ", ".join(self.overrides)))
+
+        def ready():
+            if self.proc.poll() is not None:
+                raise StepFailed("prometheus exited %d:\n%s" % (self.proc.returncode, self.tail()))
+            try:
+                with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:
+                    return r.status == 200
+            except (urllib.error.URLError, ConnectionError):
+                return False
+        wait_for("prometheus ready", ready, 60)
+
+    def api(self, path):
+        with urllib.request.urlopen(self.url + path, timeout=5) as r:
+            body = json.loads(r.read())
+        if body.get("status") != "success":
+            raise StepFailed("prometheus %s: %s" % (path, body))
+        return body["data"]
+
+    def query(self, expr):
+        return self.api("/api/v1/query?query=" + urllib.parse.quote(expr))["result"]
+
+    def alerts(self, name):
+        return [a for a in self.api("/api/v1/alerts")["alerts"] if a["labels"].get("alertname") == name]
+
+    def tail(self, lines=30):
+        try:
+            return "".join(open(self.log_path, errors="replace").readlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        if self.proc:
+            self.out.close()
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def prometheus_alert_fires_on_fragmentation(s):
+    """A real Prometheus scrapes both components with dynmig's rules; a MIG pod waits on a fragmented GPU and
+    DynmigMigPodsWaitingOnFragmentation fires (its threshold 5 s and `for: 0s` instead of 10 minutes and 5), read
+    back from Prometheus' /api/v1/alerts, silent before."""
+    plugin = re.sub(r"^http://([^/]+)/.*$", r"\1", s.b.nvml_url)
+    if s.b.name == "real":
+        plugin = plugin.replace(":19401", ":19400")  # /metrics is on the all-interfaces listener
+    alert = "DynmigMigPodsWaitingOnFragmentation"
+    prom = Prometheus(s.b.extender_url, plugin, s.b.node, ["%s:for=0s" % alert, "%s:threshold=5" % alert])
+    s.step("a real Prometheus (%s) scrapes the scheduler (%s) and the device plugin (%s)" % (
+        PROMETHEUS, s.b.extender_url, plugin))
+    prom.start()
+    try:
+        def targets_up():
+            active = prom.api("/api/v1/targets")["activeTargets"]
+            health = {t["labels"]["job"]: t["health"] for t in active}
+            errors = [t.get("lastError") for t in active if t.get("lastError")]
+            if errors and time.monotonic() - started > 20:
+                log("    scrape errors so far: %s" % errors)
+            return health if health == {"dynmig-scheduler": "up", "dynmig-device-plugin": "up"} else None
+        started = time.monotonic()
+        wait_for("both targets up in prometheus", targets_up, 60)
+        loaded = [r["name"] for g in prom.api("/api/v1/rules")["groups"] for r in g["rules"] if r["type"] == "alerting"]
+        log("    alerting rules loaded: %s" % ", ".join(loaded))
+        if alert not in loaded or len(loaded) < 7:
+            raise StepFailed("prometheus loaded the alerting rules %s" % loaded)
+
+        s.step("seven 1g pods fill the GPU; those at slices 1 and 5 end: three slices free, no two adjacent")
+        fillers = ["frag-%d" % i for i in range(7)]
+        for n in fillers:
+            s.create(s.mig_pod(n, 4000))
+        at = {}
+        for n in fillers:
+            at[s.running(n)[1][0]["placement"]["start"]] = n
+        ended = [at[1], at[5]]
+        s.delete(*ended)
+        s.gone(*ended)
+        s.step("the pod-attributed instance series names the running pods")
+
+        def info():
+            series = prom.query('dynmig_mig_instance_info{namespace="%s"}' % NS)
+            pods = {r["metric"].get("pod") for r in series}
+            return series if pods == set(fillers) - set(ended) else None
+        series = wait_for("dynmig_mig_instance_info for the five running pods", info, 30)
+        log("    e.g. %s" % json.dumps(series[0]["metric"], sort_keys=True))
+        for r in series:
+            m = r["metric"]
+            if m.get("UUID") != m.get("gpu_uuid") or m.get("GPU_I_ID") != m.get("gpu_instance_id") or \
+                    not m.get("container") or not m.get("mig_uuid"):
+                raise StepFailed("an info series without its join labels: %s" % m)
+        s.step("the alert is silent while no pod waits")
+        if prom.alerts(alert):
+            raise StepFailed("%s is active before any pod waits: %s" % (alert, prom.alerts(alert)))
+
+        s.step("a 2g pod waits: capacity exists (three free slices) but no 2g placement is free")
+        s.create(s.mig_pod("frag-2g", 9000))
+        pod, reason = s.pending_reason("frag-2g")
+        log("    reason: %s" % reason)
+        if "fragmented" not in reason:
+            raise StepFailed("frag-2g is pending for another reason: %s" % reason)
+
+        s.step("prometheus reads the pending pod and the GPU's free slices, and the alert fires")
+
+        def firing():
+            got = [a for a in prom.alerts(alert) if a["state"] == "firing"]
+            return got or None
+        t0 = time.monotonic()
+        got = wait_for("%s firing in prometheus' /api/v1/alerts" % alert, firing, 90)
+        log("    firing after %.1f s: %s" % (time.monotonic() - t0, json.dumps(got[0], sort_keys=True)))
+        pending = prom.query('dynmig_scheduler_pending_pods{reason="fragmented"}')
+        free = prom.query("dynmig_scheduler_gpu_free_slices")
+        run = prom.query("dynmig_scheduler_gpu_largest_free_run_slices")
+        log("    pending_pods{fragmented} %s, free slices %s, largest free run %s" % (
+            [r["value"][1] for r in pending], [r["value"][1] for r in free], [r["value"][1] for r in run]))
+        if [r["value"][1] for r in pending] != ["1"] or [r["value"][1] for r in free] != ["3"] or \
+                [r["value"][1] for r in run] != ["1"]:
+            raise StepFailed("expected 1 fragmented pending pod, 3 free slices, a largest free run of 1")
+    except StepFailed:
+        log("    prometheus log:\n%s" % prom.tail())
+        raise
+    finally:
+        prom.stop()
+
+
 # --- handover without draining (issue 29) ---------------------------------------------------------------------------
 
 HELD = "dynmig.io/mig-held"
@@ -1434,6 +1608,8 @@ SCENARIOS = [
     ("attack 5: a recreated pod keeps no node lock", attack5_recreated_pod_keeps_no_lock),
     ("attack 6: endpoints show no tenant's pod names to other pods", attack6_endpoints_expose_no_pod_names),
     ("kube: the Eviction API honours a PodDisruptionBudget", kube_eviction_honours_a_pdb),
+    ("monitoring: a real Prometheus scrapes dynmig and an alert fires (fragmentation)",
+     prometheus_alert_fires_on_fragmentation),
     # Last: it moves dynmig's device plugin off the node for a while and restores it.
     ("handover: legacy pods kept without draining (handover_no_drain)", handover_no_drain),
 ]

@@ -298,6 +298,12 @@ TEST_F(BindTest, RealizedReservationsNeverExpireAndShowInTheHamiMetric) {
   EXPECT_THAT(metrics.text, HasSubstr(expected));
   EXPECT_THAT(metrics.text, HasSubstr("dynmig_scheduler_filter_duration_seconds_bucket"));
   EXPECT_THAT(metrics.text, HasSubstr("dynmig_scheduler_reserved_instances{state=\"ready\"} 1"));
+  // The bind took the node's lock (no device plugin releases it here): its age, two hours on.
+  EXPECT_THAT(metrics.text,
+              HasSubstr("dynmig_scheduler_node_lock_held_seconds{node=\"node-a\"} 72"));
+  // The bind observed the pod's wait once, under its profile.
+  EXPECT_THAT(metrics.text,
+              HasSubstr("dynmig_scheduler_pod_wait_seconds_count{profile=\"3g.20gb\"} 1"));
 }
 
 }  // namespace

@@ -452,6 +452,86 @@ TEST_F(SchedulerTest, FailClosedGpusAndNodesAreNeverChosen) {
   EXPECT_THAT(metrics, Not(HasSubstr("default/")));
 }
 
+// The operators' gauges (metrics.h): pending MIG pods by the planner's verdict (what `dynmig
+// explain` classifies), the oldest one's wait, and each GPU's free slices and longest free run.
+TEST_F(SchedulerTest, PendingPodsAreCountedByVerdictAndEachGpuShowsItsFreeSlices) {
+  CreateNode(MigNode("node-a", {"GPU-a0"}));
+  // 1g instances at slices 0 and 4: six slices free, in runs of three; no 3g placement is free.
+  for (auto [name, start] : {std::pair{"one", 0u}, {"two", 4u}}) {
+    kube::Object held =
+        MigPod(name, 4000,
+               {{"hami.io/vgpu-mig-allocations", Alloc("GPU-a0", "1g.5gb", start, 1)},
+                {"hami.io/vgpu-node", "node-a"}});
+    held["spec"]["nodeName"] = "node-a";
+    CreatePod(held);
+  }
+  SchedulerServer* s = StartScheduler();
+  WaitForNodes(s, {"node-a"});
+  WaitForReservationSeen(s, "default/one");
+  WaitForReservationSeen(s, "default/two");
+  const std::string gpu = "{node=\"node-a\",device_uuid=\"GPU-a0\",device_index=\"0\"}";
+  std::string metrics = s->MetricsText();
+  EXPECT_THAT(metrics, HasSubstr("dynmig_scheduler_gpu_slices" + gpu + " 8"));
+  EXPECT_THAT(metrics, HasSubstr("dynmig_scheduler_gpu_free_slices" + gpu + " 6"));
+  EXPECT_THAT(metrics, HasSubstr("dynmig_scheduler_gpu_largest_free_run_slices" + gpu + " 3"));
+  EXPECT_THAT(metrics, HasSubstr("dynmig_scheduler_pending_pods{reason=\"fragmented\"} 0"));
+
+  // A 3g pod: enough free slices, no free placement: pending as fragmented.
+  const kube::Object big = CreatePod(MigPod("big", 19000));
+  HttpResult r = Filter(s, big, {"node-a"});
+  EXPECT_THAT(r.body["NodeNames"], IsEmpty()) << r.text;
+  EXPECT_THAT(r.body["FailedNodes"]["node-a"].get<std::string>(), HasSubstr("fragmented"));
+  // One kube-scheduler offers no node at all.
+  const kube::Object nowhere = CreatePod(MigPod("nowhere", 4000));
+  Filter(s, nowhere, {});
+  clock_.Advance(absl::Minutes(3));
+  Filter(s, big, {"node-a"});  // still pending: its wait counts from the first time
+  metrics = s->MetricsText();
+  EXPECT_THAT(metrics, HasSubstr("dynmig_scheduler_pending_pods{reason=\"fragmented\"} 1"));
+  EXPECT_THAT(metrics, HasSubstr("dynmig_scheduler_pending_pods{reason=\"no-candidates\"} 1"));
+  EXPECT_THAT(metrics, HasSubstr("dynmig_scheduler_pending_pods{reason=\"capacity-exhausted\"} 0"));
+  EXPECT_THAT(metrics,
+              HasSubstr("dynmig_scheduler_pending_oldest_seconds{reason=\"fragmented\"} 180"));
+  EXPECT_THAT(metrics, Not(HasSubstr("default/"))) << "no pod is named";
+  EXPECT_THAT(metrics, Not(HasSubstr("nowhere")));
+
+  // A small pod fits: reserved, so not pending; "big" deleted: no longer pending either.
+  r = Filter(s, nowhere, {"node-a"});
+  ASSERT_THAT(r.body["NodeNames"], ElementsAre("node-a")) << r.text;
+  ASSERT_TRUE(client_->DeletePod("default", "big").ok());
+  EXPECT_TRUE(kube::testing::Eventually([&] {
+    return s->MetricsText().find("dynmig_scheduler_pending_pods{reason=\"fragmented\"} 0") !=
+           std::string::npos;
+  })) << s->MetricsText();
+  metrics = s->MetricsText();
+  EXPECT_THAT(metrics, HasSubstr("dynmig_scheduler_pending_pods{reason=\"no-candidates\"} 0"));
+  EXPECT_THAT(metrics, HasSubstr("dynmig_scheduler_gpu_free_slices" + gpu + " 5"));
+}
+
+// A pending pod no filter or watch event mentions again is dropped after the TTL.
+TEST(SchedulerMetricsTest, PendingEntriesExpireAndAreBounded) {
+  SchedulerMetrics m;
+  const absl::Time t0 = absl::FromUnixSeconds(1767323045);
+  m.PodPending("default/a", "fragmented", t0);
+  m.PodPending("default/a", "capacity-exhausted", t0 + absl::Minutes(1));
+  std::string text = m.Render({}, true, 2, t0 + absl::Minutes(2));
+  EXPECT_THAT(text, HasSubstr("dynmig_scheduler_pending_pods{reason=\"capacity-exhausted\"} 1"));
+  EXPECT_THAT(text, HasSubstr("dynmig_scheduler_pending_pods{reason=\"fragmented\"} 0"));
+  EXPECT_THAT(
+      text,
+      HasSubstr("dynmig_scheduler_pending_oldest_seconds{reason=\"capacity-exhausted\"} 120"));
+  EXPECT_THAT(text, HasSubstr("dynmig_scheduler_pending_pods{reason=\"waiting-for-node-lock\"} 2"));
+  text = m.Render({}, true, 0,
+                  t0 + absl::Minutes(1) + SchedulerMetrics::kPendingTtl + absl::Seconds(1));
+  EXPECT_THAT(text, HasSubstr("dynmig_scheduler_pending_pods{reason=\"capacity-exhausted\"} 0"));
+  // The lock age of a locked node.
+  NodeReport locked;
+  locked.name = "node-a";
+  locked.locked_at = t0;
+  text = m.Render({locked}, true, 0, t0 + absl::Seconds(150));
+  EXPECT_THAT(text, HasSubstr("dynmig_scheduler_node_lock_held_seconds{node=\"node-a\"} 150"));
+}
+
 TEST_F(SchedulerTest, ConcurrentFiltersFromManyThreadsNeverOverlap) {
   CreateNode(MigNode("node-a", {"GPU-a0", "GPU-a1"}));
   CreateNode(MigNode("node-b", {"GPU-b0", "GPU-b1"}));

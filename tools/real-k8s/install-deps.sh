@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the real-cluster harness needs, from Debian only, and only what is missing:
-#  - bookworm: etcd-server, containerd, runc, containernetworking-plugins, busybox-static, iproute2, openssl
+#  - bookworm: etcd-server, containerd, runc, containernetworking-plugins, busybox-static, iproute2, openssl,
+#    prometheus (the scenario whose alert fires: a real Prometheus scrapes dynmig)
 #  - bullseye: golang-1.15-go (Kubernetes v1.20 does not build into a working apiserver with newer Go)
 #  - the kubernetes source package (bookworm deb-src), downloaded into the build cache by build-k8s.sh
 # Adds an apt source entry for bullseye (deb + deb-src) and a deb-src entry for bookworm, both copied
@@ -10,7 +11,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 
 pkgs=(etcd-server containerd runc containernetworking-plugins busybox-static golang-1.15-go
-  iproute2 openssl python3 python3-yaml dpkg-dev rsync jq)
+  iproute2 openssl python3 python3-yaml dpkg-dev rsync jq prometheus)
 missing=()
 installed=$( (dpkg-query -W -f='${Package} ${db:Status-Status}\n' "${pkgs[@]}" 2>/dev/null || true) |
   awk '$2=="installed"{print $1}')

@@ -102,6 +102,9 @@ def translate(rendered, api_host, api_port, sched_port, dp_port, sim, sim_latenc
             c["args"] += ["--sim", sim, "--sim-state", "/var/lib/kubelet/device-plugins/dynmig/sim-nvml.json"]
             if sim_latency:
                 c["args"] += ["--sim-latency", sim_latency]
+            # As deploy/overlays/monitoring starts it: /metrics also names the pod holding each MIG instance
+            # (dynmig_mig_instance_info), which the Prometheus scenario reads back.
+            c["args"] += ["--metrics-pod-identity"]
             # The harness's containerd listens in its own run directory, as containerd.sock.
             for v in spec["volumes"]:
                 if v["name"] == "containerd":
