@@ -56,6 +56,9 @@ void NodeOps::PersistOrLog(std::string_view what) {
 
 void NodeOps::UpdateGauges() {
   publisher_.SetGauges(ns.state.instances, ns.recovery_pending);
+  metrics.SetDestroyPending(static_cast<double>(
+      std::count_if(ns.state.instances.begin(), ns.state.instances.end(),
+                    [](const ManagedInstance& m) { return m.destroy_pending(); })));
   UpdateLegacyGauge();
 }
 
