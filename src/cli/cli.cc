@@ -87,6 +87,7 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   RegisterSchedulerCommand(app, ctx);
   RegisterDevicePluginCommand(app, ctx);
   RegisterLocalCommand(app, ctx);
+  RegisterGpuCommand(app, ctx);
   RegisterChaosCommand(app, ctx);
   RegisterNvidiaStandinCommand(app, ctx);
 

@@ -25,6 +25,9 @@ class App;
 namespace dynmig::scheduler {
 struct NodeReport;
 }
+namespace dynmig::kube {
+class KubeClient;
+}
 
 namespace dynmig::cli {
 
@@ -56,6 +59,12 @@ void RegisterOpsCommands(CLI::App& root, CliContext& ctx);
 void RegisterSchedulerCommand(CLI::App& root, CliContext& ctx);
 void RegisterDevicePluginCommand(CLI::App& root, CliContext& ctx);
 void RegisterLocalCommand(CLI::App& root, CliContext& ctx);
+void RegisterGpuCommand(CLI::App& root, CliContext& ctx);
+
+// The API client of the cluster commands: the pod's service account with `in_cluster`, else
+// `kubeconfig` ("" = $KUBECONFIG, in-cluster when available, ~/.kube/config).
+absl::StatusOr<std::unique_ptr<kube::KubeClient>> ConnectKube(const std::string& kubeconfig,
+                                                              bool in_cluster);
 
 // HOST:PORT of a listen flag (port 0..65535). ":PORT" takes `default_host`, or is an error when
 // it is empty. kInvalidArgument: "FLAG must be HOST:PORT, got 'TEXT'", "bad port 'P' in FLAG".

@@ -53,6 +53,7 @@ struct NvmlFlags {
   uint64_t memory_mib = 0;
   std::string mode;
   std::string geometry;
+  std::string holder = "dcgm";
   std::string hami_config;
   std::optional<size_t> hami_geometry;
 };
@@ -634,6 +635,33 @@ void RunAttach(const NvmlFlags& f, CliContext& ctx, bool attach) {
   }
 }
 
+void RunHold(const NvmlFlags& f, CliContext& ctx, bool hold) {
+  const char* command = hold ? "hold" : "release";
+  auto b = OpenSim(f, ctx, command);
+  if (!b) return;
+  if (f.list) {
+    auto holders = b->sim->Holders();
+    if (!holders.ok()) return Report(ctx, command, holders.status(), "");
+    if (holders->empty()) ctx.out << "no GPU instance is held\n";
+    for (const auto& h : *holders) {
+      ctx.out << fmt::format("GPU {} GI {}: held by {}\n", h.gpu, h.gi, h.name);
+    }
+    return;
+  }
+  if (!f.gpu.has_value())
+    return Fail(ctx, command, "give --gpu N --gi G (or --list)", kExitBadInput);
+  if (hold) {
+    Report(ctx, command, b->sim->HoldGpuInstance(*f.gpu, f.gi, f.holder),
+           fmt::format("GI {} of GPU {} held by {}: destroying it fails with NVML_ERROR_IN_USE "
+                       "until released",
+                       f.gi, *f.gpu, f.holder));
+  } else {
+    Report(ctx, command, b->sim->ReleaseGpuInstance(*f.gpu, f.gi, f.holder),
+           fmt::format("GI {} of GPU {} released{}", f.gi, *f.gpu,
+                       f.holder.empty() ? "" : " by " + f.holder));
+  }
+}
+
 void RunMigMode(const NvmlFlags& f, CliContext& ctx) {
   auto b = OpenSim(f, ctx, "mig-mode");
   if (!b) return;
@@ -652,6 +680,68 @@ void AddOutput(CLI::App* sub, NvmlFlags& f) {
   sub->add_option("-o,--output", f.output, "Output format")
       ->check(CLI::IsMember({"text", "json"}))
       ->capture_default_str();
+}
+
+// The simulator-only subcommands: faults, processes, holders, MIG mode, reset.
+void RegisterSimulatorCommands(CLI::App* nvml, const std::shared_ptr<NvmlFlags>& flags,
+                               CliContext& ctx) {
+  NvmlFlags& f = *flags;
+  auto* fault = nvml->add_subcommand(
+      "fault", "Simulator: make the nth call of an operation fail, or slow it down");
+  fault->add_option("--op", f.op, "Operation, e.g. CreateGpuInstance");
+  fault->add_option("--nth", f.nth, "Which call fails, counting from 1")->capture_default_str();
+  fault->add_option("--times", f.times, "Consecutive failing calls (0 = all from the nth on)")
+      ->capture_default_str();
+  fault->add_option("--code", f.code, "NVML code, e.g. INSUFFICIENT_RESOURCES");
+  fault->add_option("--gpu", f.gpu, "Only calls on this GPU count");
+  fault->add_option("--latency-ms", f.latency_ms, "Delay every call of --op (0 removes it)");
+  fault->add_flag("--clear", f.clear, "Remove every fault and latency");
+  fault->add_flag("--list", f.list, "List pending faults");
+  fault->callback([flags, &ctx] { RunFault(*flags, ctx); });
+
+  auto* attach = nvml->add_subcommand(
+      "attach", "Simulator: attach a process to a MIG device (or GPU) so it counts as busy");
+  attach->add_option("--mig,--uuid", f.uuid, "MIG device (or GPU) UUID")->required();
+  attach->add_option("--pid", f.pid, "Process id")->required();
+  attach->add_option("--memory-mib", f.memory_mib, "GPU memory it uses");
+  attach->callback([flags, &ctx] { RunAttach(*flags, ctx, true); });
+
+  auto* detach = nvml->add_subcommand("detach", "Simulator: detach a process");
+  detach->add_option("--mig,--uuid", f.uuid, "MIG device (or GPU) UUID")->required();
+  detach->add_option("--pid", f.pid, "Process id")->required();
+  detach->callback([flags, &ctx] { RunAttach(*flags, ctx, false); });
+
+  auto* hold = nvml->add_subcommand(
+      "hold",
+      "Simulator: another NVML client (e.g. DCGM) holds a GPU instance open, so destroying it "
+      "fails with NVML_ERROR_IN_USE until released");
+  hold->add_option("--gpu", f.gpu, "GPU index");
+  hold->add_option("--gi", f.gi, "GPU instance id");
+  hold->add_option("--holder", f.holder, "The holder's name (1..64 of [A-Za-z0-9._-])")
+      ->capture_default_str();
+  hold->add_flag("--list", f.list, "List the held GPU instances");
+  hold->callback([flags, &ctx] { RunHold(*flags, ctx, true); });
+
+  auto* release =
+      nvml->add_subcommand("release", "Simulator: the holder lets go of a GPU instance");
+  release->add_option("--gpu", f.gpu, "GPU index")->required();
+  release->add_option("--gi", f.gi, "GPU instance id")->required();
+  release->add_option("--holder", f.holder, "Only this holder (\"\" = every holder)")
+      ->capture_default_str();
+  release->callback([flags, &ctx] { RunHold(*flags, ctx, false); });
+
+  auto* mig_mode =
+      nvml->add_subcommand("mig-mode", "Simulator: set MIG mode (pending until reset on Ampere)");
+  mig_mode->add_option("--gpu", f.gpu, "GPU index")->required();
+  mig_mode->add_option("--mode", f.mode, "enabled or disabled")
+      ->required()
+      ->check(CLI::IsMember({"enabled", "disabled"}));
+  mig_mode->callback([flags, &ctx] { RunMigMode(*flags, ctx); });
+
+  auto* reset =
+      nvml->add_subcommand("reset", "Simulator: reset a GPU (applies a pending MIG mode)");
+  reset->add_option("--gpu", f.gpu, "GPU index")->required();
+  reset->callback([flags, &ctx] { RunReset(*flags, ctx); });
 }
 
 }  // namespace
@@ -732,43 +822,7 @@ void RegisterNvmlCommand(CLI::App& root, CliContext& ctx) {
   AddOutput(geometry, f);
   geometry->callback([flags, &ctx] { RunApplyGeometry(*flags, ctx); });
 
-  auto* fault = nvml->add_subcommand(
-      "fault", "Simulator: make the nth call of an operation fail, or slow it down");
-  fault->add_option("--op", f.op, "Operation, e.g. CreateGpuInstance");
-  fault->add_option("--nth", f.nth, "Which call fails, counting from 1")->capture_default_str();
-  fault->add_option("--times", f.times, "Consecutive failing calls (0 = all from the nth on)")
-      ->capture_default_str();
-  fault->add_option("--code", f.code, "NVML code, e.g. INSUFFICIENT_RESOURCES");
-  fault->add_option("--gpu", f.gpu, "Only calls on this GPU count");
-  fault->add_option("--latency-ms", f.latency_ms, "Delay every call of --op (0 removes it)");
-  fault->add_flag("--clear", f.clear, "Remove every fault and latency");
-  fault->add_flag("--list", f.list, "List pending faults");
-  fault->callback([flags, &ctx] { RunFault(*flags, ctx); });
-
-  auto* attach = nvml->add_subcommand(
-      "attach", "Simulator: attach a process to a MIG device (or GPU) so it counts as busy");
-  attach->add_option("--mig,--uuid", f.uuid, "MIG device (or GPU) UUID")->required();
-  attach->add_option("--pid", f.pid, "Process id")->required();
-  attach->add_option("--memory-mib", f.memory_mib, "GPU memory it uses");
-  attach->callback([flags, &ctx] { RunAttach(*flags, ctx, true); });
-
-  auto* detach = nvml->add_subcommand("detach", "Simulator: detach a process");
-  detach->add_option("--mig,--uuid", f.uuid, "MIG device (or GPU) UUID")->required();
-  detach->add_option("--pid", f.pid, "Process id")->required();
-  detach->callback([flags, &ctx] { RunAttach(*flags, ctx, false); });
-
-  auto* mig_mode =
-      nvml->add_subcommand("mig-mode", "Simulator: set MIG mode (pending until reset on Ampere)");
-  mig_mode->add_option("--gpu", f.gpu, "GPU index")->required();
-  mig_mode->add_option("--mode", f.mode, "enabled or disabled")
-      ->required()
-      ->check(CLI::IsMember({"enabled", "disabled"}));
-  mig_mode->callback([flags, &ctx] { RunMigMode(*flags, ctx); });
-
-  auto* reset =
-      nvml->add_subcommand("reset", "Simulator: reset a GPU (applies a pending MIG mode)");
-  reset->add_option("--gpu", f.gpu, "GPU index")->required();
-  reset->callback([flags, &ctx] { RunReset(*flags, ctx); });
+  RegisterSimulatorCommands(nvml, flags, ctx);
 }
 
 }  // namespace dynmig::cli

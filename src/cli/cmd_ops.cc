@@ -77,12 +77,7 @@ int Fail(CliContext& ctx, const std::string& command, const absl::Status& status
 }
 
 absl::StatusOr<std::unique_ptr<kube::KubeClient>> Connect(const CommonFlags& f) {
-  absl::StatusOr<kube::RestConfig> config =
-      f.in_cluster ? kube::InClusterConfig() : kube::DefaultConfig(f.kubeconfig);
-  if (!config.ok()) return config.status();
-  auto client = kube::RestKubeClient::Create(*config);
-  if (!client.ok()) return client.status();
-  return std::unique_ptr<kube::KubeClient>(std::move(*client));
+  return ConnectKube(f.kubeconfig, f.in_cluster);
 }
 
 ops::SlicePainter Painter() {
@@ -626,6 +621,16 @@ void RegisterRollback(CLI::App& root, CliContext& ctx) {
 }
 
 }  // namespace
+
+absl::StatusOr<std::unique_ptr<kube::KubeClient>> ConnectKube(const std::string& kubeconfig,
+                                                              bool in_cluster) {
+  absl::StatusOr<kube::RestConfig> config =
+      in_cluster ? kube::InClusterConfig() : kube::DefaultConfig(kubeconfig);
+  if (!config.ok()) return config.status();
+  auto client = kube::RestKubeClient::Create(*config);
+  if (!client.ok()) return client.status();
+  return std::unique_ptr<kube::KubeClient>(std::move(*client));
+}
 
 std::string RenderLayoutText(const std::vector<scheduler::NodeReport>& nodes) {
   return ops::RenderLayoutText(nodes, Painter());

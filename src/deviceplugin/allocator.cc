@@ -299,11 +299,52 @@ absl::StatusOr<std::vector<ManagedInstance>> Allocator::CreateInstances(
                    fmt::format("read the MIG UUID of GI {} CI {}", gi->id, ci->id));
     }
     created.back().mig_uuid = *uuid;
+    if (auto listed = WaitListed(*d.gpu, gi->id, ci->id, *uuid); !listed.ok()) {
+      return Abort(pod, plan, created, listed, "wait for NVML to list " + what);
+    }
     instances.push_back(ops_.NewInstance(
         {pod.uid, pod.ns, pod.name, plan.container, a.device_index}, a.gpu_uuid, a.profile,
         d.profile->nvml_id, a.placement, gi->id, ci->id, *uuid, "created"));
   }
   return instances;
+}
+
+absl::Status Allocator::WaitListed(const GpuEntry& gpu, uint32_t gi, uint32_t ci,
+                                   const std::string& mig_uuid) {
+  const absl::Duration deadline = ops_.Monotonic() + ops_.options.ready_timeout;
+  for (int polls = 1;; ++polls) {
+    std::string missing;
+    auto gis = ops_.nvml.ListGpuInstances(gpu.info.index);
+    if (!gis.ok()) {
+      missing = fmt::format("listing GIs: {}", std::string(gis.status().message()));
+    } else if (std::none_of(gis->begin(), gis->end(),
+                            [&](const nvml::GpuInstanceInfo& g) { return g.id == gi; })) {
+      missing = fmt::format("GI {} is not listed", gi);
+    } else {
+      auto cis = ops_.nvml.ListComputeInstances(gpu.info.index, gi);
+      if (!cis.ok()) {
+        missing = fmt::format("listing its CIs: {}", std::string(cis.status().message()));
+      } else if (std::none_of(cis->begin(), cis->end(), [&](const nvml::ComputeInstanceInfo& c) {
+                   return c.id == ci && c.mig_uuid == mig_uuid;
+                 })) {
+        missing = fmt::format("CI {} with {} is not listed", ci, mig_uuid);
+      }
+    }
+    if (missing.empty()) {
+      if (polls > 1) {
+        spdlog::info("MIG device {} listed by NVML after {} polls", mig_uuid, polls);
+      }
+      return absl::OkStatus();
+    }
+    if (ops_.Monotonic() >= deadline) {
+      return absl::DeadlineExceededError(fmt::format(
+          "NVML does not list the new MIG device {} (GI {}, CI {} on GPU {}) {} after creating it: "
+          "{}",
+          mig_uuid, gi, ci, gpu.info.uuid, absl::FormatDuration(ops_.options.ready_timeout),
+          missing));
+    }
+    ops_.options.clock->SleepFor(ops_.options.ready_poll);
+  }
 }
 
 absl::StatusOr<v1beta1::ContainerAllocateResponse> Allocator::Publish(

@@ -112,6 +112,12 @@ class Allocator {
                                                                const AllocationPlan& plan,
                                                                std::vector<Created>& created)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_.ns.mu);
+  // Step 5's readiness rule: a new instance is reported (answer, runtime identity) only once NVML
+  // lists its GI and its CI with `mig_uuid`; polled every options.ready_poll up to
+  // options.ready_timeout on the clock (DCGM and the driver take a moment to show a new instance).
+  // kDeadlineExceeded saying what is still missing.
+  absl::Status WaitListed(const GpuEntry& gpu, uint32_t gi, uint32_t ci,
+                          const std::string& mig_uuid);
   // Step 6: the answer, the runtime identity written under the pod's resourceVersion, then the
   // commit (managed instances, closed intents, the ledger entry, in one write).
   absl::StatusOr<v1beta1::ContainerAllocateResponse> Publish(

@@ -30,6 +30,9 @@ inline constexpr std::string_view kReasonUntracked = "MigInstanceUntracked";
 inline constexpr std::string_view kReasonGpuNotReady = "MigGpuNotReady";
 inline constexpr std::string_view kReasonGpuCleaned = "MigGpuCleaned";
 inline constexpr std::string_view kReasonReclaimDeferred = "MigReclaimDeferred";
+// NVML refused to destroy an instance with NVML_ERROR_IN_USE (another client holds it open): it
+// stays held and the destroy is retried with backoff.
+inline constexpr std::string_view kReasonDestroyInUse = "MigDestroyInUse";
 inline constexpr std::string_view kReasonReconcileSkipped = "MigReconcileSkipped";
 // A pod says hami.io/bind-phase=allocating on this node, but the node lock or its reservation does
 // not confirm it: it is not taken as the pod of an Allocate.

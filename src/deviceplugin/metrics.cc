@@ -70,6 +70,16 @@ Metrics::Metrics(bool pod_identity)
                             .Name("dynmig_deviceplugin_destroy_failures_total")
                             .Help("destroy attempts NVML refused (retried next cycle)")
                             .Register(*registry_)),
+      destroy_retries_(prometheus::BuildCounter()
+                           .Name("dynmig_deviceplugin_destroy_retries_total")
+                           .Help("destroys NVML refused that are retried with backoff, by reason "
+                                 "(in_use: another NVML client holds the instance open)")
+                           .Register(*registry_)),
+      destroy_pending_(prometheus::BuildGauge()
+                           .Name("dynmig_deviceplugin_destroy_pending_instances")
+                           .Help("MIG instances whose destroy NVML refused, waiting for a retry "
+                                 "(their slices stay held)")
+                           .Register(*registry_)),
       registrations_(prometheus::BuildCounter()
                          .Name("dynmig_deviceplugin_registrations_total")
                          .Help("successful registrations with the kubelet")
@@ -140,6 +150,8 @@ Metrics::Metrics(bool pod_identity)
   reconcile_duration_.Add({}, LatencyBuckets());
   adoption_failures_.Add({});
   destroy_failures_.Add({});
+  destroy_retries_.Add({{"reason", "in_use"}});
+  destroy_pending_.Add({});
   registrations_.Add({});
   managed_.Add({});
   untracked_.Add({});
@@ -179,6 +191,10 @@ void Metrics::ReconcileDone(std::string_view result, double seconds) {
   reconcile_duration_.Add({}, LatencyBuckets()).Observe(seconds);
 }
 void Metrics::DestroyFailed() { destroy_failures_.Add({}).Increment(); }
+void Metrics::DestroyRetried(std::string_view reason) {
+  destroy_retries_.Add({{"reason", std::string(reason)}}).Increment();
+}
+void Metrics::SetDestroyPending(double n) { destroy_pending_.Add({}).Set(n); }
 void Metrics::Registered() { registrations_.Add({}).Increment(); }
 void Metrics::NodePublished(bool ok) {
   publishes_.Add({{"result", ok ? "ok" : "failed"}}).Increment();

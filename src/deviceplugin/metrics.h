@@ -21,6 +21,12 @@
 //   dynmig_deviceplugin_reconcile_cycles_total{result}        ok | skipped_list | skipped_decode
 //   dynmig_deviceplugin_reconcile_duration_seconds            histogram
 //   dynmig_deviceplugin_destroy_failures_total                destroy attempts NVML refused
+//   dynmig_deviceplugin_destroy_retries_total{reason}         destroys NVML refused and that are
+//                                                             retried with backoff: in_use (another
+//                                                             NVML client, e.g. DCGM, holds the
+//                                                             instance open), error
+//   dynmig_deviceplugin_destroy_pending_instances             gauge: instances waiting for such a
+//                                                             retry (held, never given out)
 //   dynmig_deviceplugin_registrations_total                   successful kubelet registrations
 //   dynmig_deviceplugin_node_publish_total{result}            ok | failed
 //   dynmig_deviceplugin_managed_instances                     gauge
@@ -101,6 +107,8 @@ class Metrics {
   void PreStartRefused(std::string_view reason);
   void ReconcileDone(std::string_view result, double seconds);
   void DestroyFailed();
+  void DestroyRetried(std::string_view reason);
+  void SetDestroyPending(double n);
   void Registered();
   void NodePublished(bool ok);
   void SetManaged(double n);
@@ -142,6 +150,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& reconcile_;
   prometheus::Family<prometheus::Histogram>& reconcile_duration_;
   prometheus::Family<prometheus::Counter>& destroy_failures_;
+  prometheus::Family<prometheus::Counter>& destroy_retries_;
+  prometheus::Family<prometheus::Gauge>& destroy_pending_;
   prometheus::Family<prometheus::Counter>& registrations_;
   prometheus::Family<prometheus::Counter>& publishes_;
   prometheus::Family<prometheus::Gauge>& managed_;

@@ -60,6 +60,9 @@ void NodeOps::UpdateGauges() {
     metrics.SetInstances(
         LiveInstanceInfos(ns.state.instances, ledger.Entries(), ns.inventory, options.node_name));
   }
+  metrics.SetDestroyPending(static_cast<double>(
+      std::count_if(ns.state.instances.begin(), ns.state.instances.end(),
+                    [](const ManagedInstance& m) { return m.destroy_pending(); })));
   UpdateLegacyGauge();
 }
 

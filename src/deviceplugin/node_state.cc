@@ -39,10 +39,18 @@ void NodeState::Manage(ManagedInstance instance) {
 std::vector<protocol::HeldSlices> NodeState::Held() const {
   std::vector<protocol::HeldSlices> held = ended_held;
   held.insert(held.end(), untracked_held.begin(), untracked_held.end());
+  // Instances whose destroy NVML refused (IN_USE): they physically exist until a retry succeeds.
+  for (const auto& m : state.instances) {
+    if (!m.destroy_pending()) continue;
+    held.push_back(
+        {m.gpu_uuid, m.placement, m.profile,
+         fmt::format("{} (GI {}) is being destroyed: NVML refused {} time(s), last: {}", m.mig_uuid,
+                     m.gpu_instance_id, m.destroy_attempts, m.destroy_error)});
+  }
   // Managed legacy instances, from the managed instances themselves: also right after a restart,
   // before any cycle has attributed them again.
   for (const auto& m : state.instances) {
-    if (m.idle || m.origin != kOriginLegacy) continue;
+    if (m.idle || m.destroy_pending() || m.origin != kOriginLegacy) continue;
     auto unconfirmed = legacy.unconfirmed.find({m.gpu_uuid, m.gpu_instance_id});
     held.push_back(
         {m.gpu_uuid, m.placement, m.profile,

@@ -57,6 +57,16 @@ struct PluginCoreOptions {
   // a holder that a legacy allocator (stopped for handover) created in that window. 0 = read
   // every cycle.
   absl::Duration evidence_max_age = absl::Seconds(2);
+  // A destroy NVML refuses with NVML_ERROR_IN_USE (DCGM or another NVML client holds the instance
+  // open) is retried after destroy_retry_initial, doubling per refusal up to destroy_retry_max
+  // (deterministic: no jitter; the reconcile cycle that runs it spreads retries anyway).
+  absl::Duration destroy_retry_initial = absl::Seconds(2);
+  absl::Duration destroy_retry_max = absl::Minutes(2);
+  // A created instance is answered only once NVML lists it (DCGM needs a second or two to see a
+  // new instance): polled every ready_poll for at most ready_timeout, else the Allocate fails and
+  // is rolled back.
+  absl::Duration ready_timeout = absl::Seconds(3);
+  absl::Duration ready_poll = absl::Milliseconds(100);
   std::function<bool(std::string_view point)> crash_point;  // testing only
   std::string component = "dynmig-device-plugin";
 };

@@ -61,7 +61,8 @@ std::vector<InstanceInfo> LiveInstanceInfos(const std::vector<ManagedInstance>& 
   for (const auto& g : inventory.gpus) gpu_index[g.info.uuid] = g.info.index;
   std::vector<InstanceInfo> out;
   for (const auto& m : instances) {
-    if (m.idle || m.owner.name.empty()) continue;
+    // Idle (warm) and destroy-pending instances belong to no running pod.
+    if (m.idle || m.destroy_pending() || m.owner.name.empty()) continue;
     InstanceInfo i;
     i.ns = m.owner.ns;
     i.pod = m.owner.name;

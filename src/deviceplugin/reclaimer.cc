@@ -117,7 +117,10 @@ ReconcileReport Reclaimer::Reconcile(const std::vector<PodMig>& pods) {
   bool changed = PruneLedger(pods);  // entries of ended pods
   const std::vector<ManagedInstance> managed = ops_.ns.state.instances;
   ops_.ns.ended_held.clear();
+  // Destroys NVML refused with IN_USE, due for a retry.
+  if (RetryPendingDestroys(destructive, report)) changed = true;
   for (const auto& m : managed) {
+    if (m.destroy_pending()) continue;        // RetryPendingDestroys
     if (m.idle) continue;                     // no pod owns it: SweepIdle decides
     if (m.origin == kOriginLegacy) continue;  // its holders decide: ReconcileLegacy
     auto it = by_uid.find(m.owner.pod_uid);
@@ -172,6 +175,11 @@ bool Reclaimer::ReclaimEnded(const ManagedInstance& m, const PodMig* owner, bool
     return true;
   }
   auto st = ops_.DestroyGi(*gpu, m.gpu_instance_id);
+  if (!st.ok() && DeferInUse(m, *gpu, st, owner)) {
+    ++report.destroy_pending;
+    ops_.ForgetReport(busy_key);
+    return true;  // pending destroy: held through the node state from now on
+  }
   if (!st.ok()) {
     hold("destroying it failed: " + std::string(st.message()));
     ++report.destroy_failed;

@@ -43,10 +43,11 @@ struct ReconcileReport {
   int busy = 0;         // reclaimable, but processes still run: retried next cycle
   int destroy_failed = 0;
   int adopted = 0;
-  int untracked = 0;       // live instances kept without an owner (busy GPU)
-  int unverified = 0;      // allocations of non-terminated pods that could not be verified
-  int idled = 0;           // instances of ended pods kept idle (warm instances)
-  int idle_destroyed = 0;  // idle instances destroyed (TTL, slices needed, cap, turned off)
+  int untracked = 0;        // live instances kept without an owner (busy GPU)
+  int unverified = 0;       // allocations of non-terminated pods that could not be verified
+  int idled = 0;            // instances of ended pods kept idle (warm instances)
+  int idle_destroyed = 0;   // idle instances destroyed (TTL, slices needed, cap, turned off)
+  int destroy_pending = 0;  // instances whose destroy NVML refused (IN_USE), retried with backoff
 };
 
 class Reclaimer {
@@ -187,6 +188,20 @@ class Reclaimer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_.ns.mu);
   // Whether ended legacy instance `m` may be kept idle: its profile is allowlisted on its GPU.
   bool LegacyMayIdle(const ManagedInstance& m) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_.ns.mu);
+
+  // ---- destroys NVML refuses with IN_USE (reclaimer_destroy.cc) ----
+  // When `st` (a failed DestroyGi of managed instance `m`) is NVML_ERROR_IN_USE: `m` becomes a
+  // pending destroy (never given out again, its slices held, the state saved by the caller), its
+  // next attempt scheduled with backoff, the refusal counted and, the first time, reported with
+  // an event on `owner` (the node when null) naming the holder when NVML can tell. Whether it was.
+  bool DeferInUse(const ManagedInstance& m, const GpuEntry& gpu, const absl::Status& st,
+                  const PodMig* owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_.ns.mu);
+  // Retries the pending destroys that are due (none unless `destructive`); whether the state
+  // changed.
+  bool RetryPendingDestroys(bool destructive, ReconcileReport& report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_.ns.mu);
+  // Who holds GI `gi` as far as NVML can tell: the processes on it, or that NVML names none.
+  std::string HolderOf(const GpuEntry& gpu, uint32_t gi);
 
   // ---- warm instances (reclaimer_warm.cc) ----
   // Whether the ended instance `m` is kept idle rather than destroyed: warm instances on, its CI

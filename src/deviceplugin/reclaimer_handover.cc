@@ -189,7 +189,7 @@ bool Reclaimer::ReconcileLegacy(const std::vector<PodMig>& pods, bool destructiv
   const std::vector<ManagedInstance> managed = ops_.ns.state.instances;
   std::map<std::string, absl::StatusOr<std::vector<nvml::GpuInstanceInfo>>> gis_of;  // by GPU
   for (const auto& m : managed) {
-    if (m.idle || m.origin != kOriginLegacy) continue;
+    if (m.idle || m.destroy_pending() || m.origin != kOriginLegacy) continue;
     const GpuEntry* gpu = ops_.ns.inventory.FindByUuid(m.gpu_uuid);
     if (gpu == nullptr || !gpu->info.mig.current) continue;
     auto listed = gis_of.find(m.gpu_uuid);

@@ -208,6 +208,15 @@ bool Reclaimer::ReleaseIntent(const Intent& intent, const std::string& what, con
     return true;
   }
   auto st = ops_.DestroyGi(gpu, gi);
+  if (!st.ok() && nvml::NvmlReturnOf(st) == nvml::NvmlReturn::kInUse) {
+    // Another NVML client holds it: tracked as a pending destroy (retried with backoff), owned by
+    // nobody, and the intent is closed.
+    ManagedInstance m = ops_.NewInstance(intent.owner, intent.gpu_uuid, intent.profile,
+                                         profile.nvml_id, intent.placement, gi, 0, "", "intent");
+    m.owner.pod_uid.clear();
+    ops_.ns.Manage(m);
+    return DeferInUse(m, gpu, st, pod);
+  }
   if (!st.ok()) {
     ops_.metrics.DestroyFailed();
     spdlog::warn("recovery: {}: {}, destroy failed ({}); kept open", what, why,

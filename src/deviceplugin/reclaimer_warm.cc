@@ -115,6 +115,11 @@ void Reclaimer::SweepIdle(const std::vector<PodMig>& pods, bool destructive,
       continue;
     }
     if (auto st = ops_.DestroyGi(*gpu, m.gpu_instance_id); !st.ok()) {
+      if (DeferInUse(m, *gpu, st, nullptr)) {
+        ++report.destroy_pending;
+        changed = true;  // no longer idle: pending destroy, its slices held
+        continue;
+      }
       ++kept[m.gpu_uuid];
       ++report.destroy_failed;
       ops_.metrics.DestroyFailed();

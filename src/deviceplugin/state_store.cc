@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -188,6 +189,12 @@ std::string EncodeState(const PluginState& state) {
       entry["idleSince"] = i.idle_since;
     }
     if (!i.holders.empty()) entry["holders"] = HoldersJson(i.holders);
+    if (i.destroy_pending()) {
+      entry["destroyPending"] = Json{{"attempts", i.destroy_attempts},
+                                     {"since", i.destroy_since},
+                                     {"nextAttemptMs", i.destroy_next_ms},
+                                     {"error", i.destroy_error}};
+    }
     instances.push_back(std::move(entry));
   }
   Json intents = Json::array();
@@ -256,6 +263,16 @@ absl::StatusOr<PluginState> DecodeState(std::string_view text) {
       if (i.idle) i.idle_since = r.Int(j, "idleSince", path);
     }
     if (j.is_object() && j.contains("holders")) i.holders = r.Holders(j.at("holders"), path);
+    if (j.is_object() && j.contains("destroyPending")) {
+      const Json& d = j.at("destroyPending");
+      const std::string p = path + ".destroyPending";
+      const int64_t attempts = r.Int(d, "attempts", p);
+      if (attempts < 1 || attempts > 1'000'000'000) r.Fail(p + ".attempts: out of range");
+      i.destroy_attempts = static_cast<int>(std::clamp<int64_t>(attempts, 0, 1'000'000'000));
+      i.destroy_since = r.Int(d, "since", p);
+      i.destroy_next_ms = r.Int(d, "nextAttemptMs", p);
+      i.destroy_error = r.String(d, "error", p);
+    }
     state.instances.push_back(std::move(i));
   }
   for (size_t k = 0; k < intents->size(); ++k) {

@@ -17,7 +17,9 @@
 //               "migUUIDs":["MIG-…"],"since":1800000000}]}
 // "ledger" may be absent (a file written before it existed): an empty ledger. An instance of
 // origin "legacy" also has "holders":[{"podUID","namespace","name","container","resource",
-// "deviceID","source"}]; absent = none (files written before handover existed).
+// "deviceID","source"}]; absent = none (files written before handover existed). An instance whose
+// destroy NVML refused with IN_USE also has "destroyPending":{"attempts":2,"since":1800000000,
+// "nextAttemptMs":1800000004000,"error":"…"}; absent = not pending.
 // Value types are thread-compatible; StateStore is thread-compatible (callers serialize).
 #pragma once
 
@@ -85,7 +87,16 @@ struct ManagedInstance {
   // origin "legacy": the containers that hold it, as last proven (sorted). `owner` is the first
   // holder's pod.
   std::vector<InstanceHolder> holders;
+  // Pending destroy: NVML refused to destroy it with NVML_ERROR_IN_USE although no process of
+  // ours runs there (another NVML client such as DCGM holds it open). It is never given out again,
+  // its slices stay held, and the destroy is retried with backoff until it succeeds (or NVML no
+  // longer lists it). destroy_attempts == 0: not pending.
+  int destroy_attempts = 0;
+  int64_t destroy_since = 0;    // unix seconds of the first refusal
+  int64_t destroy_next_ms = 0;  // unix milliseconds of the next attempt
+  std::string destroy_error;    // the last refusal as NVML worded it
 
+  bool destroy_pending() const { return destroy_attempts > 0; }
   friend bool operator==(const ManagedInstance&, const ManagedInstance&) = default;
 };
 

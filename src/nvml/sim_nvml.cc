@@ -513,6 +513,28 @@ absl::Status SimNvml::DetachProcess(std::string_view uuid, uint32_t pid) {
                     [&](sim::State& s) { return sim::Detach(s, uuid, pid); });
 }
 
+absl::Status SimNvml::HoldGpuInstance(uint32_t gpu, uint32_t gi, std::string_view holder) {
+  return CallStatus("HoldGpuInstance", gpu, "hold GPU instance",
+                    [&](sim::State& s) { return sim::Hold(s, gpu, gi, holder); });
+}
+
+absl::Status SimNvml::ReleaseGpuInstance(uint32_t gpu, uint32_t gi, std::string_view holder) {
+  return CallStatus("ReleaseGpuInstance", gpu, "release GPU instance",
+                    [&](sim::State& s) { return sim::Release(s, gpu, gi, holder); });
+}
+
+absl::StatusOr<std::vector<SimHolder>> SimNvml::Holders() {
+  return Call<std::vector<SimHolder>>("Holders", std::nullopt, false, "list holders",
+                                      [](sim::State& s) -> absl::StatusOr<std::vector<SimHolder>> {
+                                        std::vector<SimHolder> out;
+                                        for (uint32_t g = 0; g < s.gpus.size(); ++g) {
+                                          for (const auto& h : s.gpus[g].holders)
+                                            out.push_back({g, h.gi, h.name});
+                                        }
+                                        return out;
+                                      });
+}
+
 absl::Status SimNvml::InjectFault(SimFault fault) {
   if (auto st = CheckOperation(fault.op); !st.ok()) return st;
   if (fault.nth == 0) {

@@ -85,6 +85,13 @@ struct SimFault {
   uint32_t calls = 0;  // calls of `op` seen since injection (kept in the state)
 };
 
+// Another NVML client holding GPU instance `gi` of GPU `gpu` open (SimNvml::HoldGpuInstance).
+struct SimHolder {
+  uint32_t gpu = 0;
+  uint32_t gi = 0;
+  std::string name;  // "dcgm", ...: the simulator's label; NVML itself never names the holder
+};
+
 struct SimNvmlOptions {
   // "A100-SXM4-40GBx2,H100 80GBx1": comma-separated MODEL[xCOUNT], MODEL matched with
   // mig::FindModel, COUNT (default 1) after the last 'x'. May be empty when state_file exists.
@@ -167,6 +174,17 @@ class SimNvml final : public Nvml {
   absl::Status AttachProcess(std::string_view uuid, uint32_t pid, uint64_t used_memory_mib = 0);
   // NOT_FOUND: no such UUID, or the pid is not attached there.
   absl::Status DetachProcess(std::string_view uuid, uint32_t pid);
+  // An external client (DCGM, a monitoring agent: `holder`) opens GI `gi` and keeps it open:
+  // DestroyGpuInstance (and ResetGpu) then fail with NVML_ERROR_IN_USE, "in use by another
+  // client", as the driver does on H100/H200, until ReleaseGpuInstance. No NVML call lists the
+  // holder (it runs no compute process). Stored in the state file, so another process (`dynmig
+  // nvml --state F hold`) can inject it. NOT_FOUND: no such GI; INVALID_ARGUMENT: a holder name
+  // that is not 1..64 of [A-Za-z0-9._-], or 16 holders on the GPU already.
+  absl::Status HoldGpuInstance(uint32_t gpu, uint32_t gi, std::string_view holder);
+  // The holder lets go (every holder of the GI when `holder` is empty). NOT_FOUND: none held it.
+  absl::Status ReleaseGpuInstance(uint32_t gpu, uint32_t gi, std::string_view holder);
+  // Every holder, by GPU.
+  absl::StatusOr<std::vector<SimHolder>> Holders();
   // Creates a CI of `slices` compute slices (CI profile id = NVML CI profile index) in a GI:
   // NOT_SUPPORTED for a CI size the GI does not offer, INSUFFICIENT_RESOURCES when no range of
   // compute slices is free. Counts as a CreateComputeInstance call.

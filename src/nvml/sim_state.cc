@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <charconv>
 #include <nlohmann/json.hpp>
 
@@ -316,6 +317,8 @@ std::string ToJson(const State& s) {
       j["computeInstanceId"] = p.ci ? Json(*p.ci) : Json(nullptr);
       procs.push_back(std::move(j));
     }
+    Json holders = Json::array();
+    for (const auto& h : g.holders) holders.push_back({{"gpuInstanceId", h.gi}, {"name", h.name}});
     gpus.push_back({{"model", g.model->capability.model},
                     {"uuid", g.uuid},
                     {"pciBusId", g.pci_bus_id},
@@ -323,7 +326,8 @@ std::string ToJson(const State& s) {
                     {"migMode", {{"current", g.mig_current}, {"pending", g.mig_pending}}},
                     {"layout", g.swapped_halves ? "swapped-halves" : "identity"},
                     {"gpuInstances", gis},
-                    {"processes", procs}});
+                    {"processes", procs},
+                    {"holders", holders}});
   }
   Json faults = Json::array();
   for (const auto& f : s.faults) {
@@ -399,6 +403,18 @@ absl::StatusOr<State> FromJson(std::string_view text, std::string_view source) {
           p.ci = jp["computeInstanceId"].get<uint32_t>();
         }
         g.processes.push_back(p);
+      }
+      if (jg.contains("holders")) {  // absent in files written before holders existed
+        for (const auto& jh : jg.at("holders")) {
+          HolderState h;
+          h.gi = jh.at("gpuInstanceId").get<uint32_t>();
+          h.name = jh.at("name").get<std::string>();
+          g.holders.push_back(std::move(h));
+        }
+        if (g.holders.size() > kMaxHoldersPerGpu) {
+          return bad(fmt::format("GPU {}: {} holders (at most {})", index, g.holders.size(),
+                                 kMaxHoldersPerGpu));
+        }
       }
       s.gpus.push_back(std::move(g));
       ++index;
@@ -591,6 +607,12 @@ absl::Status DestroyGi(State& s, uint32_t gpu, uint32_t gi_id) {
     if (p.gi == gi_id) {
       return NvmlStatus(NvmlReturn::kInUse,
                         fmt::format("{}: process {} runs on it", context, p.pid));
+    }
+  }
+  for (const auto& h : g.holders) {
+    if (h.gi == gi_id) {
+      // What nvidia-smi prints for it: the driver does not say who the other client is.
+      return NvmlStatus(NvmlReturn::kInUse, fmt::format("{}: in use by another client", context));
     }
   }
   if (!gi->cis.empty()) {
@@ -789,6 +811,9 @@ absl::Status ResetGpu(State& s, uint32_t gpu) {
     return NvmlStatus(NvmlReturn::kInUse, fmt::format("{}: process {} runs on the GPU", context,
                                                       g.processes.front().pid));
   }
+  if (!g.holders.empty()) {
+    return NvmlStatus(NvmlReturn::kInUse, fmt::format("{}: in use by another client", context));
+  }
   g.gis.clear();
   g.mig_current = g.mig_pending;
   return absl::OkStatus();
@@ -851,6 +876,53 @@ absl::Status Detach(State& s, std::string_view uuid, uint32_t pid) {
   if (removed == 0) {
     return NvmlStatus(NvmlReturn::kNotFound,
                       fmt::format("{}: the process is not attached there", context));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Hold(State& s, uint32_t gpu, uint32_t gi_id, std::string_view name) {
+  const std::string context = fmt::format("hold GPU instance {} of GPU {}", gi_id, gpu);
+  const bool name_ok =
+      !name.empty() && name.size() <= kMaxHolderName &&
+      std::all_of(name.begin(), name.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+      });
+  if (!name_ok) {
+    return NvmlStatus(
+        NvmlReturn::kInvalidArgument,
+        fmt::format("{}: holder name must be 1..{} of [A-Za-z0-9._-]", context, kMaxHolderName));
+  }
+  auto gp = Gpu(s, gpu, context);
+  if (!gp.ok()) return gp.status();
+  GpuState& g = **gp;
+  if (auto st = RequireMig(g, gpu, context); !st.ok()) return st;
+  if (FindGi(g, gi_id) == nullptr) {
+    return NvmlStatus(NvmlReturn::kNotFound, fmt::format("{}: no such GPU instance", context));
+  }
+  const HolderState holder{gi_id, std::string(name)};
+  if (std::find(g.holders.begin(), g.holders.end(), holder) != g.holders.end()) {
+    return absl::OkStatus();
+  }
+  if (g.holders.size() >= kMaxHoldersPerGpu) {
+    return NvmlStatus(NvmlReturn::kInvalidArgument, fmt::format("{}: GPU {} already has {} holders",
+                                                                context, gpu, kMaxHoldersPerGpu));
+  }
+  g.holders.push_back(holder);
+  return absl::OkStatus();
+}
+
+absl::Status Release(State& s, uint32_t gpu, uint32_t gi_id, std::string_view name) {
+  const std::string context = fmt::format("release GPU instance {} of GPU {}", gi_id, gpu);
+  auto gp = Gpu(s, gpu, context);
+  if (!gp.ok()) return gp.status();
+  const size_t removed = std::erase_if((*gp)->holders, [&](const HolderState& h) {
+    return h.gi == gi_id && (name.empty() || h.name == name);
+  });
+  if (removed == 0) {
+    return NvmlStatus(
+        NvmlReturn::kNotFound,
+        fmt::format("{}: {} holds it", context,
+                    name.empty() ? std::string("nobody") : std::string(name) + " never"));
   }
   return absl::OkStatus();
 }

@@ -41,6 +41,16 @@ struct ProcState {
   std::optional<uint32_t> ci;
 };
 
+// Another NVML client (DCGM, a monitoring agent) holding a GPU instance open: the driver then
+// refuses nvmlGpuInstanceDestroy with NVML_ERROR_IN_USE until it lets go, and no NVML call names
+// it (it is not a compute process).
+struct HolderState {
+  uint32_t gi = 0;
+  std::string name;  // for the simulator's own listing only
+
+  friend bool operator==(const HolderState&, const HolderState&) = default;
+};
+
 struct GpuState {
   const mig::CatalogueModel* model = nullptr;
   std::string uuid;
@@ -51,6 +61,7 @@ struct GpuState {
   bool swapped_halves = false;
   std::vector<GiState> gis;  // ordered by id
   std::vector<ProcState> processes;
+  std::vector<HolderState> holders;  // at most kMaxHoldersPerGpu
 };
 
 struct State {
@@ -93,6 +104,14 @@ absl::Status SetMigMode(State& s, uint32_t gpu, bool enabled);
 absl::Status ResetGpu(State& s, uint32_t gpu);
 absl::Status Attach(State& s, std::string_view uuid, uint32_t pid, uint64_t used_memory_mib);
 absl::Status Detach(State& s, std::string_view uuid, uint32_t pid);
+// An external client holds GI `gi_id` open (idempotent per name). NOT_FOUND: no such GI;
+// INVALID_ARGUMENT: a name that is not 1..64 of [A-Za-z0-9._-], or more than kMaxHoldersPerGpu.
+absl::Status Hold(State& s, uint32_t gpu, uint32_t gi_id, std::string_view name);
+// Lets go of GI `gi_id`: the holder `name`, or every holder when name is empty. NOT_FOUND: no
+// such holder.
+absl::Status Release(State& s, uint32_t gpu, uint32_t gi_id, std::string_view name);
+inline constexpr size_t kMaxHoldersPerGpu = 16;
+inline constexpr size_t kMaxHolderName = 64;
 
 // The GI id of a placement on this GPU (identity or swapped-halves layout); nullopt where the
 // model's table lacks it.

@@ -434,6 +434,56 @@ void SuggestBlocking(const Explanation& e, const PendingViews& pv, const mig::Po
   suggestions["blocking"] = jb;
 }
 
+// A pod that fits on no schedulable node: whether it would fit with the per-GPU cordons
+// (hami.io/device-cordon) lifted, and then which cordoned GPU it waits for. The planner on the
+// same snapshot with the cordon annotations of the nodes kube-scheduler offers removed.
+void ExplainCordonWait(const Explanation& e, const PendingViews& pv,
+                       const mig::PodRequest& request) {
+  ClusterSnapshot lifted = e.snap;
+  bool any = false;
+  for (auto& node : lifted.nodes) {
+    if (IsCordoned(node)) continue;
+    auto& ann = node["metadata"]["annotations"];
+    if (ann.is_object() && ann.contains(std::string(protocol::kDeviceCordonAnnotation))) {
+      ann.erase(std::string(protocol::kDeviceCordonAnnotation));
+      any = true;
+    }
+  }
+  if (!any) return;
+  const auto state = BuildClusterState(lifted, e.config, e.key);
+  std::vector<mig::NodeView> views;
+  for (const mig::NodeView* v : pv.open) {
+    if (auto lv = state->View(v->name, e.now)) views.push_back(std::move(*lv));
+  }
+  std::vector<const mig::NodeView*> open;
+  for (const auto& v : views) open.push_back(&v);
+  const mig::PodPlan plan = mig::PlanPod(std::span<const mig::NodeView* const>(open), request);
+  if (plan.chosen < 0) return;
+  const mig::NodeView& v = *open[plan.chosen];
+  // The GPUs of that placement the real view refuses as cordoned.
+  const mig::NodeView* real = nullptr;
+  const scheduler::NodeReport* report = nullptr;
+  for (size_t i = 0; i < pv.views.size(); ++i) {
+    if (pv.views[i].name == v.name) {
+      real = &pv.views[i];
+      report = pv.view_reports[i];
+    }
+  }
+  if (real == nullptr) return;
+  json waits = json::array();
+  std::set<size_t> seen;
+  for (const auto& a : plan.nodes[plan.chosen].assignments) {
+    if (a.gpu >= report->gpus.size() || !seen.insert(a.gpu).second) continue;
+    const auto& gr = report->gpus[a.gpu];
+    if (gr.unhealthy_code != "cordoned") continue;
+    waits.push_back(
+        {{"node", v.name}, {"gpu", gr.uuid}, {"index", gr.index}, {"reason", gr.unhealthy_reason}});
+    e.text += fmt::format("  waiting: GPU {} ({}) of node {} is {}\n", gr.index, gr.uuid, v.name,
+                          gr.unhealthy_reason);
+  }
+  if (!waits.empty()) e.j["cordonedGpus"] = waits;
+}
+
 // A pending pod: every node's verdict, whether it fits now, and what would make it fit.
 void ExplainPending(const Explanation& e, const mig::PodRequest& request, size_t closest_gpus) {
   const PendingViews pv = ReadPendingViews(e);
@@ -458,6 +508,7 @@ void ExplainPending(const Explanation& e, const mig::PodRequest& request, size_t
   } else {
     e.j["status"] = "pending";
     e.text += "\nIt fits on no schedulable node now.\n";
+    ExplainCordonWait(e, pv, request);
   }
   if (!condition.empty()) e.text += fmt::format("  PodScheduled condition: {}\n", condition);
 

@@ -6,6 +6,7 @@
 #include "fmt/format.h"
 #include "kube/object.h"
 #include "protocol/annotations.h"
+#include "protocol/device_cordon.h"
 #include "protocol/devices.h"
 #include "protocol/node_register.h"
 #include "scheduler/node_lock.h"
@@ -189,8 +190,20 @@ void ClusterState::UpsertNode(const json& node) {
   entry.handshake = Annotation(node, protocol::kNodeHandshakeAnnotation);
   entry.reported_at = ParseHandshakeReported(entry.handshake);
   entry.cordoned.clear();
-  for (auto& uuid : SplitTrimmed(Annotation(node, protocol::kDeviceCordonAnnotation), ',')) {
-    entry.cordoned.insert(std::move(uuid));
+  entry.cordon_error.clear();
+  entry.cordon_reasons.clear();
+  if (auto cordon =
+          protocol::ParseDeviceCordon(Annotation(node, protocol::kDeviceCordonAnnotation));
+      cordon.ok()) {
+    entry.cordoned = std::move(*cordon);
+  } else {
+    entry.cordon_error = std::string(cordon.status().message());  // fails closed: all cordoned
+  }
+  if (HasAnnotation(node, protocol::kDeviceCordonReasonsAnnotation)) {
+    // Only words for people: an unreadable value is left out.
+    auto reasons =
+        protocol::ParseCordonReasons(Annotation(node, protocol::kDeviceCordonReasonsAnnotation));
+    if (reasons.ok()) entry.cordon_reasons = std::move(*reasons);
   }
   entry.held.clear();
   entry.held_error.clear();
@@ -475,7 +488,14 @@ mig::GpuView ClusterState::BuildGpuView(RebuildState& st, size_t i) {
   }
   if (!gpu.info.health)
     fault = {"device-unhealthy", "the device plugin reports this GPU unhealthy"};
-  if (node.cordoned.count(gv.uuid)) fault = {"cordoned", "cordoned (hami.io/device-cordon)"};
+  if (!node.cordon_error.empty()) {
+    fault = {"cordoned", "cordoned: unreadable " + node.cordon_error};
+  } else if (node.cordoned.count(gv.uuid)) {
+    auto why = node.cordon_reasons.find(gv.uuid);
+    fault = {"cordoned", why == node.cordon_reasons.end()
+                             ? std::string("cordoned (hami.io/device-cordon)")
+                             : fmt::format("cordoned (hami.io/device-cordon): {}", why->second)};
+  }
   if (gpu.planner != nullptr && fault.empty()) {
     auto usage = gpu.planner->UsageOf(st.reserved[i]);
     if (usage.ok()) {

@@ -222,8 +222,12 @@ class ClusterState {
     std::string handshake;   // hami.io/node-handshake value
     std::optional<absl::Time> locked_at;  // hami.io/mutex.lock's time: a bind is in flight
     std::vector<GpuEntry> gpus;
+    // hami.io/device-cordon (protocol/device_cordon.h): GPUs that take no new reservation; when
+    // the annotation cannot be read, every GPU of the node is cordoned (cordon_error says why).
     std::set<std::string> cordoned;
-    std::set<std::string> pods;     // pod keys placed on this node
+    std::string cordon_error;
+    std::map<std::string, std::string> cordon_reasons;  // dynmig.io/device-cordon-reasons
+    std::set<std::string> pods;                         // pod keys placed on this node
     std::set<std::string> assumed;  // keys of assumed_ whose reservation is on this node
     NodeReport report;              // cache, rebuilt when dirty
     // Written under the exclusive lock only (commit), read under the shared one.

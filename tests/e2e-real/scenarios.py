@@ -1184,6 +1184,93 @@ HANDOVER_GEOMETRY = "1g.5gb=2,2g.10gb=1"  # MIG Manager's layout on the A100-SXM
 LEGACY = {"legacy-1g-a": "1g.5gb", "legacy-1g-b": "1g.5gb", "legacy-2g": "2g.10gb"}
 
 
+def node_events(s, reason):
+    """Events of this reason in any namespace (the device plugin posts node-level ones where its pod is gone)."""
+    return s.k.json("get", "events", "-A", "--field-selector", "reason=" + reason)["items"]
+
+
+def sim_gpu_instances(s):
+    """(GI id, placement start) of every GPU instance on the node's simulated GPU 0, from the simulator's state."""
+    out = json.loads(dynmig_cli(s, "nvml", "--state", s.b.sim_state, "instances", "--output", "json").stdout)
+    return {(gi["id"], gi["placement"]["start"]) for gi in out["gpus"][0].get("gpuInstances", [])}
+
+
+def held_annotation(s):
+    ann = s.k.json("get", "node", s.b.node)["metadata"].get("annotations", {})
+    return json.loads(ann.get("dynmig.io/mig-held") or "[]")
+
+
+def in_use_destroy_retried(s):
+    s.step("a 1g pod runs")
+    s.create(s.mig_pod("held-1g", 4000))
+    pod, allocs = s.running("held-1g")
+    a = allocs[0]
+    gi, start = a["gpuInstanceID"], a["placement"]["start"]
+    s.step("another NVML client (DCGM) holds its GPU instance open on the node's simulated NVML")
+    dynmig_cli(s, "nvml", "--state", s.b.sim_state, "hold", "--gpu", "0", "--gi", str(gi), "--holder", "dcgm")
+    try:
+        s.step("delete the pod: NVML refuses the destroy with IN_USE; the instance stays and its slices are held")
+        s.delete("held-1g")
+        s.gone("held-1g")
+        wait_for("a MigDestroyInUse event", lambda: node_events(s, "MigDestroyInUse"), 60)
+        ev = node_events(s, "MigDestroyInUse")[-1]
+        log("    event: %s" % ev.get("message"))
+        if "NVML_ERROR_IN_USE" not in ev.get("message", "") or "another NVML client" not in ev.get("message", ""):
+            raise StepFailed("the MigDestroyInUse event does not say IN_USE and who holds it: %s" % ev.get("message"))
+        wait_for("slices %d held in dynmig.io/mig-held" % start,
+                 lambda: any(h["placement"]["start"] == start and "being destroyed" in h.get("reason", "")
+                             for h in held_annotation(s)), 60)
+        time.sleep(8)  # a few retries, each refused
+        if (gi, start) not in sim_gpu_instances(s):
+            raise StepFailed("GI %d is gone while it was held" % gi)
+        s.step("a 7g pod, which needs every slice, stays Pending meanwhile")
+        s.create(s.mig_pod("needs-all", 39000))
+        s.pending_reason("needs-all")
+    finally:
+        s.step("the holder lets go")
+        dynmig_cli(s, "nvml", "--state", s.b.sim_state, "release", "--gpu", "0", "--gi", str(gi), check=False)
+    s.step("a retry destroys it, the slices are freed and the 7g pod runs")
+    wait_for("GI %d destroyed" % gi, lambda: (gi, start) not in sim_gpu_instances(s), 150)
+    wait_for("nothing held any more", lambda: not held_annotation(s), 60)
+    pod, got = s.running("needs-all", timeout=POD_TIMEOUT + 60)
+    s.expect_realized("needs-all", pod, got, "7g.40gb")
+
+
+def gpu_cordon_keeps_running_takes_no_new(s):
+    s.step("a 1g pod runs on GPU 0")
+    s.create(s.mig_pod("before-cordon", 4000))
+    before = s.running("before-cordon")[1][0]
+    kube = ["--kubeconfig", s.k.kubeconfig]
+    s.step("dynmig gpu cordon --node %s --gpu 0" % s.b.node)
+    out = dynmig_cli(s, "gpu", "cordon", "--node", s.b.node, "--gpu", "0", "--reason", "e2e maintenance",
+                     "--by", "e2e", *kube).stdout
+    log("    " + out.strip())
+    ann = s.k.json("get", "node", s.b.node)["metadata"]["annotations"]
+    if ann.get("hami.io/device-cordon") != before["gpuUUID"]:
+        raise StepFailed("hami.io/device-cordon is %r, expected %s" % (ann.get("hami.io/device-cordon"),
+                                                                       before["gpuUUID"]))
+    try:
+        s.step("a new pod stays Pending, and explain says the GPU is cordoned")
+        s.create(s.mig_pod("after-cordon", 4000))
+        _, reason = s.pending_reason("after-cordon")
+        log("    reason: %s" % reason)
+        if "cordon" not in reason:
+            raise StepFailed("the Pending reason does not name the cordon: %s" % reason)
+        text = dynmig_cli(s, "explain", "-n", NS, "after-cordon", *kube).stdout
+        want = "waiting: GPU 0 (%s) of node %s is cordoned" % (before["gpuUUID"], s.b.node)
+        if want not in text or "e2e maintenance (by e2e)" not in text:
+            raise StepFailed("explain does not say %r with the reason:\n%s" % (want, text))
+        s.step("the running pod stays, with its instance")
+        pod, allocs = s.running("before-cordon", timeout=30)
+        s.expect_realized("before-cordon", pod, allocs)
+    finally:
+        s.step("dynmig gpu uncordon")
+        dynmig_cli(s, "gpu", "uncordon", "--node", s.b.node, "--gpu", before["gpuUUID"], *kube, check=False)
+    s.step("the waiting pod runs")
+    pod, got = s.running("after-cordon", timeout=POD_TIMEOUT + 60)
+    s.expect_realized("after-cordon", pod, got, "1g.5gb")
+
+
 def legacy_pod(s, name, profile, env=None, resources=True):
     c = {"name": "workload", "image": s.image, "command": ["sh", "-c", "sleep 3600"]}
     if resources:
@@ -1594,6 +1681,8 @@ SCENARIOS = [
     ("scenarios 4+5: Pending when full, the freed placement reused", scenario4_5_pending_when_full_then_reuse),
     ("scenario 6: device-plugin restart adopts running workloads", scenario6_device_plugin_restart_adopts),
     ("checklist: node capability matches NVML", checklist_node_capability),
+    ("IN_USE on destroy is retried until the holder lets go", in_use_destroy_retried),
+    ("a cordoned GPU takes no new pod, its running pod stays", gpu_cordon_keeps_running_takes_no_new),
     ("checklist: users cannot edit the reservation", checklist_user_cannot_edit_reservation),
     ("checklist: users cannot write any protocol annotation", checklist_users_cannot_write_protocol_annotations),
     ("checklist: only kube-scheduler binds (no client certificate: refused)", checklist_only_kube_scheduler_binds),
@@ -1627,7 +1716,7 @@ def main():
     ap.add_argument("--logs-cmd", default="", help="real: a command whose stderr shows the cluster's logs")
     ap.add_argument("--dynmig", default=os.path.join(REPO, "build", "bin", "dynmig"), help="the binary (local: the local mode; both: the nvml CLI and the handover commands)")
     ap.add_argument("--image", default="localhost/busybox:local", help="the image the pods run")
-    ap.add_argument("--only", default="", help="run the scenarios whose title contains this text")
+    ap.add_argument("--only", default="", help="run the scenarios whose title contains this text ('A|B': either)")
     a = ap.parse_args()
     if not a.kubectl:
         print("scenarios: kubectl not found (--kubectl)", file=sys.stderr)
@@ -1645,7 +1734,7 @@ def main():
         backend.start()
         suite = Suite(backend, a.image)
         for title, fn in SCENARIOS:
-            if a.only and a.only not in title:
+            if a.only and not any(part in title for part in a.only.split("|")):
                 continue
             log("== %s [%s]" % (title, backend.name))
             t = time.monotonic()

@@ -159,6 +159,38 @@ TEST_F(CmdNvmlTest, DestroyRefusesABusyMigDeviceAndNamesMissingInstances) {
   EXPECT_NE(missing.err.find("NVML_ERROR_NOT_FOUND"), std::string::npos) << missing.err;
 }
 
+TEST_F(CmdNvmlTest, HoldFromTheCommandLineMakesDestroyInUseUntilReleased) {
+  ASSERT_EQ(
+      Nvml({"create", "--gpu", "0", "--profile", "1g.5gb", "--placement", "3", "-o", "json"}).code,
+      kExitOk);
+  const Result held = Nvml({"hold", "--gpu", "0", "--gi", "10", "--holder", "dcgm"});
+  ASSERT_EQ(held.code, kExitOk) << held.err;
+  EXPECT_NE(Nvml({"hold", "--list"}).out.find("GPU 0 GI 10: held by dcgm"), std::string::npos);
+  const Result busy = Nvml({"destroy", "--gpu", "0", "--gi", "10", "--yes"});
+  EXPECT_EQ(busy.code, kExitFailure);
+  EXPECT_NE(busy.err.find("NVML_ERROR_IN_USE"), std::string::npos) << busy.err;
+  EXPECT_NE(busy.err.find("in use by another client"), std::string::npos) << busy.err;
+  // Still listed, held or not.
+  EXPECT_EQ(Json(Nvml({"instances", "-o", "json"}))["gpus"][0]["gpuInstances"].size(), 1u);
+  // Hostile input changes nothing: a bad name, a GI that does not exist, a holder that never held.
+  const Result bad_name = Nvml({"hold", "--gpu", "0", "--gi", "10", "--holder", "a b;rm"});
+  EXPECT_NE(bad_name.code, kExitOk);
+  EXPECT_NE(bad_name.err.find("holder name"), std::string::npos) << bad_name.err;
+  const Result long_name =
+      Nvml({"hold", "--gpu", "0", "--gi", "10", "--holder", std::string(65, 'x')});
+  EXPECT_NE(long_name.code, kExitOk);
+  const Result no_gi = Nvml({"hold", "--gpu", "0", "--gi", "3"});
+  EXPECT_NE(no_gi.code, kExitOk);
+  EXPECT_NE(no_gi.err.find("NVML_ERROR_NOT_FOUND"), std::string::npos) << no_gi.err;
+  const Result never = Nvml({"release", "--gpu", "0", "--gi", "10", "--holder", "other"});
+  EXPECT_NE(never.code, kExitOk);
+  EXPECT_NE(Nvml({"hold", "--list"}).out.find("held by dcgm"), std::string::npos);
+  ASSERT_EQ(Nvml({"release", "--gpu", "0", "--gi", "10"}).code, kExitOk);
+  EXPECT_NE(Nvml({"hold", "--list"}).out.find("no GPU instance is held"), std::string::npos);
+  const Result destroyed = Nvml({"destroy", "--gpu", "0", "--gi", "10", "--yes"});
+  EXPECT_EQ(destroyed.code, kExitOk) << destroyed.err;
+}
+
 TEST_F(CmdNvmlTest, FaultsFromTheCommandLineHitTheNextProcess) {
   const Result injected = Nvml(
       {"fault", "--op", "CreateGpuInstance", "--nth", "1", "--code", "INSUFFICIENT_RESOURCES"});

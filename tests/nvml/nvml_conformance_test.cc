@@ -591,6 +591,31 @@ TEST_P(NvmlConformanceTest, BusyComputeInstanceIsInUse) {
   ASSERT_OK(nvml().DestroyGpuInstance(0, gi.id));
 }
 
+// DCGM and other NVML clients keep handles open on MIG devices: nvmlGpuInstanceDestroy then
+// returns NVML_ERROR_IN_USE on H100/H200 although no compute process runs there (none is listed),
+// until the client lets go. The instance stays listed meanwhile.
+TEST_P(NvmlConformanceTest, GpuInstanceHeldByAnotherClientIsInUseUntilReleased) {
+  REQUIRE_SIM();
+  ASSERT_OK_AND_ASSIGN(const auto profiles, DiscoverProfiles(nvml(), 0));
+  const auto& p = profiles.front();
+  ASSERT_OK_AND_ASSIGN(const auto gi, nvml().CreateGpuInstance(0, p.nvml_id, p.placements[0]));
+  ASSERT_OK_AND_ASSIGN(const auto ci, nvml().CreateComputeInstance(0, gi.id));
+  ASSERT_OK(sim()->HoldGpuInstance(0, gi.id, "dcgm"));
+  ASSERT_OK_AND_ASSIGN(const auto procs, nvml().GetComputeProcesses(0));
+  EXPECT_TRUE(procs.empty()) << "a handle holder is no compute process";
+  ASSERT_OK(nvml().DestroyComputeInstance(0, gi.id, ci.id));
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    EXPECT_TRUE(IsNvmlError(nvml().DestroyGpuInstance(0, gi.id), NvmlReturn::kInUse));
+  }
+  ASSERT_OK_AND_ASSIGN(const auto gis, nvml().ListGpuInstances(0));
+  ASSERT_EQ(gis.size(), 1u);
+  EXPECT_EQ(gis[0].id, gi.id);
+  ASSERT_OK(sim()->ReleaseGpuInstance(0, gi.id, "dcgm"));
+  ASSERT_OK(nvml().DestroyGpuInstance(0, gi.id));
+  ASSERT_OK_AND_ASSIGN(const auto after, nvml().ListGpuInstances(0));
+  EXPECT_TRUE(after.empty());
+}
+
 TEST_P(NvmlConformanceTest, MigDisabledRefusesInstancesButListsProfiles) {
   REQUIRE_SIM();
   ASSERT_OK(sim()->SetMigMode(0, false));

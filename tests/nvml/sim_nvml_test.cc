@@ -582,6 +582,38 @@ TEST(SimRulesTest, ProcessesAndMigModeChanges) {
   EXPECT_FALSE(off.mig.pending);
 }
 
+TEST(SimRulesTest, HoldersPersistBlockGiDestroyAndResetAndAreBounded) {
+  TempStateFile state;
+  auto a = MakeSim("H200x1", state.path());
+  const auto& p = Profile("NVIDIA H200", "1g.18gb");
+  ASSERT_OK_AND_ASSIGN(const auto gi, a->CreateGpuInstance(0, p.nvml_id, {0, 1}));
+  EXPECT_TRUE(IsNvmlError(a->HoldGpuInstance(0, gi.id + 1, "dcgm"), NvmlReturn::kNotFound));
+  EXPECT_TRUE(IsNvmlError(a->HoldGpuInstance(0, gi.id, ""), NvmlReturn::kInvalidArgument));
+  EXPECT_TRUE(IsNvmlError(a->HoldGpuInstance(0, gi.id, "dc gm"), NvmlReturn::kInvalidArgument));
+  EXPECT_TRUE(IsNvmlError(a->HoldGpuInstance(0, gi.id, std::string(65, 'd')),
+                          NvmlReturn::kInvalidArgument));
+  EXPECT_TRUE(IsNvmlError(a->HoldGpuInstance(7, gi.id, "dcgm"), NvmlReturn::kInvalidArgument));
+  ASSERT_OK(a->HoldGpuInstance(0, gi.id, "dcgm"));
+  ASSERT_OK(a->HoldGpuInstance(0, gi.id, "dcgm"));  // idempotent
+  for (int i = 1; i < 16; ++i) ASSERT_OK(a->HoldGpuInstance(0, gi.id, fmt::format("agent{}", i)));
+  EXPECT_TRUE(
+      IsNvmlError(a->HoldGpuInstance(0, gi.id, "one-too-many"), NvmlReturn::kInvalidArgument));
+  // Another process sees the holders.
+  ASSERT_OK_AND_ASSIGN(auto b, SimNvml::Create(testing::SimOptions("", state.path())));
+  ASSERT_OK_AND_ASSIGN(const auto holders, b->Holders());
+  ASSERT_EQ(holders.size(), 16u);
+  EXPECT_EQ(holders[0].name, "dcgm");
+  EXPECT_EQ(holders[0].gi, gi.id);
+  EXPECT_TRUE(IsNvmlError(b->DestroyGpuInstance(0, gi.id), NvmlReturn::kInUse));
+  EXPECT_TRUE(IsNvmlError(b->ResetGpu(0), NvmlReturn::kInUse));
+  ASSERT_OK(b->ReleaseGpuInstance(0, gi.id, "dcgm"));
+  EXPECT_TRUE(IsNvmlError(b->ReleaseGpuInstance(0, gi.id, "dcgm"), NvmlReturn::kNotFound));
+  EXPECT_TRUE(IsNvmlError(a->DestroyGpuInstance(0, gi.id), NvmlReturn::kInUse))
+      << "the other 15 still hold it";
+  ASSERT_OK(a->ReleaseGpuInstance(0, gi.id, ""));
+  ASSERT_OK(a->DestroyGpuInstance(0, gi.id));
+}
+
 TEST(SimRulesTest, MigMinorsComeFromTheFormula) {
   auto sim = MakeSim("A30x2");
   ASSERT_OK_AND_ASSIGN(const MigMinors minors, sim->GetMigMinors());

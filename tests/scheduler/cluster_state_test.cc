@@ -9,6 +9,7 @@
 #include "fmt/format.h"
 #include "mig/catalogue.h"
 #include "protocol/annotations.h"
+#include "protocol/device_cordon.h"
 #include "protocol/held_slices.h"
 #include "protocol/idle_instances.h"
 #include "protocol/node_register.h"
@@ -445,6 +446,37 @@ TEST_F(ClusterStateTest, CordonedGpusAreSkipped) {
   auto d = state_.PlanAndReserve("default/p", Request(4000), {}, kNow);
   ASSERT_TRUE(d.ok() && d->reservation);
   EXPECT_EQ(d->reservation->allocations[0].gpu_uuid, "GPU-1");
+}
+
+TEST_F(ClusterStateTest, CordonReasonsAreShownAndAnUnreadableCordonCordonsEveryGpu) {
+  auto node = Node("node-a", Register({{"GPU-0", "A100-SXM4-40GB"}, {"GPU-1", "A100-SXM4-40GB"}}));
+  auto& ann = node["metadata"]["annotations"];
+  ann[std::string(protocol::kDeviceCordonAnnotation)] = " GPU-0 ,GPU-unknown";
+  ann[std::string(protocol::kDeviceCordonReasonsAnnotation)] =
+      R"j({"GPU-0":"bad ECC (by alice)"})j";
+  state_.UpsertNode(node);
+  auto view = state_.View("node-a", kNow);
+  ASSERT_TRUE(view.has_value());
+  EXPECT_FALSE(view->gpus[0].healthy);
+  EXPECT_EQ(view->gpus[0].unhealthy_reason, "cordoned (hami.io/device-cordon): bad ECC (by alice)");
+  EXPECT_TRUE(view->gpus[1].healthy) << "a UUID the node lacks cordons nothing else";
+  // A value the codec refuses: fail closed, every GPU of the node takes no new reservation.
+  ann[std::string(protocol::kDeviceCordonAnnotation)] = "GPU-0,GPU 1";
+  state_.UpsertNode(node);
+  view = state_.View("node-a", kNow);
+  for (const auto& g : view->gpus) {
+    EXPECT_FALSE(g.healthy);
+    EXPECT_NE(g.unhealthy_reason.find("unreadable hami.io/device-cordon"), std::string::npos)
+        << g.unhealthy_reason;
+  }
+  auto d = state_.PlanAndReserve("default/p", Request(4000), {}, kNow);
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->reservation.has_value());
+  // Uncordoned: schedulable again.
+  ann.erase(std::string(protocol::kDeviceCordonAnnotation));
+  state_.UpsertNode(node);
+  d = state_.PlanAndReserve("default/p", Request(4000), {}, kNow);
+  ASSERT_TRUE(d.ok() && d->reservation);
 }
 
 TEST_F(ClusterStateTest, ReservationCarriesAllocationsDevicesAndSummary) {
