@@ -82,7 +82,10 @@ std::optional<MovePlan> PlanMove(const MoveInput& in, uint32_t pod) {
   }
   std::sort(plans.begin(), plans.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (size_t k = 0; k < plans.size(); ++k) {
+  uint32_t tried = 0;
+  for (size_t k = 0; k < plans.size() && (in.tries == 0 || tried < in.tries); ++k) {
+    if (in.allow && !in.allow(plans[k].second)) continue;
+    ++tried;
     if (!in.accept || in.accept(plans[k].second)) return std::move(plans[k].second);
   }
   return std::nullopt;

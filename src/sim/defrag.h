@@ -1,5 +1,5 @@
-// The moves of "dynmig:defrag": which running pods the defragmenter evicts so that a pod waiting
-// only because of fragmentation fits, by the defragmenter's rules on the pure planner
+// The moves of "dynmig:defrag": which running pods the defragmenter evicts so that a pod that fits
+// nowhere now fits, by the defragmenter's rules on the pure planner
 // mig::PlanDefrag (the fewest pods on one GPU; then, among plans of that size, the most pods that
 // opted in, the youngest pods, the fewest slices moved; never an opted-out pod, a pod already
 // terminating, or slices reserved for another waiting pod; within each node's eviction budget).
@@ -34,9 +34,12 @@ struct MoveInput {
   std::span<const double> started;                // per pod: when it last started running
   std::vector<HeldSlices> held;                   // reservations of moves in progress
   std::function<uint32_t(uint32_t node)> budget;  // evictions the node may still take
+  // A plan is considered only if this allows it (the rules on its size; cheap); null: any plan.
+  std::function<bool(const struct MovePlan&)> allow;
   // A plan is taken only if this accepts it (e.g. every moved pod fits elsewhere at once); null:
   // any plan.
   std::function<bool(const struct MovePlan&)> accept;
+  uint32_t tries = 0;  // `accept` is asked about this many allowed plans at most; 0: all
 };
 
 struct MovePlan {
@@ -47,8 +50,8 @@ struct MovePlan {
 };
 
 // The least disruptive allowed move that frees a placement of the smallest covering profile of
-// `pod` (one instance); nullopt when none is allowed. `accept` is asked about the best 16 plans at
-// most.
+// `pod` (one instance); nullopt when none is allowed. `accept` is asked about the best `tries`
+// allowed plans at most (every one when 0).
 std::optional<MovePlan> PlanMove(const MoveInput& in, uint32_t pod);
 
 }  // namespace dynmig::sim

@@ -401,15 +401,16 @@ class DynmigPolicy : public DynamicBase {
   const DefragConfig* defrag() const override { return defrag_ ? &*defrag_ : nullptr; }
   void EnableDefrag(const DefragConfig& config) { defrag_ = config; }
 
-  bool WaitsForFragmentation(uint32_t pod) override {
+  bool MayMoveFor(uint32_t pod) override {
     const mig::PodPlan plan = mig::PlanPod(nodes_, requests_[pods_[pod].cls]);
-    if (plan.chosen >= 0) return false;
+    if (plan.chosen >= 0 || !defrag_) return false;
+    if (defrag_->trigger == DefragConfig::Trigger::kWaiting) return true;
     if (std::any_of(plan.nodes.begin(), plan.nodes.end(), [](const mig::NodePlan& n) {
           return n.verdict == mig::Verdict::kFragmented;
         })) {
       return true;
     }
-    if (!defrag_ || !defrag_->across_gpus) return false;
+    if (defrag_->trigger != DefragConfig::Trigger::kNodeTotal) return false;
     // Fragmentation across GPUs: some node has the free slices in total.
     for (uint32_t n = 0; n < cluster_.node_count(); ++n) {
       const ModelGroup& g = cluster_.group_of_node(n);
@@ -1501,15 +1502,27 @@ absl::StatusOr<bool> ParseDefragOption(std::string_view opt, DefragConfig& confi
     *t.field = absl::ToDoubleSeconds(d);
     return true;
   }
-  if (opt.starts_with("rate-")) {
-    const std::string_view n = opt.substr(5);
+  struct Counted {
+    std::string_view prefix;
+    uint32_t* field;
+    uint32_t min, max;
+    std::string_view what;
+  };
+  const Counted counted[] = {
+      {"rate-", &config.per_node_hour, 1, 1000, "the evictions per node per hour"},
+      {"tries-", &config.plans_tried, 1, 1000, "the plans whose moved pods are tried"},
+      {"evict-", &config.max_evicted, 1, 1000, "the most pods one move evicts"},
+  };
+  for (const Counted& c : counted) {
+    if (!opt.starts_with(c.prefix)) continue;
+    const std::string_view n = opt.substr(c.prefix.size());
     if (n.empty() || n.size() > 4 || n.find_first_not_of("0123456789") != std::string_view::npos ||
-        std::stoul(std::string(n)) < 1 || std::stoul(std::string(n)) > 1000) {
-      return absl::InvalidArgumentError(
-          fmt::format("\"{}\": rate-N needs N, the evictions per node per hour, from 1 to 1000",
-                      opt.substr(0, 64)));
+        std::stoul(std::string(n)) < c.min || std::stoul(std::string(n)) > c.max) {
+      return absl::InvalidArgumentError(fmt::format("\"{}\": {}N needs N, {}, from {} to {}",
+                                                    opt.substr(0, 64), c.prefix, c.what, c.min,
+                                                    c.max));
     }
-    config.per_node_hour = static_cast<uint32_t>(std::stoul(std::string(n)));
+    *c.field = static_cast<uint32_t>(std::stoul(std::string(n)));
     return true;
   }
   return false;
@@ -1545,9 +1558,13 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec, const 
         } else if (opt == "any-move") {
           defrag.moved_must_fit = false;
           defrag_options = true;
-        } else if (opt == "across-gpus") {
-          defrag.across_gpus = true;
+        } else if (opt == "per-gpu") {
+          defrag.trigger = DefragConfig::Trigger::kFragmented;
           defrag_options = true;
+        } else if (opt == "node-total") {
+          defrag.trigger = DefragConfig::Trigger::kNodeTotal;
+          defrag_options = true;
+
         } else if (opt == "warm") {
           with_warm = true;
         } else if (opt.starts_with("binds-in-flight-")) {
@@ -1570,14 +1587,16 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec, const 
           return absl::InvalidArgumentError(fmt::format(
               "--policy {}: unknown option \"{}\" (gpu-binpack, gpu-spread, node-binpack, "
               "node-spread, binds-in-flight-N, warm, defrag with wait-DURATION, grace-DURATION, "
-              "restart-DURATION, rate-N; joined with '+')",
+              "restart-DURATION, rate-N, tries-N, evict-N, per-gpu, node-total, any-move; joined "
+              "with '+')",
               spec, opt));
         }
       }
     }
     if (defrag_options && !with_defrag) {
       return absl::InvalidArgumentError(fmt::format(
-          "--policy {}: wait-, grace-, restart- and rate- are options of defrag (add +defrag)",
+          "--policy {}: wait-, grace-, restart-, rate-, tries-, evict-, per-gpu, node-total and "
+          "any-move are options of defrag (add +defrag)",
           spec));
     }
     auto policy = std::make_unique<DynmigPolicy>(name, cluster, pods, gpu, node, bind_window,

@@ -24,7 +24,8 @@
 //   repack               a GPU accepts any multiset of instances with SOME legal layout (running
 //                        instances move freely inside their GPU); best-fit GPU choice.
 // "dynmig:defrag" (DefragConfig) is dynmig plus the defragmenter: the simulator evicts running
-// pods so that a pod waiting only because of fragmentation fits (sim/defrag.h).
+// pods so that a pod that fits nowhere now fits, when the evicted pods fit elsewhere at once
+// (sim/defrag.h).
 // Every policy checks its invariants on every change (legal placements, no overlap, instance
 // limits) and reports a violation as an error that aborts the run. Thread-compatible.
 #pragma once
@@ -85,15 +86,30 @@ struct DefragConfig {
   double grace_s = 30;         // an evicted pod terminates this long after its eviction
   double restart_s = 120;      // an evicted pod, placed again, runs this long later
   uint32_t per_node_hour = 4;  // evictions per node in any hour
-  // Also moves pods for a pod that no GPU has the free slices for while some node has them in
-  // total (fragmentation across GPUs; "across-gpus"). Not what `dynmig explain` calls
-  // fragmented: a what-if beyond the defragmenter's rule.
-  bool across_gpus = false;
+  // When a waiting pod is looked at for moves (the trigger).
+  enum class Trigger {
+    // It fits nowhere now: any GPU's plan may serve it, provided its evicted pods are placed
+    // elsewhere at once (the scheduler's defragmenter, Defragmenter::Serve). The default.
+    kWaiting,
+    // Only the planner's per-GPU verdict "fragmented" (some GPU has the free slices, no legal
+    // placement of them is free; what `dynmig explain` says): "per-gpu", for comparison.
+    kFragmented,
+    // "fragmented", or some node has the pod's slices free in total over its GPUs:
+    // "node-total", for comparison.
+    kNodeTotal,
+  };
+  Trigger trigger = Trigger::kWaiting;
+  // The plans (best first, by the defragmenter's order) whose evicted pods are tried elsewhere;
+  // the first whose pods all fit is taken. 0: every plan (the default); "tries-N" for N.
+  uint32_t plans_tried = 0;
+  // A plan may evict at most this many pods ("evict-N"; 0: no cap).
+  uint32_t max_evicted = 0;
   // Moves only when every evicted pod would be placed again at once ("any-move" turns it off).
   bool moved_must_fit = true;
 };
-// Applies one "dynmig:" option of the defragmenter ("wait-90s", "grace-30s", "restart-2m",
-// "rate-4"); false when `opt` is not one; kInvalidArgument when its value is bad.
+// Applies one "dynmig:" option of the defragmenter with a value ("wait-90s", "grace-30s",
+// "restart-2m", "rate-4", "tries-8", "evict-2"); false when `opt` is not one;
+// kInvalidArgument when its value is bad.
 absl::StatusOr<bool> ParseDefragOption(std::string_view opt, DefragConfig& config);
 
 // What warm instances did in one run (all zero for a policy without them).
@@ -133,9 +149,10 @@ class Policy {
 
   // The defragmenter (null: the policy does not move pods).
   virtual const DefragConfig* defrag() const { return nullptr; }
-  // The pod fits nowhere now only because of fragmentation: some GPU has the free slices, but no
-  // legal placement of a covering profile is free (`dynmig explain`'s "fragmented").
-  virtual bool WaitsForFragmentation(uint32_t /*pod*/) { return false; }
+  // Whether the defragmenter looks for a move for `pod` now, by its trigger
+  // (DefragConfig::trigger): it fits nowhere now, and for the comparison triggers only because of
+  // fragmentation.
+  virtual bool MayMoveFor(uint32_t /*pod*/) { return false; }
   // Places a one-instance pod exactly there (a move's freed slices). An error when that breaks
   // an invariant or the policy cannot.
   virtual absl::Status PlaceExactly(uint32_t pod, uint32_t gpu, uint32_t profile,

@@ -233,7 +233,7 @@ class Run {
   // The defragmenter looks at a pod that has waited: when only fragmentation stops it and a move
   // is allowed, the planned pods are evicted and the freed placement is reserved for it.
   absl::StatusOr<bool> TryMove(uint32_t pod, double t) {
-    if (pods_[pod].count != 1 || !policy_.WaitsForFragmentation(pod)) return false;
+    if (pods_[pod].count != 1 || !policy_.MayMoveFor(pod)) return false;
     MoveInput in;
     in.cluster = &cluster_;
     in.pods = &pods_;
@@ -244,6 +244,10 @@ class Run {
       if (!m.done) in.held.push_back({m.gpu, m.profile, m.placement});
     }
     in.budget = [&](uint32_t node) { return Budget(node, t); };
+    in.tries = defrag_->plans_tried;
+    if (defrag_->max_evicted > 0) {
+      in.allow = [&](const MovePlan& m) { return m.evict.size() <= defrag_->max_evicted; };
+    }
     if (defrag_->moved_must_fit) {
       in.accept = [&](const MovePlan& m) {
         return policy_.MovedPodsFit(m.evict, m.gpu, m.placement);

@@ -1,5 +1,6 @@
-// dynmig:defrag in the simulator: the defragmenter's rules (moves only for pods waiting for
-// fragmentation, never opted-out pods, the per-node rate, reserved slices, restart time).
+// dynmig:defrag in the simulator: the defragmenter's rules (moves only for pods that fit nowhere
+// now and only when the evicted pods fit elsewhere, the plans tried, the eviction cap, never
+// opted-out pods, the per-node rate, reserved slices, restart time).
 #include "sim/defrag.h"
 
 #include <gmock/gmock.h>
@@ -125,6 +126,69 @@ TEST(Defrag, PlanChoiceFollowsTheDefragmenterRules) {
   EXPECT_EQ(plan->evict, (std::vector<uint32_t>{5, 6}));
 }
 
+// One node of three GPUs. Four 3g.20gb pods fill two GPUs, a whole-GPU pod the third; one 3g.20gb
+// of each of the first two GPUs ends, and another whole-GPU pod arrives. No GPU has its eight
+// slices free, so the planner's per-GPU verdict is not "fragmented"; the default trigger (it fits
+// nowhere now) still moves a 3g.20gb next to the other. The best plan by the rules evicts the
+// youngest pod, the whole-GPU one, which fits nowhere else: only trying the next plans finds the
+// move.
+std::vector<P> WholeGpuAcrossGpus() {
+  return {{0, 1000, k3g20}, {1, 5, k3g20},     {2, 6, k3g20},
+          {3, 1000, k3g20}, {4, 1000, kWhole}, {10, 500, kWhole}};
+}
+
+TEST(Defrag, DefaultTriggerMovesForAPodThatFitsNowhere) {
+  Cluster c = A100(3, 3);
+  Trace t = MakeTrace(WholeGpuAcrossGpus());
+  SimResult r =
+      RunSim(t, c,
+             {"dynmig", "dynmig:defrag", "dynmig:defrag+per-gpu", "dynmig:defrag+node-total",
+              "dynmig:defrag+tries-1", "dynmig:defrag+tries-2"},
+             Mode::kReject);
+  EXPECT_EQ(PolicyResultOf(r, "dynmig").accepted, 5u);
+  const auto& moved = PolicyResultOf(r, "dynmig:defrag");
+  EXPECT_EQ(moved.accepted, 6u);
+  EXPECT_EQ(moved.evictions, 1u);
+  EXPECT_EQ(moved.restarts, 1u);  // the 3g.20gb runs again next to the other one
+  EXPECT_EQ(moved.evicted_waiting, 0u);
+  // Only the per-GPU "fragmented" verdict: no GPU has eight free slices, nothing moves.
+  EXPECT_EQ(PolicyResultOf(r, "dynmig:defrag+per-gpu").evictions, 0u);
+  EXPECT_EQ(PolicyResultOf(r, "dynmig:defrag+per-gpu").accepted, 5u);
+  // The node has eight slices free in total.
+  EXPECT_EQ(PolicyResultOf(r, "dynmig:defrag+node-total").accepted, 6u);
+  // The best plan alone (the whole-GPU pod) is refused: its pod fits nowhere else.
+  EXPECT_EQ(PolicyResultOf(r, "dynmig:defrag+tries-1").evictions, 0u);
+  EXPECT_EQ(PolicyResultOf(r, "dynmig:defrag+tries-1").accepted, 5u);
+  EXPECT_EQ(PolicyResultOf(r, "dynmig:defrag+tries-2").evictions, 1u);
+}
+
+// The same cluster full of whole-GPU pods: a waiting one fits nowhere, but no evicted pod would
+// fit elsewhere, so nothing moves (the cluster lacks capacity, not a better layout).
+TEST(Defrag, DefaultTriggerRefusesWhenMovedPodsFitNowhere) {
+  Cluster c = A100(3, 3);
+  Trace t = MakeTrace({{0, 1000, kWhole},
+                       {1, 1000, kWhole},
+                       {2, 1000, k3g20},
+                       {3, 1000, k3g20},
+                       {10, 500, kWhole}});
+  SimResult r = RunSim(t, c, {"dynmig", "dynmig:defrag"}, Mode::kReject);
+  EXPECT_EQ(PolicyResultOf(r, "dynmig").accepted, 4u);
+  EXPECT_EQ(PolicyResultOf(r, "dynmig:defrag").accepted, 4u);
+  EXPECT_EQ(PolicyResultOf(r, "dynmig:defrag").evictions, 0u);
+}
+
+// evict-N: a plan that evicts more pods than N is not taken.
+TEST(Defrag, EvictionCapPerPlan) {
+  Cluster c = A100(1);
+  Trace t = MakeTrace(FragmentedGpu(1000));
+  t.pods[5].defrag = DefragChoice::kOptOut;  // only slices 0-3 are left: pods 1 and 3
+  SimResult r = RunSim(t, c, {"dynmig:defrag+evict-1", "dynmig:defrag+evict-2"}, Mode::kReject);
+  EXPECT_EQ(r.policies[0].evictions, 0u);
+  EXPECT_EQ(r.policies[0].accepted, 7u);
+  EXPECT_EQ(r.policies[1].evictions, 2u);
+  EXPECT_EQ(r.policies[1].accepted, 8u);
+}
+
 // Two GPUs of one node fragmented alike, two 3g.20gb waiting: the second move needs two more
 // evictions, which the rate allows only from 3 per node per hour.
 TEST(Defrag, RateLimitPerNodeIsRespected) {
@@ -145,7 +209,8 @@ TEST(Defrag, RateLimitPerNodeIsRespected) {
   EXPECT_EQ(r.policies[2].accepted, 16u);
 }
 
-// A pod that waits for capacity, not fragmentation, never causes an eviction.
+// A pod that waits for capacity, not fragmentation, never causes an eviction: the pods a plan
+// would evict fit nowhere else.
 TEST(Defrag, NeverEvictsWithoutAPodWaitingForFragmentation) {
   Cluster c = A100(2, 2);
   testing::Lcg rng(7);
@@ -231,19 +296,34 @@ TEST(Defrag, Options) {
   EXPECT_DOUBLE_EQ(d->grace_s, 0);
   EXPECT_DOUBLE_EQ(d->restart_s, 90);
   EXPECT_EQ(d->per_node_hour, 12u);
+  EXPECT_EQ(d->trigger, DefragConfig::Trigger::kWaiting);
+  EXPECT_EQ(d->plans_tried, 0u);
+  EXPECT_EQ(d->max_evicted, 0u);
+  auto more = MakePolicy("dynmig:defrag+per-gpu+tries-3+evict-2", c, none);
+  ASSERT_TRUE(more.ok()) << more.status();
+  EXPECT_EQ((*more)->defrag()->trigger, DefragConfig::Trigger::kFragmented);
+  EXPECT_EQ((*more)->defrag()->plans_tried, 3u);
+  EXPECT_EQ((*more)->defrag()->max_evicted, 2u);
+  EXPECT_EQ((*MakePolicy("dynmig:defrag+node-total", c, none))->defrag()->trigger,
+            DefragConfig::Trigger::kNodeTotal);
   EXPECT_EQ((*MakePolicy("dynmig", c, none))->defrag(), nullptr);
   // Attacks: bad, huge, negative or overlong values, options without defrag.
   for (const char* bad :
        {"dynmig:defrag+rate-0", "dynmig:defrag+rate-1001", "dynmig:defrag+rate-99999999999",
         "dynmig:defrag+rate-", "dynmig:defrag+wait-25h", "dynmig:defrag+wait--1s",
         "dynmig:defrag+grace-2h", "dynmig:defrag+restart-soon", "dynmig:rate-4",
-        "dynmig:defrag+wait-1000000000000000000000000s"}) {
+        "dynmig:defrag+wait-1000000000000000000000000s", "dynmig:defrag+tries-0",
+        "dynmig:defrag+tries-1001", "dynmig:defrag+evict-0", "dynmig:defrag+evict-x",
+        "dynmig:defrag+evict-", "dynmig:defrag+evict-99999999999999999999", "dynmig:per-gpu",
+        "dynmig:evict-2"}) {
     auto r = MakePolicy(bad, c, none);
     EXPECT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
   auto r = MakePolicy("dynmig:defrag+rate-0", c, none);
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("rate-N"));
+  r = MakePolicy("dynmig:defrag+evict-0", c, none);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("evict-N"));
   r = MakePolicy("dynmig:rate-4", c, none);
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("add +defrag"));
 }
