@@ -128,4 +128,11 @@ absl::StatusOr<Object> KubeClient::UpdateLease(const Object& lease) {
   return Update(Resource::kLeases, lease, "");
 }
 
+absl::StatusOr<ObjectList> KubeClient::ListPodDisruptionBudgets(std::string_view ns) {
+  ListOptions options{.ns = std::string(ns)};
+  auto v1 = List(Resource::kPodDisruptionBudgets, options);
+  if (v1.ok() || v1.status().code() != absl::StatusCode::kNotFound) return v1;
+  return List(Resource::kPodDisruptionBudgetsV1beta1, options);
+}
+
 }  // namespace dynmig::kube

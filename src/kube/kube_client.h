@@ -11,6 +11,11 @@
 // kDeadlineExceeded (request timeout), kPermissionDenied (403), kUnauthenticated (401),
 // kInvalidArgument (400/422, and bad arguments caught before sending), kDataLoss (a malformed or
 // truncated response). Messages carry the API's own Status message.
+//
+// EvictPod (the Eviction API, pods/{name}/eviction) has its own meanings, see there: OK (evicted),
+// kNotFound, kResourceExhausted (a PodDisruptionBudget allows no disruption now: HTTP 429, never
+// retried), kFailedPrecondition (more than one PodDisruptionBudget matches the pod: HTTP 500 with
+// the apiserver's "more than one PodDisruptionBudget" message), kAborted (uid precondition, 409).
 #pragma once
 
 #include <cstdint>
@@ -56,6 +61,16 @@ struct DeleteOptions {
   std::optional<int64_t> grace_period_seconds{};
   std::string precondition_uid{};               // 409 (kAborted) if the object's uid differs
   std::string precondition_resource_version{};  // 409 (kAborted) if the object's RV differs
+};
+
+// The Eviction API's options (they travel as the Eviction's deleteOptions).
+struct EvictOptions {
+  // As DeleteOptions: unset = the pod's spec.terminationGracePeriodSeconds; 0 deletes at once.
+  std::optional<int64_t> grace_period_seconds{};
+  std::string precondition_uid{};  // 409 (kAborted) if the pod's uid differs
+  // dryRun=All: the apiserver runs every check (the budgets included) and changes nothing, not
+  // even the budget's disruptionsAllowed.
+  bool dry_run = false;
 };
 
 enum class PatchType {
@@ -159,6 +174,23 @@ class KubeClient {
   // it), kAborted for other conflicts (pod being deleted, uid precondition), kNotFound.
   virtual absl::Status BindPod(std::string_view ns, std::string_view pod_name,
                                std::string_view node_name, std::string_view pod_uid) = 0;
+  // POST pods/{name}/eviction: deletes the pod unless that would break a PodDisruptionBudget
+  // (the apiserver decides; a pod that is not Running, or already being deleted, is evicted
+  // without looking at budgets). The Eviction is policy/v1 where the server serves it (1.22+),
+  // else policy/v1beta1 (v1.20). Returns:
+  //   OK                  accepted: the pod is deleted or being deleted (graceful deletion)
+  //   kNotFound           no such pod
+  //   kResourceExhausted  a budget allows no disruption now (HTTP 429 TooManyRequests); not
+  //                       retried here: the caller decides when to try again. The message carries
+  //                       the apiserver's ("Cannot evict pod as it would violate the pod's
+  //                       disruption budget." and, on newer servers, the budget's name)
+  //   kFailedPrecondition more than one budget matches the pod (HTTP 500: "This pod has more than
+  //                       one PodDisruptionBudget, which the eviction subresource does not
+  //                       support.")
+  //   kAborted            options.precondition_uid differs from the pod's uid (409 Conflict)
+  //   others              as the mapping above (kInvalidArgument, kUnavailable, ...)
+  virtual absl::Status EvictPod(std::string_view ns, std::string_view pod_name,
+                                const EvictOptions& options) = 0;
 
   // ---- Typed conveniences (non-virtual, built on the above). ----
 
@@ -191,6 +223,10 @@ class KubeClient {
   absl::StatusOr<Object> DeleteNode(std::string_view name);
 
   absl::StatusOr<Object> CreateEvent(const Object& event);
+
+  // PodDisruptionBudgets of `ns` ("" = all namespaces), each with kind and apiVersion as served:
+  // policy/v1 where the server serves it, else (a 404 for the group version) policy/v1beta1.
+  absl::StatusOr<ObjectList> ListPodDisruptionBudgets(std::string_view ns);
 
   absl::StatusOr<Object> GetLease(std::string_view ns, std::string_view name);
   absl::StatusOr<Object> CreateLease(const Object& lease);

@@ -22,6 +22,12 @@ constexpr std::array<ResourceInfo, kNumResources> kResources = {{
      "NamespaceList", "ns", false},
     {Resource::kConfigMaps, "", "v1", "v1", "/api/v1", "configmaps", "configmap", "ConfigMap",
      "ConfigMapList", "cm", true},
+    {Resource::kPodDisruptionBudgets, "policy", "v1", "policy/v1", "/apis/policy/v1",
+     "poddisruptionbudgets", "poddisruptionbudget", "PodDisruptionBudget",
+     "PodDisruptionBudgetList", "pdb", true},
+    {Resource::kPodDisruptionBudgetsV1beta1, "policy", "v1beta1", "policy/v1beta1",
+     "/apis/policy/v1beta1", "poddisruptionbudgets", "poddisruptionbudget", "PodDisruptionBudget",
+     "PodDisruptionBudgetList", "pdb", true},
 }};
 
 const Object* Field(const Object& obj, std::string_view a) {

@@ -22,8 +22,20 @@ using Object = nlohmann::json;
 using ObjectPtr = std::shared_ptr<const Object>;
 
 // The resources the system uses. Each maps to one REST collection.
-enum class Resource { kPods, kNodes, kEvents, kLeases, kNamespaces, kConfigMaps };
-inline constexpr size_t kNumResources = 6;
+// PodDisruptionBudgets are one resource served in two group versions: kPodDisruptionBudgets is
+// policy/v1 (Kubernetes 1.21+), kPodDisruptionBudgetsV1beta1 policy/v1beta1 (up to 1.24; the only
+// one of v1.20). ListPodDisruptionBudgets (kube_client.h) picks the one the server serves.
+enum class Resource {
+  kPods,
+  kNodes,
+  kEvents,
+  kLeases,
+  kNamespaces,
+  kConfigMaps,
+  kPodDisruptionBudgets,
+  kPodDisruptionBudgetsV1beta1,
+};
+inline constexpr size_t kNumResources = 8;
 
 struct ResourceInfo {
   Resource resource;

@@ -605,7 +605,8 @@ absl::Duration RestKubeClient::Backoff(int attempt) const {
 absl::StatusOr<RestKubeClient::HttpResponse> RestKubeClient::Send(std::string_view method,
                                                                   const std::string& path_and_query,
                                                                   const std::string* body,
-                                                                  std::string_view content_type) {
+                                                                  std::string_view content_type,
+                                                                  bool retry_bare_429) {
   const bool idempotent = method != "POST";
   const RetryPolicy& policy = config_.retry;
   for (int attempt = 1;; ++attempt) {
@@ -618,6 +619,8 @@ absl::StatusOr<RestKubeClient::HttpResponse> RestKubeClient::Send(std::string_vi
       retry =
           (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded) &&
           (idempotent || connect_failed);
+    } else if (response->code == 429 && !retry_bare_429 && response->retry_after.empty()) {
+      retry = false;
     } else if (response->code == 429 || response->code >= 500) {
       retry = idempotent || response->code == 429 || response->code == 503;
       if (!response->retry_after.empty()) {
@@ -859,6 +862,87 @@ absl::Status RestKubeClient::BindPod(std::string_view ns, std::string_view pod_n
     return already;
   }
   return st;
+}
+
+std::string RestKubeClient::EvictionVersionFromDiscovery(const Object& core_resource_list) {
+  constexpr std::string_view kFallback = "policy/v1beta1";
+  if (!core_resource_list.is_object()) return std::string(kFallback);
+  auto resources = core_resource_list.find("resources");
+  if (resources == core_resource_list.end() || !resources->is_array()) {
+    return std::string(kFallback);
+  }
+  for (const Object& entry : *resources) {
+    if (!entry.is_object() || entry.value("name", Object()) != "pods/eviction") continue;
+    const Object group = entry.value("group", Object());
+    const Object version = entry.value("version", Object());
+    if (group == "policy" && version == "v1") return "policy/v1";
+    return std::string(kFallback);
+  }
+  return std::string(kFallback);
+}
+
+absl::StatusOr<std::string> RestKubeClient::EvictionApiVersion() {
+  {
+    dynmig::MutexLock lock(&eviction_mu_);
+    if (!eviction_version_.empty()) return eviction_version_;
+  }
+  auto response = Send("GET", "/api/v1", nullptr, "");
+  if (!response.ok()) return response.status();
+  if (response->code != 200) {
+    return StatusFromHttp(static_cast<int>(response->code), response->body,
+                          "GET /api/v1 (which Eviction version the server takes)");
+  }
+  auto list = ParseObject(response->body, "GET /api/v1 resource list", kKubeResponseJsonLimits);
+  if (!list.ok()) return list.status();
+  std::string version = EvictionVersionFromDiscovery(*list);
+  dynmig::MutexLock lock(&eviction_mu_);
+  eviction_version_ = version;
+  return version;
+}
+
+Object RestKubeClient::EvictionBody(std::string_view api_version, std::string_view ns,
+                                    std::string_view pod_name, const EvictOptions& options) {
+  Object delete_options = {{"kind", "DeleteOptions"}, {"apiVersion", "v1"}};
+  if (options.grace_period_seconds) {
+    delete_options["gracePeriodSeconds"] = *options.grace_period_seconds;
+  }
+  if (!options.precondition_uid.empty()) {
+    delete_options["preconditions"]["uid"] = options.precondition_uid;
+  }
+  if (options.dry_run) delete_options["dryRun"] = Object::array({"All"});
+  return Object{{"apiVersion", std::string(api_version)},
+                {"kind", "Eviction"},
+                {"metadata", {{"name", std::string(pod_name)}, {"namespace", std::string(ns)}}},
+                {"deleteOptions", std::move(delete_options)}};
+}
+
+absl::Status RestKubeClient::EvictPod(std::string_view ns, std::string_view pod_name,
+                                      const EvictOptions& options) {
+  if (pod_name.empty()) return absl::InvalidArgumentError("EvictPod: empty pod name");
+  if (ns.empty()) return absl::InvalidArgumentError("EvictPod: empty namespace");
+  DYNMIG_RETURN_IF_ERROR(CheckName("namespace", ns));
+  DYNMIG_RETURN_IF_ERROR(CheckName("name", pod_name));
+  auto version = EvictionApiVersion();
+  if (!version.ok()) return version.status();
+  const std::string text = EvictionBody(*version, ns, pod_name, options).dump();
+  const std::string path = ResourcePath(Resource::kPods, ns, pod_name, "eviction");
+  auto response = Send("POST", path, &text, "application/json", /*retry_bare_429=*/false);
+  if (!response.ok()) return response.status();
+  if (response->code >= 200 && response->code < 300) return absl::OkStatus();
+  absl::Status st = StatusFromHttp(static_cast<int>(response->code), response->body,
+                                   fmt::format("POST {} ({})", path, *version));
+  absl::StatusCode code = st.code();
+  if (response->code == 429 && response->retry_after.empty()) {
+    code = absl::StatusCode::kResourceExhausted;
+  } else if (response->code == 500 &&
+             st.message().find("more than one PodDisruptionBudget") != absl::string_view::npos) {
+    code = absl::StatusCode::kFailedPrecondition;
+  }
+  if (code == st.code()) return st;
+  absl::Status mapped(code, st.message());
+  st.ForEachPayload(
+      [&](absl::string_view key, const absl::Cord& value) { mapped.SetPayload(key, value); });
+  return mapped;
 }
 
 }  // namespace dynmig::kube

@@ -52,6 +52,21 @@ class RestKubeClient : public KubeClient {
                                 const DeleteOptions& options) override;
   absl::Status BindPod(std::string_view ns, std::string_view pod_name, std::string_view node_name,
                        std::string_view pod_uid) override;
+  // Finds the Eviction's version once (see EvictionApiVersion) and posts it. A 429 is not
+  // retried: it is the PodDisruptionBudget's answer (kResourceExhausted), unless it carries a
+  // Retry-After header (the apiserver's own throttling: retried as other requests are).
+  absl::Status EvictPod(std::string_view ns, std::string_view pod_name,
+                        const EvictOptions& options) override;
+
+  // The apiVersion of the Eviction body: the group/version the server's discovery (GET /api/v1)
+  // gives for the pods/eviction subresource, "policy/v1" (1.22+) or "policy/v1beta1" (v1.20 and
+  // 1.21, or a server that does not say). Asked once; a failed discovery is asked again next time.
+  absl::StatusOr<std::string> EvictionApiVersion() ABSL_LOCKS_EXCLUDED(eviction_mu_);
+  // The version choice from a GET /api/v1 APIResourceList; for tests.
+  static std::string EvictionVersionFromDiscovery(const Object& core_resource_list);
+  // The Eviction body EvictPod posts.
+  static Object EvictionBody(std::string_view api_version, std::string_view ns,
+                             std::string_view pod_name, const EvictOptions& options);
 
   const RestConfig& config() const { return config_; }
   // HTTP attempts made so far (retries included); for tests.
@@ -71,8 +86,11 @@ class RestKubeClient : public KubeClient {
 
   // One request with retries. A non-2xx answer is returned as a response (not an error) once
   // retries are exhausted; errors are transport failures.
+  // `retry_bare_429`: retry a 429 that has no Retry-After header (the eviction subresource's
+  // PodDisruptionBudget refusal has none and must not be retried).
   absl::StatusOr<HttpResponse> Send(std::string_view method, const std::string& path_and_query,
-                                    const std::string* body, std::string_view content_type);
+                                    const std::string* body, std::string_view content_type,
+                                    bool retry_bare_429 = true);
   absl::StatusOr<HttpResponse> SendOnce(std::string_view method, const std::string& path_and_query,
                                         const std::string* body, std::string_view content_type,
                                         bool* connect_failed);
@@ -97,6 +115,8 @@ class RestKubeClient : public KubeClient {
   std::string cached_token_ ABSL_GUARDED_BY(token_mu_);
   int64_t token_mtime_ ABSL_GUARDED_BY(token_mu_) = -1;
   int64_t token_size_ ABSL_GUARDED_BY(token_mu_) = -1;
+  dynmig::Mutex eviction_mu_;
+  std::string eviction_version_ ABSL_GUARDED_BY(eviction_mu_);  // "" = not asked yet
 };
 
 }  // namespace dynmig::kube

@@ -94,6 +94,8 @@ const std::set<std::string, std::less<>>& SupportedFields(Resource resource) {
       return *kNamespaces;
     case Resource::kLeases:
     case Resource::kConfigMaps:
+    case Resource::kPodDisruptionBudgets:
+    case Resource::kPodDisruptionBudgetsV1beta1:
       return *kDefault;
   }
   return *kDefault;
@@ -193,6 +195,81 @@ absl::StatusOr<LabelSelector> LabelSelector::Parse(std::string_view text) {
     selector.requirements_.push_back(std::move(req));
   }
   return selector;
+}
+
+absl::StatusOr<LabelSelector> LabelSelector::FromObject(const Object& selector) {
+  if (!selector.is_object()) {
+    return absl::InvalidArgumentError("a label selector must be a JSON object");
+  }
+  LabelSelector out;
+  auto labels = selector.find("matchLabels");
+  if (labels != selector.end() && !labels->is_null()) {
+    if (!labels->is_object()) {
+      return absl::InvalidArgumentError("selector.matchLabels must be an object");
+    }
+    for (const auto& [key, value] : labels->items()) {
+      if (!ValidKey(key) || !value.is_string() || !ValidValue(value.get<std::string>())) {
+        return absl::InvalidArgumentError(
+            fmt::format("selector.matchLabels: invalid label '{}'", key.substr(0, 100)));
+      }
+      out.requirements_.push_back({key, Op::kEquals, {value.get<std::string>()}});
+      if (out.requirements_.size() > kMaxObjectRequirements) break;
+    }
+  }
+  auto expressions = selector.find("matchExpressions");
+  if (expressions != selector.end() && !expressions->is_null()) {
+    if (!expressions->is_array()) {
+      return absl::InvalidArgumentError("selector.matchExpressions must be an array");
+    }
+    for (const Object& e : *expressions) {
+      if (out.requirements_.size() > kMaxObjectRequirements) break;
+      const std::string key = e.is_object() ? StringAt(e, "/key") : "";
+      const std::string op = e.is_object() ? StringAt(e, "/operator") : "";
+      if (!ValidKey(key)) {
+        return absl::InvalidArgumentError(
+            fmt::format("selector.matchExpressions: invalid key '{}'", key.substr(0, 100)));
+      }
+      Requirement req{key, Op::kIn, {}};
+      if (op == "In") {
+        req.op = Op::kIn;
+      } else if (op == "NotIn") {
+        req.op = Op::kNotIn;
+      } else if (op == "Exists") {
+        req.op = Op::kExists;
+      } else if (op == "DoesNotExist") {
+        req.op = Op::kDoesNotExist;
+      } else {
+        return absl::InvalidArgumentError(fmt::format(
+            "selector.matchExpressions: operator '{}' is not In, NotIn, Exists or DoesNotExist",
+            op.substr(0, 100)));
+      }
+      auto values = e.find("values");
+      const bool has_values = values != e.end() && values->is_array() && !values->empty();
+      if ((req.op == Op::kIn || req.op == Op::kNotIn) != has_values) {
+        return absl::InvalidArgumentError(fmt::format("selector.matchExpressions: '{}' {} values",
+                                                      key, has_values ? "must have no" : "needs"));
+      }
+      if (has_values) {
+        if (values->size() > kMaxObjectRequirements) {
+          return absl::InvalidArgumentError(fmt::format(
+              "selector.matchExpressions: more than {} values", kMaxObjectRequirements));
+        }
+        for (const Object& v : *values) {
+          if (!v.is_string() || !ValidValue(v.get<std::string>())) {
+            return absl::InvalidArgumentError(
+                fmt::format("selector.matchExpressions: invalid value for '{}'", key));
+          }
+          req.values.push_back(v.get<std::string>());
+        }
+      }
+      out.requirements_.push_back(std::move(req));
+    }
+  }
+  if (out.requirements_.size() > kMaxObjectRequirements) {
+    return absl::InvalidArgumentError(
+        fmt::format("the selector has more than {} requirements", kMaxObjectRequirements));
+  }
+  return out;
 }
 
 bool LabelSelector::MatchesLookup(

@@ -26,6 +26,13 @@ class LabelSelector {
   // An empty selector matches everything. kInvalidArgument names the bad requirement.
   static absl::StatusOr<LabelSelector> Parse(std::string_view text);
 
+  // A metav1.LabelSelector object ({"matchLabels":{...},"matchExpressions":[{"key","operator":
+  // In|NotIn|Exists|DoesNotExist,"values"}]}), as in a PodDisruptionBudget's spec.selector. `{}`
+  // matches everything; a null selector is the caller's to handle. kInvalidArgument names the bad
+  // part (keys and values as in Parse; at most kMaxObjectRequirements requirements).
+  static absl::StatusOr<LabelSelector> FromObject(const Object& selector);
+  static constexpr size_t kMaxObjectRequirements = 256;
+
   bool Matches(const Object& obj) const;  // against metadata.labels
   bool Matches(const std::map<std::string, std::string>& labels) const;
   bool empty() const { return requirements_.empty(); }

@@ -221,6 +221,11 @@ class FencedKubeClient : public kube::KubeClient {
     if (fenced_) return Fenced();
     return inner_->BindPod(ns, pod_name, node_name, pod_uid);
   }
+  absl::Status EvictPod(std::string_view ns, std::string_view pod_name,
+                        const kube::EvictOptions& options) override {
+    if (fenced_) return Fenced();
+    return inner_->EvictPod(ns, pod_name, options);
+  }
 
  private:
   static absl::Status Fenced() {
