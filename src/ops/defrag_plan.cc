@@ -117,7 +117,9 @@ DefragInput DefragGpus(const scheduler::ClusterState& state,
       g.healthy = gv.healthy && view->healthy;
       g.unhealthy_reason = !view->healthy ? "node: " + view->unhealthy_reason : gv.unhealthy_reason;
       for (const auto& r : n.gpus[i].reservations) {
-        g.reservations.push_back({r.profile, r.placement, r.pod});
+        // "(held by the node)", "(defrag reservation for ...)": no pod to move, pinned.
+        const bool pinned = r.pod.starts_with("(");
+        g.reservations.push_back({r.profile, r.placement, pinned ? "" : r.pod});
       }
       in.gpus.push_back(std::move(g));
       in.reports.push_back(&n.gpus[i]);
