@@ -30,6 +30,14 @@ std::string EvictionRefusal(const MovablePod& pod, const DefragRules& rules) {
   return "";
 }
 
+int CoveringProfile(const GpuPlanner& planner, const MemoryRequest& memory) {
+  const uint64_t want = ResolveMemory(memory.mib, memory.percent, planner.capability());
+  for (uint32_t idx : planner.allowed()) {
+    if (planner.capability().profiles[idx].SizingMib() >= want) return static_cast<int>(idx);
+  }
+  return -1;
+}
+
 namespace {
 
 constexpr int64_t kYoungest = std::numeric_limits<int64_t>::max();

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "mig/defrag.h"
+#include "mig/request.h"
 
 namespace dynmig::mig {
 
@@ -52,6 +53,10 @@ struct DefragRules {
 
 // "" when the pod may be evicted, else why not (for events and the plan's text).
 std::string EvictionRefusal(const MovablePod& pod, const DefragRules& rules);
+
+// The first allowlisted profile (in the planner's default order) whose sizing memory covers the
+// request's per-instance memory; -1 when none.
+int CoveringProfile(const GpuPlanner& planner, const MemoryRequest& memory);
 
 // The chosen plan of a defragmentation: where, what moves, and why other pods were left alone.
 struct DefragChoice {

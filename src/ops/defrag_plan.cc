@@ -36,96 +36,14 @@ std::vector<Replacement> ReplaceEvicted(const ClusterSnapshot& snapshot,
                                         const std::string& node, const std::string& gpu_uuid,
                                         const std::string& profile, mig::Placement placement,
                                         absl::Time now) {
-  scheduler::ClusterState state(scheduler::ClusterStateOptions{
-      config.allowlist, config.resources, absl::Minutes(3), config.memory_match});
-  const std::set<std::string> moving(evicted.begin(), evicted.end());
-  for (const auto& n : snapshot.nodes) state.UpsertNode(n);
-  for (const auto& p : snapshot.pods) {
-    if (!moving.count(PodKey(p))) state.UpsertPod(p);
-  }
-  // The freed placement goes to the profile the plan is for.
-  protocol::MigAllocation target;
-  target.gpu_uuid = gpu_uuid;
-  target.profile = profile;
-  target.placement = placement;
-  Object holder = {{"metadata",
-                    {{"name", "dynmig-defrag-target"},
-                     {"namespace", "dynmig-defrag"},
-                     {"annotations",
-                      {{std::string(protocol::kMigAllocationsAnnotation),
-                        protocol::EncodeMigAllocations({target})},
-                       {std::string(protocol::kVgpuNodeAnnotation), node}}}}},
-                   {"spec", {{"nodeName", node}}},
-                   {"status", {{"phase", "Running"}}}};
-  state.UpsertPod(holder);
-  const std::vector<std::string> candidates = SchedulableNodes(snapshot);
+  const auto placed = scheduler::PlaceMovedPods(
+      snapshot.nodes, snapshot.pods,
+      scheduler::ClusterStateOptions{config.allowlist, config.resources, absl::Minutes(3),
+                                     config.memory_match},
+      evicted, node, gpu_uuid, profile, placement, SchedulableNodes(snapshot), now);
   std::vector<Replacement> out;
-  for (const auto& key : evicted) {
-    Replacement r;
-    r.pod = key;
-    const size_t slash = key.find('/');
-    const Object* pod = snapshot.FindPod(key.substr(0, slash), key.substr(slash + 1));
-    if (pod == nullptr) {
-      r.why_not = "the pod is not in the snapshot";
-      out.push_back(std::move(r));
-      continue;
-    }
-    auto request = protocol::ParsePodRequest(*pod, config.resources);
-    if (!request.ok()) {
-      r.why_not = "its request does not parse: " + std::string(request.status().message());
-      out.push_back(std::move(r));
-      continue;
-    }
-    if (candidates.empty()) {
-      r.why_not = "every node is cordoned";
-      out.push_back(std::move(r));
-      continue;
-    }
-    auto decision = state.PlanAndReserve(key, *request, candidates, now);
-    if (!decision.ok()) {
-      r.why_not = std::string(decision.status().message());
-    } else if (decision->reservation) {
-      r.placed = true;
-      r.where = decision->reservation->summary;
-    } else {
-      std::vector<std::string> reasons;
-      for (const auto& [n, why] : decision->failed) reasons.push_back(why);
-      r.why_not = fmt::format("nowhere right now ({}): {}", mig::VerdictName(decision->verdict),
-                              fmt::join(reasons, "; "));
-    }
-    out.push_back(std::move(r));
-  }
+  for (const auto& m : placed) out.push_back({m.pod, m.placed, m.where, m.why_not});
   return out;
-}
-
-DefragInput DefragGpus(const scheduler::ClusterState& state,
-                       const std::vector<scheduler::NodeReport>& reports,
-                       const std::set<std::string>& nodes, absl::Time now) {
-  DefragInput in;
-  for (const auto& n : reports) {
-    if (!nodes.empty() && !nodes.count(n.name)) continue;
-    auto view = state.View(n.name, now);
-    if (!view) continue;
-    for (size_t i = 0; i < n.gpus.size() && i < view->gpus.size(); ++i) {
-      const auto& gv = view->gpus[i];
-      mig::DefragGpu g;
-      g.node = n.name;
-      g.uuid = gv.uuid;
-      g.index = gv.index;
-      g.planner = gv.planner.get();
-      if (gv.planner) in.planners.push_back(gv.planner);
-      g.healthy = gv.healthy && view->healthy;
-      g.unhealthy_reason = !view->healthy ? "node: " + view->unhealthy_reason : gv.unhealthy_reason;
-      for (const auto& r : n.gpus[i].reservations) {
-        // "(held by the node)", "(defrag reservation for ...)": no pod to move, pinned.
-        const bool pinned = r.pod.starts_with("(");
-        g.reservations.push_back({r.profile, r.placement, pinned ? "" : r.pod});
-      }
-      in.gpus.push_back(std::move(g));
-      in.reports.push_back(&n.gpus[i]);
-    }
-  }
-  return in;
 }
 
 std::string RenderPlanPictures(const scheduler::GpuReport& gpu, const mig::EvictionPlan& plan,

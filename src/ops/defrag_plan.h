@@ -18,6 +18,7 @@
 #include "ops/cluster.h"
 #include "ops/picture.h"
 #include "ops/report.h"
+#include "scheduler/defragmenter.h"
 
 namespace dynmig::ops {
 
@@ -51,16 +52,9 @@ std::vector<Replacement> ReplaceEvicted(const ClusterSnapshot& snapshot,
 absl::StatusOr<CommandOutput> RunDefrag(kube::KubeClient& client, const DefragOptions& options,
                                         const SlicePainter& painter, absl::Time now);
 
-// The GPUs of the scheduler's view, for mig::PlanDefrag, in the node and GPU order of `reports`
-// (which must outlive it). Nodes whose name is not in `nodes` are left out (empty: none).
-struct DefragInput {
-  std::vector<mig::DefragGpu> gpus;
-  std::vector<const scheduler::GpuReport*> reports;              // same order as gpus
-  std::vector<std::shared_ptr<const mig::GpuPlanner>> planners;  // keeps gpus[i].planner alive
-};
-DefragInput DefragGpus(const scheduler::ClusterState& state,
-                       const std::vector<scheduler::NodeReport>& reports,
-                       const std::set<std::string>& nodes, absl::Time now);
+// The GPUs of the scheduler's view (scheduler/defragmenter.h).
+using scheduler::DefragGpus;
+using scheduler::DefragInput;
 
 // "before" and "after" pictures of one plan's GPU.
 std::string RenderPlanPictures(const scheduler::GpuReport& gpu, const mig::EvictionPlan& plan,

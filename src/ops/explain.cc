@@ -7,6 +7,7 @@
 #include "fmt/ranges.h"
 #include "mig/catalogue.h"
 #include "mig/defrag.h"
+#include "mig/defrag_policy.h"
 #include "mig/node_planner.h"
 #include "ops/defrag_plan.h"
 #include "ops/layout.h"
@@ -74,13 +75,7 @@ std::string ScheduledCondition(const Object& pod) {
 }
 
 // The first allowlisted profile (default order) covering `mib` on this planner, or -1.
-int CoveringProfile(const mig::GpuPlanner& planner, const mig::MemoryRequest& m) {
-  const uint64_t want = mig::ResolveMemory(m.mib, m.percent, planner.capability());
-  for (uint32_t idx : planner.allowed()) {
-    if (planner.capability().profiles[idx].SizingMib() >= want) return static_cast<int>(idx);
-  }
-  return -1;
-}
+using mig::CoveringProfile;
 
 bool HasFreePlacement(const mig::GpuPlanner& planner, const mig::GpuUsage& usage, uint32_t idx,
                       mig::Placement* where) {
