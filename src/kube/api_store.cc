@@ -6,6 +6,7 @@
 #include <cctype>
 #include <charconv>
 
+#include "absl/strings/cord.h"
 #include "common/quantity.h"
 #include "common/status_macros.h"
 #include "kube/api_status.h"
@@ -104,6 +105,146 @@ Object* Find(Object* obj, std::string_view key) {
   return it == obj->end() ? nullptr : &*it;
 }
 
+// PodDisruptionBudgets: one stored resource (policy/v1) served in two group versions.
+Resource Stored(Resource served) {
+  return served == Resource::kPodDisruptionBudgetsV1beta1 ? Resource::kPodDisruptionBudgets
+                                                          : served;
+}
+bool Converted(Resource served) { return Stored(served) != served; }
+
+// `obj` (stored) as the served version shows it.
+Object Served(Resource served, Object obj) {
+  if (Converted(served) && obj.is_object() && Kind(obj) == InfoFor(served).kind) {
+    obj["apiVersion"] = InfoFor(served).api_version;
+  }
+  return obj;
+}
+StoredPtr Served(Resource served, const StoredPtr& stored) {
+  if (!Converted(served) || stored == nullptr) return stored;
+  return MakeStored(Served(served, stored->object));
+}
+absl::StatusOr<Object> Served(Resource served, absl::StatusOr<Object> result) {
+  if (!result.ok() || !Converted(served)) return result;
+  return Served(served, std::move(*result));
+}
+
+// A body written to `served`, as the store keeps it: an apiVersion must be the served one.
+absl::StatusOr<Object> Incoming(Resource served, const Object& obj) {
+  if (!Converted(served) || !obj.is_object() || !obj.contains("apiVersion")) return obj;
+  const ResourceInfo& info = InfoFor(served);
+  if (obj["apiVersion"] != info.api_version) {
+    return ApiError(400, "BadRequest",
+                    fmt::format("the API version in the data ({}) does not match the expected API "
+                                "version ({})",
+                                obj["apiVersion"].is_string() ? obj["apiVersion"].get<std::string>()
+                                                              : obj["apiVersion"].dump(),
+                                info.api_version));
+  }
+  Object out = obj;
+  out["apiVersion"] = InfoFor(Stored(served)).api_version;
+  return out;
+}
+
+// A budget's minAvailable/maxUnavailable: an integer or "N%".
+struct IntOrPercent {
+  int64_t value = 0;
+  bool percent = false;
+};
+
+// nullopt when absent (or null); an error names a malformed value.
+absl::StatusOr<std::optional<IntOrPercent>> ReadIntOrPercent(const Object& spec,
+                                                             const char* field) {
+  if (!spec.is_object()) return std::optional<IntOrPercent>();
+  auto it = spec.find(field);
+  if (it == spec.end() || it->is_null()) return std::optional<IntOrPercent>();
+  if (it->is_number_integer()) {
+    const int64_t v = it->get<int64_t>();
+    if (v < 0 || v > (int64_t{1} << 31)) {
+      return absl::InvalidArgumentError(
+          fmt::format("spec.{}: Invalid value: {}: must be greater than or equal to 0", field, v));
+    }
+    return std::optional<IntOrPercent>(IntOrPercent{v, false});
+  }
+  if (it->is_string()) {
+    const std::string text = it->get<std::string>();
+    int64_t v = 0;
+    if (text.size() >= 2 && text.size() <= 5 && text.back() == '%' &&
+        ParseInt64(std::string_view(text).substr(0, text.size() - 1), &v) && v >= 0 && v <= 100) {
+      return std::optional<IntOrPercent>(IntOrPercent{v, true});
+    }
+    return absl::InvalidArgumentError(fmt::format(
+        "spec.{}: Invalid value: \"{}\": must be an integer or a percentage between 0% and 100%",
+        field, text.substr(0, 64)));
+  }
+  return absl::InvalidArgumentError(
+      fmt::format("spec.{}: Invalid value: must be an integer or a percentage", field));
+}
+
+// A percentage of `total`, rounded up (as intstr.GetScaledValueFromIntOrPercent(.., true)).
+int64_t Scaled(const IntOrPercent& v, int64_t total) {
+  if (!v.percent) return v.value;
+  return (v.value * total + 99) / 100;
+}
+
+bool PodReady(const Object& pod) {
+  if (!pod.is_object() || !pod.contains("status") || !pod["status"].is_object()) return false;
+  const Object& status = pod["status"];
+  if (!status.contains("conditions") || !status["conditions"].is_array()) return false;
+  for (const Object& c : status["conditions"]) {
+    if (c.is_object() && c.value("type", Object()) == "Ready") {
+      return c.value("status", Object()) == "True";
+    }
+  }
+  return false;
+}
+
+// The budget's selector, or nullopt when it selects no pod (no selector, null, or malformed:
+// validation refuses those on create).
+std::optional<LabelSelector> BudgetSelector(const Object& pdb) {
+  if (!pdb.is_object() || !pdb.contains("spec")) return std::nullopt;
+  const Object* spec = &pdb["spec"];
+  if (!spec->is_object()) return std::nullopt;
+  auto it = spec->find("selector");
+  if (it == spec->end() || it->is_null()) return std::nullopt;
+  auto selector = LabelSelector::FromObject(*it);
+  if (!selector.ok()) return std::nullopt;
+  return std::move(*selector);
+}
+
+// Checks a budget's spec on create and update (422 Invalid as the apiserver's validation) and
+// defaults it (neither minAvailable nor maxUnavailable: minAvailable 1).
+absl::Status CheckBudgetSpec(Resource resource, std::string_view name, Object* pdb) {
+  Object& spec = (*pdb)["spec"];
+  if (spec.is_null()) spec = Object::object();
+  if (!spec.is_object()) return Invalid(resource, name, "spec: must be an object");
+  auto min = ReadIntOrPercent(spec, "minAvailable");
+  if (!min.ok()) return Invalid(resource, name, std::string(min.status().message()));
+  auto max = ReadIntOrPercent(spec, "maxUnavailable");
+  if (!max.ok()) return Invalid(resource, name, std::string(max.status().message()));
+  if (min->has_value() && max->has_value()) {
+    return Invalid(resource, name,
+                   "spec: Invalid value: minAvailable and maxUnavailable cannot be both set");
+  }
+  if (!min->has_value() && !max->has_value()) spec["minAvailable"] = 1;
+  if (spec.contains("selector") && !spec["selector"].is_null()) {
+    auto selector = LabelSelector::FromObject(spec["selector"]);
+    if (!selector.ok()) {
+      return Invalid(resource, name,
+                     fmt::format("spec.selector: {}", std::string(selector.status().message())));
+    }
+  }
+  return absl::OkStatus();
+}
+
+constexpr std::string_view kBudgetViolated =
+    "Cannot evict pod as it would violate the pod's disruption budget.";
+constexpr std::string_view kMoreThanOneBudget =
+    "This pod has more than one PodDisruptionBudget, which the eviction subresource does not "
+    "support.";
+// How long a disruptedPods entry holds its pod out of the healthy count (the disruption
+// controller's DeletionTimeout).
+constexpr absl::Duration kDisruptedPodTimeout = absl::Minutes(2);
+
 }  // namespace
 
 absl::Status CanonicalizeQuantities(Resource resource, Object* obj) {
@@ -130,7 +271,8 @@ absl::Status CanonicalizeQuantities(Resource resource, Object* obj) {
 namespace {
 
 bool HasStatusSubresource(Resource r) {
-  return r == Resource::kPods || r == Resource::kNodes || r == Resource::kNamespaces;
+  return r == Resource::kPods || r == Resource::kNodes || r == Resource::kNamespaces ||
+         r == Resource::kPodDisruptionBudgets;
 }
 
 }  // namespace
@@ -224,8 +366,10 @@ absl::Status ApiStore::EnsureNamespaceLocked(std::string_view ns) {
 
 absl::StatusOr<Object> ApiStore::Create(Resource resource, std::string_view ns, const Object& obj,
                                         bool dry_run) {
+  auto body = Incoming(resource, obj);
+  if (!body.ok()) return body.status();
   dynmig::MutexLock lock(&mu_);
-  return CreateLocked(resource, ns, obj, dry_run);
+  return Served(resource, CreateLocked(Stored(resource), ns, *body, dry_run));
 }
 
 absl::StatusOr<Object> ApiStore::CreateLocked(Resource resource, std::string_view ns,
@@ -325,6 +469,8 @@ absl::StatusOr<Object> ApiStore::CreateLocked(Resource resource, std::string_vie
     obj["status"] = {{"phase", "Active"}};
     if (!meta.contains("labels") || !meta["labels"].is_object()) meta["labels"] = Object::object();
     meta["labels"]["kubernetes.io/metadata.name"] = name;
+  } else if (resource == Resource::kPodDisruptionBudgets) {
+    DYNMIG_RETURN_IF_ERROR(CheckBudgetSpec(resource, name, &obj));
   }
   for (const char* field :
        {"deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion", "selfLink"}) {
@@ -334,6 +480,8 @@ absl::StatusOr<Object> ApiStore::CreateLocked(Resource resource, std::string_vie
   meta["uid"] = NewUid();
   meta["creationTimestamp"] = Rfc3339(Now());
   meta["generation"] = 1;
+  // The disruption controller's part, done at once.
+  if (resource == Resource::kPodDisruptionBudgets) obj["status"] = PdbStatusLocked(obj);
   if (dry_run) return obj;
   if (info.namespaced) {
     absl::Status ns_status = EnsureNamespaceLocked(ns);
@@ -342,17 +490,27 @@ absl::StatusOr<Object> ApiStore::CreateLocked(Resource resource, std::string_vie
   return CommitLocked(resource, key, std::move(obj), nullptr)->object;
 }
 
-absl::StatusOr<Object> ApiStore::Get(Resource resource, std::string_view ns,
+absl::StatusOr<Object> ApiStore::Get(Resource served, std::string_view ns,
                                      std::string_view name) const {
+  const Resource resource = Stored(served);
   dynmig::MutexLock lock(&mu_);
   const std::string key = ObjectKey(InfoFor(resource).namespaced ? ns : "", name);
   const ObjectMap& map = Objects(resource);
   auto it = map.find(key);
   if (it == map.end()) return NotFound(resource, name);
-  return it->second->object;
+  return Served(served, it->second->object);
 }
 
-absl::StatusOr<ApiStore::ListResult> ApiStore::List(Resource resource, const ListQuery& query) {
+absl::StatusOr<ApiStore::ListResult> ApiStore::List(Resource served, const ListQuery& query) {
+  auto result = ListStored(Stored(served), query);
+  if (result.ok() && Converted(served)) {
+    for (StoredPtr& item : result->items) item = Served(served, item);
+  }
+  return result;
+}
+
+absl::StatusOr<ApiStore::ListResult> ApiStore::ListStored(Resource resource,
+                                                          const ListQuery& query) {
   auto labels = LabelSelector::Parse(query.label_selector);
   if (!labels.ok()) return ApiError(400, "BadRequest", std::string(labels.status().message()));
   auto fields = FieldSelector::Parse(query.field_selector, resource);
@@ -425,8 +583,11 @@ absl::StatusOr<ApiStore::ListResult> ApiStore::List(Resource resource, const Lis
 absl::StatusOr<Object> ApiStore::Update(Resource resource, std::string_view ns,
                                         std::string_view name, const Object& obj,
                                         std::string_view subresource, bool dry_run) {
+  auto body = Incoming(resource, obj);
+  if (!body.ok()) return body.status();
   dynmig::MutexLock lock(&mu_);
-  return UpdateLocked(resource, ns, name, obj, subresource, /*from_patch=*/false, dry_run);
+  return Served(resource, UpdateLocked(Stored(resource), ns, name, *body, subresource,
+                                       /*from_patch=*/false, dry_run));
 }
 
 absl::StatusOr<Object> ApiStore::UpdateLocked(Resource resource, std::string_view ns,
@@ -498,12 +659,20 @@ absl::StatusOr<Object> ApiStore::UpdateLocked(Resource resource, std::string_vie
                      "the pods/binding subresource)");
     }
     if (resource == Resource::kNamespaces) next["spec"] = old_obj.value("spec", Object::object());
+    if (resource == Resource::kPodDisruptionBudgets) {
+      DYNMIG_RETURN_IF_ERROR(CheckBudgetSpec(resource, name, &next));
+    }
   }
   next["metadata"]["resourceVersion"] = ResourceVersion(old_obj);
   if (auto st = CanonicalizeQuantities(resource, &next); !st.ok()) return st;
   if (next == old_obj) return old_obj;  // no-op: no new resourceVersion, no event
   if (subresource.empty() && next.value("spec", Object()) != old_obj.value("spec", Object())) {
     next["metadata"]["generation"] = old_obj["metadata"].value("generation", 1) + 1;
+  }
+  // The disruption controller's part, done at once: a new spec gets its status.
+  if (resource == Resource::kPodDisruptionBudgets && subresource.empty() &&
+      next.value("spec", Object()) != old_obj.value("spec", Object())) {
+    next["status"] = PdbStatusLocked(next);
   }
   if (dry_run) return next;
   return CommitLocked(resource, key, std::move(next), current)->object;
@@ -539,19 +708,23 @@ absl::StatusOr<std::pair<Object, Object>> ApiStore::PatchedLocked(Resource resou
 absl::StatusOr<Object> ApiStore::Patch(Resource resource, std::string_view ns,
                                        std::string_view name, const Object& patch, PatchType type,
                                        std::string_view subresource, bool dry_run) {
+  const Resource served = resource;
+  resource = Stored(served);
   dynmig::MutexLock lock(&mu_);
   auto patched = PatchedLocked(resource, ns, name, patch, type);
   if (!patched.ok()) return patched.status();
   // A resourceVersion left in the patched object by the patch is a precondition; the current one
   // passes through unchanged.
-  return UpdateLocked(resource, ns, name, std::move(patched->second), subresource,
-                      /*from_patch=*/true, dry_run);
+  return Served(served, UpdateLocked(resource, ns, name, std::move(patched->second), subresource,
+                                     /*from_patch=*/true, dry_run));
 }
 
 absl::StatusOr<Object> ApiStore::PatchWithAdmission(Resource resource, std::string_view ns,
                                                     std::string_view name, const Object& patch,
                                                     PatchType type, std::string_view subresource,
                                                     const AdmitFn& admit, bool dry_run) {
+  const Resource served = resource;
+  resource = Stored(served);
   constexpr int kMaxAttempts = 5;
   for (int attempt = 1;; ++attempt) {
     std::pair<Object, Object> versions;
@@ -562,8 +735,12 @@ absl::StatusOr<Object> ApiStore::PatchWithAdmission(Resource resource, std::stri
       versions = std::move(*patched);
     }
     const auto& [current, patched] = versions;
-    auto admitted = admit(current, patched);
+    auto admitted = admit(Served(served, current), Served(served, patched));
     if (!admitted.ok()) return admitted.status();
+    if (Converted(served)) {
+      admitted = Incoming(served, *admitted);
+      if (!admitted.ok()) return admitted.status();
+    }
     if (!admitted->is_object() || Name(*admitted) != Name(current) ||
         Namespace(*admitted) != Namespace(current) || Uid(*admitted) != Uid(current)) {
       return Invalid(resource, name,
@@ -575,8 +752,8 @@ absl::StatusOr<Object> ApiStore::PatchWithAdmission(Resource resource, std::stri
     const bool changed = ResourceVersion(it->second->object) != ResourceVersion(current);
     const bool pinned = ResourceVersion(patched) != ResourceVersion(current);
     if (changed && !pinned && attempt < kMaxAttempts) continue;
-    return UpdateLocked(resource, ns, name, std::move(*admitted), subresource, /*from_patch=*/true,
-                        dry_run);
+    return Served(served, UpdateLocked(resource, ns, name, std::move(*admitted), subresource,
+                                       /*from_patch=*/true, dry_run));
   }
 }
 
@@ -584,7 +761,7 @@ absl::StatusOr<Object> ApiStore::Delete(Resource resource, std::string_view ns,
                                         std::string_view name, const DeleteOptions& options,
                                         bool dry_run) {
   dynmig::MutexLock lock(&mu_);
-  return DeleteLocked(resource, ns, name, options, dry_run);
+  return Served(resource, DeleteLocked(Stored(resource), ns, name, options, dry_run));
 }
 
 absl::StatusOr<Object> ApiStore::DeleteLocked(Resource resource, std::string_view ns,
@@ -624,8 +801,8 @@ absl::StatusOr<Object> ApiStore::DeleteLocked(Resource resource, std::string_vie
     if (dry_run) return obj;
     // Remove everything in the namespace first (the real server does this asynchronously).
     const std::string prefix = std::string(name) + "/";
-    for (Resource r :
-         {Resource::kPods, Resource::kEvents, Resource::kLeases, Resource::kConfigMaps}) {
+    for (Resource r : {Resource::kPods, Resource::kEvents, Resource::kLeases, Resource::kConfigMaps,
+                       Resource::kPodDisruptionBudgets}) {
       ObjectMap& objs = Objects(r);
       std::vector<std::string> keys;
       for (auto o = objs.lower_bound(prefix);
@@ -744,6 +921,123 @@ absl::StatusOr<Object> ApiStore::Bind(std::string_view ns, std::string_view name
   return MakeApiStatus(201, "", "");
 }
 
+Object ApiStore::PdbStatusLocked(const Object& pdb) const {
+  const std::string ns = Namespace(pdb);
+  std::vector<const Object*> pods;
+  if (std::optional<LabelSelector> selector = BudgetSelector(pdb)) {
+    const ObjectMap& map = Objects(Resource::kPods);
+    const std::string prefix = ns + "/";
+    for (auto it = map.lower_bound(prefix);
+         it != map.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
+      if (selector->Matches(it->second->object)) pods.push_back(&it->second->object);
+    }
+  }
+  const int64_t expected = static_cast<int64_t>(pods.size());
+  const absl::Time now = Now();
+  // disruptedPods: kept while the pod exists, is not yet being deleted and the entry is young.
+  Object disrupted = Object::object();
+  const Object old_disrupted =
+      pdb.is_object() && pdb.contains("status") && pdb["status"].is_object()
+          ? pdb["status"].value("disruptedPods", Object::object())
+          : Object::object();
+  if (old_disrupted.is_object()) {
+    for (const Object* pod : pods) {
+      auto entry = old_disrupted.find(Name(*pod));
+      if (entry == old_disrupted.end() || !entry->is_string() || IsBeingDeleted(*pod)) continue;
+      auto at = ParseRfc3339(entry->get<std::string>());
+      if (at.ok() && *at + kDisruptedPodTimeout > now) disrupted[Name(*pod)] = *entry;
+    }
+  }
+  int64_t healthy = 0;
+  for (const Object* pod : pods) {
+    if (Phase(*pod) == "Running" && PodReady(*pod) && !IsBeingDeleted(*pod) &&
+        !disrupted.contains(Name(*pod))) {
+      ++healthy;
+    }
+  }
+  const Object spec = pdb.is_object() ? pdb.value("spec", Object::object()) : Object::object();
+  int64_t desired = 0;
+  auto min = ReadIntOrPercent(spec, "minAvailable");
+  auto max = ReadIntOrPercent(spec, "maxUnavailable");
+  if (min.ok() && min->has_value()) {
+    desired = Scaled(**min, expected);
+  } else if (max.ok() && max->has_value()) {
+    desired = std::max<int64_t>(0, expected - Scaled(**max, expected));
+  }
+  Object status = {
+      {"observedGeneration",
+       pdb.is_object() && pdb.contains("metadata") ? pdb["metadata"].value("generation", 1) : 1},
+      {"disruptionsAllowed", std::max<int64_t>(0, healthy - desired)},
+      {"currentHealthy", healthy},
+      {"desiredHealthy", desired},
+      {"expectedPods", expected}};
+  if (!disrupted.empty()) status["disruptedPods"] = std::move(disrupted);
+  return status;
+}
+
+absl::StatusOr<Object> ApiStore::Evict(std::string_view ns, std::string_view name,
+                                       const DeleteOptions& options, bool dry_run) {
+  dynmig::MutexLock lock(&mu_);
+  const std::string key = ObjectKey(ns, name);
+  ObjectMap& pods = Objects(Resource::kPods);
+  auto it = pods.find(key);
+  if (it == pods.end()) return NotFound(Resource::kPods, name);
+  const Object pod = it->second->object;
+  if (!options.precondition_uid.empty() && options.precondition_uid != Uid(pod)) {
+    return Conflict(Resource::kPods, name,
+                    fmt::format("Precondition failed: UID in precondition: {}, UID in object "
+                                "meta: {}",
+                                options.precondition_uid, Uid(pod)));
+  }
+  auto evict = [&]() -> absl::StatusOr<Object> {
+    auto deleted = DeleteLocked(Resource::kPods, ns, name, options, dry_run);
+    if (!deleted.ok()) return deleted.status();
+    return MakeApiStatus(201, "", "");
+  };
+  // A pod that does not run (or no longer will) is evicted without looking at budgets.
+  const std::string phase = Phase(pod);
+  if (phase == "Pending" || phase == "Succeeded" || phase == "Failed" || IsBeingDeleted(pod)) {
+    return evict();
+  }
+  std::vector<std::pair<std::string, StoredPtr>> budgets;
+  {
+    const ObjectMap& map = Objects(Resource::kPodDisruptionBudgets);
+    const std::string prefix = std::string(ns) + "/";
+    for (auto b = map.lower_bound(prefix);
+         b != map.end() && b->first.compare(0, prefix.size(), prefix) == 0; ++b) {
+      std::optional<LabelSelector> selector = BudgetSelector(b->second->object);
+      if (selector && selector->Matches(pod)) budgets.emplace_back(b->first, b->second);
+    }
+  }
+  if (budgets.empty()) return evict();
+  if (budgets.size() > 1) return ApiError(500, "InternalError", std::string(kMoreThanOneBudget));
+  const auto& [budget_key, budget] = budgets.front();
+  Object status = PdbStatusLocked(budget->object);
+  const int64_t healthy = status.value("currentHealthy", int64_t{0});
+  const int64_t desired = status.value("desiredHealthy", int64_t{0});
+  // A running pod that is not ready is not counted healthy: evicting it takes nothing from the
+  // budget, allowed while the application has its healthy pods.
+  if (!PodReady(pod) && healthy >= desired && desired > 0) return evict();
+  if (status.value("disruptionsAllowed", int64_t{0}) <= 0) {
+    absl::Status refused = ApiError(429, "TooManyRequests", std::string(kBudgetViolated));
+    refused.SetPayload(kEvictionCausePayload,
+                       absl::Cord(fmt::format("The disruption budget {} needs {} healthy pods and "
+                                              "has {} currently",
+                                              Name(budget->object), desired, healthy)));
+    return refused;
+  }
+  status["disruptionsAllowed"] = status.value("disruptionsAllowed", int64_t{0}) - 1;
+  if (dry_run) return evict();
+  if (!status.contains("disruptedPods")) status["disruptedPods"] = Object::object();
+  status["disruptedPods"][std::string(name)] = Rfc3339(Now());
+  auto deleted = DeleteLocked(Resource::kPods, ns, name, options, /*dry_run=*/false);
+  if (!deleted.ok()) return deleted.status();
+  Object next = budget->object;
+  next["status"] = std::move(status);
+  CommitLocked(Resource::kPodDisruptionBudgets, budget_key, std::move(next), budget);
+  return MakeApiStatus(201, "", "");
+}
+
 int ApiStore::CollectGarbage() {
   dynmig::MutexLock lock(&mu_);
   const absl::Time now = Now();
@@ -763,7 +1057,8 @@ void ApiStore::CompactHistory() {
 }
 
 absl::StatusOr<std::unique_ptr<ApiStore::Watch>> ApiStore::StartWatch(
-    Resource resource, const ListQuery& query, std::string_view resource_version) {
+    Resource served, const ListQuery& query, std::string_view resource_version) {
+  const Resource resource = Stored(served);
   auto labels = LabelSelector::Parse(query.label_selector);
   if (!labels.ok()) return ApiError(400, "BadRequest", std::string(labels.status().message()));
   auto fields = FieldSelector::Parse(query.field_selector, resource);
@@ -788,11 +1083,12 @@ absl::StatusOr<std::unique_ptr<ApiStore::Watch>> ApiStore::StartWatch(
   }
   std::unique_ptr<Watch> watch(
       new Watch(this, resource, ns, std::move(*labels), std::move(*fields), from, cut_generation_));
+  watch->served_ = served;
   if (initial) {
     const ObjectMap& map = Objects(resource);
     for (const auto& [key, stored] : map) {
       if (watch->Matches(stored->object)) {
-        watch->initial_.push_back({WatchEventType::kAdded, stored});
+        watch->initial_.push_back({WatchEventType::kAdded, Served(served, stored)});
       }
     }
   }
@@ -822,6 +1118,7 @@ ApiStore::Watch::Watch(ApiStore* store, Resource resource, std::string ns, Label
                        FieldSelector fields, int64_t cursor, uint64_t cut_generation)
     : store_(store),
       resource_(resource),
+      served_(resource),
       ns_(std::move(ns)),
       labels_(std::move(labels)),
       fields_(std::move(fields)),
@@ -888,6 +1185,9 @@ absl::StatusOr<std::vector<StoreEvent>> ApiStore::Watch::Next(const Clock& clock
       default:
         break;
     }
+  }
+  if (Converted(served_)) {
+    for (StoreEvent& ev : out) ev.object = Served(served_, ev.object);
   }
   return out;
 }

@@ -1,9 +1,16 @@
 // ApiStore: the object store and API semantics behind InMemoryApiServer (no HTTP here).
 //
-// Holds pods, nodes, events, leases, namespaces and configmaps with a global, monotonically
-// increasing resourceVersion (one per write), a bounded history of watch events, optimistic
-// concurrency (409 on a stale resourceVersion), graceful pod deletion, binding, selectors and
-// consistent paginated lists (a `continue` token pages through a snapshot taken by the first page).
+// Holds pods, nodes, events, leases, namespaces, configmaps and PodDisruptionBudgets with a global,
+// monotonically increasing resourceVersion (one per write), a bounded history of watch events,
+// optimistic concurrency (409 on a stale resourceVersion), graceful pod deletion, binding,
+// selectors and consistent paginated lists (a `continue` token pages through a snapshot taken by
+// the first page).
+//
+// PodDisruptionBudgets are stored once (as policy/v1) and served in both group versions: every
+// method given Resource::kPodDisruptionBudgetsV1beta1 reads and writes the same objects, with
+// apiVersion policy/v1beta1 on the way in and out. Evict() is the pods/eviction subresource with
+// the apiserver's budget rules; the disruption controller's part (a budget's status) is computed
+// by the store itself, at once, when a budget is created or a pod is evicted.
 //
 // Errors are absl::Status values made by ApiError(): KubeHttpCode()/KubeReason() give the HTTP
 // code and reason the API server would send, message() is the API's message.
@@ -43,6 +50,10 @@ struct StoreEvent {
   WatchEventType type;
   StoredPtr object;
 };
+
+// The payload of an eviction's 429 that carries the refusal's cause (the budget, how many healthy
+// pods it needs and has), sent as the Status's details.causes[0].message.
+inline constexpr char kEvictionCausePayload[] = "dynmig.kube/eviction-cause";
 
 struct ApiStoreOptions {
   // Watch events kept for resuming watches; older resourceVersions get 410 Expired.
@@ -113,6 +124,13 @@ class ApiStore {
   // POST pods/{name}/binding with a Binding object. Returns a Status (Success) object.
   absl::StatusOr<Object> Bind(std::string_view ns, std::string_view name, const Object& binding);
 
+  // POST pods/{name}/eviction (the Eviction's deleteOptions as `options`). Returns the Success
+  // Status (code 201) when the pod was deleted or is being deleted. Refusals as the apiserver's:
+  // 429 TooManyRequests while the matching budget allows no disruption, 500 when more than one
+  // budget matches, 404, 409 (uid precondition). See docs/kube.md.
+  absl::StatusOr<Object> Evict(std::string_view ns, std::string_view name,
+                               const DeleteOptions& options, bool dry_run = false);
+
   // Removes pods whose graceful deletion period has passed. Returns how many were removed.
   int CollectGarbage();
   // Drops the watch history: every watch from an older resourceVersion now gets 410.
@@ -133,7 +151,7 @@ class ApiStore {
     absl::StatusOr<std::vector<StoreEvent>> Next(const Clock& clock, absl::Duration max_wait,
                                                  size_t max_events);
     int64_t cursor() const { return cursor_; }
-    Resource resource() const { return resource_; }
+    Resource resource() const { return served_; }  // as requested (the served version)
 
    private:
     friend class ApiStore;
@@ -142,7 +160,8 @@ class ApiStore {
     bool Matches(const Object& obj) const;
 
     ApiStore* store_;
-    Resource resource_;
+    Resource resource_;  // as stored
+    Resource served_;
     std::string ns_;
     LabelSelector labels_;
     FieldSelector fields_;
@@ -185,6 +204,9 @@ class ApiStore {
     return objects_[static_cast<size_t>(r)];
   }
   std::string NewUid() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // List of a stored resource (List maps the served one).
+  absl::StatusOr<ListResult> ListStored(Resource resource, const ListQuery& query)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Writes `obj` (new version) under `key`; appends a history event.
   StoredPtr CommitLocked(Resource resource, const std::string& key, Object obj,
                          const StoredPtr& previous) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -206,6 +228,10 @@ class ApiStore {
   absl::StatusOr<Object> DeleteLocked(Resource resource, std::string_view ns, std::string_view name,
                                       const DeleteOptions& options, bool dry_run = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The budget's status as the disruption controller would write it now (expected pods, healthy
+  // pods, disruptionsAllowed; disruptedPods kept while their pods are not yet being deleted and
+  // younger than two minutes).
+  Object PdbStatusLocked(const Object& pdb) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   ApiStoreOptions options_;
   const Clock& clock_;

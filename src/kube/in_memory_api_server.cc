@@ -8,6 +8,7 @@
 #include <map>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "common/strings.h"
 #include "kube/api_status.h"
@@ -95,6 +96,28 @@ std::vector<std::string> Segments(const std::string& path) {
   return out;
 }
 
+// ---- Versioned APIs. ----
+
+// Whether a server of Kubernetes 1.`minor` serves `r` (PodDisruptionBudgets: policy/v1 from 1.21,
+// policy/v1beta1 until 1.24).
+bool Serves(Resource r, int minor) {
+  if (r == Resource::kPodDisruptionBudgets) return minor >= 21;
+  if (r == Resource::kPodDisruptionBudgetsV1beta1) return minor <= 24;
+  return true;
+}
+
+// The group version of the Eviction the pods/eviction subresource is documented with.
+std::string_view EvictionGroupVersion(int minor) { return minor >= 22 ? "v1" : "v1beta1"; }
+
+constexpr Resource kServedResources[] = {Resource::kPods,
+                                         Resource::kNodes,
+                                         Resource::kEvents,
+                                         Resource::kNamespaces,
+                                         Resource::kConfigMaps,
+                                         Resource::kLeases,
+                                         Resource::kPodDisruptionBudgets,
+                                         Resource::kPodDisruptionBudgetsV1beta1};
+
 // ---- Discovery documents. ----
 
 Object ResourceEntry(std::string_view name, std::string_view singular, bool namespaced,
@@ -109,31 +132,51 @@ Object ResourceEntry(std::string_view name, std::string_view singular, bool name
   return entry;
 }
 
-Object ResourceList(std::string_view group_version) {
+Object ResourceList(std::string_view group_version, int minor) {
   static const std::vector<std::string> kAll = {"create", "delete", "get",  "list",
                                                 "patch",  "update", "watch"};
   static const std::vector<std::string> kStatusVerbs = {"get", "patch", "update"};
   Object resources = Object::array();
-  for (Resource r : {Resource::kPods, Resource::kNodes, Resource::kEvents, Resource::kNamespaces,
-                     Resource::kConfigMaps, Resource::kLeases}) {
+  for (Resource r : kServedResources) {
     const ResourceInfo& info = InfoFor(r);
-    if (info.api_version != group_version) continue;
+    if (info.api_version != group_version || !Serves(r, minor)) continue;
     Object entry = ResourceEntry(info.plural, info.singular, info.namespaced, info.kind, kAll,
                                  info.short_names);
     if (r == Resource::kPods || r == Resource::kNodes) entry["categories"] = {"all"};
     resources.push_back(entry);
-    if (r == Resource::kPods || r == Resource::kNodes || r == Resource::kNamespaces) {
+    if (r == Resource::kPods || r == Resource::kNodes || r == Resource::kNamespaces ||
+        r == Resource::kPodDisruptionBudgets || r == Resource::kPodDisruptionBudgetsV1beta1) {
       resources.push_back(ResourceEntry(fmt::format("{}/status", info.plural), "", info.namespaced,
                                         info.kind, kStatusVerbs, ""));
     }
     if (r == Resource::kPods) {
       resources.push_back(ResourceEntry("pods/binding", "", true, "Binding", {"create"}, ""));
+      // As kubectl drain reads it: the Eviction's group and version.
+      Object eviction = ResourceEntry("pods/eviction", "", true, "Eviction", {"create"}, "");
+      eviction["group"] = "policy";
+      eviction["version"] = std::string(EvictionGroupVersion(minor));
+      resources.push_back(eviction);
     }
   }
   return Object{{"kind", "APIResourceList"},
                 {"apiVersion", "v1"},
                 {"groupVersion", std::string(group_version)},
                 {"resources", resources}};
+}
+
+Object PolicyGroup(int minor) {
+  Object versions = Object::array();
+  for (Resource r : {Resource::kPodDisruptionBudgets, Resource::kPodDisruptionBudgetsV1beta1}) {
+    if (!Serves(r, minor)) continue;
+    const ResourceInfo& info = InfoFor(r);
+    versions.push_back(Object{{"groupVersion", std::string(info.api_version)},
+                              {"version", std::string(info.version)}});
+  }
+  return Object{{"kind", "APIGroup"},
+                {"apiVersion", "v1"},
+                {"name", "policy"},
+                {"versions", versions},
+                {"preferredVersion", versions.at(0)}};
 }
 
 Object CoordinationGroup() {
@@ -212,8 +255,7 @@ Object OpenApiPathParams(bool namespaced, bool named) {
 
 Object OpenApiV3Document(std::string_view group_version) {
   Object paths = Object::object();
-  for (Resource r : {Resource::kPods, Resource::kNodes, Resource::kEvents, Resource::kNamespaces,
-                     Resource::kConfigMaps, Resource::kLeases}) {
+  for (Resource r : kServedResources) {
     const ResourceInfo& info = InfoFor(r);
     if (info.api_version != group_version) continue;
     const std::string scope = info.namespaced ? "Namespaced" : "";
@@ -229,7 +271,8 @@ Object OpenApiV3Document(std::string_view group_version) {
                    {"put", OpenApiOperation(info, "put", "update", scope)},
                    {"patch", OpenApiOperation(info, "patch", "patch", scope)},
                    {"delete", OpenApiOperation(info, "delete", "delete", scope)}};
-    if (r == Resource::kPods || r == Resource::kNodes || r == Resource::kNamespaces) {
+    if (r == Resource::kPods || r == Resource::kNodes || r == Resource::kNamespaces ||
+        r == Resource::kPodDisruptionBudgets || r == Resource::kPodDisruptionBudgetsV1beta1) {
       const std::string status_scope = scope + "Status";
       Object get = OpenApiOperation(info, "get", "get", status_scope);
       Object put = OpenApiOperation(info, "put", "update", status_scope);
@@ -257,7 +300,9 @@ const OpenApiV3& OpenApi() {
     OpenApiV3 out;
     Object index_paths = Object::object();
     for (const auto& [path, gv] : {std::pair<std::string, std::string>{"api/v1", "v1"},
-                                   {"apis/coordination.k8s.io/v1", "coordination.k8s.io/v1"}}) {
+                                   {"apis/coordination.k8s.io/v1", "coordination.k8s.io/v1"},
+                                   {"apis/policy/v1", "policy/v1"},
+                                   {"apis/policy/v1beta1", "policy/v1beta1"}}) {
       const std::string doc = OpenApiV3Document(gv).dump();
       out.docs[path] = doc;
       index_paths[path] = {{"serverRelativeURL", fmt::format("/openapi/v3/{}?hash={:016X}", path,
@@ -340,9 +385,10 @@ struct PathRoute {
 
 // Which resource paths a route serves.
 enum class Target {
-  kCollection,  // no name
-  kObject,      // a name, any subresource
-  kPodBinding,  // pods/NAME/binding
+  kCollection,   // no name
+  kObject,       // a name, any subresource
+  kPodBinding,   // pods/NAME/binding
+  kPodEviction,  // pods/NAME/eviction
   kAny,
 };
 
@@ -376,50 +422,54 @@ bool TargetMatches(Target target, const Route& route) {
     case Target::kPodBinding:
       return route.resource == Resource::kPods && !route.name.empty() &&
              route.subresource == "binding";
+    case Target::kPodEviction:
+      return route.resource == Resource::kPods && !route.name.empty() &&
+             route.subresource == "eviction";
     case Target::kAny:
       return true;
   }
   return false;
 }
 
-std::optional<Resource> ResourceByPlural(std::string_view group, std::string_view plural) {
-  for (Resource r : {Resource::kPods, Resource::kNodes, Resource::kEvents, Resource::kLeases,
-                     Resource::kNamespaces, Resource::kConfigMaps}) {
+std::optional<Resource> ResourceByPlural(std::string_view api_version, std::string_view plural,
+                                         int minor) {
+  for (Resource r : kServedResources) {
     const ResourceInfo& info = InfoFor(r);
-    if (info.group == group && info.plural == plural) return r;
+    if (info.api_version == api_version && info.plural == plural && Serves(r, minor)) return r;
   }
   return std::nullopt;
 }
 
 // Parses the segments after the group-version prefix. nullopt: not a resource path we serve.
-std::optional<Route> ParseRoute(std::string_view group, const std::vector<std::string>& rest) {
+std::optional<Route> ParseRoute(std::string_view api_version, const std::vector<std::string>& rest,
+                                int minor) {
   if (rest.empty()) return std::nullopt;
   if (rest[0] == "namespaces" && rest.size() >= 3) {
-    if (auto r = ResourceByPlural(group, rest[2]); r && InfoFor(*r).namespaced) {
+    if (auto r = ResourceByPlural(api_version, rest[2], minor); r && InfoFor(*r).namespaced) {
       if (rest.size() > 5) return std::nullopt;
       Route route{*r, rest[1], rest.size() >= 4 ? rest[3] : "", rest.size() == 5 ? rest[4] : ""};
       return route;
     }
   }
-  auto r = ResourceByPlural(group, rest[0]);
+  auto r = ResourceByPlural(api_version, rest[0], minor);
   if (!r || rest.size() > 3) return std::nullopt;
   if (InfoFor(*r).namespaced && rest.size() > 1) return std::nullopt;
   return Route{*r, "", rest.size() >= 2 ? rest[1] : "", rest.size() == 3 ? rest[2] : ""};
 }
 
 // The resource path `seg` names under one of the served group-versions, or nullopt.
-std::optional<Route> ResourceRouteOf(const std::vector<std::string>& seg) {
-  std::string_view group;
+std::optional<Route> ResourceRouteOf(const std::vector<std::string>& seg, int minor) {
+  std::string api_version;
   std::vector<std::string> rest;
   if (seg.size() >= 2 && seg[0] == "api" && seg[1] == "v1") {
+    api_version = "v1";
     rest.assign(seg.begin() + 2, seg.end());
-  } else if (seg.size() >= 3 && seg[0] == "apis" && seg[1] == "coordination.k8s.io" &&
-             seg[2] == "v1") {
-    group = "coordination.k8s.io";
+  } else if (seg.size() >= 3 && seg[0] == "apis") {
+    api_version = seg[1] + "/" + seg[2];
     rest.assign(seg.begin() + 3, seg.end());
   }
   if (rest.empty()) return std::nullopt;
-  return ParseRoute(group, rest);
+  return ParseRoute(api_version, rest, minor);
 }
 
 std::string WatchLine(WatchEventType type, const std::string& object_json) {
@@ -1082,6 +1132,9 @@ void InMemoryApiServer::Serve(const httplib::Request& req, httplib::Response& re
       {"GET", "/apis", &InMemoryApiServer::ServeApiGroups},
       {"GET", "/apis/coordination.k8s.io", &InMemoryApiServer::ServeCoordinationGroup},
       {"GET", "/apis/coordination.k8s.io/v1", &InMemoryApiServer::ServeCoordinationResources},
+      {"GET", "/apis/policy", &InMemoryApiServer::ServePolicyGroup},
+      {"GET", "/apis/policy/v1", &InMemoryApiServer::ServePolicyResources},
+      {"GET", "/apis/policy/v1beta1", &InMemoryApiServer::ServePolicyResources},
       {"GET", "/version", &InMemoryApiServer::ServeVersion},
       {"GET", "/openapi/v3", &InMemoryApiServer::ServeOpenApiIndex},
       {"GET", "/openapi/v3/**", &InMemoryApiServer::ServeOpenApiDocument},
@@ -1097,6 +1150,7 @@ void InMemoryApiServer::Serve(const httplib::Request& req, httplib::Response& re
       {"GET", Target::kObject, &InMemoryApiServer::ServeGet},
       {"POST", Target::kCollection, &InMemoryApiServer::ServeCreate},
       {"POST", Target::kPodBinding, &InMemoryApiServer::ServeBind},
+      {"POST", Target::kPodEviction, &InMemoryApiServer::ServeEvict},
       {"POST", Target::kAny, &InMemoryApiServer::RefusePost},
       {"PUT", Target::kObject, &InMemoryApiServer::ServeUpdate},
       {"PATCH", Target::kObject, &InMemoryApiServer::ServePatch},
@@ -1109,7 +1163,7 @@ void InMemoryApiServer::Serve(const httplib::Request& req, httplib::Response& re
       return (this->*r.handler)(call);
     }
   }
-  std::optional<Route> route = ResourceRouteOf(call.seg);
+  std::optional<Route> route = ResourceRouteOf(call.seg, options_.minor_version);
   if (!route) {
     return SendError(res,
                      ApiError(404, "NotFound", "the server could not find the requested resource"));
@@ -1137,13 +1191,32 @@ void InMemoryApiServer::ServeApiVersions(Call& call) {
 }
 
 void InMemoryApiServer::ServeCoreResources(Call& call) {
-  SendJson(call.res, 200, ResourceList("v1").dump());
+  SendJson(call.res, 200, ResourceList("v1", options_.minor_version).dump());
 }
 
 void InMemoryApiServer::ServeApiGroups(Call& call) {
   SendJson(call.res, 200,
-           Object{{"kind", "APIGroupList"}, {"apiVersion", "v1"}, {"groups", {CoordinationGroup()}}}
+           Object{{"kind", "APIGroupList"},
+                  {"apiVersion", "v1"},
+                  {"groups", {CoordinationGroup(), PolicyGroup(options_.minor_version)}}}
                .dump());
+}
+
+void InMemoryApiServer::ServePolicyGroup(Call& call) {
+  SendJson(call.res, 200, PolicyGroup(options_.minor_version).dump());
+}
+
+// GET /apis/policy/v1 and /apis/policy/v1beta1: the resource list of a version this server serves, else 404 (what a
+// v1.20 apiserver answers for policy/v1).
+void InMemoryApiServer::ServePolicyResources(Call& call) {
+  const std::string group_version = call.seg.size() == 3 ? "policy/" + call.seg[2] : "";
+  for (Resource r : {Resource::kPodDisruptionBudgets, Resource::kPodDisruptionBudgetsV1beta1}) {
+    if (InfoFor(r).api_version == group_version && Serves(r, options_.minor_version)) {
+      return SendJson(call.res, 200, ResourceList(group_version, options_.minor_version).dump());
+    }
+  }
+  call.res.status = 404;
+  call.res.set_content("404 page not found\n", "text/plain; charset=utf-8");
 }
 
 void InMemoryApiServer::ServeCoordinationGroup(Call& call) {
@@ -1151,14 +1224,14 @@ void InMemoryApiServer::ServeCoordinationGroup(Call& call) {
 }
 
 void InMemoryApiServer::ServeCoordinationResources(Call& call) {
-  SendJson(call.res, 200, ResourceList("coordination.k8s.io/v1").dump());
+  SendJson(call.res, 200, ResourceList("coordination.k8s.io/v1", options_.minor_version).dump());
 }
 
 void InMemoryApiServer::ServeVersion(Call& call) {
   SendJson(call.res, 200,
            Object{{"major", "1"},
-                  {"minor", "32"},
-                  {"gitVersion", "v1.32.0-dynmig-inmemory"},
+                  {"minor", std::to_string(options_.minor_version)},
+                  {"gitVersion", fmt::format("v1.{}.0-dynmig-inmemory", options_.minor_version)},
                   {"gitCommit", "0000000000000000000000000000000000000000"},
                   {"gitTreeState", "clean"},
                   {"buildDate", "2026-01-01T00:00:00Z"},
@@ -1303,6 +1376,87 @@ void InMemoryApiServer::ServeBind(ResourceCall& call) {
   auto bound = store_->Bind(call.route.ns, call.route.name, *call.body);
   if (!bound.ok()) return SendError(call.res, bound.status());
   SendJson(call.res, 201, bound->dump());
+}
+
+// POST pods/NAME/eviction: the Eviction (policy/v1beta1, or policy/v1 from 1.22) is checked as
+// the apiserver does, admitted as a CREATE of the pods/eviction subresource, then ApiStore::Evict
+// applies the budgets. A refusal by a budget is a 429 whose Status names the budget in
+// details.causes, as the real one.
+void InMemoryApiServer::ServeEvict(ResourceCall& call) {
+  if (!RequireBody(call)) return;
+  const Object& body = *call.body;
+  if (!body.is_object()) {
+    return SendError(call.res, ApiError(400, "BadRequest", "the Eviction must be a JSON object"));
+  }
+  const std::string kind = body.value("kind", Object()).is_string() ? Kind(body) : "";
+  const Object api_version = body.value("apiVersion", Object());
+  const std::string version = api_version.is_string() ? api_version.get<std::string>() : "";
+  const bool v1 = version == "policy/v1" && options_.minor_version >= 22;
+  if (kind != "Eviction" || !(version == "policy/v1beta1" || v1)) {
+    return SendError(call.res,
+                     ApiError(400, "BadRequest",
+                              fmt::format("no kind \"{}\" is registered for version \"{}\" (the "
+                                          "pods/eviction subresource takes a policy/{} Eviction)",
+                                          kind.substr(0, 64), version.substr(0, 64),
+                                          EvictionGroupVersion(options_.minor_version))));
+  }
+  const std::string body_name = Name(body);
+  if (body_name != call.route.name) {
+    return SendError(call.res, ApiError(400, "BadRequest",
+                                        "name in URL does not match name in Eviction object"));
+  }
+  const std::string body_ns = Namespace(body);
+  if (!body_ns.empty() && body_ns != call.route.ns) {
+    return SendError(call.res, ApiError(400, "BadRequest",
+                                        "the namespace of the provided object does not match the "
+                                        "namespace sent on the request"));
+  }
+  DeleteOptions options;
+  bool dry_run = call.dry_run;
+  if (auto it = body.find("deleteOptions"); it != body.end() && !it->is_null()) {
+    const Object& d = *it;
+    if (!d.is_object()) {
+      return SendError(call.res,
+                       ApiError(400, "BadRequest", "deleteOptions must be a DeleteOptions object"));
+    }
+    if (auto g = d.find("gracePeriodSeconds"); g != d.end() && !g->is_null()) {
+      if (!g->is_number_integer()) {
+        return SendError(call.res, ApiError(400, "BadRequest",
+                                            "deleteOptions.gracePeriodSeconds must be an integer"));
+      }
+      options.grace_period_seconds = g->get<int64_t>();
+    }
+    options.precondition_uid = StringAt(d, "/preconditions/uid");
+    options.precondition_resource_version = StringAt(d, "/preconditions/resourceVersion");
+    if (auto dr = d.find("dryRun"); dr != d.end() && !dr->is_null()) {
+      if (!dr->is_array() || dr->size() > 1 || (dr->size() == 1 && (*dr)[0] != "All")) {
+        return SendError(call.res,
+                         ApiError(400, "BadRequest",
+                                  "deleteOptions.dryRun: Unsupported value: supported values: "
+                                  "\"All\""));
+      }
+      if (dr->size() == 1) dry_run = true;
+    }
+  }
+  call.attrs.operation = "CREATE";
+  call.attrs.dry_run = dry_run;
+  std::vector<AdmissionWebhook> hooks = MatchingWebhooks(call.attrs);
+  if (!hooks.empty()) {
+    call.attrs.object = body;
+    call.attrs.options = call.OptionsObject("CreateOptions");
+    auto admitted = RunAdmission(hooks, call.attrs, &call.warnings);
+    if (!admitted.ok()) return call.Send(0, admitted.status());
+  }
+  auto evicted = store_->Evict(call.route.ns, call.route.name, options, dry_run);
+  if (evicted.ok()) return call.Send(201, evicted);
+  const absl::Status& st = evicted.status();
+  absl::optional<absl::Cord> cause = st.GetPayload(kEvictionCausePayload);
+  if (!cause) return call.Send(0, st);
+  const int code = HttpCodeOf(st);
+  Object status = MakeApiStatus(code, KubeReason(st), std::string(st.message()));
+  status["details"] = {
+      {"causes", {{{"reason", "DisruptionBudget"}, {"message", std::string(*cause)}}}}};
+  SendJson(call.res, code, status.dump());
 }
 
 // A POST on an object or subresource other than pods/NAME/binding: 405, after the body checks

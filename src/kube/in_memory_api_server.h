@@ -1,7 +1,9 @@
 // InMemoryApiServer: a small Kubernetes API server over real HTTP, for tests and the local mode.
 // Never for production.
 //
-// Serves ApiStore (pods, nodes, events, leases, namespaces, configmaps) with the REST paths,
+// Serves ApiStore (pods, nodes, events, leases, namespaces, configmaps, PodDisruptionBudgets in
+// the policy group versions of options.minor_version, and the pods/eviction subresource with the
+// apiserver's budget rules: see ApiStore::Evict and docs/kube.md) with the REST paths,
 // discovery documents, watch streams, Status error bodies and Table output (pods, nodes) that
 // kubectl v1.32 needs. Adds fault injection for tests, through the C++ API and over HTTP:
 //   POST   /_dynmig/faults        body: FaultSpec as JSON (see FaultSpecFromJson)
@@ -77,6 +79,11 @@ struct FaultSpec {
 absl::StatusOr<FaultSpec> FaultSpecFromJson(const Object& json);
 
 struct InMemoryApiServerOptions {
+  // The Kubernetes 1.x this server answers as (/version) and whose versioned APIs it serves:
+  // policy/v1 PodDisruptionBudgets from 21, policy/v1beta1 ones up to 24; the Eviction body in
+  // policy/v1 from 22 (discovery names pods/eviction policy/v1 from then on, policy/v1beta1
+  // before), in policy/v1beta1 always. 20 is the project's test cluster; 32 current clusters.
+  int minor_version = 32;
   // The server's time: watch timeouts, bookmarks and heartbeats, the garbage collector's interval,
   // fault windows and latencies, Table ages; and the store's (see ApiStoreOptions::clock) unless
   // store.clock is set. nullptr: RealClock(). A FakeClock makes these timers fire as a test
@@ -185,6 +192,8 @@ class InMemoryApiServer {
   void ServeApiGroups(apiserver_detail::Call& call);
   void ServeCoordinationGroup(apiserver_detail::Call& call);
   void ServeCoordinationResources(apiserver_detail::Call& call);
+  void ServePolicyGroup(apiserver_detail::Call& call);
+  void ServePolicyResources(apiserver_detail::Call& call);
   void ServeVersion(apiserver_detail::Call& call);
   void ServeOpenApiIndex(apiserver_detail::Call& call);
   void ServeOpenApiDocument(apiserver_detail::Call& call);
@@ -195,6 +204,7 @@ class InMemoryApiServer {
   void ServeGet(apiserver_detail::ResourceCall& call);
   void ServeCreate(apiserver_detail::ResourceCall& call);
   void ServeBind(apiserver_detail::ResourceCall& call);
+  void ServeEvict(apiserver_detail::ResourceCall& call);
   void RefusePost(apiserver_detail::ResourceCall& call);
   void ServeUpdate(apiserver_detail::ResourceCall& call);
   void ServePatch(apiserver_detail::ResourceCall& call);

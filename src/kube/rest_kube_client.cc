@@ -932,14 +932,28 @@ absl::Status RestKubeClient::EvictPod(std::string_view ns, std::string_view pod_
   absl::Status st = StatusFromHttp(static_cast<int>(response->code), response->body,
                                    fmt::format("POST {} ({})", path, *version));
   absl::StatusCode code = st.code();
+  std::string message(st.message());
+  // The budget's own words (which budget, how many healthy pods it needs and has) come as
+  // details.causes.
+  if (auto parsed = ParseObject(response->body, "eviction refusal"); parsed.ok()) {
+    const Object causes = parsed->is_object()
+                              ? parsed->value("details", Object::object()).value("causes", Object())
+                              : Object();
+    if (causes.is_array()) {
+      for (const Object& cause : causes) {
+        const std::string why = StringAt(cause, "/message");
+        if (!why.empty()) message += fmt::format(" ({})", why.substr(0, 512));
+      }
+    }
+  }
   if (response->code == 429 && response->retry_after.empty()) {
     code = absl::StatusCode::kResourceExhausted;
   } else if (response->code == 500 &&
              st.message().find("more than one PodDisruptionBudget") != absl::string_view::npos) {
     code = absl::StatusCode::kFailedPrecondition;
   }
-  if (code == st.code()) return st;
-  absl::Status mapped(code, st.message());
+  if (code == st.code() && message == st.message()) return st;
+  absl::Status mapped(code, message);
   st.ForEachPayload(
       [&](absl::string_view key, const absl::Cord& value) { mapped.SetPayload(key, value); });
   return mapped;

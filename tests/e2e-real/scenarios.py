@@ -1302,6 +1302,117 @@ def kubelet_restart(s, before, got):
 
 
 
+def kube_eviction_honours_a_pdb(s):
+    """The Eviction API (pods/NAME/eviction) with a PodDisruptionBudget, in the policy versions the server serves:
+    refused with 429 while the budget allows no disruption, accepted once it does, and never twice for one."""
+    labels = {"dynmig-e2e": "eviction"}
+    names = ["evict-a", "evict-b"]
+    pdb = "evict-budget"
+
+    def raw(path, body, check=False):
+        return s.k.run("create", "--raw", path, "-f", "-", input=json.dumps(body), check=check)
+
+    def eviction(pod, api_version, name=None, dry_run=False):
+        body = {"apiVersion": api_version, "kind": "Eviction",
+                "metadata": {"name": name or pod, "namespace": NS}}
+        if dry_run:
+            body["deleteOptions"] = {"dryRun": ["All"]}
+        return raw("/api/v1/namespaces/%s/pods/%s/eviction" % (NS, pod), body)
+
+    def budget():
+        return s.k.json("-n", NS, "get", "poddisruptionbudgets." + pdb_version.split("/")[1] + ".policy", pdb)
+
+    def settled(want_allowed):
+        def check():
+            b = budget()
+            st = b.get("status", {})
+            return (st.get("observedGeneration", 0) >= b["metadata"].get("generation", 1)
+                    and st.get("expectedPods") == 2 and st.get("disruptionsAllowed") == want_allowed) and st
+        return wait_for("budget %s observed with disruptionsAllowed %d" % (pdb, want_allowed), check, 60)
+
+    s.step("discovery: which policy versions the server serves")
+    core = json.loads(s.k.run("get", "--raw", "/api/v1").stdout)
+    entry = [r for r in core["resources"] if r["name"] == "pods/eviction"]
+    if not entry:
+        raise StepFailed("GET /api/v1 lists no pods/eviction subresource")
+    eviction_version = "%s/%s" % (entry[0].get("group", "policy"), entry[0].get("version", "v1beta1"))
+    pdb_version = "policy/v1" if s.k.run("get", "--raw", "/apis/policy/v1", check=False).returncode == 0 \
+        else "policy/v1beta1"
+    log("    pods/eviction takes %s; PodDisruptionBudgets served as %s" % (eviction_version, pdb_version))
+    if eviction_version not in ("policy/v1", "policy/v1beta1"):
+        raise StepFailed("unexpected Eviction version %s" % eviction_version)
+
+    s.step("two plain pods with one label, Running and Ready")
+    for n in names:
+        s.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": n, "labels": labels},
+                  "spec": {"nodeName": s.b.node, "restartPolicy": "Never", "terminationGracePeriodSeconds": 2,
+                           "containers": [{"name": "main", "image": s.image, "command": ["sh", "-c", "sleep 3600"]}]}})
+
+    def ready(n):
+        pod = s.k.pod(n)
+        return pod and pod["status"].get("phase") == "Running" and any(
+            c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+    wait_for("pods %s Running and Ready" % names, lambda: all(ready(n) for n in names))
+    try:
+        s.step("a PodDisruptionBudget with minAvailable 2 (%s)" % pdb_version)
+        s.k.apply({"apiVersion": pdb_version, "kind": "PodDisruptionBudget", "metadata": {"name": pdb},
+                   "spec": {"minAvailable": 2, "selector": {"matchLabels": labels}}})
+        st = settled(0)
+        log("    budget status: %s" % json.dumps(st, sort_keys=True))
+
+        s.step("evicting while the budget allows no disruption: 429, the pod stays")
+        p = eviction("evict-a", eviction_version)
+        if p.returncode == 0 or "TooManyRequests" not in p.stderr or "disruption budget" not in p.stderr:
+            raise StepFailed("eviction under an exhausted budget: rc %d, %s %s" % (p.returncode, p.stdout, p.stderr))
+        log("    refused: %s" % p.stderr.strip())
+        if not ready("evict-a"):
+            raise StepFailed("evict-a is not running after a refused eviction")
+
+        s.step("hostile Evictions: another pod's name, an unknown version: 400, the pod stays")
+        p = eviction("evict-a", eviction_version, name="evict-b")
+        if p.returncode == 0 or "BadRequest" not in p.stderr:
+            raise StepFailed("an Eviction naming another pod: rc %d, %s" % (p.returncode, p.stderr.strip()))
+        log("    other name: %s" % p.stderr.strip())
+        p = eviction("evict-a", "policy/v2")
+        if p.returncode == 0 or "BadRequest" not in p.stderr:
+            raise StepFailed("an Eviction of policy/v2: rc %d, %s" % (p.returncode, p.stderr.strip()))
+        log("    policy/v2: %s" % p.stderr.strip())
+        if eviction_version == "policy/v1beta1":
+            p = eviction("evict-a", "policy/v1", dry_run=True)
+            log("    policy/v1 where only v1beta1 is served: rc %d, %s" % (p.returncode, p.stderr.strip()))
+            if p.returncode == 0 or "BadRequest" not in p.stderr:
+                raise StepFailed("a policy/v1 Eviction on a v1beta1-only server: rc %d, %s" % (
+                    p.returncode, p.stderr.strip()))
+        if not ready("evict-a"):
+            raise StepFailed("evict-a is not running after refused evictions")
+
+        s.step("minAvailable 1: one eviction passes, the pod goes")
+        s.k.run("-n", NS, "patch", "poddisruptionbudgets." + pdb_version.split("/")[1] + ".policy", pdb,
+                "--type", "merge", "-p", json.dumps({"spec": {"minAvailable": 1}}))
+        settled(1)
+        p = eviction("evict-a", eviction_version, dry_run=True)
+        if p.returncode != 0 or not ready("evict-a"):
+            raise StepFailed("a dry-run eviction: rc %d, %s; the pod %s" % (
+                p.returncode, p.stderr.strip(), "stays" if ready("evict-a") else "went"))
+        if budget()["status"].get("disruptionsAllowed") != 1:
+            raise StepFailed("a dry-run eviction took a disruption: %s" % budget()["status"])
+        p = eviction("evict-a", eviction_version)
+        if p.returncode != 0:
+            raise StepFailed("eviction with a disruption allowed: rc %d, %s" % (p.returncode, p.stderr.strip()))
+        s.gone("evict-a")
+
+        s.step("the budget is spent: the second pod's eviction is refused")
+        p = eviction("evict-b", eviction_version)
+        if p.returncode == 0 or "TooManyRequests" not in p.stderr:
+            raise StepFailed("a second eviction under minAvailable 1: rc %d, %s" % (p.returncode, p.stderr.strip()))
+        if not ready("evict-b"):
+            raise StepFailed("evict-b is not running after a refused eviction")
+        log("    budget status after: %s" % json.dumps(budget().get("status", {}), sort_keys=True))
+    finally:
+        s.k.run("-n", NS, "delete", "poddisruptionbudgets." + pdb_version.split("/")[1] + ".policy", pdb,
+                "--ignore-not-found", check=False)
+
+
 SCENARIOS = [
     ("scenario 1: create and delete one 1g pod", scenario1_create_and_delete_one_1g),
     ("scenario 2: several non-overlapping 1g on one GPU", scenario2_several_non_overlapping_1g),
@@ -1322,6 +1433,7 @@ SCENARIOS = [
     ("attack 4: a routing annotation cannot be removed to block a node", attack4_routing_annotation_removed),
     ("attack 5: a recreated pod keeps no node lock", attack5_recreated_pod_keeps_no_lock),
     ("attack 6: endpoints show no tenant's pod names to other pods", attack6_endpoints_expose_no_pod_names),
+    ("kube: the Eviction API honours a PodDisruptionBudget", kube_eviction_honours_a_pdb),
     # Last: it moves dynmig's device plugin off the node for a while and restores it.
     ("handover: legacy pods kept without draining (handover_no_drain)", handover_no_drain),
 ]
