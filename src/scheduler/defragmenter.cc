@@ -100,14 +100,11 @@ DefragInput DefragGpus(const ClusterState& state, const std::vector<NodeReport>&
   return in;
 }
 
-std::vector<MovedPlacement> PlaceMovedPods(const std::vector<Object>& nodes,
-                                           const std::vector<Object>& pods,
-                                           const ClusterStateOptions& options,
-                                           const std::vector<std::string>& moved,
-                                           const std::string& node, const std::string& gpu_uuid,
-                                           const std::string& profile, mig::Placement placement,
-                                           const std::vector<std::string>& candidates,
-                                           absl::Time now) {
+std::vector<MovedPlacement> PlaceMovedPods(
+    const std::vector<Object>& nodes, const std::vector<Object>& pods,
+    const ClusterStateOptions& options, const std::vector<std::string>& moved,
+    const std::string& node, const std::string& gpu_uuid, const std::string& profile,
+    mig::Placement placement, const std::vector<std::string>& candidates, absl::Time now) {
   ClusterState state(options);
   const std::set<std::string> moving(moved.begin(), moved.end());
   for (const auto& n : nodes) state.UpsertNode(n);
@@ -366,9 +363,8 @@ bool Defragmenter::Serve(const Cluster& c, const Object& pod, const mig::PodRequ
   const mig::DefragGpu& gpu = in.gpus[best->gpu];
   const mig::EvictionPlan& plan = best->plan;
   // Every pod of the plan must fit elsewhere now: otherwise the cluster lacks the capacity.
-  const auto moves =
-      PlaceMovedPods(c.nodes, c.pods, options_.state, plan.owners, gpu.node, gpu.uuid,
-                     plan.profile, plan.placement, candidates, now);
+  const auto moves = PlaceMovedPods(c.nodes, c.pods, options_.state, plan.owners, gpu.node,
+                                    gpu.uuid, plan.profile, plan.placement, candidates, now);
   std::vector<std::string> stuck;
   for (const auto& m : moves) {
     if (!m.placed) stuck.push_back(fmt::format("{} ({})", m.pod, m.why_not));
@@ -381,8 +377,8 @@ bool Defragmenter::Serve(const Cluster& c, const Object& pod, const mig::PodRequ
   for (const auto& o : plan.owners) namespaces.push_back(o.substr(0, o.find('/')));
   const int64_t now_s = absl::ToUnixSeconds(now);
   std::erase_if(history_, [&](const mig::EvictionRecord& r) { return r.at <= now_s - 3600; });
-  if (std::string limit = mig::RateLimitRefusal(history_, now_s, options_.limits, gpu.node,
-                                                namespaces);
+  if (std::string limit =
+          mig::RateLimitRefusal(history_, now_s, options_.limits, gpu.node, namespaces);
       !limit.empty()) {
     why = "rate limit: " + limit;
     if (metrics_ != nullptr) metrics_->CountDefragPlan("rate-limited");
@@ -402,11 +398,11 @@ bool Defragmenter::Serve(const Cluster& c, const Object& pod, const mig::PodRequ
   if (dry_run) {
     out.evicted = plan.owners;
     if (metrics_ != nullptr) metrics_->CountDefragPlan("dry-run");
-    Event(pod, "Normal", "DefragPlanned",
-          fmt::format("dry run: defragmentation of {} would evict {} and reserve slices {} ({}) "
-                      "for this pod",
-                      where, fmt::join(plan.owners, ", "), plan.placement.ToString(),
-                      plan.profile));
+    Event(
+        pod, "Normal", "DefragPlanned",
+        fmt::format("dry run: defragmentation of {} would evict {} and reserve slices {} ({}) "
+                    "for this pod",
+                    where, fmt::join(plan.owners, ", "), plan.placement.ToString(), plan.profile));
     for (const auto& o : plan.owners) {
       Event(*c.by_key.at(o), "Normal", "DefragWouldEvict",
             fmt::format("dry run: defragmentation of {} would evict this pod to make room for {}",
@@ -415,8 +411,13 @@ bool Defragmenter::Serve(const Cluster& c, const Object& pod, const mig::PodRequ
     return true;
   }
   // Reserve first: from now on nothing else (the replacements included) is placed there.
-  protocol::DefragReservation hold{gpu.uuid,     plan.placement, plan.profile, key, kube::Uid(pod),
-                                   now_s,        now_s + absl::ToInt64Seconds(options_.reservation_ttl),
+  protocol::DefragReservation hold{gpu.uuid,
+                                   plan.placement,
+                                   plan.profile,
+                                   key,
+                                   kube::Uid(pod),
+                                   now_s,
+                                   now_s + absl::ToInt64Seconds(options_.reservation_ttl),
                                    plan.owners};
   std::vector<protocol::DefragReservation> holds = HoldsOn(c, gpu.node);
   std::erase_if(holds, [&](const auto& h) { return h.pod == key; });
@@ -470,10 +471,11 @@ bool Defragmenter::Serve(const Cluster& c, const Object& pod, const mig::PodRequ
     (void)WriteHolds(gpu.node, holds);
     if (metrics_ != nullptr) metrics_->CountDefragPlan("failed");
     Event(pod, "Warning", "DefragFailed",
-          fmt::format("defragmentation of {} stopped: {}; evicted before: {}; reservation "
-                      "withdrawn",
-                      where, fmt::join(out.failed, "; "),
-                      out.evicted.empty() ? "none" : fmt::format("{}", fmt::join(out.evicted, ", "))));
+          fmt::format(
+              "defragmentation of {} stopped: {}; evicted before: {}; reservation "
+              "withdrawn",
+              where, fmt::join(out.failed, "; "),
+              out.evicted.empty() ? "none" : fmt::format("{}", fmt::join(out.evicted, ", "))));
     why = "an eviction was refused";
     return true;
   }
@@ -549,7 +551,8 @@ absl::StatusOr<Defragmenter::Outcome> Defragmenter::ServePod(const std::string& 
   Cluster& c = *cluster;
   Tidy(c, now, out);
   auto it = c.by_key.find(ns + "/" + name);
-  if (it == c.by_key.end()) return absl::NotFoundError(fmt::format("pod {}/{} not found", ns, name));
+  if (it == c.by_key.end())
+    return absl::NotFoundError(fmt::format("pod {}/{} not found", ns, name));
   const Object& pod = *it->second;
   if (!kube::NodeName(pod).empty()) {
     return absl::FailedPreconditionError(

@@ -57,7 +57,7 @@ struct DefragmenterOptions {
   absl::Duration reservation_ttl = absl::Minutes(10);
   std::string scheduler_name = "dynmig-scheduler";
   protocol::ResourceNames resources;
-  mig::DefragRules rules;  // system namespaces (dynmig's own included)
+  mig::DefragRules rules;     // system namespaces (dynmig's own included)
   ClusterStateOptions state;  // for checking where the moved pods would go
 };
 
@@ -81,14 +81,11 @@ struct MovedPlacement {
   std::string where;
   std::string why_not;
 };
-std::vector<MovedPlacement> PlaceMovedPods(const std::vector<kube::Object>& nodes,
-                                           const std::vector<kube::Object>& pods,
-                                           const ClusterStateOptions& options,
-                                           const std::vector<std::string>& moved,
-                                           const std::string& node, const std::string& gpu_uuid,
-                                           const std::string& profile, mig::Placement placement,
-                                           const std::vector<std::string>& candidates,
-                                           absl::Time now);
+std::vector<MovedPlacement> PlaceMovedPods(
+    const std::vector<kube::Object>& nodes, const std::vector<kube::Object>& pods,
+    const ClusterStateOptions& options, const std::vector<std::string>& moved,
+    const std::string& node, const std::string& gpu_uuid, const std::string& profile,
+    mig::Placement placement, const std::vector<std::string>& candidates, absl::Time now);
 
 class Defragmenter {
  public:
@@ -102,11 +99,11 @@ class Defragmenter {
     bool executed = false;  // the plan was carried out (all evictions accepted)
     std::string node, gpu_uuid, profile;
     mig::Placement placement;
-    std::vector<std::string> evicted;        // accepted evictions (would-be ones in a dry run)
-    std::vector<std::string> failed;         // "ns/name: why" for refused evictions
+    std::vector<std::string> evicted;         // accepted evictions (would-be ones in a dry run)
+    std::vector<std::string> failed;          // "ns/name: why" for refused evictions
     std::map<std::string, std::string> left;  // pods of the GPU left alone, with why
-    std::vector<std::string> notes;          // why waiting pods were not served
-    std::vector<std::string> tidied;         // reservations dropped: "node: pod (why)"
+    std::vector<std::string> notes;           // why waiting pods were not served
+    std::vector<std::string> tidied;          // reservations dropped: "node: pod (why)"
   };
   // One pass (above). Errors: the client's (listing pods or nodes).
   absl::StatusOr<Outcome> RunOnce();
@@ -144,7 +141,7 @@ class Defragmenter {
   EventRecorder* events_;
   SchedulerMetrics* metrics_;
   const DefragmenterOptions options_;
-  std::vector<mig::EvictionRecord> history_;  // the last hour's evictions
+  std::vector<mig::EvictionRecord> history_;    // the last hour's evictions
   std::map<std::string, absl::Time> dry_runs_;  // pod uid -> last dry-run plan
 };
 
