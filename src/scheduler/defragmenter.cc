@@ -59,6 +59,49 @@ absl::StatusOr<DefragMode> ParseDefragMode(std::string_view text) {
       fmt::format("defrag mode \"{}\": must be off, dry-run or on", text.substr(0, 64)));
 }
 
+absl::Status ApplyDefragFlags(const DefragFlags& flags, DefragmenterOptions& options,
+                              absl::Duration& interval) {
+  auto mode = ParseDefragMode(flags.mode);
+  if (!mode.ok())
+    return absl::InvalidArgumentError("--defrag: " + std::string(mode.status().message()));
+  auto duration = [](const std::string& flag, const std::string& text,
+                     absl::Duration& out) -> absl::Status {
+    if (text.size() > 32 || !absl::ParseDuration(text, &out) || out < absl::ZeroDuration() ||
+        out > absl::Hours(24 * 7)) {
+      return absl::InvalidArgumentError(
+          fmt::format("{}: \"{}\" is not a duration between 0s and 168h (e.g. 5m, 90s)", flag,
+                      text.substr(0, 32)));
+    }
+    return absl::OkStatus();
+  };
+  DefragmenterOptions o = options;
+  o.mode = *mode;
+  if (auto s = duration("--defrag-wait", flags.wait, o.wait_threshold); !s.ok()) return s;
+  if (auto s = duration("--defrag-reservation-ttl", flags.reservation_ttl, o.reservation_ttl);
+      !s.ok()) {
+    return s;
+  }
+  if (o.reservation_ttl < absl::Minutes(1)) {
+    return absl::InvalidArgumentError("--defrag-reservation-ttl: at least 1m");
+  }
+  absl::Duration every;
+  if (auto s = duration("--defrag-interval", flags.interval, every); !s.ok()) return s;
+  if (every < absl::Seconds(1)) return absl::InvalidArgumentError("--defrag-interval: at least 1s");
+  for (const auto& [flag, value] :
+       {std::pair<const char*, int64_t>{"--defrag-evictions-per-node-per-hour",
+                                        flags.per_node_per_hour},
+        {"--defrag-evictions-per-namespace-per-hour", flags.per_namespace_per_hour}}) {
+    if (value < 0 || value > 1000) {
+      return absl::InvalidArgumentError(fmt::format("{}: {} is not in 0..1000", flag, value));
+    }
+  }
+  o.limits.per_node_per_hour = flags.per_node_per_hour;
+  o.limits.per_namespace_per_hour = flags.per_namespace_per_hour;
+  options = std::move(o);
+  interval = every;
+  return absl::OkStatus();
+}
+
 std::string_view DefragModeName(DefragMode mode) {
   switch (mode) {
     case DefragMode::kOff:

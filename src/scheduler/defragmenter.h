@@ -49,6 +49,20 @@ enum class DefragMode { kOff, kDryRun, kOn };
 absl::StatusOr<DefragMode> ParseDefragMode(std::string_view text);
 std::string_view DefragModeName(DefragMode mode);
 
+// The settings as the command lines give them (`dynmig scheduler --defrag*`, `dynmig local`).
+struct DefragFlags {
+  std::string mode = "off";
+  std::string wait = "5m";
+  int64_t per_node_per_hour = 4;
+  int64_t per_namespace_per_hour = 4;
+  std::string reservation_ttl = "10m";
+  std::string interval = "15s";
+};
+struct DefragmenterOptions;
+// Errors: kInvalidArgument naming the flag (--defrag, --defrag-wait, ...). Limits 0..1000.
+absl::Status ApplyDefragFlags(const DefragFlags& flags, DefragmenterOptions& options,
+                              absl::Duration& interval);
+
 struct DefragmenterOptions {
   DefragMode mode = DefragMode::kOff;
   absl::Duration wait_threshold = absl::Minutes(5);
