@@ -184,4 +184,72 @@ absl::StatusOr<CommandOutput> RunDefrag(kube::KubeClient& client, const DefragOp
   return out;
 }
 
+absl::StatusOr<CommandOutput> RunDefragApply(kube::KubeClient& client,
+                                             const DefragApplyOptions& options,
+                                             const Clock& clock) {
+  if (options.pod.empty()) {
+    return absl::InvalidArgumentError("--apply needs --pod NAME: the pending pod to make room for");
+  }
+  const std::string want(mig::SliceClass(options.profile));
+  if (want.empty()) return absl::InvalidArgumentError("--for: a profile is required");
+  const absl::Time now = clock.Now();
+  auto snap = TakeSnapshot(client, now);
+  if (!snap.ok()) return snap.status();
+  auto source = FindDeviceConfig(client, options.config);
+  if (!source.ok()) return source.status();
+  const protocol::DeviceConfig config = EffectiveConfig(*source);
+  auto state = BuildClusterState(*snap, config);
+  scheduler::DefragmenterOptions d;
+  absl::Duration unused;
+  scheduler::DefragFlags flags = options.flags;
+  flags.mode = "on";
+  if (auto st = scheduler::ApplyDefragFlags(flags, d, unused); !st.ok()) return st;
+  d.resources = config.resources;
+  d.state = scheduler::ClusterStateOptions{config.allowlist, config.resources, absl::Minutes(3),
+                                           config.memory_match};
+  // A silent dry run: the plan's profile must be the one asked for.
+  scheduler::Defragmenter check(client, *state, clock, nullptr, nullptr, d);
+  auto planned = check.ServePod(options.ns, options.pod, true);
+  if (!planned.ok()) return planned.status();
+  if (mig::SliceClass(planned->profile) != want) {
+    return absl::FailedPreconditionError(
+        fmt::format("pod {}/{} would get {} (its request), not {}: nothing done", options.ns,
+                    options.pod, planned->profile, options.profile));
+  }
+  scheduler::EventRecorder events(client, clock, {.component = "dynmig-defrag"});
+  scheduler::Defragmenter run(client, *state, clock, &events, nullptr, d);
+  auto out = run.ServePod(options.ns, options.pod, options.dry_run);
+  events.Flush(absl::Seconds(10));
+  if (!out.ok()) return out.status();
+  CommandOutput result;
+  std::string& text = result.text;
+  const std::string where =
+      fmt::format("slices {} of {} on {}", out->placement.ToString(), out->gpu_uuid, out->node);
+  if (options.dry_run) {
+    text += fmt::format("Dry run: for {} ({}) would evict {} and reserve {}.\n", out->pod,
+                        out->profile, fmt::join(out->evicted, ", "), where);
+  } else if (out->executed) {
+    text += fmt::format("Evicted {} (Eviction API); reserved {} for {} ({}) for {}.\n",
+                        fmt::join(out->evicted, ", "), where, out->pod, out->profile,
+                        absl::FormatDuration(d.reservation_ttl));
+  } else {
+    text += fmt::format(
+        "Stopped: {}; evicted before: {}; the reservation was withdrawn.\n",
+        fmt::join(out->failed, "; "),
+        out->evicted.empty() ? "none" : fmt::format("{}", fmt::join(out->evicted, ", ")));
+  }
+  for (const auto& [pod, why] : out->left) text += fmt::format("  left alone: {}: {}\n", pod, why);
+  result.json = {{"pod", out->pod},
+                 {"profile", out->profile},
+                 {"node", out->node},
+                 {"gpu", out->gpu_uuid},
+                 {"placement", PlacementJson(out->placement)},
+                 {"dryRun", options.dry_run},
+                 {"executed", out->executed},
+                 {"evicted", out->evicted},
+                 {"failed", out->failed},
+                 {"left", out->left}};
+  return result;
+}
+
 }  // namespace dynmig::ops
