@@ -1,6 +1,6 @@
 // Defragmentation analysis: the fewest reservation owners (pods) that would have to move so that
 // one instance of a profile fits, on one GPU and across GPUs. Analysis only: nothing here moves
-// anything, and `dynmig defrag` never executes a plan.
+// anything (the defragmenter, scheduler/defragmenter.h, carries plans out).
 //
 // On one GPU, an instance of the profile fits at a legal placement P when no reservation overlaps
 // P and the profile's instance limit leaves room. For each legal P the owners that must go are
