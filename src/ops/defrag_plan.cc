@@ -174,7 +174,9 @@ absl::StatusOr<CommandOutput> RunDefrag(kube::KubeClient& client, const DefragOp
                           in.gpus[i].uuid, why);
     }
   }
-  text += "Nothing was moved: this is a plan (--pod NAME --apply carries it out for a pending pod).\n";
+  text +=
+      "Nothing was moved: this is a plan (--pod NAME --apply carries it out for a pending "
+      "pod).\n";
   out.text = std::move(text);
   out.json = {{"profile", options.profile},
               {"found", best != nullptr},

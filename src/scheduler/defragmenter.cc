@@ -335,11 +335,12 @@ mig::MovablePod Defragmenter::Facts(const Cluster& c, const Object& pod) const {
   return p;
 }
 
-bool Defragmenter::Serve(const Cluster& c, const Object& pod, const mig::PodRequest& request,
-                         bool dry_run, absl::Time now, Outcome& out, std::string& why) {
-  const std::string key = Key(pod);
+std::unique_ptr<Defragmenter::Planned> Defragmenter::Plan(const Cluster& c,
+                                                          const mig::PodRequest& request,
+                                                          absl::Time now, std::string& why) {
+  auto p = std::make_unique<Planned>();
+  std::vector<std::string>& candidates = p->candidates;
   // Schedulable nodes, their views, and whether the pod fits now.
-  std::vector<std::string> candidates;
   std::set<std::string> names;
   for (const auto& n : c.nodes) {
     if (Cordoned(n)) continue;
@@ -352,17 +353,18 @@ bool Defragmenter::Serve(const Cluster& c, const Object& pod, const mig::PodRequ
   }
   if (mig::PlanPod(std::span<const mig::NodeView>(views), request).chosen >= 0) {
     why = "it fits now: not waiting because of fragmentation";
-    return false;
+    return nullptr;
   }
-  const auto reports = state_.Report(now);
-  const DefragInput in = DefragGpus(state_, reports, names, now);
+  p->reports = state_.Report(now);
+  p->in = DefragGpus(state_, p->reports, names, now);
+  const DefragInput& in = p->in;
   const mig::ContainerRequest* first = nullptr;
   for (const auto& ctr : request.containers) {
     if (ctr.count > 0) first = &ctr;
   }
   if (first == nullptr) {
     why = "it asks for no MIG instance";
-    return false;
+    return nullptr;
   }
   // The facts of every pod with reservations on these GPUs, and the budgets.
   std::map<std::string, mig::MovablePod> facts;
@@ -401,8 +403,17 @@ bool Defragmenter::Serve(const Cluster& c, const Object& pod, const mig::PodRequ
   if (!best) {
     why = reasons.empty() ? "no GPU can take it even after moving pods"
                           : fmt::format("no plan under the rules: {}", fmt::join(reasons, "; "));
-    return false;
+    return nullptr;
   }
+  p->best = std::move(*best);
+  return p;
+}
+
+bool Defragmenter::Admissible(const Cluster& c, const Object& pod, const Planned& p, absl::Time now,
+                              std::string& why) {
+  const DefragInput& in = p.in;
+  const std::vector<std::string>& candidates = p.candidates;
+  const mig::DefragChoice* best = &p.best;
   const mig::DefragGpu& gpu = in.gpus[best->gpu];
   const mig::EvictionPlan& plan = best->plan;
   // Every pod of the plan must fit elsewhere now: otherwise the cluster lacks the capacity.
@@ -430,6 +441,17 @@ bool Defragmenter::Serve(const Cluster& c, const Object& pod, const mig::PodRequ
                       Where(gpu.node, gpu.index, gpu.uuid), limit));
     return false;
   }
+  return true;
+}
+
+bool Defragmenter::Serve(const Cluster& c, const Object& pod, const mig::PodRequest& request,
+                         bool dry_run, absl::Time now, Outcome& out, std::string& why) {
+  const std::string key = Key(pod);
+  auto p = Plan(c, request, now, why);
+  if (p == nullptr || !Admissible(c, pod, *p, now, why)) return false;
+  const mig::DefragGpu& gpu = p->in.gpus[p->best.gpu];
+  const mig::EvictionPlan& plan = p->best.plan;
+  const mig::DefragChoice* best = &p->best;
   out.pod = key;
   out.dry_run = dry_run;
   out.node = gpu.node;
@@ -453,6 +475,15 @@ bool Defragmenter::Serve(const Cluster& c, const Object& pod, const mig::PodRequ
     }
     return true;
   }
+  return Execute(c, pod, gpu, plan, now, out, why);
+}
+
+bool Defragmenter::Execute(const Cluster& c, const Object& pod, const mig::DefragGpu& gpu,
+                           const mig::EvictionPlan& plan, absl::Time now, Outcome& out,
+                           std::string& why) {
+  const std::string key = Key(pod);
+  const std::string where = Where(gpu.node, gpu.index, gpu.uuid);
+  const int64_t now_s = absl::ToUnixSeconds(now);
   // Reserve first: from now on nothing else (the replacements included) is placed there.
   protocol::DefragReservation hold{gpu.uuid,
                                    plan.placement,

@@ -139,6 +139,20 @@ class Defragmenter {
   };
   absl::StatusOr<Cluster> Read();
   void Tidy(const Cluster& c, absl::Time now, Outcome& out);
+  // Serve's steps: the plan (null: none, `why` says why); whether the moved pods fit elsewhere
+  // and the rate limits allow it; reserving and evicting.
+  struct Planned {
+    std::vector<std::string> candidates;  // schedulable nodes
+    std::vector<NodeReport> reports;      // in.reports points into it
+    DefragInput in;
+    mig::DefragChoice best;
+  };
+  std::unique_ptr<Planned> Plan(const Cluster& c, const mig::PodRequest& request, absl::Time now,
+                                std::string& why);
+  bool Admissible(const Cluster& c, const kube::Object& pod, const Planned& p, absl::Time now,
+                  std::string& why);
+  bool Execute(const Cluster& c, const kube::Object& pod, const mig::DefragGpu& gpu,
+               const mig::EvictionPlan& plan, absl::Time now, Outcome& out, std::string& why);
   // Tries the pod; true when a plan was carried out or dry-run (stop the pass).
   bool Serve(const Cluster& c, const kube::Object& pod, const mig::PodRequest& request,
              bool dry_run, absl::Time now, Outcome& out, std::string& why);

@@ -75,15 +75,6 @@ absl::Status SchedulerServer::Init() {
   extender_ = std::make_unique<Extender>(client_, *state_, clock_, events_.get(), metrics_.get(),
                                          options_.extender);
   extender_->SetGate([this] { return WriteGate(); });
-  {
-    DefragmenterOptions d = options_.defrag;
-    d.scheduler_name = options_.extender.scheduler_name;
-    d.resources = options_.extender.resources;
-    d.state = options_.state;
-    if (!options_.pod_namespace.empty()) d.rules.system_namespaces.insert(options_.pod_namespace);
-    defragmenter_ = std::make_unique<Defragmenter>(client_, *state_, clock_, events_.get(),
-                                                   metrics_.get(), std::move(d));
-  }
   // The webhook's sizing warnings and preference choices follow the models the nodes register.
   if (!options_.admission.cluster_models) {
     options_.admission.cluster_models = [state = state_.get()] { return state->Models(); };
@@ -153,6 +144,18 @@ absl::Status SchedulerServer::Init() {
   }
   if (absl::Status st = Listen(); !st.ok()) return st;
 
+  StartLoops();
+  return absl::OkStatus();
+}
+
+void SchedulerServer::StartLoops() {
+  DefragmenterOptions d = options_.defrag;
+  d.scheduler_name = options_.extender.scheduler_name;
+  d.resources = options_.extender.resources;
+  d.state = options_.state;
+  if (!options_.pod_namespace.empty()) d.rules.system_namespaces.insert(options_.pod_namespace);
+  defragmenter_ = std::make_unique<Defragmenter>(client_, *state_, clock_, events_.get(),
+                                                 metrics_.get(), std::move(d));
   if (options_.expiry_interval > absl::ZeroDuration()) {
     expiry_thread_ = std::thread([this] {
       dynmig::MutexLock lock(&loop_mu_);
@@ -190,7 +193,6 @@ absl::Status SchedulerServer::Init() {
       }
     });
   }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<Defragmenter::Outcome> SchedulerServer::RunDefragPass() {

@@ -164,6 +164,8 @@ class SchedulerServer {
   SchedulerServer(kube::KubeClient& client, const Clock& clock, SchedulerServerOptions options);
   absl::Status Init();
   absl::Status Listen();
+  // The defragmenter, then the expiry and defragmenter loops (by their intervals).
+  void StartLoops();
   void OnLeadership(bool leading, const std::string& previous_holder);
   // Feeds node_capacity_ (when the webhook's instance bound is ours to keep).
   void UpdateNodeCapacity(const kube::Object& node);
