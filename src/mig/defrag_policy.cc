@@ -107,7 +107,17 @@ DefragDecision ChooseDefragPlan(std::span<const DefragGpu> gpus, std::string_vie
       continue;
     }
     if (!plan->feasible) {
-      out.reasons.push_back(fmt::format("{}: {}", where, plan->reason));
+      // Which pods were kept in place, and why (once each).
+      std::set<std::string> kept;
+      std::vector<std::string> why;
+      for (const auto& r : g.reservations) {
+        if (r.owner.empty() || refusal.at(r.owner).empty() || !kept.insert(r.owner).second)
+          continue;
+        why.push_back(fmt::format("{}: {}", r.owner, refusal.at(r.owner)));
+      }
+      out.reasons.push_back(
+          fmt::format("{}: {}{}", where, plan->reason,
+                      why.empty() ? "" : fmt::format(" ({})", fmt::join(why, "; "))));
       continue;
     }
     if (plan->fits_now()) {  // not waiting because of fragmentation: no plan at all
