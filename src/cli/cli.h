@@ -24,10 +24,11 @@ class App;
 }
 namespace dynmig::scheduler {
 struct NodeReport;
-}
+struct DefragFlags;
+}  // namespace dynmig::scheduler
 namespace dynmig::kube {
 class KubeClient;
-}
+}  // namespace dynmig::kube
 
 namespace dynmig::cli {
 
@@ -100,6 +101,10 @@ struct NodeNvmlFlags {
 };
 absl::StatusOr<std::unique_ptr<nvml::Nvml>> OpenNodeNvml(const NodeNvmlFlags& flags,
                                                          const Clock& clock);
+
+// The defragmenter's flags (--defrag, --defrag-wait, ...), shared by `dynmig scheduler` and
+// `dynmig local` (cmd_scheduler.cc).
+void AddDefragOptions(CLI::App* cmd, scheduler::DefragFlags& flags);
 
 // `dynmig layout`'s terminal picture of these nodes (cmd_ops.cc), for other commands.
 std::string RenderLayoutText(const std::vector<scheduler::NodeReport>& nodes);

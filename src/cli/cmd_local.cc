@@ -24,6 +24,7 @@
 #include "local/demo.h"
 #include "local/local_cluster.h"
 #include "nvml/geometry.h"
+#include "scheduler/defragmenter.h"
 #include "spdlog/spdlog.h"
 
 namespace dynmig::cli {
@@ -50,6 +51,7 @@ struct LocalFlags {
   std::vector<std::string> legacy_geometry;        // NODE=GEOMETRY
   std::vector<std::string> nvidia_standin;         // NODE
   std::vector<std::string> device_plugin_stopped;  // NODE
+  scheduler::DefragFlags defrag;                   // the in-process scheduler's defragmenter
 };
 
 // Binds a TCP socket to host:port and closes it: the port is free now. port 0: the port the kernel
@@ -250,6 +252,9 @@ std::vector<std::string> MoveTakenPorts(const LocalFlags& f, LocalSetup& s) {
 // --device-config (read into the options) and --log-level (applied); kInvalidArgument names the
 // flag.
 absl::Status ApplyConfigFlags(const LocalFlags& f, local::LocalClusterOptions& o) {
+  if (auto st = scheduler::ApplyDefragFlags(f.defrag, o.defrag, o.defrag_interval); !st.ok()) {
+    return st;
+  }
   if (!f.device_config.empty()) {
     std::ifstream in(f.device_config);
     if (!in) return absl::InvalidArgumentError("--device-config: cannot read " + f.device_config);
@@ -490,6 +495,7 @@ void RegisterLocalCommand(CLI::App& root, CliContext& ctx) {
   cmd->add_flag("--demo", f->demo,
                 "play the migration guide's canary and mixed-profile walk-through, then serve");
   cmd->add_flag("--quiet", f->quiet, "print only the summary (and the demo)");
+  AddDefragOptions(cmd, f->defrag);
   cmd->add_option("--log-level", f->log_level, "components' log level: debug, info, warn, error")
       ->capture_default_str();
   cmd->callback([f, listen_opt, control_opt, nvml_port_opt, &ctx] {

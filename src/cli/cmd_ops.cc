@@ -24,6 +24,7 @@
 #include "ops/preflight.h"
 #include "ops/rollback.h"
 #include "ops/validate.h"
+#include "scheduler/defragmenter.h"
 
 namespace dynmig::cli {
 namespace {
@@ -349,12 +350,30 @@ struct DefragFlags {
   std::string profile;
   std::string node;
   size_t alternatives = 2;
+  bool apply = false;
+  bool dry_run = false;
+  std::string ns = "default";
+  std::string pod;
+  scheduler::DefragFlags limits;
 };
 
 int RunDefragCommand(const DefragFlags& f, CliContext& ctx) {
   int code = kExitOk;
   auto s = Open(ctx, "defrag", f.common, code);
   if (!s) return code;
+  if (f.apply || f.dry_run) {
+    ops::DefragApplyOptions a;
+    a.profile = f.profile;
+    a.ns = f.ns;
+    a.pod = f.pod;
+    a.dry_run = f.dry_run;
+    a.config = Query(f.common);
+    a.flags = f.limits;
+    auto out = ops::RunDefragApply(*s->client, a, ctx.clock);
+    if (!out.ok()) return Fail(ctx, "defrag", out.status());
+    Print(ctx, s->format, out->json, out->text);
+    return kExitOk;
+  }
   ops::DefragOptions options;
   options.profile = f.profile;
   options.node = f.node;
@@ -572,11 +591,28 @@ void RegisterLayout(CLI::App& root, CliContext& ctx) {
 void RegisterDefrag(CLI::App& root, CliContext& ctx) {
   auto f = std::make_shared<DefragFlags>();
   CLI::App* cmd = root.add_subcommand(
-      "defrag", "The fewest pods whose move would let a profile fit (a plan; never executed)");
+      "defrag",
+      "The fewest pods whose move would let a profile fit (a plan); with --apply --pod, carry "
+      "it out for that pending pod (evict, reserve the slices)");
   AddCommon(cmd, f->common);
   cmd->add_option("--for", f->profile, "profile (3g.20gb) or slice class (3g)")->required();
   cmd->add_option("--node", f->node, "only this node (default: every node not cordoned)");
   cmd->add_option("--alternatives", f->alternatives, "further plans shown")->capture_default_str();
+  cmd->add_flag("--apply", f->apply,
+                "evict the plan's pods through the Eviction API and reserve the freed slices for "
+                "--pod (the defragmenter's rules: docs/operations.md)");
+  cmd->add_flag("--dry-run", f->dry_run, "with --pod: plan under the same rules, evict nothing");
+  cmd->add_option("--pod", f->pod, "the pending pod (in -n NAMESPACE) to make room for");
+  cmd->add_option("-n,--namespace", f->ns, "the --pod's namespace")->capture_default_str();
+  cmd->add_option("--evictions-per-node", f->limits.per_node_per_hour,
+                  "at most this many evictions on the node")
+      ->capture_default_str();
+  cmd->add_option("--evictions-per-namespace", f->limits.per_namespace_per_hour,
+                  "at most this many evictions per namespace")
+      ->capture_default_str();
+  cmd->add_option("--reservation-ttl", f->limits.reservation_ttl,
+                  "how long the freed slices stay reserved for the pod")
+      ->capture_default_str();
   cmd->callback([f, &ctx] { ctx.exit_code = RunDefragCommand(*f, ctx); });
 }
 

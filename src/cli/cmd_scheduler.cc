@@ -42,6 +42,7 @@ struct SchedulerFlags {
   std::string annotation_writers = std::string(webhook::kDefaultAnnotationWriters);
   std::string binders = std::string(webhook::kDefaultBinders);
   std::string log_level = "info";
+  scheduler::DefragFlags defrag;
 };
 
 std::string Env(const char* name) {
@@ -87,6 +88,11 @@ int RunScheduler(const SchedulerFlags& flags, CliContext& ctx) {
   if (!ParsePositiveDuration(flags.expiry_interval, &expiry_interval)) {
     return bad("--expiry-interval: '" + flags.expiry_interval + "' is not a positive duration");
   }
+  scheduler::DefragmenterOptions defrag;
+  absl::Duration defrag_interval;
+  if (auto st = scheduler::ApplyDefragFlags(flags.defrag, defrag, defrag_interval); !st.ok()) {
+    return bad(std::string(st.message()));
+  }
   auto level = spdlog::level::from_str(flags.log_level);
   if (level == spdlog::level::off && flags.log_level != "off") {
     return bad("--log-level: unknown level '" + flags.log_level + "'");
@@ -118,6 +124,8 @@ int RunScheduler(const SchedulerFlags& flags, CliContext& ctx) {
   options.extender.lock_queue.wait = node_lock_wait;
   options.extender.scheduler_name = flags.scheduler_name;
   options.expiry_interval = expiry_interval;
+  options.defrag = defrag;
+  options.defrag_interval = defrag_interval;
   options.admission.scheduler_name = flags.scheduler_name;
   options.admission.allowlist = config->allowlist;
   options.admission.memory_match = config->memory_match;
@@ -160,6 +168,27 @@ int RunScheduler(const SchedulerFlags& flags, CliContext& ctx) {
 
 }  // namespace
 
+void AddDefragOptions(CLI::App* cmd, scheduler::DefragFlags& f) {
+  cmd->add_option("--defrag", f.mode,
+                  "defragmenter: off, dry-run (events only) or on (evicts pods that block a "
+                  "waiting pod's instance; docs/operations.md)")
+      ->capture_default_str();
+  cmd->add_option("--defrag-wait", f.wait,
+                  "how long a pod waits because of fragmentation before the defragmenter acts")
+      ->capture_default_str();
+  cmd->add_option("--defrag-evictions-per-node-per-hour", f.per_node_per_hour,
+                  "the defragmenter's evictions per node per hour (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--defrag-evictions-per-namespace-per-hour", f.per_namespace_per_hour,
+                  "the defragmenter's evictions per namespace per hour (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--defrag-reservation-ttl", f.reservation_ttl,
+                  "how long freed slices stay reserved for the waiting pod")
+      ->capture_default_str();
+  cmd->add_option("--defrag-interval", f.interval, "how often the leader's defragmenter looks")
+      ->capture_default_str();
+}
+
 void RegisterSchedulerCommand(CLI::App& root, CliContext& ctx) {
   auto flags = std::make_shared<SchedulerFlags>();
   CLI::App* cmd = root.add_subcommand(
@@ -190,6 +219,7 @@ void RegisterSchedulerCommand(CLI::App& root, CliContext& ctx) {
   cmd->add_option("--expiry-interval", flags->expiry_interval,
                   "how often the leader looks for expired reservations")
       ->capture_default_str();
+  AddDefragOptions(cmd, flags->defrag);
   cmd->add_flag("--leader-elect", flags->leader_elect,
                 "elect a leader among replicas on a coordination.k8s.io Lease");
   cmd->add_option("--lease-namespace", flags->lease_namespace,

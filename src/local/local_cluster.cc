@@ -744,6 +744,8 @@ absl::Status LocalCluster::StartSchedulerLocked(Replica& replica) {
   o.extender.resources = config->resources;
   o.extender.reservation_ttl = options_.reservation_ttl;
   o.expiry_interval = options_.expiry_interval;
+  o.defrag = options_.defrag;
+  o.defrag_interval = options_.defrag_interval;
   o.admission.allowlist = config->allowlist;
   o.admission.memory_match = config->memory_match;
   o.admission.resources = config->resources;

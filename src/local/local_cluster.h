@@ -57,6 +57,7 @@
 #include "nvml/sim_nvml.h"
 #include "protocol/device_config.h"
 #include "scheduler/cluster_state.h"
+#include "scheduler/defragmenter.h"
 #include "scheduler/leader_election.h"
 
 namespace dynmig::scheduler {
@@ -125,6 +126,9 @@ struct LocalClusterOptions {
   absl::Duration register_interval = absl::Seconds(5);
   absl::Duration reservation_ttl = absl::Minutes(2);
   absl::Duration expiry_interval = absl::Seconds(10);
+  // The in-process scheduler's defragmenter (`dynmig local --defrag on`): off by default.
+  scheduler::DefragmenterOptions defrag;
+  absl::Duration defrag_interval = absl::Seconds(15);
   // The kube-scheduler stand-in's retry timing: kube-scheduler v1.20's unless a test shrinks it.
   SchedulingQueueTiming scheduler_timing;
   // The stand-in also schedules pods of schedulerName default-scheduler (pods without GPUs), as

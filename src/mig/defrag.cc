@@ -108,7 +108,7 @@ bool OverlappingOwners(const std::vector<Reservation>& reservations, const Place
 
 absl::StatusOr<EvictionPlan> PlanEviction(const GpuPlanner& planner,
                                           const std::vector<Reservation>& reservations,
-                                          std::string_view profile_query) {
+                                          std::string_view profile_query, const OwnerJudge* judge) {
   auto usage = planner.UsageOf(reservations);
   if (!usage.ok()) {
     return absl::InvalidArgumentError(fmt::format("the GPU's reservations are inconsistent: {}",
@@ -127,7 +127,8 @@ absl::StatusOr<EvictionPlan> PlanEviction(const GpuPlanner& planner,
       spec.instance_count > 0 ? spec.instance_count : static_cast<uint32_t>(spec.placements.size());
   const Owners owners(reservations, spec.name);
 
-  using Cost = std::tuple<size_t, uint32_t, uint64_t, uint32_t>;  // owners, units, -score, start
+  // owners, the judge's rank, units, -score, start
+  using Cost = std::tuple<size_t, std::vector<int64_t>, uint32_t, uint64_t, uint32_t>;
   bool found = false;
   Cost best{};
   std::string last_reason;
@@ -144,6 +145,16 @@ absl::StatusOr<EvictionPlan> PlanEviction(const GpuPlanner& planner,
           spec.name, limit);
       continue;
     }
+    std::vector<int64_t> rank;
+    if (judge != nullptr && judge->judge && !chosen.empty()) {
+      std::string why;
+      auto judged = judge->judge(chosen, why);
+      if (!judged.has_value()) {
+        last_reason = fmt::format("slices {}: {}", p.ToString(), why);
+        continue;
+      }
+      rank = std::move(*judged);
+    }
     uint32_t units = 0;
     SliceMask freed = 0;
     for (const auto& name : chosen) {
@@ -153,10 +164,10 @@ absl::StatusOr<EvictionPlan> PlanEviction(const GpuPlanner& planner,
     }
     const SliceMask occupied = ((usage->occupied & ~freed) | p.Mask());
     const uint64_t score = planner.FragmentationScore(FullMask(planner.units()) & ~occupied);
-    const Cost cost{chosen.size(), units, ~score, p.start};
+    Cost cost{chosen.size(), rank, units, ~score, p.start};
     if (found && !(cost < best)) continue;
     found = true;
-    best = cost;
+    best = std::move(cost);
     result.placement = p;
     result.owners.assign(chosen.begin(), chosen.end());
   }
@@ -167,6 +178,7 @@ absl::StatusOr<EvictionPlan> PlanEviction(const GpuPlanner& planner,
     return result;
   }
   result.feasible = true;
+  result.rank = std::get<1>(best);
   for (const auto& name : result.owners) {
     for (const Reservation* r : owners.by_name.at(name).held) {
       result.moved.push_back(*r);

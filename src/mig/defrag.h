@@ -1,6 +1,6 @@
 // Defragmentation analysis: the fewest reservation owners (pods) that would have to move so that
 // one instance of a profile fits, on one GPU and across GPUs. Analysis only: nothing here moves
-// anything, and `dynmig defrag` never executes a plan.
+// anything (the defragmenter, scheduler/defragmenter.h, carries plans out).
 //
 // On one GPU, an instance of the profile fits at a legal placement P when no reservation overlaps
 // P and the profile's instance limit leaves room. For each legal P the owners that must go are
@@ -16,6 +16,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -35,6 +38,7 @@ struct EvictionPlan {
   std::vector<std::string> owners;  // owners that must move, sorted
   std::vector<Reservation> moved;   // their reservations on this GPU, by start
   uint32_t units_moved = 0;         // placement units those reservations cover
+  std::vector<int64_t> rank;        // the OwnerJudge's rank of the owners (empty without one)
   std::string reason;               // why it is infeasible (empty when feasible)
 
   bool fits_now() const { return feasible && owners.empty(); }
@@ -44,13 +48,24 @@ struct EvictionPlan {
 // ("3g": the first allowlisted profile of that class in the default order). -1 when none.
 int ResolveDefragProfile(const GpuPlanner& planner, std::string_view query);
 
+// Judges one set of owners a placement would move (the defragmenter's rules, defrag_policy.h):
+// nullopt refuses the set (the placement is skipped; `why` says why), else a rank compared after
+// the owner count and before the units moved (lower is better).
+struct OwnerJudge {
+  std::function<std::optional<std::vector<int64_t>>(const std::set<std::string>& owners,
+                                                    std::string& why)>
+      judge;
+};
+
 // The minimal eviction on one GPU. An infeasible plan says why: the GPU has no such profile, the
 // profile is not allowlisted there, or pinned reservations block every placement. Errors:
 // kInvalidArgument when `reservations` are not a valid usage of the GPU (unknown profile, illegal
-// placement, overlap): such a GPU is unhealthy, the scheduler does not place on it.
+// placement, overlap): such a GPU is unhealthy, the scheduler does not place on it. With `judge`,
+// sets of owners it refuses are skipped and its rank breaks ties between equal owner counts.
 absl::StatusOr<EvictionPlan> PlanEviction(const GpuPlanner& planner,
                                           const std::vector<Reservation>& reservations,
-                                          std::string_view profile_query);
+                                          std::string_view profile_query,
+                                          const OwnerJudge* judge = nullptr);
 
 // One GPU of the cluster for the cross-GPU analysis.
 struct DefragGpu {

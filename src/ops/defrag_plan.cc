@@ -36,94 +36,14 @@ std::vector<Replacement> ReplaceEvicted(const ClusterSnapshot& snapshot,
                                         const std::string& node, const std::string& gpu_uuid,
                                         const std::string& profile, mig::Placement placement,
                                         absl::Time now) {
-  scheduler::ClusterState state(scheduler::ClusterStateOptions{
-      config.allowlist, config.resources, absl::Minutes(3), config.memory_match});
-  const std::set<std::string> moving(evicted.begin(), evicted.end());
-  for (const auto& n : snapshot.nodes) state.UpsertNode(n);
-  for (const auto& p : snapshot.pods) {
-    if (!moving.count(PodKey(p))) state.UpsertPod(p);
-  }
-  // The freed placement goes to the profile the plan is for.
-  protocol::MigAllocation target;
-  target.gpu_uuid = gpu_uuid;
-  target.profile = profile;
-  target.placement = placement;
-  Object holder = {{"metadata",
-                    {{"name", "dynmig-defrag-target"},
-                     {"namespace", "dynmig-defrag"},
-                     {"annotations",
-                      {{std::string(protocol::kMigAllocationsAnnotation),
-                        protocol::EncodeMigAllocations({target})},
-                       {std::string(protocol::kVgpuNodeAnnotation), node}}}}},
-                   {"spec", {{"nodeName", node}}},
-                   {"status", {{"phase", "Running"}}}};
-  state.UpsertPod(holder);
-  const std::vector<std::string> candidates = SchedulableNodes(snapshot);
+  const auto placed = scheduler::PlaceMovedPods(
+      snapshot.nodes, snapshot.pods,
+      scheduler::ClusterStateOptions{config.allowlist, config.resources, absl::Minutes(3),
+                                     config.memory_match},
+      evicted, node, gpu_uuid, profile, placement, SchedulableNodes(snapshot), now);
   std::vector<Replacement> out;
-  for (const auto& key : evicted) {
-    Replacement r;
-    r.pod = key;
-    const size_t slash = key.find('/');
-    const Object* pod = snapshot.FindPod(key.substr(0, slash), key.substr(slash + 1));
-    if (pod == nullptr) {
-      r.why_not = "the pod is not in the snapshot";
-      out.push_back(std::move(r));
-      continue;
-    }
-    auto request = protocol::ParsePodRequest(*pod, config.resources);
-    if (!request.ok()) {
-      r.why_not = "its request does not parse: " + std::string(request.status().message());
-      out.push_back(std::move(r));
-      continue;
-    }
-    if (candidates.empty()) {
-      r.why_not = "every node is cordoned";
-      out.push_back(std::move(r));
-      continue;
-    }
-    auto decision = state.PlanAndReserve(key, *request, candidates, now);
-    if (!decision.ok()) {
-      r.why_not = std::string(decision.status().message());
-    } else if (decision->reservation) {
-      r.placed = true;
-      r.where = decision->reservation->summary;
-    } else {
-      std::vector<std::string> reasons;
-      for (const auto& [n, why] : decision->failed) reasons.push_back(why);
-      r.why_not = fmt::format("nowhere right now ({}): {}", mig::VerdictName(decision->verdict),
-                              fmt::join(reasons, "; "));
-    }
-    out.push_back(std::move(r));
-  }
+  for (const auto& m : placed) out.push_back({m.pod, m.placed, m.where, m.why_not});
   return out;
-}
-
-DefragInput DefragGpus(const scheduler::ClusterState& state,
-                       const std::vector<scheduler::NodeReport>& reports,
-                       const std::set<std::string>& nodes, absl::Time now) {
-  DefragInput in;
-  for (const auto& n : reports) {
-    if (!nodes.empty() && !nodes.count(n.name)) continue;
-    auto view = state.View(n.name, now);
-    if (!view) continue;
-    for (size_t i = 0; i < n.gpus.size() && i < view->gpus.size(); ++i) {
-      const auto& gv = view->gpus[i];
-      mig::DefragGpu g;
-      g.node = n.name;
-      g.uuid = gv.uuid;
-      g.index = gv.index;
-      g.planner = gv.planner.get();
-      if (gv.planner) in.planners.push_back(gv.planner);
-      g.healthy = gv.healthy && view->healthy;
-      g.unhealthy_reason = !view->healthy ? "node: " + view->unhealthy_reason : gv.unhealthy_reason;
-      for (const auto& r : n.gpus[i].reservations) {
-        g.reservations.push_back({r.profile, r.placement, r.pod});
-      }
-      in.gpus.push_back(std::move(g));
-      in.reports.push_back(&n.gpus[i]);
-    }
-  }
-  return in;
 }
 
 std::string RenderPlanPictures(const scheduler::GpuReport& gpu, const mig::EvictionPlan& plan,
@@ -254,7 +174,9 @@ absl::StatusOr<CommandOutput> RunDefrag(kube::KubeClient& client, const DefragOp
                           in.gpus[i].uuid, why);
     }
   }
-  text += "Nothing was moved: dynmig defrag only plans (drain or delete the pods yourself).\n";
+  text +=
+      "Nothing was moved: this is a plan (--pod NAME --apply carries it out for a pending "
+      "pod).\n";
   out.text = std::move(text);
   out.json = {{"profile", options.profile},
               {"found", best != nullptr},
@@ -262,6 +184,74 @@ absl::StatusOr<CommandOutput> RunDefrag(kube::KubeClient& client, const DefragOp
               {"skipped", skipped},
               {"executed", false}};
   return out;
+}
+
+absl::StatusOr<CommandOutput> RunDefragApply(kube::KubeClient& client,
+                                             const DefragApplyOptions& options,
+                                             const Clock& clock) {
+  if (options.pod.empty()) {
+    return absl::InvalidArgumentError("--apply needs --pod NAME: the pending pod to make room for");
+  }
+  const std::string want(mig::SliceClass(options.profile));
+  if (want.empty()) return absl::InvalidArgumentError("--for: a profile is required");
+  const absl::Time now = clock.Now();
+  auto snap = TakeSnapshot(client, now);
+  if (!snap.ok()) return snap.status();
+  auto source = FindDeviceConfig(client, options.config);
+  if (!source.ok()) return source.status();
+  const protocol::DeviceConfig config = EffectiveConfig(*source);
+  auto state = BuildClusterState(*snap, config);
+  scheduler::DefragmenterOptions d;
+  absl::Duration unused;
+  scheduler::DefragFlags flags = options.flags;
+  flags.mode = "on";
+  if (auto st = scheduler::ApplyDefragFlags(flags, d, unused); !st.ok()) return st;
+  d.resources = config.resources;
+  d.state = scheduler::ClusterStateOptions{config.allowlist, config.resources, absl::Minutes(3),
+                                           config.memory_match};
+  // A silent dry run: the plan's profile must be the one asked for.
+  scheduler::Defragmenter check(client, *state, clock, nullptr, nullptr, d);
+  auto planned = check.ServePod(options.ns, options.pod, true);
+  if (!planned.ok()) return planned.status();
+  if (mig::SliceClass(planned->profile) != want) {
+    return absl::FailedPreconditionError(
+        fmt::format("pod {}/{} would get {} (its request), not {}: nothing done", options.ns,
+                    options.pod, planned->profile, options.profile));
+  }
+  scheduler::EventRecorder events(client, clock, {.component = "dynmig-defrag"});
+  scheduler::Defragmenter run(client, *state, clock, &events, nullptr, d);
+  auto out = run.ServePod(options.ns, options.pod, options.dry_run);
+  events.Flush(absl::Seconds(10));
+  if (!out.ok()) return out.status();
+  CommandOutput result;
+  std::string& text = result.text;
+  const std::string where =
+      fmt::format("slices {} of {} on {}", out->placement.ToString(), out->gpu_uuid, out->node);
+  if (options.dry_run) {
+    text += fmt::format("Dry run: for {} ({}) would evict {} and reserve {}.\n", out->pod,
+                        out->profile, fmt::join(out->evicted, ", "), where);
+  } else if (out->executed) {
+    text += fmt::format("Evicted {} (Eviction API); reserved {} for {} ({}) for {}.\n",
+                        fmt::join(out->evicted, ", "), where, out->pod, out->profile,
+                        absl::FormatDuration(d.reservation_ttl));
+  } else {
+    text += fmt::format(
+        "Stopped: {}; evicted before: {}; the reservation was withdrawn.\n",
+        fmt::join(out->failed, "; "),
+        out->evicted.empty() ? "none" : fmt::format("{}", fmt::join(out->evicted, ", ")));
+  }
+  for (const auto& [pod, why] : out->left) text += fmt::format("  left alone: {}: {}\n", pod, why);
+  result.json = {{"pod", out->pod},
+                 {"profile", out->profile},
+                 {"node", out->node},
+                 {"gpu", out->gpu_uuid},
+                 {"placement", PlacementJson(out->placement)},
+                 {"dryRun", options.dry_run},
+                 {"executed", out->executed},
+                 {"evicted", out->evicted},
+                 {"failed", out->failed},
+                 {"left", out->left}};
+  return result;
 }
 
 }  // namespace dynmig::ops

@@ -13,11 +13,13 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "kube/kube_client.h"
 #include "mig/defrag.h"
 #include "ops/cluster.h"
 #include "ops/picture.h"
 #include "ops/report.h"
+#include "scheduler/defragmenter.h"
 
 namespace dynmig::ops {
 
@@ -51,16 +53,26 @@ std::vector<Replacement> ReplaceEvicted(const ClusterSnapshot& snapshot,
 absl::StatusOr<CommandOutput> RunDefrag(kube::KubeClient& client, const DefragOptions& options,
                                         const SlicePainter& painter, absl::Time now);
 
-// The GPUs of the scheduler's view, for mig::PlanDefrag, in the node and GPU order of `reports`
-// (which must outlive it). Nodes whose name is not in `nodes` are left out (empty: none).
-struct DefragInput {
-  std::vector<mig::DefragGpu> gpus;
-  std::vector<const scheduler::GpuReport*> reports;              // same order as gpus
-  std::vector<std::shared_ptr<const mig::GpuPlanner>> planners;  // keeps gpus[i].planner alive
+// The GPUs of the scheduler's view (scheduler/defragmenter.h).
+using scheduler::DefragGpus;
+using scheduler::DefragInput;
+
+// `dynmig defrag --for PROFILE --pod NS/NAME --apply [--dry-run]`: the scheduler's defragmenter
+// (scheduler/defragmenter.h) serves that pending pod once, now, with the same rules, rate limits
+// (counted within this run only), reservation and Eviction API; the pod's request must resolve to
+// PROFILE (its slice class) on the GPU the plan frees, checked by a silent dry run first. Events
+// are recorded on every pod involved. Errors: kInvalidArgument (flags), kNotFound (no such pod),
+// kFailedPrecondition (no plan under the rules, with why; or another profile), the client's.
+struct DefragApplyOptions {
+  std::string profile;
+  std::string ns;
+  std::string pod;
+  bool dry_run = false;
+  DeviceConfigQuery config;
+  scheduler::DefragFlags flags;  // limits and reservation TTL (mode and timing are ignored)
 };
-DefragInput DefragGpus(const scheduler::ClusterState& state,
-                       const std::vector<scheduler::NodeReport>& reports,
-                       const std::set<std::string>& nodes, absl::Time now);
+absl::StatusOr<CommandOutput> RunDefragApply(kube::KubeClient& client,
+                                             const DefragApplyOptions& options, const Clock& clock);
 
 // "before" and "after" pictures of one plan's GPU.
 std::string RenderPlanPictures(const scheduler::GpuReport& gpu, const mig::EvictionPlan& plan,

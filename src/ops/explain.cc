@@ -7,10 +7,12 @@
 #include "fmt/ranges.h"
 #include "mig/catalogue.h"
 #include "mig/defrag.h"
+#include "mig/defrag_policy.h"
 #include "mig/node_planner.h"
 #include "ops/defrag_plan.h"
 #include "ops/layout.h"
 #include "protocol/annotations.h"
+#include "protocol/defrag.h"
 #include "protocol/mig_allocations.h"
 #include "protocol/pod_request.h"
 
@@ -74,13 +76,7 @@ std::string ScheduledCondition(const Object& pod) {
 }
 
 // The first allowlisted profile (default order) covering `mib` on this planner, or -1.
-int CoveringProfile(const mig::GpuPlanner& planner, const mig::MemoryRequest& m) {
-  const uint64_t want = mig::ResolveMemory(m.mib, m.percent, planner.capability());
-  for (uint32_t idx : planner.allowed()) {
-    if (planner.capability().profiles[idx].SizingMib() >= want) return static_cast<int>(idx);
-  }
-  return -1;
-}
+using mig::CoveringProfile;
 
 bool HasFreePlacement(const mig::GpuPlanner& planner, const mig::GpuUsage& usage, uint32_t idx,
                       mig::Placement* where) {
@@ -484,8 +480,40 @@ void ExplainCordonWait(const Explanation& e, const PendingViews& pv,
   if (!waits.empty()) e.j["cordonedGpus"] = waits;
 }
 
+// The defragmentation reservations (dynmig.io/defrag-reservation) that name the pod: "waiting:
+// defragmentation of GPU X on node evicted a, b; reserved slices S until T".
+void ExplainDefrag(const Explanation& e) {
+  json jd = json::array();
+  for (const auto& n : e.snap.nodes) {
+    auto value = kube::Annotation(n, protocol::kNodeDefragReservationAnnotation);
+    if (!value) continue;
+    auto holds = protocol::DecodeDefragReservations(*value);
+    if (!holds.ok()) continue;
+    for (const auto& h : *holds) {
+      if (h.pod != e.key) continue;
+      const bool expired = absl::FromUnixSeconds(h.expires) <= e.now;
+      const std::string until = absl::FormatTime(
+          absl::RFC3339_sec, absl::FromUnixSeconds(h.expires), absl::UTCTimeZone());
+      e.text += fmt::format(
+          "\nwaiting: defragmentation of {} on {} evicted {}; reserved slices {} ({}) {} {}\n",
+          h.gpu_uuid, kube::Name(n),
+          h.evicted.empty() ? "nothing" : fmt::format("{}", fmt::join(h.evicted, ", ")),
+          h.placement.ToString(), h.profile, expired ? "expired at" : "until", until);
+      jd.push_back({{"node", kube::Name(n)},
+                    {"gpu", h.gpu_uuid},
+                    {"profile", h.profile},
+                    {"placement", {{"start", h.placement.start}, {"size", h.placement.size}}},
+                    {"evicted", h.evicted},
+                    {"expires", until},
+                    {"expired", expired}});
+    }
+  }
+  if (!jd.empty()) e.j["defragmentation"] = jd;
+}
+
 // A pending pod: every node's verdict, whether it fits now, and what would make it fit.
 void ExplainPending(const Explanation& e, const mig::PodRequest& request, size_t closest_gpus) {
+  ExplainDefrag(e);
   const PendingViews pv = ReadPendingViews(e);
   json jnodes = json::array();
   e.text += "\nPer node (the extender's planner, this pod left out):\n";

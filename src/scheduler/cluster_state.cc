@@ -215,6 +215,19 @@ void ClusterState::UpsertNode(const json& node) {
       entry.held_error = std::string(held.status().message());
     }
   }
+  std::erase_if(defrag_holds_, [&](const auto& h) { return h.second == name; });
+  entry.defrag.clear();
+  entry.defrag_error.clear();
+  if (HasAnnotation(node, protocol::kNodeDefragReservationAnnotation)) {
+    auto holds = protocol::DecodeDefragReservations(
+        Annotation(node, protocol::kNodeDefragReservationAnnotation));
+    if (holds.ok()) {
+      entry.defrag = std::move(*holds);
+      for (const auto& h : entry.defrag) defrag_holds_[h.pod] = name;
+    } else {
+      entry.defrag_error = std::string(holds.status().message());
+    }
+  }
   entry.idle.clear();
   entry.idle_error.clear();
   if (HasAnnotation(node, protocol::kNodeIdleInstancesAnnotation)) {
@@ -264,6 +277,7 @@ void ClusterState::RemoveNode(const std::string& name) {
   if (NodeEntry* entry = FindNode(name)) {
     for (const auto& gpu : entry->gpus) Uncount(gpu.info.type);
   }
+  std::erase_if(defrag_holds_, [&](const auto& h) { return h.second == name; });
   index_.erase(name);
   if (nodes_.erase(name) > 0) ++nodes_generation_;
 }
@@ -374,6 +388,12 @@ struct ClusterState::RebuildState {
   std::vector<GpuFault> unhealthy;
   std::vector<mig::SliceMask> held_mask;
   std::vector<std::vector<int>> held_profiles;
+  // Active defragmentation reservations: per GPU their slices and profiles, and (index into
+  // report.defrag, GPU) of each.
+  std::vector<mig::SliceMask> hold_mask;
+  std::vector<std::vector<int>> hold_profiles;
+  std::vector<std::pair<size_t, size_t>> holds;
+  absl::Time next_expiry = absl::InfiniteFuture();
 
   RebuildState(const NodeEntry& n, NodeReport& r)
       : node(n),
@@ -381,7 +401,9 @@ struct ClusterState::RebuildState {
         reserved(n.gpus.size()),
         unhealthy(n.gpus.size()),
         held_mask(n.gpus.size(), 0),
-        held_profiles(n.gpus.size()) {
+        held_profiles(n.gpus.size()),
+        hold_mask(n.gpus.size(), 0),
+        hold_profiles(n.gpus.size()) {
     report.gpus.resize(n.gpus.size());
   }
   int GpuIndex(const std::string& uuid) const {
@@ -465,6 +487,39 @@ void ClusterState::CollectHeldSlices(RebuildState& st) {
   }
 }
 
+void ClusterState::CollectDefragHolds(RebuildState& st, absl::Time now) const {
+  const NodeEntry& node = st.node;
+  if (!node.defrag_error.empty()) {
+    st.FailAll("unreadable-defrag-reservation",
+               fmt::format("unreadable {}: {}", protocol::kNodeDefragReservationAnnotation,
+                           node.defrag_error));
+    st.report.defrag_error = node.defrag_error;
+  }
+  for (const auto& r : node.defrag) {
+    NodeReport::DefragHold h{r, false, false};
+    bool own = node.assumed.count(r.pod) > 0;
+    if (auto p = pods_.find(r.pod); !own && p != pods_.end() && node.pods.count(r.pod)) {
+      own =
+          p->second.has_annotation && p->second.allocations.ok() && !p->second.allocations->empty();
+    }
+    const absl::Time expires = absl::FromUnixSeconds(r.expires);
+    h.active = !own && now < expires;
+    const int g = st.GpuIndex(r.gpu_uuid);
+    if (h.active && g >= 0 && node.gpus[g].planner != nullptr &&
+        r.placement.end() <= node.gpus[g].planner->units()) {
+      st.next_expiry = std::min(st.next_expiry, expires);
+      st.hold_mask[g] |= r.placement.Mask();
+      st.hold_profiles[g].push_back(node.gpus[g].planner->ProfileIndex(r.profile));
+      st.holds.emplace_back(st.report.defrag.size(), static_cast<size_t>(g));
+      st.report.gpus[g].reservations.push_back(
+          {"(defrag reservation for " + r.pod + ")", r.profile, r.placement, false, std::nullopt});
+    } else {
+      h.active = false;
+    }
+    st.report.defrag.push_back(std::move(h));
+  }
+}
+
 mig::GpuView ClusterState::BuildGpuView(RebuildState& st, size_t i) {
   const NodeEntry& node = st.node;
   const GpuEntry& gpu = node.gpus[i];
@@ -504,6 +559,16 @@ mig::GpuView ClusterState::BuildGpuView(RebuildState& st, size_t i) {
       for (int idx : st.held_profiles[i]) {
         if (idx >= 0 && static_cast<size_t>(idx) < gv.usage.counts.size()) ++gv.usage.counts[idx];
       }
+      // Defragmentation reservations: blocked while anything else still overlaps them.
+      for (const auto& [h, g] : st.holds) {
+        if (g != i) continue;
+        auto& hold = st.report.defrag[h];
+        hold.blocked = (gv.usage.occupied & hold.reservation.placement.Mask()) != 0;
+      }
+      gv.usage.occupied |= st.hold_mask[i];
+      for (int idx : st.hold_profiles[i]) {
+        if (idx >= 0 && static_cast<size_t>(idx) < gv.usage.counts.size()) ++gv.usage.counts[idx];
+      }
     } else {
       fault = {"conflicting-reservations",
                "conflicting reservations: " + std::string(usage.status().message())};
@@ -537,7 +602,7 @@ void ClusterState::AddIdleInstances(const NodeEntry& node, mig::GpuView& gv, Gpu
   }
 }
 
-void ClusterState::Rebuild(NodeEntry& node) const {
+void ClusterState::Rebuild(NodeEntry& node, absl::Time now) const {
   mig::NodeView& view = node.view;
   view = mig::NodeView{};
   node.report = NodeReport{};
@@ -549,6 +614,8 @@ void ClusterState::Rebuild(NodeEntry& node) const {
   RebuildState st(node, node.report);
   CollectReservations(st);
   CollectHeldSlices(st);
+  CollectDefragHolds(st, now);
+  node.next_defrag_expiry = st.next_expiry;
   view.gpus.reserve(node.gpus.size());
   for (size_t i = 0; i < node.gpus.size(); ++i) view.gpus.push_back(BuildGpuView(st, i));
   node.summary = mig::Summarize(view);
@@ -585,7 +652,12 @@ bool ClusterState::Stale(const NodeEntry& node, absl::Time now) const {
 
 const mig::NodeView& ClusterState::ViewOf(NodeEntry& node, absl::Time now) const {
   if (!node.dirty && !Stale(node, now)) return node.view;
-  if (node.dirty) Rebuild(node);
+  // Defragmentation reservations expire with time alone (and come back when the clock is set
+  // back): rebuilt then too.
+  if (node.dirty || now >= node.next_defrag_expiry ||
+      (!node.defrag.empty() && now < node.viewed_at)) {
+    Rebuild(node, now);
+  }
   // Health from the last report and the bind lock change with time alone: decided here, and
   // every reader checks them (Stale) before it trusts the cached view.
   std::string reason, code;
@@ -620,6 +692,7 @@ const mig::NodeView& ClusterState::ViewOf(NodeEntry& node, absl::Time now) const
   if (node.view.bind_in_flight) {
     node.stale_at = std::min(node.stale_at, *node.locked_at + kDefaultNodeLockExpiry);
   }
+  node.stale_at = std::min(node.stale_at, node.next_defrag_expiry);
   ++node.version;
   return node.view;
 }
@@ -771,15 +844,14 @@ bool ClusterState::Repair(Planned& p, absl::Time now) {
   return true;
 }
 
-void ClusterState::Finish(Planned& p, const mig::PodRequest& request) const {
-  const NodeEntry& chosen = *(*p.entries)[p.session->chosen()];
-  const mig::NodeView& node = chosen.view;
-  p.decision.verdict = mig::Verdict::kFits;
+Reservation ClusterState::MakeReservation(const std::string& node_name, const mig::NodeView& node,
+                                          const mig::NodePlan& plan,
+                                          const mig::PodRequest& request) {
   Reservation r;
-  r.node = chosen.name;
+  r.node = node_name;
   r.devices.resize(request.containers.size());
   std::vector<std::string> parts;
-  for (const auto& a : p.session->Winner()->assignments) {
+  for (const auto& a : plan.assignments) {
     const mig::GpuView& gpu = node.gpus[a.gpu];
     const auto& cap = gpu.planner->capability();
     const auto& spec = cap.profiles[a.profile_index];
@@ -801,7 +873,73 @@ void ClusterState::Finish(Planned& p, const mig::PodRequest& request) const {
                                 a.placement.ToString(), gpu.uuid));
   }
   r.summary = fmt::format("{} on {}", fmt::join(parts, ", "), r.node);
-  p.decision.reservation = std::move(r);
+  return r;
+}
+
+void ClusterState::Finish(Planned& p, const mig::PodRequest& request) const {
+  const NodeEntry& chosen = *(*p.entries)[p.session->chosen()];
+  p.decision.verdict = mig::Verdict::kFits;
+  p.decision.reservation = MakeReservation(chosen.name, chosen.view, *p.session->Winner(), request);
+}
+
+std::optional<FilterDecision> ClusterState::ReserveInDefragHold(
+    const std::string& pod_key, const mig::PodRequest& request,
+    const std::vector<std::string>& candidates, absl::Time now, const std::string& pod_uid) {
+  auto where = defrag_holds_.find(pod_key);
+  if (where == defrag_holds_.end() || assumed_.count(pod_key)) return std::nullopt;
+  NodeEntry* node = FindNode(where->second);
+  if (node == nullptr) return std::nullopt;
+  if (!candidates.empty() &&
+      std::find(candidates.begin(), candidates.end(), node->name) == candidates.end()) {
+    return std::nullopt;
+  }
+  const mig::NodeView& view = ViewOf(*node, now);
+  if (!view.healthy) return std::nullopt;
+  const NodeReport::DefragHold* hold = nullptr;
+  for (const auto& h : node->report.defrag) {
+    if (h.reservation.pod != pod_key || !h.active || h.blocked) continue;
+    if (!h.reservation.pod_uid.empty() && !pod_uid.empty() && h.reservation.pod_uid != pod_uid) {
+      continue;
+    }
+    hold = &h;
+  }
+  if (hold == nullptr) return std::nullopt;
+  // The node with only the reserved slices free: the planner decides whether the request fits.
+  mig::NodeView only = view;
+  bool found = false;
+  for (auto& g : only.gpus) {
+    if (g.uuid != hold->reservation.gpu_uuid || g.planner == nullptr || !g.healthy) {
+      g.healthy = false;
+      g.unhealthy_reason = "not the GPU of the defragmentation reservation";
+      continue;
+    }
+    found = true;
+    const mig::SliceMask mask = hold->reservation.placement.Mask();
+    g.usage.occupied = mig::FullMask(g.planner->units()) & ~mask;
+    const int idx = g.planner->ProfileIndex(hold->reservation.profile);
+    if (idx >= 0 && static_cast<size_t>(idx) < g.usage.counts.size() && g.usage.counts[idx] > 0) {
+      --g.usage.counts[idx];
+    }
+    g.idle.clear();
+  }
+  if (!found) return std::nullopt;
+  const mig::NodePlan plan = mig::PlanPodOnNode(only, request);
+  if (!plan.fits()) return std::nullopt;
+  FilterDecision decision;
+  decision.reservation = MakeReservation(node->name, only, plan, request);
+  decision.reservation->summary += " (slices reserved by defragmentation)";
+  assumed_[pod_key] = {*decision.reservation, absl::ToUnixSeconds(now), pod_uid, false};
+  node->assumed.insert(pod_key);
+  Touch(*node);
+  ViewOf(*node, now);
+  return decision;
+}
+
+std::optional<std::string> ClusterState::DefragHoldNode(const std::string& pod_key) const {
+  dynmig::ReaderMutexLock lock(&mu_);
+  auto it = defrag_holds_.find(pod_key);
+  if (it == defrag_holds_.end()) return std::nullopt;
+  return it->second;
 }
 
 absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
@@ -829,6 +967,18 @@ absl::StatusOr<FilterDecision> ClusterState::PlanAndReserve(
     ViewOf(chosen, now);  // rebuilt now, so the next filter finds every node up to date
     return std::move(p.decision);
   };
+  // A pod with a defragmentation reservation goes there first, once nothing else overlaps it.
+  {
+    bool has_hold = false;
+    {
+      dynmig::ReaderMutexLock lock(&mu_);
+      has_hold = defrag_holds_.count(pod_key) > 0;
+    }
+    if (has_hold) {
+      dynmig::MutexLock lock(&mu_);
+      if (auto d = ReserveInDefragHold(pod_key, request, candidates, now, pod_uid)) return *d;
+    }
+  }
   // Optimistic: plan under the shared lock (filters plan in parallel), then, under the exclusive
   // lock, re-plan only the nodes that changed meanwhile and record the choice. After a few lost
   // races the whole decision runs under the exclusive lock, so a filter always finishes.

@@ -14,6 +14,13 @@
 // naming a GPU the node does not have, or one that is illegal or overlaps another, fails closed
 // too. Each such GPU carries the reason.
 //
+// Defragmentation reservations (dynmig.io/defrag-reservation on the Node, written by the
+// defragmenter): until it expires, a reservation's slices count as occupied for every pod but the
+// one it names (uid included when it carries one), and stop counting once that pod holds a
+// reservation of its own on the node. PlanAndReserve places the named pod into its reserved slices
+// first (the planner on the node with only those slices free), as soon as nothing else overlaps
+// them; otherwise it plans the pod as usual. An unreadable annotation fails the node closed.
+//
 // Thread-safe: informer handlers update it while filters plan on it. A reader-writer lock guards
 // the nodes and pods; a filter plans under the shared lock (filters plan in parallel) and takes
 // the exclusive lock only to record its choice, after checking that the chosen node did not change
@@ -37,6 +44,7 @@
 #include "mig/allowlist.h"
 #include "mig/node_planner.h"
 #include "nlohmann/json.hpp"
+#include "protocol/defrag.h"
 #include "protocol/devices.h"
 #include "protocol/held_slices.h"
 #include "protocol/idle_instances.h"
@@ -98,6 +106,14 @@ struct NodeReport {
   std::vector<GpuReport> gpus;
   // hami.io/mutex.lock's time while a bind holds the node's lock (metrics: how long it is held).
   std::optional<absl::Time> locked_at;
+  // dynmig.io/defrag-reservation, as read (expired ones included; `active` says which count).
+  struct DefragHold {
+    protocol::DefragReservation reservation;
+    bool active = false;   // not expired, and the pod holds no reservation of its own here
+    bool blocked = false;  // other reservations still overlap its slices
+  };
+  std::vector<DefragHold> defrag;
+  std::string defrag_error;  // the annotation could not be decoded (the node is failed closed)
 };
 
 // What a successful filter decided: the node and the annotations to write on the pod.
@@ -183,6 +199,10 @@ class ClusterState {
   // The NVML names of the MIG GPU models the nodes register (sorted, each once).
   std::vector<std::string> Models() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The node holding a defragmentation reservation for the pod (namespace/name), if any.
+  std::optional<std::string> DefragHoldNode(const std::string& pod_key) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // The node's view for the planner (tests and explain).
   std::optional<mig::NodeView> View(const std::string& node, absl::Time now) const
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -219,7 +239,12 @@ class ClusterState {
     // dynmig.io/idle-mig-instances: idle (warm) instances, preferred placements.
     std::vector<protocol::IdleInstance> idle;
     std::string idle_error;  // the annotation could not be decoded (ignored: only a preference)
-    std::string handshake;   // hami.io/node-handshake value
+    // dynmig.io/defrag-reservation: slices freed for a waiting pod.
+    std::vector<protocol::DefragReservation> defrag;
+    std::string defrag_error;  // the annotation could not be decoded (fails the node closed)
+    // The earliest expiry among the active reservations (a rebuild is due then).
+    absl::Time next_defrag_expiry = absl::InfiniteFuture();
+    std::string handshake;                // hami.io/node-handshake value
     std::optional<absl::Time> locked_at;  // hami.io/mutex.lock's time: a bind is in flight
     std::vector<GpuEntry> gpus;
     // hami.io/device-cordon (protocol/device_cordon.h): GPUs that take no new reservation; when
@@ -283,11 +308,22 @@ class ClusterState {
   };
   // Rebuilds the node's view, report and summary from its GPUs, the reservations of its pods and
   // assumptions, its held slices and idle instances.
-  void Rebuild(NodeEntry& node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Rebuild(NodeEntry& node, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rebuild's steps (RebuildState gathers per GPU what the view is written from).
   struct RebuildState;
   void CollectReservations(RebuildState& st) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   static void CollectHeldSlices(RebuildState& st);
+  void CollectDefragHolds(RebuildState& st, absl::Time now) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The pod placed into its defragmentation reservation, when it has one that nothing else
+  // overlaps any more and its request fits there; nullopt otherwise (plan as usual).
+  std::optional<FilterDecision> ReserveInDefragHold(const std::string& pod_key,
+                                                    const mig::PodRequest& request,
+                                                    const std::vector<std::string>& candidates,
+                                                    absl::Time now, const std::string& pod_uid)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The reservation of `plan` on `node` (its view) for the request.
+  static Reservation MakeReservation(const std::string& node, const mig::NodeView& view,
+                                     const mig::NodePlan& plan, const mig::PodRequest& request);
   static mig::GpuView BuildGpuView(RebuildState& st, size_t i);
   static void AddIdleInstances(const NodeEntry& node, mig::GpuView& gv, GpuReport& gr);
   // The GPUs (indices into node.gpus) a pod without a readable reservation makes unschedulable,
@@ -363,6 +399,8 @@ class ClusterState {
   std::map<std::string, PodEntry> pods_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, AssumedEntry> assumed_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> released_ ABSL_GUARDED_BY(mu_);  // ReleaseUnrealized
+  // Pod key -> the node whose dynmig.io/defrag-reservation names it.
+  std::map<std::string, std::string> defrag_holds_ ABSL_GUARDED_BY(mu_);
   // By capability key.
   std::map<std::string, std::shared_ptr<const mig::GpuPlanner>> planners_ ABSL_GUARDED_BY(mu_);
 };

@@ -148,6 +148,20 @@ SchedulerMetrics::SchedulerMetrics() : registry_(std::make_shared<prometheus::Re
     filter_total_->Add({{"outcome", o}});
   }
   for (const char* o : {"bound", "error"}) bind_total_->Add({{"outcome", o}});
+  defrag_evictions_total_ = &prometheus::BuildCounter()
+                                 .Name("dynmig_scheduler_defrag_evictions_total")
+                                 .Help("Evictions asked by the defragmenter, by result")
+                                 .Register(*registry_);
+  for (const char* r : {"evicted", "not-found", "refused-by-pdb", "error"}) {
+    defrag_evictions_total_->Add({{"result", r}});
+  }
+  defrag_plans_total_ = &prometheus::BuildCounter()
+                             .Name("dynmig_scheduler_defrag_plans_total")
+                             .Help("Defragmentation plans for waiting pods, by outcome")
+                             .Register(*registry_);
+  for (const char* o : {"executed", "dry-run", "no-plan", "rate-limited", "failed"}) {
+    defrag_plans_total_->Add({{"outcome", o}});
+  }
   for (const char* a : {"released", "forgotten", "bind-failed"}) {
     expiries_total_->Add({{"action", a}});
   }
@@ -168,6 +182,14 @@ void SchedulerMetrics::ObserveBind(bool ok, absl::Duration latency) {
 
 void SchedulerMetrics::CountExpiry(std::string_view action) {
   expiries_total_->Add({{"action", std::string(action)}}).Increment();
+}
+
+void SchedulerMetrics::CountDefragEviction(std::string_view result) {
+  defrag_evictions_total_->Add({{"result", std::string(result)}}).Increment();
+}
+
+void SchedulerMetrics::CountDefragPlan(std::string_view outcome) {
+  defrag_plans_total_->Add({{"outcome", std::string(outcome)}}).Increment();
 }
 
 void SchedulerMetrics::CountUnauthenticated(std::string_view path) {
@@ -251,7 +273,9 @@ std::string SchedulerMetrics::Render(const std::vector<NodeReport>& nodes, bool 
                               "Reserved MIG instances by state: assumed (annotation not seen "
                               "yet), reserved (not created yet), ready (runtime identity known)");
   std::map<std::string, int64_t> states = {{"assumed", 0}, {"reserved", 0}, {"ready", 0}};
+  int64_t defrag_active = 0;
   for (const auto& node : nodes) {
+    for (const auto& h : node.defrag) defrag_active += h.active ? 1 : 0;
     if (!node.healthy) {
       node_unhealthy.metric.push_back(
           Gauge(1, {{"node", node.name}, {"reason", node.unhealthy_code}}));
@@ -264,6 +288,7 @@ std::string SchedulerMetrics::Render(const std::vector<NodeReport>& nodes, bool 
                                                {"reason", gpu.unhealthy_code}}));
       }
       for (const auto& r : gpu.reservations) {
+        if (r.pod.starts_with("(defrag")) continue;  // counted below
         if (r.assumed) {
           ++states["assumed"];
         } else if (r.runtime.has_value()) {
@@ -294,6 +319,10 @@ std::string SchedulerMetrics::Render(const std::vector<NodeReport>& nodes, bool 
   auto waiting = GaugeFamily("dynmig_scheduler_binds_waiting_for_node_lock",
                              "Binds queued for a node's lock (hami.io/mutex.lock) now");
   waiting.metric.push_back(Gauge(static_cast<double>(binds_waiting), {}));
+  auto defrag = GaugeFamily("dynmig_scheduler_defrag_reservations_active",
+                            "Slices reserved by defragmentation for a waiting pod, in force now");
+  defrag.metric.push_back(Gauge(static_cast<double>(defrag_active), {}));
+  families.push_back(std::move(defrag));
   families.push_back(std::move(info));
   families.push_back(std::move(fail_closed));
   families.push_back(std::move(node_unhealthy));

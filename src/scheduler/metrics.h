@@ -16,6 +16,9 @@
 //   dynmig_scheduler_reservations_total, dynmig_scheduler_reservation_expiries_total{action}
 //   dynmig_scheduler_bind_total{outcome="bound|error"}
 //   dynmig_scheduler_unauthenticated_total{path="/filter|/bind|/layout"}
+//   dynmig_scheduler_defrag_evictions_total{result="evicted|not-found|refused-by-pdb|error"}
+//   dynmig_scheduler_defrag_plans_total{outcome="executed|dry-run|no-plan|rate-limited|failed"}
+//   dynmig_scheduler_defrag_reservations_active   dynmig.io/defrag-reservation entries in force
 //   dynmig_scheduler_filter_duration_seconds, dynmig_scheduler_bind_duration_seconds (histograms)
 //   dynmig_scheduler_pod_wait_seconds{profile}   histogram: a MIG pod's creation to its successful
 //       bind, once per profile the pod holds (the bind is the scheduler's last step; what follows,
@@ -74,6 +77,9 @@ class SchedulerMetrics {
   // action: "released" (unbound pod), "forgotten" (assumption without annotation),
   // "bind-failed" (bound pod whose Allocate failed).
   void CountExpiry(std::string_view action);
+  // The defragmenter (defragmenter.h): one eviction's result, one plan's outcome.
+  void CountDefragEviction(std::string_view result);
+  void CountDefragPlan(std::string_view outcome);
   // A /filter or /bind refused for want of a valid client certificate.
   void CountUnauthenticated(std::string_view path);
 
@@ -106,6 +112,8 @@ class SchedulerMetrics {
   prometheus::Family<prometheus::Counter>* expiries_total_;
   prometheus::Family<prometheus::Counter>* bind_total_;
   prometheus::Family<prometheus::Counter>* unauthenticated_total_;
+  prometheus::Family<prometheus::Counter>* defrag_evictions_total_;
+  prometheus::Family<prometheus::Counter>* defrag_plans_total_;
   prometheus::Counter* reservations_total_;
   prometheus::Histogram* filter_latency_;
   prometheus::Histogram* bind_latency_;

@@ -6,6 +6,7 @@
 
 #include "common/strings.h"
 #include "fmt/format.h"
+#include "fmt/ranges.h"
 #include "kube/object.h"
 #include "protocol/annotations.h"
 #include "spdlog/spdlog.h"
@@ -156,6 +157,18 @@ absl::Status SchedulerServer::Init() {
   }
   if (absl::Status st = Listen(); !st.ok()) return st;
 
+  StartLoops();
+  return absl::OkStatus();
+}
+
+void SchedulerServer::StartLoops() {
+  DefragmenterOptions d = options_.defrag;
+  d.scheduler_name = options_.extender.scheduler_name;
+  d.resources = options_.extender.resources;
+  d.state = options_.state;
+  if (!options_.pod_namespace.empty()) d.rules.system_namespaces.insert(options_.pod_namespace);
+  defragmenter_ = std::make_unique<Defragmenter>(client_, *state_, clock_, events_.get(),
+                                                 metrics_.get(), std::move(d));
   if (options_.expiry_interval > absl::ZeroDuration()) {
     expiry_thread_ = std::thread([this] {
       dynmig::MutexLock lock(&loop_mu_);
@@ -170,7 +183,34 @@ absl::Status SchedulerServer::Init() {
       }
     });
   }
-  return absl::OkStatus();
+  if (options_.defrag.mode != DefragMode::kOff && options_.defrag_interval > absl::ZeroDuration()) {
+    defrag_thread_ = std::thread([this] {
+      dynmig::MutexLock lock(&loop_mu_);
+      while (!stopped_) {
+        clock_.WaitFor(loop_cv_, loop_mu_, options_.defrag_interval,
+                       [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_mu_) { return stopped_; });
+        if (stopped_) break;
+        loop_mu_.Unlock();
+        auto result = RunDefragPass();
+        if (!result.ok() && result.status().code() != absl::StatusCode::kFailedPrecondition) {
+          spdlog::warn("defragmenter: {}", std::string(result.status().message()));
+        } else if (result.ok()) {
+          for (const auto& t : result->tidied) spdlog::info("defragmenter: dropped {}", t);
+          if (!result->pod.empty()) {
+            spdlog::info("defragmenter{}: for {} on {}: evicted {}; failed {}",
+                         result->dry_run ? " (dry run)" : "", result->pod, result->node,
+                         fmt::join(result->evicted, ", "), fmt::join(result->failed, "; "));
+          }
+        }
+        loop_mu_.Lock();
+      }
+    });
+  }
+}
+
+absl::StatusOr<Defragmenter::Outcome> SchedulerServer::RunDefragPass() {
+  if (std::string gate = WriteGate(); !gate.empty()) return absl::FailedPreconditionError(gate);
+  return defragmenter_->RunOnce();
 }
 
 void SchedulerServer::UpdateNodeCapacity(const kube::Object& node) {
@@ -412,6 +452,7 @@ void SchedulerServer::Stop() {
   loop_cv_.SignalAll();
   if (extender_ != nullptr) extender_->StopWaiting();
   if (expiry_thread_.joinable()) expiry_thread_.join();
+  if (defrag_thread_.joinable()) defrag_thread_.join();
   if (elector_ != nullptr) elector_->Stop();
   // Waits for in-flight requests and, as httplib 0.11 does not wake idle keep-alive connections
   // on stop(), up to options.keep_alive_timeout for those.

@@ -21,6 +21,9 @@
 // (client_auth.h), and so does /layout; the webhooks, /metrics (which names no pod) and the probes
 // need none.
 //
+// The defragmenter (defragmenter.h) runs on the leader alone, every defrag_interval, when its mode
+// is not off.
+//
 // With leader election, only the leader writes: a follower answers filter and bind with an Error
 // saying it is not the leader, and does not expire reservations. The leader labels its own pod
 // (pod_namespace/pod_name) dynmig.io/role=leader and the previous holder's pod
@@ -48,6 +51,7 @@
 #include "protocol/annotations.h"
 #include "scheduler/client_auth.h"
 #include "scheduler/cluster_state.h"
+#include "scheduler/defragmenter.h"
 #include "scheduler/events.h"
 #include "scheduler/extender.h"
 #include "scheduler/leader_election.h"
@@ -99,6 +103,10 @@ struct SchedulerServerOptions {
   // How often the leader expires reservations; zero = never by itself (tests call
   // ExpireReservations()).
   absl::Duration expiry_interval = absl::Seconds(30);
+  // The defragmenter (defragmenter.h): off by default. When not off the leader runs a pass every
+  // defrag_interval (zero = never by itself: tests call RunDefragPass()).
+  DefragmenterOptions defrag;
+  absl::Duration defrag_interval = absl::Seconds(15);
   // The largest body of any endpoint: /filter's ExtenderArgs (16 MiB); an AdmissionReview is then
   // held to its own 7 MiB and a /bind body to 64 KiB as they are parsed (common/bounded_json.h).
   size_t max_body_bytes = kExtenderArgsJsonLimits.max_bytes;
@@ -148,11 +156,16 @@ class SchedulerServer {
 
   std::string MetricsText() const;
   Extender::ExpiryResult ExpireReservations() { return extender_->ExpireReservations(); }
+  // One defragmenter pass when this replica may write (else kFailedPrecondition with why not).
+  absl::StatusOr<Defragmenter::Outcome> RunDefragPass();
+  Defragmenter& defragmenter() { return *defragmenter_; }
 
  private:
   SchedulerServer(kube::KubeClient& client, const Clock& clock, SchedulerServerOptions options);
   absl::Status Init();
   absl::Status Listen();
+  // The defragmenter, then the expiry and defragmenter loops (by their intervals).
+  void StartLoops();
   void OnLeadership(bool leading, const std::string& previous_holder);
   // Feeds node_capacity_ (when the webhook's instance bound is ours to keep).
   void UpdateNodeCapacity(const kube::Object& node);
@@ -172,6 +185,7 @@ class SchedulerServer {
   std::unique_ptr<SchedulerMetrics> metrics_;
   std::unique_ptr<EventRecorder> events_;
   std::unique_ptr<Extender> extender_;
+  std::unique_ptr<Defragmenter> defragmenter_;
   std::unique_ptr<webhook::AdmissionHandler> admission_;
   std::unique_ptr<webhook::NodeCapacityIndex> node_capacity_;  // null: max_instances_per_node given
   std::unique_ptr<webhook::CertReloader> cert_reloader_;
@@ -188,6 +202,7 @@ class SchedulerServer {
   dynmig::CondVar loop_cv_;
   bool stopped_ ABSL_GUARDED_BY(loop_mu_) = false;
   std::thread expiry_thread_;
+  std::thread defrag_thread_;
 };
 
 }  // namespace dynmig::scheduler

@@ -233,6 +233,11 @@ const Unreachable kUnreachable[] = {
      "the upstream kube-scheduler container's leader election"},
     {local::kSchedulerUser, kCoordination, "leases", "update", "dynmig-kube-scheduler",
      "the upstream kube-scheduler container's leader election"},
+    // The defragmenter is off by default and in this run (tests/scheduler/defragmenter_test.cc
+    // and tests/ops/defrag_cmd_test.cc exercise these calls).
+    {local::kSchedulerUser, "", "pods/eviction", "create", "", "the defragmenter, off in this run"},
+    {local::kSchedulerUser, "policy", "poddisruptionbudgets", "list", "",
+     "the defragmenter, off in this run"},
 };
 
 // Discovery and version endpoints: every authenticated user may read them (the built-in

@@ -109,3 +109,83 @@ TEST_F(DefragCmdTest, BadInput) {
 
 }  // namespace
 }  // namespace dynmig::ops::testing
+
+namespace dynmig::ops::testing {
+namespace {
+
+class DefragApplyTest : public DefragCmdTest {
+ protected:
+  void AddWaiting() {
+    json p = Pod("wants3g", "", 19000, "Pending");
+    p["spec"]["schedulerName"] = "dynmig-scheduler";
+    Add(p);
+  }
+  void AddControlled(const std::string& name, uint32_t start) {
+    json p = PlacedPod(name, "node-a", 4000, {{"GPU-a0", "1g.5gb", start, 1, std::nullopt}});
+    p["metadata"]["ownerReferences"] = json::array({{{"apiVersion", "apps/v1"},
+                                                     {"kind", "ReplicaSet"},
+                                                     {"name", "rs"},
+                                                     {"uid", "rs-1"},
+                                                     {"controller", true}}});
+    Add(p);
+  }
+  bool Exists(const std::string& name) {
+    auto p = server_->store().Get(kube::Resource::kPods, "default", name);
+    return p.ok() && !kube::IsBeingDeleted(*p);
+  }
+};
+
+TEST_F(DefragApplyTest, WithoutAControllerNothingIsEvicted) {
+  AddWaiting();
+  auto r = Run({"defrag", "--for", "3g", "--pod", "wants3g", "--apply"});
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.err.find("no controller owns it"), std::string::npos) << r.err << r.out;
+  EXPECT_TRUE(Exists("small-a"));
+  EXPECT_TRUE(Exists("small-b"));
+  // --apply without --pod is refused.
+  auto bad = Run({"defrag", "--for", "3g", "--apply"});
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("--pod"), std::string::npos) << bad.err;
+}
+
+TEST_F(DefragApplyTest, ApplyEvictsThePlanReservesAndExplainShowsTheTrail) {
+  // Replace the fixture's small pods with controlled ones at the same slices.
+  kube::DeleteOptions at_once;
+  at_once.grace_period_seconds = 0;
+  ASSERT_TRUE(server_->store().Delete(kube::Resource::kPods, "default", "small-a", at_once).ok());
+  ASSERT_TRUE(server_->store().Delete(kube::Resource::kPods, "default", "small-b", at_once).ok());
+  AddControlled("ctl-a", 1);
+  AddControlled("ctl-b", 5);
+  AddWaiting();
+  const json dry = RunJson({"defrag", "--for", "3g", "--pod", "wants3g", "--dry-run"}, 0);
+  EXPECT_EQ(dry["evicted"], json::array({"default/ctl-b"})) << dry.dump(2);
+  EXPECT_TRUE(Exists("ctl-b"));
+  // Another profile than the pod's request: refused before anything is done.
+  auto other = Run({"defrag", "--for", "7g", "--pod", "wants3g", "--apply"});
+  EXPECT_NE(other.code, 0);
+  EXPECT_NE(other.err.find("would get 3g.20gb"), std::string::npos) << other.err;
+  const json r = RunJson({"defrag", "--for", "3g", "--pod", "wants3g", "--apply"}, 0);
+  EXPECT_EQ(r["executed"], true) << r.dump(2);
+  EXPECT_EQ(r["evicted"], json::array({"default/ctl-b"}));
+  EXPECT_EQ(r["gpu"], "GPU-a0");
+  EXPECT_EQ(r["placement"]["start"], 4);
+  EXPECT_FALSE(Exists("ctl-b"));
+  EXPECT_TRUE(Exists("ctl-a"));
+  auto node = server_->store().Get(kube::Resource::kNodes, "", "node-a");
+  ASSERT_TRUE(node.ok());
+  auto hold = kube::Annotation(*node, protocol::kNodeDefragReservationAnnotation);
+  ASSERT_TRUE(hold.has_value());
+  EXPECT_NE(hold->find("default/wants3g"), std::string::npos) << *hold;
+  auto explain = Run({"explain", "wants3g"});
+  EXPECT_NE(explain.out.find("waiting: defragmentation of GPU-a0 on node-a evicted default/ctl-b; "
+                             "reserved slices 4-7 (3g.20gb) until"),
+            std::string::npos)
+      << explain.out;
+  // A second --apply for the same pod is refused: a plan is in flight.
+  auto again = Run({"defrag", "--for", "3g", "--pod", "wants3g", "--apply"});
+  EXPECT_NE(again.code, 0);
+  EXPECT_NE(again.err.find("reserved by defragmentation already"), std::string::npos) << again.err;
+}
+
+}  // namespace
+}  // namespace dynmig::ops::testing

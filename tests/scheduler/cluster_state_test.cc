@@ -631,3 +631,83 @@ TEST_F(ClusterStateTest, CachedPlansFollowEveryChangeOfTheNode) {
 
 }  // namespace
 }  // namespace dynmig::scheduler
+
+namespace dynmig::scheduler {
+namespace {
+
+json WithDefragHold(json node, const std::vector<protocol::DefragReservation>& holds) {
+  node["metadata"]["annotations"][std::string(protocol::kNodeDefragReservationAnnotation)] =
+      protocol::EncodeDefragReservations(holds);
+  return node;
+}
+
+protocol::DefragReservation Hold(const std::string& pod, const std::string& uid = "") {
+  return {"GPU-0",
+          {0, 8},
+          "7g.40gb",
+          pod,
+          uid,
+          absl::ToUnixSeconds(kNow) - 10,
+          absl::ToUnixSeconds(kNow) + 600,
+          {"default/small"}};
+}
+
+// Slices reserved by defragmentation: nobody else gets them, the waiting pod lands there once the
+// evicted pods left, and the reservation stops counting when it expires.
+TEST_F(ClusterStateTest, DefragReservationHoldsSlicesForItsPodAlone) {
+  const std::string reg = Register({{"GPU-0", "A100-SXM4-40GB"}});
+  state_.UpsertNode(WithDefragHold(Node("node-a", reg), {Hold("default/big", "uid-big")}));
+  // An evicted pod still terminating overlaps the reserved slices.
+  state_.UpsertPod(Pod("small", "node-a", Alloc("GPU-0", "1g.5gb", 0, 1)));
+  auto other = state_.PlanAndReserve("default/other", Request(4000), {}, kNow);
+  ASSERT_TRUE(other.ok());
+  EXPECT_FALSE(other->reservation.has_value()) << other->reservation->summary;
+  auto reports = state_.Report(kNow);
+  ASSERT_EQ(reports[0].defrag.size(), 1u);
+  EXPECT_TRUE(reports[0].defrag[0].active);
+  EXPECT_TRUE(reports[0].defrag[0].blocked);
+  // The waiting pod does not fit yet either (the evicted pod is still there).
+  auto early = state_.PlanAndReserve("default/big", Request(39000), {}, kNow, "uid-big");
+  ASSERT_TRUE(early.ok());
+  EXPECT_FALSE(early->reservation.has_value());
+  state_.RemovePod("default", "small");
+  // Still nobody else; a pod of that name with another uid neither.
+  other = state_.PlanAndReserve("default/other", Request(4000), {}, kNow);
+  ASSERT_TRUE(other.ok());
+  EXPECT_FALSE(other->reservation.has_value());
+  auto impostor = state_.PlanAndReserve("default/big", Request(39000), {}, kNow, "uid-new");
+  ASSERT_TRUE(impostor.ok());
+  EXPECT_FALSE(impostor->reservation.has_value());
+  auto big = state_.PlanAndReserve("default/big", Request(39000), {}, kNow, "uid-big");
+  ASSERT_TRUE(big.ok()) << big.status();
+  ASSERT_TRUE(big->reservation.has_value());
+  EXPECT_EQ(big->reservation->allocations[0].profile, "7g.40gb");
+  EXPECT_EQ(big->reservation->allocations[0].placement, (mig::Placement{0, 8}));
+  EXPECT_NE(big->reservation->summary.find("defragmentation"), std::string::npos);
+  // Its own reservation now counts, the hold no longer does.
+  reports = state_.Report(kNow);
+  EXPECT_FALSE(reports[0].defrag[0].active);
+}
+
+TEST_F(ClusterStateTest, DefragReservationExpiresAndUnreadableFailsClosed) {
+  const std::string reg = Register({{"GPU-0", "A100-SXM4-40GB"}});
+  state_.UpsertNode(WithDefragHold(Node("node-a", reg), {Hold("default/big")}));
+  auto before = state_.PlanAndReserve("default/other", Request(4000), {}, kNow);
+  ASSERT_TRUE(before.ok());
+  EXPECT_FALSE(before->reservation.has_value());
+  // After its expiry the slices are free for anyone, with no node change at all.
+  auto after = state_.PlanAndReserve("default/other", Request(4000), {}, kNow + absl::Minutes(11));
+  ASSERT_TRUE(after.ok());
+  EXPECT_TRUE(after->reservation.has_value());
+  EXPECT_EQ(state_.DefragHoldNode("default/big"), "node-a");
+  json bad = Node("node-a", reg);
+  bad["metadata"]["annotations"][std::string(protocol::kNodeDefragReservationAnnotation)] = "{";
+  state_.UpsertNode(bad);
+  auto reports = state_.Report(kNow);
+  EXPECT_FALSE(reports[0].gpus[0].healthy);
+  EXPECT_EQ(reports[0].gpus[0].unhealthy_code, "unreadable-defrag-reservation");
+  EXPECT_FALSE(state_.DefragHoldNode("default/big").has_value());
+}
+
+}  // namespace
+}  // namespace dynmig::scheduler
