@@ -24,6 +24,14 @@ inline std::string_view Trim(std::string_view s) {
   return s;
 }
 
+// Trims spaces and tabs only (annotation lists, where any other control character is an error the
+// caller reports).
+inline std::string_view TrimBlanks(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
 // Splits on `sep`, trimming each piece and dropping empty ones.
 inline std::vector<std::string> SplitTrimmed(std::string_view s, char sep) {
   std::vector<std::string> out;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <tuple>
 
+#include "common/strings.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
 #include "protocol/json_fields.h"
@@ -14,12 +15,6 @@ using nlohmann::json;
 
 constexpr size_t kMaxShownValue = 64;
 constexpr size_t kMaxPodKey = 253 + 1 + 63;  // namespace (DNS label, 63) / name (253)
-
-std::string_view Trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
 
 // "namespace/name", each part non-empty, bounded.
 absl::Status CheckPodKey(const std::string& key, const std::string& ctx) {
@@ -35,7 +30,7 @@ absl::Status CheckPodKey(const std::string& key, const std::string& ctx) {
 }  // namespace
 
 absl::StatusOr<DefragPolicy> ParseDefragPolicy(std::string_view value) {
-  const std::string_view v = Trim(value);
+  const std::string_view v = TrimBlanks(value);
   if (v == kDefragAllow) return DefragPolicy::kAllow;
   if (v == kDefragNever) return DefragPolicy::kNever;
   const bool cut = value.size() > kMaxShownValue;

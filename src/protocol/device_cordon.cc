@@ -1,5 +1,6 @@
 #include "protocol/device_cordon.h"
 
+#include "common/strings.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "nlohmann/json.hpp"
@@ -7,12 +8,6 @@
 
 namespace dynmig::protocol {
 namespace {
-
-std::string_view Trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
 
 // "" when `uuid` is an acceptable entry, else why not.
 std::string CheckUuid(std::string_view uuid) {
@@ -41,7 +36,7 @@ absl::StatusOr<std::set<std::string>> ParseDeviceCordon(std::string_view value) 
   size_t index = 0;
   while (true) {
     const size_t comma = value.find(',');
-    const std::string_view entry = Trim(value.substr(0, comma));
+    const std::string_view entry = TrimBlanks(value.substr(0, comma));
     if (!entry.empty()) {
       if (std::string why = CheckUuid(entry); !why.empty()) {
         return absl::InvalidArgumentError(fmt::format(
