@@ -134,13 +134,19 @@ DefragDecision ChooseDefragPlan(std::span<const DefragGpu> gpus, std::string_vie
     if (a.plan.rank != b.plan.rank) return a.plan.rank < b.plan.rank;
     return a.plan.units_moved < b.plan.units_moved;
   });
-  DefragChoice choice{found.front().gpu, std::move(found.front().plan), {}};
-  for (const auto& r : gpus[choice.gpu].reservations) {
-    if (!r.owner.empty() && !refusal.at(r.owner).empty()) {
-      choice.refused[r.owner] = refusal.at(r.owner);
+  for (size_t k = 0; k < found.size() && k <= kMaxDefragAlternatives; ++k) {
+    DefragChoice choice{found[k].gpu, std::move(found[k].plan), {}};
+    for (const auto& r : gpus[choice.gpu].reservations) {
+      if (!r.owner.empty() && !refusal.at(r.owner).empty()) {
+        choice.refused[r.owner] = refusal.at(r.owner);
+      }
+    }
+    if (k == 0) {
+      out.choice = std::move(choice);
+    } else {
+      out.alternatives.push_back(std::move(choice));
     }
   }
-  out.choice = std::move(choice);
   return out;
 }
 

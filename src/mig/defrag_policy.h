@@ -65,8 +65,16 @@ struct DefragChoice {
   std::map<std::string, std::string> refused;  // pods of that GPU left in place, with the reason
 };
 
+// Plans ChooseDefragPlan returns beyond the best one (one per further GPU): the caller tries them
+// in order when the best plan's pods cannot run elsewhere (simulated: trying only the best plan
+// closes about 75 % of the gap, trying further plans over 97 %; docs/simulate.md).
+inline constexpr size_t kMaxDefragAlternatives = 16;
+
 struct DefragDecision {
   std::optional<DefragChoice> choice;  // nullopt: no plan under the rules
+  // Further plans, on other GPUs, in the same order as the choice (at most
+  // kMaxDefragAlternatives).
+  std::vector<DefragChoice> alternatives;
   // Why no plan (or why each GPU offered none), for events and explain.
   std::vector<std::string> reasons;
 };

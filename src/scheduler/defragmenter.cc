@@ -385,7 +385,6 @@ std::unique_ptr<Defragmenter::Planned> Defragmenter::Plan(const Cluster& c,
     const int idx = mig::CoveringProfile(*planner, first->memory);
     if (idx >= 0) by_profile[planner->capability().profiles[idx].name].push_back(i);
   }
-  std::optional<mig::DefragChoice> best;
   std::vector<std::string> reasons;
   for (const auto& [profile, indices] : by_profile) {
     std::vector<mig::DefragGpu> gpus;
@@ -393,40 +392,61 @@ std::unique_ptr<Defragmenter::Planned> Defragmenter::Plan(const Cluster& c,
     auto d = mig::ChooseDefragPlan(gpus, profile, facts, rules);
     for (auto& r : d.reasons) reasons.push_back(std::move(r));
     if (!d.choice) continue;
-    d.choice->gpu = indices[d.choice->gpu];
-    const auto& a = d.choice->plan;
-    if (!best || a.owners.size() < best->plan.owners.size() ||
-        (a.owners.size() == best->plan.owners.size() && a.rank < best->plan.rank)) {
-      best = std::move(d.choice);
+    p->choices.push_back(std::move(*d.choice));
+    for (auto& a : d.alternatives) p->choices.push_back(std::move(a));
+    for (size_t k = p->choices.size() - 1 - d.alternatives.size(); k < p->choices.size(); ++k) {
+      p->choices[k].gpu = indices[p->choices[k].gpu];
     }
   }
-  if (!best) {
+  if (p->choices.empty()) {
     why = reasons.empty() ? "no GPU can take it even after moving pods"
                           : fmt::format("no plan under the rules: {}", fmt::join(reasons, "; "));
     return nullptr;
   }
-  p->best = std::move(*best);
+  std::stable_sort(p->choices.begin(), p->choices.end(),
+                   [](const mig::DefragChoice& a, const mig::DefragChoice& b) {
+                     if (a.plan.owners.size() != b.plan.owners.size()) {
+                       return a.plan.owners.size() < b.plan.owners.size();
+                     }
+                     return a.plan.rank < b.plan.rank;
+                   });
+  if (p->choices.size() > mig::kMaxDefragAlternatives + 1) {
+    p->choices.resize(mig::kMaxDefragAlternatives + 1);
+  }
+  p->best = p->choices.front();
   return p;
 }
 
-bool Defragmenter::Admissible(const Cluster& c, const Object& pod, const Planned& p, absl::Time now,
+bool Defragmenter::Admissible(const Cluster& c, const Object& pod, Planned& p, absl::Time now,
                               std::string& why) {
   const DefragInput& in = p.in;
-  const std::vector<std::string>& candidates = p.candidates;
-  const mig::DefragChoice* best = &p.best;
-  const mig::DefragGpu& gpu = in.gpus[best->gpu];
-  const mig::EvictionPlan& plan = best->plan;
-  // Every pod of the plan must fit elsewhere now: otherwise the cluster lacks the capacity.
-  const auto moves = PlaceMovedPods(c.nodes, c.pods, options_.state, plan.owners, gpu.node,
-                                    gpu.uuid, plan.profile, plan.placement, candidates, now);
-  std::vector<std::string> stuck;
-  for (const auto& m : moves) {
-    if (!m.placed) stuck.push_back(fmt::format("{} ({})", m.pod, m.why_not));
+  // Every pod of the plan must fit elsewhere now (otherwise the cluster lacks the capacity): the
+  // plans are tried best first until one's pods do.
+  const mig::DefragChoice* chosen = nullptr;
+  std::vector<std::string> tried;
+  for (const auto& choice : p.choices) {
+    const mig::DefragGpu& g = in.gpus[choice.gpu];
+    const mig::EvictionPlan& pl = choice.plan;
+    const auto moves = PlaceMovedPods(c.nodes, c.pods, options_.state, pl.owners, g.node, g.uuid,
+                                      pl.profile, pl.placement, p.candidates, now);
+    std::vector<std::string> stuck;
+    for (const auto& m : moves) {
+      if (!m.placed) stuck.push_back(fmt::format("{} ({})", m.pod, m.why_not));
+    }
+    if (stuck.empty()) {
+      chosen = &choice;
+      break;
+    }
+    tried.push_back(fmt::format("{}: {}", Where(g.node, g.index, g.uuid), fmt::join(stuck, "; ")));
   }
-  if (!stuck.empty()) {
-    why = fmt::format("the pods to move would not run elsewhere now: {}", fmt::join(stuck, "; "));
+  if (chosen == nullptr) {
+    why = fmt::format("the pods to move would not run elsewhere now, in any of {} plan(s): {}",
+                      p.choices.size(), fmt::join(tried, " | "));
     return false;
   }
+  p.best = *chosen;
+  const mig::DefragGpu& gpu = in.gpus[p.best.gpu];
+  const mig::EvictionPlan& plan = p.best.plan;
   std::vector<std::string> namespaces;
   for (const auto& o : plan.owners) namespaces.push_back(o.substr(0, o.find('/')));
   const int64_t now_s = absl::ToUnixSeconds(now);

@@ -145,11 +145,14 @@ class Defragmenter {
     std::vector<std::string> candidates;  // schedulable nodes
     std::vector<NodeReport> reports;      // in.reports points into it
     DefragInput in;
+    // Every plan found, best first (fewest pods, then the rules' rank); Admissible sets `best` to
+    // the first whose pods can all run elsewhere now.
+    std::vector<mig::DefragChoice> choices;
     mig::DefragChoice best;
   };
   std::unique_ptr<Planned> Plan(const Cluster& c, const mig::PodRequest& request, absl::Time now,
                                 std::string& why);
-  bool Admissible(const Cluster& c, const kube::Object& pod, const Planned& p, absl::Time now,
+  bool Admissible(const Cluster& c, const kube::Object& pod, Planned& p, absl::Time now,
                   std::string& why);
   bool Execute(const Cluster& c, const kube::Object& pod, const mig::DefragGpu& gpu,
                const mig::EvictionPlan& plan, absl::Time now, Outcome& out, std::string& why);

@@ -30,9 +30,15 @@ class DefragmenterTest : public SchedulerTest {
   // A pod of a ReplicaSet holding one 1g at `start` of `gpu` on node-a, running and ready.
   void RunningSmall(const std::string& name, const std::string& gpu, uint32_t start,
                     json labels = json::object(), json annotations = json::object()) {
-    kube::Object pod = MigPod(name, std::vector<Ctr>{{"workload", 1, 4000}});
+    Running(name, gpu, "1g.5gb", start, 1, 4000, std::move(labels), std::move(annotations));
+  }
+  void Running(const std::string& name, const std::string& gpu, const std::string& profile,
+               uint32_t start, uint32_t size, int memory, json labels = json::object(),
+               json annotations = json::object()) {
+    kube::Object pod = MigPod(name, std::vector<Ctr>{{"workload", 1, memory}});
     pod["metadata"]["labels"] = labels;
-    annotations[std::string(protocol::kMigAllocationsAnnotation)] = Alloc(gpu, "1g.5gb", start, 1);
+    annotations[std::string(protocol::kMigAllocationsAnnotation)] =
+        Alloc(gpu, profile, start, size);
     annotations[std::string(protocol::kVgpuNodeAnnotation)] = "node-a";
     pod["metadata"]["annotations"] = annotations;
     pod["metadata"]["ownerReferences"] = json::array({{{"apiVersion", "apps/v1"},
@@ -154,6 +160,26 @@ TEST_F(DefragmenterTest, EvictsThePlannedPodsReservesTheSlicesAndTheSevenGLandsT
               HasSubstr("dynmig_scheduler_defrag_evictions_total{result=\"evicted\"} 2"));
   EXPECT_THAT(s->MetricsText(),
               HasSubstr("dynmig_scheduler_defrag_plans_total{outcome=\"executed\"} 1"));
+}
+
+TEST_F(DefragmenterTest, APlanWhosePodsFitNowhereGivesWayToTheNextPlan) {
+  // GPU-0 holds one 3g at 4 (the plan with the fewest pods), which fits nowhere else: GPU-1's 1g
+  // pods at 0 and 4 leave it no 3g placement. The next plan, GPU-1's two 1g pods, fits on GPU-0.
+  CreateNode(MigNode("node-a", {"GPU-0", "GPU-1"}));
+  SchedulerServer* s = StartScheduler(Options(DefragMode::kOn));
+  WaitForNodes(s, {"node-a"});
+  Running("x", "GPU-0", "3g.20gb", 4, 4, 20000);
+  RunningSmall("p", "GPU-1", 0);
+  RunningSmall("q", "GPU-1", 4);
+  for (const char* p : {"x", "p", "q"}) WaitForReservationSeen(s, std::string("default/") + p);
+  big_ = CreatePod(MigPod("big", 39000));
+  auto out = s->RunDefragPass();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(out->executed) << ::testing::PrintToString(out->notes)
+                             << ::testing::PrintToString(out->failed);
+  EXPECT_EQ(out->gpu_uuid, "GPU-1");
+  EXPECT_THAT(out->evicted, ElementsAre("default/p", "default/q"));
+  EXPECT_TRUE(Exists("x"));
 }
 
 TEST_F(DefragmenterTest, OffEvictsNothing) {
