@@ -77,7 +77,7 @@ class Reclaimer {
   // after the read, and one that ended after it still counts as a holder (kept one cycle more).
   // Whether the last cycle needed evidence (instances to attribute or legacy ones to confirm) and
   // what it has is older than options.evidence_max_age.
-  bool WantsEvidence() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_.ns.mu);
+  bool WantsEvidence() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_.ns.mu);
   // Reads PodResources and the runtime (the device plugin's own pod left out). No lock.
   HandoverEvidence ReadEvidenceSources() const;
   // Installs evidence read at monotonic `read_at`; the next cycle uses it while fresh.

@@ -52,9 +52,9 @@ void Reclaimer::BeginHandoverCycle() {
   l.unconfirmed.clear();
 }
 
-bool Reclaimer::WantsEvidence() const {
-  const LegacyState& l = ops_.ns.legacy;
-  return l.asked && ops_.options.clock->Monotonic() - l.read_at >= ops_.options.evidence_max_age;
+bool Reclaimer::WantsEvidence() {
+  return ops_.ns.legacy.asked &&
+         ops_.options.clock->Monotonic() - ops_.ns.legacy.read_at >= ops_.options.evidence_max_age;
 }
 
 HandoverEvidence Reclaimer::ReadEvidenceSources() const {
