@@ -584,6 +584,17 @@ bool Defragmenter::Execute(const Cluster& c, const Object& pod, const mig::Defra
   return true;
 }
 
+absl::Status Defragmenter::ReadBudgets(Cluster& c) {
+  auto pdbs = client_.ListPodDisruptionBudgets("");
+  if (!pdbs.ok()) return pdbs.status();
+  for (auto& pdb : pdbs->items) {
+    const std::string key = Key(pdb);
+    c.pdb_allowed[key] = pdb.value("/status/disruptionsAllowed"_json_pointer, int64_t{0});
+    c.pdbs.emplace_back(key, std::move(pdb));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Defragmenter::Outcome> Defragmenter::RunOnce() {
   Outcome out;
   const absl::Time now = clock_.Now();
@@ -614,13 +625,7 @@ absl::StatusOr<Defragmenter::Outcome> Defragmenter::RunOnce() {
   const auto due = mig::DueWaitingPods(waiting, absl::ToUnixSeconds(now),
                                        absl::ToInt64Seconds(options_.wait_threshold));
   if (due.empty()) return out;
-  auto pdbs = client_.ListPodDisruptionBudgets("");
-  if (!pdbs.ok()) return pdbs.status();
-  for (auto& pdb : pdbs->items) {
-    const std::string key = Key(pdb);
-    c.pdb_allowed[key] = pdb.value("/status/disruptionsAllowed"_json_pointer, int64_t{0});
-    c.pdbs.emplace_back(key, std::move(pdb));
-  }
+  if (auto st = ReadBudgets(c); !st.ok()) return st;
   const bool dry_run = options_.mode == DefragMode::kDryRun;
   for (size_t i : due) {
     const Object& pod = *requests[i].first;
@@ -663,13 +668,7 @@ absl::StatusOr<Defragmenter::Outcome> Defragmenter::ServePod(const std::string& 
         "pod {}/{} asks for more than one MIG instance: the defragmenter serves pods of one", ns,
         name));
   }
-  auto pdbs = client_.ListPodDisruptionBudgets("");
-  if (!pdbs.ok()) return pdbs.status();
-  for (auto& pdb : pdbs->items) {
-    const std::string key = Key(pdb);
-    c.pdb_allowed[key] = pdb.value("/status/disruptionsAllowed"_json_pointer, int64_t{0});
-    c.pdbs.emplace_back(key, std::move(pdb));
-  }
+  if (auto st = ReadBudgets(c); !st.ok()) return st;
   std::string why;
   if (!Serve(c, pod, *request, dry_run, now, out, why) && !why.empty()) {
     return absl::FailedPreconditionError(fmt::format("pod {}/{}: {}", ns, name, why));

@@ -138,6 +138,9 @@ class Defragmenter {
     std::vector<std::pair<std::string, kube::Object>> pdbs;  // key, object
   };
   absl::StatusOr<Cluster> Read();
+  // The cluster's PodDisruptionBudgets into `c` (read only once a pod is due: a pass with nothing
+  // to serve lists none).
+  absl::Status ReadBudgets(Cluster& c);
   void Tidy(const Cluster& c, absl::Time now, Outcome& out);
   // Serve's steps: the plan (null: none, `why` says why); whether the moved pods fit elsewhere
   // and the rate limits allow it; reserving and evicting.

@@ -23,15 +23,7 @@ using testing::MakePods;
 using testing::MakeTrace;
 using testing::P;
 using testing::PolicyResultOf;
-
-SimResult RunSim(const Trace& t, const Cluster& c, std::vector<std::string> policies, Mode mode) {
-  SimOptions o;
-  o.mode = mode;
-  o.samples = 16;
-  auto r = Simulate(t, c, policies, o, RealClock());
-  EXPECT_TRUE(r.ok()) << r.status();
-  return r.ok() ? *r : SimResult{};
-}
+using testing::RunSim;
 
 // One A100: seven 1g.5gb pods fill slices 0-6; four of them end at 15, which leaves five free
 // slices but no free 3g.20gb placement; a 3g.20gb arrives at 20. The three left end at `stay`.

@@ -28,6 +28,17 @@ struct P {
   uint32_t count = 1;
 };
 
+// Simulate `t` on `c` under `policies` in `mode` (16 samples); a failure is a test failure.
+inline SimResult RunSim(const Trace& t, const Cluster& c, std::vector<std::string> policies,
+                        Mode mode) {
+  SimOptions o;
+  o.mode = mode;
+  o.samples = 16;
+  auto r = Simulate(t, c, policies, o, RealClock());
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : SimResult{};
+}
+
 inline Trace MakeTrace(const std::vector<P>& ps) {
   Trace t;
   t.source = "test";

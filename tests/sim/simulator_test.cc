@@ -18,20 +18,12 @@ using testing::k1g5;
 using testing::k3g20;
 using testing::kWhole;
 using testing::MakeTrace;
-
-SimResult Sim(const Trace& t, const Cluster& c, std::vector<std::string> policies, Mode mode) {
-  SimOptions o;
-  o.mode = mode;
-  o.samples = 16;
-  auto r = Simulate(t, c, policies, o, RealClock());
-  EXPECT_TRUE(r.ok()) << r.status();
-  return r.ok() ? *r : SimResult{};
-}
+using testing::RunSim;
 
 TEST(Simulate, RejectModeLosesWhatDoesNotFit) {
   Cluster c = A100(1);
   Trace t = MakeTrace({{0, 10, kWhole}, {5, 15, kWhole}});
-  SimResult r = Sim(t, c, {"dynmig", "first-fit"}, Mode::kReject);
+  SimResult r = RunSim(t, c, {"dynmig", "first-fit"}, Mode::kReject);
   for (const auto& p : r.policies) {
     EXPECT_EQ(p.accepted, 1u) << p.name;
     EXPECT_DOUBLE_EQ(p.accepted_count, 0.5);
@@ -51,7 +43,7 @@ TEST(Simulate, QueueModeWaitsAndBackfills) {
   Cluster c = A100(1);
   // A 3g runs 0-10; a whole GPU waits from 1 to 10; a 3g arriving at 2 backfills at once.
   Trace t = MakeTrace({{0, 10, k3g20}, {1, 6, kWhole}, {2, 30, k3g20}, {40, 41, k1g5}});
-  SimResult r = Sim(t, c, {"hami-v2.10", "repack"}, Mode::kQueue);
+  SimResult r = RunSim(t, c, {"hami-v2.10", "repack"}, Mode::kQueue);
   for (const auto& p : r.policies) {
     // The whole GPU waits for both 3g pods: the second leaves at 30, so it starts at 30.
     EXPECT_EQ(p.accepted, 4u) << p.name;
@@ -87,7 +79,7 @@ TEST(Simulate, TimeToRunningAddsTheNvmlTimeOfCreatedInstances) {
   EXPECT_DOUBLE_EQ(fixed.nvml_mean, 0);
   EXPECT_DOUBLE_EQ(fixed.running_p99, 0);
   // Without a latency model the time to Running is the wait.
-  SimResult plain = Sim(t, c, {"hami-v2.10"}, Mode::kQueue);
+  SimResult plain = RunSim(t, c, {"hami-v2.10"}, Mode::kQueue);
   EXPECT_DOUBLE_EQ(plain.policies[0].running_p99, 29);
   EXPECT_EQ(plain.nvml_latency, "none");
   EXPECT_THAT(FormatText(*r), HasSubstr("p99 toRun"));
@@ -99,7 +91,7 @@ TEST(Simulate, TimeToRunningAddsTheNvmlTimeOfCreatedInstances) {
 TEST(Simulate, QueueModeCountsPodsStillWaitingAtTheEnd) {
   Cluster c = A100(1);
   Trace t = MakeTrace({{0, 100, kWhole}, {10, 20, kWhole}});
-  SimResult r = Sim(t, c, {"dynmig"}, Mode::kQueue);
+  SimResult r = RunSim(t, c, {"dynmig"}, Mode::kQueue);
   const auto& p = r.policies[0];
   EXPECT_EQ(p.accepted, 1u);
   EXPECT_EQ(p.never_started, 1u);
@@ -109,7 +101,7 @@ TEST(Simulate, QueueModeCountsPodsStillWaitingAtTheEnd) {
 TEST(Simulate, GapClosedBetweenHamiAndRepack) {
   Cluster c = A100(1);
   Trace t = MakeTrace({{0, 9, k1g5}, {1, 10, k3g20}, {2, 11, k1g10}, {3, 12, k1g5}});
-  SimResult r = Sim(t, c, {"dynmig", "hami-v2.10", "first-fit", "repack"}, Mode::kReject);
+  SimResult r = RunSim(t, c, {"dynmig", "hami-v2.10", "first-fit", "repack"}, Mode::kReject);
   EXPECT_TRUE(r.has_gap);
   EXPECT_EQ(testing::PolicyResultOf(r, "hami-v2.10").accepted, 3u);
   EXPECT_EQ(testing::PolicyResultOf(r, "repack").accepted, 4u);
@@ -124,7 +116,7 @@ TEST(Simulate, GapClosedBetweenHamiAndRepack) {
 TEST(Simulate, FillModeStopsAtFirstRejectionAndReportsTheBound) {
   Cluster c = A100(1);
   Trace t = MakeTrace({{0, 1, k3g20}, {1, 2, k3g20}, {2, 3, k1g5}, {3, 4, k1g5}});
-  SimResult r = Sim(t, c, {"dynmig", "static:all-1g", "repack"}, Mode::kFill);
+  SimResult r = RunSim(t, c, {"dynmig", "static:all-1g", "repack"}, Mode::kFill);
   ASSERT_TRUE(r.bound.has_value());
   EXPECT_EQ(r.bound->pods, 2u);
   EXPECT_DOUBLE_EQ(r.bound->filled, 1.0);
@@ -140,7 +132,7 @@ TEST(Simulate, UnservablePodsAreSkipped) {
   auto c = BuildCluster("A100-SXM4-40GBx1", 8, {"1g.5gb", "1g.10gb"});
   ASSERT_TRUE(c.ok());
   Trace t = MakeTrace({{0, 1, k3g20}, {0, 1, k1g5}});
-  SimResult r = Sim(t, *c, {"first-fit"}, Mode::kReject);
+  SimResult r = RunSim(t, *c, {"first-fit"}, Mode::kReject);
   EXPECT_EQ(r.unservable, 1u);
   EXPECT_EQ(r.pods, 1u);
   EXPECT_DOUBLE_EQ(r.policies[0].accepted_count, 1.0);
@@ -149,7 +141,7 @@ TEST(Simulate, UnservablePodsAreSkipped) {
 TEST(Report, JsonShape) {
   Cluster c = A100(1);
   Trace t = MakeTrace({{0, 9, k1g5}, {1, 10, k3g20}, {2, 11, k1g10}, {3, 12, k1g5}});
-  SimResult r = Sim(t, c, {"dynmig", "hami-v2.10", "static:all-1g", "repack"}, Mode::kReject);
+  SimResult r = RunSim(t, c, {"dynmig", "hami-v2.10", "static:all-1g", "repack"}, Mode::kReject);
   auto j = nlohmann::json::parse(FormatJson(r));
   ASSERT_TRUE(j["policies"].is_array());
   ASSERT_EQ(j["policies"].size(), 4u);
@@ -173,7 +165,7 @@ TEST(Report, JsonShape) {
   EXPECT_EQ(j["gpus"], 1);
   EXPECT_EQ(j["sampleX"].size(), 16u);
 
-  SimResult one = Sim(t, c, {"dynmig"}, Mode::kReject);
+  SimResult one = RunSim(t, c, {"dynmig"}, Mode::kReject);
   auto j1 = nlohmann::json::parse(FormatJson(one));
   EXPECT_TRUE(j1["policies"][0]["gapClosed"].is_null());
 }
@@ -181,7 +173,7 @@ TEST(Report, JsonShape) {
 TEST(Report, CsvShape) {
   Cluster c = A100(1);
   Trace t = MakeTrace({{0, 1, k3g20}, {1, 2, k3g20}, {2, 3, k1g5}});
-  SimResult r = Sim(t, c, {"dynmig", "repack"}, Mode::kFill);
+  SimResult r = RunSim(t, c, {"dynmig", "repack"}, Mode::kFill);
   const std::string csv = FormatCsv(r);
   std::vector<std::string> lines;
   size_t pos = 0;
@@ -202,7 +194,7 @@ TEST(Report, CsvShape) {
 TEST(Report, TextAndSvg) {
   Cluster c = A100(1);
   Trace t = MakeTrace({{0, 9, k1g5}, {1, 10, k3g20}, {2, 11, k1g10}, {3, 12, k1g5}});
-  SimResult r = Sim(t, c, {"dynmig", "hami-v2.10", "repack"}, Mode::kQueue);
+  SimResult r = RunSim(t, c, {"dynmig", "hami-v2.10", "repack"}, Mode::kQueue);
   const std::string text = FormatText(r);
   EXPECT_THAT(text, HasSubstr("policy"));
   EXPECT_THAT(text, HasSubstr("p99 wait"));
@@ -268,7 +260,7 @@ TEST(Simulate, GeneratedChurnInEveryMode) {
         GenerateTrace("pods=1500,mix=1g:0.4/2g:0.2/3g:0.2/7g:0.15/7gx2:0.05,load=1.2", seed, c);
     ASSERT_TRUE(t.ok()) << t.status();
     for (Mode m : {Mode::kReject, Mode::kQueue, Mode::kFill}) {
-      SimResult r = Sim(*t, c, DefaultPolicies(), m);
+      SimResult r = RunSim(*t, c, DefaultPolicies(), m);
       ASSERT_EQ(r.policies.size(), DefaultPolicies().size());
       const auto& repack = testing::PolicyResultOf(r, "repack");
       if (m == Mode::kReject) {
