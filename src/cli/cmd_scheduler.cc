@@ -36,6 +36,7 @@ struct SchedulerFlags {
   std::string reservation_ttl = "10m";
   std::string node_lock_wait = "75s";
   std::string expiry_interval = "30s";
+  std::string requeue_interval = "1s";
   bool leader_elect = false;
   std::string lease_namespace;
   std::string lease_name = "dynmig-scheduler";
@@ -88,6 +89,13 @@ int RunScheduler(const SchedulerFlags& flags, CliContext& ctx) {
   if (!ParsePositiveDuration(flags.expiry_interval, &expiry_interval)) {
     return bad("--expiry-interval: '" + flags.expiry_interval + "' is not a positive duration");
   }
+  absl::Duration requeue_interval;
+  if (!absl::ParseDuration(flags.requeue_interval, &requeue_interval) ||
+      requeue_interval < absl::ZeroDuration() ||
+      (requeue_interval > absl::ZeroDuration() && requeue_interval < absl::Milliseconds(100))) {
+    return bad("--requeue-interval: '" + flags.requeue_interval +
+               "' is not 0 (off) or a duration of at least 100ms (e.g. 1s)");
+  }
   scheduler::DefragmenterOptions defrag;
   absl::Duration defrag_interval;
   if (auto st = scheduler::ApplyDefragFlags(flags.defrag, defrag, defrag_interval); !st.ok()) {
@@ -126,6 +134,7 @@ int RunScheduler(const SchedulerFlags& flags, CliContext& ctx) {
   options.expiry_interval = expiry_interval;
   options.defrag = defrag;
   options.defrag_interval = defrag_interval;
+  options.requeue.interval = requeue_interval;
   options.admission.scheduler_name = flags.scheduler_name;
   options.admission.allowlist = config->allowlist;
   options.admission.memory_match = config->memory_match;
@@ -218,6 +227,11 @@ void RegisterSchedulerCommand(CLI::App& root, CliContext& ctx) {
       ->capture_default_str();
   cmd->add_option("--expiry-interval", flags->expiry_interval,
                   "how often the leader looks for expired reservations")
+      ->capture_default_str();
+  cmd->add_option("--requeue-interval", flags->requeue_interval,
+                  "how often the leader looks for nodes whose MIG capacity freed while MIG pods "
+                  "wait, and labels them (dynmig.io/capacity-freed) so that kube-scheduler tries "
+                  "those pods again at once; 0: never")
       ->capture_default_str();
   AddDefragOptions(cmd, flags->defrag);
   cmd->add_flag("--leader-elect", flags->leader_elect,

@@ -135,6 +135,10 @@ inline constexpr std::string_view kMigServiceLabel = "dynmig.io/mig";
 // Pod label on the scheduler extender replicas: "leader" on the one that holds the lease (its
 // Service selects it).
 inline constexpr std::string_view kRoleLabel = "dynmig.io/role";
+// Node label the scheduler's leader sets (to the unix time in milliseconds) when MIG capacity
+// frees on the node while MIG pods are pending: kube-scheduler retries its unschedulable pods on
+// a Node label change, not on an annotation change (scheduler/requeuer.h).
+inline constexpr std::string_view kCapacityFreedLabel = "dynmig.io/capacity-freed";
 // The CDI kind of dynmig's MIG devices: the device plugin answers "dynmig.io/mig=<MIG UUID>".
 inline constexpr std::string_view kCdiKind = "dynmig.io/mig";
 

@@ -1084,6 +1084,25 @@ std::vector<NodeReport> ClusterState::Report(absl::Time now) const {
   return out;
 }
 
+std::map<std::string, ClusterState::Occupancy> ClusterState::Occupancies(absl::Time now) const {
+  dynmig::MutexLock lock(&mu_);
+  std::map<std::string, Occupancy> out;
+  for (auto& [name, n] : nodes_) {
+    ViewOf(n, now);
+    const NodeReport& r = n.report;
+    Occupancy& o = out[name];
+    o.healthy = r.healthy;
+    for (const auto& h : r.defrag) o.blocked_holds += h.blocked ? 1 : 0;
+    o.gpus.reserve(r.gpus.size());
+    for (const auto& g : r.gpus) {
+      Occupancy::Gpu og{g.uuid, g.healthy && g.allowlisted, 0};
+      for (const auto& res : g.reservations) og.occupied |= res.placement.Mask();
+      o.gpus.push_back(std::move(og));
+    }
+  }
+  return out;
+}
+
 std::optional<mig::NodeView> ClusterState::View(const std::string& node, absl::Time now) const {
   dynmig::MutexLock lock(&mu_);
   auto it = nodes_.find(node);

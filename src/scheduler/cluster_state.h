@@ -203,6 +203,22 @@ class ClusterState {
   std::optional<std::string> DefragHoldNode(const std::string& pod_key) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // What a pending pod's next try depends on, per node, in compact form (the requeuer compares it
+  // between passes): the node's health, per GPU whether it takes reservations (healthy,
+  // allowlisted, not cordoned) and which slices are occupied (reservations, held slices, active
+  // defragmentation holds), and how many defragmentation holds other reservations still block.
+  struct Occupancy {
+    struct Gpu {
+      std::string uuid;
+      bool schedulable = false;
+      mig::SliceMask occupied = 0;
+    };
+    bool healthy = false;
+    uint32_t blocked_holds = 0;
+    std::vector<Gpu> gpus;
+  };
+  std::map<std::string, Occupancy> Occupancies(absl::Time now) const ABSL_LOCKS_EXCLUDED(mu_);
+
   // The node's view for the planner (tests and explain).
   std::optional<mig::NodeView> View(const std::string& node, absl::Time now) const
       ABSL_LOCKS_EXCLUDED(mu_);

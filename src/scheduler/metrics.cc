@@ -225,6 +225,13 @@ void SchedulerMetrics::PodDone(const std::string& pod_key) {
   pending_.erase(pod_key);
 }
 
+size_t SchedulerMetrics::PendingCount(absl::Time now) const {
+  dynmig::MutexLock lock(&pending_mu_);
+  return static_cast<size_t>(std::count_if(pending_.begin(), pending_.end(), [&](const auto& p) {
+    return now - p.second.last_seen <= kPendingTtl;
+  }));
+}
+
 std::vector<prometheus::MetricFamily> SchedulerMetrics::PendingFamilies(int binds_waiting,
                                                                         absl::Time now) const {
   auto pending = GaugeFamily("dynmig_scheduler_pending_pods",

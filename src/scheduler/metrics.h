@@ -96,6 +96,8 @@ class SchedulerMetrics {
   void PodPending(const std::string& pod_key, std::string_view reason, absl::Time now)
       ABSL_LOCKS_EXCLUDED(pending_mu_);
   void PodDone(const std::string& pod_key) ABSL_LOCKS_EXCLUDED(pending_mu_);
+  // How many MIG pods are pending at `now` (entries refreshed within kPendingTtl).
+  size_t PendingCount(absl::Time now) const ABSL_LOCKS_EXCLUDED(pending_mu_);
 
   // The exposition text: the registry's metrics plus the state-derived gauges of `nodes`, the
   // pending pods and the binds waiting for node locks, aged at `now`.

@@ -169,6 +169,27 @@ void SchedulerServer::StartLoops() {
   if (!options_.pod_namespace.empty()) d.rules.system_namespaces.insert(options_.pod_namespace);
   defragmenter_ = std::make_unique<Defragmenter>(client_, *state_, clock_, events_.get(),
                                                  metrics_.get(), std::move(d));
+  requeuer_ = std::make_unique<Requeuer>(client_, *state_, clock_, options_.requeue);
+  if (options_.requeue.interval > absl::ZeroDuration()) {
+    requeue_thread_ = std::thread([this] {
+      dynmig::MutexLock lock(&loop_mu_);
+      while (!stopped_) {
+        clock_.WaitFor(loop_cv_, loop_mu_, options_.requeue.interval,
+                       [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_mu_) { return stopped_; });
+        if (stopped_) break;
+        loop_mu_.Unlock();
+        auto result = RunRequeuePass();
+        if (result.ok()) {
+          for (const auto& e : result->errors) spdlog::warn("requeue: {}", e);
+          for (const auto& n : result->labelled) {
+            spdlog::info("requeue: MIG capacity freed on node {} while pods wait: labelled {}", n,
+                         protocol::kCapacityFreedLabel);
+          }
+        }
+        loop_mu_.Lock();
+      }
+    });
+  }
   if (options_.expiry_interval > absl::ZeroDuration()) {
     expiry_thread_ = std::thread([this] {
       dynmig::MutexLock lock(&loop_mu_);
@@ -206,6 +227,11 @@ void SchedulerServer::StartLoops() {
       }
     });
   }
+}
+
+absl::StatusOr<Requeuer::Outcome> SchedulerServer::RunRequeuePass() {
+  if (std::string gate = WriteGate(); !gate.empty()) return absl::FailedPreconditionError(gate);
+  return requeuer_->RunOnce(metrics_->PendingCount(clock_.Now()));
 }
 
 absl::StatusOr<Defragmenter::Outcome> SchedulerServer::RunDefragPass() {
@@ -453,6 +479,7 @@ void SchedulerServer::Stop() {
   if (extender_ != nullptr) extender_->StopWaiting();
   if (expiry_thread_.joinable()) expiry_thread_.join();
   if (defrag_thread_.joinable()) defrag_thread_.join();
+  if (requeue_thread_.joinable()) requeue_thread_.join();
   if (elector_ != nullptr) elector_->Stop();
   // Waits for in-flight requests and, as httplib 0.11 does not wake idle keep-alive connections
   // on stop(), up to options.keep_alive_timeout for those.

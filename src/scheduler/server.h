@@ -56,6 +56,7 @@
 #include "scheduler/extender.h"
 #include "scheduler/leader_election.h"
 #include "scheduler/metrics.h"
+#include "scheduler/requeuer.h"
 #include "webhook/admission.h"
 #include "webhook/cert_reloader.h"
 
@@ -107,6 +108,9 @@ struct SchedulerServerOptions {
   // defrag_interval (zero = never by itself: tests call RunDefragPass()).
   DefragmenterOptions defrag;
   absl::Duration defrag_interval = absl::Seconds(15);
+  // The requeuer (requeuer.h): the leader labels a node when its MIG capacity grew while MIG pods
+  // are pending, every requeue.interval (zero = never by itself: tests call RunRequeuePass()).
+  RequeueOptions requeue;
   // The largest body of any endpoint: /filter's ExtenderArgs (16 MiB); an AdmissionReview is then
   // held to its own 7 MiB and a /bind body to 64 KiB as they are parsed (common/bounded_json.h).
   size_t max_body_bytes = kExtenderArgsJsonLimits.max_bytes;
@@ -159,6 +163,9 @@ class SchedulerServer {
   // One defragmenter pass when this replica may write (else kFailedPrecondition with why not).
   absl::StatusOr<Defragmenter::Outcome> RunDefragPass();
   Defragmenter& defragmenter() { return *defragmenter_; }
+  // One requeuer pass when this replica may write (else kFailedPrecondition with why not).
+  absl::StatusOr<Requeuer::Outcome> RunRequeuePass();
+  const Requeuer& requeuer() const { return *requeuer_; }
 
  private:
   SchedulerServer(kube::KubeClient& client, const Clock& clock, SchedulerServerOptions options);
@@ -186,6 +193,7 @@ class SchedulerServer {
   std::unique_ptr<EventRecorder> events_;
   std::unique_ptr<Extender> extender_;
   std::unique_ptr<Defragmenter> defragmenter_;
+  std::unique_ptr<Requeuer> requeuer_;
   std::unique_ptr<webhook::AdmissionHandler> admission_;
   std::unique_ptr<webhook::NodeCapacityIndex> node_capacity_;  // null: max_instances_per_node given
   std::unique_ptr<webhook::CertReloader> cert_reloader_;
@@ -203,6 +211,7 @@ class SchedulerServer {
   bool stopped_ ABSL_GUARDED_BY(loop_mu_) = false;
   std::thread expiry_thread_;
   std::thread defrag_thread_;
+  std::thread requeue_thread_;
 };
 
 }  // namespace dynmig::scheduler

@@ -129,7 +129,8 @@ class SchedulerTest : public ::testing::Test {
     o.admission.allowlist = TestAllowlist();
     o.admission.annotation_writers = {"system:serviceaccount:dynmig-system:dynmig-scheduler",
                                       "system:serviceaccount:dynmig-system:dynmig-device-plugin"};
-    o.expiry_interval = absl::ZeroDuration();  // tests expire by hand
+    o.expiry_interval = absl::ZeroDuration();   // tests expire by hand
+    o.requeue.interval = absl::ZeroDuration();  // and requeue by hand
     o.informer.min_backoff = absl::Milliseconds(10);
     o.informer.max_backoff = absl::Milliseconds(100);
     return o;
