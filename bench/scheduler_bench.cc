@@ -13,7 +13,8 @@
 // reads the pod from the API server (bind_guard.h) and the figures include that round trip.
 // Prints figures; asserts nothing.
 //
-//   bench_scheduler [--nodes 1000,5000] [--filters 1000] [--plain]
+//   bench_scheduler [--nodes 1000,5000] [--filters 1000] [--plain] [--requeue-ms 1000]
+//   (--requeue-ms: the requeuer loop's interval, as deployed 1000; 0: no loop)
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -464,6 +465,7 @@ struct RunFigures {
   Stats seq, par;
   double filter_cpu_ms = 0;
   double rss_idle = 0, rss = 0, hwm = 0;
+  double requeue_p50_ms = 0, requeue_max_ms = 0;  // one requeuer pass (every node's occupancy)
 };
 
 void Print(const RunFigures& r) {
@@ -494,13 +496,17 @@ void Print(const RunFigures& r) {
       kThreads, r.concurrent, r.par.p50_ms, r.par.p99_ms, r.par.per_second, r.par.reserved,
       r.par.pending, r.par.errors);
   std::printf(
+      "  requeuer pass (every node's occupancy, under the cluster state's lock; once a second on "
+      "the leader): p50 %.2f ms, max %.2f ms\n",
+      r.requeue_p50_ms, r.requeue_max_ms);
+  std::printf(
       "  memory: VmRSS %.0f MiB after sync, VmRSS %.0f MiB / VmHWM %.0f MiB after the "
       "filters\n",
       r.rss_idle, r.rss, r.hwm);
   std::fflush(stdout);
 }
 
-void Run(int nodes, int filters, bool plain) {
+void Run(int nodes, int filters, bool plain, int requeue_ms) {
   RunFigures r;
   r.nodes = nodes;
   r.filters = filters;
@@ -519,6 +525,7 @@ void Run(int nodes, int filters, bool plain) {
   options.admission.allowlist = options.state.allowlist;
   options.threads = 8;
   options.expiry_interval = absl::ZeroDuration();
+  options.requeue.interval = absl::Milliseconds(requeue_ms);  // 0: no requeuer loop
   BenchPki pki;
   SSL_CTX* tls = nullptr;
   if (!plain) {
@@ -542,6 +549,17 @@ void Run(int nodes, int filters, bool plain) {
   r.sync_s = Since(t_sync);
   r.rss_idle = Memory().second;
   r.planner = MeasurePlanner(s, clock, nodes);
+  {
+    std::vector<double> passes;
+    for (int k = 0; k < 21; ++k) {
+      const auto t = SteadyClock::now();
+      (void)s.RunRequeuePass();
+      passes.push_back(Since(t) * 1000);
+    }
+    std::sort(passes.begin(), passes.end());
+    r.requeue_p50_ms = passes[passes.size() / 2];
+    r.requeue_max_ms = passes.back();
+  }
 
   auto pending_pods = (*client)->ListPods({.ns = "bench", .limit = 500});
   if (!pending_pods.ok()) return;
@@ -561,6 +579,7 @@ void Run(int nodes, int filters, bool plain) {
 int main(int argc, char** argv) {
   std::vector<int> sizes = {1000, 5000};
   int filters = 1000;
+  int requeue_ms = 1000;  // as deployed (--requeue-interval 1s); --requeue-ms 0: no loop
   bool plain = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--plain") == 0) plain = true;
@@ -579,9 +598,11 @@ int main(int argc, char** argv) {
       }
     } else if (std::strcmp(argv[i], "--filters") == 0) {
       filters = std::max(10, std::atoi(argv[i + 1]));
+    } else if (std::strcmp(argv[i], "--requeue-ms") == 0) {
+      requeue_ms = std::max(0, std::atoi(argv[i + 1]));
     }
   }
   spdlog::set_level(spdlog::level::warn);
-  for (int n : sizes) Run(n, filters, plain);
+  for (int n : sizes) Run(n, filters, plain, requeue_ms);
   return 0;
 }
