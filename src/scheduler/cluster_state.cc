@@ -694,6 +694,21 @@ const mig::NodeView& ClusterState::ViewOf(NodeEntry& node, absl::Time now) const
   }
   node.stale_at = std::min(node.stale_at, node.next_defrag_expiry);
   ++node.version;
+  // What a waiting pod could use now, against the last view's (FreedSince).
+  Occupancy occ;
+  occ.healthy = node.report.healthy;
+  for (const auto& h : node.report.defrag) occ.blocked_holds += h.blocked ? 1 : 0;
+  occ.gpus.reserve(node.report.gpus.size());
+  for (const auto& g : node.report.gpus) {
+    Occupancy::Gpu og{g.uuid, g.healthy && g.allowlisted, 0};
+    for (const auto& r : g.reservations) og.occupied |= r.placement.Mask();
+    occ.gpus.push_back(std::move(og));
+  }
+  if (node.occupancy_seen ? CapacityGrew(node.occupancy, occ) : occ.healthy) {
+    node.freed_seq = ++freed_counter_;
+  }
+  node.occupancy = std::move(occ);
+  node.occupancy_seen = true;
   return node.view;
 }
 
@@ -1084,23 +1099,34 @@ std::vector<NodeReport> ClusterState::Report(absl::Time now) const {
   return out;
 }
 
-std::map<std::string, ClusterState::Occupancy> ClusterState::Occupancies(absl::Time now) const {
+std::vector<std::string> ClusterState::FreedSince(uint64_t* seq, absl::Time now) const {
   dynmig::MutexLock lock(&mu_);
-  std::map<std::string, Occupancy> out;
+  std::vector<std::string> out;
   for (auto& [name, n] : nodes_) {
-    ViewOf(n, now);
-    const NodeReport& r = n.report;
-    Occupancy& o = out[name];
-    o.healthy = r.healthy;
-    for (const auto& h : r.defrag) o.blocked_holds += h.blocked ? 1 : 0;
-    o.gpus.reserve(r.gpus.size());
-    for (const auto& g : r.gpus) {
-      Occupancy::Gpu og{g.uuid, g.healthy && g.allowlisted, 0};
-      for (const auto& res : g.reservations) og.occupied |= res.placement.Mask();
-      o.gpus.push_back(std::move(og));
-    }
+    ViewOf(n, now);  // rebuilds only what is dirty or stale
+    if (n.freed_seq > *seq) out.push_back(name);
   }
+  *seq = freed_counter_;
   return out;
+}
+
+bool CapacityGrew(const ClusterState::Occupancy& before, const ClusterState::Occupancy& after) {
+  if (!after.healthy) return false;  // nothing can be placed there now
+  if (!before.healthy) return true;
+  if (after.blocked_holds < before.blocked_holds) return true;
+  for (const auto& g : after.gpus) {
+    if (!g.schedulable) continue;
+    const ClusterState::Occupancy::Gpu* old = nullptr;
+    for (const auto& b : before.gpus) {
+      if (b.uuid == g.uuid) {
+        old = &b;
+        break;
+      }
+    }
+    if (old == nullptr || !old->schedulable) return true;  // a GPU appeared or became usable
+    if ((old->occupied & ~g.occupied) != 0) return true;   // a slice it occupied is free now
+  }
+  return false;
 }
 
 std::optional<mig::NodeView> ClusterState::View(const std::string& node, absl::Time now) const {

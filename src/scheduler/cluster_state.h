@@ -203,10 +203,11 @@ class ClusterState {
   std::optional<std::string> DefragHoldNode(const std::string& pod_key) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // What a pending pod's next try depends on, per node, in compact form (the requeuer compares it
-  // between passes): the node's health, per GPU whether it takes reservations (healthy,
-  // allowlisted, not cordoned) and which slices are occupied (reservations, held slices, active
-  // defragmentation holds), and how many defragmentation holds other reservations still block.
+  // What a pending pod's next try depends on, per node, in compact form: the node's health, per
+  // GPU whether it takes reservations (healthy, allowlisted, not cordoned) and which slices are
+  // occupied (reservations, held slices, active defragmentation holds), and how many
+  // defragmentation holds other reservations still block. Kept per node and compared at every
+  // rebuild of its view (CapacityGrew).
   struct Occupancy {
     struct Gpu {
       std::string uuid;
@@ -217,7 +218,11 @@ class ClusterState {
     uint32_t blocked_holds = 0;
     std::vector<Gpu> gpus;
   };
-  std::map<std::string, Occupancy> Occupancies(absl::Time now) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The nodes whose capacity grew (CapacityGrew; a node first seen healthy counts) since `*seq`,
+  // which is then advanced; stale views are rebuilt first (time alone frees capacity too: a
+  // defragmentation reservation expires). Start with *seq = 0 and ignore the first answer for a
+  // baseline. The requeuer's question (requeuer.h).
+  std::vector<std::string> FreedSince(uint64_t* seq, absl::Time now) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // The node's view for the planner (tests and explain).
   std::optional<mig::NodeView> View(const std::string& node, absl::Time now) const
@@ -271,6 +276,11 @@ class ClusterState {
     std::set<std::string> pods;                         // pod keys placed on this node
     std::set<std::string> assumed;  // keys of assumed_ whose reservation is on this node
     NodeReport report;              // cache, rebuilt when dirty
+    // The occupancy of the last view (occupancy_seen: there was one), and the value of
+    // freed_counter_ when a rebuild last found the capacity grown (FreedSince).
+    Occupancy occupancy;
+    bool occupancy_seen = false;
+    uint64_t freed_seq = 0;
     // Written under the exclusive lock only (commit), read under the shared one.
     std::array<CachedPlan, kCachedShapes> plans;
     uint32_t next_plan_slot = 0;
@@ -401,6 +411,7 @@ class ClusterState {
   mutable dynmig::Mutex mu_;
   // Sorted: reports list nodes by name. Entries never move (index_ and plans point at them).
   mutable std::map<std::string, NodeEntry> nodes_ ABSL_GUARDED_BY(mu_);
+  mutable uint64_t freed_counter_ ABSL_GUARDED_BY(mu_) = 0;  // NodeEntry::freed_seq's source
   // Hash index over nodes_: a filter looks up thousands of candidates.
   std::unordered_map<std::string, NodeEntry*> index_ ABSL_GUARDED_BY(mu_);
   // NVML model name -> registered MIG GPUs of it.
@@ -423,5 +434,11 @@ class ClusterState {
 
 // Parses hami.io/node-handshake: "Reported_<time>" (RFC 3339 or "2006-01-02 15:04:05" UTC).
 std::optional<absl::Time> ParseHandshakeReported(const std::string& value);
+
+// Whether `after` offers a waiting pod anything `before` did not: the node is healthy and was not,
+// a GPU takes reservations and did not (uncordoned, new), a slice a usable GPU occupied is free,
+// or fewer defragmentation holds are blocked. More occupied, or freed on an unusable GPU or node:
+// no.
+bool CapacityGrew(const ClusterState::Occupancy& before, const ClusterState::Occupancy& after);
 
 }  // namespace dynmig::scheduler

@@ -9,40 +9,16 @@
 
 namespace dynmig::scheduler {
 
-bool CapacityGrew(const ClusterState::Occupancy& before, const ClusterState::Occupancy& after) {
-  if (!after.healthy) return false;  // nothing can be placed there now
-  if (!before.healthy) return true;
-  if (after.blocked_holds < before.blocked_holds) return true;
-  for (const auto& g : after.gpus) {
-    if (!g.schedulable) continue;
-    const ClusterState::Occupancy::Gpu* old = nullptr;
-    for (const auto& b : before.gpus) {
-      if (b.uuid == g.uuid) {
-        old = &b;
-        break;
-      }
-    }
-    if (old == nullptr || !old->schedulable) return true;  // a GPU appeared or became usable
-    if ((old->occupied & ~g.occupied) != 0) return true;   // a slice it occupied is free now
-  }
-  return false;
-}
-
 Requeuer::Outcome Requeuer::RunOnce(size_t pending) {
   Outcome out;
   const absl::Time now = clock_.Now();
-  std::map<std::string, ClusterState::Occupancy> current = state_.Occupancies(now);
-  if (has_baseline_) {
-    for (const auto& [name, occ] : current) {
-      auto old = last_.find(name);
-      const bool grew = old == last_.end() ? occ.healthy : CapacityGrew(old->second, occ);
-      if (grew) due_.insert(name);
-    }
-  }
-  std::erase_if(due_, [&](const std::string& n) { return !current.count(n); });
-  std::erase_if(labelled_at_, [&](const auto& e) { return !current.count(e.first); });
-  last_ = std::move(current);
+  std::vector<std::string> freed = state_.FreedSince(&seq_, now);
+  if (has_baseline_) due_.insert(freed.begin(), freed.end());
   has_baseline_ = true;
+  // Only the labels of the last min_gap matter (and none "from the future": a clock set back).
+  std::erase_if(labelled_at_, [&](const auto& e) {
+    return now - e.second >= options_.min_gap || now < e.second;
+  });
   if (pending == 0) {
     // Nobody waits: a pod that comes later is filtered against the capacity as it is then.
     due_.clear();
@@ -50,8 +26,7 @@ Requeuer::Outcome Requeuer::RunOnce(size_t pending) {
   }
   for (auto it = due_.begin(); it != due_.end();) {
     const std::string& node = *it;
-    if (auto at = labelled_at_.find(node);
-        at != labelled_at_.end() && now - at->second < options_.min_gap && now >= at->second) {
+    if (labelled_at_.count(node)) {
       ++it;  // labelled a moment ago: the next pass
       continue;
     }

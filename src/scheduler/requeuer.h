@@ -10,15 +10,17 @@
 // before it reached this scheduler's cache (the retry it caused was refused). Each of those left
 // a waiting pod idle for up to the flush period.
 //
-// Each pass (on the leader, every RequeueOptions::interval) compares every node's occupancy
-// (ClusterState::Occupancies) with the previous pass's. A node whose capacity grew (a GPU's
-// occupied slices lost one, a GPU or the node became schedulable, a GPU or node appeared, fewer
-// defragmentation holds are blocked) is due; while MIG pods are pending, a due node gets the label
-// dynmig.io/capacity-freed set to the time in unix milliseconds: a Node label change, which
-// kube-scheduler answers by moving its unschedulable pods back to its active queue (or its
-// backoff queue when their backoff has not ended). Nothing is written while no MIG pod is pending.
-// A node is labelled at most once per `min_gap`, so pods created and deleted in a loop cause at
-// most one Node write per node per min_gap; a failed write is retried by the next pass.
+// The cluster state compares each node's occupancy whenever it rebuilds the node's view
+// (ClusterState::Occupancy, CapacityGrew). Each pass (on the leader, every
+// RequeueOptions::interval) asks it which nodes' capacity grew since the last pass
+// (ClusterState::FreedSince: a GPU's occupied slices lost one, a GPU or the node became
+// schedulable, a GPU or node appeared, fewer defragmentation holds are blocked); they are due;
+// while MIG pods are pending, a due node gets the label dynmig.io/capacity-freed set to the time in
+// unix milliseconds: a Node label change, which kube-scheduler answers by moving its unschedulable
+// pods back to its active queue (or its backoff queue when their backoff has not ended). Nothing is
+// written while no MIG pod is pending. A node is labelled at most once per `min_gap`, so pods
+// created and deleted in a loop cause at most one Node write per node per min_gap; a failed write
+// is retried by the next pass.
 //
 // Not thread-safe: one loop calls RunOnce.
 #pragma once
@@ -41,9 +43,6 @@ struct RequeueOptions {
   // The least time between two labels of one node.
   absl::Duration min_gap = absl::Seconds(1);
 };
-
-// Whether `after` offers a pod anything `before` did not (see the header comment).
-bool CapacityGrew(const ClusterState::Occupancy& before, const ClusterState::Occupancy& after);
 
 class Requeuer {
  public:
@@ -69,7 +68,7 @@ class Requeuer {
   const RequeueOptions options_;
 
   bool has_baseline_ = false;
-  std::map<std::string, ClusterState::Occupancy> last_;
+  uint64_t seq_ = 0;  // ClusterState::FreedSince's position
   std::set<std::string> due_;
   std::map<std::string, absl::Time> labelled_at_;
 };
