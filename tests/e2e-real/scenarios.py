@@ -348,6 +348,22 @@ class RealBackend(Backend):
 
     KUBELET_LOG = "/var/lib/dynmig-real-k8s/logs/kubelet.log"
 
+    def kubelet_log_offset(self):
+        try:
+            return os.path.getsize(self.KUBELET_LOG)
+        except OSError:
+            return 0
+
+    def kubelet_lines(self, offset, words, limit=40):
+        """The kubelet's log lines since `offset` that contain one of `words` (at most `limit`, 400 characters)."""
+        try:
+            with open(self.KUBELET_LOG, errors="replace") as f:
+                f.seek(offset)
+                text = f.read()
+        except OSError:
+            return []
+        return [line[:400] for line in text.splitlines() if any(w in line for w in words)][:limit]
+
     def restart_kubelet(self):
         """Restarts the kubelet; returns its log lines of the restart that speak of devices or the legacy pods."""
         try:
@@ -1731,6 +1747,7 @@ def handover_hami_steps(s, extra, config):
     extra.remove("webhooks-removed")
 
     s.step("HAMi's plugin leaves the node; dynmig's comes back")
+    offset = b.kubelet_log_offset() if isinstance(b, RealBackend) else 0
     b.stop_hami_allocator()
     if isinstance(b, RealBackend):
         wait_for("the kubelet to drop nvidia.com/gpu allocatable to 0",
@@ -1742,7 +1759,13 @@ def handover_hami_steps(s, extra, config):
             n, pod["status"].get("phase"), b.container_ids(pod)))
     b.start_dynmig_plugin()
     extra.remove("plugin-stopped")
+    if isinstance(b, RealBackend):
+        wait_for("the kubelet to list dynmig's nvidia.com/gpu devices",
+                 lambda: gpu_resource(s)["allocatable"] not in (None, "0"), 60)
     log("    node nvidia.com/gpu once dynmig's plugin serves: %s" % gpu_resource(s))
+    if isinstance(b, RealBackend):
+        for line in b.kubelet_lines(offset, ("nvidia.com/gpu", "nvidia-gpu.sock", "hami-")):
+            log("    kubelet: %s" % line)
 
     s.step("the HAMi pods still run, not restarted; dynmig proves each instance's holder")
     expect_unrestarted(s, before)
