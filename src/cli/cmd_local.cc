@@ -305,6 +305,29 @@ class ControlEndpoint {
           res.status = st.ok() ? 200 : absl::IsNotFound(st) ? 404 : 500;
           res.set_content(st.ok() ? "ok\n" : std::string(st.message()) + "\n", "text/plain");
         });
+    // HAMi's legacy device-plugin stand-in of a node (?config=<device config with
+    // nvidia.knownMigGeometries>), and dynmig's admission webhooks: removed, as before dynmig
+    // was installed, and put back.
+    server_.Post(R"(/(stop|start)/hami-device-plugin/([a-z0-9.-]+))",
+                 [&c](const httplib::Request& req, httplib::Response& res) {
+                   const std::string node = req.matches[2];
+                   const std::string config = req.get_param_value("config");
+                   auto st = req.matches[1] == "stop" ? c.StopHamiStandin(node)
+                             : config.empty() || config.size() > 4096
+                                 ? absl::InvalidArgumentError("?config=<file> (at most 4096 bytes)")
+                                 : c.StartHamiStandin(node, config);
+                   res.status = st.ok()                       ? 200
+                                : absl::IsNotFound(st)        ? 404
+                                : absl::IsInvalidArgument(st) ? 400
+                                                              : 500;
+                   res.set_content(st.ok() ? "ok\n" : std::string(st.message()) + "\n",
+                                   "text/plain");
+                 });
+    server_.Post(R"(/(remove|install)/webhooks)",
+                 [&c](const httplib::Request& req, httplib::Response& res) {
+                   c.SetWebhooks(req.matches[1] == "install");
+                   res.set_content("ok\n", "text/plain");
+                 });
     server_.Post(R"(/(restart|stop|start)/scheduler)", [part](const httplib::Request& req,
                                                               httplib::Response& res) {
       auto st = part(req.matches[1], "scheduler", "");

@@ -5,6 +5,9 @@
 // real-cluster run and the local mode share one simulated GPU state with dynmig's device plugin.
 // --geometry first lays out a fixed geometry on every GPU (as MIG Manager does before the plugin
 // starts). Runs until SIGINT/SIGTERM, then removes its sockets (the plugin goes away).
+// --hami-config FILE stands in for HAMi's LEGACY device plugin instead (StandinMode::kHamiLegacy):
+// nvidia.com/gpu with fake split ids, Allocate through the pods' HAMi annotations (read and written
+// with --kubeconfig), the legacy geometries of FILE's nvidia.knownMigGeometries.
 #include <CLI/CLI.hpp>
 #include <memory>
 #include <ostream>
@@ -16,7 +19,9 @@
 #include "deviceplugin/nvidia_standin.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
+#include "kube/kube_client.h"
 #include "nvml/geometry.h"
+#include "protocol/device_config.h"
 #include "protocol/devices.h"
 
 namespace dynmig::cli {
@@ -33,6 +38,9 @@ struct StandinFlags {
   std::string sim_state;
   std::string geometry;
   std::string refresh = "1s";
+  std::string hami_config;  // HAMi's legacy plugin instead, with this device config
+  std::string kubeconfig;
+  int split = 10;
 };
 
 absl::Status ApplyEverywhere(nvml::Nvml& gpu, const std::string& text, CliContext& ctx) {
@@ -75,12 +83,24 @@ int Run(const StandinFlags& f, CliContext& ctx) {
   deviceplugin::NvidiaStandinOptions o;
   o.kubelet_dir = f.kubelet_dir;
   o.refresh_interval = refresh;
+  std::unique_ptr<kube::KubeClient> kube;
+  if (!f.hami_config.empty()) {
+    auto config = protocol::LoadDeviceConfig(f.hami_config);
+    if (!config.ok()) return fail(std::string(config.status().message()), kExitBadInput);
+    auto client = ConnectKube(f.kubeconfig, false);
+    if (!client.ok()) return fail(std::string(client.status().message()), kExitFailure);
+    kube = std::move(*client);
+    o.mode = deviceplugin::StandinMode::kHamiLegacy;
+    o.node = f.node;
+    o.kube = kube.get();
+    o.split_count = f.split;
+    o.legacy_geometries = config->legacy_geometries;
+  }
   StopSignals stop;
   auto standin = deviceplugin::NvidiaStandin::Start(o, **gpu, clock);
   if (!standin.ok()) return fail(std::string(standin.status().message()), kExitFailure);
   std::vector<std::string> resources;
-  for (const auto& p : (*standin)->profiles())
-    resources.push_back(*protocol::MigResourceName(p));  // profiles() are valid names
+  for (const auto& p : (*standin)->profiles()) resources.push_back((*standin)->resource(p));
   ctx.out << fmt::format("nvidia-plugin-standin serving {} in {}", fmt::join(resources, ", "),
                          f.kubelet_dir)
           << std::endl;
@@ -108,6 +128,13 @@ void RegisterNvidiaStandinCommand(CLI::App& root, CliContext& ctx) {
                   "first lay out this fixed geometry on every GPU (all-<profile> or "
                   "<profile>=<n>,...), as MIG Manager does");
   cmd->add_option("--refresh", f->refresh, "how often ListAndWatch re-reads NVML")
+      ->capture_default_str();
+  cmd->add_option("--hami-config", f->hami_config,
+                  "stand in for HAMi's LEGACY device plugin instead (nvidia.com/gpu, fake split "
+                  "ids, GPU-<uuid>[t-s] from the pods' annotations), with this device config's "
+                  "nvidia.knownMigGeometries");
+  cmd->add_option("--kubeconfig", f->kubeconfig, "with --hami-config: the API's kubeconfig");
+  cmd->add_option("--split", f->split, "with --hami-config: fake ids per GPU (deviceSplitCount)")
       ->capture_default_str();
   cmd->callback([f, &ctx] { ctx.exit_code = Run(*f, ctx); });
 }

@@ -8,11 +8,13 @@
 #include <cctype>
 
 #include "deviceplugin/grpc_endpoint.h"
+#include "deviceplugin/hami_standin.h"
 #include "deviceplugin/runtime_source.h"
 #include "deviceplugin/unix_grpc.h"
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
+#include "kube/kube_client.h"
 #include "protocol/annotations.h"
 #include "protocol/devices.h"
 #include "spdlog/spdlog.h"
@@ -143,6 +145,7 @@ NvidiaStandin::~NvidiaStandin() { Stop(); }
 absl::StatusOr<std::unique_ptr<NvidiaStandin>> NvidiaStandin::Start(NvidiaStandinOptions options,
                                                                     nvml::Nvml& nvml,
                                                                     const Clock& clock) {
+  if (options.mode == StandinMode::kHamiLegacy) return StartHami(std::move(options), nvml, clock);
   auto devices = MigDevicesByProfile(nvml);
   if (!devices.ok()) return devices.status();
   std::unique_ptr<NvidiaStandin> s(new NvidiaStandin(std::move(options), nvml, clock));
@@ -157,10 +160,38 @@ absl::StatusOr<std::unique_ptr<NvidiaStandin>> NvidiaStandin::Start(NvidiaStandi
     return absl::FailedPreconditionError(
         "no GPU of this node has a MIG device: the mixed strategy advertises no MIG resource");
   }
+  return Launch(std::move(s), *devices);
+}
+
+absl::StatusOr<std::unique_ptr<NvidiaStandin>> NvidiaStandin::StartHami(
+    NvidiaStandinOptions options, nvml::Nvml& nvml, const Clock& clock) {
+  if (options.kube == nullptr || options.node.empty()) {
+    return absl::InvalidArgumentError("HAMi's legacy plugin stand-in needs the API and the node");
+  }
+  if (options.split_count < 1 || options.split_count > kHamiMaxSplitCount) {
+    return absl::InvalidArgumentError(
+        fmt::format("split count {} is not 1..{}", options.split_count, kHamiMaxSplitCount));
+  }
+  if (options.legacy_geometries.empty()) {
+    return absl::InvalidArgumentError("HAMi's legacy plugin stand-in needs knownMigGeometries");
+  }
+  auto ids = HamiDeviceIds(nvml, options.split_count);
+  if (!ids.ok()) return ids.status();
+  if (ids->empty()) {
+    return absl::FailedPreconditionError(
+        "no GPU of this node has MIG mode on: HAMi's legacy MIG plugin advertises nothing");
+  }
+  std::unique_ptr<NvidiaStandin> s(new NvidiaStandin(std::move(options), nvml, clock));
+  s->profiles_.push_back(std::string(kHamiProfileKey));
+  return Launch(std::move(s), {{std::string(kHamiProfileKey), *std::move(ids)}});
+}
+
+absl::StatusOr<std::unique_ptr<NvidiaStandin>> NvidiaStandin::Launch(
+    std::unique_ptr<NvidiaStandin> s, std::map<std::string, std::vector<std::string>> devices) {
   {
     dynmig::MutexLock lock(&s->mu_);
     s->started_ = true;
-    s->last_devices_ = *devices;
+    s->last_devices_ = std::move(devices);
   }
   {
     dynmig::MutexLock lock(&s->server_mu_);
@@ -196,8 +227,8 @@ absl::Status NvidiaStandin::Register(const std::string& profile) {
   ctx.set_deadline(RealDeadlineAfter(options_.register_timeout));  // the kubelet's real time
   v1beta1::RegisterRequest request;
   request.set_version(std::string(kDevicePluginVersion));
-  request.set_endpoint(StandinSocketName(profile));
-  request.set_resource_name(*protocol::MigResourceName(profile));
+  request.set_endpoint(SocketName(profile));
+  request.set_resource_name(resource(profile));
   v1beta1::Empty empty;
   grpc::Status st = stub->Register(&ctx, request, &empty);
   if (!st.ok()) {
@@ -258,7 +289,18 @@ void NvidiaStandin::Watch() {
 }
 
 std::vector<std::string> NvidiaStandin::Devices(const std::string& profile) {
-  auto devices = MigDevicesByProfile(nvml_);
+  absl::StatusOr<std::map<std::string, std::vector<std::string>>> devices;
+  if (options_.mode == StandinMode::kHamiLegacy) {
+    auto ids = HamiDeviceIds(nvml_, options_.split_count);
+    if (ids.ok()) {
+      devices = std::map<std::string, std::vector<std::string>>{
+          {std::string(kHamiProfileKey), *std::move(ids)}};
+    } else {
+      devices = ids.status();
+    }
+  } else {
+    devices = MigDevicesByProfile(nvml_);
+  }
   dynmig::MutexLock lock(&mu_);
   if (devices.ok()) {
     last_devices_ = std::move(*devices);
@@ -278,7 +320,7 @@ bool NvidiaStandin::WaitRefresh() const {
 
 absl::StatusOr<v1beta1::ContainerAllocateResponse> NvidiaStandin::Allocate(
     const std::string& profile, const v1beta1::ContainerAllocateRequest& request) {
-  const std::string resource = *protocol::MigResourceName(profile);
+  const std::string resource = this->resource(profile);
   auto invalid = [&](const std::string& why) {
     return absl::InvalidArgumentError(
         fmt::format("invalid allocation request for '{}': {}", resource, why));
@@ -300,16 +342,90 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> NvidiaStandin::Allocate(
     }
   }
   if (!unknown.empty()) return invalid(fmt::format("unknown device: {}", fmt::join(unknown, ", ")));
+  if (options_.mode == StandinMode::kHamiLegacy) return AllocateHami(request);
   v1beta1::ContainerAllocateResponse out;
   (*out.mutable_envs())[std::string(protocol::kVisibleDevicesEnv)] =
       fmt::format("{}", fmt::join(ids, ","));
   return out;
 }
 
+absl::StatusOr<v1beta1::ContainerAllocateResponse> NvidiaStandin::AllocateHami(
+    const v1beta1::ContainerAllocateRequest& request) {
+  kube::ListOptions list;
+  list.field_selector = "spec.nodeName=" + options_.node;
+  auto pods = options_.kube->ListPods(list);
+  if (!pods.ok()) {
+    return absl::UnavailableError(fmt::format("listing the pods of node {}: {}", options_.node,
+                                              std::string(pods.status().message())));
+  }
+  auto pending = FindHamiPendingPod(pods->items, options_.node);
+  if (!pending.ok()) return pending.status();
+  const std::string key = pending->ns + "/" + pending->name;
+  // As HAMi's PodAllocationFailed: the pod is marked failed, its devices stay as they were.
+  auto failed = [&](const absl::Status& st) {
+    auto patched = options_.kube->PatchPodAnnotations(
+        pending->ns, pending->name,
+        {{std::string(protocol::kBindPhaseAnnotation), std::string(protocol::kBindPhaseFailed)}});
+    if (!patched.ok()) {
+      spdlog::warn("hami stand-in: marking {} {} failed: {}", key, protocol::kBindPhaseAnnotation,
+                   std::string(patched.status().message()));
+    }
+    return absl::Status(st.code(), fmt::format("pod {} container {}: {}", key, pending->container,
+                                               std::string(st.message())));
+  };
+  if (pending->devices.size() != static_cast<size_t>(request.devices_ids_size())) {
+    return failed(absl::InvalidArgumentError(
+        fmt::format("device number not matched: the kubelet allocates {}, {} lists {}",
+                    request.devices_ids_size(), protocol::kDevicesToAllocateAnnotation,
+                    pending->devices.size())));
+  }
+  std::vector<std::string> uuids;
+  for (const auto& d : pending->devices) {
+    auto m = HamiLegacyMigDevice(nvml_, options_.legacy_geometries, d.uuid);
+    if (!m.ok()) return failed(m.status());
+    if (m->profile != m->template_profile) {
+      // HAMi's slot indexes its flattened template list, the driver's index the MIG devices.
+      spdlog::warn(
+          "hami stand-in: {} gets {} ({}), MIG device at the slot's index, while the "
+          "template's slot is {}",
+          key, m->mig_uuid, m->profile,
+          m->template_profile.empty() ? "beyond the template" : m->template_profile);
+    }
+    uuids.push_back(m->mig_uuid);
+  }
+  auto rest = protocol::EncodePodDevices(pending->rest);
+  if (!rest.ok()) return failed(rest.status());
+  kube::KeyPatch patch = {{std::string(protocol::kDevicesToAllocateAnnotation), *rest}};
+  if (pending->last) {
+    patch[std::string(protocol::kBindPhaseAnnotation)] = std::string(protocol::kBindPhaseSuccess);
+  }
+  auto patched = options_.kube->PatchPodAnnotations(pending->ns, pending->name, patch);
+  if (!patched.ok()) {
+    return absl::UnavailableError(
+        fmt::format("writing back pod {}: {}", key, std::string(patched.status().message())));
+  }
+  spdlog::info("hami stand-in: pod {} container {} gets {}{}", key, pending->container,
+               fmt::join(uuids, ","), pending->last ? " (bind-phase success)" : "");
+  v1beta1::ContainerAllocateResponse out;
+  (*out.mutable_envs())[std::string(protocol::kVisibleDevicesEnv)] =
+      fmt::format("{}", fmt::join(uuids, ","));
+  return out;
+}
+
 std::vector<std::string> NvidiaStandin::profiles() const { return profiles_; }
 
+std::string NvidiaStandin::resource(std::string_view profile) const {
+  if (options_.mode == StandinMode::kHamiLegacy) return std::string(protocol::kResourceCount);
+  return protocol::MigResourceName(profile).value_or("");
+}
+
+std::string NvidiaStandin::SocketName(std::string_view profile) const {
+  if (options_.mode == StandinMode::kHamiLegacy) return std::string(kHamiSocketName);
+  return StandinSocketName(profile);
+}
+
 std::string NvidiaStandin::socket_path(std::string_view profile) const {
-  return options_.kubelet_dir + "/" + StandinSocketName(profile);
+  return options_.kubelet_dir + "/" + SocketName(profile);
 }
 
 int NvidiaStandin::registrations(std::string_view profile) const {

@@ -22,6 +22,11 @@
 // Like the real plugin it re-registers when the kubelet restarts (kubelet.sock re-created) and
 // serves again when its socket is removed. Stop() stops every server and removes its sockets: the
 // plugin "goes away", so the kubelet sees the resources' streams end. Thread-safe.
+//
+// StandinMode::kHamiLegacy stands in for HAMi's legacy device plugin instead (hami_standin.h): one
+// resource nvidia.com/gpu with fake split ids, Allocate through the pod's HAMi annotations. It is a
+// mode of this class rather than a sibling because everything but the device list and Allocate
+// (serving, registering, re-registering at a kubelet restart, going away) is the same.
 #pragma once
 
 #include <map>
@@ -36,22 +41,41 @@
 #include "common/clock.h"
 #include "common/mutex.h"
 #include "deviceplugin/v1beta1/api.pb.h"
+#include "mig/legacy.h"
 #include "nvml/nvml.h"
 
 namespace grpc {
 class Server;
 }  // namespace grpc
 
+namespace dynmig::kube {
+class KubeClient;
+}  // namespace dynmig::kube
+
 namespace dynmig::deviceplugin {
 
 inline constexpr size_t kMaxStandinIdsPerContainer = 64;
 inline constexpr size_t kMaxStandinIdBytes = 256;
+// The one "profile" kHamiLegacy serves (its resource is nvidia.com/gpu).
+inline constexpr std::string_view kHamiProfileKey = "gpu";
+
+enum class StandinMode {
+  kNvidiaMixed,  // NVIDIA's device plugin, mixed MIG strategy
+  kHamiLegacy,   // HAMi's device plugin before dynamic MIG (hami_standin.h)
+};
 
 struct NvidiaStandinOptions {
+  StandinMode mode = StandinMode::kNvidiaMixed;
   std::string kubelet_dir = "/var/lib/kubelet/device-plugins";
   absl::Duration refresh_interval = absl::Seconds(1);       // ListAndWatch re-reads NVML
   absl::Duration kubelet_poll_interval = absl::Seconds(1);  // kubelet.sock and own sockets
   absl::Duration register_timeout = absl::Seconds(10);
+  // kHamiLegacy only: this node's name, the API (must outlive the stand-in), the split count and
+  // HAMi's knownMigGeometries (non-empty).
+  std::string node;
+  kube::KubeClient* kube = nullptr;
+  int split_count = 10;
+  std::vector<mig::LegacyGeometryEntry> legacy_geometries;
 };
 
 // The node's live MIG devices (full compute instances) by GI profile name, each list ordered by
@@ -78,8 +102,10 @@ class NvidiaStandin {
   // Ends the streams, stops every server, removes the sockets. Idempotent.
   void Stop() ABSL_LOCKS_EXCLUDED(mu_, server_mu_);
 
-  // The profiles served, in name order.
+  // The profiles served, in name order (kHamiLegacy: one, "gpu").
   std::vector<std::string> profiles() const;
+  // The resource served for a profile: nvidia.com/mig-<profile> (kHamiLegacy: nvidia.com/gpu).
+  std::string resource(std::string_view profile) const;
   std::string socket_path(std::string_view profile) const;
   // Successful registrations of a profile's resource (all profiles' when "").
   int registrations(std::string_view profile = "") const ABSL_LOCKS_EXCLUDED(mu_);
@@ -91,6 +117,12 @@ class NvidiaStandin {
   struct Served;
 
   NvidiaStandin(NvidiaStandinOptions options, nvml::Nvml& nvml, const Clock& clock);
+  static absl::StatusOr<std::unique_ptr<NvidiaStandin>> StartHami(NvidiaStandinOptions options,
+                                                                  nvml::Nvml& nvml,
+                                                                  const Clock& clock);
+  // Serves, registers and watches `s` (its profiles_ set), with the devices read at start.
+  static absl::StatusOr<std::unique_ptr<NvidiaStandin>> Launch(
+      std::unique_ptr<NvidiaStandin> s, std::map<std::string, std::vector<std::string>> devices);
   absl::Status Serve(Served& served) ABSL_EXCLUSIVE_LOCKS_REQUIRED(server_mu_);
   absl::Status Register(const std::string& profile);
   void RegisterAll(bool only_unregistered) ABSL_LOCKS_EXCLUDED(mu_);
@@ -101,6 +133,9 @@ class NvidiaStandin {
   bool WaitRefresh() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<v1beta1::ContainerAllocateResponse> Allocate(
       const std::string& profile, const v1beta1::ContainerAllocateRequest& request);
+  absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateHami(
+      const v1beta1::ContainerAllocateRequest& request);
+  std::string SocketName(std::string_view profile) const;
 
   const NvidiaStandinOptions options_;
   nvml::Nvml& nvml_;

@@ -322,6 +322,10 @@ struct LocalCluster::Node {
   std::unique_ptr<nvml::SimNvml> standin_nvml;
   std::unique_ptr<deviceplugin::NvidiaStandin> standin;
   std::vector<std::string> mig_resources;  // what the node's status shows of the stand-in's
+  // HAMi's legacy device plugin "process" (StartHamiStandin).
+  std::unique_ptr<nvml::SimNvml> hami_nvml;
+  std::unique_ptr<kube::KubeClient> hami_client;
+  std::unique_ptr<deviceplugin::NvidiaStandin> hami;
   std::unique_ptr<kube::KubeClient> agent_client;
   std::unique_ptr<nvml::SimNvml> workload_nvml;  // the workloads' processes attach through it
   std::unique_ptr<NodeAgent> agent;
@@ -811,6 +815,7 @@ void LocalCluster::RouteLocked() {
   }
   const Replica* target = RouteTarget();
   if (target == nullptr) return;  // the webhooks keep the last address: calls fail, as in a cluster
+  if (webhooks_removed_) return;
   // The webhook configurations of deploy/base/webhook/webhooks.yaml, pointed at this scheduler.
   std::vector<kube::AdmissionWebhook> hooks(3);
   hooks[0].name = "mutate.dynmig.io";
@@ -924,6 +929,9 @@ void LocalCluster::Stop() {
     node->plugin_nvml.reset();
     node->standin.reset();
     node->standin_nvml.reset();
+    node->hami.reset();
+    node->hami_client.reset();
+    node->hami_nvml.reset();
     if (node->kubelet) {
       node->kubelet->Stop();
       node->kubelet->AttachRuntime(nullptr);
@@ -1070,6 +1078,73 @@ absl::Status LocalCluster::StopNvidiaStandin(std::string_view name) {
   PublishMigResources(*node, /*serving=*/false);
   Log(fmt::format("{}/nvidia-device-plugin: stopped", name));
   return absl::OkStatus();
+}
+
+absl::Status LocalCluster::StartHamiStandin(std::string_view name, const std::string& config_path) {
+  auto config = protocol::LoadDeviceConfig(config_path);
+  if (!config.ok()) return absl::InvalidArgumentError(std::string(config.status().message()));
+  dynmig::MutexLock lock(&mu_);
+  if (stopped_) return absl::FailedPreconditionError("the local cluster is stopped");
+  Node* node = FindNode(name);
+  if (node == nullptr) return absl::NotFoundError(fmt::format("no node {}", name));
+  if (node->hami != nullptr) return absl::OkStatus();
+  if (node->plugin != nullptr) {
+    return absl::FailedPreconditionError(
+        fmt::format("dynmig's device plugin serves nvidia.com/gpu on {}: stop it first", name));
+  }
+  auto client = Client("system:node:" + node->spec.name);
+  if (!client.ok()) return client.status();
+  nvml::SimNvmlOptions so;  // its own "process": a simulator object over the node's GPU state
+  so.state_file = nvml_state_file(node->spec.name);
+  so.seed = node->spec.name;
+  auto sim = nvml::SimNvml::Create(std::move(so));
+  if (!sim.ok()) return sim.status();
+  deviceplugin::NvidiaStandinOptions o;
+  o.mode = deviceplugin::StandinMode::kHamiLegacy;
+  o.kubelet_dir = node->kubelet_dir;
+  o.node = node->spec.name;
+  o.kube = client->get();
+  o.legacy_geometries = config->legacy_geometries;
+  auto standin = deviceplugin::NvidiaStandin::Start(o, **sim, clock_);
+  if (!standin.ok()) {
+    return absl::Status(standin.status().code(),
+                        fmt::format("node {}: HAMi's device plugin stand-in: {}", name,
+                                    std::string(standin.status().message())));
+  }
+  node->hami_nvml = std::move(*sim);
+  node->hami_client = std::move(*client);
+  node->hami = std::move(*standin);
+  if (node->hami->WaitForRegistrations(1, absl::Seconds(10))) {
+    node->kubelet->WaitForDevices([](const auto& d) { return !d.empty(); }, absl::Seconds(5),
+                                  std::string(protocol::kResourceCount));
+  }
+  Log(fmt::format("{}/hami-device-plugin: serving {}", name, protocol::kResourceCount));
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::StopHamiStandin(std::string_view name) {
+  dynmig::MutexLock lock(&mu_);
+  Node* node = FindNode(name);
+  if (node == nullptr || node->hami == nullptr) {
+    return absl::NotFoundError(fmt::format("no HAMi device plugin stand-in runs on {}", name));
+  }
+  node->hami->Stop();
+  node->hami.reset();
+  node->hami_client.reset();
+  node->hami_nvml.reset();
+  Log(fmt::format("{}/hami-device-plugin: stopped", name));
+  return absl::OkStatus();
+}
+
+void LocalCluster::SetWebhooks(bool installed) {
+  dynmig::MutexLock lock(&mu_);
+  webhooks_removed_ = !installed;
+  if (installed) {
+    RouteLocked();
+  } else {
+    api_->SetAdmissionWebhooks({});
+  }
+  Log(installed ? "dynmig's admission webhooks installed" : "dynmig's admission webhooks removed");
 }
 
 void LocalCluster::PublishMigResources(Node& node, bool serving) {

@@ -240,6 +240,18 @@ class LocalCluster {
   // Stops it: its sockets go away, as when the legacy DaemonSet leaves the node. kNotFound when
   // the node has none running.
   absl::Status StopNvidiaStandin(std::string_view node) ABSL_LOCKS_EXCLUDED(mu_);
+  // HAMi's legacy device plugin stand-in (NvidiaStandin in StandinMode::kHamiLegacy) on the node,
+  // with the knownMigGeometries of the device config at `config_path`, as when HAMi's DaemonSet
+  // comes to it: it serves nvidia.com/gpu on the node's kubelet (dynmig's plugin must be stopped
+  // first: kFailedPrecondition) and writes the pods' HAMi annotations as the node. Ok when one
+  // runs; kNotFound for an unknown node; kInvalidArgument for a config that does not load.
+  absl::Status StartHamiStandin(std::string_view node, const std::string& config_path)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Stops it (its socket goes away). kNotFound when the node has none running.
+  absl::Status StopHamiStandin(std::string_view node) ABSL_LOCKS_EXCLUDED(mu_);
+  // Removes dynmig's admission webhooks from the API server (false), as before dynmig was
+  // installed, or puts them back (true).
+  void SetWebhooks(bool installed) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Every replica.
   absl::Status StopScheduler() ABSL_LOCKS_EXCLUDED(mu_);
@@ -354,6 +366,7 @@ class LocalCluster {
   std::unique_ptr<SchedulerLoop> loop_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Node>> nodes_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  bool webhooks_removed_ ABSL_GUARDED_BY(mu_) = false;  // SetWebhooks(false)
 
   // The extender routes (url, elector or null per running replica), read by kube-scheduler's
   // thread without mu_.

@@ -212,6 +212,22 @@ class LocalBackend(Backend):
             if "no NVIDIA device plugin stand-in runs" not in str(e):
                 raise
 
+    def start_hami_allocator(self, config):
+        self.control_post("start/hami-device-plugin/%s?config=%s" % (self.node, urllib.parse.quote(config)))
+
+    def stop_hami_allocator(self):
+        try:
+            self.control_post("stop/hami-device-plugin/" + self.node)
+        except StepFailed as e:
+            if "no HAMi device plugin stand-in runs" not in str(e):
+                raise
+
+    def remove_webhooks(self):
+        self.control_post("remove/webhooks")
+
+    def install_webhooks(self):
+        self.control_post("install/webhooks")
+
     def container_ids(self, pod):
         """The local kubelet stand-in writes no container IDs: its containers are never restarted either."""
         return {cs["name"]: (cs.get("containerID"), cs.get("restartCount"), cs.get("state", {}).get("running", {})
@@ -283,11 +299,70 @@ class RealBackend(Backend):
         self.standin = None
         self.standin_log.close()
 
+    def start_hami_allocator(self, config):
+        self.hami_log = open("/tmp/dynmig-e2e-hami-standin.log", "w")
+        self.hami = subprocess.Popen(
+            [self.dynmig, "nvidia-plugin-standin", "--hami-config", config, "--kubeconfig", self.kubeconfig,
+             "--node", self.node, "--kubelet-dir", self.KUBELET_PLUGINS, "--sim", "A100-SXM4-40GBx1",
+             "--sim-state", self.sim_state], stdout=self.hami_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+
+        def advertised():
+            if self.hami.poll() is not None:
+                raise StepFailed("dynmig nvidia-plugin-standin --hami-config exited %d: %s" % (
+                    self.hami.returncode, open("/tmp/dynmig-e2e-hami-standin.log").read()[-2000:]))
+            alloc = self.kube.json("get", "node", self.node)["status"].get("allocatable", {})
+            return alloc.get("nvidia.com/gpu") == "10"  # HAMi's split count on the one GPU
+        wait_for("the kubelet advertising HAMi's 10 nvidia.com/gpu split devices", advertised, 60)
+
+    def stop_hami_allocator(self):
+        if getattr(self, "hami", None) is None:
+            return
+        if self.hami.poll() is None:
+            self.hami.kill()  # as the DaemonSet's pod goes away: no goodbye to the kubelet
+            self.hami.wait(10)
+        self.hami = None
+        self.hami_log.close()
+
+    # dynmig's admission webhooks, removed while pods that predate dynmig are made, then put back as they were.
+    WEBHOOKS = (("mutatingwebhookconfiguration", "dynmig-webhook"), ("validatingwebhookconfiguration", "dynmig-webhook"))
+
+    def remove_webhooks(self):
+        self.saved_webhooks = []
+        for kind, name in self.WEBHOOKS:
+            obj = self.kube.json("get", kind, name)
+            for f in ("resourceVersion", "uid", "creationTimestamp", "managedFields", "generation"):
+                obj["metadata"].pop(f, None)
+            self.saved_webhooks.append(obj)
+        for kind, name in self.WEBHOOKS:
+            self.kube.run("delete", kind, name)
+
+    def install_webhooks(self):
+        for obj in getattr(self, "saved_webhooks", []):
+            self.kube.run("create", "-f", "-", input=json.dumps(obj))
+        self.saved_webhooks = []
+
     def container_ids(self, pod):
         return {cs["name"]: (cs.get("containerID"), cs.get("restartCount"), cs.get("state", {}).get("running", {})
                              .get("startedAt")) for cs in pod["status"].get("containerStatuses", [])}
 
     KUBELET_LOG = "/var/lib/dynmig-real-k8s/logs/kubelet.log"
+
+    def kubelet_log_offset(self):
+        try:
+            return os.path.getsize(self.KUBELET_LOG)
+        except OSError:
+            return 0
+
+    def kubelet_lines(self, offset, words, limit=40):
+        """The kubelet's log lines since `offset` that contain one of `words` (at most `limit`, 400 characters)."""
+        try:
+            with open(self.KUBELET_LOG, errors="replace") as f:
+                f.seek(offset)
+                text = f.read()
+        except OSError:
+            return []
+        return [line[:400] for line in text.splitlines() if any(w in line for w in words)][:limit]
 
     def restart_kubelet(self):
         """Restarts the kubelet; returns its log lines of the restart that speak of devices or the legacy pods."""
@@ -1563,6 +1638,167 @@ def kubelet_restart(s, before, got):
 
 
 
+# --- handover of HAMi's legacy MIG pods (issue 29) ----------------------------------------------------------------
+
+# HAMi's scheduler ConfigMap before dynamic MIG: its default knownMigGeometries entry of the A100 40GB, plus one
+# geometry an operator added (the ConfigMap is theirs to edit). HAMi's defaults fill the whole GPU, and dynmig keeps
+# a legacy instance nobody holds while its GPU is busy (the untracked rule), so a default geometry would leave no
+# slice for a dynamic pod beside the legacy ones; the added one (2g + 1g, at slices 4 and 6) leaves slices 0-3.
+HAMI_CONFIG = """nvidia:
+  knownMigGeometries:
+    - models: ["A100-SXM4-40GB", "A100-40GB-PCIe", "A100-PCIE-40GB"]
+      allowedGeometries:
+        - - {name: 1g.5gb, core: 14, memory: 5120, count: 7}
+        - - {name: 1g.5gb, core: 14, memory: 5120, count: 1}
+          - {name: 2g.10gb, core: 28, memory: 10240, count: 3}
+        - - {name: 3g.20gb, core: 42, memory: 20480, count: 2}
+        - - {name: 7g.40gb, core: 100, memory: 40960, count: 1}
+        - - {name: 2g.10gb, core: 28, memory: 10240, count: 1}
+          - {name: 1g.5gb, core: 14, memory: 5120, count: 1}
+"""
+HAMI_TEMPLATE = 4  # the added 2g + 1g geometry, laid out by mig-parted
+# pod -> (the slot HAMi's scheduler chose: GPU-<uuid>[4-<slot>], the template entry's memory and cores)
+HAMI = {"hami-2g": (0, 10240, 28), "hami-1g": (1, 5120, 14)}
+
+
+def hami_pod(s, name, gpu_uuid, slot):
+    """A pod as HAMi's scheduler left it after Bind: bound to the node, its devices `GPU-<uuid>[t-s]`, bind-phase
+    allocating; HAMi's device plugin then finds it at Allocate."""
+    now = str(int(time.time()))
+    dev = "%s[%d-%d],NVIDIA,%d,%d:;" % (gpu_uuid, HAMI_TEMPLATE, slot[0], slot[1], slot[2])
+    ann = {"hami.io/vgpu-node": s.b.node, "hami.io/vgpu-time": now, "hami.io/bind-time": now,
+           "hami.io/bind-phase": "allocating", "hami.io/vgpu-devices-allocated": dev,
+           "hami.io/vgpu-devices-to-allocate": dev}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "annotations": ann, "labels": {"hami.io/vgpu-node": s.b.node}},
+            "spec": {"nodeName": s.b.node, "schedulerName": "hami-scheduler", "restartPolicy": "Never",
+                     "terminationGracePeriodSeconds": 2,
+                     "containers": [{"name": "workload", "image": s.image, "command": ["sh", "-c", "sleep 3600"],
+                                     "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
+
+
+def sim_mig_devices(s):
+    """GPU 0's UUID and its MIG UUIDs in the driver's MIG device index order (GI id, then CI id), from the
+    simulator's state: what nvmlDeviceGetMigDeviceHandleByIndex enumerates."""
+    out = json.loads(dynmig_cli(s, "nvml", "--state", s.b.sim_state, "instances", "--output", "json").stdout)
+    g = out["gpus"][0]
+    devices = []
+    for gi in sorted(g.get("gpuInstances", []), key=lambda x: x["id"]):
+        for ci in sorted(gi.get("computeInstances", []), key=lambda x: x["id"]):
+            devices.append(ci["migUUID"])
+    return g["uuid"], devices
+
+
+def gpu_resource(s):
+    st = s.k.json("get", "node", s.b.node)["status"]
+    return {f: st.get(f, {}).get("nvidia.com/gpu") for f in ("capacity", "allocatable")}
+
+
+def handover_hami(s):
+    b = s.b
+    extra = []  # what this scenario changed beyond pods: undone in `finally`
+    config = os.path.join(tempfile.mkdtemp(prefix="dynmig-e2e-hami-"), "hami-device-config.yaml")
+    with open(config, "w") as f:
+        f.write(HAMI_CONFIG)
+    try:
+        handover_hami_steps(s, extra, config)
+    finally:
+        log("    handover cleanup")
+        b.stop_hami_allocator()
+        if "webhooks-removed" in extra:
+            b.install_webhooks()
+        if "plugin-stopped" in extra:
+            b.start_dynmig_plugin()
+
+
+def handover_hami_steps(s, extra, config):
+    b = s.b
+    s.step("dynmig's device plugin leaves the node")
+    b.stop_dynmig_plugin()
+    extra.append("plugin-stopped")
+    s.step("HAMi's legacy geometry %d (2g.10gb + 1g.5gb), laid out as mig-parted does" % HAMI_TEMPLATE)
+    print(dynmig_cli(s, "nvml", "--state", b.sim_state, "apply-geometry", "--hami-config", config,
+                     "--hami-geometry", str(HAMI_TEMPLATE)).stdout, end="", flush=True)
+    gpu_uuid, devices = sim_mig_devices(s)
+    s.step("HAMi's legacy device plugin (stand-in) serves nvidia.com/gpu")
+    b.start_hami_allocator(config)
+    log("    node nvidia.com/gpu while HAMi's plugin serves: %s" % gpu_resource(s))
+    s.step("dynmig's webhooks removed: the HAMi pods predate dynmig")
+    b.remove_webhooks()
+    extra.append("webhooks-removed")
+    s.step("HAMi's scheduler's pods, bound to the node, get their template slots from HAMi's plugin")
+    before, got = {}, {}
+    for n, slot in HAMI.items():  # one at a time: without HAMi's node lock the plugin takes the oldest
+        s.create(hami_pod(s, n, gpu_uuid, slot))
+        pod = plain_running(s, n)
+        before[n] = b.container_ids(pod)
+        seen = wait_for("the container of %s to see its MIG device" % n, lambda: b.visible_devices(pod), 30)
+        if seen != [devices[slot[0]]]:
+            raise StepFailed("HAMi pod %s ([%d-%d]) sees %s, expected MIG device %d: %s" % (
+                n, HAMI_TEMPLATE, slot[0], seen, slot[0], devices[slot[0]]))
+        ann = s.k.pod(n)["metadata"].get("annotations", {})
+        if ann.get(BIND_PHASE) != "success" or ann.get("hami.io/vgpu-devices-to-allocate") != ";":
+            raise StepFailed("HAMi pod %s: bind-phase %r, to-allocate %r: HAMi's plugin did not write back" % (
+                n, ann.get(BIND_PHASE), ann.get("hami.io/vgpu-devices-to-allocate")))
+        got[n] = seen[0]
+        log("    %s: [%d-%d] -> %s, containers %s" % (n, HAMI_TEMPLATE, slot[0], got[n], before[n]))
+    s.step("dynmig's webhooks back")
+    b.install_webhooks()
+    extra.remove("webhooks-removed")
+
+    s.step("HAMi's plugin leaves the node; dynmig's comes back")
+    offset = b.kubelet_log_offset() if isinstance(b, RealBackend) else 0
+    b.stop_hami_allocator()
+    if isinstance(b, RealBackend):
+        wait_for("the kubelet to drop nvidia.com/gpu allocatable to 0",
+                 lambda: gpu_resource(s)["allocatable"] == "0", 60)
+    log("    node nvidia.com/gpu once HAMi's plugin stopped: %s" % gpu_resource(s))
+    for n in HAMI:
+        pod = s.k.pod(n)
+        log("    %s while no plugin serves nvidia.com/gpu: phase %s, containers %s" % (
+            n, pod["status"].get("phase"), b.container_ids(pod)))
+    b.start_dynmig_plugin()
+    extra.remove("plugin-stopped")
+    if isinstance(b, RealBackend):
+        wait_for("the kubelet to list dynmig's nvidia.com/gpu devices",
+                 lambda: gpu_resource(s)["allocatable"] not in (None, "0"), 60)
+    log("    node nvidia.com/gpu once dynmig's plugin serves: %s" % gpu_resource(s))
+    if isinstance(b, RealBackend):
+        for line in b.kubelet_lines(offset, ("nvidia.com/gpu", "nvidia-gpu.sock", "hami-")):
+            log("    kubelet: %s" % line)
+
+    s.step("the HAMi pods still run, not restarted; dynmig proves each instance's holder")
+    expect_unrestarted(s, before)
+    expect_held(s, got)
+    s.step("dynmig handover check passes")
+    handover_check(s, expect_ok=True)
+
+    s.step("a dynamic pod runs beside them, in the free slices")
+    s.create(s.mig_pod("dyn-beside-hami", 4000))
+    pod, allocs = s.running("dyn-beside-hami")
+    s.expect_realized("dyn-beside-hami", pod, allocs)
+    items = nvml_items(b.nvml())
+    for n, u in got.items():
+        if overlap(allocs[0], items[u]):
+            raise StepFailed("dyn-beside-hami's instance %s overlaps %s's instance %s" % (
+                allocs[0]["placement"], n, items[u]["placement"]))
+
+    s.step("deleting one HAMi pod frees exactly its instance")
+    s.delete("hami-2g")
+    s.gone("hami-2g")
+    s.reclaimed([got["hami-2g"]])
+    live = s.instances()
+    if got["hami-1g"] not in live or allocs[0]["migUUID"] not in live:
+        raise StepFailed("another pod's instance was destroyed: live %s" % sorted(live))
+    expect_unrestarted(s, {"hami-1g": before["hami-1g"]})
+
+    s.step("the rest end: their instances are reclaimed")
+    s.delete("hami-1g", "dyn-beside-hami")
+    s.gone("hami-1g", "dyn-beside-hami")
+    s.reclaimed([got["hami-1g"], allocs[0]["migUUID"]])
+    s.no_warnings("hami-1g", "dyn-beside-hami")
+
+
 def kube_eviction_honours_a_pdb(s):
     """The Eviction API (pods/NAME/eviction) with a PodDisruptionBudget, in the policy versions the server serves:
     refused with 429 while the budget allows no disruption, accepted once it does, and never twice for one."""
@@ -1701,6 +1937,7 @@ SCENARIOS = [
      prometheus_alert_fires_on_fragmentation),
     # Last: it moves dynmig's device plugin off the node for a while and restores it.
     ("handover: legacy pods kept without draining (handover_no_drain)", handover_no_drain),
+    ("handover: HAMi's legacy MIG pods kept without draining (handover_hami)", handover_hami),
 ]
 
 
