@@ -714,12 +714,21 @@ TEST_P(NvmlConformanceTest, RebootRequiredHostKeepsTheModePending) {
   EXPECT_FALSE(mode.current);
 }
 
-// NVML has no reset call: the real backend says so and names the host action.
-TEST_P(NvmlConformanceTest, ReadOnlyDlopenBackendHasNoGpuReset) {
-  if (sim() != nullptr && GetParam().kind == Kind::kSim) GTEST_SKIP() << "the simulator resets";
-  auto st = nvml().ResetGpu(0);
-  EXPECT_TRUE(IsNvmlError(st, NvmlReturn::kNotSupported));
-  EXPECT_NE(std::string(st.message()).find("nvidia-smi --gpu-reset"), std::string::npos) << st;
+// A GPU reset is the host's action, not NVML's: the dlopen backend (real driver or fake library)
+// refuses it, touching nothing, and names the host command; the simulator performs the host
+// action, refused while a process runs.
+TEST_P(NvmlConformanceTest, ReadOnlyResetIsTheHostsActionNotNvmls) {
+  if (GetParam().kind != Kind::kSim) {
+    auto st = nvml().ResetGpu(0);
+    EXPECT_TRUE(IsNvmlError(st, NvmlReturn::kNotSupported));
+    EXPECT_NE(std::string(st.message()).find("nvidia-smi --gpu-reset"), std::string::npos) << st;
+    return;
+  }
+  ASSERT_OK_AND_ASSIGN(const auto info, nvml().GetGpu(0));
+  ASSERT_OK(sim()->AttachProcess(info.uuid, 555));
+  EXPECT_TRUE(IsNvmlError(nvml().ResetGpu(0), NvmlReturn::kInUse));
+  ASSERT_OK(sim()->DetachProcess(info.uuid, 555));
+  EXPECT_OK(nvml().ResetGpu(0));
 }
 
 TEST_P(NvmlConformanceTest, InjectedFaultsFailTheNthCall) {
