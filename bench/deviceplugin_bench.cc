@@ -56,6 +56,15 @@ class TimingNvml final : public nvml::Nvml {
   absl::StatusOr<nvml::GpuInfo> GetGpu(uint32_t gpu) override {
     return Time([&] { return inner_.GetGpu(gpu); });
   }
+  absl::StatusOr<nvml::MigModeState> GetMigMode(uint32_t gpu) override {
+    return Time([&] { return inner_.GetMigMode(gpu); });
+  }
+  absl::StatusOr<nvml::MigModeChange> SetMigMode(uint32_t gpu, bool enabled) override {
+    return Time([&] { return inner_.SetMigMode(gpu, enabled); });
+  }
+  absl::Status ResetGpu(uint32_t gpu) override {
+    return Time([&] { return inner_.ResetGpu(gpu); });
+  }
   absl::StatusOr<nvml::GpuInstanceProfileInfo> GetGpuInstanceProfileInfo(uint32_t gpu,
                                                                          uint32_t index) override {
     return Time([&] { return inner_.GetGpuInstanceProfileInfo(gpu, index); });

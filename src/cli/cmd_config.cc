@@ -113,6 +113,13 @@ void RunValidate(const ConfigOptions& opts, CliContext& ctx) {
   for (const auto& w : cfg->warnings) ctx.err << "warning: " << w << "\n";
   ctx.out << "OK: " << opts.in << ": " << cfg->allowlist.entries.size() << " allowlist entr"
           << (cfg->allowlist.entries.size() == 1 ? "y" : "ies") << "\n";
+  if (const auto& sw = cfg->mig_mode_switching; sw.enabled) {
+    ctx.out << "MIG mode switching: on, "
+            << (sw.rules.empty()
+                    ? std::string("every GPU")
+                    : std::to_string(sw.rules.size()) + (sw.rules.size() == 1 ? " rule" : " rules"))
+            << ", minModeDuration " << absl::FormatDuration(sw.min_mode_duration) << "\n";
+  }
   ctx.exit_code = kExitOk;
 }
 

@@ -662,18 +662,69 @@ void RunHold(const NvmlFlags& f, CliContext& ctx, bool hold) {
   }
 }
 
+// What an activation status means for the operator.
+std::string ActivationText(const nvml::MigModeChange& c) {
+  switch (c.activation) {
+    case nvml::NvmlReturn::kSuccess:
+      return "active now";
+    case nvml::NvmlReturn::kInUse:
+      return "pending: NVML_ERROR_IN_USE, a GPU reset applies it once the GPU is idle";
+    case nvml::NvmlReturn::kResetRequired:
+      return "pending: NVML_ERROR_RESET_REQUIRED, this host cannot reset the GPU; a reboot applies "
+             "it";
+    default:
+      return fmt::format("pending: {}", nvml::NvmlReturnName(c.activation));
+  }
+}
+
 void RunMigMode(const NvmlFlags& f, CliContext& ctx) {
+  if (f.mode.empty()) {  // show: any backend, read-only
+    auto b = Open(f, ctx, "mig-mode");
+    if (!b) return;
+    auto mode = b->nvml->GetMigMode(*f.gpu);
+    if (!mode.ok()) return Report(ctx, "mig-mode", mode.status(), "");
+    if (f.output == "json") {
+      ctx.out << nlohmann::json{{"gpu", *f.gpu},
+                                {"supported", mode->supported},
+                                {"current", mode->current},
+                                {"pending", mode->pending}}
+                     .dump()
+              << "\n";
+      return;
+    }
+    ctx.out << fmt::format("GPU {}: {}\n", *f.gpu, MigText(*mode));
+    return;
+  }
   auto b = OpenSim(f, ctx, "mig-mode");
   if (!b) return;
   const bool enable = f.mode == "enabled";
-  Report(ctx, "mig-mode", b->sim->SetMigMode(*f.gpu, enable),
-         fmt::format("MIG mode of GPU {} set to {}", *f.gpu, f.mode));
+  auto change = b->sim->SetMigMode(*f.gpu, enable);
+  if (!change.ok()) return Report(ctx, "mig-mode", change.status(), "");
+  ctx.out << fmt::format("MIG mode of GPU {} set to {}: {} ({})\n", *f.gpu, f.mode,
+                         ActivationText(*change), MigText(change->mode));
 }
 
 void RunReset(const NvmlFlags& f, CliContext& ctx) {
   auto b = OpenSim(f, ctx, "reset");
   if (!b) return;
   Report(ctx, "reset", b->sim->ResetGpu(*f.gpu), fmt::format("GPU {} reset", *f.gpu));
+}
+
+void RunReboot(const NvmlFlags& f, CliContext& ctx) {
+  auto b = OpenSim(f, ctx, "reboot");
+  if (!b) return;
+  Report(ctx, "reboot", b->sim->RebootHost(),
+         "host rebooted: every instance, process and holder is gone, pending MIG modes applied");
+}
+
+void RunRebootRequired(const NvmlFlags& f, CliContext& ctx) {
+  auto b = OpenSim(f, ctx, "reboot-required");
+  if (!b) return;
+  Report(ctx, "reboot-required", b->sim->SetRebootRequired(*f.gpu, !f.clear),
+         f.clear ? fmt::format("GPU {} can be reset again", *f.gpu)
+                 : fmt::format("GPU {} is on a host without GPU reset: a MIG mode change stays "
+                               "pending until `dynmig nvml reboot`",
+                               *f.gpu));
 }
 
 void AddOutput(CLI::App* sub, NvmlFlags& f) {
@@ -730,13 +781,27 @@ void RegisterSimulatorCommands(CLI::App* nvml, const std::shared_ptr<NvmlFlags>&
       ->capture_default_str();
   release->callback([flags, &ctx] { RunHold(*flags, ctx, false); });
 
-  auto* mig_mode =
-      nvml->add_subcommand("mig-mode", "Simulator: set MIG mode (pending until reset on Ampere)");
+  auto* mig_mode = nvml->add_subcommand(
+      "mig-mode",
+      "Show a GPU's MIG mode (current, pending); with --mode, set it on a simulated GPU (pending "
+      "until reset on Ampere, until reboot on a reboot-required GPU)");
   mig_mode->add_option("--gpu", f.gpu, "GPU index")->required();
-  mig_mode->add_option("--mode", f.mode, "enabled or disabled")
-      ->required()
+  mig_mode->add_option("--mode", f.mode, "enabled or disabled (simulator only)")
       ->check(CLI::IsMember({"enabled", "disabled"}));
+  AddOutput(mig_mode, f);
   mig_mode->callback([flags, &ctx] { RunMigMode(*flags, ctx); });
+
+  auto* reboot = nvml->add_subcommand(
+      "reboot", "Simulator: the host reboots (instances, processes, holders gone; modes applied)");
+  reboot->callback([flags, &ctx] { RunReboot(*flags, ctx); });
+
+  auto* reboot_required = nvml->add_subcommand(
+      "reboot-required",
+      "Simulator: the GPU's host exposes no GPU reset (pass-through VM): MIG mode changes stay "
+      "pending until reboot");
+  reboot_required->add_option("--gpu", f.gpu, "GPU index")->required();
+  reboot_required->add_flag("--clear", f.clear, "The host can reset the GPU again");
+  reboot_required->callback([flags, &ctx] { RunRebootRequired(*flags, ctx); });
 
   auto* reset =
       nvml->add_subcommand("reset", "Simulator: reset a GPU (applies a pending MIG mode)");

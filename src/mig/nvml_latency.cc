@@ -63,6 +63,8 @@ NvmlLatency RealisticNvmlLatency() {
   l.all[static_cast<size_t>(NvmlOp::kCreateComputeInstance)] = absl::Milliseconds(500);
   l.all[static_cast<size_t>(NvmlOp::kDestroyComputeInstance)] = absl::Milliseconds(200);
   l.all[static_cast<size_t>(NvmlOp::kDestroyGpuInstance)] = absl::Milliseconds(300);
+  l.all[static_cast<size_t>(NvmlOp::kSetMigMode)] = absl::Seconds(2);
+  l.all[static_cast<size_t>(NvmlOp::kResetGpu)] = absl::Seconds(10);
   return l;
 }
 

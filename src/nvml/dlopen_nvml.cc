@@ -129,6 +129,7 @@ struct DlopenNvml::Api {
   nvmlReturn_t (*DeviceGetMinorNumber)(nvmlDevice_t, unsigned int*) = nullptr;
   nvmlReturn_t (*DeviceGetMemoryInfo)(nvmlDevice_t, nvmlMemory_t*) = nullptr;
   nvmlReturn_t (*DeviceGetMigMode)(nvmlDevice_t, unsigned int*, unsigned int*) = nullptr;
+  nvmlReturn_t (*DeviceSetMigMode)(nvmlDevice_t, unsigned int, nvmlReturn_t*) = nullptr;
   nvmlReturn_t (*DeviceGetGpuInstanceProfileInfo)(nvmlDevice_t, unsigned int,
                                                   nvmlGpuInstanceProfileInfo_t*) = nullptr;
   nvmlReturn_t (*DeviceGetGpuInstancePossiblePlacements)(nvmlDevice_t, unsigned int,
@@ -236,6 +237,7 @@ absl::StatusOr<std::unique_ptr<DlopenNvml>> DlopenNvml::Create(const DlopenNvmlO
   Resolve(handle, "nvmlErrorString", api->ErrorString);
   Resolve(handle, "nvmlSystemGetDriverVersion", api->SystemGetDriverVersion);
   Resolve(handle, "nvmlDeviceGetMigMode", api->DeviceGetMigMode);
+  Resolve(handle, "nvmlDeviceSetMigMode", api->DeviceSetMigMode);
   Resolve(handle, "nvmlDeviceGetGpuInstanceProfileInfo", api->DeviceGetGpuInstanceProfileInfo);
   Resolve(handle, "nvmlDeviceGetGpuInstancePossiblePlacements_v2",
           api->DeviceGetGpuInstancePossiblePlacements);
@@ -483,6 +485,50 @@ absl::StatusOr<GpuInfo> DlopenNvml::GetGpu(uint32_t gpu) {
     }
   }
   return info;
+}
+
+absl::StatusOr<MigModeState> DlopenNvml::GetMigMode(uint32_t gpu) {
+  const std::string context = fmt::format("get MIG mode of GPU {}", gpu);
+  Calls calls(*api_);
+  auto dev = calls.Device(gpu, context);
+  if (!dev.ok()) return dev.status();
+  if (api_->DeviceGetMigMode == nullptr) return MigModeState{};  // a driver from before MIG
+  unsigned int current = 0;
+  unsigned int pending = 0;
+  const int rc = api_->DeviceGetMigMode(*dev, &current, &pending);
+  if (rc == kNotSupported) return MigModeState{};
+  if (rc != kSuccess) return Check(rc, context);
+  return MigModeState{.supported = true, .current = current == 1, .pending = pending == 1};
+}
+
+absl::StatusOr<MigModeChange> DlopenNvml::SetMigMode(uint32_t gpu, bool enabled) {
+  const std::string context =
+      fmt::format("set MIG mode {} on GPU {}", enabled ? "enabled" : "disabled", gpu);
+  DYNMIG_NVML_REQUIRE_FN(DeviceSetMigMode, "nvmlDeviceSetMigMode", context);
+  Calls calls(*api_);
+  auto dev = calls.Device(gpu, context);
+  if (!dev.ok()) return dev.status();
+  MigModeChange change;
+  {
+    dynmig::MutexLock lock(&mutate_mu_);
+    int activation = kSuccess;
+    const int rc = api_->DeviceSetMigMode(*dev, enabled ? 1u : 0u, &activation);
+    if (auto st = Check(rc, context); !st.ok()) return st;
+    change.activation = static_cast<NvmlReturn>(activation);
+  }
+  // The call may unbind or reset the GPU: read the mode back through a fresh handle.
+  auto mode = GetMigMode(gpu);
+  if (!mode.ok()) return mode.status();
+  change.mode = *mode;
+  return change;
+}
+
+absl::Status DlopenNvml::ResetGpu(uint32_t gpu) {
+  return NvmlStatus(NvmlReturn::kNotSupported,
+                    fmt::format("reset GPU {}: NVML has no GPU reset call; the host resets it "
+                                "(`nvidia-smi --gpu-reset -i {}` as root, no process on the GPU) "
+                                "or reboots",
+                                gpu, gpu));
 }
 
 absl::StatusOr<GpuInstanceProfileInfo> DlopenNvml::GetGpuInstanceProfileInfo(

@@ -40,6 +40,10 @@ class DlopenNvml final : public Nvml {
   std::string Description() const override;
   absl::StatusOr<uint32_t> DeviceCount() override;
   absl::StatusOr<GpuInfo> GetGpu(uint32_t gpu) override;
+  absl::StatusOr<MigModeState> GetMigMode(uint32_t gpu) override;
+  absl::StatusOr<MigModeChange> SetMigMode(uint32_t gpu, bool enabled) override;
+  // NOT_SUPPORTED: NVML has no reset call; the message names the host action.
+  absl::Status ResetGpu(uint32_t gpu) override;
   absl::StatusOr<GpuInstanceProfileInfo> GetGpuInstanceProfileInfo(uint32_t gpu,
                                                                    uint32_t profile_index) override;
   absl::StatusOr<std::vector<mig::Placement>> GetGpuInstancePossiblePlacements(

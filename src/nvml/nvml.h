@@ -104,6 +104,26 @@ struct MigModeState {
   bool supported = false;  // false where GetMigMode says NOT_SUPPORTED (no MIG on this GPU)
   bool current = false;    // MIG enabled now
   bool pending = false;    // MIG enabled after the next reset (Ampere); == current elsewhere
+
+  friend bool operator==(const MigModeState&, const MigModeState&) = default;
+};
+
+// What nvmlDeviceSetMigMode reports besides its own return code: its `activationStatus`, and the
+// mode read back after the call. NVML documents three outcomes:
+//   SUCCESS         the requested mode is current now (Hopper and later on an idle GPU);
+//   IN_USE          the mode is pending: the driver could not unbind or reset the GPU because
+//                   something still holds it; idle it, then reset it (Ampere: the mode waits for
+//                   a GPU reset);
+//   RESET_REQUIRED  the mode is pending and this host exposes no GPU reset (pass-through VMs):
+//                   only a reboot of the host (VM) applies it.
+struct MigModeChange {
+  NvmlReturn activation = NvmlReturn::kSuccess;
+  MigModeState mode;  // after the call
+
+  // Whether the requested mode is in effect now.
+  bool Active() const { return activation == NvmlReturn::kSuccess && mode.current == mode.pending; }
+  // Whether only a reboot can apply it (a GPU reset cannot).
+  bool NeedsReboot() const { return activation == NvmlReturn::kResetRequired; }
 };
 
 // One physical GPU.
@@ -177,6 +197,28 @@ class Nvml {
 
   // Identity, memory and MIG mode of GPU `gpu`. INVALID_ARGUMENT: no such index.
   virtual absl::StatusOr<GpuInfo> GetGpu(uint32_t gpu) = 0;
+
+  // MIG mode of GPU `gpu` (nvmlDeviceGetMigMode). A GPU without MIG (NVML's NOT_SUPPORTED, or a
+  // driver without the entry point) is no error: supported = false, current = pending = false.
+  // INVALID_ARGUMENT: no such index.
+  virtual absl::StatusOr<MigModeState> GetMigMode(uint32_t gpu) = 0;
+
+  // nvmlDeviceSetMigMode(gpu, enabled ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE) and the
+  // mode read back. The call itself fails with NOT_SUPPORTED (no MIG on this GPU), IN_USE (GPU
+  // instances or compute processes exist: nothing is changed), NO_PERMISSION (not root). When it
+  // succeeds, MigModeChange says whether the mode is active or pending, and what applies it.
+  // Needs root on a real driver and may unbind or reset the GPU: never call it on a GPU that
+  // anything uses (the device plugin calls it only on a GPU it reserved; tests only on the
+  // simulator).
+  virtual absl::StatusOr<MigModeChange> SetMigMode(uint32_t gpu, bool enabled) = 0;
+
+  // Resets GPU `gpu`, which applies a pending MIG mode (and drops its GPU instances).
+  // NVML's public API has no GPU-reset entry point (only clock and counter resets): on a real node
+  // the reset is a host action, `nvidia-smi --gpu-reset -i <index>` as root with no process on the
+  // GPU, or a reboot. DlopenNvml therefore returns NOT_SUPPORTED naming that action; the simulator
+  // models the host action: IN_USE while a process or another client uses the GPU, NOT_SUPPORTED
+  // where the host exposes no reset (a reboot is required).
+  virtual absl::Status ResetGpu(uint32_t gpu) = 0;
 
   // Profile info for a profile INDEX (nvmlDeviceGetGpuInstanceProfileInfo).
   // INVALID_ARGUMENT: index >= kGpuInstanceProfileCount or no such GPU (stop enumerating);

@@ -92,6 +92,8 @@ std::optional<mig::NvmlOp> ReconfigurationOf(std::string_view op) {
   if (op == "DestroyGpuInstance") return mig::NvmlOp::kDestroyGpuInstance;
   if (op == "CreateComputeInstance") return mig::NvmlOp::kCreateComputeInstance;
   if (op == "DestroyComputeInstance") return mig::NvmlOp::kDestroyComputeInstance;
+  if (op == "SetMigMode") return mig::NvmlOp::kSetMigMode;
+  if (op == "ResetGpu") return mig::NvmlOp::kResetGpu;
   return std::nullopt;
 }
 
@@ -117,6 +119,22 @@ absl::StatusOr<std::unique_ptr<SimNvml>> SimNvml::Create(SimNvmlOptions options)
   return sim;
 }
 
+namespace {
+
+absl::Status MarkRebootRequired(sim::State& s, const std::vector<uint32_t>& gpus) {
+  for (uint32_t i : gpus) {
+    if (i >= s.gpus.size()) {
+      return absl::InvalidArgumentError(
+          fmt::format("reboot-required GPU {} does not exist (the spec \"{}\" has {} GPUs)", i,
+                      s.spec, s.gpus.size()));
+    }
+    s.gpus[i].reboot_required = true;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status SimNvml::Init() {
   dynmig::MutexLock lock(&mu_);
   const std::string& path = options_.state_file;
@@ -126,6 +144,9 @@ absl::Status SimNvml::Init() {
     }
     auto s = sim::NewState(options_.spec, options_.seed, options_.swapped_halves_gpus);
     if (!s.ok()) return s.status();
+    if (auto marked = MarkRebootRequired(*s, options_.reboot_required_gpus); !marked.ok()) {
+      return marked;
+    }
     state_ = std::make_unique<sim::State>(std::move(*s));
     return absl::OkStatus();
   }
@@ -163,6 +184,9 @@ absl::Status SimNvml::Init() {
     }
     auto s = sim::NewState(options_.spec, options_.seed, options_.swapped_halves_gpus);
     if (!s.ok()) return s.status();
+    if (auto marked = MarkRebootRequired(*s, options_.reboot_required_gpus); !marked.ok()) {
+      return marked;
+    }
     if (auto saved = Save(*s); !saved.ok()) return saved;
     state_ = std::make_unique<sim::State>(std::move(*s));
     return absl::OkStatus();
@@ -493,14 +517,29 @@ absl::StatusOr<MigMinors> SimNvml::GetMigMinors() {
                          [](sim::State&) -> absl::StatusOr<MigMinors> { return *kMinors; });
 }
 
-absl::Status SimNvml::SetMigMode(uint32_t gpu, bool enabled) {
-  return CallStatus("SetMigMode", gpu, fmt::format("set MIG mode on GPU {}", gpu),
-                    [&](sim::State& s) { return sim::SetMigMode(s, gpu, enabled); });
+absl::StatusOr<MigModeState> SimNvml::GetMigMode(uint32_t gpu) {
+  return Call<MigModeState>("GetMigMode", gpu, false, fmt::format("get MIG mode of GPU {}", gpu),
+                            [&](sim::State& s) { return sim::GetMigMode(s, gpu); });
+}
+
+absl::StatusOr<MigModeChange> SimNvml::SetMigMode(uint32_t gpu, bool enabled) {
+  return Call<MigModeChange>("SetMigMode", gpu, true, fmt::format("set MIG mode on GPU {}", gpu),
+                             [&](sim::State& s) { return sim::SetMigMode(s, gpu, enabled); });
 }
 
 absl::Status SimNvml::ResetGpu(uint32_t gpu) {
   return CallStatus("ResetGpu", gpu, fmt::format("reset GPU {}", gpu),
                     [&](sim::State& s) { return sim::ResetGpu(s, gpu); });
+}
+
+absl::Status SimNvml::RebootHost() {
+  return CallStatus("RebootHost", std::nullopt, "reboot the host",
+                    [&](sim::State& s) { return sim::RebootHost(s); });
+}
+
+absl::Status SimNvml::SetRebootRequired(uint32_t gpu, bool required) {
+  return CallStatus("SetRebootRequired", gpu, fmt::format("mark GPU {} reboot-required", gpu),
+                    [&](sim::State& s) { return sim::SetRebootRequired(s, gpu, required); });
 }
 
 absl::Status SimNvml::AttachProcess(std::string_view uuid, uint32_t pid, uint64_t used_memory_mib) {

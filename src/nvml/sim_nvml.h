@@ -72,6 +72,9 @@ inline constexpr std::string_view kSimOperations[] = {
     "GetComputeProcesses",
     "GetMigDeviceProcesses",
     "GetMigMinors",
+    "GetMigMode",
+    "SetMigMode",
+    "ResetGpu",
 };
 
 // A scripted failure: calls nth .. nth+times-1 of `op` (counting from 1 at injection; only calls
@@ -103,6 +106,8 @@ struct SimNvmlOptions {
   std::string seed = "dynmig-sim";
   // GPUs (by index) that report GI ids in the swapped-halves layout. Used when creating the state.
   std::vector<uint32_t> swapped_halves_gpus;
+  // GPUs (by index) on a host without GPU reset (SetRebootRequired). Used when creating the state.
+  std::vector<uint32_t> reboot_required_gpus;
   // The clock the delays sleep on (injected latency, the latency model); must outlive the
   // simulator. null = RealClock().
   const Clock* clock = &RealClock();
@@ -113,11 +118,20 @@ struct SimNvmlOptions {
   // /dev/nvidia-caps/nvidia-cap<n>) for the simulated devices. Off by default: they do not exist on
   // the host. Tests of the answer's device list turn it on.
   bool device_nodes = false;
-  // How long GI/CI creation and destruction take, per model (mig/nvml_latency.h). Zero: instant.
+  // How long GI/CI creation and destruction, MIG mode changes and GPU resets take, per model
+  // (mig/nvml_latency.h). Zero: instant.
   mig::NvmlLatency latency;
 };
 
-// Parses a spec into one catalogue model per GPU, in order. InvalidArgument names a bad count,
+// Simulated GPUs without MIG, for nodes that mix them with MIG GPUs: "Tesla T4" and "NVIDIA L4"
+// (spec names "T4", "L4"). NVML on them: GetMigMode says unsupported, SetMigMode and the GPU
+// instance calls are NOT_SUPPORTED, no profile exists. Not in mig::Catalogue() (MIG models only).
+const std::vector<mig::CatalogueModel>& NonMigSimModels();
+// The non-MIG model a spec name means ("T4", "Tesla T4", "nvidia l4"), or nullptr.
+const mig::CatalogueModel* FindNonMigSimModel(std::string_view query);
+
+// Parses a spec into one catalogue model per GPU, in order. A name that is no catalogue model may
+// be a non-MIG model (NonMigSimModels). InvalidArgument names a bad count,
 // an empty spec or more than 32 GPUs; unknown or ambiguous models keep FindModel's error.
 absl::StatusOr<std::vector<const mig::CatalogueModel*>> ParseSimSpec(std::string_view spec);
 
@@ -143,6 +157,18 @@ class SimNvml final : public Nvml {
   bool HasDeviceNodes() const override { return options_.device_nodes; }
   absl::StatusOr<uint32_t> DeviceCount() override;
   absl::StatusOr<GpuInfo> GetGpu(uint32_t gpu) override;
+  absl::StatusOr<MigModeState> GetMigMode(uint32_t gpu) override;
+  // nvmlDeviceSetMigMode as the driver does it: NOT_SUPPORTED on a GPU without MIG; IN_USE while
+  // the GPU has GPU instances or processes (nothing changes). Otherwise the mode becomes pending
+  // and the activation says what applies it: SUCCESS where it is current now (Hopper and later,
+  // or the mode it already had), IN_USE on Ampere (a GPU reset: ResetGpu), RESET_REQUIRED on a
+  // reboot-required GPU (SetRebootRequired: only RebootHost). Takes the model's set-mig-mode time
+  // (SimNvmlOptions::latency) on the clock.
+  absl::StatusOr<MigModeChange> SetMigMode(uint32_t gpu, bool enabled) override;
+  // The host's GPU reset: applies a pending MIG mode and drops every GI. IN_USE while processes
+  // run or another client holds a GI; NOT_SUPPORTED on a reboot-required GPU. Takes the model's
+  // reset-gpu time on the clock.
+  absl::Status ResetGpu(uint32_t gpu) override;
   absl::StatusOr<GpuInstanceProfileInfo> GetGpuInstanceProfileInfo(uint32_t gpu,
                                                                    uint32_t profile_index) override;
   absl::StatusOr<std::vector<mig::Placement>> GetGpuInstancePossiblePlacements(
@@ -164,11 +190,12 @@ class SimNvml final : public Nvml {
 
   // Test helpers (also `dynmig nvml --sim ...` subcommands).
 
-  // nvmlDeviceSetMigMode: IN_USE while the GPU has GIs or processes. Ampere: the change stays
-  // pending until ResetGpu; Hopper and later: applied at once.
-  absl::Status SetMigMode(uint32_t gpu, bool enabled);
-  // GPU reset: applies a pending MIG mode and drops every GI. IN_USE while processes run.
-  absl::Status ResetGpu(uint32_t gpu);
+  // The host reboots: every process, holder and GPU instance is gone, every pending MIG mode is
+  // applied (the reboot-required GPUs' included).
+  absl::Status RebootHost();
+  // Marks GPU `gpu` as on a host that exposes no GPU reset (pass-through VM), or clears the mark.
+  // Stored in the state file. INVALID_ARGUMENT: no such GPU.
+  absl::Status SetRebootRequired(uint32_t gpu, bool required);
   // Attaches a process (standing for CUDA work) to a MIG device or a whole GPU, by UUID.
   // NOT_FOUND: no such UUID. Attaching the same pid again updates its memory.
   absl::Status AttachProcess(std::string_view uuid, uint32_t pid, uint64_t used_memory_mib = 0);

@@ -17,6 +17,51 @@ namespace dynmig::nvml {
 // ---------------------------------------------------------------------------------------------
 // Spec and identities
 
+namespace {
+
+mig::CatalogueModel NonMigModel(std::string name, std::string architecture, uint32_t pci_id,
+                                uint64_t total_mib) {
+  mig::CatalogueModel m;
+  m.capability.model = name;
+  m.capability.total_memory_mib = total_mib;
+  m.architecture = std::move(architecture);
+  m.names = {std::move(name)};
+  m.pci_device_ids = {pci_id};
+  return m;
+}
+
+// "t4" for "Tesla T4", "NVIDIA T4" and "T4": the board name without its brand, lower case.
+std::string BareBoardName(std::string_view name) {
+  std::string out(name);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (std::string_view prefix : {"nvidia ", "tesla "}) {
+    if (out.size() > prefix.size() && std::string_view(out).substr(0, prefix.size()) == prefix) {
+      out.erase(0, prefix.size());
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+const std::vector<mig::CatalogueModel>& NonMigSimModels() {
+  // Names, PCI ids and memory as nvidia-smi reports them on these boards (they are not in the MIG
+  // facts table, which lists MIG-capable GPUs only).
+  static const auto* models = new std::vector<mig::CatalogueModel>{
+      NonMigModel("Tesla T4", "Turing (TU104)", 0x1EB810DE, 15360),
+      NonMigModel("NVIDIA L4", "Ada Lovelace (AD104)", 0x27B810DE, 23034),
+  };
+  return *models;
+}
+
+const mig::CatalogueModel* FindNonMigSimModel(std::string_view query) {
+  const std::string want = BareBoardName(Trim(query));
+  for (const auto& m : NonMigSimModels()) {
+    if (BareBoardName(m.capability.model) == want) return &m;
+  }
+  return nullptr;
+}
+
 absl::StatusOr<std::vector<const mig::CatalogueModel*>> ParseSimSpec(std::string_view spec) {
   std::vector<const mig::CatalogueModel*> out;
   const auto pieces = SplitTrimmed(spec, ',');
@@ -51,10 +96,16 @@ absl::StatusOr<std::vector<const mig::CatalogueModel*>> ParseSimSpec(std::string
       model = Trim(std::string_view(piece).substr(0, x));
     }
     auto found = mig::FindModel(model);
+    if (const auto* plain = found.ok() ? nullptr : FindNonMigSimModel(model); plain != nullptr) {
+      found = plain;
+    }
     if (!found.ok()) {
+      std::vector<std::string> plain;
+      for (const auto& m : NonMigSimModels()) plain.push_back(m.capability.model);
       return absl::Status(
           found.status().code(),
-          fmt::format("simulator spec \"{}\": {}", spec, std::string(found.status().message())));
+          fmt::format("simulator spec \"{}\": {} (without MIG: {})", spec,
+                      std::string(found.status().message()), fmt::join(plain, ", ")));
     }
     if (out.size() + count > kMaxMigMinorGpus) {
       return absl::InvalidArgumentError(
@@ -279,6 +330,7 @@ absl::StatusOr<State> NewState(std::string_view spec, std::string_view seed,
     g.uuid = SimGpuUuid(seed, i);
     g.pci_bus_id = SimPciBusId(i);
     g.minor = i;
+    g.mig_current = g.mig_pending = HasMig(g);
     g.swapped_halves = std::find(swapped_halves_gpus.begin(), swapped_halves_gpus.end(), i) !=
                        swapped_halves_gpus.end();
     s.gpus.push_back(std::move(g));
@@ -325,6 +377,7 @@ std::string ToJson(const State& s) {
                     {"minor", g.minor},
                     {"migMode", {{"current", g.mig_current}, {"pending", g.mig_pending}}},
                     {"layout", g.swapped_halves ? "swapped-halves" : "identity"},
+                    {"rebootRequired", g.reboot_required},
                     {"gpuInstances", gis},
                     {"processes", procs},
                     {"holders", holders}});
@@ -366,6 +419,11 @@ absl::StatusOr<State> FromJson(std::string_view text, std::string_view source) {
       GpuState g;
       const auto model = jg.at("model").get<std::string>();
       g.model = mig::FindModelByNvmlName(model);
+      if (g.model == nullptr) {
+        for (const auto& m : NonMigSimModels()) {
+          if (m.capability.model == model) g.model = &m;
+        }
+      }
       if (g.model == nullptr) return bad(fmt::format("GPU {}: unknown model \"{}\"", index, model));
       g.uuid = jg.at("uuid").get<std::string>();
       g.pci_bus_id = jg.at("pciBusId").get<std::string>();
@@ -373,6 +431,10 @@ absl::StatusOr<State> FromJson(std::string_view text, std::string_view source) {
       g.mig_current = jg.at("migMode").at("current").get<bool>();
       g.mig_pending = jg.at("migMode").at("pending").get<bool>();
       g.swapped_halves = jg.value("layout", std::string("identity")) == "swapped-halves";
+      g.reboot_required = jg.value("rebootRequired", false);  // absent in older files
+      if (!HasMig(g) && (g.mig_current || g.mig_pending)) {
+        return bad(fmt::format("GPU {}: {} has no MIG, but its MIG mode is enabled", index, model));
+      }
       for (const auto& jgi : jg.at("gpuInstances")) {
         GiState gi;
         gi.id = jgi.at("id").get<uint32_t>();
@@ -459,7 +521,8 @@ absl::StatusOr<GpuInfo> GetGpu(const State& s, uint32_t gpu) {
   info.minor = st.minor;
   info.total_memory_mib = st.model->capability.total_memory_mib;
   info.total_memory_bytes = info.total_memory_mib << 20;
-  info.mig = MigModeState{.supported = true, .current = st.mig_current, .pending = st.mig_pending};
+  info.mig =
+      MigModeState{.supported = HasMig(st), .current = st.mig_current, .pending = st.mig_pending};
   return info;
 }
 
@@ -498,6 +561,10 @@ absl::StatusOr<std::vector<mig::Placement>> GetPlacements(const State& s, uint32
       fmt::format("get possible placements of GPU instance profile {} on GPU {}", profile_id, gpu);
   auto g = Gpu(s, gpu, context);
   if (!g.ok()) return g.status();
+  if (!HasMig(**g)) {
+    return NvmlStatus(NvmlReturn::kNotSupported,
+                      fmt::format("{}: {} has no MIG", context, (*g)->model->capability.model));
+  }
   const auto* p = ProfileById(**g, profile_id);
   if (p == nullptr) {
     return NvmlStatus(NvmlReturn::kInvalidArgument,
@@ -783,12 +850,26 @@ absl::StatusOr<std::vector<ProcessInfo>> Processes(const State& s, uint32_t gpu,
   return out;
 }
 
-absl::Status SetMigMode(State& s, uint32_t gpu, bool enabled) {
+bool HasMig(const GpuState& g) { return !g.model->capability.profiles.empty(); }
+
+absl::StatusOr<MigModeState> GetMigMode(const State& s, uint32_t gpu) {
+  auto g = Gpu(s, gpu, fmt::format("get MIG mode of GPU {}", gpu));
+  if (!g.ok()) return g.status();
+  if (!HasMig(**g)) return MigModeState{};
+  return MigModeState{
+      .supported = true, .current = (*g)->mig_current, .pending = (*g)->mig_pending};
+}
+
+absl::StatusOr<MigModeChange> SetMigMode(State& s, uint32_t gpu, bool enabled) {
   const std::string context =
       fmt::format("set MIG mode {} on GPU {}", enabled ? "enabled" : "disabled", gpu);
   auto gp = Gpu(s, gpu, context);
   if (!gp.ok()) return gp.status();
   GpuState& g = **gp;
+  if (!HasMig(g)) {
+    return NvmlStatus(NvmlReturn::kNotSupported,
+                      fmt::format("{}: {} has no MIG", context, g.model->capability.model));
+  }
   if (!g.gis.empty()) {
     return NvmlStatus(NvmlReturn::kInUse,
                       fmt::format("{}: {} GPU instances exist", context, g.gis.size()));
@@ -798,8 +879,19 @@ absl::Status SetMigMode(State& s, uint32_t gpu, bool enabled) {
                                                       g.processes.front().pid));
   }
   g.mig_pending = enabled;
-  if (!IsAmpere(g)) g.mig_current = enabled;
-  return absl::OkStatus();
+  MigModeChange change;
+  if (g.mig_current == enabled) {
+    change.activation = NvmlReturn::kSuccess;  // already current: nothing left pending
+  } else if (g.reboot_required) {
+    change.activation = NvmlReturn::kResetRequired;  // no reset on this host: a reboot applies it
+  } else if (IsAmpere(g)) {
+    change.activation = NvmlReturn::kInUse;  // pending until the GPU is reset
+  } else {
+    g.mig_current = enabled;  // Hopper and later: applied at once on an idle GPU
+    change.activation = NvmlReturn::kSuccess;
+  }
+  change.mode = MigModeState{.supported = true, .current = g.mig_current, .pending = g.mig_pending};
+  return change;
 }
 
 absl::Status ResetGpu(State& s, uint32_t gpu) {
@@ -807,6 +899,12 @@ absl::Status ResetGpu(State& s, uint32_t gpu) {
   auto gp = Gpu(s, gpu, context);
   if (!gp.ok()) return gp.status();
   GpuState& g = **gp;
+  if (g.reboot_required) {
+    return NvmlStatus(NvmlReturn::kNotSupported,
+                      fmt::format("{}: this host exposes no GPU reset (pass-through VM); a reboot "
+                                  "applies a pending MIG mode",
+                                  context));
+  }
   if (!g.processes.empty()) {
     return NvmlStatus(NvmlReturn::kInUse, fmt::format("{}: process {} runs on the GPU", context,
                                                       g.processes.front().pid));
@@ -816,6 +914,23 @@ absl::Status ResetGpu(State& s, uint32_t gpu) {
   }
   g.gis.clear();
   g.mig_current = g.mig_pending;
+  return absl::OkStatus();
+}
+
+absl::Status RebootHost(State& s) {
+  for (GpuState& g : s.gpus) {
+    g.gis.clear();
+    g.processes.clear();
+    g.holders.clear();
+    g.mig_current = g.mig_pending;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SetRebootRequired(State& s, uint32_t gpu, bool required) {
+  auto gp = Gpu(s, gpu, fmt::format("mark GPU {} reboot-required", gpu));
+  if (!gp.ok()) return gp.status();
+  (*gp)->reboot_required = required;
   return absl::OkStatus();
 }
 

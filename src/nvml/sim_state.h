@@ -59,6 +59,9 @@ struct GpuState {
   bool mig_current = true;
   bool mig_pending = true;
   bool swapped_halves = false;
+  // The host exposes no GPU reset (pass-through VM): a MIG mode change stays pending, with
+  // activation NVML_ERROR_RESET_REQUIRED, until RebootHost; ResetGpu is NOT_SUPPORTED.
+  bool reboot_required = false;
   std::vector<GiState> gis;  // ordered by id
   std::vector<ProcState> processes;
   std::vector<HolderState> holders;  // at most kMaxHoldersPerGpu
@@ -100,8 +103,14 @@ absl::Status DestroyCi(State& s, uint32_t gpu, uint32_t gi_id, uint32_t ci_id);
 absl::StatusOr<std::vector<ProcessInfo>> Processes(const State& s, uint32_t gpu,
                                                    std::optional<uint32_t> gi_id,
                                                    std::optional<uint32_t> ci_id);
-absl::Status SetMigMode(State& s, uint32_t gpu, bool enabled);
+// Whether the GPU's model has MIG at all (a non-MIG model has no profiles).
+bool HasMig(const GpuState& g);
+absl::StatusOr<MigModeState> GetMigMode(const State& s, uint32_t gpu);
+absl::StatusOr<MigModeChange> SetMigMode(State& s, uint32_t gpu, bool enabled);
 absl::Status ResetGpu(State& s, uint32_t gpu);
+// Every GPU as after a reboot: processes, holders and GPU instances gone, pending modes applied.
+absl::Status RebootHost(State& s);
+absl::Status SetRebootRequired(State& s, uint32_t gpu, bool required);
 absl::Status Attach(State& s, std::string_view uuid, uint32_t pid, uint64_t used_memory_mib);
 absl::Status Detach(State& s, std::string_view uuid, uint32_t pid);
 // An external client holds GI `gi_id` open (idempotent per name). NOT_FOUND: no such GI;

@@ -202,6 +202,128 @@ absl::StatusOr<WarmInstances> ParseWarmInstances(const YAML::Node& n) {
   return warm;
 }
 
+constexpr std::string_view kSwitchPath = "nvidia.migModeSwitching";
+
+absl::StatusOr<bool> SwitchBool(const YAML::Node& v, std::string_view path) {
+  if (!v.IsScalar() || (v.Scalar() != "true" && v.Scalar() != "false")) {
+    return FieldError(path, fmt::format("must be true or false, got {}", Describe(v)));
+  }
+  return v.Scalar() == "true";
+}
+
+std::string SwitchKey(const YAML::const_iterator& it) {
+  return it->first.IsScalar() ? it->first.Scalar() : "";
+}
+
+absl::StatusOr<MigModeSwitchRule> ParseSwitchRule(const YAML::Node& n, const std::string& path) {
+  if (!n.IsMap()) {
+    return FieldError(path, fmt::format("must be a mapping such as {{models: [H100], nodeSelector: "
+                                        "{{pool: flex}}}}, got {}",
+                                        Describe(n)));
+  }
+  MigModeSwitchRule rule;
+  for (auto it = n.begin(); it != n.end(); ++it) {
+    const std::string key = SwitchKey(it);
+    const std::string kpath = fmt::format("{}.{}", path, key);
+    const YAML::Node v = it->second;
+    if (key == "models") {
+      DYNMIG_ASSIGN_OR_RETURN(rule.models, StringList(v, kpath));
+      if (rule.models.size() > MigModeSwitching::kMaxModels) {
+        return FieldError(kpath, fmt::format("{} models; at most {}", rule.models.size(),
+                                             MigModeSwitching::kMaxModels));
+      }
+      for (size_t i = 0; i < rule.models.size(); ++i) {
+        const std::string& m = rule.models[i];
+        if (m.empty() || m.size() > MigModeSwitching::kMaxModelLength) {
+          return FieldError(fmt::format("{}[{}]", kpath, i),
+                            fmt::format("must be 1 to {} characters of an NVML name, such as "
+                                        "\"H100\", got {} characters",
+                                        MigModeSwitching::kMaxModelLength, m.size()));
+        }
+      }
+    } else if (key == "nodeSelector") {
+      if (v.IsNull()) continue;
+      if (!v.IsMap()) {
+        return FieldError(kpath, fmt::format("must be a mapping of node labels, such as "
+                                             "{{pool: flex}}, got {}",
+                                             Describe(v)));
+      }
+      for (auto l = v.begin(); l != v.end(); ++l) {
+        if (rule.node_selector.size() == MigModeSwitching::kMaxSelectorLabels) {
+          return FieldError(
+              kpath, fmt::format("more than {} labels", MigModeSwitching::kMaxSelectorLabels));
+        }
+        if (!l->first.IsScalar() || !l->second.IsScalar()) {
+          return FieldError(kpath, fmt::format("label {}: key and value must be strings, got {}",
+                                               Describe(l->first), Describe(l->second)));
+        }
+        const std::string lkey = l->first.Scalar();
+        const std::string lvalue = l->second.Scalar();
+        if (auto st = ValidateLabelKey(lkey); !st.ok())
+          return FieldError(kpath, std::string(st.message()));
+        if (auto st = ValidateLabelValue(lvalue); !st.ok()) {
+          return FieldError(fmt::format("{}.{}", kpath, lkey), std::string(st.message()));
+        }
+        rule.node_selector.emplace_back(lkey, lvalue);
+      }
+    } else {
+      return FieldError(path, fmt::format("unknown key {}; the keys are models and nodeSelector",
+                                          Describe(it->first)));
+    }
+  }
+  return rule;
+}
+
+// nvidia.migModeSwitching: {enabled, minModeDuration, rules}. Strict like migWarmInstances.
+absl::StatusOr<MigModeSwitching> ParseMigModeSwitching(const YAML::Node& n) {
+  MigModeSwitching sw;
+  if (!n.IsDefined() || n.IsNull()) return sw;
+  if (!n.IsMap()) {
+    return FieldError(kSwitchPath, fmt::format("must be a mapping such as {{enabled: true, rules: "
+                                               "[{{models: [H100]}}]}}, got {}",
+                                               Describe(n)));
+  }
+  sw.enabled = true;
+  for (auto it = n.begin(); it != n.end(); ++it) {
+    const std::string key = SwitchKey(it);
+    const std::string path = fmt::format("{}.{}", kSwitchPath, key);
+    const YAML::Node v = it->second;
+    if (key == "enabled") {
+      DYNMIG_ASSIGN_OR_RETURN(sw.enabled, SwitchBool(v, path));
+    } else if (key == "minModeDuration") {
+      absl::Duration d;
+      if (!v.IsScalar() || !absl::ParseDuration(v.Scalar(), &d)) {
+        return FieldError(
+            path, fmt::format("must be a duration such as 90s, 10m or 1h, got {}", Describe(v)));
+      }
+      if (d < MigModeSwitching::kMinMinModeDuration || d > MigModeSwitching::kMaxMinModeDuration) {
+        return FieldError(
+            path,
+            fmt::format("must be between {} and {}, got {}",
+                        absl::FormatDuration(MigModeSwitching::kMinMinModeDuration),
+                        absl::FormatDuration(MigModeSwitching::kMaxMinModeDuration), v.Scalar()));
+      }
+      sw.min_mode_duration = d;
+    } else if (key == "rules") {
+      DYNMIG_ASSIGN_OR_RETURN(auto items, SequenceItems(v, path));
+      if (items.size() > MigModeSwitching::kMaxRules) {
+        return FieldError(
+            path, fmt::format("{} rules; at most {}", items.size(), MigModeSwitching::kMaxRules));
+      }
+      for (size_t i = 0; i < items.size(); ++i) {
+        DYNMIG_ASSIGN_OR_RETURN(auto rule,
+                                ParseSwitchRule(items[i], fmt::format("{}[{}]", path, i)));
+        sw.rules.push_back(std::move(rule));
+      }
+    } else {
+      return FieldError(kSwitchPath, fmt::format("unknown key {}; the keys are enabled, "
+                                                 "minModeDuration and rules",
+                                                 Describe(it->first)));
+    }
+  }
+  return sw;
+}
+
 absl::StatusOr<DeviceConfig> ParseNvidia(const YAML::Node& root) {
   if (!root.IsDefined() || root.IsNull()) {
     return absl::InvalidArgumentError("device-config.yaml: the document is empty");
@@ -240,6 +362,8 @@ absl::StatusOr<DeviceConfig> ParseNvidia(const YAML::Node& root) {
 
   DYNMIG_ASSIGN_OR_RETURN(cfg.warm_instances,
                           ParseWarmInstances(Child(nvidia, "migWarmInstances")));
+  DYNMIG_ASSIGN_OR_RETURN(cfg.mig_mode_switching,
+                          ParseMigModeSwitching(Child(nvidia, "migModeSwitching")));
 
   const YAML::Node allowlist = Child(nvidia, "migProfileAllowlist");
   DYNMIG_ASSIGN_OR_RETURN(auto entries, SequenceItems(allowlist, kAllowlistPath));

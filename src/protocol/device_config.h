@@ -9,6 +9,7 @@
 //       - models: ["A100-SXM4-40GB", "A100-PCIE-40GB"]
 //         profiles: ["1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"]
 //     migWarmInstances: {ttl: 5m, maxPerGpu: 2}   # optional: keep ended pods' instances idle
+//     migModeSwitching: {enabled: true, rules: [{models: [H100]}]}   # optional: MIG mode per GPU
 #pragma once
 
 #include <string>
@@ -19,6 +20,7 @@
 #include "absl/time/time.h"
 #include "mig/allowlist.h"
 #include "mig/legacy.h"
+#include "protocol/gpu_mode.h"
 #include "protocol/pod_request.h"
 
 namespace dynmig::protocol {
@@ -50,6 +52,8 @@ struct DeviceConfig {
   // 19968 MiB).
   mig::MemoryMatch memory_match = mig::MemoryMatch::kNominal;
   WarmInstances warm_instances;  // nvidia.migWarmInstances (off by default)
+  // nvidia.migModeSwitching (off by default: every GPU stays in MIG mode, never switched).
+  MigModeSwitching mig_mode_switching;
   // Notes that do not make the file invalid: legacy geometries present (not used: run
   // `dynmig config migrate`), no allowlist (no MIG profile will be offered).
   std::vector<std::string> warnings;
@@ -61,7 +65,8 @@ struct DeviceConfig {
 // "nvidia.migProfileAllowlist[1].profiles[0]: invalid MIG profile name ..." (mig::Allowlist rules);
 // "nvidia.knownMigGeometries[0].allowedGeometries[1][0].memory: must be a non-negative integer";
 // "nvidia.resourceCountName: must be a non-empty string";
-// "nvidia.migWarmInstances.ttl: must be a duration such as 90s, 5m or 1h, got \"soon\"".
+// "nvidia.migWarmInstances.ttl: must be a duration such as 90s, 5m or 1h, got \"soon\"";
+// "nvidia.migModeSwitching.rules[0].nodeSelector: label key \"-x\": ...".
 // yaml-cpp exceptions never escape.
 // allowedGeometries elements may be a list of templates (HAMi) or a mapping with a `geometries`
 // list (volcano-vgpu's grouped form).

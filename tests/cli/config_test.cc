@@ -171,6 +171,30 @@ TEST_F(ConfigCommandTest, ValidateWarnsAboutLegacyGeometries) {
   EXPECT_THAT(err_.str(), HasSubstr("dynmig config migrate"));
 }
 
+TEST_F(ConfigCommandTest, ValidateKnowsMigModeSwitching) {
+  const std::string ok = Write("switch.yaml", R"(nvidia:
+  migProfileAllowlist:
+    - models: [H100]
+      profiles: [1g.10gb, 7g.80gb]
+  migModeSwitching:
+    minModeDuration: 30m
+    rules:
+      - models: [H100]
+        nodeSelector: {dynmig.io/gpu-mode: flex}
+)");
+  EXPECT_EQ(Run({"config", "validate", "--in", ok}), kExitOk) << err_.str();
+  EXPECT_THAT(out_.str(), HasSubstr("MIG mode switching: on, 1 rule, minModeDuration 30m"));
+  const std::string bad = Write("bad-switch.yaml", R"(nvidia:
+  migModeSwitching:
+    rules:
+      - models: [H100]
+        nodeSelectors: {pool: flex}
+)");
+  EXPECT_EQ(Run({"config", "validate", "--in", bad}), kExitBadInput);
+  EXPECT_THAT(err_.str(), HasSubstr("nvidia.migModeSwitching.rules[0]: unknown key "
+                                    "\"nodeSelectors\"; the keys are models and nodeSelector"));
+}
+
 TEST_F(ConfigCommandTest, ValidateUnreadableFile) {
   EXPECT_EQ(Run({"config", "validate", "--in", (dir_ / "nope.yaml").string()}), kExitBadInput);
   EXPECT_THAT(err_.str(), HasSubstr("cannot read"));

@@ -24,13 +24,20 @@
 #include "protocol/devices.h"
 #include "protocol/mig_allocations.h"
 
-#define DP_ASSERT_OK(expr)                      \
-  do {                                          \
-    const ::absl::Status dp_status_ = (expr);   \
-    ASSERT_TRUE(dp_status_.ok()) << dp_status_; \
+// Accepts an absl::Status or an absl::StatusOr.
+#define DP_ASSERT_OK(expr)                                                               \
+  do {                                                                                   \
+    const ::absl::Status dp_status_ = ::dynmig::deviceplugin::testing::DpStatusOf(expr); \
+    ASSERT_TRUE(dp_status_.ok()) << dp_status_;                                          \
   } while (false)
 
 namespace dynmig::deviceplugin::testing {
+
+inline absl::Status DpStatusOf(const absl::Status& s) { return s; }
+template <typename T>
+absl::Status DpStatusOf(const absl::StatusOr<T>& s) {
+  return s.status();
+}
 
 inline constexpr char kNode[] = "node-a";
 inline constexpr char kA100[] = "NVIDIA A100-SXM4-40GB";

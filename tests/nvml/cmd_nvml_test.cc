@@ -225,6 +225,44 @@ TEST_F(CmdNvmlTest, MigModeAndResetOnAmpere) {
   EXPECT_NE(create.err.find("NVML_ERROR_NOT_SUPPORTED"), std::string::npos) << create.err;
 }
 
+TEST_F(CmdNvmlTest, MigModeShowSetRebootRequiredAndReboot) {
+  const Result shown = Nvml({"mig-mode", "--gpu", "1"});
+  ASSERT_EQ(shown.code, kExitOk) << shown.err;
+  EXPECT_EQ(shown.out, "GPU 1: MIG enabled\n");
+  const Result set = Nvml({"mig-mode", "--gpu", "0", "--mode", "disabled"});
+  ASSERT_EQ(set.code, kExitOk) << set.err;
+  EXPECT_NE(set.out.find("pending: NVML_ERROR_IN_USE, a GPU reset applies it"), std::string::npos)
+      << set.out;
+  const auto j = Json(Nvml({"mig-mode", "--gpu", "0", "-o", "json"}));
+  EXPECT_EQ(j["current"], true);
+  EXPECT_EQ(j["pending"], false);
+  // A host without GPU reset: the reset is refused, the reboot applies the mode.
+  ASSERT_EQ(Nvml({"reboot-required", "--gpu", "1"}).code, kExitOk);
+  const Result pending = Nvml({"mig-mode", "--gpu", "1", "--mode", "disabled"});
+  EXPECT_NE(pending.out.find("NVML_ERROR_RESET_REQUIRED"), std::string::npos) << pending.out;
+  const Result reset = Nvml({"reset", "--gpu", "1"});
+  EXPECT_EQ(reset.code, kExitFailure);
+  EXPECT_NE(reset.err.find("NVML_ERROR_NOT_SUPPORTED"), std::string::npos) << reset.err;
+  ASSERT_EQ(Nvml({"reboot"}).code, kExitOk);
+  EXPECT_EQ(Nvml({"mig-mode", "--gpu", "1"}).out, "GPU 1: MIG disabled\n");
+  EXPECT_EQ(Nvml({"mig-mode", "--gpu", "0"}).out, "GPU 0: MIG disabled\n");
+  ASSERT_EQ(Nvml({"reboot-required", "--gpu", "1", "--clear"}).code, kExitOk);
+  // Bad input: no such GPU, a mode that is not one, a GPU without MIG.
+  EXPECT_EQ(Nvml({"mig-mode", "--gpu", "7"}).code, kExitFailure);
+  EXPECT_EQ(Nvml({"mig-mode", "--gpu", "0", "--mode", "on"}).code, kExitBadInput);
+  EXPECT_EQ(Nvml({"reboot-required", "--gpu", "9"}).code, kExitFailure);
+}
+
+TEST_F(CmdNvmlTest, GpuWithoutMig) {
+  const Result list = Nvml({"list"}, "T4x1");
+  ASSERT_EQ(list.code, kExitOk) << list.err;
+  EXPECT_NE(list.out.find("Tesla T4"), std::string::npos) << list.out;
+  EXPECT_NE(list.out.find("MIG not supported"), std::string::npos) << list.out;
+  const Result set = Nvml({"mig-mode", "--gpu", "0", "--mode", "enabled"}, "T4x1");
+  EXPECT_EQ(set.code, kExitFailure);
+  EXPECT_NE(set.err.find("NVML_ERROR_NOT_SUPPORTED"), std::string::npos) << set.err;
+}
+
 TEST_F(CmdNvmlTest, DeviceNodesForAMigDevice) {
   const Result r = Nvml({"devices", "--gpu", "1", "--gi", "2", "--ci", "0"});
   ASSERT_EQ(r.code, kExitOk) << r.err;

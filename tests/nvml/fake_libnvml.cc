@@ -258,6 +258,16 @@ __attribute__((visibility("default"))) int nvmlDeviceGetMigMode(void* device, un
   return kSuccess;
 }
 
+__attribute__((visibility("default"))) int nvmlDeviceSetMigMode(void* device, unsigned int mode,
+                                                                int* activation_status) {
+  FAKE_REQUIRE_INIT();
+  if (mode > 1 || activation_status == nullptr) return kInvalidArgument;
+  auto change = Host()->SetMigMode(AsHandle(device)->gpu, mode == 1);
+  if (!change.ok()) return Code(change.status());
+  *activation_status = static_cast<int>(change->activation);
+  return kSuccess;
+}
+
 __attribute__((visibility("default"))) int nvmlDeviceGetGpuInstanceProfileInfo(
     void* device, unsigned int profile, GiProfileInfo* info) {
   FAKE_REQUIRE_INIT();

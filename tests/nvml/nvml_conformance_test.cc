@@ -645,6 +645,92 @@ TEST_P(NvmlConformanceTest, MigDisabledRefusesInstancesButListsProfiles) {
   ASSERT_OK(nvml().CreateGpuInstance(0, p.nvml_id, p.placements[0]).status());
 }
 
+// GetMigMode agrees with GetGpu on every GPU; read-only, so it runs on a real driver too.
+TEST_P(NvmlConformanceTest, ReadOnlyMigModeAgreesWithGpuInfo) {
+  ASSERT_OK_AND_ASSIGN(const uint32_t count, nvml().DeviceCount());
+  for (uint32_t i = 0; i < count; ++i) {
+    ASSERT_OK_AND_ASSIGN(const auto info, nvml().GetGpu(i));
+    ASSERT_OK_AND_ASSIGN(const auto mode, nvml().GetMigMode(i));
+    EXPECT_EQ(mode, info.mig) << "GPU " << i;
+    if (!mode.supported) {
+      EXPECT_FALSE(mode.current || mode.pending) << "GPU " << i;
+    }
+  }
+  EXPECT_TRUE(IsNvmlError(nvml().GetMigMode(count), NvmlReturn::kInvalidArgument));
+}
+
+// SetMigMode through the backend: Hopper and later switch an idle GPU at once; Ampere keeps the
+// mode pending (activation IN_USE) until the GPU is reset.
+TEST_P(NvmlConformanceTest, SetMigModeFollowsTheArchitecture) {
+  REQUIRE_SIM();
+  const bool ampere = model()->architecture.starts_with("Ampere");
+  ASSERT_OK_AND_ASSIGN(const auto off, nvml().SetMigMode(0, false));
+  EXPECT_EQ(off.activation, ampere ? NvmlReturn::kInUse : NvmlReturn::kSuccess);
+  EXPECT_EQ(off.mode.current, ampere);
+  EXPECT_FALSE(off.mode.pending);
+  ASSERT_OK_AND_ASSIGN(auto mode, nvml().GetMigMode(0));
+  EXPECT_EQ(mode, off.mode);
+  if (ampere) ASSERT_OK(sim()->ResetGpu(0));
+  ASSERT_OK_AND_ASSIGN(mode, nvml().GetMigMode(0));
+  EXPECT_FALSE(mode.current);
+  ASSERT_OK_AND_ASSIGN(const auto gpu1, nvml().GetMigMode(1));
+  EXPECT_TRUE(gpu1.current) << "GPU 1 is untouched";
+  ASSERT_OK_AND_ASSIGN(const auto on, nvml().SetMigMode(0, true));
+  EXPECT_EQ(on.Active(), !ampere);
+  if (ampere) ASSERT_OK(sim()->ResetGpu(0));
+  const auto& p = model()->capability.profiles.front();
+  ASSERT_OK(nvml().CreateGpuInstance(0, p.nvml_id, p.placements[0]).status());
+}
+
+// The switch is refused, with the driver's IN_USE, while an instance or a process exists, and
+// changes nothing.
+TEST_P(NvmlConformanceTest, SetMigModeIsInUseWhileInstancesOrProcessesExist) {
+  REQUIRE_SIM();
+  const auto& p = model()->capability.profiles.front();
+  ASSERT_OK_AND_ASSIGN(const auto gi, nvml().CreateGpuInstance(0, p.nvml_id, p.placements[0]));
+  EXPECT_TRUE(IsNvmlError(nvml().SetMigMode(0, false), NvmlReturn::kInUse));
+  ASSERT_OK_AND_ASSIGN(auto mode, nvml().GetMigMode(0));
+  EXPECT_TRUE(mode.current && mode.pending);
+  ASSERT_OK(nvml().DestroyGpuInstance(0, gi.id));
+  ASSERT_OK_AND_ASSIGN(const auto info, nvml().GetGpu(0));
+  ASSERT_OK(sim()->AttachProcess(info.uuid, 4321));
+  EXPECT_TRUE(IsNvmlError(nvml().SetMigMode(0, false), NvmlReturn::kInUse));
+  ASSERT_OK(sim()->DetachProcess(info.uuid, 4321));
+  ASSERT_OK(nvml().SetMigMode(0, false).status());
+}
+
+// A host without GPU reset: the change is pending with RESET_REQUIRED, a reset cannot apply it,
+// a reboot does.
+TEST_P(NvmlConformanceTest, RebootRequiredHostKeepsTheModePending) {
+  REQUIRE_SIM();
+  ASSERT_OK(sim()->SetRebootRequired(0, true));
+  ASSERT_OK_AND_ASSIGN(const auto change, nvml().SetMigMode(0, false));
+  EXPECT_EQ(change.activation, NvmlReturn::kResetRequired);
+  EXPECT_TRUE(change.mode.current);
+  EXPECT_FALSE(change.mode.pending);
+  EXPECT_TRUE(IsNvmlError(sim()->ResetGpu(0), NvmlReturn::kNotSupported));
+  ASSERT_OK(sim()->RebootHost());
+  ASSERT_OK_AND_ASSIGN(const auto mode, nvml().GetMigMode(0));
+  EXPECT_FALSE(mode.current);
+}
+
+// A GPU reset is the host's action, not NVML's: the dlopen backend (real driver or fake library)
+// refuses it, touching nothing, and names the host command; the simulator performs the host
+// action, refused while a process runs.
+TEST_P(NvmlConformanceTest, ReadOnlyResetIsTheHostsActionNotNvmls) {
+  if (GetParam().kind != Kind::kSim) {
+    auto st = nvml().ResetGpu(0);
+    EXPECT_TRUE(IsNvmlError(st, NvmlReturn::kNotSupported));
+    EXPECT_NE(std::string(st.message()).find("nvidia-smi --gpu-reset"), std::string::npos) << st;
+    return;
+  }
+  ASSERT_OK_AND_ASSIGN(const auto info, nvml().GetGpu(0));
+  ASSERT_OK(sim()->AttachProcess(info.uuid, 555));
+  EXPECT_TRUE(IsNvmlError(nvml().ResetGpu(0), NvmlReturn::kInUse));
+  ASSERT_OK(sim()->DetachProcess(info.uuid, 555));
+  EXPECT_OK(nvml().ResetGpu(0));
+}
+
 TEST_P(NvmlConformanceTest, InjectedFaultsFailTheNthCall) {
   REQUIRE_SIM();
   // Through the fake library one NVML call makes several simulator calls, so only operations
@@ -692,6 +778,43 @@ std::vector<BackendParam> FakeBackends() {
   return out;
 }
 INSTANTIATE_TEST_SUITE_P(Fake, NvmlConformanceTest, ::testing::ValuesIn(FakeBackends()), ParamName);
+
+// A node with a GPU without MIG beside a MIG GPU, through both backends (the dlopen one over the
+// fake libnvidia-ml): the GPU says it has no MIG, SetMigMode is NOT_SUPPORTED, discovery finds no
+// profile; the MIG GPU works.
+TEST(NvmlNonMigGpuTest, BothBackendsReportNoMig) {
+  for (const bool dlopen : {false, true}) {
+    SCOPED_TRACE(dlopen ? "dlopen over the fake libnvidia-ml" : "simulator");
+    if (dlopen && FakeLibrary() == nullptr) GTEST_SKIP() << "the fake libnvidia-ml was not built";
+    TempStateFile state;
+    SimNvmlOptions options = testing::SimOptions("T4x1,H100 80GBx1", state.path());
+    options.fsync = false;
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<SimNvml> sim, SimNvml::Create(options));
+    std::unique_ptr<DlopenNvml> real;
+    Nvml* nvml = sim.get();
+    if (dlopen) {
+      DynmigFakeNvmlHost()->nvml = sim.get();
+      DynmigFakeNvmlHost()->return_of = &NvmlReturnOf;
+      DlopenNvmlOptions dl;
+      dl.library = FakeLibrary();
+      ASSERT_OK_AND_ASSIGN(real, DlopenNvml::Create(dl));
+      nvml = real.get();
+    }
+    ASSERT_OK_AND_ASSIGN(const auto info, nvml->GetGpu(0));
+    EXPECT_EQ(info.name, "Tesla T4");
+    EXPECT_FALSE(info.mig.supported);
+    ASSERT_OK_AND_ASSIGN(const auto mode, nvml->GetMigMode(0));
+    EXPECT_EQ(mode, MigModeState{});
+    EXPECT_TRUE(IsNvmlError(nvml->SetMigMode(0, true), NvmlReturn::kNotSupported));
+    EXPECT_EQ(DiscoverCapability(*nvml, 0).status().code(), absl::StatusCode::kUnimplemented);
+    ASSERT_OK_AND_ASSIGN(const auto h100, nvml->GetMigMode(1));
+    EXPECT_TRUE(h100.supported && h100.current);
+    ASSERT_OK_AND_ASSIGN(const auto off, nvml->SetMigMode(1, false));
+    EXPECT_TRUE(off.Active());
+    real.reset();
+    DynmigFakeNvmlHost()->nvml = nullptr;
+  }
+}
 
 }  // namespace
 }  // namespace dynmig::nvml

@@ -14,19 +14,30 @@
 #include "nvml/nvml.h"
 #include "nvml/sim_nvml.h"
 
+namespace dynmig::nvml::testing {
+
+// ASSERT_OK and EXPECT_OK accept an absl::Status or an absl::StatusOr.
+inline absl::Status StatusOf(const absl::Status& s) { return s; }
+template <typename T>
+absl::Status StatusOf(const absl::StatusOr<T>& s) {
+  return s.status();
+}
+
+}  // namespace dynmig::nvml::testing
+
 #define DYNMIG_TEST_CONCAT_INNER_(a, b) a##b
 #define DYNMIG_TEST_CONCAT_(a, b) DYNMIG_TEST_CONCAT_INNER_(a, b)
 
-#define ASSERT_OK(expr)                                           \
-  do {                                                            \
-    const ::absl::Status dynmig_test_status_ = (expr);            \
-    ASSERT_TRUE(dynmig_test_status_.ok()) << dynmig_test_status_; \
+#define ASSERT_OK(expr)                                                                 \
+  do {                                                                                  \
+    const ::absl::Status dynmig_test_status_ = ::dynmig::nvml::testing::StatusOf(expr); \
+    ASSERT_TRUE(dynmig_test_status_.ok()) << dynmig_test_status_;                       \
   } while (false)
 
-#define EXPECT_OK(expr)                                           \
-  do {                                                            \
-    const ::absl::Status dynmig_test_status_ = (expr);            \
-    EXPECT_TRUE(dynmig_test_status_.ok()) << dynmig_test_status_; \
+#define EXPECT_OK(expr)                                                                 \
+  do {                                                                                  \
+    const ::absl::Status dynmig_test_status_ = ::dynmig::nvml::testing::StatusOf(expr); \
+    EXPECT_TRUE(dynmig_test_status_.ok()) << dynmig_test_status_;                       \
   } while (false)
 
 #define ASSERT_OK_AND_ASSIGN(lhs, expr) \
@@ -37,12 +48,6 @@
   lhs = std::move(statusor).value()
 
 namespace dynmig::nvml::testing {
-
-inline absl::Status StatusOf(const absl::Status& s) { return s; }
-template <typename T>
-absl::Status StatusOf(const absl::StatusOr<T>& s) {
-  return s.status();
-}
 
 // Checks both the canonical code and the NVML code a status carries, and that the message names
 // the NVML code.

@@ -732,3 +732,266 @@ TEST(SimLatencyModelTest, OneReconfigurationPerGpuAtATime) {
 
 }  // namespace
 }  // namespace dynmig::nvml
+
+namespace dynmig::nvml {
+namespace {
+
+// --- MIG mode per GPU ------------------------------------------------------------------------
+
+// Simulated GPUs without MIG: every MIG call says so, nothing else changes.
+TEST(SimMigModeTest, GpusWithoutMigRefuseEveryMigCall) {
+  TempStateFile state;
+  auto sim = MakeSim("T4x1, NVIDIA L4, A100-SXM4-40GBx1", state.path());
+  ASSERT_NE(sim, nullptr);
+  ASSERT_OK_AND_ASSIGN(const uint32_t count, sim->DeviceCount());
+  ASSERT_EQ(count, 3u);
+  ASSERT_OK_AND_ASSIGN(const auto t4, sim->GetGpu(0));
+  EXPECT_EQ(t4.name, "Tesla T4");
+  EXPECT_EQ(t4.pci_device_id, 0x1EB810DEu);
+  EXPECT_EQ(t4.total_memory_mib, 15360u);
+  EXPECT_FALSE(t4.mig.supported);
+  EXPECT_FALSE(t4.mig.current);
+  ASSERT_OK_AND_ASSIGN(const auto l4, sim->GetGpu(1));
+  EXPECT_EQ(l4.name, "NVIDIA L4");
+  for (uint32_t gpu : {0u, 1u}) {
+    ASSERT_OK_AND_ASSIGN(const auto mode, sim->GetMigMode(gpu));
+    EXPECT_EQ(mode, MigModeState{}) << "GPU " << gpu;
+    EXPECT_TRUE(IsNvmlError(sim->SetMigMode(gpu, true), NvmlReturn::kNotSupported));
+    for (uint32_t index = 0; index < kGpuInstanceProfileCount; ++index) {
+      EXPECT_TRUE(
+          IsNvmlError(sim->GetGpuInstanceProfileInfo(gpu, index), NvmlReturn::kNotSupported));
+    }
+    EXPECT_TRUE(IsNvmlError(sim->GetGpuInstanceProfileInfo(gpu, kGpuInstanceProfileCount),
+                            NvmlReturn::kInvalidArgument));
+    EXPECT_TRUE(
+        IsNvmlError(sim->GetGpuInstancePossiblePlacements(gpu, 19), NvmlReturn::kNotSupported));
+    EXPECT_TRUE(IsNvmlError(sim->CreateGpuInstance(gpu, 19, {0, 1}), NvmlReturn::kNotSupported));
+    EXPECT_TRUE(IsNvmlError(sim->ListGpuInstances(gpu), NvmlReturn::kNotSupported));
+    auto cap = DiscoverCapability(*sim, gpu);
+    EXPECT_EQ(cap.status().code(), absl::StatusCode::kUnimplemented) << cap.status();
+    // A whole GPU still runs processes and can be reset.
+    EXPECT_OK(sim->ResetGpu(gpu));
+  }
+  ASSERT_OK(sim->AttachProcess(t4.uuid, 4242, 1000));
+  ASSERT_OK_AND_ASSIGN(const auto procs, sim->GetComputeProcesses(0));
+  ASSERT_EQ(procs.size(), 1u);
+  EXPECT_FALSE(procs[0].gpu_instance_id.has_value());
+  // The MIG GPU beside them is unaffected.
+  ASSERT_OK_AND_ASSIGN(const auto a100, sim->GetMigMode(2));
+  EXPECT_TRUE(a100.supported && a100.current && a100.pending);
+  const auto& p = Profile("A100-SXM4-40GB", "1g.5gb");
+  ASSERT_OK(sim->CreateGpuInstance(2, p.nvml_id, {0, 1}).status());
+  // Another process reads the same GPUs back from the state file.
+  auto again = MakeSim("", state.path());
+  ASSERT_NE(again, nullptr);
+  ASSERT_OK_AND_ASSIGN(const auto t4_again, again->GetGpu(0));
+  EXPECT_EQ(t4_again.name, "Tesla T4");
+  EXPECT_FALSE(t4_again.mig.supported);
+}
+
+TEST(SimMigModeTest, NonMigSpecNamesAndAttacks) {
+  for (const char* spec : {"T4", "Tesla T4x2", "nvidia l4", "L4x1,T4x1"}) {
+    auto gpus = ParseSimSpec(spec);
+    ASSERT_TRUE(gpus.ok()) << spec << ": " << gpus.status();
+    for (const auto* m : *gpus) EXPECT_TRUE(m->capability.profiles.empty()) << spec;
+  }
+  // Names that are neither: still the catalogue's error (no guessing from a prefix or substring).
+  for (const char* spec : {"T", "T40", "L4 Max", "V100", "Tesla", "T4x0", "T4x33"}) {
+    EXPECT_FALSE(ParseSimSpec(spec).ok()) << spec;
+  }
+  EXPECT_EQ(FindNonMigSimModel("t4"), &NonMigSimModels()[0]);
+  EXPECT_EQ(FindNonMigSimModel(std::string(4096, 'x')), nullptr);
+  // None of them is in the MIG catalogue, whose models all have MIG.
+  for (const auto& m : NonMigSimModels()) {
+    EXPECT_EQ(mig::FindModelByNvmlName(m.capability.model), nullptr) << m.capability.model;
+  }
+}
+
+// A state file that claims MIG on a GPU without it is refused, naming the GPU.
+TEST(SimMigModeTest, StateFileWithMigOnANonMigGpuIsRefused) {
+  TempStateFile state;
+  ASSERT_NE(MakeSim("T4x1", state.path()), nullptr);
+  std::ifstream in(state.path());
+  auto j = nlohmann::json::parse(in);
+  j["gpus"][0]["migMode"]["pending"] = true;
+  std::ofstream(state.path()) << j.dump();
+  SimNvmlOptions o;
+  o.state_file = state.path();
+  auto sim = SimNvml::Create(o);
+  ASSERT_FALSE(sim.ok());
+  EXPECT_NE(std::string(sim.status().message()).find("GPU 0: Tesla T4 has no MIG"),
+            std::string::npos)
+      << sim.status();
+}
+
+TEST(SimMigModeTest, ActivationFollowsTheArchitecture) {
+  auto sim = MakeSim("A100-SXM4-40GBx1,A30x1,H100 80GBx1,B200x1");
+  ASSERT_NE(sim, nullptr);
+  for (uint32_t gpu = 0; gpu < 4; ++gpu) {
+    const bool ampere = gpu < 2;
+    ASSERT_OK_AND_ASSIGN(const auto off, sim->SetMigMode(gpu, false));
+    EXPECT_EQ(off.activation, ampere ? NvmlReturn::kInUse : NvmlReturn::kSuccess) << gpu;
+    EXPECT_EQ(off.Active(), !ampere);
+    EXPECT_FALSE(off.NeedsReboot());
+    EXPECT_EQ(off.mode.current, ampere) << "Ampere keeps MIG on until a reset";
+    EXPECT_FALSE(off.mode.pending);
+    ASSERT_OK_AND_ASSIGN(const auto read, sim->GetMigMode(gpu));
+    EXPECT_EQ(read, off.mode);
+    // Asking again changes nothing and says the same.
+    ASSERT_OK_AND_ASSIGN(const auto again, sim->SetMigMode(gpu, false));
+    EXPECT_EQ(again.activation, off.activation);
+    ASSERT_OK(sim->ResetGpu(gpu));
+    ASSERT_OK_AND_ASSIGN(const auto after_reset, sim->GetMigMode(gpu));
+    EXPECT_FALSE(after_reset.current);
+    // Back on; setting the mode a GPU already has is active at once, on every architecture.
+    ASSERT_OK_AND_ASSIGN(const auto on, sim->SetMigMode(gpu, true));
+    EXPECT_EQ(on.activation, ampere ? NvmlReturn::kInUse : NvmlReturn::kSuccess);
+    if (ampere) ASSERT_OK(sim->ResetGpu(gpu));
+    ASSERT_OK_AND_ASSIGN(const auto same, sim->SetMigMode(gpu, true));
+    EXPECT_TRUE(same.Active()) << gpu;
+  }
+  // A pending change taken back before the reset: nothing is pending any more.
+  ASSERT_OK(sim->SetMigMode(0, false));
+  ASSERT_OK_AND_ASSIGN(const auto undo, sim->SetMigMode(0, true));
+  EXPECT_TRUE(undo.Active());
+  EXPECT_TRUE(undo.mode.current && undo.mode.pending);
+  EXPECT_TRUE(IsNvmlError(sim->SetMigMode(4, true), NvmlReturn::kInvalidArgument));
+  EXPECT_TRUE(IsNvmlError(sim->ResetGpu(4), NvmlReturn::kInvalidArgument));
+}
+
+TEST(SimMigModeTest, SwitchAndResetRefusedWhileTheGpuIsUsed) {
+  auto sim = MakeSim("H100 80GBx1,A100-SXM4-40GBx1");
+  ASSERT_NE(sim, nullptr);
+  const auto& p = Profile("H100 80GB", "1g.10gb");
+  ASSERT_OK_AND_ASSIGN(const auto gi, sim->CreateGpuInstance(0, p.nvml_id, {0, 1}));
+  auto refused = sim->SetMigMode(0, false);
+  EXPECT_TRUE(IsNvmlError(refused, NvmlReturn::kInUse));
+  EXPECT_NE(std::string(refused.status().message()).find("1 GPU instances exist"),
+            std::string::npos)
+      << refused.status();
+  ASSERT_OK_AND_ASSIGN(auto mode, sim->GetMigMode(0));
+  EXPECT_TRUE(mode.current && mode.pending) << "a refused switch changes nothing";
+  // Another client holding the GI blocks a reset too; so does a process.
+  ASSERT_OK(sim->HoldGpuInstance(0, gi.id, "dcgm"));
+  EXPECT_TRUE(IsNvmlError(sim->ResetGpu(0), NvmlReturn::kInUse));
+  ASSERT_OK(sim->ReleaseGpuInstance(0, gi.id, "dcgm"));
+  ASSERT_OK(sim->DestroyGpuInstance(0, gi.id));
+  ASSERT_OK_AND_ASSIGN(const auto gpu, sim->GetGpu(0));
+  ASSERT_OK(sim->AttachProcess(gpu.uuid, 77));
+  EXPECT_TRUE(IsNvmlError(sim->SetMigMode(0, false), NvmlReturn::kInUse));
+  EXPECT_TRUE(IsNvmlError(sim->ResetGpu(0), NvmlReturn::kInUse));
+  ASSERT_OK(sim->DetachProcess(gpu.uuid, 77));
+  ASSERT_OK_AND_ASSIGN(const auto off, sim->SetMigMode(0, false));
+  EXPECT_TRUE(off.Active());
+  // An Ampere GPU with a pending change: a process started meanwhile blocks the reset, and the
+  // mode stays pending.
+  ASSERT_OK(sim->SetMigMode(1, false));
+  ASSERT_OK_AND_ASSIGN(const auto a100, sim->GetGpu(1));
+  ASSERT_OK(sim->AttachProcess(a100.uuid, 78));
+  EXPECT_TRUE(IsNvmlError(sim->ResetGpu(1), NvmlReturn::kInUse));
+  ASSERT_OK_AND_ASSIGN(mode, sim->GetMigMode(1));
+  EXPECT_TRUE(mode.current);
+  EXPECT_FALSE(mode.pending);
+}
+
+TEST(SimMigModeTest, RebootRequiredHostKeepsTheModePendingUntilReboot) {
+  TempStateFile state;
+  SimNvmlOptions o = testing::SimOptions("H100 80GBx1,A100-SXM4-40GBx1,H100 80GBx1", state.path());
+  o.reboot_required_gpus = {0, 1};
+  ASSERT_OK_AND_ASSIGN(auto sim, SimNvml::Create(o));
+  // Hopper and Ampere alike: a host without GPU reset needs a reboot.
+  for (uint32_t gpu : {0u, 1u}) {
+    ASSERT_OK_AND_ASSIGN(const auto change, sim->SetMigMode(gpu, false));
+    EXPECT_EQ(change.activation, NvmlReturn::kResetRequired);
+    EXPECT_TRUE(change.NeedsReboot());
+    EXPECT_FALSE(change.Active());
+    EXPECT_TRUE(change.mode.current);
+    EXPECT_FALSE(change.mode.pending);
+    auto reset = sim->ResetGpu(gpu);
+    EXPECT_TRUE(IsNvmlError(reset, NvmlReturn::kNotSupported));
+    EXPECT_NE(std::string(reset.message()).find("reboot"), std::string::npos) << reset;
+  }
+  // The mark is in the state file: another process sees it.
+  {
+    std::ifstream in(state.path());
+    const auto j = nlohmann::json::parse(in);
+    EXPECT_EQ(j["gpus"][0]["rebootRequired"], true);
+    EXPECT_EQ(j["gpus"][2]["rebootRequired"], false);
+  }
+  auto other = MakeSim("", state.path());
+  ASSERT_NE(other, nullptr);
+  ASSERT_OK_AND_ASSIGN(const auto pending, other->GetMigMode(0));
+  EXPECT_TRUE(pending.current && !pending.pending);
+  // GPU 2 switches at once; the reboot applies the others' modes and clears every GPU's use.
+  ASSERT_OK_AND_ASSIGN(const auto gpu2, other->GetGpu(2));
+  ASSERT_OK(other->AttachProcess(gpu2.uuid, 99));
+  ASSERT_OK(other->RebootHost());
+  for (uint32_t gpu : {0u, 1u}) {
+    ASSERT_OK_AND_ASSIGN(const auto mode, sim->GetMigMode(gpu));
+    EXPECT_FALSE(mode.current) << gpu;
+  }
+  ASSERT_OK_AND_ASSIGN(const auto procs, sim->GetComputeProcesses(2));
+  EXPECT_TRUE(procs.empty()) << "a reboot ends every process";
+  // The mark can be cleared; then a reset works again.
+  ASSERT_OK(sim->SetRebootRequired(1, false));
+  ASSERT_OK(sim->SetMigMode(1, true));
+  ASSERT_OK(sim->ResetGpu(1));
+  ASSERT_OK_AND_ASSIGN(const auto back, sim->GetMigMode(1));
+  EXPECT_TRUE(back.current);
+  EXPECT_TRUE(IsNvmlError(sim->SetRebootRequired(3, true), NvmlReturn::kInvalidArgument));
+  // A reboot-required GPU that does not exist is a bad option.
+  SimNvmlOptions bad = testing::SimOptions("A30x1");
+  bad.reboot_required_gpus = {1};
+  auto created = SimNvml::Create(bad);
+  ASSERT_FALSE(created.ok());
+  EXPECT_EQ(created.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A switch takes the model's time on the injected clock: SetMigMode, plus the reset on Ampere.
+TEST(SimMigModeTest, SwitchTakesTheModelsTimeOnTheClock) {
+  SleepLog clock(/*instant=*/true);
+  SimNvmlOptions o = testing::SimOptions("H100 80GBx1,A100-SXM4-40GBx1");
+  o.clock = &clock;
+  o.latency = mig::RealisticNvmlLatency();
+  ASSERT_OK_AND_ASSIGN(auto sim, SimNvml::Create(o));
+  using Ms = std::vector<absl::Duration>;
+  const absl::Time start = clock.Now();
+  ASSERT_OK(sim->SetMigMode(0, false));
+  EXPECT_EQ(clock.slept(), (Ms{absl::Seconds(2)}));
+  ASSERT_OK(sim->GetMigMode(0).status());  // reads take no time
+  EXPECT_EQ(clock.slept().size(), 1u);
+  clock.clear();
+  ASSERT_OK(sim->SetMigMode(1, false));
+  ASSERT_OK(sim->ResetGpu(1));
+  EXPECT_EQ(clock.slept(), (Ms{absl::Seconds(2), absl::Seconds(10)}));
+  EXPECT_EQ(clock.Now() - start, absl::Seconds(14));
+  EXPECT_EQ(o.latency.MigModeSwitch("NVIDIA H100 80GB HBM3", false), absl::Seconds(2));
+  EXPECT_EQ(o.latency.MigModeSwitch("NVIDIA A100-SXM4-40GB", true), absl::Seconds(12));
+  // Per-model overrides, as for instances.
+  ASSERT_OK_AND_ASSIGN(const auto custom,
+                       mig::ParseNvmlLatency("set-mig-mode=1s,A30:reset-gpu=3s"));
+  EXPECT_EQ(custom.MigModeSwitch("NVIDIA A30", true), absl::Seconds(4));
+  EXPECT_EQ(custom.MigModeSwitch("NVIDIA A100-SXM4-40GB", true), absl::Seconds(1));
+}
+
+TEST(SimMigModeTest, InjectedFaultsOnSwitchAndResetChangeNothing) {
+  auto sim = MakeSim("A100-SXM4-40GBx1");
+  ASSERT_NE(sim, nullptr);
+  ASSERT_OK(sim->InjectFault(testing::Fault("SetMigMode", 1, NvmlReturn::kNoPermission)));
+  EXPECT_TRUE(IsNvmlError(sim->SetMigMode(0, false), NvmlReturn::kNoPermission));
+  ASSERT_OK_AND_ASSIGN(auto mode, sim->GetMigMode(0));
+  EXPECT_TRUE(mode.pending) << "a failed call changed nothing";
+  ASSERT_OK(sim->SetMigMode(0, false));
+  ASSERT_OK(sim->InjectFault(testing::Fault("ResetGpu", 1, NvmlReturn::kGpuIsLost)));
+  EXPECT_TRUE(IsNvmlError(sim->ResetGpu(0), NvmlReturn::kGpuIsLost));
+  ASSERT_OK_AND_ASSIGN(mode, sim->GetMigMode(0));
+  EXPECT_TRUE(mode.current);
+  ASSERT_OK(sim->InjectFault(testing::Fault("GetMigMode", 1, NvmlReturn::kGpuIsLost)));
+  EXPECT_TRUE(IsNvmlError(sim->GetMigMode(0), NvmlReturn::kGpuIsLost));
+  ASSERT_OK(sim->ResetGpu(0));
+  ASSERT_OK_AND_ASSIGN(mode, sim->GetMigMode(0));
+  EXPECT_FALSE(mode.current);
+}
+
+}  // namespace
+}  // namespace dynmig::nvml
