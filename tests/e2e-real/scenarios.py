@@ -1750,6 +1750,16 @@ def fragment_gpu(s):
     """GPU 0 with a ReplicaSet's 1g pod at slice 0 (defrag-mover) and an opted-out ReplicaSet's younger 1g pod at
     slice 4 (defrag-keeper: dynmig.io/defrag=never), slices 1-3 and 5-7 free: no 3g.20gb placement is free, a
     3g.20gb fits once one of them moves. Returns (mover pod, keeper pod)."""
+    s.step("GPU 0 entirely free in the scheduler's view (earlier scenarios' slices released)")
+
+    def all_free():
+        status, body = https_get(s.b.extender_url + "/metrics")
+        if status != 200:
+            return None
+        free = re.search(r'(?m)^dynmig_scheduler_gpu_free_slices\{[^}]*node="%s"[^}]*\} (\S+)$' % s.b.node, body)
+        total = re.search(r'(?m)^dynmig_scheduler_gpu_slices\{[^}]*node="%s"[^}]*\} (\S+)$' % s.b.node, body)
+        return free and total and float(free.group(1)) == float(total.group(1)) and not defrag_holds(s.k, s.b.node)
+    wait_for("every slice of %s's GPU free (dynmig_scheduler_gpu_free_slices)" % s.b.node, all_free, 90)
     s.step("ReplicaSet defrag-mover: its 1g pod takes slice 0")
     s.k.run("-n", NS, "create", "-f", "-", input=json.dumps(replica_set(s, "defrag-mover")))
     mover, mover_allocs = rs_running(s, "defrag-mover")
