@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <limits>
 
 #include "absl/strings/cord.h"
 #include "common/quantity.h"
@@ -236,6 +237,44 @@ absl::Status CheckBudgetSpec(Resource resource, std::string_view name, Object* p
   return absl::OkStatus();
 }
 
+// apps/v1 ReplicaSet validation, as the API server's: a selector that is not empty, template labels
+// it matches, replicas an int32 of at least 0 (1 when absent).
+absl::Status CheckReplicaSetSpec(Resource resource, std::string_view name, Object* rs) {
+  Object& spec = (*rs)["spec"];
+  if (!spec.is_object()) return Invalid(resource, name, "spec: must be an object");
+  if (!spec.contains("replicas") || spec["replicas"].is_null()) spec["replicas"] = 1;
+  const Object& replicas = spec["replicas"];
+  if (!replicas.is_number_integer() || replicas.get<int64_t>() < 0 ||
+      replicas.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+    return Invalid(resource, name,
+                   fmt::format("spec.replicas: Invalid value: {}: must be an integer from 0 to "
+                               "2147483647",
+                               replicas.dump().substr(0, 32)));
+  }
+  if (!spec.contains("selector") || !spec["selector"].is_object() || spec["selector"].empty()) {
+    return Invalid(resource, name, "spec.selector: Required value");
+  }
+  auto selector = LabelSelector::FromObject(spec["selector"]);
+  if (!selector.ok()) {
+    return Invalid(resource, name,
+                   fmt::format("spec.selector: {}", std::string(selector.status().message())));
+  }
+  if (selector->empty()) {
+    return Invalid(resource, name, "spec.selector: Invalid value: empty selector is not valid");
+  }
+  const Object* tmpl = spec.contains("template") ? &spec["template"] : nullptr;
+  if (tmpl == nullptr || !tmpl->is_object() || !tmpl->contains("spec") ||
+      !(*tmpl)["spec"].is_object()) {
+    return Invalid(resource, name, "spec.template.spec: Required value");
+  }
+  if (!tmpl->contains("metadata") || !selector->Matches(*tmpl)) {
+    return Invalid(resource, name,
+                   "spec.template.metadata.labels: Invalid value: `selector` does not match "
+                   "template `labels`");
+  }
+  return absl::OkStatus();
+}
+
 constexpr std::string_view kBudgetViolated =
     "Cannot evict pod as it would violate the pod's disruption budget.";
 constexpr std::string_view kMoreThanOneBudget =
@@ -272,7 +311,7 @@ namespace {
 
 bool HasStatusSubresource(Resource r) {
   return r == Resource::kPods || r == Resource::kNodes || r == Resource::kNamespaces ||
-         r == Resource::kPodDisruptionBudgets;
+         r == Resource::kPodDisruptionBudgets || r == Resource::kReplicaSets;
 }
 
 }  // namespace
@@ -475,6 +514,8 @@ absl::StatusOr<Object> ApiStore::CreateLocked(Resource resource, std::string_vie
     meta["labels"]["kubernetes.io/metadata.name"] = name;
   } else if (resource == Resource::kPodDisruptionBudgets) {
     DYNMIG_RETURN_IF_ERROR(CheckBudgetSpec(resource, name, &obj));
+  } else if (resource == Resource::kReplicaSets) {
+    DYNMIG_RETURN_IF_ERROR(CheckReplicaSetSpec(resource, name, &obj));
   }
   for (const char* field :
        {"deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion", "selfLink"}) {
@@ -666,6 +707,9 @@ absl::StatusOr<Object> ApiStore::UpdateLocked(Resource resource, std::string_vie
     if (resource == Resource::kPodDisruptionBudgets) {
       DYNMIG_RETURN_IF_ERROR(CheckBudgetSpec(resource, name, &next));
     }
+    if (resource == Resource::kReplicaSets) {
+      DYNMIG_RETURN_IF_ERROR(CheckReplicaSetSpec(resource, name, &next));
+    }
   }
   next["metadata"]["resourceVersion"] = ResourceVersion(old_obj);
   if (auto st = CanonicalizeQuantities(resource, &next); !st.ok()) return st;
@@ -806,7 +850,7 @@ absl::StatusOr<Object> ApiStore::DeleteLocked(Resource resource, std::string_vie
     // Remove everything in the namespace first (the real server does this asynchronously).
     const std::string prefix = std::string(name) + "/";
     for (Resource r : {Resource::kPods, Resource::kEvents, Resource::kLeases, Resource::kConfigMaps,
-                       Resource::kPodDisruptionBudgets}) {
+                       Resource::kPodDisruptionBudgets, Resource::kReplicaSets}) {
       ObjectMap& objs = Objects(r);
       std::vector<std::string> keys;
       for (auto o = objs.lower_bound(prefix);

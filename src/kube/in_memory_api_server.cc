@@ -116,7 +116,8 @@ constexpr Resource kServedResources[] = {Resource::kPods,
                                          Resource::kConfigMaps,
                                          Resource::kLeases,
                                          Resource::kPodDisruptionBudgets,
-                                         Resource::kPodDisruptionBudgetsV1beta1};
+                                         Resource::kPodDisruptionBudgetsV1beta1,
+                                         Resource::kReplicaSets};
 
 // ---- Discovery documents. ----
 
@@ -145,7 +146,8 @@ Object ResourceList(std::string_view group_version, int minor) {
     if (r == Resource::kPods || r == Resource::kNodes) entry["categories"] = {"all"};
     resources.push_back(entry);
     if (r == Resource::kPods || r == Resource::kNodes || r == Resource::kNamespaces ||
-        r == Resource::kPodDisruptionBudgets || r == Resource::kPodDisruptionBudgetsV1beta1) {
+        r == Resource::kPodDisruptionBudgets || r == Resource::kPodDisruptionBudgetsV1beta1 ||
+        r == Resource::kReplicaSets) {
       resources.push_back(ResourceEntry(fmt::format("{}/status", info.plural), "", info.namespaced,
                                         info.kind, kStatusVerbs, ""));
     }
@@ -177,6 +179,16 @@ Object PolicyGroup(int minor) {
                 {"name", "policy"},
                 {"versions", versions},
                 {"preferredVersion", versions.at(0)}};
+}
+
+// apps/v1, for ReplicaSets only (the local mode's ReplicaSet controller).
+Object AppsGroup() {
+  Object version = {{"groupVersion", "apps/v1"}, {"version", "v1"}};
+  return Object{{"kind", "APIGroup"},
+                {"apiVersion", "v1"},
+                {"name", "apps"},
+                {"versions", {version}},
+                {"preferredVersion", version}};
 }
 
 Object CoordinationGroup() {
@@ -272,7 +284,8 @@ Object OpenApiV3Document(std::string_view group_version) {
                    {"patch", OpenApiOperation(info, "patch", "patch", scope)},
                    {"delete", OpenApiOperation(info, "delete", "delete", scope)}};
     if (r == Resource::kPods || r == Resource::kNodes || r == Resource::kNamespaces ||
-        r == Resource::kPodDisruptionBudgets || r == Resource::kPodDisruptionBudgetsV1beta1) {
+        r == Resource::kPodDisruptionBudgets || r == Resource::kPodDisruptionBudgetsV1beta1 ||
+        r == Resource::kReplicaSets) {
       const std::string status_scope = scope + "Status";
       Object get = OpenApiOperation(info, "get", "get", status_scope);
       Object put = OpenApiOperation(info, "put", "update", status_scope);
@@ -301,6 +314,7 @@ const OpenApiV3& OpenApi() {
     Object index_paths = Object::object();
     for (const auto& [path, gv] : {std::pair<std::string, std::string>{"api/v1", "v1"},
                                    {"apis/coordination.k8s.io/v1", "coordination.k8s.io/v1"},
+                                   {"apis/apps/v1", "apps/v1"},
                                    {"apis/policy/v1", "policy/v1"},
                                    {"apis/policy/v1beta1", "policy/v1beta1"}}) {
       const std::string doc = OpenApiV3Document(gv).dump();
@@ -1132,6 +1146,8 @@ void InMemoryApiServer::Serve(const httplib::Request& req, httplib::Response& re
       {"GET", "/apis", &InMemoryApiServer::ServeApiGroups},
       {"GET", "/apis/coordination.k8s.io", &InMemoryApiServer::ServeCoordinationGroup},
       {"GET", "/apis/coordination.k8s.io/v1", &InMemoryApiServer::ServeCoordinationResources},
+      {"GET", "/apis/apps", &InMemoryApiServer::ServeAppsGroup},
+      {"GET", "/apis/apps/v1", &InMemoryApiServer::ServeAppsResources},
       {"GET", "/apis/policy", &InMemoryApiServer::ServePolicyGroup},
       {"GET", "/apis/policy/v1", &InMemoryApiServer::ServePolicyResources},
       {"GET", "/apis/policy/v1beta1", &InMemoryApiServer::ServePolicyResources},
@@ -1195,11 +1211,12 @@ void InMemoryApiServer::ServeCoreResources(Call& call) {
 }
 
 void InMemoryApiServer::ServeApiGroups(Call& call) {
-  SendJson(call.res, 200,
-           Object{{"kind", "APIGroupList"},
-                  {"apiVersion", "v1"},
-                  {"groups", {CoordinationGroup(), PolicyGroup(options_.minor_version)}}}
-               .dump());
+  SendJson(
+      call.res, 200,
+      Object{{"kind", "APIGroupList"},
+             {"apiVersion", "v1"},
+             {"groups", {AppsGroup(), CoordinationGroup(), PolicyGroup(options_.minor_version)}}}
+          .dump());
 }
 
 void InMemoryApiServer::ServePolicyGroup(Call& call) {
@@ -1217,6 +1234,12 @@ void InMemoryApiServer::ServePolicyResources(Call& call) {
   }
   call.res.status = 404;
   call.res.set_content("404 page not found\n", "text/plain; charset=utf-8");
+}
+
+void InMemoryApiServer::ServeAppsGroup(Call& call) { SendJson(call.res, 200, AppsGroup().dump()); }
+
+void InMemoryApiServer::ServeAppsResources(Call& call) {
+  SendJson(call.res, 200, ResourceList("apps/v1", options_.minor_version).dump());
 }
 
 void InMemoryApiServer::ServeCoordinationGroup(Call& call) {

@@ -2,7 +2,8 @@
 // Never for production.
 //
 // Serves ApiStore (pods, nodes, events, leases, namespaces, configmaps, PodDisruptionBudgets in
-// the policy group versions of options.minor_version, and the pods/eviction subresource with the
+// the policy group versions of options.minor_version, apps/v1 ReplicaSets (stored only: the local
+// mode's ReplicaSet controller acts on them), and the pods/eviction subresource with the
 // apiserver's budget rules: see ApiStore::Evict and docs/kube.md) with the REST paths,
 // discovery documents, watch streams, Status error bodies and Table output (pods, nodes) that
 // kubectl v1.32 needs. Adds fault injection for tests, through the C++ API and over HTTP:
@@ -190,6 +191,8 @@ class InMemoryApiServer {
   void ServeApiVersions(apiserver_detail::Call& call);
   void ServeCoreResources(apiserver_detail::Call& call);
   void ServeApiGroups(apiserver_detail::Call& call);
+  void ServeAppsGroup(apiserver_detail::Call& call);
+  void ServeAppsResources(apiserver_detail::Call& call);
   void ServeCoordinationGroup(apiserver_detail::Call& call);
   void ServeCoordinationResources(apiserver_detail::Call& call);
   void ServePolicyGroup(apiserver_detail::Call& call);

@@ -28,6 +28,8 @@ constexpr std::array<ResourceInfo, kNumResources> kResources = {{
     {Resource::kPodDisruptionBudgetsV1beta1, "policy", "v1beta1", "policy/v1beta1",
      "/apis/policy/v1beta1", "poddisruptionbudgets", "poddisruptionbudget", "PodDisruptionBudget",
      "PodDisruptionBudgetList", "pdb", true},
+    {Resource::kReplicaSets, "apps", "v1", "apps/v1", "/apis/apps/v1", "replicasets", "replicaset",
+     "ReplicaSet", "ReplicaSetList", "rs", true},
 }};
 
 const Object* Field(const Object& obj, std::string_view a) {

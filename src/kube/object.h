@@ -25,6 +25,8 @@ using ObjectPtr = std::shared_ptr<const Object>;
 // PodDisruptionBudgets are one resource served in two group versions: kPodDisruptionBudgets is
 // policy/v1 (Kubernetes 1.21+), kPodDisruptionBudgetsV1beta1 policy/v1beta1 (up to 1.24; the only
 // one of v1.20). ListPodDisruptionBudgets (kube_client.h) picks the one the server serves.
+// ReplicaSets (apps/v1) are served by the in-memory API server for the local mode's ReplicaSet
+// controller (local/replicaset_controller.h); dynmig's components never read them.
 enum class Resource {
   kPods,
   kNodes,
@@ -34,8 +36,9 @@ enum class Resource {
   kConfigMaps,
   kPodDisruptionBudgets,
   kPodDisruptionBudgetsV1beta1,
+  kReplicaSets,
 };
-inline constexpr size_t kNumResources = 8;
+inline constexpr size_t kNumResources = 9;
 
 struct ResourceInfo {
   Resource resource;

@@ -96,6 +96,7 @@ const std::set<std::string, std::less<>>& SupportedFields(Resource resource) {
     case Resource::kConfigMaps:
     case Resource::kPodDisruptionBudgets:
     case Resource::kPodDisruptionBudgetsV1beta1:
+    case Resource::kReplicaSets:
       return *kDefault;
   }
   return *kDefault;

@@ -23,6 +23,7 @@
 #include "kube/rest_kube_client.h"
 #include "local/embedded_config.h"
 #include "local/node_agent.h"
+#include "local/replicaset_controller.h"
 #include "local/scheduler_loop.h"
 #include "nvml/geometry.h"
 #include "ops/layout.h"
@@ -434,6 +435,7 @@ void LocalCluster::MakeIdentities() {
   tokens_[std::string(kSchedulerUser)] = RandomToken();
   tokens_[std::string(kDevicePluginUser)] = RandomToken();
   tokens_[std::string(kKubeSchedulerUser)] = RandomToken();
+  tokens_[std::string(kReplicaSetControllerUser)] = RandomToken();
   for (const auto& n : options_.nodes) tokens_["system:node:" + n.name] = RandomToken();
   for (const auto& user : options_.users) tokens_[user] = RandomToken();
 }
@@ -621,6 +623,15 @@ absl::Status LocalCluster::StartControlPlaneLocked(const SchedulerConfig& config
   lo.log = [this](const std::string& line) { Log("kube-scheduler: " + line); };
   loop_ = std::make_unique<SchedulerLoop>(*loop_client_, clock_, std::move(lo));
   loop_->Start();
+  // kube-controller-manager's ReplicaSet controller: evicted or deleted pods of a ReplicaSet come
+  // back (the defragmenter relies on it).
+  auto rs_client = Client(kReplicaSetControllerUser);
+  if (!rs_client.ok()) return rs_client.status();
+  replicaset_client_ = std::move(*rs_client);
+  ReplicaSetControllerOptions ro;
+  ro.log = [this](const std::string& line) { Log(line); };
+  replicasets_ = std::make_unique<ReplicaSetController>(*replicaset_client_, clock_, std::move(ro));
+  replicasets_->Start();
   return absl::OkStatus();
 }
 
@@ -917,6 +928,9 @@ void LocalCluster::Stop() {
   if (loop_) loop_->Stop();
   loop_.reset();
   loop_client_.reset();
+  if (replicasets_) replicasets_->Stop();
+  replicasets_.reset();
+  replicaset_client_.reset();
   for (auto& node : nodes_) {
     if (node->agent) node->agent->Stop();
     node->agent.reset();

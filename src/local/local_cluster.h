@@ -73,6 +73,7 @@ class TestRuntime;
 namespace dynmig::local {
 
 class NodeAgent;
+class ReplicaSetController;
 class SchedulerLoop;
 
 // Identities of the components (userInfo.username the webhooks see).
@@ -81,6 +82,9 @@ inline constexpr std::string_view kSchedulerUser =
 inline constexpr std::string_view kDevicePluginUser =
     "system:serviceaccount:dynmig-system:dynmig-device-plugin";
 inline constexpr std::string_view kKubeSchedulerUser = "system:kube-scheduler";
+// kube-controller-manager's ReplicaSet controller (ReplicaSetController).
+inline constexpr std::string_view kReplicaSetControllerUser =
+    "system:serviceaccount:kube-system:replicaset-controller";
 inline constexpr std::string_view kAdminUser = "kubernetes-admin";
 // The device ConfigMap, named as deploy/ names it (the ops commands find it by its key).
 inline constexpr std::string_view kSystemNamespace = "dynmig-system";
@@ -364,6 +368,8 @@ class LocalCluster {
   std::vector<std::unique_ptr<Replica>> replicas_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<kube::KubeClient> loop_client_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<SchedulerLoop> loop_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<kube::KubeClient> replicaset_client_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<ReplicaSetController> replicasets_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Node>> nodes_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   bool webhooks_removed_ ABSL_GUARDED_BY(mu_) = false;  // SetWebhooks(false)

@@ -117,8 +117,9 @@ class LocalBackend(Backend):
     name = "local"
     node = "node-a"
 
-    def __init__(self, dynmig, kubectl):
+    def __init__(self, dynmig, kubectl, defrag=True):
         self.dynmig, self.kubectl = dynmig, kubectl
+        self.defrag = defrag  # the suite's defragmenter settings (DEFRAG_ARGS), or dynmig local's default: off
         self.proc = None
 
     @staticmethod
@@ -134,7 +135,7 @@ class LocalBackend(Backend):
         self.log_path = os.path.join(self.dir, "local.log")
         cmd = [self.dynmig, "local", "--listen", "127.0.0.1:0", "--nodes", self.node + "=A100-SXM4-40GBx1",
                "--state-dir", os.path.join(self.dir, "state"), "--control", "127.0.0.1:%d" % self.control,
-               "--nvml-port", str(nvml_port)]
+               "--nvml-port", str(nvml_port)] + (DEFRAG_ARGS if self.defrag else [])
         log("starting %s" % " ".join(cmd))
         self.out = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -1910,6 +1911,239 @@ def kube_eviction_honours_a_pdb(s):
                 "--ignore-not-found", check=False)
 
 
+# --- active defragmentation (issue 30) -------------------------------------------------------------------------------
+
+# The defragmenter as both backends run it for the suite: on, serving a pod that has waited 4 s, looking every 2 s
+# (tools/real-k8s/translate.py gives the real cluster's scheduler the same; deploy/ has it off). Only the
+# defragmentation scenario runs controller-owned MIG pods, and the defragmenter never evicts a pod without a
+# controller: main() checks after every other scenario that it evicted nothing there.
+DEFRAG_ARGS = ["--defrag", "on", "--defrag-wait", "4s", "--defrag-interval", "2s"]
+DEFRAG_RESERVATION = "dynmig.io/defrag-reservation"
+DEFRAG_REASONS = ("DefragEvicted", "DefragWouldEvict", "DefragPlanned", "DefragEvictionRefused", "DefragFailed")
+DEFRAG_LABEL = {"dynmig-e2e": "defrag"}
+
+
+def defrag_events(k):
+    """{uid: "reason on ns/name: message"} of every defragmenter Event in the cluster."""
+    out = {}
+    for e in k.json("get", "events", "-A")["items"]:
+        if e.get("reason") in DEFRAG_REASONS:
+            o = e.get("involvedObject", {})
+            out[e["metadata"]["uid"]] = "%s on %s/%s: %s" % (e["reason"], o.get("namespace"), o.get("name"),
+                                                              e.get("message"))
+    return out
+
+
+def defrag_holds(k, node):
+    ann = k.json("get", "node", node)["metadata"].get("annotations", {})
+    return json.loads(ann.get(DEFRAG_RESERVATION) or "[]")
+
+
+def replica_set(s, name, annotations=None):
+    """A ReplicaSet of one 1g pod (4000 MiB) labelled DEFRAG_LABEL and app=NAME, ending within 2 s of a deletion."""
+    labels = dict(DEFRAG_LABEL, app=name)
+    ann = dict({"nvidia.com/vgpu-mode": "mig"}, **(annotations or {}))
+    return {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": name, "labels": labels},
+            "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels, "annotations": ann},
+                                  "spec": {"terminationGracePeriodSeconds": 2, "containers": [
+                                      {"name": "workload", "image": s.image, "command": ["sh", "-c", "sleep 3600"],
+                                       "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4000}}}]}}}}
+
+
+def rs_pods(s, rs):
+    """The live (not terminating) pods whose controller is ReplicaSet `rs`."""
+    pods = s.k.json("-n", NS, "get", "pods", "-l", "app=" + rs)["items"]
+    return [p for p in pods if p["metadata"].get("deletionTimestamp") is None and any(
+        r.get("controller") and r.get("kind") == "ReplicaSet" and r.get("name") == rs
+        for r in p["metadata"].get("ownerReferences", []))]
+
+
+def rs_running(s, rs, not_uid=None):
+    """(pod, allocations) of the ReplicaSet's one pod once it runs with its instance (another than not_uid)."""
+    name = wait_for("ReplicaSet %s's pod%s" % (rs, " (a new one)" if not_uid else ""), lambda: [
+        p["metadata"]["name"] for p in rs_pods(s, rs) if p["metadata"]["uid"] != not_uid])[0]
+    s.created.add(name)
+    return s.running(name)
+
+
+def expect_start(what, allocs, starts):
+    got = sorted(a["placement"]["start"] for a in allocs)
+    if got != sorted(starts):
+        raise StepFailed("%s landed at slices %s, the scenario steers it to %s (did the planner's packing change?)" %
+                         (what, got, sorted(starts)))
+
+
+def defrag_metric(s, result="evicted"):
+    status, body = https_get(s.b.extender_url + "/metrics")
+    if status != 200:
+        raise StepFailed("GET /metrics answered %s: %s" % (status, body[:200]))
+    m = re.search(r'(?m)^dynmig_scheduler_defrag_evictions_total\{result="%s"\} (\S+)$' % result, body)
+    return float(m.group(1)) if m else 0.0
+
+
+def fragment_gpu(s):
+    """GPU 0 with a ReplicaSet's 1g pod at slice 0 (defrag-mover) and an opted-out ReplicaSet's younger 1g pod at
+    slice 4 (defrag-keeper: dynmig.io/defrag=never), slices 1-3 and 5-7 free: no 3g.20gb placement is free, a
+    3g.20gb fits once one of them moves. Returns (mover pod, keeper pod)."""
+    s.step("GPU 0 entirely free in the scheduler's view (earlier scenarios' slices released)")
+
+    def all_free():
+        status, body = https_get(s.b.extender_url + "/metrics")
+        if status != 200:
+            return None
+        free = re.search(r'(?m)^dynmig_scheduler_gpu_free_slices\{[^}]*node="%s"[^}]*\} (\S+)$' % s.b.node, body)
+        total = re.search(r'(?m)^dynmig_scheduler_gpu_slices\{[^}]*node="%s"[^}]*\} (\S+)$' % s.b.node, body)
+        return free and total and float(free.group(1)) == float(total.group(1)) and not defrag_holds(s.k, s.b.node)
+    wait_for("every slice of %s's GPU free (dynmig_scheduler_gpu_free_slices)" % s.b.node, all_free, 90)
+    s.step("ReplicaSet defrag-mover: its 1g pod takes slice 0")
+    s.k.run("-n", NS, "create", "-f", "-", input=json.dumps(replica_set(s, "defrag-mover")))
+    mover, mover_allocs = rs_running(s, "defrag-mover")
+    expect_start("defrag-mover's pod", mover_allocs, [0])
+    s.step("a bare filler pod of three 1g instances takes slices 1-3")
+    filler = s.mig_pod("defrag-filler", 4000)
+    filler["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = 3
+    s.create(filler)
+    _, fill = s.running("defrag-filler")
+    expect_start("defrag-filler", fill, [1, 2, 3])
+    s.step("ReplicaSet defrag-keeper (dynmig.io/defrag: never), created later: its 1g pod takes slice 4")
+    s.k.run("-n", NS, "create", "-f", "-", input=json.dumps(replica_set(s, "defrag-keeper",
+                                                                         {"dynmig.io/defrag": "never"})))
+    keeper, allocs = rs_running(s, "defrag-keeper")
+    expect_start("defrag-keeper's pod", allocs, [4])
+    s.step("the filler ends: slices 1-3 and 5-7 are free, no 3g.20gb placement is")
+    s.delete("defrag-filler")
+    s.gone("defrag-filler")
+    s.reclaimed([a["migUUID"] for a in fill])
+    return mover, keeper
+
+
+def remove_replica_sets(s):
+    s.k.run("-n", NS, "delete", "replicaset", "defrag-mover", "defrag-keeper", "--ignore-not-found", check=False)
+    s.k.run("-n", NS, "delete", "pod", "-l", "dynmig-e2e=defrag", "--grace-period=2", "--wait=false",
+            "--ignore-not-found", check=False)
+    wait_for("the ReplicaSets' pods gone", lambda: not s.k.json("-n", NS, "get", "pods", "-l",
+                                                                "dynmig-e2e=defrag")["items"])
+
+
+def defrag_off_evicts_nothing(s):
+    """The local backend: the same fragmentation on a second `dynmig local` with the defragmenter off (its default):
+    the 3g pod waits longer than the suite's --defrag-wait plus two intervals, and nothing is evicted or reserved."""
+    off = LocalBackend(s.b.dynmig, s.b.kubectl, defrag=False)
+    off.start()
+    try:
+        o = Suite(off, s.image)
+        mover, keeper = fragment_gpu(o)
+        o.step("[defragmenter off] a 19000 MiB pod waits 12 s (the suite's --defrag-wait 4s, --defrag-interval 2s)")
+        o.create(o.mig_pod("defrag-big", 19000))
+        o.pending_reason("defrag-big")
+        time.sleep(12)
+        pod = o.k.pod("defrag-big")
+        now = [p["metadata"]["uid"] for p in rs_pods(o, "defrag-mover")]
+        if pod["status"].get("phase") != "Pending" or now != [mover["metadata"]["uid"]] or defrag_holds(
+                o.k, off.node) or defrag_events(o.k) or defrag_metric(o) != 0:
+            raise StepFailed("with --defrag off: big %s, mover pods %s (was %s), reservations %s, events %s" % (
+                pod["status"].get("phase"), now, mover["metadata"]["uid"], defrag_holds(o.k, off.node),
+                defrag_events(o.k)))
+        log("    off: after 12 s defrag-big still Pending, %s not evicted, no reservation, no Defrag event" %
+            mover["metadata"]["name"])
+    finally:
+        off.stop()
+
+
+def defrag_evicts_the_blocking_pod(s):
+    """Issue 30 end to end: a 3g.20gb pod waits behind a ReplicaSet's 1g pod; after --defrag-wait the defragmenter
+    reserves slices 0-3 on the Node, evicts that pod through the Eviction API (policy/v1beta1 on v1.20), the
+    ReplicaSet recreates it outside the reserved slices and the 3g pod runs in them. The opted-out pod, which the
+    rules would otherwise prefer (the younger plan), is never evicted. Local backend: first the same with the
+    defragmenter off, nothing evicted."""
+    t0 = time.monotonic()
+    if s.b.name == "local":
+        defrag_off_evicts_nothing(s)
+        log("    [defragmenter off] %.1f s" % (time.monotonic() - t0))
+    before = defrag_metric(s)
+    t0 = time.monotonic()
+    try:
+        mover, keeper = fragment_gpu(s)
+        t1 = time.monotonic()
+        if s.b.name == "local":
+            # The kubelet stand-in ends a deleted pod at once (the real kubelet takes seconds to stop it): the
+            # in-memory API server answers the eviction 4 s late, the window in which explain is read.
+            s.k.run("create", "--raw", "/_dynmig/faults", "-f", "-", input=json.dumps({
+                "method": "POST", "pathPrefix": "/api/v1/namespaces/%s/pods/%s/eviction" % (
+                    NS, mover["metadata"]["name"]), "count": 1, "action": "delay", "latencyMs": 4000}))
+        s.step("a 19000 MiB pod (3g.20gb) waits: fragmented")
+        s.create(s.mig_pod("defrag-big", 19000))
+        _, reason = s.pending_reason("defrag-big")
+        log("    reason: %s" % reason)
+        created = time.monotonic()
+        s.step("after --defrag-wait: slices 0-3 reserved for it on the Node, the mover named as evicted")
+        mover_key = "%s/%s" % (NS, mover["metadata"]["name"])
+
+        def reserved():
+            return [h for h in defrag_holds(s.k, s.b.node) if h.get("pod") == NS + "/defrag-big"]
+        hold = wait_for("%s naming default/defrag-big" % DEFRAG_RESERVATION, reserved, 60, 0.3)[0]
+        log("    reserved %.1f s after the pod's creation: %s" % (time.monotonic() - created, json.dumps(hold)))
+        if (hold["placement"] != {"start": 0, "size": 4} or hold["profile"] != "3g.20gb"
+                or hold["evicted"] != [mover_key]):
+            raise StepFailed("the reservation is not slices 0-3 (3g.20gb) evicting %s: %s" % (mover_key, hold))
+        s.step("dynmig explain shows the trail while it waits")
+        kube = ["--kubeconfig", s.k.kubeconfig]
+        want = "waiting: defragmentation of %s on %s evicted %s; reserved slices 0-3 (3g.20gb) until" % (
+            hold["gpuUUID"], s.b.node, mover_key)
+
+        last = []
+
+        def trail():
+            p = dynmig_cli(s, "explain", "-n", NS, "defrag-big", *kube, check=False)
+            last[:] = [p.stdout + p.stderr]
+            return p.stdout if want in p.stdout else None
+        try:
+            text = wait_for("explain's defragmentation trail", trail, 20, 0.2)
+        except StepFailed as e:
+            raise StepFailed("%s: %r not in:\n%s" % (e, want, last[0] if last else ""))
+        log("    explain: %s" % [l for l in text.splitlines() if l.startswith("waiting: defrag")][0])
+        s.step("the mover was evicted with an Event; the ReplicaSet recreates it outside slices 0-3")
+        wait_for("%s gone" % mover_key, lambda: s.k.pod(mover["metadata"]["name"]) is None, 60)
+        ev = [e for e in s.k.events(mover["metadata"]["name"]) if e.get("reason") == "DefragEvicted"]
+        if not ev or "reserved for default/defrag-big (3g.20gb)" not in ev[0].get("message", ""):
+            raise StepFailed("no DefragEvicted event on %s naming the waiting pod: %s" % (mover_key, ev))
+        log("    event on %s: %s" % (mover["metadata"]["name"], ev[0]["message"]))
+        moved, moved_allocs = rs_running(s, "defrag-mover", not_uid=mover["metadata"]["uid"])
+        if any(overlap(a, {"placement": {"start": 0, "size": 4}}) for a in moved_allocs):
+            raise StepFailed("the recreated pod %s landed in the reserved slices: %s" % (
+                moved["metadata"]["name"], moved_allocs))
+        s.expect_realized(moved["metadata"]["name"], moved, moved_allocs, "1g.5gb")
+        log("    recreated: %s at slice %d" % (moved["metadata"]["name"], moved_allocs[0]["placement"]["start"]))
+        s.step("the 3g pod runs in the reserved slices")
+        pod, allocs = s.running("defrag-big", timeout=POD_TIMEOUT + 30)
+        s.expect_realized("defrag-big", pod, allocs, "3g.20gb")
+        expect_start("defrag-big", allocs, [0])
+        log("    defrag-big Running at slices 0-3 %.1f s after its creation" % (time.monotonic() - created))
+        ev = [e for e in s.k.events("defrag-big") if e.get("reason") == "DefragEvicted"]
+        want_ev = "evicted %s; slices 0-3 (3g.20gb) reserved for this pod until" % mover_key
+        if not ev or want_ev not in ev[0].get("message", ""):
+            raise StepFailed("no DefragEvicted event on defrag-big saying %r: %s" % (want_ev, ev))
+        s.step("the opted-out pod was never touched; the reservation is tidied; the metric counts one eviction")
+        now = rs_pods(s, "defrag-keeper")
+        if [p["metadata"]["uid"] for p in now] != [keeper["metadata"]["uid"]] or now[0]["status"].get(
+                "phase") != "Running":
+            raise StepFailed("the opted-out pod %s was moved or stopped: %s" % (keeper["metadata"]["name"], [
+                (p["metadata"]["name"], p["status"].get("phase")) for p in now]))
+        others = [e for e in defrag_events(s.k).values() if "defrag-keeper" in e]
+        if others:
+            raise StepFailed("defragmenter events on the opted-out pod: %s" % others)
+        wait_for("the reservation dropped once the pod is placed", lambda: not reserved(), 30)
+        after = defrag_metric(s)
+        if after - before != 1:
+            raise StepFailed("dynmig_scheduler_defrag_evictions_total{result=\"evicted\"} went %g -> %g, expected +1"
+                             % (before, after))
+        log("    metric evicted %g -> %g; fragmentation %.1f s, defragmentation to Running %.1f s" % (
+            before, after, t1 - t0, time.monotonic() - created))
+    finally:
+        remove_replica_sets(s)
+
+
 SCENARIOS = [
     ("scenario 1: create and delete one 1g pod", scenario1_create_and_delete_one_1g),
     ("scenario 2: several non-overlapping 1g on one GPU", scenario2_several_non_overlapping_1g),
@@ -1938,7 +2172,11 @@ SCENARIOS = [
     # Last: it moves dynmig's device plugin off the node for a while and restores it.
     ("handover: legacy pods kept without draining (handover_no_drain)", handover_no_drain),
     ("handover: HAMi's legacy MIG pods kept without draining (handover_hami)", handover_hami),
+    ("defragmentation: a waiting 3g pod gets the slices of an evicted ReplicaSet pod, opted-out pods stay",
+     defrag_evicts_the_blocking_pod),
 ]
+# The scenarios in which the defragmenter may evict; after every other one main() checks it did not.
+DEFRAG_SCENARIOS = {defrag_evicts_the_blocking_pod}
 
 
 def main():
@@ -1970,6 +2208,7 @@ def main():
     try:
         backend.start()
         suite = Suite(backend, a.image)
+        seen_defrag = defrag_events(backend.kube)
         for title, fn in SCENARIOS:
             if a.only and not any(part in title for part in a.only.split("|")):
                 continue
@@ -1978,6 +2217,12 @@ def main():
             try:
                 fn(suite)
                 suite.cleanup()
+                now = defrag_events(backend.kube)
+                new = [v for u, v in now.items() if u not in seen_defrag]
+                seen_defrag = now
+                if new and fn not in DEFRAG_SCENARIOS:
+                    suite.step_name = "the defragmenter evicted nothing in this scenario"
+                    raise StepFailed("the defragmenter acted in a scenario without controller-owned pods: %s" % new)
                 passed.append(title)
                 log("   ok (%.1f s)" % (time.monotonic() - t))
             except Exception as e:

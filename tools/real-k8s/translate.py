@@ -15,6 +15,9 @@ everything else is applied as deploy/ has it.
                                 same ServiceAccount and the same client certificate (cluster.py deploy)
   no GPU                        the device plugin runs `--sim` with its simulator state on the host
                                 (/var/lib/kubelet/device-plugins/dynmig/), no /proc/driver/nvidia-caps volume
+  short scenarios               the scheduler's defragmenter on (DEFRAG_ARGS: off by default in deploy/), with a
+                                wait of seconds for the suite's defragmentation scenario; the suite checks that no
+                                other scenario sees an eviction (only that one runs controller-owned MIG pods)
 """
 import copy
 import re
@@ -57,6 +60,10 @@ def _with_warm(text, warm):
     return out
 
 
+# The defragmenter as the scenario suite runs it (tests/e2e-real/scenarios.py passes the same to `dynmig local`).
+DEFRAG_ARGS = ["--defrag", "on", "--defrag-wait", "4s", "--defrag-interval", "2s"]
+
+
 def translate(rendered, api_host, api_port, sched_port, dp_port, sim, sim_latency="", warm="",
               cri_dir="/run/dynmig-real-k8s"):
     """rendered: deploy/base's objects (render.py), or their YAML stream. Returns (objects to apply, the
@@ -89,6 +96,7 @@ def translate(rendered, api_host, api_port, sched_port, dp_port, sim, sim_latenc
             spec["volumes"] = [v for v in spec["volumes"] if v["name"] in used]
             dynmig = spec["containers"][0]
             _replace_arg(dynmig["args"], "--listen", "0.0.0.0:%d" % sched_port)
+            dynmig["args"] += DEFRAG_ARGS
             dynmig["ports"] = [{"name": "https", "containerPort": sched_port, "protocol": "TCP"}]
             _host_network(spec, api_host, api_port)
         elif kind == "DaemonSet" and name == "dynmig-device-plugin":
