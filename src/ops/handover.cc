@@ -1,6 +1,7 @@
 #include "ops/handover.h"
 
 #include <algorithm>
+#include <cctype>
 #include <set>
 
 #include "common/quantity.h"
@@ -337,6 +338,56 @@ void OverlapBlockers(HandoverPlan& plan, const Object& node,
   }
 }
 
+constexpr std::string_view kHamiComponentLabel = "app.kubernetes.io/component";
+constexpr std::string_view kHamiDevicePluginComponent = "hami-device-plugin";
+constexpr size_t kMaxShown = 256;  // characters of a pod's own string shown in evidence
+
+std::string Bounded(std::string_view s) {
+  if (s.size() <= kMaxShown) return std::string(s);
+  return fmt::format("{}... ({} characters)", s.substr(0, kMaxShown), s.size());
+}
+
+// HAMi's image: the repository (without registry port, tag or digest) has a "projecthami" path
+// component, or its last component is "hami" or starts with "hami-" (case-insensitive).
+bool IsHamiImage(std::string_view ref) {
+  ref = ref.substr(0, ref.find('@'));
+  const size_t slash = ref.rfind('/');
+  if (const size_t colon = ref.rfind(':');
+      colon != std::string_view::npos && (slash == std::string_view::npos || colon > slash)) {
+    ref = ref.substr(0, colon);
+  }
+  std::string lower(ref);
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  std::string_view path = lower;
+  std::string_view last;
+  while (true) {
+    const size_t pos = path.find('/');
+    last = path.substr(0, pos);
+    if (last == "projecthami") return true;
+    if (pos == std::string_view::npos) break;
+    path.remove_prefix(pos + 1);
+  }
+  return last == "hami" || last.starts_with("hami-");
+}
+
+// " (owner DaemonSet hami-device-plugin)" from the first owner reference, or "".
+std::string OwnerText(const Object& pod) {
+  const auto meta = pod.find("metadata");
+  if (meta == pod.end() || !meta->is_object()) return "";
+  const auto refs = meta->find("ownerReferences");
+  if (refs == meta->end() || !refs->is_array() || refs->empty() || !refs->front().is_object()) {
+    return " (no owner)";
+  }
+  const json& ref = refs->front();
+  auto field = [&](const char* key) {
+    const auto it = ref.find(key);
+    return it != ref.end() && it->is_string() ? Bounded(it->get_ref<const std::string&>())
+                                              : std::string("?");
+  };
+  return fmt::format(" (owner {} {})", field("kind"), field("name"));
+}
+
 // allocator: nothing of the legacy allocators still serves the node.
 void AllocatorBlockers(HandoverPlan& plan, const Object& node,
                        const std::vector<const Object*>& pods) {
@@ -369,6 +420,26 @@ void AllocatorBlockers(HandoverPlan& plan, const Object& node,
   if (!managers.empty()) {
     AddBlocker(plan, BlockerCheck::kAllocator, "mig-manager", "NVIDIA MIG Manager runs on the node",
                std::move(managers));
+  }
+  // HAMi's plugin: only pods the kubelet of this node runs (spec.nodeName), not pods that merely
+  // name the node in hami.io/vgpu-node (anyone can write that annotation on any pod).
+  std::vector<std::string> hami;
+  for (const Object* p : pods) {
+    if (kube::NodeName(*p) != plan.node) continue;
+    if (auto why = HamiDevicePluginSignal(*p)) {
+      hami.push_back(fmt::format("{}{}: {}", PodLine(*p), OwnerText(*p), *why));
+    }
+  }
+  if (!hami.empty()) {
+    hami.push_back(fmt::format(
+        "take the node out of HAMi's device-plugin DaemonSet (HAMi's chart selects nodes by "
+        "devicePlugin.nvidiaNodeSelector, gpu=on by default: kubectl label node {} gpu-) and wait "
+        "for its pod to end; a pod listed here that is not HAMi's carries its labels or image",
+        plan.node));
+    AddBlocker(plan, BlockerCheck::kAllocator, "hami-device-plugin",
+               "HAMi's device plugin runs on the node (it serves nvidia.com/gpu: new legacy "
+               "allocations can happen)",
+               std::move(hami));
   }
   const auto deploy = kube::Label(node, protocol::kMigManagerDeployLabel);
   const auto config = kube::Label(node, protocol::kMigConfigLabel);
@@ -480,6 +551,33 @@ bool IsNvidiaDevicePluginPod(const Object& pod) {
     dynmig = dynmig || ContainsIgnoreCase(image, "dynmig");
   }
   return plugin && !dynmig;
+}
+
+std::optional<std::string> HamiDevicePluginSignal(const Object& pod) {
+  if (kube::Label(pod, kHamiComponentLabel) == kHamiDevicePluginComponent) {
+    return fmt::format("label {}={}", kHamiComponentLabel, kHamiDevicePluginComponent);
+  }
+  for (const Object* c : IndexedContainers(pod)) {
+    if (!c->is_object()) continue;
+    const auto image = c->find("image");
+    if (image == c->end() || !image->is_string()) continue;
+    const std::string& ref = image->get_ref<const std::string&>();
+    if (!IsHamiImage(ref) || ContainsIgnoreCase(ref, "dynmig")) continue;
+    const auto name = c->find("name");
+    const std::string cname = name != c->end() && name->is_string() ? name->get<std::string>() : "";
+    bool runs_plugin = cname == "device-plugin";
+    if (const auto cmd = c->find("command"); !runs_plugin && cmd != c->end() && cmd->is_array() &&
+                                             !cmd->empty() && cmd->front().is_string()) {
+      const std::string& first = cmd->front().get_ref<const std::string&>();
+      const std::string_view base = std::string_view(first).substr(first.rfind('/') + 1);
+      runs_plugin = base == "nvidia-device-plugin";
+    }
+    if (runs_plugin) {
+      return fmt::format("container {} runs HAMi's device plugin (image {})", Bounded(cname),
+                         Bounded(ref));
+    }
+  }
+  return std::nullopt;
 }
 
 std::vector<LegacyPod> FindLegacyPods(const std::vector<const Object*>& pods) {
@@ -747,7 +845,7 @@ bool HandoverOverlap(const CheckInput& in, CheckReport& report) {
 bool HandoverAllocator(const CheckInput& in, CheckReport& report) {
   AddHandoverCheck(in, report, "handover-allocator", BlockerCheck::kAllocator,
                    "no legacy allocator serves the node (no MIG resources allocatable, no NVIDIA "
-                   "device plugin or MIG Manager, current register format)");
+                   "or HAMi device plugin or MIG Manager pod, current register format)");
   return true;
 }
 

@@ -22,7 +22,9 @@
 //       allocator  the legacy allocator still serves: Node allocatable `nvidia.com/mig-*` > 0; a
 //                  running NVIDIA device-plugin or MIG Manager pod on the node; MIG Manager's
 //                  deploy label present and not "false" (or absent while nvidia.com/mig.config
-//                  is set); hami.io/node-nvidia-register in the legacy template format
+//                  is set); a pod of HAMi's device plugin bound to the node (spec.nodeName; any
+//                  HAMi version: it serves nvidia.com/gpu beside dynmig's); hami.io/node-nvidia-
+//                  register in the legacy template format
 // `handover check` runs three named checks (checks.h, CheckCommand::kHandover) over the plan:
 // `handover-proof`, `handover-overlap`, `handover-allocator`. Preflight's and validate's
 // `legacy-pods` check reads the same plan.
@@ -112,6 +114,19 @@ std::vector<LegacyPod> FindLegacyPods(const std::vector<const kube::Object*>& po
 // A running NVIDIA device-plugin pod: its name or an image contains "nvidia-device-plugin" or
 // "k8s-device-plugin", and nothing of it mentions "dynmig".
 bool IsNvidiaDevicePluginPod(const kube::Object& pod);
+
+// Why `pod` is a pod of HAMi's device plugin, or nullopt. Either signal suffices:
+//   - the label app.kubernetes.io/component=hami-device-plugin, which HAMi's chart puts on its
+//     device-plugin DaemonSet's pods (exact value);
+//   - a container (init or not) whose image is HAMi's (the repository's last path component is
+//     "hami" or starts with "hami-", or the path has a "projecthami" component) and which runs
+//     the plugin (it is named "device-plugin", or its command's first word is
+//     nvidia-device-plugin), and whose image does not mention "dynmig".
+// HAMi's scheduler (same image, command `scheduler`) and its vgpu-monitor are not the plugin. The
+// reason names the signal, the container and its image (at most 256 characters of it). Anyone
+// who can create a pod can make one match: the check only reports, so such a pod makes
+// handover-allocator FAIL naming it (namespace/name, owner), never anything worse.
+std::optional<std::string> HamiDevicePluginSignal(const kube::Object& pod);
 
 // The plan of one node. `nvml` is the node's NVML view as fetched (an error when none could be
 // read); `config` gives the allowlist and warm-instance settings for the actions.

@@ -216,6 +216,183 @@ TEST_F(HandoverTest, EachLegacyAllocatorStillServingIsABlocker) {
   EXPECT_THAT(ev, HasSubstr("nvidia.com/gpu.deploy.mig-manager=true"));
 }
 
+// A pod of HAMi's device plugin as HAMi's chart deploys it (charts/hami/templates/device-plugin/
+// daemonsetnvidia.yaml): DaemonSet pod labelled app.kubernetes.io/component=hami-device-plugin,
+// container device-plugin (projecthami/hami, command nvidia-device-plugin) beside vgpu-monitor.
+json HamiPluginPod(const std::string& name, const std::string& node, const std::string& ns) {
+  json p = Pod(name, node, 0, "Running", 1, ns);
+  p["metadata"]["labels"] = {{"app.kubernetes.io/component", "hami-device-plugin"},
+                             {"app.kubernetes.io/name", "hami"},
+                             {"app.kubernetes.io/instance", "hami"},
+                             {"hami.io/webhook", "ignore"}};
+  p["metadata"]["ownerReferences"] = json::array(
+      {{{"apiVersion", "apps/v1"}, {"kind", "DaemonSet"}, {"name", "hami-device-plugin"}}});
+  p["spec"]["containers"] = json::array(
+      {{{"name", "device-plugin"},
+        {"image", "projecthami/hami:v2.4.1"},
+        {"command",
+         {"nvidia-device-plugin", "--config-file=/device-config.yaml", "--mig-strategy=none"}}},
+       {{"name", "vgpu-monitor"},
+        {"image", "projecthami/hami:v2.4.1"},
+        {"command", {"vGPUmonitor"}}}});
+  return p;
+}
+
+// dynmig's own plugin registers nvidia.com/gpu too, so that count proves nothing; a running pod of
+// HAMi's device plugin on the node does, and fails handover-allocator (and so preflight's and
+// validate's no-drain path).
+TEST_F(HandoverTest, HamisDevicePluginPodOnTheNodeIsABlocker) {
+  json node = NodeA();
+  node["status"]["allocatable"] = {{"nvidia.com/gpu", "10"}};
+  Add(node);
+  Add(NvidiaPod("nv"));
+  Add(HamiPod("hami"));
+  nvml_.Set("node-a", View(false));
+  json r = RunJson(WithNvml({"handover", "check", "--node", "node-a"}), 0);
+  EXPECT_EQ(Result(r, "handover-allocator", "node-a"), "PASS") << r.dump(2);
+
+  Add(HamiPluginPod("hami-device-plugin-7xk2q", "node-a", "kube-system"));
+  const json plan = RunJson(WithNvml({"handover", "plan", "--node", "node-a"}), 0);
+  EXPECT_EQ(BlockerIds(plan), std::vector<std::string>{"hami-device-plugin"}) << plan.dump(2);
+  EXPECT_EQ(plan["noDrain"], false);
+  r = RunJson(WithNvml({"handover", "check", "--node", "node-a"}), 1);
+  EXPECT_EQ(Result(r, "handover-allocator", "node-a"), "FAIL") << r.dump(2);
+  EXPECT_EQ(Result(r, "handover-proof", "node-a"), "PASS");
+  const std::string ev = Evidence(r, "handover-allocator", "node-a");
+  EXPECT_THAT(ev, HasSubstr("HAMi's device plugin runs on the node"));
+  EXPECT_THAT(ev, HasSubstr("kube-system/hami-device-plugin-7xk2q (Running) (owner DaemonSet "
+                            "hami-device-plugin): label "
+                            "app.kubernetes.io/component=hami-device-plugin"));
+  EXPECT_THAT(ev, HasSubstr("kubectl label node node-a gpu-"));
+
+  // The no-drain path of preflight and validate reads the same plan.
+  r = RunJson(WithNvml({"preflight", "--node", "node-a"}), 1);
+  EXPECT_EQ(Result(r, "legacy-pods", "node-a"), "FAIL") << r.dump(2);
+  EXPECT_THAT(Evidence(r, "legacy-pods", "node-a"),
+              HasSubstr("the no-drain handover is blocked: hami-device-plugin"));
+  r = RunJson(WithNvml({"validate", "--node", "node-a"}), 1);
+  EXPECT_EQ(Result(r, "legacy-pods", "node-a"), "FAIL") << r.dump(2);
+}
+
+// Without the chart's label, HAMi's image running the plugin is enough (a hand-written
+// DaemonSet, a mirror registry, a digest); the plugin's own pod also matches by the label alone.
+TEST(HamiDevicePluginSignalTest, ImageAndCommandOrTheChartLabel) {
+  json p = HamiPluginPod("hami-device-plugin-1", "node-a", "kube-system");
+  EXPECT_THAT(HamiDevicePluginSignal(p).value_or(""),
+              HasSubstr("label app.kubernetes.io/component=hami-device-plugin"));
+  p["metadata"]["labels"] = {{"app", "gpu-plugin"}};
+  EXPECT_EQ(HamiDevicePluginSignal(p).value_or(""),
+            "container device-plugin runs HAMi's device plugin (image projecthami/hami:v2.4.1)");
+  for (const char* image :
+       {"docker.m.daocloud.io/projecthami/hami:v2.4.1",
+        "registry.local:5000/mirror/hami@sha256:0123abcd", "Docker.IO/ProjectHAMi/HAMi",
+        "example.com/gpu/hami-device-plugin:v1", "hami"}) {
+    p["spec"]["containers"][0]["image"] = image;
+    EXPECT_TRUE(HamiDevicePluginSignal(p).has_value()) << image;
+  }
+  // Named otherwise, running the plugin binary by path.
+  p["spec"]["containers"][0]["image"] = "projecthami/hami:v2.3";
+  p["spec"]["containers"][0]["name"] = "plugin";
+  p["spec"]["containers"][0]["command"] = {"/usr/local/bin/nvidia-device-plugin"};
+  EXPECT_THAT(HamiDevicePluginSignal(p).value_or(""), HasSubstr("container plugin"));
+  // As an init container too.
+  json init = p;
+  init["spec"]["initContainers"] = init["spec"]["containers"];
+  init["spec"]["containers"] = json::array();
+  EXPECT_TRUE(HamiDevicePluginSignal(init).has_value());
+}
+
+TEST(HamiDevicePluginSignalTest, HamisOtherPodsDynmigsPluginAndLookalikesAreNotIt) {
+  // HAMi's scheduler: same image, command scheduler, component hami-scheduler.
+  json sched = Pod("hami-scheduler-5f7c", "node-a", 0, "Running", 1, "kube-system");
+  sched["metadata"]["labels"] = {{"app.kubernetes.io/component", "hami-scheduler"}};
+  sched["spec"]["containers"] = json::array(
+      {{{"name", "kube-scheduler"}, {"image", "registry.k8s.io/kube-scheduler:v1.20.2"}},
+       {{"name", "vgpu-scheduler-extender"},
+        {"image", "projecthami/hami:v2.4.1"},
+        {"command", {"scheduler", "--http_bind=0.0.0.0:443"}}}});
+  EXPECT_EQ(HamiDevicePluginSignal(sched), std::nullopt);
+  // The vgpu-monitor container alone.
+  json monitor = HamiPluginPod("m", "node-a", "kube-system");
+  monitor["metadata"]["labels"] = json::object();
+  monitor["spec"]["containers"].erase(0);
+  EXPECT_EQ(HamiDevicePluginSignal(monitor), std::nullopt);
+  // dynmig's own device plugin (deploy/: component device-plugin, dynmig's image).
+  json ours = Pod("dynmig-device-plugin-q", "node-a", 0, "Running", 1, "dynmig-system");
+  ours["metadata"]["labels"] = {{"app.kubernetes.io/name", "dynmig"},
+                                {"app.kubernetes.io/component", "device-plugin"}};
+  ours["spec"]["containers"] =
+      json::array({{{"name", "device-plugin"}, {"image", "ghcr.io/dynmig/dynmig:0.9"}}});
+  EXPECT_EQ(HamiDevicePluginSignal(ours), std::nullopt);
+  ours["spec"]["containers"][0]["image"] = "example.com/hami-dynmig:1";  // names dynmig
+  EXPECT_EQ(HamiDevicePluginSignal(ours), std::nullopt);
+  // Lookalike images and label values.
+  json p = HamiPluginPod("x", "node-a", "default");
+  p["metadata"]["labels"] = {{"app.kubernetes.io/component", "hami-device-plugin-extra"}};
+  for (const char* image : {"example/shami:1", "hamilton/app:2", "nvcr.io/nvidia/k8s-device-plugin",
+                            "example/projecthamis/x", "example/hami:1/../x"}) {
+    p["spec"]["containers"][0]["image"] = image;
+    EXPECT_EQ(HamiDevicePluginSignal(p), std::nullopt) << image;
+  }
+}
+
+// Every field of a pod is hostile: wrong types are skipped, never thrown on; an overlong image is
+// shown bounded.
+TEST(HamiDevicePluginSignalTest, WrongTypesAndHugeStrings) {
+  json p = HamiPluginPod("x", "node-a", "default");
+  p["metadata"]["labels"] = {{"app.kubernetes.io/component", 7}};
+  p["spec"]["containers"][0]["image"] = 42;
+  EXPECT_EQ(HamiDevicePluginSignal(p), std::nullopt);
+  p["spec"]["containers"][0]["image"] = "projecthami/hami";
+  p["spec"]["containers"][0]["name"] = json::array();
+  p["spec"]["containers"][0]["command"] = "nvidia-device-plugin";  // not a list
+  EXPECT_EQ(HamiDevicePluginSignal(p), std::nullopt);
+  p["spec"]["containers"][0]["command"] = json::array({json::object()});
+  EXPECT_EQ(HamiDevicePluginSignal(p), std::nullopt);
+  p["spec"]["containers"] = json::array({"not an object", nullptr});
+  EXPECT_EQ(HamiDevicePluginSignal(p), std::nullopt);
+  p["spec"] = "nope";
+  EXPECT_EQ(HamiDevicePluginSignal(p), std::nullopt);
+
+  json big = HamiPluginPod("x", "node-a", "default");
+  big["metadata"]["labels"] = json::object();
+  big["spec"]["containers"][0]["image"] = "projecthami/hami:" + std::string(100000, 'v');
+  const std::string why = HamiDevicePluginSignal(big).value_or("");
+  EXPECT_THAT(why, HasSubstr("(100017 characters)"));
+  EXPECT_LT(why.size(), 400u);
+}
+
+// Anyone who can create a pod can give it HAMi's labels. Decided: such a pod bound to the node
+// blocks (the check only reports; it names the pod, its namespace and owner so the operator sees
+// it is not HAMi's), but only a pod the node's kubelet runs (spec.nodeName): a pod elsewhere that
+// merely names the node in hami.io/vgpu-node does not, nor one that has ended.
+TEST_F(HandoverTest, ATenantsLookalikePodBlocksOnlyWhereItRuns) {
+  Add(NodeA());
+  Add(Node("node-b", Register({{"GPU-b0"}}, {"1g.5gb"})));
+  nvml_.Set("node-a", View(false));
+  json elsewhere = HamiPluginPod("fake-b", "node-b", "tenant");
+  elsewhere["metadata"].erase("ownerReferences");
+  Annotate(elsewhere, protocol::kVgpuNodeAnnotation, "node-a");
+  Add(elsewhere);
+  json ended = HamiPluginPod("ended", "node-a", "kube-system");
+  ended["status"]["phase"] = "Succeeded";
+  Add(ended);
+  json r = RunJson(WithNvml({"handover", "check", "--node", "node-a"}), 0);
+  EXPECT_EQ(Result(r, "handover-allocator", "node-a"), "PASS") << r.dump(2);
+
+  json tenant = HamiPluginPod("fake-a", "node-a", "tenant");
+  tenant["metadata"].erase("ownerReferences");
+  tenant["spec"]["containers"] =
+      json::array({{{"name", "c"}, {"image", "ubuntu:22.04"}, {"command", {"sleep", "1d"}}}});
+  Add(tenant);
+  r = RunJson(WithNvml({"handover", "check", "--node", "node-a"}), 1);
+  EXPECT_EQ(Result(r, "handover-allocator", "node-a"), "FAIL") << r.dump(2);
+  const std::string ev = Evidence(r, "handover-allocator", "node-a");
+  EXPECT_THAT(ev, HasSubstr("tenant/fake-a (Running) (no owner): label"));
+  EXPECT_THAT(ev, Not(HasSubstr("fake-b")));
+  EXPECT_THAT(ev, Not(HasSubstr("kube-system/ended")));
+}
+
 TEST_F(HandoverTest, TheLegacyRegisterFormatAndALeftoverMigConfigLabelBlock) {
   json node = Node("node-a",
                    R"([{"id":"GPU-a0","count":7,"devmem":40960,"type":"NVIDIA A100-SXM4-40GB",)"
