@@ -318,11 +318,12 @@ absl::Status SchedulerServer::Listen() {
     if (!AuthorizeLayout(req, res)) return;
     HandleLayout(req.get_param_value("node"), req.get_param_value("format"), res);
   });
-  for (const auto& [path, part] : {std::pair<const char*, const char*>{"/live", "page"},
-                                   {"/live/body", "body"},
-                                   {"/live/script.js", "script"},
-                                   {"/live/style.css", "style"}}) {
-    http_->Get(path, [this, part](const httplib::Request& req, httplib::Response& res) {
+  for (const auto& route : {std::pair<const char*, const char*>{"/live", "page"},
+                            {"/live/body", "body"},
+                            {"/live/script.js", "script"},
+                            {"/live/style.css", "style"}}) {
+    const char* part = route.second;
+    http_->Get(route.first, [this, part](const httplib::Request& req, httplib::Response& res) {
       if (!AuthorizeLayout(req, res)) return;
       HandleLive(part, res);
     });
