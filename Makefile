@@ -1,5 +1,5 @@
 # Thin wrapper over CMake presets. `make run` and `make test` work on a fresh Debian 12 machine.
-.PHONY: deps configure build build-all test run bench asan fuzz tsan thread-safety soak format clean e2e-real e2e-real-burst e2e-scenarios-local e2e-real-down
+.PHONY: deps configure build build-all test run bench asan fuzz tsan thread-safety soak format clean e2e-real e2e-real-burst e2e-scenarios-local e2e-real-down browser-test
 
 JOBS ?= $(shell nproc)
 
@@ -78,6 +78,14 @@ e2e-real-burst: build
 # The same scenario suite against the local mode (build/bin/dynmig local).
 e2e-scenarios-local: build
 	@python3 tests/e2e-real/scenarios.py --backend local
+
+# The scheduler's live page (GET /live) in headless chromium driven over WebDriver, against the local mode
+# (tests/browser/live_page_test.py); installs Debian's chromium and chromium-driver first. make test runs the same
+# test when they are installed. Screenshots and logs in BROWSER_OUT.
+BROWSER_OUT ?= /tmp/dynmig-live-page
+browser-test: build
+	@tools/install-deps.sh chromium chromium-driver
+	@python3 tests/browser/live_page_test.py --artifacts $(BROWSER_OUT)
 
 # Stops a real-k8s cluster left running (tools/real-k8s/cluster.py up/deploy by hand) and wipes its state.
 e2e-real-down:

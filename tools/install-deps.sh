@@ -11,7 +11,8 @@ pkgs=(build-essential cmake ninja-build pkg-config ccache
 # prometheus: promtool for the monitoring.rules test (`promtool test rules`) and the prometheus binary that the
 # real-cluster scenarios run (make e2e-real). On a host with systemd the package also starts its own service on
 # :9090; dynmig's uses never touch that one.
-# Extra packages a target needs beyond `make test` (make fuzz: clang-14 libclang-rt-14-dev).
+# Extra packages a target needs beyond `make test` (make fuzz: clang-14 libclang-rt-14-dev; make browser-test:
+# chromium chromium-driver, the headless browser and its WebDriver for the live page's test).
 pkgs+=("$@")
 missing=()
 # One dpkg-query for all; a package dpkg has never heard of is absent from its output.

@@ -357,9 +357,10 @@ std::string Intro(local::LocalCluster& c, const std::string& control_host, int b
   std::string intro = fmt::format(
       "\ndynmig local is up: {} node(s), API server {}\n"
       "  kubeconfig      {}\n"
-      "  scheduler       {} (extender /filter /bind, webhooks /webhook /validate, /metrics)\n"
+      "  scheduler       {} (extender /filter /bind, webhooks /webhook /validate, /metrics, "
+      "/layout; the live page {}/live)\n"
       "  TLS             CA {}; /filter and /bind need kube-scheduler's client certificate {}\n",
-      c.nodes().size(), c.api_url(), k, c.scheduler_url(), c.tls().ca_file,
+      c.nodes().size(), c.api_url(), k, c.scheduler_url(), c.scheduler_url(), c.tls().ca_file,
       c.tls().client_cert_file);
   for (const auto& n : c.nodes()) {
     intro +=

@@ -16,6 +16,7 @@
 #include "kube/rest_config.h"
 #include "kube/rest_kube_client.h"
 #include "ops/layout.h"
+#include "ops/live_page.h"
 #include "protocol/device_config.h"
 #include "scheduler/server.h"
 #include "spdlog/spdlog.h"
@@ -146,6 +147,7 @@ int RunScheduler(const SchedulerFlags& flags, CliContext& ctx) {
   options.layout_json = [](const std::vector<scheduler::NodeReport>& nodes) {
     return ops::LayoutJson(nodes).dump(2);
   };
+  options.live = ops::LivePageRenderer();  // GET /live
   options.leader_elect = flags.leader_elect;
   options.election.lease_name = flags.lease_name;
   options.election.lease_namespace = !flags.lease_namespace.empty()   ? flags.lease_namespace

@@ -27,6 +27,7 @@
 #include "local/scheduler_loop.h"
 #include "nvml/geometry.h"
 #include "ops/layout.h"
+#include "ops/live_page.h"
 #include "protocol/annotations.h"
 #include "protocol/device_config.h"
 #include "protocol/devices.h"
@@ -774,6 +775,7 @@ absl::Status LocalCluster::StartSchedulerLocked(Replica& replica) {
   o.layout_json = [](const std::vector<scheduler::NodeReport>& n) {
     return ops::LayoutJson(n).dump(2);
   };
+  o.live = ops::LivePageRenderer();  // GET /live
   auto server = scheduler::SchedulerServer::Start(*replica.client, *scheduler_clock_, std::move(o));
   if (!server.ok()) {
     replica.client.reset();

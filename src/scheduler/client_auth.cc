@@ -113,7 +113,14 @@ int ClientCertAuth::ClientHelloCallback(SSL* ssl, int* /*alert*/, void* arg) {
 bool ClientCertAuth::Install(SSL_CTX& ctx) {
   SSL_CTX_set_verify(&ctx, SSL_VERIFY_PEER, &KeepHandshake);
   SSL_CTX_set_client_hello_cb(&ctx, &ClientCertAuth::ClientHelloCallback, this);
-  return true;
+  // No session resumption: every connection is a full handshake whose client certificate is
+  // verified against the CAs loaded then (a resumed session would carry an old verdict across a CA
+  // rotation). Without this a client that resumes (browsers open a second connection with the
+  // first one's ticket) got an internal-error alert: OpenSSL refuses to resume a session under
+  // SSL_VERIFY_PEER without a session id context.
+  SSL_CTX_set_session_cache_mode(&ctx, SSL_SESS_CACHE_OFF);
+  SSL_CTX_set_options(&ctx, SSL_OP_NO_TICKET);
+  return SSL_CTX_set_num_tickets(&ctx, 0) == 1;
 }
 
 absl::Status ClientCertAuth::Authenticate(const SSL* ssl) const {

@@ -39,7 +39,8 @@ class ClientCertAuth {
   ClientCertAuth& operator=(const ClientCertAuth&) = delete;
 
   // Configures `ctx` (request a client certificate, keep the handshake whatever it is, the CAs per
-  // handshake). Returns false only on OpenSSL failure. Must outlive every connection of `ctx`.
+  // handshake, no session resumption). Returns false only on OpenSSL failure. Must outlive every
+  // connection of `ctx`.
   bool Install(SSL_CTX& ctx);
 
   // OK when the connection `ssl` presented a client certificate that verified; else

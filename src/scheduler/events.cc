@@ -53,6 +53,14 @@ void EventRecorder::Record(const kube::Object& pod, std::string_view type, std::
       return;
     }
     recent_[key] = now;
+    if (options_.max_recent > 0) {
+      shown_.push_front(RecentEvent{.time = now,
+                                    .type = std::string(type),
+                                    .reason = std::string(reason),
+                                    .pod = ns + "/" + kube::Name(pod),
+                                    .message = message});
+      if (shown_.size() > options_.max_recent) shown_.pop_back();
+    }
     queue_.push_back(kube::NewEvent(involved, type, reason, message, options_.component, now));
   }
   cv_.Signal();
@@ -92,6 +100,11 @@ bool EventRecorder::Flush(absl::Duration timeout) {
   return clock_.WaitFor(idle_cv_, mu_, timeout, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return queue_.empty() && !busy_;
   });
+}
+
+std::vector<RecentEvent> EventRecorder::Recent() const {
+  dynmig::MutexLock lock(&mu_);
+  return {shown_.begin(), shown_.end()};
 }
 
 int64_t EventRecorder::written() const {

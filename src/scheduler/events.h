@@ -1,7 +1,8 @@
 // EventRecorder: Kubernetes Events about pods (MigReserved, MigPending, ...), written on a worker
 // thread so that a filter never waits for the API server. Repeats of the same pod, reason and
 // message within `dedupe_window` are dropped (kube-scheduler retries a pending pod often); when
-// the queue is full new events are dropped and counted. Thread-safe.
+// the queue is full new events are dropped and counted. The last `max_recent` events queued are
+// also kept in memory, newest first, for the live page (server.h GET /live). Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/time/time.h"
@@ -23,6 +25,16 @@ struct EventRecorderOptions {
   std::string component = "dynmig-scheduler";
   size_t max_queue = 4096;
   absl::Duration dedupe_window = absl::Minutes(10);
+  size_t max_recent = 100;  // events kept for Recent()
+};
+
+// An event as the live page lists it.
+struct RecentEvent {
+  absl::Time time;
+  std::string type;    // Normal or Warning
+  std::string reason;  // MigReserved, MigPending, ...
+  std::string pod;     // namespace/name
+  std::string message;
 };
 
 class EventRecorder {
@@ -41,6 +53,10 @@ class EventRecorder {
   // monotonic time). For tests.
   bool Flush(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The last options.max_recent events queued (dedupe and a full queue drop them here too), newest
+  // first.
+  std::vector<RecentEvent> Recent() const ABSL_LOCKS_EXCLUDED(mu_);
+
   int64_t written() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t dropped() const ABSL_LOCKS_EXCLUDED(mu_);  // queue full or write failed
 
@@ -57,6 +73,7 @@ class EventRecorder {
   std::deque<kube::Object> queue_ ABSL_GUARDED_BY(mu_);
   // pod|reason|message -> last recorded
   std::map<std::string, absl::Time> recent_ ABSL_GUARDED_BY(mu_);
+  std::deque<RecentEvent> shown_ ABSL_GUARDED_BY(mu_);  // newest first, at most max_recent
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int64_t written_ ABSL_GUARDED_BY(mu_) = 0;

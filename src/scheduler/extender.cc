@@ -36,6 +36,10 @@ std::optional<std::string> CarriedReservation(const kube::Object& pod) {
   return node;
 }
 
+// A pod pending because kube-scheduler's own filters left no node, as the live page says it.
+constexpr std::string_view kNoCandidatesMessage =
+    "kube-scheduler offered no node (its own filters left none for the extender)";
+
 std::string PendingMessage(mig::Verdict verdict, const std::map<std::string, std::string>& failed) {
   std::string out =
       fmt::format("pending: no candidate node fits (best verdict: {})", mig::VerdictName(verdict));
@@ -149,8 +153,9 @@ ExtenderFilterResult Extender::Filter(const ExtenderArgs& args) {
   const absl::Duration started = clock_.Monotonic();
   ExtenderFilterResult result;
   if (args.nodes.has_value()) result.nodes = args.nodes;
-  auto finish = [&](std::string_view outcome, std::string_view why = "") {
-    CountFilter(outcome, args.pod, why, clock_.Monotonic() - started);
+  auto finish = [&](std::string_view outcome, std::string_view why = "",
+                    std::string_view detail = "") {
+    CountFilter(outcome, args.pod, why, clock_.Monotonic() - started, detail);
     return std::move(result);  // once per filter; a copy of thousands of FailedNodes is not free
   };
   auto fail = [&](std::string error) {
@@ -178,13 +183,7 @@ ExtenderFilterResult Extender::Filter(const ExtenderArgs& args) {
   auto is_candidate = [&](const std::string& node) {
     return std::find(candidates.begin(), candidates.end(), node) != candidates.end();
   };
-  std::optional<ClusterState::AssumedInfo> assumed = state_.Assumed(key);
-  if (assumed.has_value() && !assumed->uid.empty() && !kube::Uid(pod).empty() &&
-      assumed->uid != kube::Uid(pod)) {
-    // Made for an earlier pod of that name (deleted and created again): not this one's.
-    state_.Forget(key);
-    assumed.reset();
-  }
+  std::optional<ClusterState::AssumedInfo> assumed = AssumedFor(key, pod);
   if (assumed.has_value()) {
     // Made by an earlier filter and kept in memory until the bind writes it.
     if (is_candidate(assumed->reservation.node)) {
@@ -236,7 +235,7 @@ ExtenderFilterResult Extender::Filter(const ExtenderArgs& args) {
     spdlog::info("filter {}: released the reservation on {}, which is no longer a candidate", key,
                  *reserved);
   }
-  if (candidates.empty()) return finish("pending", "no-candidates");
+  if (candidates.empty()) return finish("pending", "no-candidates", kNoCandidatesMessage);
 
   std::vector<std::string> warnings;
   auto request = protocol::ParsePodRequest(pod, options_.resources, &warnings);
@@ -257,13 +256,26 @@ ExtenderFilterResult Extender::Filter(const ExtenderArgs& args) {
   if (!decision.ok()) return fail(std::string(decision.status().message()));
   result.failed_nodes = std::move(decision->failed);
   if (!decision->reservation.has_value()) {
-    Event(pod, "Warning", "MigPending", PendingMessage(decision->verdict, result.failed_nodes));
-    return finish("pending", mig::VerdictName(decision->verdict));  // explain's classification
+    std::string why = PendingMessage(decision->verdict, result.failed_nodes);
+    Event(pod, "Warning", "MigPending", why);
+    return finish("pending", mig::VerdictName(decision->verdict), why);  // explain's classification
   }
   const Reservation& r = *decision->reservation;
   Event(pod, "Normal", "MigReserved", "reserved " + r.summary);
   result.node_names = {r.node};
   return finish("reserved");
+}
+
+std::optional<ClusterState::AssumedInfo> Extender::AssumedFor(const std::string& key,
+                                                              const kube::Object& pod) {
+  std::optional<ClusterState::AssumedInfo> assumed = state_.Assumed(key);
+  if (assumed.has_value() && !assumed->uid.empty() && !kube::Uid(pod).empty() &&
+      assumed->uid != kube::Uid(pod)) {
+    // Made for an earlier pod of that name (deleted and created again): not this one's.
+    state_.Forget(key);
+    assumed.reset();
+  }
+  return assumed;
 }
 
 absl::StatusOr<std::optional<kube::Object>> Extender::VerifyFilterPod(const kube::Object& pod,
@@ -512,13 +524,13 @@ std::string Extender::Bind(const ExtenderBindingArgs& args) {
 }
 
 void Extender::CountFilter(std::string_view outcome, const kube::Object& pod, std::string_view why,
-                           absl::Duration took) {
+                           absl::Duration took, std::string_view detail) {
   if (metrics_ == nullptr) return;
   metrics_->ObserveFilter(outcome, took);
   if (kube::Name(pod).empty() || outcome == "error") return;
   const std::string key = PodNamespace(pod) + "/" + kube::Name(pod);
   if (outcome == "pending") {
-    metrics_->PodPending(key, why, clock_.Now());
+    metrics_->PodPending(key, why, clock_.Now(), detail);
   } else {
     metrics_->PodDone(key);
   }

@@ -120,13 +120,18 @@ class Extender {
  private:
   std::string Gate() const { return gate_ ? gate_() : ""; }
   // A filter's outcome in the metrics; the request's pod, pending (reason `why`,
-  // dynmig_scheduler_pending_pods) or not (reserved, passed through), in the pending-pod gauges.
+  // dynmig_scheduler_pending_pods; `detail` the full message for the live page) or not (reserved,
+  // passed through), in the pending-pod gauges.
   void CountFilter(std::string_view outcome, const kube::Object& pod, std::string_view why,
-                   absl::Duration took);
+                   absl::Duration took, std::string_view detail = "");
   // A bind succeeded at `now`: the pod is no longer pending, and its wait since creation is
   // observed per profile of its reservation (`written`, or the one the pod carries).
   void ObserveBound(const kube::Object& pod, const std::string& key,
                     const std::optional<Reservation>& written, absl::Time now);
+  // The reservation an earlier filter of `key` made and keeps in memory, unless it was made for an
+  // earlier pod of that name (another uid): then it is forgotten.
+  std::optional<ClusterState::AssumedInfo> AssumedFor(const std::string& key,
+                                                      const kube::Object& pod);
   // BindGuard's filter check on the request's pod; with untrusted callers also on the pod read
   // from the API, which is then returned (nullopt: use the request's pod).
   absl::StatusOr<std::optional<kube::Object>> VerifyFilterPod(const kube::Object& pod,

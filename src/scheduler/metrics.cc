@@ -193,8 +193,9 @@ void SchedulerMetrics::CountDefragPlan(std::string_view outcome) {
 }
 
 void SchedulerMetrics::CountUnauthenticated(std::string_view path) {
-  const std::string_view known =
-      path == "/filter" || path == "/bind" || path == "/layout" ? path : "other";
+  std::string_view known = "other";
+  if (path == "/filter" || path == "/bind" || path == "/layout") known = path;
+  if (path.starts_with("/live")) known = "/live";  // the live page and its parts
   unauthenticated_total_->Add({{"path", std::string(known)}}).Increment();
 }
 
@@ -208,16 +209,47 @@ void SchedulerMetrics::ObserveWait(const std::vector<std::string>& profiles,
 }
 
 void SchedulerMetrics::PodPending(const std::string& pod_key, std::string_view reason,
-                                  absl::Time now) {
+                                  absl::Time now, std::string_view detail) {
+  if (detail.size() > kMaxPendingDetail) {
+    size_t cut = kMaxPendingDetail;
+    while (cut > 0 && (static_cast<unsigned char>(detail[cut]) & 0xC0) == 0x80) --cut;
+    detail = detail.substr(0, cut);  // on a UTF-8 character boundary
+  }
   dynmig::MutexLock lock(&pending_mu_);
   auto it = pending_.find(pod_key);
   if (it == pending_.end()) {
     if (pending_.size() >= kMaxPendingPods) return;
-    pending_.emplace(pod_key, Pending{std::string(reason), now, now});
+    pending_.emplace(pod_key, Pending{std::string(reason), std::string(detail), now, now});
     return;
   }
   it->second.reason = std::string(reason);
+  it->second.detail = std::string(detail);
   it->second.last_seen = now;
+}
+
+std::vector<PendingPod> SchedulerMetrics::PendingPods(absl::Time now, size_t limit,
+                                                      size_t* total) const {
+  std::vector<PendingPod> out;
+  {
+    dynmig::MutexLock lock(&pending_mu_);
+    for (const auto& [key, p] : pending_) {
+      if (now - p.last_seen > kPendingTtl) continue;
+      out.push_back(
+          PendingPod{.pod = key, .reason = p.reason, .detail = p.detail, .since = p.since});
+    }
+  }
+  if (total != nullptr) *total = out.size();
+  auto older = [](const PendingPod& a, const PendingPod& b) {
+    return a.since != b.since ? a.since < b.since : a.pod < b.pod;
+  };
+  if (out.size() > limit) {
+    std::partial_sort(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(limit), out.end(),
+                      older);
+    out.resize(limit);
+  } else {
+    std::sort(out.begin(), out.end(), older);
+  }
+  return out;
 }
 
 void SchedulerMetrics::PodDone(const std::string& pod_key) {

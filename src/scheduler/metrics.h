@@ -15,7 +15,8 @@
 //   dynmig_scheduler_filter_total{outcome="reserved|already-reserved|pending|passthrough|error"}
 //   dynmig_scheduler_reservations_total, dynmig_scheduler_reservation_expiries_total{action}
 //   dynmig_scheduler_bind_total{outcome="bound|error"}
-//   dynmig_scheduler_unauthenticated_total{path="/filter|/bind|/layout"}
+//   dynmig_scheduler_unauthenticated_total{path="/filter|/bind|/layout|/live|other"}  (/live: the
+//       page and its parts)
 //   dynmig_scheduler_defrag_evictions_total{result="evicted|not-found|refused-by-pdb|error"}
 //   dynmig_scheduler_defrag_plans_total{outcome="executed|dry-run|no-plan|rate-limited|failed"}
 //   dynmig_scheduler_defrag_reservations_active   dynmig.io/defrag-reservation entries in force
@@ -64,6 +65,14 @@ class Family;
 
 namespace dynmig::scheduler {
 
+// A pod the last filter left pending, as the live page lists it.
+struct PendingPod {
+  std::string pod;     // namespace/name
+  std::string reason;  // the code dynmig_scheduler_pending_pods counts it under
+  std::string detail;  // the filter's message (its MigPending event), may be empty
+  absl::Time since;    // first seen pending
+};
+
 class SchedulerMetrics {
  public:
   SchedulerMetrics();
@@ -90,14 +99,20 @@ class SchedulerMetrics {
   // `now` (its first pending time is kept while it stays pending). PodDone: it was reserved,
   // bound, deleted or is not a MIG pod. An entry not refreshed for kPendingTtl is dropped (a pod
   // deleted while no watch event reached us; kube-scheduler retries pending pods well within).
-  // At most kMaxPendingPods are tracked.
+  // At most kMaxPendingPods are tracked. `detail` (cut to kMaxPendingDetail bytes) is the
+  // filter's full reason, shown on the live page.
   static constexpr absl::Duration kPendingTtl = absl::Minutes(15);
   static constexpr size_t kMaxPendingPods = 100000;
-  void PodPending(const std::string& pod_key, std::string_view reason, absl::Time now)
-      ABSL_LOCKS_EXCLUDED(pending_mu_);
+  static constexpr size_t kMaxPendingDetail = 1024;
+  void PodPending(const std::string& pod_key, std::string_view reason, absl::Time now,
+                  std::string_view detail = {}) ABSL_LOCKS_EXCLUDED(pending_mu_);
   void PodDone(const std::string& pod_key) ABSL_LOCKS_EXCLUDED(pending_mu_);
   // How many MIG pods are pending at `now` (entries refreshed within kPendingTtl).
   size_t PendingCount(absl::Time now) const ABSL_LOCKS_EXCLUDED(pending_mu_);
+  // The pending pods not expired at `now`, longest waiting first, at most `limit`; `total` (if
+  // set) gets how many there are.
+  std::vector<PendingPod> PendingPods(absl::Time now, size_t limit, size_t* total = nullptr) const
+      ABSL_LOCKS_EXCLUDED(pending_mu_);
 
   // The exposition text: the registry's metrics plus the state-derived gauges of `nodes`, the
   // pending pods and the binds waiting for node locks, aged at `now`.
@@ -123,6 +138,7 @@ class SchedulerMetrics {
 
   struct Pending {
     std::string reason;
+    std::string detail;
     absl::Time since;      // first seen pending
     absl::Time last_seen;  // last filter that left it pending
   };

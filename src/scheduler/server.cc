@@ -318,6 +318,16 @@ absl::Status SchedulerServer::Listen() {
     if (!AuthorizeLayout(req, res)) return;
     HandleLayout(req.get_param_value("node"), req.get_param_value("format"), res);
   });
+  for (const auto& route : {std::pair<const char*, const char*>{"/live", "page"},
+                            {"/live/body", "body"},
+                            {"/live/script.js", "script"},
+                            {"/live/style.css", "style"}}) {
+    const char* part = route.second;
+    http_->Get(route.first, [this, part](const httplib::Request& req, httplib::Response& res) {
+      if (!AuthorizeLayout(req, res)) return;
+      HandleLive(part, res);
+    });
+  }
   const size_t limit = options_.max_body_bytes;
   http_->set_error_handler(httplib::Server::HandlerWithResponse([limit](const httplib::Request& req,
                                                                         httplib::Response& res) {
@@ -419,10 +429,10 @@ bool SchedulerServer::AuthorizeLayout(const httplib::Request& req, httplib::Resp
   if (IsLoopbackHost(options_.host)) return true;
   if (client_auth_ != nullptr) return AuthenticateExtenderCall(req, res);
   const std::string message = fmt::format(
-      "GET /layout refused: it shows the pods of every namespace, so it is served only to callers "
+      "GET {} refused: it shows the pods of every namespace, so it is served only to callers "
       "with a client certificate of the extender client CA (--extender-client-ca) or on a "
       "loopback listener; this scheduler has neither ({})",
-      options_.host);
+      req.path, options_.host);
   spdlog::warn("{} (from {}:{})", message, req.remote_addr, req.remote_port);
   res.status = 403;
   res.set_content(message + "\n", "text/plain; charset=utf-8");
@@ -459,6 +469,44 @@ void SchedulerServer::HandleLayout(const std::string& node, const std::string& f
     res.set_content(options_.layout_json(reports), kJson);
   } else {
     res.set_content(options_.layout_html(reports, now), "text/html; charset=utf-8");
+  }
+}
+
+LiveSnapshot SchedulerServer::Live() const {
+  LiveSnapshot s;
+  s.now = clock_.Now();
+  s.nodes = state_->Report(s.now);
+  s.pending = metrics_->PendingPods(s.now, LiveSnapshot::kMaxPending, &s.pending_total);
+  s.events = events_->Recent();
+  if (s.events.size() > LiveSnapshot::kMaxEvents) s.events.resize(LiveSnapshot::kMaxEvents);
+  return s;
+}
+
+void SchedulerServer::HandleLive(std::string_view part, httplib::Response& res) const {
+  const LivePageRenderer& live = options_.live;
+  if (!live.page || !live.body) {
+    res.status = 404;
+    res.set_content("this scheduler serves no live page (no renderer configured)\n",
+                    "text/plain; charset=utf-8");
+    return;
+  }
+  // Only this origin's script, style sheet and fetches; no inline script or style, no frames, no
+  // forms, no plugins, no base changes: an injected tag would do nothing even if one got through
+  // the escaping.
+  res.set_header("Content-Security-Policy",
+                 "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+                 "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'");
+  res.set_header("X-Content-Type-Options", "nosniff");
+  res.set_header("Referrer-Policy", "no-referrer");
+  res.set_header("Cache-Control", "no-store");
+  if (part == "script") {
+    res.set_content(live.script, "text/javascript; charset=utf-8");
+  } else if (part == "style") {
+    res.set_content(live.style, "text/css; charset=utf-8");
+  } else {
+    const LiveSnapshot snapshot = Live();
+    res.set_content(part == "body" ? live.body(snapshot) : live.page(snapshot),
+                    "text/html; charset=utf-8");
   }
 }
 

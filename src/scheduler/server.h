@@ -13,6 +13,11 @@
 //                  it (reachable from this host or pod alone: the local mode); any other only to a
 //                  caller with a client certificate of the extender client CA, as /filter (401
 //                  otherwise; 403 without client authentication).
+//   GET  /live     the live page (live_snapshot.h, rendered by the injected `live`): GPUs with
+//                  their slices and owners, pending pods with their reasons, recent events; its
+//                  own script (/live/script.js; style: /live/style.css) fetches /live/body every
+//                  few seconds. The same access rule as /layout; a strict Content-Security-Policy
+//                  (nothing but this origin's script, style and fetches); 404 without a renderer.
 // over list+watch informers (pods that have not terminated, nodes) that feed a ClusterState.
 // Errors travel in the protocols' error fields with HTTP 200; request bodies above
 // max_body_bytes get HTTP 413 with an error body. TLS from a certificate and key that are
@@ -55,6 +60,7 @@
 #include "scheduler/events.h"
 #include "scheduler/extender.h"
 #include "scheduler/leader_election.h"
+#include "scheduler/live_snapshot.h"
 #include "scheduler/metrics.h"
 #include "scheduler/requeuer.h"
 #include "webhook/admission.h"
@@ -125,6 +131,8 @@ struct SchedulerServerOptions {
   // library builds on this one). Unset: GET /layout answers 404 (?format=json: 404 too).
   std::function<std::string(const std::vector<NodeReport>&, absl::Time)> layout_html;
   std::function<std::string(const std::vector<NodeReport>&)> layout_json;
+  // GET /live's renderer (ops::LivePageRenderer()); unset (no page function): /live answers 404.
+  LivePageRenderer live;
 };
 
 class SchedulerServer {
@@ -159,6 +167,8 @@ class SchedulerServer {
   const SchedulerServerOptions& options() const { return options_; }
 
   std::string MetricsText() const;
+  // What GET /live shows now.
+  LiveSnapshot Live() const;
   Extender::ExpiryResult ExpireReservations() { return extender_->ExpireReservations(); }
   // One defragmenter pass when this replica may write (else kFailedPrecondition with why not).
   absl::StatusOr<Defragmenter::Outcome> RunDefragPass();
@@ -183,6 +193,8 @@ class SchedulerServer {
   bool AuthorizeLayout(const httplib::Request& req, httplib::Response& res) const;
   void HandleLayout(const std::string& node, const std::string& format,
                     httplib::Response& res) const;
+  // GET /live and its parts: `part` is "page", "body", "script" or "style".
+  void HandleLive(std::string_view part, httplib::Response& res) const;
 
   kube::KubeClient& client_;
   const Clock& clock_;

@@ -1064,11 +1064,12 @@ def attack6_endpoints_expose_no_pod_names(s):
         raise StepFailed("/metrics names the tenant's pod: %s" %
                          [l for l in body.splitlines() if "secret-name-7f3a" in l][:3])
     if s.b.name == "real":
-        s.step("the scheduler's /layout refuses a caller without the client certificate")
-        status, body = https_get(s.b.extender_url + "/layout")
-        if status not in (None, 401, 403) or "secret-name-7f3a" in body:
-            raise StepFailed("GET /layout without a client certificate answered %s: %s" % (status, body[:200]))
-        log("    /layout: %s %s" % (status, body.strip()[:120]))
+        s.step("the scheduler's /layout and live page refuse a caller without the client certificate")
+        for path in ("/layout", "/live", "/live/body"):
+            status, body = https_get(s.b.extender_url + path)
+            if status not in (None, 401, 403) or "secret-name-7f3a" in body:
+                raise StepFailed("GET %s without a client certificate answered %s: %s" % (path, status, body[:200]))
+            log("    %s: %s %s" % (path, status, body.strip()[:120]))
         s.step("the device plugin's metrics port (all interfaces) does not serve /nvml")
         metrics = s.b.nvml_url.replace(":19401/", ":19400/")
         try:
@@ -1078,7 +1079,7 @@ def attack6_endpoints_expose_no_pod_names(s):
             if e.code != 404:
                 raise StepFailed("GET %s answered %s, expected 404" % (metrics, e.code))
     else:
-        log("    local mode: /layout and /nvml listen on loopback addresses only, where they are served")
+        log("    local mode: /layout, /live and /nvml listen on loopback addresses only, where they are served")
 
 # --- a real Prometheus scrapes dynmig (issue 32) ---------------------------------------------------------------------
 

@@ -3,7 +3,11 @@
 // another scheduler bound by an unauthenticated POST /bind), bad bodies, and client-certificate
 // authentication of /filter and /bind (refused without, with a foreign or a serving certificate;
 // kube-scheduler's accepted; the CA file rotated under the running server).
+#include <arpa/inet.h>
 #include <gmock/gmock.h>
+#include <netinet/in.h>
+#include <openssl/ssl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -12,6 +16,7 @@
 
 #include "cli/cli.h"
 #include "ops/layout.h"
+#include "ops/live_page.h"
 #include "protocol/device_config.h"
 #include "scheduler/bind_guard.h"
 #include "scheduler_test_util.h"
@@ -317,7 +322,8 @@ class ClientAuthTest : public SchedulerTest {
     client->set_ca_cert_path(ca_file_.c_str());
     client->enable_server_certificate_verification(true);
     client->set_read_timeout(30, 0);
-    return ToHttpResult(path == "/healthz" || path == "/metrics" || path.starts_with("/layout")
+    return ToHttpResult(path == "/healthz" || path == "/metrics" || path.starts_with("/layout") ||
+                                path.starts_with("/live")
                             ? client->Get(path.c_str())
                             : client->Post(path.c_str(), body, "application/json"));
   }
@@ -417,6 +423,87 @@ TEST_F(ClientAuthTest, LayoutNeedsAClientCertificate) {
   r = PostTls(s->port(), "/metrics", "");
   EXPECT_EQ(r.status, 200);
   EXPECT_THAT(r.text, Not(HasSubstr("secret-job")));
+}
+
+// GET /live and its parts show what /layout shows (owners of every namespace) and more (pending
+// pods, events): the same rule, a client certificate of the extender client CA.
+TEST_F(ClientAuthTest, LivePageNeedsAClientCertificate) {
+  SchedulerServerOptions o = DefaultOptions();
+  o.host = "0.0.0.0";  // not loopback: reachable by tenants
+  o.tls_cert_file = server_cert_;
+  o.tls_key_file = server_key_;
+  o.extender_client_ca_file = client_ca_file_;
+  o.live = ops::LivePageRenderer();
+  SchedulerServer* s = StartScheduler(o);
+  ASSERT_NE(s, nullptr);
+  WaitForNodes(s, {"node-a"});
+  ASSERT_THAT(
+      PostTls(s->port(), "/filter",
+              FilterBody(CreatePod(MigPod("secret-job", 4000)), {"node-a"}).dump(), kube_scheduler_)
+          .body["NodeNames"],
+      ElementsAre("node-a"));
+  ASSERT_EQ(PostTls(s->port(), "/filter",
+                    FilterBody(CreatePod(MigPod("secret-wait", 90000)), {"node-a"}).dump(),
+                    kube_scheduler_)
+                .status,
+            200);
+  for (const std::string path : {"/live", "/live/body", "/live/script.js", "/live/style.css"}) {
+    for (const auto& cert : {std::pair<std::string, std::string>{}, rogue_, serving_as_client_}) {
+      HttpResult r = PostTls(s->port(), path, "", cert);
+      EXPECT_EQ(r.status, 401) << path << ": " << r.text;
+      EXPECT_THAT(r.text, HasSubstr("GET " + path + " refused"));
+      EXPECT_THAT(r.text, Not(HasSubstr("secret")));
+    }
+  }
+  EXPECT_THAT(s->MetricsText(),
+              HasSubstr("dynmig_scheduler_unauthenticated_total{path=\"/live\"} 12"));
+  HttpResult r = PostTls(s->port(), "/live/body", "", kube_scheduler_);
+  EXPECT_EQ(r.status, 200) << r.text;
+  EXPECT_THAT(r.text, HasSubstr("data-pod=\"default/secret-job\""));
+  EXPECT_THAT(r.text, HasSubstr("<tr class=\"pending\" data-pod=\"default/secret-wait\""));
+}
+
+// A client that resumes a TLS session (a browser's second connection) gets a full handshake, not
+// an internal-error alert; the resumed connection is authenticated afresh.
+TEST_F(ClientAuthTest, AClientResumingASessionGetsAFullHandshake) {
+  SchedulerServer* s = StartWithAuth();
+  ASSERT_NE(s, nullptr);
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  ASSERT_NE(ctx, nullptr);
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_NONE, nullptr);
+  SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_CLIENT);
+  for (const int version : {TLS1_2_VERSION, TLS1_3_VERSION}) {
+    SSL_CTX_set_max_proto_version(ctx, version);
+    SSL_SESSION* session = nullptr;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      const int fd = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_port = htons(static_cast<uint16_t>(s->port()));
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+      SSL* ssl = SSL_new(ctx);
+      SSL_set_fd(ssl, fd);
+      if (session != nullptr) SSL_set_session(ssl, session);
+      EXPECT_EQ(SSL_connect(ssl), 1)
+          << "TLS version " << version << ", connection " << attempt << ": handshake failed";
+      const std::string request = "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+      EXPECT_GT(SSL_write(ssl, request.data(), static_cast<int>(request.size())), 0);
+      std::string answer;
+      char buf[512];
+      for (int n; (n = SSL_read(ssl, buf, sizeof(buf))) > 0;) answer.append(buf, n);
+      EXPECT_THAT(answer, HasSubstr("200 OK"));
+      if (attempt == 1) {
+        EXPECT_FALSE(SSL_session_reused(ssl));
+      }
+      if (session == nullptr) session = SSL_get1_session(ssl);
+      SSL_shutdown(ssl);
+      SSL_free(ssl);
+      close(fd);
+    }
+    SSL_SESSION_free(session);
+  }
+  SSL_CTX_free(ctx);
 }
 
 TEST_F(ClientAuthTest, ARotatedClientCaIsTrustedWithoutARestart) {

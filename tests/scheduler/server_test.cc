@@ -14,6 +14,7 @@
 #include "absl/strings/escaping.h"
 #include "cli/cli.h"
 #include "ops/layout.h"
+#include "ops/live_page.h"
 #include "protocol/device_config.h"
 #include "scheduler_test_util.h"
 #include "webhook/test_certs.h"
@@ -159,6 +160,81 @@ TEST_F(SchedulerTest, LayoutIsServedOnlyWithAnInjectedRenderer) {
   r = Get(s->port(), "/layout?format=xml");
   EXPECT_EQ(r.status, 400);
   EXPECT_THAT(r.text, HasSubstr("give html (the default) or json"));
+}
+
+// GET /live shows the owners of every namespace, pending pods and events: without client
+// authentication only a loopback listener serves it, as /layout.
+TEST_F(SchedulerTest, LivePageOnAnOpenListenerWithoutClientAuthenticationIsRefused) {
+  CreateNode(MigNode("node-a", {"GPU-a0"}));
+  SchedulerServerOptions o = DefaultOptions();
+  o.host = "0.0.0.0";
+  o.live = ops::LivePageRenderer();
+  SchedulerServer* s = StartScheduler(o);
+  ASSERT_NE(s, nullptr);
+  WaitForNodes(s, {"node-a"});
+  ASSERT_EQ(Filter(s, CreatePod(MigPod("secret-job", 4000)), {"node-a"}).body["NodeNames"],
+            json::array({"node-a"}));
+  for (const std::string path : {"/live", "/live/body", "/live/script.js", "/live/style.css"}) {
+    HttpResult r = Get(s->port(), path);
+    EXPECT_EQ(r.status, 403) << path;
+    EXPECT_THAT(r.text,
+                HasSubstr("GET " + path + " refused: it shows the pods of every namespace"));
+    EXPECT_THAT(r.text, ::testing::Not(HasSubstr("secret-job")));
+  }
+}
+
+// GET /live: the page, its body, script and style sheet under a strict Content-Security-Policy;
+// the GPUs with their owners, the pods the filter left pending with its reason, the events.
+TEST_F(SchedulerTest, LivePageListsOwnersPendingPodsAndEvents) {
+  CreateNode(MigNode("node-a", {"GPU-a0"}));
+  SchedulerServer* bare = StartScheduler();
+  HttpResult r = Get(bare->port(), "/live");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_THAT(r.text, HasSubstr("serves no live page"));
+
+  SchedulerServerOptions o = DefaultOptions();
+  o.live = ops::LivePageRenderer();
+  SchedulerServer* s = StartScheduler(o);
+  WaitForNodes(s, {"node-a"});
+  const kube::Object placed = CreatePod(MigPod("train-1", 19000));
+  ASSERT_EQ(Filter(s, placed, {"node-a"}).body["NodeNames"], json::array({"node-a"}));
+  const kube::Object waits = CreatePod(MigPod("too-big", 41000));
+  ASSERT_EQ(Filter(s, waits, {"node-a"}).body["NodeNames"], json::array());
+  ASSERT_TRUE(s->events().Flush(absl::Seconds(10)));
+
+  httplib::Client client("127.0.0.1", s->port());
+  for (const char* path : {"/live", "/live/body", "/live/script.js", "/live/style.css"}) {
+    auto res = client.Get(path);
+    ASSERT_TRUE(res) << path;
+    EXPECT_EQ(res->status, 200) << path;
+    EXPECT_EQ(res->get_header_value("Content-Security-Policy"),
+              "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+              "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+        << path;
+    EXPECT_EQ(res->get_header_value("X-Content-Type-Options"), "nosniff");
+    EXPECT_EQ(res->get_header_value("Cache-Control"), "no-store");
+  }
+  auto page = client.Get("/live");
+  EXPECT_THAT(page->get_header_value("Content-Type"), HasSubstr("text/html"));
+  EXPECT_THAT(page->body, HasSubstr("<script src=\"live/script.js\"></script>"));
+  EXPECT_THAT(client.Get("/live/script.js")->get_header_value("Content-Type"),
+              HasSubstr("text/javascript"));
+  EXPECT_THAT(client.Get("/live/style.css")->get_header_value("Content-Type"),
+              HasSubstr("text/css"));
+  const std::string body = client.Get("/live/body")->body;
+  EXPECT_THAT(body, HasSubstr("<div class=\"gpu\" data-node=\"node-a\" data-gpu=\"GPU-a0\""));
+  EXPECT_THAT(body, HasSubstr("<li class=\"owner\" data-pod=\"default/train-1\" "
+                              "data-profile=\"3g.20gb\""));
+  EXPECT_THAT(body, HasSubstr("<tr class=\"pending\" data-pod=\"default/too-big\" data-reason=\""));
+  EXPECT_THAT(body, HasSubstr("<td class=\"detail\">pending: "));
+  EXPECT_THAT(body, HasSubstr("data-reason=\"MigReserved\" data-pod=\"default/train-1\""));
+  EXPECT_THAT(body, HasSubstr("data-reason=\"MigPending\" data-pod=\"default/too-big\""));
+  const LiveSnapshot live = s->Live();
+  ASSERT_EQ(live.pending.size(), 1u);
+  EXPECT_EQ(live.pending_total, 1u);
+  EXPECT_EQ(live.pending[0].pod, "default/too-big");
+  EXPECT_EQ(live.events.size(), 2u);
+  EXPECT_EQ(live.events[0].pod, "default/too-big");  // newest first
 }
 
 class TlsSchedulerTest : public SchedulerTest {
