@@ -9,36 +9,6 @@
 namespace dynmig::ops {
 namespace {
 
-std::string Escape(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (char c : s) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&#39;";
-        break;
-      case '\n':
-        out += "&#10;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
-
 // A stable pastel color per pod.
 std::string ColorOf(const std::string& pod) {
   uint32_t h = 2166136261u;  // FNV-1a
@@ -85,6 +55,36 @@ text-overflow:ellipsis;border:1px solid rgba(0,0,0,.25);text-align:center}
 
 }  // namespace
 
+std::string HtmlEscape(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      case '\n':
+        out += "&#10;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
 uint32_t DrawnUnits(const scheduler::GpuReport& gpu) {
   if (gpu.units > 0) return gpu.units;
   uint32_t end = 8;
@@ -111,12 +111,13 @@ std::string RenderLayoutHtml(const std::vector<scheduler::NodeReport>& nodes, ab
   out += fmt::format(
       "<p class=\"generated\">{} nodes, {} GPUs, {} reservations &middot; snapshot {}</p>\n",
       nodes.size(), gpus, reservations,
-      Escape(absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", now, absl::UTCTimeZone())));
+      HtmlEscape(absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", now, absl::UTCTimeZone())));
   for (const auto& n : nodes) {
-    out += fmt::format("<section class=\"node\" data-node=\"{}\">\n<h2>{}", Escape(n.name),
-                       Escape(n.name));
+    out += fmt::format("<section class=\"node\" data-node=\"{}\">\n<h2>{}", HtmlEscape(n.name),
+                       HtmlEscape(n.name));
     if (!n.healthy)
-      out += fmt::format("<span class=\"bad\">unhealthy: {}</span>", Escape(n.unhealthy_reason));
+      out +=
+          fmt::format("<span class=\"bad\">unhealthy: {}</span>", HtmlEscape(n.unhealthy_reason));
     out += "</h2>\n";
     if (n.gpus.empty()) {
       out += "<p>No MIG GPU registered.</p>\n</section>\n";
@@ -128,8 +129,8 @@ std::string RenderLayoutHtml(const std::vector<scheduler::NodeReport>& nodes, ab
       out += fmt::format(
           "<tr class=\"gpu{}\" data-node=\"{}\" data-gpu=\"{}\">\n<th>GPU {}<small>{}</small>"
           "<small>{}</small>",
-          g.healthy ? "" : " unhealthy", Escape(n.name), Escape(g.uuid), g.index, Escape(g.model),
-          Escape(g.uuid));
+          g.healthy ? "" : " unhealthy", HtmlEscape(n.name), HtmlEscape(g.uuid), g.index,
+          HtmlEscape(g.model), HtmlEscape(g.uuid));
       if (!g.allowlisted) out += "<small>not allowlisted</small>";
       out += fmt::format("<small>{} of {} units free</small></th>\n", FreeUnits(g), units);
       out += fmt::format(
@@ -159,20 +160,20 @@ std::string RenderLayoutHtml(const std::vector<scheduler::NodeReport>& nodes, ab
         out += fmt::format(
             "<span class=\"res{}\" data-pod=\"{}\" style=\"grid-column:{} / span {};"
             "background:{}\" title=\"{}\">{} &middot; {}</span>\n",
-            r.runtime ? "" : " pending", Escape(r.pod), r.placement.start + 1,
-            std::max<uint32_t>(1, r.placement.size), ColorOf(r.pod), Escape(title),
-            Escape(r.profile), Escape(ShortPodName(r.pod)));
+            r.runtime ? "" : " pending", HtmlEscape(r.pod), r.placement.start + 1,
+            std::max<uint32_t>(1, r.placement.size), ColorOf(r.pod), HtmlEscape(title),
+            HtmlEscape(r.profile), HtmlEscape(ShortPodName(r.pod)));
       }
       out += "</div>\n";
       for (const auto& i : g.idle) {
         out += fmt::format(
             "<div class=\"idle\" title=\"an idle (warm) instance: its slices are free; a pod of "
             "this profile placed here reuses it\">idle {} at {}</div>\n",
-            Escape(i.profile), Escape(i.placement.ToString()));
+            HtmlEscape(i.profile), HtmlEscape(i.placement.ToString()));
       }
       if (!g.healthy) {
-        out +=
-            fmt::format("<div class=\"reason\">unhealthy: {}</div>\n", Escape(g.unhealthy_reason));
+        out += fmt::format("<div class=\"reason\">unhealthy: {}</div>\n",
+                           HtmlEscape(g.unhealthy_reason));
       }
       out += "</td>\n</tr>\n";
     }

@@ -177,33 +177,6 @@ tr.event[data-type=Warning] td.type{color:#b00020}
 
 }  // namespace
 
-std::string HtmlEscape(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (char c : s) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&#39;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
-
 std::string RenderLiveBody(const scheduler::LiveSnapshot& s) {
   std::string out;
   size_t gpus = 0, reservations = 0;

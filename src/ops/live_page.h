@@ -42,7 +42,4 @@ std::string_view LivePageStyle();
 // The four together, for SchedulerServerOptions::live.
 scheduler::LivePageRenderer LivePageRenderer();
 
-// &, <, >, " and ' as entities (text and double-quoted attribute values).
-std::string HtmlEscape(std::string_view s);
-
 }  // namespace dynmig::ops

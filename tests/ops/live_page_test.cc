@@ -7,6 +7,7 @@
 #include <regex>
 
 #include "fmt/format.h"
+#include "ops/layout.h"
 
 namespace dynmig::ops::testing {
 namespace {
