@@ -167,8 +167,11 @@ absl::Duration DevicePlugin::Cycle(absl::Duration& next_publish) {
   const bool changed = core_->RefreshDevices();
   core_->Reconcile();
   const absl::Duration now = clock_.Monotonic();
-  // Idle (warm) instances are published as they change, so the scheduler can prefer them.
-  if (changed || now >= next_publish || core_->IdleChanged()) {
+  // Idle (warm) instances are published as they change, so the scheduler can prefer them; held
+  // slices too (an instance whose destroy NVML refused with IN_USE, or one not reclaimed yet):
+  // until they are, the scheduler counts the slices of an ended pod as free and may place a pod
+  // there whose Allocate must then be refused.
+  if (changed || now >= next_publish || core_->IdleChanged() || core_->HeldChanged()) {
     if (auto st = core_->PublishNode(); !st.ok()) spdlog::warn("{}", std::string(st.message()));
     next_publish = now + options_.register_interval;
   }

@@ -202,6 +202,15 @@ bool PluginCore::IdleChanged() const {
   return publisher_.IdleChanged(idle);
 }
 
+bool PluginCore::HeldChanged() const {
+  std::vector<protocol::HeldSlices> held;
+  {
+    dynmig::MutexLock lock(&ns_.mu);
+    held = ns_.Held();
+  }
+  return publisher_.HeldChanged(held);
+}
+
 bool PluginCore::recovery_pending() const {
   dynmig::MutexLock lock(&ns_.mu);
   return ns_.recovery_pending;

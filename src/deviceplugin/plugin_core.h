@@ -200,6 +200,8 @@ class PluginCore {
   std::vector<protocol::IdleInstance> Idle() const;
   // Whether the idle instances changed since the last successful PublishNode.
   bool IdleChanged() const;
+  // Whether the held slices (dynmig.io/mig-held) differ from those last published.
+  bool HeldChanged() const;
   bool recovery_pending() const;
   Inventory inventory() const;
   const PluginCoreOptions& options() const { return options_; }

@@ -41,6 +41,7 @@ absl::Status Publisher::Publish(NodeSnapshot snapshot) {
   dynmig::MutexLock lock(&mu_);
   last_register_ = value;
   last_idle_ = idle_value;
+  last_held_ = held_value;
   return absl::OkStatus();
 }
 
@@ -48,6 +49,12 @@ bool Publisher::IdleChanged(const std::vector<protocol::IdleInstance>& idle) con
   const std::string value = protocol::EncodeIdleInstances(idle);
   dynmig::MutexLock lock(&mu_);
   return value != last_idle_;
+}
+
+bool Publisher::HeldChanged(const std::vector<protocol::HeldSlices>& held) const {
+  const std::string value = protocol::EncodeHeldSlices(held);
+  dynmig::MutexLock lock(&mu_);
+  return value != last_held_;
 }
 
 std::vector<InstanceInfo> LiveInstanceInfos(const std::vector<ManagedInstance>& instances,

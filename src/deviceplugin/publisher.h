@@ -9,6 +9,7 @@
 //                  after the node object was recreated). Remembers the register and idle values
 //                  last written.
 //   IdleChanged()  whether given idle instances differ from those last written.
+//   HeldChanged()  whether given held slices differ from those last written.
 //   SetGauges()    the managed / idle instance and recovery-pending gauges.
 //   LiveInstanceInfos()  the pod-attributed instances (dynmig_mig_instance_info, metrics.h).
 //
@@ -60,6 +61,8 @@ class Publisher {
   absl::Status Publish(NodeSnapshot snapshot) ABSL_LOCKS_EXCLUDED(mu_);
   // Whether `idle` differs from the idle instances of the last successful Publish.
   bool IdleChanged(const std::vector<protocol::IdleInstance>& idle) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether `held` differs from the held slices of the last successful Publish.
+  bool HeldChanged(const std::vector<protocol::HeldSlices>& held) const ABSL_LOCKS_EXCLUDED(mu_);
   // The gauges of the managed instances (`instances`, idle ones by GPU and profile) and of
   // deferred recovery.
   void SetGauges(const std::vector<ManagedInstance>& instances, bool recovery_pending);
@@ -75,6 +78,8 @@ class Publisher {
   std::string last_register_ ABSL_GUARDED_BY(mu_);
   // dynmig.io/idle-mig-instances as last written.
   std::string last_idle_ ABSL_GUARDED_BY(mu_) = "[]";
+  // dynmig.io/mig-held as last written.
+  std::string last_held_ ABSL_GUARDED_BY(mu_) = "[]";
 };
 
 }  // namespace dynmig::deviceplugin

@@ -108,6 +108,43 @@ TEST_F(InUseTest, ARefusedDestroyIsHeldRetriedWithBackoffAcrossRestartsAndFreedO
   ASSERT_TRUE(b.ok()) << b.status();
 }
 
+// The loop publishes held slices in the cycle that holds them, not at the next periodic publish
+// (30 s by default, an hour here): until then the scheduler would count the slices of the ended
+// pod as free and place a pod there whose Allocate must be refused. Freed again: published at once.
+TEST_F(InUseTest, HeldSlicesArePublishedInTheCycleThatHoldsThem) {
+  StartPlugin([&](DevicePluginOptions& o) {
+    o.core.clock = &clock_;
+    o.core.destroy_retry_initial = absl::Seconds(10);
+    o.register_interval = absl::Hours(1);
+  });
+  auto held_on_node = [&] {
+    auto node = kube_->GetNode(kNode);
+    EXPECT_TRUE(node.ok());
+    auto held = protocol::DecodeHeldSlices(
+        kube::Annotation(*node, protocol::kNodeHeldSlicesAnnotation).value_or("missing"));
+    EXPECT_TRUE(held.ok()) << held.status();
+    return held.ok() ? *held : std::vector<protocol::HeldSlices>{};
+  };
+  CreatePod("a", {{0, 0, 0, "3g.20gb", 4}});
+  ASSERT_TRUE(Allocate("a", 0, 1).ok());
+  SetPhase("a", "Running");
+  ASSERT_TRUE(plugin_->RunCycle());
+  EXPECT_TRUE(held_on_node().empty());
+  const uint32_t gi = GiAt(0, 4)->id;
+  ASSERT_TRUE(sim_->HoldGpuInstance(0, gi, "dcgm").ok());
+  DeletePod("a");
+  ASSERT_TRUE(plugin_->RunCycle());
+  auto held = held_on_node();
+  ASSERT_EQ(held.size(), 1u) << "the refused destroy's slices are on the Node after this cycle";
+  EXPECT_EQ(held[0].placement, (mig::Placement{4, 4}));
+  // The holder lets go; the retry destroys it and the same cycle publishes the slices free.
+  ASSERT_TRUE(sim_->ReleaseGpuInstance(0, gi, "dcgm").ok());
+  clock_.Advance(absl::Seconds(10));
+  ASSERT_TRUE(plugin_->RunCycle());
+  EXPECT_FALSE(GiAt(0, 4).has_value());
+  EXPECT_TRUE(held_on_node().empty());
+}
+
 TEST_F(InUseTest, ARefusedDestroyOfAnIdleInstanceIsNoLongerGivenOut) {
   StartPlugin([&](DevicePluginOptions& o) {
     o.core.clock = &clock_;

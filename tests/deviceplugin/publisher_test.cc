@@ -57,6 +57,8 @@ TEST_F(PublisherTest, WritesEveryKeyInOnePatchAndRemembersTheIdleInstances) {
   NodeSnapshot snapshot;
   snapshot.idle = idle;
   snapshot.held = {{"GPU-a", mig::Placement{0, 1}, "1g.5gb", "default/ended"}};
+  EXPECT_TRUE(publisher.HeldChanged(snapshot.held));
+  EXPECT_FALSE(publisher.HeldChanged({}));
   ASSERT_TRUE(publisher.Publish(snapshot).ok());
   EXPECT_EQ(Annotation(protocol::kNodeHandshakeAnnotation), "Reported_2026-01-02T03:04:05Z");
   EXPECT_EQ(Annotation(protocol::kNodeRegisterAnnotation), protocol::EncodeNodeRegister({}));
@@ -66,6 +68,8 @@ TEST_F(PublisherTest, WritesEveryKeyInOnePatchAndRemembersTheIdleInstances) {
             protocol::EncodeIdleInstances(idle));
   EXPECT_FALSE(publisher.IdleChanged(idle));
   EXPECT_TRUE(publisher.IdleChanged({}));
+  EXPECT_FALSE(publisher.HeldChanged(snapshot.held));
+  EXPECT_TRUE(publisher.HeldChanged({}));
 }
 
 TEST_F(PublisherTest, AFailedPatchNamesTheNodeAndKeepsTheLastWrittenIdleInstances) {
@@ -77,6 +81,7 @@ TEST_F(PublisherTest, AFailedPatchNamesTheNodeAndKeepsTheLastWrittenIdleInstance
   EXPECT_NE(st.message().find("missing-node"), std::string_view::npos) << st;
   EXPECT_TRUE(publisher.IdleChanged(snapshot.idle));
   EXPECT_FALSE(publisher.IdleChanged({}));
+  EXPECT_FALSE(publisher.HeldChanged({}));
 }
 
 // The pod-attributed instances: idle ones are left out; the container comes from the served
