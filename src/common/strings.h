@@ -61,4 +61,36 @@ inline bool IsLoopbackHost(std::string_view host) {
   return dots == 3;
 }
 
+// &, <, >, " and ' as entities, and a newline as &#10;: safe in HTML and XML (SVG) text and in
+// double-quoted attribute values (the layout and live pages, the simulation's charts).
+inline std::string HtmlEscape(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      case '\n':
+        out += "&#10;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
 }  // namespace dynmig

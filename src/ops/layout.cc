@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 
+#include "common/strings.h"
 #include "fmt/format.h"
 #include "ops/report.h"
 
@@ -54,36 +55,6 @@ text-overflow:ellipsis;border:1px solid rgba(0,0,0,.25);text-align:center}
 )CSS";
 
 }  // namespace
-
-std::string HtmlEscape(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (char c : s) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&#39;";
-        break;
-      case '\n':
-        out += "&#10;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
 
 uint32_t DrawnUnits(const scheduler::GpuReport& gpu) {
   if (gpu.units > 0) return gpu.units;

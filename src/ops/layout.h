@@ -39,8 +39,4 @@ uint32_t DrawnUnits(const scheduler::GpuReport& gpu);
 // The short name of a pod key ("default/train-1" -> "train-1").
 std::string ShortPodName(const std::string& pod_key);
 
-// &, <, >, " and ' as entities, and a newline as &#10; (text and double-quoted attribute values:
-// the layout and live pages).
-std::string HtmlEscape(std::string_view s);
-
 }  // namespace dynmig::ops

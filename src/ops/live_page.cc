@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 
+#include "common/strings.h"
 #include "fmt/format.h"
 #include "ops/layout.h"
 

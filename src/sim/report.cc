@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/strings.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
 
@@ -42,29 +43,6 @@ std::string Header(const SimResult& r) {
                      r.capacity_units, ModeName(r.mode));
   if (r.mode != Mode::kFill && !r.nvml_latency.empty()) {
     out += fmt::format("NVML     instance create/destroy latency: {}\n", r.nvml_latency);
-  }
-  return out;
-}
-
-std::string XmlEscape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '&':
-        out += "&amp;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
   }
   return out;
 }
@@ -311,8 +289,8 @@ std::string FormatSvg(const SimResult& r) {
       width, height, width, height);
   s +=
       fmt::format("<text x=\"{}\" y=\"24\" font-size=\"16\" font-weight=\"bold\">{}</text>\n", left,
-                  XmlEscape(fmt::format("dynmig simulate — {}, {}, mode {}", BaseName(r.trace),
-                                        r.cluster, ModeName(r.mode))));
+                  HtmlEscape(fmt::format("dynmig simulate — {}, {}, mode {}", BaseName(r.trace),
+                                         r.cluster, ModeName(r.mode))));
   // Utilization over time.
   const bool fill = r.mode == Mode::kFill;
   s += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"13\">Slice utilization over {}</text>\n",
@@ -366,7 +344,7 @@ std::string FormatSvg(const SimResult& r) {
         "<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{}\" stroke-width=\"3\"/>"
         "<text x=\"{}\" y=\"{}\">{}</text>\n",
         left + plot_w + 12, ly, left + plot_w + 32, ly, color, left + plot_w + 38, ly + 4,
-        XmlEscape(p.name));
+        HtmlEscape(p.name));
   }
   // Acceptance bars.
   s += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"13\">{}</text>\n", left, bars_top - 14,
@@ -383,7 +361,7 @@ std::string FormatSvg(const SimResult& r) {
         "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#eee\"/>"
         "<rect x=\"{}\" y=\"{}\" width=\"{:.1f}\" height=\"{}\" fill=\"{}\"/>"
         "<text x=\"{}\" y=\"{}\">{}</text>\n",
-        left + label_w - 8, y + bar_h - 5, XmlEscape(p.name), left + label_w, y, bar_w, bar_h,
+        left + label_w - 8, y + bar_h - 5, HtmlEscape(p.name), left + label_w, y, bar_w, bar_h,
         left + label_w, y, std::clamp(v, 0.0, 1.0) * bar_w, bar_h, kColors[i % 10],
         left + label_w + bar_w + 6, y + bar_h - 5, Pct(v));
     if (!fill) {

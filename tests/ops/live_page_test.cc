@@ -6,8 +6,8 @@
 
 #include <regex>
 
+#include "common/strings.h"
 #include "fmt/format.h"
-#include "ops/layout.h"
 
 namespace dynmig::ops::testing {
 namespace {
