@@ -47,12 +47,12 @@ struct MigModeSwitchRule {
 //   nvidia:
 //     migModeSwitching:
 //       enabled: true              # default true once the key is present
-//       minModeDuration: 10m       # hysteresis: a GPU keeps a mode at least this long (1m..24h)
+//       minModeDuration: 10m       # hysteresis: a GPU keeps a mode at least this long (10s..24h)
 //       rules:                     # a GPU may switch when one rule matches; absent: every GPU
 //         - models: ["H100", "H200"]                    # NVML name substrings; absent: all
 //           nodeSelector: {dynmig.io/gpu-mode: flex}    # node labels, all must match; absent: all
 struct MigModeSwitching {
-  static constexpr absl::Duration kMinMinModeDuration = absl::Minutes(1);
+  static constexpr absl::Duration kMinMinModeDuration = absl::Seconds(10);
   static constexpr absl::Duration kMaxMinModeDuration = absl::Hours(24);
   static constexpr size_t kMaxRules = 64;
   static constexpr size_t kMaxModels = 64;          // per rule

@@ -91,7 +91,7 @@ TEST(MigModeSwitchingConfigTest, BadKeysAndValuesAreNamed) {
   EXPECT_THAT(SwitchError("{minModeDuration: soon}"),
               HasSubstr("nvidia.migModeSwitching.minModeDuration: must be a duration"));
   EXPECT_THAT(SwitchError("{minModeDuration: 5s}"),
-              HasSubstr("nvidia.migModeSwitching.minModeDuration: must be between 1m and 24h, "
+              HasSubstr("nvidia.migModeSwitching.minModeDuration: must be between 10s and 24h, "
                         "got 5s"));
   EXPECT_THAT(SwitchError("{minModeDuration: 1000000h}"), HasSubstr("must be between"));
   EXPECT_THAT(SwitchError("{minModeDuration: [1m]}"), HasSubstr("got a list"));
