@@ -129,7 +129,6 @@ bool Inventory::SameView(const Inventory& other) const {
 
 namespace {
 
-// One GPU's discovery. `quiet`: an NVML failure is not logged (a retry of one already reported).
 // A GPU that may be whole but offers no MIG GPU: exposed as a whole GPU (published while its MIG
 // mode is off, or always when it has no MIG).
 GpuEntry ExposeWhole(GpuEntry gpu, bool quiet) {
@@ -146,6 +145,7 @@ GpuEntry ExposeWhole(GpuEntry gpu, bool quiet) {
   return gpu;
 }
 
+// One GPU's discovery. `quiet`: an NVML failure is not logged (a retry of one already reported).
 GpuEntry DiscoverGpu(nvml::Nvml& nvml, const mig::Allowlist& allowlist, uint32_t i, bool quiet,
                      const WholeGpuPolicy& policy) {
   GpuEntry gpu;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "deviceplugin/allocate_plan.h"
 #include "deviceplugin/state_store.h"
 #include "dp_test_util.h"
 #include "protocol/gpu_mode.h"
@@ -338,6 +339,65 @@ TEST_F(WholeGpuTest, AMigPodNamingAWholeGpuIsRefused) {
   ASSERT_FALSE(a.ok());
   EXPECT_NE(a.status().message().find("published whole"), std::string::npos) << a.status();
   ExpectNothingTouched();
+}
+
+// ValidateWholeGpu on plain values: who holds a GPU. A pod that has terminated holds nothing, even
+// while its ledger entry waits for the next reconcile; one that has not (Running, or being deleted
+// with its processes still up) holds it.
+TEST(WholeGpuPlanTest, OnlyAPodThatHasNotTerminatedHoldsItsGpu) {
+  Inventory inventory;
+  GpuEntry g;
+  g.info.uuid = "GPU-w";
+  g.info.name = kA100;
+  g.info.total_memory_mib = kA100MemoryMib;
+  g.info.mig = {.supported = true, .current = false, .pending = false};
+  g.exposed = g.may_be_whole = g.healthy = true;
+  inventory.gpus.push_back(g);
+  const std::vector<ManagedInstance> instances;
+  const std::vector<QuarantinedSlices> quarantine;
+  const NodeView view{kNode, inventory, instances, quarantine};
+  auto make = [](std::string uid, std::string name, std::string bind_phase) {
+    PodMig p;
+    p.uid = std::move(uid);
+    p.ns = "default";
+    p.name = std::move(name);
+    p.key = "default/" + p.name;
+    p.active = true;
+    p.whole_gpu = true;
+    p.vgpu_node = kNode;
+    p.bind_phase = std::move(bind_phase);
+    p.has_to_allocate = true;
+    p.to_allocate = protocol::PodDevices{{{"GPU-w", kA100, 40960, 100}}};
+    p.referenced_gpus = {"GPU-w"};
+    return p;
+  };
+  const PodMig me = make("uid-me", "me", "allocating");
+  PodMig old = make("uid-old", "old", "success");
+  old.to_allocate = protocol::PodDevices{{}};
+  const std::vector<LedgerEntry> ledger = {
+      {{"GPU-w::0"}, "uid-old", "default", "old", "main", 0, false, {}, 1, {"GPU-w"}}};
+  // Running: held.
+  auto r = ValidateWholeGpu(me, 0, 1, view, {me, old}, ledger);
+  EXPECT_EQ(r.reason, "placement_busy");
+  EXPECT_NE(std::string(r.status.message()).find("held by pod default/old"), std::string::npos);
+  // Being deleted (processes may still run): still held.
+  old.active = false;
+  old.deleting = true;
+  EXPECT_EQ(ValidateWholeGpu(me, 0, 1, view, {me, old}, ledger).reason, "placement_busy");
+  // Terminated: free, although the ledger still has its entry.
+  old.terminated = true;
+  r = ValidateWholeGpu(me, 0, 1, view, {me, old}, ledger);
+  ASSERT_TRUE(r.ok()) << r.status;
+  ASSERT_EQ(r.plan.gpus.size(), 1u);
+  EXPECT_EQ(r.plan.gpus[0]->info.uuid, "GPU-w");
+  // A failed bind holds nothing either; a pending MIG mode change makes the GPU no whole GPU.
+  PodMig failed = make("uid-f", "f", "failed");
+  EXPECT_TRUE(ValidateWholeGpu(me, 0, 1, view, {me, failed}, {}).ok());
+  inventory.gpus[0].info.mig.pending = true;
+  inventory.gpus[0].healthy = false;
+  EXPECT_EQ(ValidateWholeGpu(me, 0, 1, view, {me}, {}).reason, "gpu_unhealthy");
+  // The kubelet asking for another count than the reservation lists is refused.
+  EXPECT_EQ(ValidateWholeGpu(me, 0, 2, view, {me}, {}).reason, "device_count");
 }
 
 TEST(WholeGpuLedgerTest, TheStateFileKeepsTheWholeGpusOnlyWhenThereAreAny) {
