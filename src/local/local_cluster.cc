@@ -759,6 +759,8 @@ absl::Status LocalCluster::StartSchedulerLocked(Replica& replica) {
   o.state.resources = config->resources;
   o.extender.resources = config->resources;
   o.extender.reservation_ttl = options_.reservation_ttl;
+  // Whole-GPU pods are placed only where GPUs may change mode (as cmd_scheduler.cc does).
+  o.extender.whole_gpu_pods = config->mig_mode_switching.enabled;
   o.expiry_interval = options_.expiry_interval;
   o.defrag = options_.defrag;
   o.defrag_interval = options_.defrag_interval;
