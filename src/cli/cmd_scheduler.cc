@@ -56,6 +56,18 @@ bool ParsePositiveDuration(const std::string& text, absl::Duration* out) {
   return absl::ParseDuration(text, out) && *out > absl::ZeroDuration();
 }
 
+// What device-config.yaml decides for the scheduler and its webhook.
+void ApplyDeviceConfig(const protocol::DeviceConfig& config,
+                       scheduler::SchedulerServerOptions& options) {
+  options.state.allowlist = config.allowlist;
+  options.state.memory_match = config.memory_match;
+  options.state.resources = config.resources;
+  options.admission.allowlist = config.allowlist;
+  options.admission.memory_match = config.memory_match;
+  // Whole-GPU pods are placed (and admitted as such) only where GPUs may change mode.
+  options.extender.whole_gpu_pods = config.mig_mode_switching.enabled;
+}
+
 int RunScheduler(const SchedulerFlags& flags, CliContext& ctx) {
   auto bad = [&](const std::string& message) {
     ctx.err << "dynmig scheduler: " << message << "\n";
@@ -126,9 +138,7 @@ int RunScheduler(const SchedulerFlags& flags, CliContext& ctx) {
     ctx.err << "dynmig scheduler: warning: no --extender-client-ca: /filter and /bind accept "
                "callers without a client certificate (only the extender's own checks apply)\n";
   }
-  options.state.allowlist = config->allowlist;
-  options.state.memory_match = config->memory_match;
-  options.state.resources = config->resources;
+  ApplyDeviceConfig(*config, options);
   options.extender.reservation_ttl = ttl;
   options.extender.lock_queue.wait = node_lock_wait;
   options.extender.scheduler_name = flags.scheduler_name;
@@ -137,8 +147,6 @@ int RunScheduler(const SchedulerFlags& flags, CliContext& ctx) {
   options.defrag_interval = defrag_interval;
   options.requeue.interval = requeue_interval;
   options.admission.scheduler_name = flags.scheduler_name;
-  options.admission.allowlist = config->allowlist;
-  options.admission.memory_match = config->memory_match;
   options.admission.annotation_writers = SplitTrimmed(flags.annotation_writers, ',');
   options.admission.binders = SplitTrimmed(flags.binders, ',');
   options.pod_name = Env("POD_NAME");

@@ -2,11 +2,14 @@
 #include "deviceplugin/allocate_plan.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
 
 #include "deviceplugin/plugin_internal.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "protocol/annotations.h"
+#include "protocol/gpu_mode.h"
 
 namespace dynmig::deviceplugin {
 namespace {
@@ -87,6 +90,12 @@ PlanResult CheckGpuAndProfile(const std::string& what, const NodeView& node, Pla
     return Refused("gpu_unhealthy",
                    absl::UnavailableError(
                        fmt::format("{}: the GPU is unhealthy: {}", what, d.gpu->unhealthy_reason)));
+  }
+  if (d.gpu->Mode() != protocol::GpuMode::kMig) {
+    return Refused("gpu_mode", absl::FailedPreconditionError(fmt::format(
+                                   "{}: GPU {} is published whole (mode hami-core, MIG mode off) "
+                                   "on node {}: a MIG reservation cannot name it",
+                                   what, a.gpu_uuid, node.node_name)));
   }
   d.profile = d.gpu->FindAllowed(a.profile);
   if (d.profile == nullptr) {
@@ -208,6 +217,110 @@ PlanResult ValidateAllocation(const PodMig& pod, int container, size_t device_co
     if (PlanResult r = CheckOverlaps(what, pod, node, out.plan.devices, d); !r.ok()) return r;
     if (PlanResult r = MatchManaged(what, pod, container, node, d); !r.ok()) return r;
     out.plan.devices.push_back(std::move(d));
+  }
+  return out;
+}
+
+WholeGpuPlanResult ValidateWholeGpu(const PodMig& pod, int container, size_t device_count,
+                                    const NodeView& node, const std::vector<PodMig>& pods,
+                                    const std::vector<LedgerEntry>& ledger) {
+  WholeGpuPlanResult out;
+  auto refused = [&](std::string_view reason, absl::Status status) {
+    out.reason = std::string(reason);
+    out.status = std::move(status);
+    return out;
+  };
+  if (pod.has_allocations) {
+    return refused("mixed_reservation",
+                   absl::FailedPreconditionError(fmt::format(
+                       "pod {} asks for whole GPUs ({}: {}) but carries MIG reservations ({}): a "
+                       "pod gets whole GPUs or MIG devices, never both",
+                       pod.key, protocol::kVgpuModeAnnotation, protocol::kVgpuModeHamiCore,
+                       protocol::kMigAllocationsAnnotation)));
+  }
+  if (container < 0 || !pod.to_allocate.ok() ||
+      static_cast<size_t>(container) >= pod.to_allocate->size()) {
+    return refused("device_count", absl::FailedPreconditionError(fmt::format(
+                                       "pod {} has no container {} left in {}", pod.key, container,
+                                       protocol::kDevicesToAllocateAnnotation)));
+  }
+  const protocol::ContainerDevices& devices = (*pod.to_allocate)[container];
+  if (devices.size() != device_count) {
+    return refused("device_count", absl::FailedPreconditionError(fmt::format(
+                                       "pod {} container {}: the kubelet asks for {} device(s) but "
+                                       "{} lists {}",
+                                       pod.key, container, device_count,
+                                       protocol::kDevicesToAllocateAnnotation, devices.size())));
+  }
+  // Who holds each GPU already: a served Allocate of another pod that has not ended (the ledger),
+  // or another non-terminated whole-GPU pod bound here whose reservation names it.
+  std::map<std::string, std::string, std::less<>> held;
+  std::set<std::string, std::less<>> live;
+  for (const auto& p : pods) {
+    if (!p.terminated) live.insert(p.uid);
+  }
+  for (const auto& e : ledger) {
+    if (e.pod_uid == pod.uid || !live.count(e.pod_uid)) continue;
+    for (const auto& g : e.gpu_uuids) held.emplace(g, e.PodKey());
+  }
+  for (const auto& p : pods) {
+    if (p.uid == pod.uid || p.terminated || !p.whole_gpu || p.vgpu_node != node.node_name ||
+        p.bind_phase == protocol::kBindPhaseFailed) {
+      continue;
+    }
+    for (const auto& g : p.referenced_gpus) held.emplace(g, p.key);
+  }
+  out.plan.container = container;
+  std::set<std::string, std::less<>> seen;
+  for (size_t k = 0; k < devices.size(); ++k) {
+    const protocol::ContainerDevice& d = devices[k];
+    const std::string what =
+        fmt::format("pod {} container {} device {} (whole GPU {})", pod.key, container, k, d.uuid);
+    const GpuEntry* gpu = node.inventory.FindByUuid(d.uuid);
+    if (gpu == nullptr || !gpu->exposed) {
+      return refused("unknown_gpu",
+                     absl::FailedPreconditionError(fmt::format(
+                         "{}: no such GPU is published on node {}", what, node.node_name)));
+    }
+    if (!gpu->Whole()) {
+      return refused("gpu_mode", absl::FailedPreconditionError(fmt::format(
+                                     "{}: the GPU is a MIG GPU on node {} (its MIG mode is on), "
+                                     "not a whole GPU: a whole-GPU pod cannot name it",
+                                     what, node.node_name)));
+    }
+    if (!gpu->healthy) {
+      return refused("gpu_unhealthy",
+                     absl::UnavailableError(
+                         fmt::format("{}: the GPU is unhealthy: {}", what, gpu->unhealthy_reason)));
+    }
+    if (!seen.insert(d.uuid).second) {
+      return refused("overlapping_reservation",
+                     absl::FailedPreconditionError(
+                         fmt::format("{}: the container names that GPU twice", what)));
+    }
+    if (d.used_cores != 100 || d.used_mem_mib < 0 ||
+        static_cast<uint64_t>(d.used_mem_mib) > gpu->info.total_memory_mib) {
+      return refused("bad_reservation",
+                     absl::InvalidArgumentError(fmt::format(
+                         "{}: a whole GPU is reserved with cores 100 and at most its {} MiB, not "
+                         "cores {} and {} MiB",
+                         what, gpu->info.total_memory_mib, d.used_cores, d.used_mem_mib)));
+    }
+    if (auto h = held.find(d.uuid); h != held.end()) {
+      return refused("placement_busy",
+                     absl::FailedPreconditionError(fmt::format(
+                         "{}: the GPU is held by pod {}, which has not ended", what, h->second)));
+    }
+    // Another container of this pod that got it (a whole GPU goes to one container).
+    for (const auto& e : ledger) {
+      if (e.pod_uid != pod.uid || e.container_index == container) continue;
+      if (std::find(e.gpu_uuids.begin(), e.gpu_uuids.end(), d.uuid) != e.gpu_uuids.end()) {
+        return refused("placement_busy", absl::FailedPreconditionError(fmt::format(
+                                             "{}: container {} of the same pod already has it",
+                                             what, e.container_index)));
+      }
+    }
+    out.plan.gpus.push_back(gpu);
   }
   return out;
 }

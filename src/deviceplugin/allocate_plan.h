@@ -70,4 +70,29 @@ struct PlanResult {
 PlanResult ValidateAllocation(const PodMig& pod, int container, size_t device_count,
                               const NodeView& node);
 
+// A whole-GPU pod's container (PodMig::whole_gpu), validated: the whole GPUs it gets, by device
+// index.
+struct WholeGpuPlan {
+  int container = -1;
+  std::vector<const GpuEntry*> gpus;  // in NodeView::inventory
+};
+
+struct WholeGpuPlanResult {
+  WholeGpuPlan plan;
+  std::string reason;  // "" when valid; the metrics label otherwise
+  absl::Status status;
+  bool ok() const { return status.ok(); }
+};
+
+// Validates container `container` of whole-GPU pod `pod` for a kubelet request of `device_count`
+// devices: no MIG reservation (a pod gets whole GPUs or MIG devices, never both), one
+// hami.io/vgpu-devices-to-allocate entry per device, each naming a GPU of this node published
+// whole (MIG mode off) and healthy, none twice, with cores 100 and at most the GPU's memory; and no
+// GPU held by another pod that has not terminated: one the ledger (`ledger`, served Allocates) says
+// it got, or one another whole-GPU pod bound here (`pods`, not failed) names. Each refusal names
+// the pod, container, device and GPU.
+WholeGpuPlanResult ValidateWholeGpu(const PodMig& pod, int container, size_t device_count,
+                                    const NodeView& node, const std::vector<PodMig>& pods,
+                                    const std::vector<LedgerEntry>& ledger);
+
 }  // namespace dynmig::deviceplugin

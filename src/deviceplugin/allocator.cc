@@ -63,6 +63,7 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> Allocator::Allocate(
     const std::vector<std::string>& device_ids, const std::vector<PodMig>& pods,
     std::string* result) {
   DYNMIG_ASSIGN_OR_RETURN(const PodMig pod, IdentifyPod(pods, device_ids.size(), result));
+  if (pod.whole_gpu) return AllocateWhole(device_ids, pod, pods, result);
   PlanResult validated = ValidateAllocation(pod, pod.NextContainer(), device_ids.size(), View());
   if (!validated.ok()) return Refuse(pod, validated.reason, validated.status, result);
   AllocationPlan plan = std::move(validated.plan);
@@ -82,7 +83,7 @@ absl::Status Allocator::CheckDeviceIds(const std::vector<std::string>& device_id
   for (const auto& id : device_ids) {
     const std::string gpu = GpuOfReplicaId(id);
     const GpuEntry* entry = gpu.empty() ? nullptr : ops_.ns.inventory.FindByUuid(gpu);
-    if (entry == nullptr || !entry->exposed) {
+    if (entry == nullptr || entry->DeviceCount() == 0) {
       return absl::InvalidArgumentError(
           fmt::format("device id \"{}\" is not one this plugin advertises", id));
     }
@@ -413,7 +414,8 @@ void Allocator::Commit(const std::vector<std::string>& device_ids, const PodMig&
 }
 
 void Allocator::RecordLedger(const std::vector<std::string>& device_ids, const PodMig& pod,
-                             int container, const std::vector<ManagedInstance>& instances) {
+                             int container, const std::vector<ManagedInstance>& instances,
+                             const std::vector<std::string>& whole_gpus) {
   LedgerEntry e;
   e.device_ids = DeviceKey(device_ids);
   e.pod_uid = pod.uid;
@@ -422,6 +424,7 @@ void Allocator::RecordLedger(const std::vector<std::string>& device_ids, const P
   std::tie(e.container, e.init_container) = ContainerName(pod.pod, container);
   e.container_index = container;
   for (const auto& m : instances) e.mig_uuids.push_back(m.mig_uuid);
+  e.gpu_uuids = whole_gpus;
   e.since = ops_.NowUnix();
   ops_.ledger.Record(std::move(e));
 }

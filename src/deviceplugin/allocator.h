@@ -130,8 +130,28 @@ class Allocator {
   // Records in the ledger that `device_ids` were served for container `container` of `pod` with
   // `instances` (replacing an entry with the same IDs).
   void RecordLedger(const std::vector<std::string>& device_ids, const PodMig& pod, int container,
-                    const std::vector<ManagedInstance>& instances)
+                    const std::vector<ManagedInstance>& instances,
+                    const std::vector<std::string>& whole_gpus = {})
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_.ns.mu);
+
+  // ---- whole GPUs (allocate_whole.cc, docs/mig-mode.md) ----
+  // A whole-GPU pod's container: ValidateWholeGpu (allocate_plan.h) -> ConfirmWholeGpu -> the
+  // answer -> ConsumeWholeReservation -> the ledger entry. Nothing is created or destroyed.
+  absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateWhole(
+      const std::vector<std::string>& device_ids, const PodMig& pod,
+      const std::vector<PodMig>& pods, std::string* result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_.ns.mu);
+  // What only NVML can confirm: the GPU's MIG mode is off (none pending) and it has no GPU
+  // instance.
+  absl::Status ConfirmWholeGpu(const PodMig& pod, const std::string& what, const GpuEntry& gpu,
+                               std::string* result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_.ns.mu);
+  // NVIDIA_VISIBLE_DEVICES=<GPU UUIDs> and, where the host has device nodes, /dev/nvidia<minor>
+  // of each GPU and the control nodes (or CDI names when CDI is on).
+  absl::StatusOr<v1beta1::ContainerAllocateResponse> WholeAnswer(const WholeGpuPlan& plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_.ns.mu);
+  // Erases the container's entry from hami.io/vgpu-devices-to-allocate and sets bind-phase success
+  // when none is left (`done`), in one patch under the pod's resourceVersion.
+  absl::Status ConsumeWholeReservation(const PodMig& pod, int container, bool* done);
   absl::StatusOr<v1beta1::ContainerAllocateResponse> Answer(
       const std::vector<ManagedInstance>& instances) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_.ns.mu);
   // A failed step after the intents: rolls back what this call created, reports, fails the pod.

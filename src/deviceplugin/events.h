@@ -48,6 +48,8 @@ inline constexpr std::string_view kReasonReused = "MigInstanceReused";
 // (Warning, on the node, once per instance): kept, never destroyed.
 inline constexpr std::string_view kReasonLegacyHeld = "MigLegacyInstanceHeld";
 inline constexpr std::string_view kReasonLegacyUnproven = "MigLegacyInstanceUnproven";
+// A whole-GPU pod's container got its whole GPU(s) (docs/mig-mode.md): nothing was created.
+inline constexpr std::string_view kReasonWholeGpuAllocated = "WholeGpuAllocated";
 
 struct RecordedEvent {
   std::string object;  // "Pod default/p" or "Node n"

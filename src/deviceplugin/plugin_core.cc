@@ -9,6 +9,7 @@
 #include "common/status_macros.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
+#include "kube/object.h"
 #include "protocol/annotations.h"
 #include "protocol/devices.h"
 #include "spdlog/spdlog.h"
@@ -84,7 +85,20 @@ absl::Status PluginCore::LoadStateAndInventory() {
   } else {
     return loaded.status();
   }
-  DYNMIG_ASSIGN_OR_RETURN(ns_.inventory, DiscoverInventory(ops_.nvml, options_.allowlist));
+  whole_policy_.switching = options_.mig_mode_switching;
+  if (whole_policy_.switching.enabled) {
+    // The rules' nodeSelector matches the node's labels; unreadable: no label matches.
+    if (auto node = ops_.kube.GetNode(options_.node_name); node.ok()) {
+      for (auto& [key, value] : kube::Labels(*node)) whole_policy_.node_labels.emplace(key, value);
+    } else {
+      spdlog::warn(
+          "cannot read the labels of node {} ({}): no migModeSwitching rule with a "
+          "nodeSelector matches it",
+          options_.node_name, std::string(node.status().message()));
+    }
+  }
+  DYNMIG_ASSIGN_OR_RETURN(ns_.inventory,
+                          DiscoverInventory(ops_.nvml, options_.allowlist, whole_policy_));
   if (!ops_.nvml.HasDeviceNodes()) {
     spdlog::info("{}: no device nodes on this host; containers get {} only",
                  ops_.nvml.Description(), protocol::kVisibleDevicesEnv);

@@ -242,6 +242,8 @@ class PluginCore {
   // locks).
   NodeState ns_;
   bool started_ ABSL_GUARDED_BY(ns_.mu) = false;
+  // Which GPUs may be whole: the options' switching and the node's labels, read at Start.
+  WholeGpuPolicy whole_policy_ ABSL_GUARDED_BY(ns_.mu);
 
   // The ledger of served Allocates (PreStartContainer never waits for ns_.mu). ns_.state.ledger is
   // its copy in the state file, refreshed by every state write.

@@ -37,6 +37,9 @@ struct PluginCoreOptions {
   // Warm instances (device-config.yaml nvidia.migWarmInstances): an ended pod's instance is kept
   // idle for reuse. Off by default.
   protocol::WarmInstances warm;
+  // Which GPUs may be handed out whole (device-config.yaml nvidia.migModeSwitching; inventory.h
+  // WholeGpuPolicy). Absent/off by default: every GPU is a MIG GPU, as before.
+  protocol::MigModeSwitching mig_mode_switching;
   // Attempts of the optimistic-concurrency loop that writes the pod annotation.
   int annotation_attempts = 5;
   // Wall time (timestamps, TTLs, the in-progress window) and monotonic time (durations); must

@@ -18,7 +18,8 @@ void PluginCore::UpdateDevices() {
   for (const auto& gpu : ns_.inventory.gpus) {
     if (!gpu.exposed) continue;
     ops_.metrics.SetGpuHealthy(gpu.info.uuid, gpu.healthy);
-    for (uint32_t r = 0; r < gpu.replicas; ++r) {
+    // A whole GPU is one device ID; a MIG GPU one per instance it can hold.
+    for (uint32_t r = 0; r < gpu.DeviceCount(); ++r) {
       v1beta1::Device d;
       d.set_id(ReplicaId(gpu.info.uuid, r));
       d.set_health(gpu.healthy ? "Healthy" : "Unhealthy");
@@ -50,7 +51,8 @@ bool PluginCore::RefreshDevices() {
   std::vector<bool> before;
   for (const auto& g : ns_.inventory.gpus) before.push_back(g.healthy);
   // A GPU whose discovery failed at start is discovered once NVML answers.
-  const bool discovered = RetryDiscovery(ops_.nvml, options_.allowlist, ns_.inventory);
+  const bool discovered =
+      RetryDiscovery(ops_.nvml, options_.allowlist, ns_.inventory, whole_policy_);
   if (!RefreshHealth(ops_.nvml, ns_.inventory) && !discovered) return false;
   for (size_t i = 0; i < ns_.inventory.gpus.size(); ++i) {
     const auto& g = ns_.inventory.gpus[i];
@@ -174,6 +176,8 @@ nlohmann::json PluginCore::NvmlViewLocked() {
                  {{"supported", g.info.mig.supported},
                   {"current", g.info.mig.current},
                   {"pending", g.info.mig.pending}}},
+                {"mode", g.Mode().has_value() ? std::string(protocol::GpuModeName(*g.Mode()))
+                                              : std::string()},
                 {"exposed", g.exposed},
                 {"healthy", g.healthy},
                 {"replicas", g.replicas},

@@ -5,6 +5,7 @@
 #include "common/strings.h"
 #include "fmt/format.h"
 #include "protocol/annotations.h"
+#include "protocol/gpu_mode.h"
 
 namespace dynmig::deviceplugin {
 namespace {
@@ -91,6 +92,9 @@ PodMig AnalyzePod(const kube::Object& pod) {
   m.vgpu_node = kube::Annotation(pod, protocol::kVgpuNodeAnnotation).value_or("");
   m.init_containers = InitContainerCount(pod);
 
+  if (auto mode = protocol::PodGpuMode(pod); mode.ok() && *mode == protocol::GpuMode::kWholeGpu) {
+    m.whole_gpu = true;
+  }
   if (auto v = kube::Annotation(pod, protocol::kMigAllocationsAnnotation)) {
     m.relevant = true;
     m.has_allocations = true;
@@ -114,7 +118,7 @@ PodMig AnalyzePod(const kube::Object& pod) {
   if (auto v = kube::Annotation(pod, protocol::kDevicesAllocatedAnnotation)) {
     m.relevant = true;
     AddDeviceGpus(*v, m);
-    if (!m.has_allocations && !m.referenced_gpus.empty() && !m.legacy) {
+    if (!m.has_allocations && !m.referenced_gpus.empty() && !m.legacy && !m.whole_gpu) {
       m.unreadable =
           fmt::format("{} is missing although {} names GPUs", protocol::kMigAllocationsAnnotation,
                       protocol::kDevicesAllocatedAnnotation);
@@ -136,7 +140,7 @@ PendingPod FindPendingPod(const std::vector<PodMig>& pods, std::string_view node
   };
   if (!in_progress.empty()) {
     for (const auto& p : pods) {
-      if (p.uid == in_progress && claims(p) && (p.has_allocations || p.legacy)) {
+      if (p.uid == in_progress && claims(p) && (p.has_allocations || p.legacy || p.whole_gpu)) {
         out.pod = &p;
         out.in_progress = true;
       }
@@ -156,7 +160,8 @@ PendingPod FindPendingPod(const std::vector<PodMig>& pods, std::string_view node
     } else if (owner->bind_phase != protocol::kBindPhaseAllocating) {
       why = fmt::format("the node lock names it, but {} is \"{}\"", protocol::kBindPhaseAnnotation,
                         owner->bind_phase);
-    } else if (!owner->has_allocations && !owner->legacy) {  // legacy: refused with the procedure
+    } else if (!owner->has_allocations && !owner->legacy &&  // legacy: refused with the procedure
+               !owner->whole_gpu) {
       why = fmt::format("the node lock names it, but it has no reservation ({})",
                         protocol::kMigAllocationsAnnotation);
     }
@@ -175,7 +180,7 @@ PendingPod FindPendingPod(const std::vector<PodMig>& pods, std::string_view node
       why =
           fmt::format("the node lock ({}) names {}", protocol::kNodeLockAnnotation, lock->Owner());
     }
-    if (!p.has_allocations) {
+    if (!p.has_allocations && !p.whole_gpu) {
       why += fmt::format(", and it has no reservation ({})", protocol::kMigAllocationsAnnotation);
     }
     out.mismatches.push_back({&p, std::move(why)});

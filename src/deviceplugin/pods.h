@@ -51,6 +51,9 @@ struct PodMig {
   std::set<std::string> referenced_gpus;
   bool gpus_unknown = false;
   bool legacy = false;  // some device id has the legacy "GPU-…[t-s]" form
+  // A whole-GPU pod (nvidia.com/vgpu-mode: hami-core, docs/mig-mode.md): its reservation is
+  // hami.io/vgpu-devices-to-allocate naming whole GPUs, without hami.io/vgpu-mig-allocations.
+  bool whole_gpu = false;
   // Why the pod's MIG state cannot be read ("" when it can): the reservation does not decode, or
   // a vGPU pod has device annotations but no hami.io/vgpu-mig-allocations.
   std::string unreadable;
@@ -85,7 +88,8 @@ struct PendingPod {
 //      records one: a pod recreated under the owner's name is not the owner), when it agrees:
 //      active, bound here (hami.io/vgpu-node=node), hami.io/bind-phase=allocating, a reservation
 //      (hami.io/vgpu-mig-allocations; or legacy device ids, which Allocate refuses with the
-//      migration procedure) and a container left in hami.io/vgpu-devices-to-allocate.
+//      migration procedure; or, for a whole-GPU pod, hami.io/vgpu-devices-to-allocate alone) and a
+//      container left in hami.io/vgpu-devices-to-allocate.
 // Every other active pod that says bind-phase allocating on this node with a container left (and a
 // lock owner that does not agree) is listed in `mismatches`, with why.
 PendingPod FindPendingPod(const std::vector<PodMig>& pods, std::string_view node,

@@ -246,6 +246,7 @@ void Reclaimer::CleanIdleGpus(const std::vector<PodMig>& pods) {
   for (const auto& i : ops_.ns.state.intents) referenced.insert(i.gpu_uuid);
   for (const auto& gpu : ops_.ns.inventory.gpus) {
     if (!gpu.exposed) continue;
+    if (gpu.Whole()) continue;  // a whole GPU (MIG mode off) has no instance to clean
     if (!gpu.info.mig.current) {
       spdlog::warn("recovery: GPU {} ({}) is not cleaned: {}", gpu.info.index, gpu.info.uuid,
                    gpu.unhealthy_reason);

@@ -150,6 +150,7 @@ void DecodeLedger(const Json& doc, Reader& r, PluginState& state) {
     if (init != nullptr && !init->is_boolean()) r.Fail(path + ".initContainer: must be a boolean");
     e.init_container = init != nullptr && init->is_boolean() && init->get<bool>();
     e.mig_uuids = r.Strings(j, "migUUIDs", path);
+    if (j.is_object() && j.contains("gpuUUIDs")) e.gpu_uuids = r.Strings(j, "gpuUUIDs", path);
     e.since = r.Int(j, "since", path);
     state.ledger.push_back(std::move(e));
   }
@@ -217,6 +218,7 @@ std::string EncodeState(const PluginState& state) {
                           {"initContainer", e.init_container},
                           {"migUUIDs", e.mig_uuids},
                           {"since", e.since}});
+    if (!e.gpu_uuids.empty()) ledger.back()["gpuUUIDs"] = e.gpu_uuids;
   }
   Json doc = {{"version", 1},
               {"nextIntentId", state.next_intent_id},

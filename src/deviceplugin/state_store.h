@@ -127,6 +127,9 @@ struct LedgerEntry {
   bool init_container = false;
   std::vector<std::string> mig_uuids;  // what the answer gave the container
   int64_t since = 0;                   // unix seconds
+  // The whole GPUs (their UUIDs) the answer gave a whole-GPU pod's container; state file
+  // "gpuUUIDs", written only when not empty.
+  std::vector<std::string> gpu_uuids;
 
   std::string PodKey() const { return ns + "/" + name; }
   friend bool operator==(const LedgerEntry&, const LedgerEntry&) = default;

@@ -759,6 +759,8 @@ absl::Status LocalCluster::StartSchedulerLocked(Replica& replica) {
   o.state.resources = config->resources;
   o.extender.resources = config->resources;
   o.extender.reservation_ttl = options_.reservation_ttl;
+  // Whole-GPU pods are placed only where GPUs may change mode (as cmd_scheduler.cc does).
+  o.extender.whole_gpu_pods = config->mig_mode_switching.enabled;
   o.expiry_interval = options_.expiry_interval;
   o.defrag = options_.defrag;
   o.defrag_interval = options_.defrag_interval;
@@ -874,6 +876,7 @@ absl::Status LocalCluster::StartDevicePluginLocked(Node& node) {
   o.core.resource_name = config->resources.count;
   o.core.allowlist = config->allowlist;
   o.core.warm = config->warm_instances;
+  o.core.mig_mode_switching = config->mig_mode_switching;
   o.core.state_file = node.dir + "/device-plugin-state.json";
   o.kubelet_dir = node.kubelet_dir;
   o.pod_resources_socket = node.kubelet->pod_resources_socket();

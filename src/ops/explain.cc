@@ -13,6 +13,8 @@
 #include "ops/layout.h"
 #include "protocol/annotations.h"
 #include "protocol/defrag.h"
+#include "protocol/devices.h"
+#include "protocol/gpu_mode.h"
 #include "protocol/mig_allocations.h"
 #include "protocol/pod_request.h"
 
@@ -600,6 +602,124 @@ bool ExplainReservation(const Explanation& e) {
   return true;
 }
 
+// --- whole-GPU pods (nvidia.com/vgpu-mode: hami-core) ------------------------------------------
+
+std::string WholeRequestText(const protocol::WholeGpuRequest& r) {
+  std::vector<std::string> parts;
+  for (const auto& c : r.containers) {
+    if (c.count == 0) continue;
+    std::string part = fmt::format("{}{}: {} whole GPU{}", c.init ? "init " : "", c.name, c.count,
+                                   c.count == 1 ? "" : "s");
+    if (c.min_memory_mib > 0) part += fmt::format(" of at least {} MiB", c.min_memory_mib);
+    parts.push_back(std::move(part));
+  }
+  return fmt::format("{}", fmt::join(parts, "; "));
+}
+
+// Placed: the device list the scheduler wrote (hami.io/vgpu-devices-allocated), and which GPUs the
+// device plugin has yet to serve (still in -to-allocate). False: not placed.
+bool ExplainWholePlaced(const Explanation& e) {
+  const std::string node = kube::Annotation(e.pod, protocol::kVgpuNodeAnnotation).value_or("");
+  const auto allocated = kube::Annotation(e.pod, protocol::kDevicesAllocatedAnnotation);
+  if (node.empty() || !allocated.has_value()) return false;
+  auto devices = protocol::DecodePodDevices(*allocated);
+  e.j["status"] = "placed";
+  e.j["node"] = node;
+  if (!devices.ok()) {
+    e.j["error"] = std::string(devices.status().message());
+    e.text += fmt::format(
+        "Placed on {}, but its {} does not decode: {}\nThe scheduler fails closed on the GPUs it "
+        "names until this is repaired.\n",
+        node, protocol::kDevicesAllocatedAnnotation, std::string(devices.status().message()));
+    return true;
+  }
+  auto pending = protocol::DecodePodDevices(
+      kube::Annotation(e.pod, protocol::kDevicesToAllocateAnnotation).value_or(""));
+  const std::string phase = kube::Annotation(e.pod, protocol::kBindPhaseAnnotation).value_or("");
+  e.text += fmt::format("Placed on node {} (bind-phase \"{}\"):\n", node, phase);
+  json gpus = json::array();
+  for (size_t c = 0; c < devices->size(); ++c) {
+    for (const auto& d : (*devices)[c]) {
+      bool waiting = false;
+      if (pending.ok() && c < pending->size()) {
+        for (const auto& p : (*pending)[c]) waiting = waiting || p.uuid == d.uuid;
+      }
+      gpus.push_back({{"container", c},
+                      {"gpu", d.uuid},
+                      {"type", d.type},
+                      {"memoryMiB", d.used_mem_mib},
+                      {"allocated", !waiting}});
+      e.text += fmt::format("  container {}: whole GPU {} ({}, {} MiB){}\n", c, d.uuid, d.type,
+                            d.used_mem_mib, waiting ? ": not served by the device plugin yet" : "");
+    }
+  }
+  e.j["gpus"] = gpus;
+  return true;
+}
+
+// Why a whole-GPU pod waits, or where it is: the extender's own placement
+// (ClusterState::PlanAndReserveWhole) on the cluster without this pod.
+void ExplainWhole(const Explanation& e) {
+  e.j["mode"] = "hami-core";
+  if (!e.config.mig_mode_switching.enabled) {
+    e.j["status"] = "whole-gpu-off";
+    e.text += fmt::format(
+        "A whole-GPU pod ({}: hami-core). dynmig places whole-GPU pods only while "
+        "nvidia.migModeSwitching is enabled in the device config; it is off, so the scheduler "
+        "refuses it (not a MIG pod) and it stays pending.\n",
+        protocol::kVgpuModeAnnotation);
+    return;
+  }
+  auto request = protocol::ParseWholeGpuRequest(e.pod, e.config.resources);
+  if (!request.ok()) {
+    e.j["status"] = "invalid-request";
+    e.j["error"] = std::string(request.status().message());
+    e.text += fmt::format("Its whole-GPU request is invalid, so the extender rejects it: {}\n",
+                          std::string(request.status().message()));
+    return;
+  }
+  e.text += fmt::format("Asks for {}\n", WholeRequestText(*request));
+  e.j["request"] = WholeRequestText(*request);
+  if (kube::IsTerminated(e.pod)) {
+    e.j["status"] = "terminated";
+    e.text += "It has terminated: its whole GPUs (if any) are released.\n";
+    return;
+  }
+  if (ExplainWholePlaced(e)) return;
+  auto state = BuildClusterState(e.snap, e.config, e.key);
+  auto decision = state->PlanAndReserveWhole(e.key, *request, {}, e.now);
+  if (!decision.ok()) {
+    e.j["status"] = "invalid-request";
+    e.j["error"] = std::string(decision.status().message());
+    e.text += std::string(decision.status().message()) + "\n";
+    return;
+  }
+  json nodes = json::object();
+  for (const auto& [node, reason] : decision->failed) nodes[node] = reason;
+  e.j["nodes"] = nodes;
+  if (decision->reservation.has_value()) {
+    e.j["status"] = "fits-now";
+    e.j["wouldPlace"] = decision->reservation->summary;
+    e.text += fmt::format(
+        "It would be placed now: {}. The wait is outside the extender (kube-scheduler's own "
+        "filters, a cordoned node, or it has not been tried since the GPUs were freed).\n",
+        decision->reservation->summary);
+    if (const std::string c = ScheduledCondition(e.pod); !c.empty()) {
+      e.text += fmt::format("  PodScheduled condition: {}\n", c);
+    }
+    return;
+  }
+  e.j["status"] = "pending";
+  e.text += "Pending: no node has the whole GPUs it asks for.\n";
+  if (decision->failed.empty()) e.text += "  No node registers a GPU with dynmig.\n";
+  for (const auto& [node, reason] : decision->failed) {
+    e.text += fmt::format("  {}: {}\n", node, reason);
+  }
+  e.text +=
+      "A GPU in MIG mode is switched to whole-GPU mode only by the scheduler's mode "
+      "decisions (when idle and allowed by nvidia.migModeSwitching).\n";
+}
+
 }  // namespace
 
 absl::StatusOr<CommandOutput> RunExplain(kube::KubeClient& client, const ExplainOptions& options,
@@ -624,6 +744,10 @@ absl::StatusOr<CommandOutput> RunExplain(kube::KubeClient& client, const Explain
   const std::string phase = kube::Phase(pod).empty() ? "Unknown" : kube::Phase(pod);
   out.json = {{"pod", e.key}, {"phase", phase}, {"configSource", source->origin}};
   out.text += fmt::format("Pod {}: phase {}\n", e.key, phase);
+  if (protocol::IsWholeGpuPod(pod, config.resources)) {
+    ExplainWhole(e);
+    return out;
+  }
   const auto request = ExplainRequest(e);
   if (!request) return out;
   if (ExplainReservation(e)) return out;

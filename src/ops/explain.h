@@ -32,7 +32,13 @@ struct ExplainOptions {
   size_t closest_gpus = 3;  // GPUs shown in the blocking-pods analysis
 };
 
-// json "status": "placed" | "pending" | "fits-now" | "not-mig" | "invalid-request" | "terminated".
+// A whole-GPU pod (nvidia.com/vgpu-mode: hami-core): "whole-gpu-off" while
+// nvidia.migModeSwitching is off; placed: its node and whole GPUs (each served by the device plugin
+// or not yet); pending: each node's reason from ClusterState::PlanAndReserveWhole ("no whole GPU
+// free for the pod (needs 1, 0 free): 1 GPU in MIG mode, 1 whole GPU in use by ns/p").
+//
+// json "status": "placed" | "pending" | "fits-now" | "not-mig" | "invalid-request" | "terminated"
+// | "whole-gpu-off"; for whole-GPU pods also "mode": "hami-core".
 // Errors: kNotFound (no such pod), the client's errors.
 absl::StatusOr<CommandOutput> RunExplain(kube::KubeClient& client, const ExplainOptions& options,
                                          const SlicePainter& painter, absl::Time now);

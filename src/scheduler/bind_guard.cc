@@ -4,6 +4,8 @@
 
 #include "fmt/format.h"
 #include "protocol/annotations.h"
+#include "protocol/devices.h"
+#include "protocol/gpu_mode.h"
 #include "protocol/mig_allocations.h"
 
 namespace dynmig::scheduler {
@@ -16,13 +18,33 @@ std::string PodKey(const kube::Object& pod) {
 
 }  // namespace
 
-std::optional<HeldReservation> AnnotatedReservation(const kube::Object& pod) {
+std::optional<std::string> WholeGpuReservationNode(const kube::Object& pod) {
   const std::string node = kube::Annotation(pod, protocol::kVgpuNodeAnnotation).value_or("");
+  if (node.empty() || kube::Annotation(pod, protocol::kMigAllocationsAnnotation).has_value()) {
+    return std::nullopt;
+  }
+  auto mode = protocol::PodGpuMode(pod);
+  if (!mode.ok() || *mode != protocol::GpuMode::kWholeGpu) return std::nullopt;
+  auto devices = protocol::DecodePodDevices(
+      kube::Annotation(pod, protocol::kDevicesAllocatedAnnotation).value_or(""));
+  if (!devices.ok()) return std::nullopt;
+  for (const auto& ctr : *devices) {
+    if (!ctr.empty()) return node;
+  }
+  return std::nullopt;
+}
+
+std::optional<HeldReservation> AnnotatedReservation(const kube::Object& pod) {
+  std::string node = kube::Annotation(pod, protocol::kVgpuNodeAnnotation).value_or("");
   const std::string allocations =
       kube::Annotation(pod, protocol::kMigAllocationsAnnotation).value_or("");
-  if (node.empty() || allocations.empty()) return std::nullopt;
-  auto decoded = protocol::DecodeMigAllocations(allocations);
-  if (!decoded.ok() || decoded->empty()) return std::nullopt;
+  if (auto whole = WholeGpuReservationNode(pod)) {
+    node = *whole;
+  } else {
+    if (node.empty() || allocations.empty()) return std::nullopt;
+    auto decoded = protocol::DecodeMigAllocations(allocations);
+    if (!decoded.ok() || decoded->empty()) return std::nullopt;
+  }
   HeldReservation held{.node = node, .made = std::nullopt};
   const std::string time_text = kube::Annotation(pod, protocol::kVgpuTimeAnnotation).value_or("");
   char* end = nullptr;
@@ -45,6 +67,9 @@ absl::Status BindGuard::CheckOurs(const kube::Object& pod) const {
         "pod {} is not scheduled by {}: its spec.schedulerName is \"{}\"; this extender only "
         "reserves for and binds its own MIG pods",
         PodKey(pod), options_.scheduler_name, scheduler.empty() ? "default-scheduler" : scheduler));
+  }
+  if (options_.whole_gpu_pods && protocol::IsWholeGpuPod(pod, options_.resources)) {
+    return absl::OkStatus();
   }
   if (!protocol::IsMigPod(pod, options_.resources)) {
     return absl::PermissionDeniedError(fmt::format(

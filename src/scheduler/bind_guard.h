@@ -2,8 +2,9 @@
 // may reserve for a pod and before a bind may place one, independent of how the caller was
 // authenticated (defence in depth: they hold with client authentication off too).
 //
-// A pod is ours when it is a MIG pod (protocol::IsMigPod) whose spec.schedulerName is the
-// configured scheduler name. Bind is allowed only for a pod of ours, read from the API (never the
+// A pod is ours when it is a MIG pod (protocol::IsMigPod), or a whole-GPU pod
+// (protocol::IsWholeGpuPod) while whole_gpu_pods is on, whose spec.schedulerName is the configured
+// scheduler name. Bind is allowed only for a pod of ours, read from the API (never the
 // request body), whose uid is the request's PodUID, and that holds a reservation of this extender
 // on the request's Node made less than reservation_ttl ago. Where that reservation lives (the pod's
 // annotations today; perhaps the scheduler's memory between filter and bind) is behind
@@ -34,13 +35,22 @@ struct HeldReservation {
 using ReservationLookup = std::function<std::optional<HeldReservation>(const kube::Object& pod)>;
 
 // The reservation the pod's annotations carry: hami.io/vgpu-node with a readable, non-empty
-// hami.io/vgpu-mig-allocations, made at hami.io/vgpu-time (Unix seconds).
+// hami.io/vgpu-mig-allocations (or, for a whole-GPU pod, none of those and a readable, non-empty
+// hami.io/vgpu-devices-allocated: WholeGpuReservationNode), made at hami.io/vgpu-time (Unix
+// seconds).
 std::optional<HeldReservation> AnnotatedReservation(const kube::Object& pod);
+
+// The node of the whole-GPU reservation the pod carries: nvidia.com/vgpu-mode "hami-core",
+// hami.io/vgpu-node, no hami.io/vgpu-mig-allocations, and a readable hami.io/vgpu-devices-allocated
+// naming at least one device. nullopt otherwise.
+std::optional<std::string> WholeGpuReservationNode(const kube::Object& pod);
 
 struct BindGuardOptions {
   std::string scheduler_name = "dynmig-scheduler";
   protocol::ResourceNames resources;
   absl::Duration reservation_ttl = absl::Minutes(10);
+  // Whole-GPU pods are ours too (device-config.yaml nvidia.migModeSwitching enabled).
+  bool whole_gpu_pods = false;
 };
 
 class BindGuard {

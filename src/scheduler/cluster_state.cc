@@ -1,6 +1,7 @@
 #include "scheduler/cluster_state.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "common/strings.h"
 #include "fmt/format.h"
@@ -80,11 +81,17 @@ void ClusterState::ReadDeviceEvidence(const json& pod, PodEntry& entry) {
       AddUnreadable(entry, key, value, devices.status());
       continue;
     }
+    std::vector<std::string>& per_key = key == protocol::kDevicesAllocatedAnnotation
+                                            ? entry.allocated_gpus
+                                            : entry.to_allocate_gpus;
     for (const auto& ctr : *devices) {
       for (const auto& dev : ctr) {
         if (std::find(entry.device_gpus.begin(), entry.device_gpus.end(), dev.uuid) ==
             entry.device_gpus.end()) {
           entry.device_gpus.push_back(dev.uuid);
+        }
+        if (std::find(per_key.begin(), per_key.end(), dev.uuid) == per_key.end()) {
+          per_key.push_back(dev.uuid);
         }
       }
     }
@@ -186,6 +193,7 @@ void ClusterState::UpsertNode(const json& node) {
   }
   for (const auto& gpu : entry.gpus) Uncount(gpu.info.type);
   entry.gpus.clear();
+  entry.whole.clear();
   entry.register_error.clear();
   entry.handshake = Annotation(node, protocol::kNodeHandshakeAnnotation);
   entry.reported_at = ParseHandshakeReported(entry.handshake);
@@ -247,6 +255,11 @@ void ClusterState::UpsertNode(const json& node) {
     return;
   }
   for (auto& info : *devices) {
+    if (protocol::DeviceGpuMode(info) == protocol::GpuMode::kWholeGpu) {
+      // A whole GPU: placed apart from the MIG GPUs (no MIG pod goes there, and the reverse).
+      entry.whole.push_back(std::move(info));
+      continue;
+    }
     if (info.mode.find("mig") == std::string::npos || info.mig_profiles.empty()) continue;
     GpuEntry gpu;
     gpu.planner = PlannerFor(info);
@@ -309,6 +322,7 @@ void ClusterState::UpsertPod(const json& pod) {
   entry.node = Annotation(pod, protocol::kVgpuNodeAnnotation);
   if (entry.node.empty()) entry.node = Str(pod, {"spec", "nodeName"});
   entry.mig = protocol::IsMigPod(pod, options_.resources);
+  entry.whole = protocol::IsWholeGpuPod(pod, options_.resources);
   entry.has_annotation = HasAnnotation(pod, protocol::kMigAllocationsAnnotation);
   if (entry.has_annotation) {
     const std::string value = Annotation(pod, protocol::kMigAllocationsAnnotation);
@@ -320,12 +334,21 @@ void ClusterState::UpsertPod(const json& pod) {
   ReadDeviceEvidence(pod, entry);
   const std::string t = Annotation(pod, protocol::kVgpuTimeAnnotation);
   if (!t.empty()) entry.reserved_at = std::atoll(t.c_str());
-  // The pod's own annotation supersedes an assumption once it carries the reservation.
-  if (auto a = assumed_.find(key); a != assumed_.end() && entry.has_annotation &&
-                                   entry.allocations.ok() && !entry.allocations->empty()) {
+  // The pod's own annotation supersedes an assumption once it carries the reservation (a
+  // whole-GPU pod's is its device list: it has no MIG allocations).
+  const bool whole_reserved = entry.whole && !entry.has_annotation && !entry.allocated_gpus.empty();
+  if (auto a = assumed_.find(key);
+      a != assumed_.end() &&
+      ((entry.has_annotation && entry.allocations.ok() && !entry.allocations->empty()) ||
+       (whole_reserved && !entry.node.empty()))) {
     DropAssumed(a);
   }
-  if (entry.node.empty() || (!entry.mig && !entry.has_annotation)) return;  // not ours to count
+  // A whole-GPU pod counts where dynmig's annotations say it holds devices.
+  const bool whole_evidence =
+      entry.whole && (!entry.device_gpus.empty() || !entry.unreadable.empty());
+  if (entry.node.empty() || (!entry.mig && !entry.has_annotation && !whole_evidence)) {
+    return;  // not ours to count
+  }
   // A node that is not registered (yet) gets an entry: the pod counts when the node appears.
   NodeEntry& node = NodeFor(entry.node);
   node.pods.insert(key);
@@ -451,6 +474,7 @@ void ClusterState::CollectReservations(RebuildState& st) const {
       }
       continue;
     }
+    if (pod.whole && NamesWholeGpu(node, pod)) continue;  // CollectWholeGpus counts it
     FailClosedOnEvidence(node, pod, st.unhealthy);
   }
   for (const auto& key : node.assumed) {
@@ -618,6 +642,7 @@ void ClusterState::Rebuild(NodeEntry& node, absl::Time now) const {
   node.next_defrag_expiry = st.next_expiry;
   view.gpus.reserve(node.gpus.size());
   for (size_t i = 0; i < node.gpus.size(); ++i) view.gpus.push_back(BuildGpuView(st, i));
+  CollectWholeGpus(node, node.report);
   node.summary = mig::Summarize(view);
   node.dirty = false;
 }
@@ -703,6 +728,9 @@ const mig::NodeView& ClusterState::ViewOf(NodeEntry& node, absl::Time now) const
     Occupancy::Gpu og{g.uuid, g.healthy && g.allowlisted, 0};
     for (const auto& r : g.reservations) og.occupied |= r.placement.Mask();
     occ.gpus.push_back(std::move(og));
+  }
+  for (const auto& w : node.report.whole_gpus) {
+    occ.gpus.push_back({w.uuid, w.healthy, w.holder.empty() ? mig::SliceMask{0} : 1, true});
   }
   if (node.occupancy_seen ? CapacityGrew(node.occupancy, occ) : occ.healthy) {
     node.freed_seq = ++freed_counter_;
@@ -1118,7 +1146,7 @@ bool CapacityGrew(const ClusterState::Occupancy& before, const ClusterState::Occ
     if (!g.schedulable) continue;
     const ClusterState::Occupancy::Gpu* old = nullptr;
     for (const auto& b : before.gpus) {
-      if (b.uuid == g.uuid) {
+      if (b.uuid == g.uuid && b.whole == g.whole) {
         old = &b;
         break;
       }
@@ -1148,6 +1176,15 @@ std::vector<std::string> ClusterState::UnrealizedBefore(absl::Time deadline) con
       out.push_back(key);
     }
   }
+  // Whole-GPU pods: unrealized while a GPU is still to be allocated (the device plugin erases a
+  // container's entry from hami.io/vgpu-devices-to-allocate when it serves it).
+  for (const auto& [key, pod] : pods_) {
+    if (!pod.whole || pod.has_annotation || pod.allocated_gpus.empty()) continue;
+    if (!pod.to_allocate_gpus.empty() && pod.reserved_at > 0 && pod.reserved_at < cutoff &&
+        !released_.count(key)) {
+      out.push_back(key);
+    }
+  }
   for (const auto& [key, a] : assumed_) {
     if (a.reserved_at < cutoff && !a.binding && !pods_.count(key)) out.push_back(key);
   }
@@ -1160,6 +1197,7 @@ std::optional<std::string> ClusterState::ReservedNode(const std::string& pod_key
   auto it = pods_.find(pod_key);
   if (it == pods_.end()) return std::nullopt;
   const PodEntry& pod = it->second;
+  if (pod.whole && !pod.has_annotation && !pod.allocated_gpus.empty()) return pod.node;
   if (!pod.has_annotation || !pod.allocations.ok() || pod.allocations->empty()) {
     return std::nullopt;
   }
@@ -1172,6 +1210,376 @@ void ClusterState::ReleaseUnrealized(const std::string& pod_key) {
   if (it == pods_.end()) return;
   released_.insert(pod_key);
   MarkDirty(it->second.node);
+}
+
+// --- GPUs in whole-GPU mode ---------------------------------------------------------------------
+
+bool ClusterState::NamesWholeGpu(const NodeEntry& node, const PodEntry& pod) {
+  for (const auto& w : node.whole) {
+    for (const auto* list : {&pod.device_gpus, &pod.unreadable_gpus}) {
+      if (std::find(list->begin(), list->end(), w.id) != list->end()) return true;
+    }
+  }
+  return false;
+}
+
+namespace {
+
+// Marks a whole GPU unschedulable; the first reason stays.
+void Fault(WholeGpuReport& w, std::string_view code, const std::string& why) {
+  if (!w.healthy) return;
+  w.healthy = false;
+  w.unhealthy_code = std::string(code);
+  w.unhealthy_reason = why;
+}
+
+// A registered whole GPU as reported, before any pod: what the register says is taken as the
+// device plugin's word, except what would make a reservation ambiguous or unwritable (`duplicate`:
+// its UUID is published again); those GPUs take no pod. `cordon`: why it is cordoned, if it is.
+WholeGpuReport WholeGpuOf(const protocol::DeviceInfo& d, bool duplicate,
+                          const std::optional<std::string>& cordon) {
+  WholeGpuReport w;
+  w.uuid = d.id;
+  w.index = d.index;
+  w.model = d.type;
+  w.memory_mib = d.devmem_mib;
+  constexpr std::string_view kSeparators = ",:;";
+  if (d.id.empty() || d.id.find_first_of(kSeparators) != std::string::npos ||
+      d.type.find_first_of(kSeparators) != std::string::npos) {
+    Fault(w, "bad-device",
+          fmt::format("the register's whole GPU \"{}\" ({}) has an empty UUID or one of ',:;' in "
+                      "its UUID or type",
+                      d.id, d.type));
+  } else if (duplicate) {
+    Fault(w, "bad-device", fmt::format("the register publishes {} more than once", d.id));
+  } else if (d.devmem_mib > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
+    Fault(w, "bad-device",
+          fmt::format("the register's devmem {} MiB is out of range", d.devmem_mib));
+  }
+  if (!d.health) Fault(w, "device-unhealthy", "the device plugin reports this GPU unhealthy");
+  if (cordon.has_value()) Fault(w, "cordoned", *cordon);
+  return w;
+}
+
+}  // namespace
+
+void ClusterState::CollectWholeGpus(const NodeEntry& node, NodeReport& report) const {
+  report.whole_gpus.clear();
+  if (node.whole.empty()) return;
+  report.whole_gpus.reserve(node.whole.size());
+  std::set<std::string> mig_ids;
+  for (const auto& g : node.gpus) mig_ids.insert(g.info.id);
+  std::map<std::string, int> seen;
+  for (const auto& d : node.whole) ++seen[d.id];
+  for (const auto& d : node.whole) {
+    std::optional<std::string> cordon;
+    if (!node.cordon_error.empty()) {
+      cordon = "cordoned: unreadable " + node.cordon_error;
+    } else if (node.cordoned.count(d.id)) {
+      auto why = node.cordon_reasons.find(d.id);
+      cordon = why == node.cordon_reasons.end()
+                   ? std::string("cordoned (hami.io/device-cordon)")
+                   : fmt::format("cordoned (hami.io/device-cordon): {}", why->second);
+    }
+    report.whole_gpus.push_back(WholeGpuOf(d, seen[d.id] > 1 || mig_ids.count(d.id) > 0, cordon));
+  }
+  auto find = [&](const std::string& uuid) -> WholeGpuReport* {
+    for (auto& w : report.whole_gpus) {
+      if (w.uuid == uuid) return &w;
+    }
+    return nullptr;
+  };
+  // One pod per GPU: a second holder is a conflict (fail closed, both stay counted).
+  auto hold = [&](WholeGpuReport& w, const std::string& pod, bool assumed) {
+    if (w.holder.empty()) {
+      w.holder = pod;
+      w.assumed = assumed;
+    } else if (w.holder != pod) {
+      Fault(w, "conflicting-reservations",
+            fmt::format("conflicting reservations: given to both {} and {}", w.holder, pod));
+    }
+  };
+  for (const auto& key : node.pods) {
+    auto it = pods_.find(key);
+    if (it == pods_.end() || assumed_.count(key)) continue;  // assumptions below
+    const PodEntry& pod = it->second;
+    if (pod.has_annotation && pod.allocations.ok()) {
+      for (const auto& a : *pod.allocations) {
+        if (WholeGpuReport* w = find(a.gpu_uuid)) {
+          Fault(*w, "mig-reservation",
+                fmt::format("pod {} holds a MIG reservation on this GPU, which is in whole-GPU "
+                            "mode",
+                            key));
+        }
+      }
+    }
+    bool named = false;
+    for (const auto& uuid : pod.unreadable_gpus) {
+      if (WholeGpuReport* w = find(uuid)) {
+        named = true;
+        Fault(*w, "unreadable-reservation", fmt::format("pod {} has {}", key, pod.unreadable));
+      }
+    }
+    // Realized devices only once the pod's unrealized ones were released (bind-phase failed).
+    const bool released = released_.count(key) > 0;
+    for (const auto& uuid : pod.device_gpus) {
+      WholeGpuReport* w = find(uuid);
+      if (w == nullptr) continue;
+      named = true;
+      const bool pending = std::find(pod.to_allocate_gpus.begin(), pod.to_allocate_gpus.end(),
+                                     uuid) != pod.to_allocate_gpus.end();
+      if (pod.whole && released && pending) continue;
+      if (pod.whole && !pod.has_annotation) {
+        hold(*w, key, false);
+      } else {
+        Fault(*w, "devices-without-reservation",
+              fmt::format("pod {} holds devices of this GPU without a whole-GPU reservation (it "
+                          "is not a whole-GPU pod, or it carries {})",
+                          key, protocol::kMigAllocationsAnnotation));
+      }
+    }
+    if (!pod.unreadable.empty() && !named) {
+      // Unreadable and naming none of the node's GPUs (FailClosedOnEvidence does the same for the
+      // MIG ones): something is reserved here and nothing says which GPU.
+      bool names_mig = false;
+      for (const auto& uuid : pod.unreadable_gpus) names_mig = names_mig || mig_ids.count(uuid);
+      if (!names_mig) {
+        for (auto& w : report.whole_gpus) {
+          Fault(w, "unreadable-reservation",
+                fmt::format("pod {} has {}, naming none of this node's GPUs", key, pod.unreadable));
+        }
+      }
+    }
+  }
+  for (const auto& key : node.assumed) {
+    auto a = assumed_.find(key);
+    if (a == assumed_.end() || !a->second.reservation.allocations.empty()) continue;
+    for (const auto& ctr : a->second.reservation.devices) {
+      for (const auto& dev : ctr) {
+        if (WholeGpuReport* w = find(dev.uuid)) hold(*w, key, true);
+      }
+    }
+  }
+}
+
+namespace {
+
+// Why a node's whole GPUs cannot take a pod now: "no whole GPU free for the pod (needs 1, 0
+// free): 1 GPU in MIG mode, 1 whole GPU in use by ns/p, 1 cordoned"; `verdict` gpu-unhealthy when
+// only faults stand in the way, else capacity-exhausted.
+std::string WholeBusyReason(const std::vector<WholeGpuReport>& gpus, size_t mig_gpus,
+                            uint64_t total, size_t free_count, uint64_t floor,
+                            mig::Verdict* verdict) {
+  std::vector<std::string> holders;
+  std::map<std::string, size_t> faults;
+  size_t small = 0;
+  for (const auto& g : gpus) {
+    if (!g.healthy) {
+      ++faults[g.unhealthy_code];
+    } else if (!g.holder.empty()) {
+      holders.push_back(g.holder);
+    } else if (g.memory_mib < floor) {
+      ++small;
+    }
+  }
+  std::vector<std::string> parts;
+  if (mig_gpus > 0) {
+    parts.push_back(fmt::format("{} GPU{} in MIG mode", mig_gpus, mig_gpus == 1 ? "" : "s"));
+  }
+  if (!holders.empty()) {
+    constexpr size_t kShown = 3;
+    std::vector<std::string> shown(holders.begin(),
+                                   holders.begin() + std::min(holders.size(), kShown));
+    parts.push_back(fmt::format("{} whole GPU{} in use by {}{}", holders.size(),
+                                holders.size() == 1 ? "" : "s", fmt::join(shown, ", "),
+                                holders.size() > kShown ? " and others" : ""));
+  }
+  for (const auto& [code, n] : faults) parts.push_back(fmt::format("{} {}", n, code));
+  if (small > 0) parts.push_back(fmt::format("{} free but smaller than {} MiB", small, floor));
+  *verdict = holders.empty() && !faults.empty() ? mig::Verdict::kGpuUnhealthy
+                                                : mig::Verdict::kCapacityExhausted;
+  return fmt::format("no whole GPU free for {} (needs {}, {} free): {}",
+                     total == 1 ? "the pod" : "all the pod's containers", total, free_count,
+                     fmt::join(parts, ", "));
+}
+
+}  // namespace
+
+ClusterState::WholeFit ClusterState::FitWhole(const NodeEntry& node,
+                                              const protocol::WholeGpuRequest& request) {
+  WholeFit out;
+  const auto& gpus = node.report.whole_gpus;
+  if (!node.view.healthy) {
+    out.verdict = mig::Verdict::kNodeUnhealthy;
+    out.reason = "node unhealthy: " + node.view.unhealthy_reason;
+    return out;
+  }
+  const size_t mig_gpus = node.gpus.size();
+  const std::string mig_text =
+      mig_gpus == 0 ? ""
+                    : fmt::format(", {} GPU{} in MIG mode", mig_gpus, mig_gpus == 1 ? "" : "s");
+  const uint64_t total = request.TotalGpus();
+  if (gpus.empty()) {
+    out.never = true;
+    out.verdict = mig::Verdict::kNoMigGpu;
+    out.reason =
+        fmt::format("no whole GPU: the node publishes no GPU in whole-GPU mode{}", mig_text);
+    return out;
+  }
+  if (total > gpus.size()) {
+    out.never = true;
+    out.verdict = mig::Verdict::kCapacityExhausted;
+    out.reason = fmt::format("the pod asks for {} whole GPUs, the node has {} in whole-GPU mode{}",
+                             total, gpus.size(), mig_text);
+    return out;
+  }
+  // Each GPU the containers ask for, largest memory floor first: a GPU that covers a floor covers
+  // every smaller one, so taking the smallest GPU that covers each in turn fits whenever any
+  // assignment does, and leaves the large GPUs to later pods.
+  struct Demand {
+    uint64_t floor;
+    size_t container;
+  };
+  std::vector<Demand> demands;
+  demands.reserve(total);
+  for (size_t c = 0; c < request.containers.size(); ++c) {
+    for (uint32_t k = 0; k < request.containers[c].count; ++k) {
+      demands.push_back({request.containers[c].min_memory_mib, c});
+    }
+  }
+  std::stable_sort(demands.begin(), demands.end(),
+                   [](const Demand& a, const Demand& b) { return a.floor > b.floor; });
+  // Could it ever fit (every GPU free)?
+  {
+    std::vector<uint64_t> sizes;
+    for (const auto& g : gpus) sizes.push_back(g.memory_mib);
+    std::sort(sizes.begin(), sizes.end(), std::greater<>());
+    for (size_t i = 0; i < demands.size(); ++i) {
+      if (sizes[i] < demands[i].floor) {
+        const auto large = static_cast<size_t>(std::count_if(
+            sizes.begin(), sizes.end(), [&](uint64_t m) { return m >= demands[i].floor; }));
+        out.never = true;
+        out.verdict = mig::Verdict::kNoProfileBigEnough;
+        out.reason = fmt::format(
+            "too small: the pod needs {} whole GPU{} with at least {} MiB, the node has {} that "
+            "large{}",
+            i + 1, i == 0 ? "" : "s", demands[i].floor, large, mig_text);
+        return out;
+      }
+    }
+  }
+  std::vector<bool> taken(gpus.size(), false);
+  out.picks.resize(request.containers.size());
+  bool fits = true;
+  for (const Demand& d : demands) {
+    int best = -1;
+    for (size_t g = 0; g < gpus.size(); ++g) {
+      if (taken[g] || !gpus[g].healthy || !gpus[g].holder.empty() || gpus[g].memory_mib < d.floor) {
+        continue;
+      }
+      if (best < 0 || gpus[g].memory_mib < gpus[best].memory_mib) best = static_cast<int>(g);
+    }
+    if (best < 0) {
+      fits = false;
+      break;
+    }
+    taken[best] = true;
+    out.picks[d.container].push_back(static_cast<size_t>(best));
+  }
+  size_t free_count = 0;
+  for (size_t g = 0; g < gpus.size(); ++g) {
+    if (gpus[g].healthy && gpus[g].holder.empty()) ++free_count;
+  }
+  if (fits) {
+    out.fits = true;
+    out.free_after = free_count - total;
+    return out;
+  }
+  // Why not: what the node's whole GPUs are doing.
+  out.reason = WholeBusyReason(gpus, mig_gpus, total, free_count,
+                               demands.empty() ? 0 : demands.front().floor, &out.verdict);
+  return out;
+}
+
+absl::StatusOr<FilterDecision> ClusterState::PlanAndReserveWhole(
+    const std::string& pod_key, const protocol::WholeGpuRequest& request,
+    const std::vector<std::string>& candidates, absl::Time now, const std::string& pod_uid) {
+  dynmig::MutexLock lock(&mu_);
+  if (assumed_.count(pod_key)) {
+    return absl::InvalidArgumentError(
+        fmt::format("pod {} already holds a reservation made by this scheduler", pod_key));
+  }
+  std::vector<NodeEntry*> entries;
+  std::vector<std::string> names;
+  if (candidates.empty()) {
+    for (auto& [name, n] : nodes_) {
+      entries.push_back(&n);
+      names.push_back(name);
+    }
+  } else {
+    for (const auto& name : candidates) {
+      entries.push_back(FindNode(name));
+      names.push_back(name);
+    }
+  }
+  FilterDecision decision;
+  std::vector<WholeFit> fits(entries.size());
+  std::vector<bool> never(entries.size(), true);
+  int chosen = -1;
+  decision.verdict = mig::Verdict::kNoMigGpu;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    NodeEntry* e = entries[i];
+    if (e == nullptr) {
+      decision.failed[names[i]] = "no whole GPU: the node registers no GPU with dynmig";
+      continue;
+    }
+    ViewOf(*e, now);
+    fits[i] = FitWhole(*e, request);
+    never[i] = fits[i].never;
+    if (!fits[i].fits) {
+      decision.failed[names[i]] = fits[i].reason;
+      if (static_cast<int>(fits[i].verdict) < static_cast<int>(decision.verdict)) {
+        decision.verdict = fits[i].verdict;
+      }
+      continue;
+    }
+    if (chosen < 0) {
+      chosen = static_cast<int>(i);
+      continue;
+    }
+    const NodeEntry& c = *entries[chosen];
+    const auto better = std::make_pair(e->view.bind_in_flight, fits[i].free_after) <
+                        std::make_pair(c.view.bind_in_flight, fits[chosen].free_after);
+    if (better) chosen = static_cast<int>(i);
+  }
+  if (chosen < 0) return decision;
+  // A node was chosen: only the nodes that can never run the pod keep their reason.
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (entries[i] != nullptr && !never[i]) decision.failed.erase(names[i]);
+  }
+  NodeEntry& node = *entries[chosen];
+  const WholeFit& fit = fits[chosen];
+  Reservation r;
+  r.node = node.name;
+  r.devices.resize(request.containers.size());
+  std::vector<std::string> parts;
+  for (size_t c = 0; c < request.containers.size(); ++c) {
+    for (size_t g : fit.picks[c]) {
+      const WholeGpuReport& w = node.report.whole_gpus[g];
+      r.devices[c].push_back(
+          {w.uuid, w.model.empty() ? "NVIDIA" : w.model, static_cast<int32_t>(w.memory_mib), 100});
+      parts.push_back(w.uuid);
+    }
+  }
+  r.summary = fmt::format("whole GPU{} {} on {}", parts.size() == 1 ? "" : "s",
+                          fmt::join(parts, ", "), node.name);
+  decision.verdict = mig::Verdict::kFits;
+  decision.reservation = r;
+  assumed_[pod_key] = {std::move(r), absl::ToUnixSeconds(now), pod_uid, false};
+  node.assumed.insert(pod_key);
+  Touch(node);
+  ViewOf(node, now);
+  return decision;
 }
 
 }  // namespace dynmig::scheduler

@@ -46,6 +46,7 @@
 #include "nlohmann/json.hpp"
 #include "protocol/defrag.h"
 #include "protocol/devices.h"
+#include "protocol/gpu_mode.h"
 #include "protocol/held_slices.h"
 #include "protocol/idle_instances.h"
 #include "protocol/mig_allocations.h"
@@ -97,6 +98,21 @@ struct GpuReport {
   std::vector<IdleReport> idle;
 };
 
+// A GPU the node publishes in whole-GPU mode (mode "hami-core", MIG off): given whole to one pod.
+struct WholeGpuReport {
+  std::string uuid;
+  uint32_t index = 0;
+  std::string model;
+  uint64_t memory_mib = 0;  // devmem
+  bool healthy = true;
+  std::string unhealthy_reason;
+  // device-unhealthy, cordoned, bad-device, unreadable-reservation, mig-reservation,
+  // devices-without-reservation, conflicting-reservations.
+  std::string unhealthy_code;
+  std::string holder;    // namespace/name of the pod it is given to; empty: free
+  bool assumed = false;  // the holder's reservation is this scheduler's, annotation not seen yet
+};
+
 struct NodeReport {
   std::string name;
   bool healthy = true;
@@ -104,6 +120,7 @@ struct NodeReport {
   // unreadable-register, deregistered or stopped-reporting (a metric label, no names in it).
   std::string unhealthy_code;
   std::vector<GpuReport> gpus;
+  std::vector<WholeGpuReport> whole_gpus;  // GPUs in whole-GPU mode, apart from the MIG ones
   // hami.io/mutex.lock's time while a bind holds the node's lock (metrics: how long it is held).
   std::optional<absl::Time> locked_at;
   // dynmig.io/defrag-reservation, as read (expired ones included; `active` says which count).
@@ -174,6 +191,21 @@ class ClusterState {
   // The bind is over (bound or failed): the assumption stays until the annotation arrives.
   void EndBind(const std::string& pod_key) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Places a whole-GPU pod (protocol::IsWholeGpuPod) as PlanAndReserve places a MIG pod: on the
+  // candidate node where every container gets `count` free, healthy, uncordoned GPUs in whole-GPU
+  // mode with at least its memory floor, no GPU given to two containers (init containers
+  // included: they get GPUs of their own). Among the nodes that fit: one without a bind in flight,
+  // then the one left with the fewest free whole GPUs (whole nodes stay free), then candidate
+  // order. The reservation is assumed as a MIG one is (Reservation::devices, no allocations).
+  // Errors: kInvalidArgument when the pod already holds a reservation. Under the exclusive lock
+  // (whole-GPU pods are few; the work per node is bounded by its GPUs and the pod's containers).
+  absl::StatusOr<FilterDecision> PlanAndReserveWhole(const std::string& pod_key,
+                                                     const protocol::WholeGpuRequest& request,
+                                                     const std::vector<std::string>& candidates,
+                                                     absl::Time now,
+                                                     const std::string& pod_uid = "")
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Drops an assumed reservation (the annotation write failed, or the reservation expired).
   void Forget(const std::string& pod_key) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -213,6 +245,7 @@ class ClusterState {
       std::string uuid;
       bool schedulable = false;
       mig::SliceMask occupied = 0;
+      bool whole = false;  // a GPU in whole-GPU mode: occupied is 1 while a pod holds it
     };
     bool healthy = false;
     uint32_t blocked_holds = 0;
@@ -268,6 +301,8 @@ class ClusterState {
     std::string handshake;                // hami.io/node-handshake value
     std::optional<absl::Time> locked_at;  // hami.io/mutex.lock's time: a bind is in flight
     std::vector<GpuEntry> gpus;
+    // The register's GPUs in whole-GPU mode ("hami-core"), apart from the MIG ones.
+    std::vector<protocol::DeviceInfo> whole;
     // hami.io/device-cordon (protocol/device_cordon.h): GPUs that take no new reservation; when
     // the annotation cannot be read, every GPU of the node is cordoned (cordon_error says why).
     std::set<std::string> cordoned;
@@ -296,6 +331,11 @@ class ClusterState {
     // readable device annotations name, and for unreadable ones (mig-allocations or devices)
     // why, and the GPU UUIDs their text names.
     std::vector<std::string> device_gpus;
+    // The same per annotation (readable ones): a whole GPU whose entry the device plugin erased
+    // from -to-allocate was allocated (realized).
+    std::vector<std::string> allocated_gpus;
+    std::vector<std::string> to_allocate_gpus;
+    bool whole = false;  // a whole-GPU pod (protocol::IsWholeGpuPod)
     std::string unreadable;
     std::vector<std::string> unreadable_gpus;
     int64_t reserved_at = 0;  // hami.io/vgpu-time (unix seconds)
@@ -351,6 +391,22 @@ class ClusterState {
   static Reservation MakeReservation(const std::string& node, const mig::NodeView& view,
                                      const mig::NodePlan& plan, const mig::PodRequest& request);
   static mig::GpuView BuildGpuView(RebuildState& st, size_t i);
+  // The node's GPUs in whole-GPU mode into report.whole_gpus: faults, and the pod holding each.
+  void CollectWholeGpus(const NodeEntry& node, NodeReport& report) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Whether the pod's evidence names one of the node's GPUs in whole-GPU mode.
+  static bool NamesWholeGpu(const NodeEntry& node, const PodEntry& pod);
+  // The whole-GPU request on one node (its view up to date): per container the GPUs (indices
+  // into report.whole_gpus), or why not.
+  struct WholeFit {
+    bool fits = false;
+    bool never = false;  // the node could not run the pod even with every GPU free
+    mig::Verdict verdict = mig::Verdict::kFits;
+    std::string reason;
+    std::vector<std::vector<size_t>> picks;
+    size_t free_after = 0;
+  };
+  static WholeFit FitWhole(const NodeEntry& node, const protocol::WholeGpuRequest& request);
   static void AddIdleInstances(const NodeEntry& node, mig::GpuView& gv, GpuReport& gr);
   // The GPUs (indices into node.gpus) a pod without a readable reservation makes unschedulable,
   // with the reason for each into `unhealthy`. See the header comment.

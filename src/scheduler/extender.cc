@@ -8,6 +8,7 @@
 #include "kube/object.h"
 #include "protocol/annotations.h"
 #include "protocol/devices.h"
+#include "protocol/gpu_mode.h"
 #include "protocol/mig_allocations.h"
 #include "spdlog/spdlog.h"
 
@@ -26,8 +27,9 @@ std::string AnnotationOr(const kube::Object& obj, std::string_view key) {
 }
 
 // The node of the reservation the pod object carries: hami.io/vgpu-node together with a
-// readable, non-empty hami.io/vgpu-mig-allocations.
+// readable, non-empty hami.io/vgpu-mig-allocations, or a whole-GPU pod's device list.
 std::optional<std::string> CarriedReservation(const kube::Object& pod) {
+  if (auto whole = WholeGpuReservationNode(pod)) return whole;
   const std::string node = AnnotationOr(pod, protocol::kVgpuNodeAnnotation);
   const std::string allocations = AnnotationOr(pod, protocol::kMigAllocationsAnnotation);
   if (node.empty() || allocations.empty()) return std::nullopt;
@@ -59,6 +61,21 @@ std::string PendingMessage(mig::Verdict verdict, const std::map<std::string, std
       break;
     }
     out += fmt::format("; {}: {}", entry->first, entry->second);
+    ++shown;
+  }
+  return out;
+}
+
+// A whole-GPU pod's pending message: every candidate's reason (the first few).
+std::string WholePendingMessage(const std::map<std::string, std::string>& failed) {
+  std::string out = "pending: no candidate node has the whole GPUs the pod asks for";
+  size_t shown = 0;
+  for (const auto& [node, reason] : failed) {
+    if (shown == 3) {
+      out += fmt::format("; and {} more nodes", failed.size() - shown);
+      break;
+    }
+    out += fmt::format("; {}: {}", node, reason);
     ++shown;
   }
   return out;
@@ -109,7 +126,8 @@ Extender::Extender(kube::KubeClient& client, ClusterState& state, const Clock& c
       guard_(
           BindGuardOptions{.scheduler_name = options_.scheduler_name,
                            .resources = options_.resources,
-                           .reservation_ttl = options_.reservation_ttl},
+                           .reservation_ttl = options_.reservation_ttl,
+                           .whole_gpu_pods = options_.whole_gpu_pods},
           options_.reservation_lookup ? options_.reservation_lookup
                                       : [this](const kube::Object& pod) { return HeldBy(pod); }),
       lock_queue_(options_.lock_queue) {}
@@ -237,6 +255,10 @@ ExtenderFilterResult Extender::Filter(const ExtenderArgs& args) {
   }
   if (candidates.empty()) return finish("pending", "no-candidates", kNoCandidatesMessage);
 
+  if (options_.whole_gpu_pods && protocol::IsWholeGpuPod(pod, options_.resources)) {
+    return FilterWhole(pod, key, candidates, std::move(result), started);
+  }
+
   std::vector<std::string> warnings;
   auto request = protocol::ParsePodRequest(pod, options_.resources, &warnings);
   if (!request.ok()) {
@@ -263,6 +285,37 @@ ExtenderFilterResult Extender::Filter(const ExtenderArgs& args) {
   const Reservation& r = *decision->reservation;
   Event(pod, "Normal", "MigReserved", "reserved " + r.summary);
   result.node_names = {r.node};
+  return finish("reserved");
+}
+
+ExtenderFilterResult Extender::FilterWhole(const kube::Object& pod, const std::string& key,
+                                           const std::vector<std::string>& candidates,
+                                           ExtenderFilterResult result, absl::Duration started) {
+  auto finish = [&](std::string_view outcome, std::string_view why = "",
+                    std::string_view detail = "") {
+    CountFilter(outcome, pod, why, clock_.Monotonic() - started, detail);
+    return std::move(result);
+  };
+  auto fail = [&](std::string error) {
+    result.node_names.clear();
+    result.failed_nodes.clear();
+    result.error = std::move(error);
+    return finish("error");
+  };
+  auto whole = protocol::ParseWholeGpuRequest(pod, options_.resources);
+  if (!whole.ok()) {
+    return fail(fmt::format("pod {}: {}", key, std::string(whole.status().message())));
+  }
+  auto decision = state_.PlanAndReserveWhole(key, *whole, candidates, clock_.Now(), kube::Uid(pod));
+  if (!decision.ok()) return fail(std::string(decision.status().message()));
+  result.failed_nodes = std::move(decision->failed);
+  if (!decision->reservation.has_value()) {
+    std::string why = WholePendingMessage(result.failed_nodes);
+    Event(pod, "Warning", "MigPending", why);
+    return finish("pending", mig::VerdictName(decision->verdict), why);
+  }
+  Event(pod, "Normal", "MigReserved", "reserved " + decision->reservation->summary);
+  result.node_names = {decision->reservation->node};
   return finish("reserved");
 }
 
@@ -317,7 +370,9 @@ absl::Status Extender::WriteReservation(const kube::Object& pod, const Reservati
       std::to_string(absl::ToUnixSeconds(now));
   patch.annotations[std::string(protocol::kDevicesToAllocateAnnotation)] = *devices;
   patch.annotations[std::string(protocol::kDevicesAllocatedAnnotation)] = *devices;
-  patch.annotations[std::string(protocol::kMigAllocationsAnnotation)] = allocations;
+  // A whole-GPU reservation is the device lists alone (no MIG allocations entry).
+  const bool whole = r.allocations.empty();
+  if (!whole) patch.annotations[std::string(protocol::kMigAllocationsAnnotation)] = allocations;
   // Not the hami.io/vgpu-node label: kube-scheduler v1.20 ignores only annotation (and nodeName)
   // updates of a pod it has assumed; a label written now would requeue the pod, whose second
   // attempt fails with "pod <uid> is in the cache, so can't be assumed" (a FailedScheduling
@@ -333,8 +388,10 @@ absl::Status Extender::WriteReservation(const kube::Object& pod, const Reservati
       return absl::AbortedError(
           fmt::format("the pod was recreated (uid {} is now {})", uid, kube::Uid(current)));
     }
-    if (AnnotationOr(current, protocol::kMigAllocationsAnnotation) == allocations &&
-        AnnotationOr(current, protocol::kVgpuNodeAnnotation) == r.node) {
+    if (AnnotationOr(current, protocol::kVgpuNodeAnnotation) == r.node &&
+        (whole ? WholeGpuReservationNode(current).has_value() &&
+                     AnnotationOr(current, protocol::kDevicesAllocatedAnnotation) == *devices
+               : AnnotationOr(current, protocol::kMigAllocationsAnnotation) == allocations)) {
       return true;
     }
     if (auto other = CarriedReservation(current); other.has_value()) {
@@ -578,7 +635,7 @@ Extender::ExpiryResult Extender::ExpireReservations() {
       continue;
     }
     const std::string allocations = AnnotationOr(*pod, protocol::kMigAllocationsAnnotation);
-    if (allocations.empty()) {
+    if (allocations.empty() && !WholeGpuReservationNode(*pod).has_value()) {
       // Our assumption never reached the pod.
       state_.Forget(key);
       if (metrics_ != nullptr) metrics_->CountExpiry("forgotten");

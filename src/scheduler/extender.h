@@ -25,6 +25,12 @@
 // is an error; a change of anything else is retried on the new version. Any failure releases the
 // lock and marks bind-phase=failed; the in-memory reservation stays for the retry.
 //
+// Whole-GPU pods (whole_gpu_pods on): the same, with ClusterState::PlanAndReserveWhole choosing
+// the node and GPUs; the reservation is the device lists alone (one
+// `GPU-<uuid>,<type>,<devmem>,100` device per GPU, no hami.io/vgpu-mig-allocations), realized when
+// the device plugin has erased every container's entry from hami.io/vgpu-devices-to-allocate.
+// Events MigReserved / MigPending say "whole GPU".
+//
 // Expiry (ExpireReservations, run periodically by the leader): reservations that the device plugin
 // has not realized (no runtime identity) reservation_ttl after hami.io/vgpu-time are released:
 //   - unbound pods: the reservation annotations and label are removed (merge patch with the pod's
@@ -77,6 +83,10 @@ struct ExtenderOptions {
   // request's Pod is then kube-scheduler's view. False: before reserving, the filter reads the pod
   // from the API and checks that one (a forged Pod in the body reserves nothing).
   bool trusted_callers = false;
+  // Whole-GPU pods (protocol::IsWholeGpuPod) are placed too, on GPUs in whole-GPU mode
+  // (ClusterState::PlanAndReserveWhole): device-config.yaml nvidia.migModeSwitching enabled. Off,
+  // they are refused as before (not MIG pods).
+  bool whole_gpu_pods = false;
   // Where the reservation this extender holds for a pod is found; empty = in memory (made by a
   // filter, not yet written), else the pod's annotations.
   ReservationLookup reservation_lookup;
@@ -128,6 +138,11 @@ class Extender {
   // observed per profile of its reservation (`written`, or the one the pod carries).
   void ObserveBound(const kube::Object& pod, const std::string& key,
                     const std::optional<Reservation>& written, absl::Time now);
+  // Filter's end for a whole-GPU pod (whole_gpu_pods on): ParseWholeGpuRequest, then
+  // ClusterState::PlanAndReserveWhole; `result` carries the candidates' answer so far.
+  ExtenderFilterResult FilterWhole(const kube::Object& pod, const std::string& key,
+                                   const std::vector<std::string>& candidates,
+                                   ExtenderFilterResult result, absl::Duration started);
   // The reservation an earlier filter of `key` made and keeps in memory, unless it was made for an
   // earlier pod of that name (another uid): then it is forgotten.
   std::optional<ClusterState::AssumedInfo> AssumedFor(const std::string& key,

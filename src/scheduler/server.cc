@@ -89,6 +89,7 @@ absl::Status SchedulerServer::Init() {
   options_.extender.lock_queue.max_waiters =
       std::max(1, std::min(options_.extender.lock_queue.max_waiters, options_.threads * 3 / 4));
   options_.admission.resources = options_.state.resources;
+  options_.admission.whole_gpu_pods = options_.extender.whole_gpu_pods;
   state_ = std::make_unique<ClusterState>(options_.state);
   metrics_ = std::make_unique<SchedulerMetrics>();
   events_ = std::make_unique<EventRecorder>(client_, clock_, options_.events);

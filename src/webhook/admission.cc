@@ -14,6 +14,7 @@
 #include "mig/preference.h"
 #include "mig/sizing.h"
 #include "protocol/annotations.h"
+#include "protocol/gpu_mode.h"
 #include "protocol/pod_request.h"
 
 namespace dynmig::webhook {
@@ -467,6 +468,13 @@ void AdmissionHandler::ReviewGpuPodCreate(const json& object, const std::string&
     Deny(response, 400, "BadRequest",
          fmt::format("{}: {}", pod, std::string(parsed.status().message())));
     return;
+  }
+  if (options_.whole_gpu_pods && protocol::IsWholeGpuPod(object, options_.resources)) {
+    if (auto whole = protocol::ParseWholeGpuRequest(object, options_.resources); !whole.ok()) {
+      Deny(response, 400, "BadRequest",
+           fmt::format("{}: {}", pod, std::string(whole.status().message())));
+      return;
+    }
   }
   if (const std::string too_many = InstanceBoundError(*parsed); !too_many.empty()) {
     Deny(response, 400, "BadRequest", fmt::format("{}: {}", pod, too_many));

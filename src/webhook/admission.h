@@ -27,6 +27,8 @@
 //   - bindings (CREATE of pods/binding, or of the legacy bindings resource): only `binders` may
 //     bind a GPU pod; the pod is read through pod_lookup, and a binding whose pod cannot be read is
 //     refused (fail closed). Bindings of other pods pass unchanged.
+//   - validating, on CREATE of a whole-GPU pod while whole_gpu_pods is on: the request must parse
+//     as a whole-GPU request (protocol::ParseWholeGpuRequest's error is the rejection);
 //   - warnings (kubectl prints them as "Warning: ..."), on CREATE of an admitted MIG pod from the
 //     mutating answer only (so they are printed once): per GPU model, when a container's
 //     memory request resolves to a profile with less NVML memory than asked, or (NVML matching)
@@ -93,6 +95,12 @@ struct AdmissionOptions {
   // The most MIG instances one node of the cluster could hold (NodeInstanceCapacity of its
   // largest node). Unset or <= 0 (unknown): kMaxInstancesCeiling; never above it.
   std::function<int()> max_instances_per_node;
+  // Whole-GPU pods (nvidia.com/vgpu-mode: hami-core) are placed by the scheduler
+  // (device-config.yaml nvidia.migModeSwitching enabled): their request must then also parse as
+  // one (protocol::ParseWholeGpuRequest: gpumem-percentage 100, at most 16 GPUs per container, some
+  // container asks for a GPU). Off: admitted as before (routed to the scheduler, which leaves
+  // them pending as not MIG pods).
+  bool whole_gpu_pods = false;
 };
 
 // The valid values of nvidia.com/mig-profile-preference entries: every profile name of the

@@ -272,7 +272,7 @@ TEST(PodResourcesClientTest, AHugeAnswerIsRefusedAtTheSizeLimit) {
   EXPECT_NE(listed.status().message().find("limited to 4194304 bytes"), std::string::npos)
       << listed.status();
   // And the identity check refuses on it, naming the limit.
-  LedgerEntry e{{"GPU-a::0"}, "uid-1", "default", "p", "main", 0, false, {"MIG-1"}, 0};
+  LedgerEntry e{{"GPU-a::0"}, "uid-1", "default", "p", "main", 0, false, {"MIG-1"}, 0, {}};
   auto v = CheckIdentity({"GPU-a::0"}, &e, listed, "nvidia.com/gpu", std::vector<PodMig>{});
   EXPECT_EQ(v.reason, kIdentityKubeletUnreachable);
   EXPECT_NE(v.message.find("limited to 4194304 bytes"), std::string::npos) << v.message;
@@ -364,7 +364,7 @@ class CheckIdentityTest : public ::testing::Test {
                          "nvidia.com/gpu", pods);
   }
   LedgerEntry entry_{{"GPU-a::0", "GPU-a::1"}, "uid-v", "default", "victim", "main", 0, false,
-                     {"MIG-1", "MIG-2"},       0};
+                     {"MIG-1", "MIG-2"},       0,       {}};
 };
 
 TEST_F(CheckIdentityTest, AgreesWhenLedgerKubeletAndApiSayTheSame) {
@@ -477,7 +477,7 @@ TEST_F(CheckIdentityTest, AnUnrecordedAllocationIsAdoptedOnlyForARealizedReserva
 TEST(LedgerStateTest, RoundTripsAndReadsFilesWithoutALedger) {
   PluginState state;
   state.ledger.push_back(
-      {{"GPU-a::0", "GPU-a::1"}, "uid", "ns", "p", "main", 2, true, {"MIG-1", "MIG-2"}, 1800});
+      {{"GPU-a::0", "GPU-a::1"}, "uid", "ns", "p", "main", 2, true, {"MIG-1", "MIG-2"}, 1800, {}});
   auto decoded = DecodeState(EncodeState(state));
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   EXPECT_EQ(*decoded, state);

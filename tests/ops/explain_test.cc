@@ -3,6 +3,7 @@
 #include <regex>
 
 #include "ops/ops_test_util.h"
+#include "protocol/gpu_mode.h"
 
 namespace dynmig::ops::testing {
 namespace {
@@ -123,6 +124,80 @@ TEST_F(ExplainTest, NotMigAndInvalidRequests) {
   auto missing = Run({"explain", "-n", "other", "nope"});
   EXPECT_EQ(missing.code, 2);
   EXPECT_NE(missing.err.find("pod \"nope\" not found in namespace \"other\""), std::string::npos);
+}
+
+// Whole-GPU pods (nvidia.com/vgpu-mode: hami-core): where they are, or why they wait.
+class WholeExplainTest : public OpsTest {
+ protected:
+  void SetUp() override {
+    OpsTest::SetUp();
+    std::string reg = Register({{"GPU-m0"}});
+    auto infos = protocol::DecodeNodeRegister(reg);
+    ASSERT_TRUE(infos.ok());
+    infos->push_back(
+        protocol::WholeGpuDeviceInfo({"GPU-w1", 1, 0, true}, "NVIDIA H100 80GB HBM3", 81559));
+    Add(Node("node-w", protocol::EncodeNodeRegister(*infos)));
+  }
+  static json WholePod(const std::string& name, const std::string& node) {
+    json p = Pod(name, node, 0, node.empty() ? "Pending" : "Running");
+    p["spec"]["containers"][0]["resources"]["limits"].erase("nvidia.com/gpumem");
+    Annotate(p, protocol::kVgpuModeAnnotation, "hami-core");
+    return p;
+  }
+};
+
+TEST_F(WholeExplainTest, SaysWhereAWholeGpuPodIsAndWhyAnotherWaits) {
+  AddDeviceConfig(std::string(kDeviceConfig) + "  migModeSwitching: {enabled: true}\n");
+  json holder = WholePod("holder", "node-w");
+  Annotate(holder, protocol::kVgpuNodeAnnotation, "node-w");
+  Annotate(holder, protocol::kBindPhaseAnnotation, "success");
+  Annotate(holder, protocol::kDevicesAllocatedAnnotation,
+           "GPU-w1,NVIDIA H100 80GB HBM3,81559,100:;");
+  Annotate(holder, protocol::kDevicesToAllocateAnnotation, ";");
+  Add(holder);
+  Add(WholePod("waits", ""));
+  json r = RunJson({"explain", "waits"}, 0);
+  EXPECT_EQ(r["status"], "pending") << r.dump(2);
+  EXPECT_EQ(r["mode"], "hami-core");
+  EXPECT_EQ(r["nodes"]["node-w"],
+            "no whole GPU free for the pod (needs 1, 0 free): 1 GPU in MIG mode, 1 whole GPU in "
+            "use by default/holder");
+  auto text = Run({"explain", "waits"});
+  EXPECT_NE(text.out.find("Asks for workload: 1 whole GPU"), std::string::npos) << text.out;
+  r = RunJson({"explain", "holder"}, 0);
+  EXPECT_EQ(r["status"], "placed") << r.dump(2);
+  EXPECT_EQ(r["node"], "node-w");
+  EXPECT_EQ(r["gpus"][0]["gpu"], "GPU-w1");
+  EXPECT_EQ(r["gpus"][0]["allocated"], true);
+  text = Run({"explain", "holder"});
+  EXPECT_NE(text.out.find("container 0: whole GPU GPU-w1 (NVIDIA H100 80GB HBM3, 81559 MiB)\n"),
+            std::string::npos)
+      << text.out;
+  // The holder ends: the waiting pod would fit now.
+  ASSERT_TRUE(
+      client_->PatchPodStatus("default", "holder", {{"status", {{"phase", "Succeeded"}}}}).ok());
+  r = RunJson({"explain", "waits"}, 0);
+  EXPECT_EQ(r["status"], "fits-now") << r.dump(2);
+  EXPECT_EQ(r["wouldPlace"], "whole GPU GPU-w1 on node-w");
+}
+
+TEST_F(WholeExplainTest, OffWithoutMigModeSwitchingAndInvalidRequestsSaySo) {
+  AddDeviceConfig();
+  Add(WholePod("waits", ""));
+  json r = RunJson({"explain", "waits"}, 0);
+  EXPECT_EQ(r["status"], "whole-gpu-off") << r.dump(2);
+  EXPECT_NE(Run({"explain", "waits"}).out.find("only while nvidia.migModeSwitching is enabled"),
+            std::string::npos);
+  ASSERT_TRUE(
+      client_->Delete(kube::Resource::kConfigMaps, "kube-system", "hami-scheduler-device", {})
+          .ok());
+  AddDeviceConfig(std::string(kDeviceConfig) + "  migModeSwitching: {enabled: true}\n");
+  json bad = WholePod("bad", "");
+  bad["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem-percentage"] = "50";
+  Add(bad);
+  r = RunJson({"explain", "bad"}, 0);
+  EXPECT_EQ(r["status"], "invalid-request");
+  EXPECT_NE(r["error"].get<std::string>().find("asks for a share of a GPU"), std::string::npos);
 }
 
 }  // namespace

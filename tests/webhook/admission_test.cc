@@ -337,6 +337,77 @@ std::string Message(const json& response) {
   return response.value("status", json::object()).value("message", "");
 }
 
+// Whole-GPU pods (nvidia.com/vgpu-mode: hami-core): with whole_gpu_pods on (migModeSwitching
+// enabled), a request that is no whole-GPU request is refused at creation with the parser's
+// message; off, the webhook admits them as before (routed to the scheduler, which refuses them).
+TEST(WholeGpuAdmissionTest, AMalformedWholeGpuPodIsRefusedOnlyWhenTheyArePlaced) {
+  AdmissionOptions on_options = Options();
+  on_options.whole_gpu_pods = true;
+  const AdmissionHandler on(on_options);
+  const AdmissionHandler off(Options());
+  const json mode = {{std::string(protocol::kVgpuModeAnnotation), "hami-core"}};
+  struct Case {
+    json limits;
+    std::string message;
+  };
+  const std::vector<Case> bad = {
+      {{{"nvidia.com/gpu", 1}, {"nvidia.com/gpumem-percentage", 50}}, "asks for a share of a GPU"},
+      {{{"nvidia.com/gpu", 17}}, "17 whole GPUs; at most 16 per container"},
+      {{{"nvidia.com/gpu", 0}}, "no container asks for nvidia.com/gpu"},
+  };
+  for (const auto& c : bad) {
+    SCOPED_TRACE(c.limits.dump());
+    const json pod = GpuPod(c.limits, mode);
+    const json r = on.ReviewJson(Review(pod))["response"];
+    EXPECT_EQ(r["allowed"], false);
+    EXPECT_EQ(r["status"]["code"], 400);
+    EXPECT_THAT(Message(r), HasSubstr("jobs/p: "));
+    EXPECT_THAT(Message(r), HasSubstr(c.message));
+    // Default: unchanged (admitted and routed).
+    const json d = off.ReviewJson(Review(pod))["response"];
+    EXPECT_EQ(d["allowed"], true) << Message(d);
+    EXPECT_EQ(Patch(d)[0]["value"], "dynmig-scheduler");
+  }
+  // A good whole-GPU pod is admitted and routed either way; a MIG pod too.
+  for (const AdmissionHandler* h : {&on, &off}) {
+    const json r = h->ReviewJson(
+        Review(GpuPod({{"nvidia.com/gpu", 2}, {"nvidia.com/gpumem", 40000}}, mode)))["response"];
+    EXPECT_EQ(r["allowed"], true) << Message(r);
+    EXPECT_EQ(Patch(r)[0]["value"], "dynmig-scheduler");
+    EXPECT_EQ(h->ReviewJson(Review(GpuPod()))["response"]["allowed"], true);
+  }
+}
+
+// A whole-GPU pod may not carry a hand-written reservation (the device lists are the whole
+// reservation of such a pod): the guard of every GPU pod, switching on or off.
+TEST(WholeGpuAdmissionTest, AWholeGpuPodMayNotCarryAHandWrittenReservation) {
+  AdmissionOptions on_options = Options();
+  on_options.whole_gpu_pods = true;
+  const AdmissionHandler on(on_options);
+  const AdmissionHandler off(Options());
+  for (const AdmissionHandler* handler : {&on, &off}) {
+    const AdmissionHandler& h = *handler;
+    for (const std::string_view key :
+         {protocol::kDevicesAllocatedAnnotation, protocol::kDevicesToAllocateAnnotation,
+          protocol::kVgpuNodeAnnotation, protocol::kMigAllocationsAnnotation}) {
+      SCOPED_TRACE(key);
+      json annotations = {{std::string(protocol::kVgpuModeAnnotation), "hami-core"},
+                          {std::string(key), "GPU-a,NVIDIA H100 80GB HBM3,81559,100:;"}};
+      const json pod = GpuPod({{"nvidia.com/gpu", 1}}, annotations);
+      const json r = h.ReviewJson(Review(pod))["response"];
+      EXPECT_EQ(r["allowed"], false);
+      EXPECT_EQ(r["status"]["code"], 403);
+      EXPECT_THAT(Message(r), HasSubstr("user \"alice\" may not set"));
+      // Added later by a user: refused too; by the scheduler: fine.
+      const json plain = GpuPod({{"nvidia.com/gpu", 1}},
+                                {{std::string(protocol::kVgpuModeAnnotation), "hami-core"}});
+      EXPECT_EQ(h.ReviewJson(Review(pod, "UPDATE", plain, "alice"))["response"]["allowed"], false);
+      EXPECT_EQ(h.ReviewJson(Review(pod, "UPDATE", plain, kScheduler))["response"]["allowed"],
+                true);
+    }
+  }
+}
+
 // A hami-core (or any other mode) pod with spec.nodeName would reach the node without a
 // reservation and be served whichever pod holds the node lock.
 TEST_F(AdmissionTest, NodeNameIsRefusedForEveryGpuPodWhateverItsMode) {
