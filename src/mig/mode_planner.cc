@@ -95,92 +95,110 @@ ModeGpuVerdict GpuEligibility(const ModeNode& node, const ModeGpu& gpu, int64_t 
   return v;
 }
 
-ModePlan PlanModeSwitches(const ModePlanInput& input) {
-  ModePlan plan;
-  // Per GPU state, in input order; per node its GPUs' positions.
-  std::vector<GpuState> gpus;
-  std::vector<std::vector<size_t>> by_node(input.nodes.size());
-  // Rule 4's counts: GPUs in each mode (or switching to it), cluster-wide.
-  std::map<ModeKind, size_t> in_mode;
-  for (size_t n = 0; n < input.nodes.size(); ++n) {
-    const ModeNode& node = input.nodes[n];
-    for (const ModeGpu& g : node.gpus) {
-      GpuState s;
-      s.node = &node;
-      s.node_index = n;
-      s.gpu = &g;
-      s.verdict = GpuEligibility(node, g, input.now_ms, input.min_mode_duration_ms);
-      s.eligible = s.verdict.code.empty();
-      if (s.eligible) {
-        s.verdict.code = "no-demand";
-        s.verdict.detail =
-            fmt::format("no pending pod needs it in {} mode", ModeKindName(Other(g.mode)));
+namespace {
+
+// One round of PlanModeSwitches: the GPUs' states, the demand sorted by rule 2, the supply under
+// way (rule 3) and the switches chosen so far.
+class Round {
+ public:
+  explicit Round(const ModePlanInput& input) : input_(input), by_node_(input.nodes.size()) {}
+
+  ModePlan Run() {
+    Setup();
+    Classify();
+    CountSupply();
+    node_used_.assign(input_.nodes.size(), false);
+    for (const ModeDemand* d : confirmed_) {
+      if (d->wants == ModeKind::kWhole) ServeWhole(*d);
+    }
+    ServeMig();
+    Explain();
+    plan_.verdicts.reserve(gpus_.size());
+    for (auto& s : gpus_) plan_.verdicts.push_back(std::move(s.verdict));
+    return std::move(plan_);
+  }
+
+ private:
+  // Rule 1 per GPU; rule 4's counts: GPUs in each mode (or switching to it), cluster-wide.
+  void Setup() {
+    for (size_t n = 0; n < input_.nodes.size(); ++n) {
+      const ModeNode& node = input_.nodes[n];
+      for (const ModeGpu& g : node.gpus) {
+        GpuState s;
+        s.node = &node;
+        s.node_index = n;
+        s.gpu = &g;
+        s.verdict = GpuEligibility(node, g, input_.now_ms, input_.min_mode_duration_ms);
+        s.eligible = s.verdict.code.empty();
+        if (s.eligible) {
+          s.verdict.code = "no-demand";
+          s.verdict.detail =
+              fmt::format("no pending pod needs it in {} mode", ModeKindName(Other(g.mode)));
+        }
+        by_node_[n].push_back(gpus_.size());
+        gpus_.push_back(std::move(s));
+        ++in_mode_[g.switching ? g.switching_to : g.mode];
       }
-      by_node[n].push_back(gpus.size());
-      gpus.push_back(std::move(s));
-      ++in_mode[g.switching ? g.switching_to : g.mode];
     }
   }
 
   // Rule 2: which demands are confirmed; which modes any demand needs (rule 4).
-  const size_t considered = std::min(input.demand.size(), kMaxModeDemands);
-  plan.skipped_demands = input.demand.size() - considered;
-  std::map<ModeKind, bool> needed;
-  std::vector<const ModeDemand*> confirmed;
-  std::vector<const ModeDemand*> unconfirmed;
-  for (size_t i = 0; i < considered; ++i) {
-    const ModeDemand& d = input.demand[i];
-    std::string key = DemandKey(d);
-    needed[d.wants] = true;
-    (input.seen.count(key) ? confirmed : unconfirmed).push_back(&d);
-    plan.seen.insert(std::move(key));
+  void Classify() {
+    const size_t considered = std::min(input_.demand.size(), kMaxModeDemands);
+    plan_.skipped_demands = input_.demand.size() - considered;
+    for (size_t i = 0; i < considered; ++i) {
+      const ModeDemand& d = input_.demand[i];
+      std::string key = DemandKey(d);
+      needed_[d.wants] = true;
+      (input_.seen.count(key) ? confirmed_ : unconfirmed_).push_back(&d);
+      plan_.seen.insert(std::move(key));
+    }
   }
 
   // Rule 3: supply under way. Whole GPUs switching to whole, per node; MIG instances of GPUs
   // switching to MIG, cluster-wide. Demands consume it first.
-  std::vector<uint32_t> whole_coming(input.nodes.size(), 0);
-  std::vector<uint32_t> whole_idle(input.nodes.size(), 0);
-  uint64_t mig_coming = 0;
-  for (size_t n = 0; n < input.nodes.size(); ++n) {
-    for (size_t i : by_node[n]) {
-      const ModeGpu& g = *gpus[i].gpu;
-      if (g.switching && g.switching_to == ModeKind::kWhole) ++whole_coming[n];
-      if (g.switching && g.switching_to == ModeKind::kMig) mig_coming += g.mig_slots;
-      if (!g.switching && g.mode == ModeKind::kWhole && g.idle) ++whole_idle[n];
+  void CountSupply() {
+    whole_coming_.assign(input_.nodes.size(), 0);
+    whole_idle_.assign(input_.nodes.size(), 0);
+    for (size_t n = 0; n < input_.nodes.size(); ++n) {
+      for (size_t i : by_node_[n]) {
+        const ModeGpu& g = *gpus_[i].gpu;
+        if (g.switching && g.switching_to == ModeKind::kWhole) ++whole_coming_[n];
+        if (g.switching && g.switching_to == ModeKind::kMig) mig_coming_ += g.mig_slots;
+        if (!g.switching && g.mode == ModeKind::kWhole && g.idle) ++whole_idle_[n];
+      }
     }
   }
 
-  std::vector<bool> node_used(input.nodes.size(), false);
   // Whether the GPU at position i may leave its mode (rule 4).
-  auto may_leave = [&](size_t i) {
-    const ModeKind mode = gpus[i].gpu->mode;
-    return !needed[mode] || in_mode[mode] > 1;
-  };
-  // The preferred eligible candidate of node n for a switch to `to` (rules 1, 4, 6); npos: none.
-  // `blocked` gets whether an eligible GPU was held back by rule 4.
-  auto candidate = [&](size_t n, ModeKind to, bool& blocked) {
+  bool MayLeave(size_t i) {
+    const ModeKind mode = gpus_[i].gpu->mode;
+    return !needed_[mode] || in_mode_[mode] > 1;
+  }
+
+  // The preferred eligible candidate of node n for a switch to `to` (rules 1, 4, 6); SIZE_MAX:
+  // none.
+  size_t Candidate(size_t n, ModeKind to) {
     size_t best = SIZE_MAX;
-    for (size_t i : by_node[n]) {
-      const GpuState& s = gpus[i];
-      if (!s.eligible || s.gpu->mode == to) continue;
-      if (!may_leave(i)) {
-        blocked = true;
-        continue;
-      }
-      if (best == SIZE_MAX || Preferred(*s.gpu, *gpus[best].gpu)) best = i;
+    for (size_t i : by_node_[n]) {
+      const GpuState& s = gpus_[i];
+      if (!s.eligible || s.gpu->mode == to || !MayLeave(i)) continue;
+      if (best == SIZE_MAX || Preferred(*s.gpu, *gpus_[best].gpu)) best = i;
     }
     return best;
-  };
-  auto eligible_count = [&](size_t n, ModeKind to, uint64_t min_memory) {
+  }
+
+  uint32_t EligibleCount(size_t n, ModeKind to, uint64_t min_memory) const {
     uint32_t c = 0;
-    for (size_t i : by_node[n]) {
-      const GpuState& s = gpus[i];
+    for (size_t i : by_node_[n]) {
+      const GpuState& s = gpus_[i];
       if (s.eligible && s.gpu->mode != to && s.gpu->memory_mib >= min_memory) ++c;
     }
     return c;
-  };
-  auto choose = [&](size_t i, ModeKind to, std::vector<std::string> pods, std::string reason) {
-    GpuState& s = gpus[i];
+  }
+
+  void Choose(size_t i, ModeKind to, std::vector<std::string> pods, std::string reason) {
+    GpuState& s = gpus_[i];
     ModeSwitchDecision d;
     d.node = s.node->name;
     d.gpu_uuid = s.gpu->uuid;
@@ -191,106 +209,101 @@ ModePlan PlanModeSwitches(const ModePlanInput& input) {
     s.verdict.code = "switch";
     s.verdict.detail = d.reason;
     s.eligible = false;
-    --in_mode[s.gpu->mode];
-    ++in_mode[to];
-    plan.switches.push_back(std::move(d));
-  };
+    node_used_[s.node_index] = true;
+    --in_mode_[s.gpu->mode];
+    ++in_mode_[to];
+    plan_.switches.push_back(std::move(d));
+  }
 
-  // Whole-GPU demands, one node each (rule 5).
-  for (const ModeDemand* d : confirmed) {
-    if (d->wants != ModeKind::kWhole) continue;
-    const uint32_t want = std::max<uint32_t>(d->gpus, 1);
+  // A whole-GPU demand, on one node (rule 5).
+  void ServeWhole(const ModeDemand& d) {
+    const uint32_t want = std::max<uint32_t>(d.gpus, 1);
     size_t best_node = SIZE_MAX, best_gpu = SIZE_MAX;
     uint32_t best_missing = 0;
-    bool served = false;
-    for (size_t n = 0; n < input.nodes.size(); ++n) {
-      const uint32_t have = whole_idle[n] + whole_coming[n];
+    for (size_t n = 0; n < input_.nodes.size(); ++n) {
+      const uint32_t have = whole_idle_[n] + whole_coming_[n];
       if (have >= want) {
         // Enough is idle or on its way here: consume it, switch nothing.
-        uint32_t take = want;
-        const uint32_t from_idle = std::min(take, whole_idle[n]);
-        whole_idle[n] -= from_idle;
-        whole_coming[n] -= take - from_idle;
-        served = true;
-        break;
+        const uint32_t from_idle = std::min(want, whole_idle_[n]);
+        whole_idle_[n] -= from_idle;
+        whole_coming_[n] -= want - from_idle;
+        return;
       }
-      if (node_used[n]) continue;
-      if (have + eligible_count(n, ModeKind::kWhole, d->min_memory_mib) < want) continue;
-      bool blocked = false;
-      const size_t g = candidate(n, ModeKind::kWhole, blocked);
-      if (g == SIZE_MAX || gpus[g].gpu->memory_mib < d->min_memory_mib) continue;
+      if (node_used_[n]) continue;
+      if (have + EligibleCount(n, ModeKind::kWhole, d.min_memory_mib) < want) continue;
+      const size_t g = Candidate(n, ModeKind::kWhole);
+      if (g == SIZE_MAX || gpus_[g].gpu->memory_mib < d.min_memory_mib) continue;
       const uint32_t missing = want - have;
       const bool better = best_node == SIZE_MAX || missing < best_missing ||
-                          (missing == best_missing && SwitchesWithoutReset(gpus[g].gpu->model) &&
-                           !SwitchesWithoutReset(gpus[best_gpu].gpu->model));
+                          (missing == best_missing && SwitchesWithoutReset(gpus_[g].gpu->model) &&
+                           !SwitchesWithoutReset(gpus_[best_gpu].gpu->model));
       if (better) {
         best_node = n;
         best_gpu = g;
         best_missing = missing;
       }
     }
-    if (served || best_node == SIZE_MAX) continue;
-    node_used[best_node] = true;
+    if (best_node == SIZE_MAX) return;
     // The switched GPU and the whole GPUs already here are this pod's.
-    whole_idle[best_node] = 0;
-    whole_coming[best_node] = 0;
-    choose(best_gpu, ModeKind::kWhole, {d->pod},
-           fmt::format("whole-GPU pod {} waits for {} GPU{} ({} more to switch on {})", d->pod,
-                       want, want == 1 ? "" : "s", best_missing, input.nodes[best_node].name));
+    whole_idle_[best_node] = 0;
+    whole_coming_[best_node] = 0;
+    Choose(best_gpu, ModeKind::kWhole, {d.pod},
+           fmt::format("whole-GPU pod {} waits for {} GPU{} ({} more to switch on {})", d.pod, want,
+                       want == 1 ? "" : "s", best_missing, input_.nodes[best_node].name));
   }
 
   // MIG demands: the instances confirmed pods want beyond what is on its way, served by as few
   // switches as cover them, one per node.
-  std::vector<std::string> mig_pods;
-  uint64_t mig_wanted = 0;
-  for (const ModeDemand* d : confirmed) {
-    if (d->wants != ModeKind::kMig) continue;
-    const uint32_t want = std::max<uint32_t>(d->gpus, 1);
-    if (mig_coming >= want) {
-      mig_coming -= want;
-      continue;
-    }
-    mig_wanted += want - mig_coming;
-    mig_coming = 0;
-    mig_pods.push_back(d->pod);
-  }
-  while (mig_wanted > 0) {
-    size_t best = SIZE_MAX;
-    for (size_t n = 0; n < input.nodes.size(); ++n) {
-      if (node_used[n]) continue;
-      bool blocked = false;
-      const size_t g = candidate(n, ModeKind::kMig, blocked);
-      if (g == SIZE_MAX) continue;
-      if (best == SIZE_MAX || (SwitchesWithoutReset(gpus[g].gpu->model) &&
-                               !SwitchesWithoutReset(gpus[best].gpu->model))) {
-        best = g;
+  void ServeMig() {
+    std::vector<std::string> pods;
+    uint64_t wanted = 0;
+    for (const ModeDemand* d : confirmed_) {
+      if (d->wants != ModeKind::kMig) continue;
+      const uint32_t want = std::max<uint32_t>(d->gpus, 1);
+      if (mig_coming_ >= want) {
+        mig_coming_ -= want;
+        continue;
       }
+      wanted += want - mig_coming_;
+      mig_coming_ = 0;
+      pods.push_back(d->pod);
     }
-    if (best == SIZE_MAX) break;
-    node_used[gpus[best].node_index] = true;
-    const uint64_t slots = std::max<uint32_t>(gpus[best].gpu->mig_slots, 1);
-    choose(best, ModeKind::kMig, mig_pods,
-           fmt::format("{} MIG pod{} wait ({}) and no MIG GPU fits them", mig_pods.size(),
-                       mig_pods.size() == 1 ? "" : "s", PodList(mig_pods)));
-    mig_wanted = mig_wanted > slots ? mig_wanted - slots : 0;
+    while (wanted > 0) {
+      size_t best = SIZE_MAX;
+      for (size_t n = 0; n < input_.nodes.size(); ++n) {
+        if (node_used_[n]) continue;
+        const size_t g = Candidate(n, ModeKind::kMig);
+        if (g == SIZE_MAX) continue;
+        if (best == SIZE_MAX || (SwitchesWithoutReset(gpus_[g].gpu->model) &&
+                                 !SwitchesWithoutReset(gpus_[best].gpu->model))) {
+          best = g;
+        }
+      }
+      if (best == SIZE_MAX) return;
+      const uint64_t slots = std::max<uint32_t>(gpus_[best].gpu->mig_slots, 1);
+      Choose(best, ModeKind::kMig, pods,
+             fmt::format("{} MIG pod{} wait ({}) and no MIG GPU fits them", pods.size(),
+                         pods.size() == 1 ? "" : "s", PodList(pods)));
+      wanted = wanted > slots ? wanted - slots : 0;
+    }
   }
 
-  // The verdicts of the GPUs left: why each eligible one did not switch.
-  std::map<ModeKind, std::vector<std::string>> unconfirmed_pods, confirmed_pods;
-  for (const ModeDemand* d : unconfirmed) unconfirmed_pods[d->wants].push_back(d->pod);
-  for (const ModeDemand* d : confirmed) confirmed_pods[d->wants].push_back(d->pod);
-  for (size_t n = 0; n < input.nodes.size(); ++n) {
-    for (size_t i : by_node[n]) {
-      GpuState& s = gpus[i];
+  // The verdicts of the eligible GPUs left: why each did not switch.
+  void Explain() {
+    std::map<ModeKind, std::vector<std::string>> unconfirmed_pods, confirmed_pods;
+    for (const ModeDemand* d : unconfirmed_) unconfirmed_pods[d->wants].push_back(d->pod);
+    for (const ModeDemand* d : confirmed_) confirmed_pods[d->wants].push_back(d->pod);
+    for (size_t i = 0; i < gpus_.size(); ++i) {
+      GpuState& s = gpus_[i];
       if (!s.eligible) continue;
       const ModeKind to = Other(s.gpu->mode);
       if (!confirmed_pods[to].empty()) {
-        if (!may_leave(i)) {
+        if (!MayLeave(i)) {
           s.verdict.code = "last-of-mode";
           s.verdict.detail =
               fmt::format("the last {} GPU of the cluster, and a pending pod needs that mode",
                           ModeKindName(s.gpu->mode));
-        } else if (node_used[n]) {
+        } else if (node_used_[s.node_index]) {
           s.verdict.code = "node-busy";
           s.verdict.detail = "another GPU of this node switches this round (one per node)";
         } else {
@@ -308,9 +321,21 @@ ModePlan PlanModeSwitches(const ModePlanInput& input) {
       }
     }
   }
-  plan.verdicts.reserve(gpus.size());
-  for (auto& s : gpus) plan.verdicts.push_back(std::move(s.verdict));
-  return plan;
-}
+
+  const ModePlanInput& input_;
+  ModePlan plan_;
+  std::vector<GpuState> gpus_;                // in input order
+  std::vector<std::vector<size_t>> by_node_;  // per node its GPUs' positions in gpus_
+  std::map<ModeKind, size_t> in_mode_;
+  std::map<ModeKind, bool> needed_;
+  std::vector<const ModeDemand*> confirmed_, unconfirmed_;
+  std::vector<uint32_t> whole_coming_, whole_idle_;
+  uint64_t mig_coming_ = 0;
+  std::vector<bool> node_used_;
+};
+
+}  // namespace
+
+ModePlan PlanModeSwitches(const ModePlanInput& input) { return Round(input).Run(); }
 
 }  // namespace dynmig::mig
