@@ -158,15 +158,18 @@ class Round {
   // Rule 3: supply under way. Whole GPUs switching to whole, per node; MIG instances of GPUs
   // switching to MIG, cluster-wide. Demands consume it first.
   void CountSupply() {
-    whole_coming_.assign(input_.nodes.size(), 0);
-    whole_idle_.assign(input_.nodes.size(), 0);
+    whole_supply_.assign(input_.nodes.size(), {});
     for (size_t n = 0; n < input_.nodes.size(); ++n) {
       for (size_t i : by_node_[n]) {
         const ModeGpu& g = *gpus_[i].gpu;
-        if (g.switching && g.switching_to == ModeKind::kWhole) ++whole_coming_[n];
+        if (g.switching && g.switching_to == ModeKind::kWhole)
+          whole_supply_[n].push_back(g.memory_mib);
         if (g.switching && g.switching_to == ModeKind::kMig) mig_coming_ += g.mig_slots;
-        if (!g.switching && g.mode == ModeKind::kWhole && g.idle) ++whole_idle_[n];
+        if (!g.switching && g.mode == ModeKind::kWhole && g.idle) {
+          whole_supply_[n].push_back(g.memory_mib);
+        }
       }
+      std::sort(whole_supply_[n].begin(), whole_supply_[n].end());
     }
   }
 
@@ -221,12 +224,13 @@ class Round {
     size_t best_node = SIZE_MAX, best_gpu = SIZE_MAX;
     uint32_t best_missing = 0;
     for (size_t n = 0; n < input_.nodes.size(); ++n) {
-      const uint32_t have = whole_idle_[n] + whole_coming_[n];
+      // Whole GPUs idle or on their way here with the memory it needs (sorted ascending).
+      std::vector<uint64_t>& supply = whole_supply_[n];
+      const auto first = std::lower_bound(supply.begin(), supply.end(), d.min_memory_mib);
+      const uint32_t have = static_cast<uint32_t>(supply.end() - first);
       if (have >= want) {
-        // Enough is idle or on its way here: consume it, switch nothing.
-        const uint32_t from_idle = std::min(want, whole_idle_[n]);
-        whole_idle_[n] -= from_idle;
-        whole_coming_[n] -= want - from_idle;
+        // Enough is idle or on its way here: take the smallest that fit, switch nothing.
+        supply.erase(first, first + want);
         return;
       }
       if (node_used_[n]) continue;
@@ -245,8 +249,7 @@ class Round {
     }
     if (best_node == SIZE_MAX) return;
     // The switched GPU and the whole GPUs already here are this pod's.
-    whole_idle_[best_node] = 0;
-    whole_coming_[best_node] = 0;
+    whole_supply_[best_node].clear();
     Choose(best_gpu, ModeKind::kWhole, {d.pod},
            fmt::format("whole-GPU pod {} waits for {} GPU{} ({} more to switch on {})", d.pod, want,
                        want == 1 ? "" : "s", best_missing, input_.nodes[best_node].name));
@@ -329,7 +332,8 @@ class Round {
   std::map<ModeKind, size_t> in_mode_;
   std::map<ModeKind, bool> needed_;
   std::vector<const ModeDemand*> confirmed_, unconfirmed_;
-  std::vector<uint32_t> whole_coming_, whole_idle_;
+  // Per node the memory of the whole GPUs idle or switching to whole, sorted (rule 3).
+  std::vector<std::vector<uint64_t>> whole_supply_;
   uint64_t mig_coming_ = 0;
   std::vector<bool> node_used_;
 };

@@ -26,9 +26,11 @@
 // Thread-compatible for RunOnce (one loop); Verdicts() may be called from any thread.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -90,8 +92,8 @@ class ModeSwitcher {
   void Tidy(Cluster& c, absl::Time now, Outcome& out);
   mig::ModePlanInput BuildInput(const Cluster& c, absl::Time now) const;
   void Demand(const Cluster& c, absl::Time now, mig::ModePlanInput& in) const;
-  // Writes `requests` as the node's dynmig.io/gpu-mode-request under its lock; `check` runs under
-  // the lock first and may refuse (its message is the error).
+  // Rewrites the node's dynmig.io/gpu-mode-request under its lock: `change` edits the requests read
+  // there (an unreadable value reads as none) and may refuse (its status is the error).
   absl::Status WriteUnderLock(
       const std::string& node,
       const std::function<absl::Status(std::vector<protocol::GpuModeRequest>& requests)>& change,

@@ -279,6 +279,15 @@ TEST(ModePlannerTest, AMemoryFloorAboveTheGpuSwitchesNothing) {
   EXPECT_THAT(plan.switches, IsEmpty());
 }
 
+TEST(ModePlannerTest, AnIdleWholeGpuTooSmallForThePodDoesNotServeIt) {
+  ModeGpu small = MGpu("GPU-0", 0, ModeKind::kWhole);
+  small.memory_mib = 40000;
+  ModePlan plan = ModeTwoRounds(ModeOneNode({small, MGpu("GPU-1", 1, ModeKind::kMig)},
+                                            {WholeDemand("default/big", 1, 80000)}));
+  ASSERT_THAT(plan.switches, SizeIs(1));
+  EXPECT_EQ(plan.switches[0].gpu_uuid, "GPU-1");
+}
+
 TEST(ModePlannerTest, OneMigGpuServesASlotsWorthOfMigPods) {
   // Three idle whole GPUs on three nodes; 7 one-instance MIG pods wait: one GPU covers them.
   ModePlanInput in;
