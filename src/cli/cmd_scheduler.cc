@@ -38,6 +38,7 @@ struct SchedulerFlags {
   std::string node_lock_wait = "75s";
   std::string expiry_interval = "30s";
   std::string requeue_interval = "1s";
+  std::string mode_switch_interval = "2s";
   bool leader_elect = false;
   std::string lease_namespace;
   std::string lease_name = "dynmig-scheduler";
@@ -66,6 +67,25 @@ void ApplyDeviceConfig(const protocol::DeviceConfig& config,
   options.admission.memory_match = config.memory_match;
   // Whole-GPU pods are placed (and admitted as such) only where GPUs may change mode.
   options.extender.whole_gpu_pods = config.mig_mode_switching.enabled;
+}
+
+// --requeue-interval: 0 (off) or at least 100ms; --mode-switch-interval: 0 (off) or 1s..1h.
+absl::Status ParseLoopIntervals(const SchedulerFlags& flags, absl::Duration& requeue,
+                                absl::Duration& mode_switch) {
+  if (!absl::ParseDuration(flags.requeue_interval, &requeue) || requeue < absl::ZeroDuration() ||
+      (requeue > absl::ZeroDuration() && requeue < absl::Milliseconds(100))) {
+    return absl::InvalidArgumentError("--requeue-interval: '" + flags.requeue_interval +
+                                      "' is not 0 (off) or a duration of at least 100ms (e.g. 1s)");
+  }
+  const std::string& text = flags.mode_switch_interval;
+  if (text.size() > 32 || !absl::ParseDuration(text, &mode_switch) ||
+      mode_switch < absl::ZeroDuration() ||
+      (mode_switch > absl::ZeroDuration() && mode_switch < absl::Seconds(1)) ||
+      mode_switch > absl::Hours(1)) {
+    return absl::InvalidArgumentError("--mode-switch-interval: '" + text.substr(0, 32) +
+                                      "' is not 0 (off) or a duration between 1s and 1h (e.g. 2s)");
+  }
+  return absl::OkStatus();
 }
 
 int RunScheduler(const SchedulerFlags& flags, CliContext& ctx) {
@@ -102,12 +122,9 @@ int RunScheduler(const SchedulerFlags& flags, CliContext& ctx) {
   if (!ParsePositiveDuration(flags.expiry_interval, &expiry_interval)) {
     return bad("--expiry-interval: '" + flags.expiry_interval + "' is not a positive duration");
   }
-  absl::Duration requeue_interval;
-  if (!absl::ParseDuration(flags.requeue_interval, &requeue_interval) ||
-      requeue_interval < absl::ZeroDuration() ||
-      (requeue_interval > absl::ZeroDuration() && requeue_interval < absl::Milliseconds(100))) {
-    return bad("--requeue-interval: '" + flags.requeue_interval +
-               "' is not 0 (off) or a duration of at least 100ms (e.g. 1s)");
+  absl::Duration requeue_interval, mode_switch_interval;
+  if (auto st = ParseLoopIntervals(flags, requeue_interval, mode_switch_interval); !st.ok()) {
+    return bad(std::string(st.message()));
   }
   scheduler::DefragmenterOptions defrag;
   absl::Duration defrag_interval;
@@ -146,6 +163,8 @@ int RunScheduler(const SchedulerFlags& flags, CliContext& ctx) {
   options.defrag = defrag;
   options.defrag_interval = defrag_interval;
   options.requeue.interval = requeue_interval;
+  options.mode_switch.interval = mode_switch_interval;
+  options.mode_switch.config = config->mig_mode_switching;  // absent or disabled: no loop
   options.admission.scheduler_name = flags.scheduler_name;
   options.admission.annotation_writers = SplitTrimmed(flags.annotation_writers, ',');
   options.admission.binders = SplitTrimmed(flags.binders, ',');
@@ -242,6 +261,11 @@ void RegisterSchedulerCommand(CLI::App& root, CliContext& ctx) {
                   "how often the leader looks for nodes whose MIG capacity freed while MIG pods "
                   "wait, and labels them (dynmig.io/capacity-freed) so that kube-scheduler tries "
                   "those pods again at once; 0: never")
+      ->capture_default_str();
+  cmd->add_option("--mode-switch-interval", flags->mode_switch_interval,
+                  "how often the leader decides whether an idle GPU changes mode between MIG and "
+                  "whole-GPU (only when device-config.yaml's nvidia.migModeSwitching is enabled); "
+                  "0: never")
       ->capture_default_str();
   AddDefragOptions(cmd, flags->defrag);
   cmd->add_flag("--leader-elect", flags->leader_elect,

@@ -764,6 +764,7 @@ absl::Status LocalCluster::StartSchedulerLocked(Replica& replica) {
   o.expiry_interval = options_.expiry_interval;
   o.defrag = options_.defrag;
   o.defrag_interval = options_.defrag_interval;
+  o.mode_switch.config = config->mig_mode_switching;  // absent or disabled: no loop
   o.admission.allowlist = config->allowlist;
   o.admission.memory_match = config->memory_match;
   o.admission.resources = config->resources;

@@ -11,6 +11,7 @@
 #include "mig/node_planner.h"
 #include "ops/defrag_plan.h"
 #include "ops/layout.h"
+#include "ops/mode_explain.h"
 #include "protocol/annotations.h"
 #include "protocol/defrag.h"
 #include "protocol/devices.h"
@@ -548,6 +549,14 @@ void ExplainPending(const Explanation& e, const mig::PodRequest& request, size_t
   SuggestPreferences(e, pv, request, suggestions);
   SuggestBlocking(e, pv, request, closest_gpus, suggestions);
   e.j["suggestions"] = suggestions;
+  if (e.j["status"] == "pending") {
+    auto modes =
+        ExplainModeSwitches(e.snap, e.config.mig_mode_switching, mig::ModeKind::kMig, e.now);
+    if (!modes.text.empty()) {
+      e.text += modes.text;
+      e.j["modeSwitching"] = std::move(modes.json);
+    }
+  }
 }
 
 // The request, or the reason there is nothing to plan (not a MIG pod, an invalid request, ended).

@@ -180,6 +180,45 @@ void ClusterState::DropAssumed(std::map<std::string, AssumedEntry>::iterator it)
   assumed_.erase(it);
 }
 
+void ClusterState::ReadModeSwitch(const json& node, NodeEntry& entry) {
+  entry.mode_requests.clear();
+  entry.mode_statuses.clear();
+  entry.mode_error.clear();
+  entry.mode_requests_unreadable = false;
+  if (auto requests =
+          protocol::DecodeGpuModeRequests(Annotation(node, protocol::kGpuModeRequestAnnotation));
+      requests.ok()) {
+    for (auto& r : *requests) entry.mode_requests[r.gpu_uuid] = std::move(r);
+  } else {
+    entry.mode_requests_unreadable = true;  // fails closed: every GPU held
+    entry.mode_error = std::string(requests.status().message());
+  }
+  if (auto statuses =
+          protocol::DecodeGpuModeStatuses(Annotation(node, protocol::kGpuModeStatusAnnotation));
+      statuses.ok()) {
+    for (auto& s : *statuses) entry.mode_statuses[s.gpu_uuid] = std::move(s);
+  } else if (entry.mode_error.empty()) {
+    entry.mode_error = std::string(statuses.status().message());
+  }
+}
+
+void ClusterState::SwitchFault(const NodeEntry& node, const std::string& uuid, GpuReport& gr,
+                               GpuFault& fault) {
+  auto status = node.mode_statuses.find(uuid);
+  if (status != node.mode_statuses.end()) gr.mode_status = status->second;
+  if (node.mode_requests_unreadable) {
+    fault.Set("switching", "held for a mode switch: unreadable " + node.mode_error);
+    return;
+  }
+  auto request = node.mode_requests.find(uuid);
+  if (request == node.mode_requests.end()) return;
+  gr.mode_request = request->second;
+  if (protocol::HeldForSwitch(request->second, gr.mode_status ? &*gr.mode_status : nullptr)) {
+    fault.Set("switching", fmt::format("GPU {} is switching to {}", uuid,
+                                       protocol::GpuModeName(request->second.to)));
+  }
+}
+
 void ClusterState::UpsertNode(const json& node) {
   const std::string name = Str(node, {"metadata", "name"});
   if (name.empty()) return;
@@ -213,6 +252,7 @@ void ClusterState::UpsertNode(const json& node) {
         protocol::ParseCordonReasons(Annotation(node, protocol::kDeviceCordonReasonsAnnotation));
     if (reasons.ok()) entry.cordon_reasons = std::move(*reasons);
   }
+  ReadModeSwitch(node, entry);
   entry.held.clear();
   entry.held_error.clear();
   if (HasAnnotation(node, protocol::kNodeHeldSlicesAnnotation)) {
@@ -575,6 +615,7 @@ mig::GpuView ClusterState::BuildGpuView(RebuildState& st, size_t i) {
                              ? std::string("cordoned (hami.io/device-cordon)")
                              : fmt::format("cordoned (hami.io/device-cordon): {}", why->second)};
   }
+  SwitchFault(node, gv.uuid, gr, fault);
   if (gpu.planner != nullptr && fault.empty()) {
     auto usage = gpu.planner->UsageOf(st.reserved[i]);
     if (usage.ok()) {
@@ -704,6 +745,7 @@ const mig::NodeView& ClusterState::ViewOf(NodeEntry& node, absl::Time now) const
   node.view.bind_in_flight =
       node.locked_at.has_value() && now - *node.locked_at < kDefaultNodeLockExpiry;
   node.report.locked_at = node.locked_at;
+  node.report.mode_error = node.mode_error;
   // The next instant at which time alone flips either: a report older than the timeout makes
   // the node unhealthy (strictly after reported_at + timeout); the lock expires at locked_at +
   // expiry. An instant already past changes nothing more; a clock set back (now < viewed_at)

@@ -47,6 +47,7 @@
 #include "protocol/defrag.h"
 #include "protocol/devices.h"
 #include "protocol/gpu_mode.h"
+#include "protocol/gpu_mode_switch.h"
 #include "protocol/held_slices.h"
 #include "protocol/idle_instances.h"
 #include "protocol/mig_allocations.h"
@@ -85,8 +86,13 @@ struct GpuReport {
   std::string unhealthy_reason;
   // A stable code for unhealthy_reason without names in it (a metric label): unregistered-gpu,
   // unreadable-reservation, devices-without-reservation, unreadable-held-slices,
-  // held-slices-beyond-gpu, device-unhealthy, cordoned, conflicting-reservations.
+  // held-slices-beyond-gpu, device-unhealthy, cordoned, switching, conflicting-reservations.
   std::string unhealthy_code;
+  // Issue 31's mode switch: the scheduler's request for this GPU (dynmig.io/gpu-mode-request) and
+  // the device plugin's status of it (dynmig.io/gpu-mode), when the node carries them. While the
+  // request is not answered (protocol::HeldForSwitch) the GPU takes no reservation ("switching").
+  std::optional<protocol::GpuModeRequest> mode_request;
+  std::optional<protocol::GpuModeStatus> mode_status;
   std::vector<ReservationReport> reservations;
   // Idle (warm) instances the device plugin keeps (dynmig.io/idle-mig-instances): free slices a
   // pod of that profile would reuse.
@@ -131,6 +137,9 @@ struct NodeReport {
   };
   std::vector<DefragHold> defrag;
   std::string defrag_error;  // the annotation could not be decoded (the node is failed closed)
+  // dynmig.io/gpu-mode-request could not be decoded (every GPU is held: failed closed), or
+  // dynmig.io/gpu-mode could not (requested GPUs count as unanswered).
+  std::string mode_error;
 };
 
 // What a successful filter decided: the node and the annotations to write on the pod.
@@ -308,7 +317,13 @@ class ClusterState {
     std::set<std::string> cordoned;
     std::string cordon_error;
     std::map<std::string, std::string> cordon_reasons;  // dynmig.io/device-cordon-reasons
-    std::set<std::string> pods;                         // pod keys placed on this node
+    // dynmig.io/gpu-mode-request and dynmig.io/gpu-mode by GPU UUID; mode_error: either was
+    // unreadable (an unreadable request holds every GPU of the node).
+    std::map<std::string, protocol::GpuModeRequest> mode_requests;
+    std::map<std::string, protocol::GpuModeStatus> mode_statuses;
+    std::string mode_error;
+    bool mode_requests_unreadable = false;
+    std::set<std::string> pods;     // pod keys placed on this node
     std::set<std::string> assumed;  // keys of assumed_ whose reservation is on this node
     NodeReport report;              // cache, rebuilt when dirty
     // The occupancy of the last view (occupancy_seen: there was one), and the value of
@@ -372,6 +387,12 @@ class ClusterState {
       reason = why;
     }
   };
+  // dynmig.io/gpu-mode-request and dynmig.io/gpu-mode into the entry.
+  static void ReadModeSwitch(const nlohmann::json& node, NodeEntry& entry);
+  // A GPU held for a mode switch (or every GPU, when the requests are unreadable): the fault
+  // "switching"; the request and status into its report.
+  static void SwitchFault(const NodeEntry& node, const std::string& uuid, GpuReport& gr,
+                          GpuFault& fault);
   // Rebuilds the node's view, report and summary from its GPUs, the reservations of its pods and
   // assumptions, its held slices and idle instances.
   void Rebuild(NodeEntry& node, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -165,6 +165,25 @@ SchedulerMetrics::SchedulerMetrics() : registry_(std::make_shared<prometheus::Re
   for (const char* a : {"released", "forgotten", "bind-failed"}) {
     expiries_total_->Add({{"action", a}});
   }
+  mode_switch_requests_total_ =
+      &prometheus::BuildCounter()
+           .Name("dynmig_scheduler_mode_switch_requests_total")
+           .Help(
+               "GPU mode switches the leader asked for (dynmig.io/gpu-mode-request), by node and "
+               "target mode")
+           .Register(*registry_);
+  mode_switch_refusals_total_ =
+      &prometheus::BuildCounter()
+           .Name("dynmig_scheduler_mode_switch_refusals_total")
+           .Help(
+               "GPU mode switch requests refused by the device plugin or withdrawn unanswered, "
+               "by node and reason (needs-reboot, needs-reset, refused, timeout)")
+           .Register(*registry_);
+  mode_switch_seconds_total_ =
+      &prometheus::BuildCounter()
+           .Name("dynmig_scheduler_mode_switch_seconds_total")
+           .Help("Seconds GPUs spent switching mode (request to the new mode), by node")
+           .Register(*registry_);
 }
 
 SchedulerMetrics::~SchedulerMetrics() = default;
@@ -190,6 +209,18 @@ void SchedulerMetrics::CountDefragEviction(std::string_view result) {
 
 void SchedulerMetrics::CountDefragPlan(std::string_view outcome) {
   defrag_plans_total_->Add({{"outcome", std::string(outcome)}}).Increment();
+}
+
+void SchedulerMetrics::CountModeSwitchRequest(const std::string& node, std::string_view to) {
+  mode_switch_requests_total_->Add({{"node", node}, {"to", std::string(to)}}).Increment();
+}
+
+void SchedulerMetrics::CountModeSwitchRefusal(const std::string& node, std::string_view reason) {
+  mode_switch_refusals_total_->Add({{"node", node}, {"reason", std::string(reason)}}).Increment();
+}
+
+void SchedulerMetrics::AddModeSwitchSeconds(const std::string& node, double seconds) {
+  if (seconds > 0) mode_switch_seconds_total_->Add({{"node", node}}).Increment(seconds);
 }
 
 void SchedulerMetrics::CountUnauthenticated(std::string_view path) {

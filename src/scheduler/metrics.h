@@ -20,6 +20,10 @@
 //   dynmig_scheduler_defrag_evictions_total{result="evicted|not-found|refused-by-pdb|error"}
 //   dynmig_scheduler_defrag_plans_total{outcome="executed|dry-run|no-plan|rate-limited|failed"}
 //   dynmig_scheduler_defrag_reservations_active   dynmig.io/defrag-reservation entries in force
+//   dynmig_scheduler_mode_switch_requests_total{node,to="mig|hami-core"}   GPU mode switches asked
+//   dynmig_scheduler_mode_switch_refusals_total{node,reason="needs-reboot|needs-reset|refused|
+//       timeout"}   requests the device plugin refused, or withdrawn unanswered (mode_switcher.h)
+//   dynmig_scheduler_mode_switch_seconds_total{node}   seconds GPUs spent switching mode
 //   dynmig_scheduler_filter_duration_seconds, dynmig_scheduler_bind_duration_seconds (histograms)
 //   dynmig_scheduler_pod_wait_seconds{profile}   histogram: a MIG pod's creation to its successful
 //       bind, once per profile the pod holds (the bind is the scheduler's last step; what follows,
@@ -89,6 +93,11 @@ class SchedulerMetrics {
   // The defragmenter (defragmenter.h): one eviction's result, one plan's outcome.
   void CountDefragEviction(std::string_view result);
   void CountDefragPlan(std::string_view outcome);
+  // The mode switcher (mode_switcher.h): a request written; a refusal or timeout by code; the
+  // seconds a GPU of `node` spent switching.
+  void CountModeSwitchRequest(const std::string& node, std::string_view to);
+  void CountModeSwitchRefusal(const std::string& node, std::string_view reason);
+  void AddModeSwitchSeconds(const std::string& node, double seconds);
   // A /filter or /bind refused for want of a valid client certificate.
   void CountUnauthenticated(std::string_view path);
 
@@ -131,6 +140,9 @@ class SchedulerMetrics {
   prometheus::Family<prometheus::Counter>* unauthenticated_total_;
   prometheus::Family<prometheus::Counter>* defrag_evictions_total_;
   prometheus::Family<prometheus::Counter>* defrag_plans_total_;
+  prometheus::Family<prometheus::Counter>* mode_switch_requests_total_;
+  prometheus::Family<prometheus::Counter>* mode_switch_refusals_total_;
+  prometheus::Family<prometheus::Counter>* mode_switch_seconds_total_;
   prometheus::Counter* reservations_total_;
   prometheus::Histogram* filter_latency_;
   prometheus::Histogram* bind_latency_;

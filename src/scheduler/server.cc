@@ -171,6 +171,33 @@ void SchedulerServer::StartLoops() {
   defragmenter_ = std::make_unique<Defragmenter>(client_, *state_, clock_, events_.get(),
                                                  metrics_.get(), std::move(d));
   requeuer_ = std::make_unique<Requeuer>(client_, *state_, clock_, options_.requeue);
+  ModeSwitcherOptions m = options_.mode_switch;
+  m.scheduler_name = options_.extender.scheduler_name;
+  m.resources = options_.extender.resources;
+  if (!options_.pod_namespace.empty()) m.lock_namespace = options_.pod_namespace;
+  mode_switcher_ = std::make_unique<ModeSwitcher>(client_, *state_, clock_, events_.get(),
+                                                  metrics_.get(), std::move(m));
+  if (options_.mode_switch.config.enabled && options_.mode_switch.interval > absl::ZeroDuration()) {
+    mode_switch_thread_ = std::thread([this] {
+      dynmig::MutexLock lock(&loop_mu_);
+      while (!stopped_) {
+        clock_.WaitFor(loop_cv_, loop_mu_, options_.mode_switch.interval,
+                       [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_mu_) { return stopped_; });
+        if (stopped_) break;
+        loop_mu_.Unlock();
+        auto result = RunModeSwitchPass();
+        if (!result.ok() && result.status().code() != absl::StatusCode::kFailedPrecondition) {
+          spdlog::warn("mode switcher: {}", std::string(result.status().message()));
+        } else if (result.ok()) {
+          for (const auto& e : result->errors) spdlog::warn("mode switcher: {}", e);
+          for (const auto& r : result->requested) spdlog::info("mode switcher: requested {}", r);
+          for (const auto& r : result->refused) spdlog::warn("mode switcher: refused {}", r);
+          for (const auto& r : result->withdrawn) spdlog::warn("mode switcher: withdrew {}", r);
+        }
+        loop_mu_.Lock();
+      }
+    });
+  }
   if (options_.requeue.interval > absl::ZeroDuration()) {
     requeue_thread_ = std::thread([this] {
       dynmig::MutexLock lock(&loop_mu_);
@@ -233,6 +260,11 @@ void SchedulerServer::StartLoops() {
 absl::StatusOr<Requeuer::Outcome> SchedulerServer::RunRequeuePass() {
   if (std::string gate = WriteGate(); !gate.empty()) return absl::FailedPreconditionError(gate);
   return requeuer_->RunOnce(metrics_->PendingCount(clock_.Now()));
+}
+
+absl::StatusOr<ModeSwitcher::Outcome> SchedulerServer::RunModeSwitchPass() {
+  if (std::string gate = WriteGate(); !gate.empty()) return absl::FailedPreconditionError(gate);
+  return mode_switcher_->RunOnce();
 }
 
 absl::StatusOr<Defragmenter::Outcome> SchedulerServer::RunDefragPass() {
@@ -528,6 +560,7 @@ void SchedulerServer::Stop() {
   if (extender_ != nullptr) extender_->StopWaiting();
   if (expiry_thread_.joinable()) expiry_thread_.join();
   if (defrag_thread_.joinable()) defrag_thread_.join();
+  if (mode_switch_thread_.joinable()) mode_switch_thread_.join();
   if (requeue_thread_.joinable()) requeue_thread_.join();
   if (elector_ != nullptr) elector_->Stop();
   // Waits for in-flight requests and, as httplib 0.11 does not wake idle keep-alive connections

@@ -27,7 +27,8 @@
 // need none.
 //
 // The defragmenter (defragmenter.h) runs on the leader alone, every defrag_interval, when its mode
-// is not off.
+// is not off; so does the mode switcher (mode_switcher.h), every mode_switch.interval, when the
+// device config's nvidia.migModeSwitching is enabled.
 //
 // With leader election, only the leader writes: a follower answers filter and bind with an Error
 // saying it is not the leader, and does not expire reservations. The leader labels its own pod
@@ -62,6 +63,7 @@
 #include "scheduler/leader_election.h"
 #include "scheduler/live_snapshot.h"
 #include "scheduler/metrics.h"
+#include "scheduler/mode_switcher.h"
 #include "scheduler/requeuer.h"
 #include "webhook/admission.h"
 #include "webhook/cert_reloader.h"
@@ -117,6 +119,10 @@ struct SchedulerServerOptions {
   // The requeuer (requeuer.h): the leader labels a node when its MIG capacity grew while MIG pods
   // are pending, every requeue.interval (zero = never by itself: tests call RunRequeuePass()).
   RequeueOptions requeue;
+  // The mode switcher (mode_switcher.h): off unless mode_switch.config is enabled; then the leader
+  // runs a pass every mode_switch.interval (zero = never by itself: tests call
+  // RunModeSwitchPass()).
+  ModeSwitcherOptions mode_switch;
   // The largest body of any endpoint: /filter's ExtenderArgs (16 MiB); an AdmissionReview is then
   // held to its own 7 MiB and a /bind body to 64 KiB as they are parsed (common/bounded_json.h).
   size_t max_body_bytes = kExtenderArgsJsonLimits.max_bytes;
@@ -176,6 +182,9 @@ class SchedulerServer {
   // One requeuer pass when this replica may write (else kFailedPrecondition with why not).
   absl::StatusOr<Requeuer::Outcome> RunRequeuePass();
   const Requeuer& requeuer() const { return *requeuer_; }
+  // One mode switcher pass when this replica may write (else kFailedPrecondition with why not).
+  absl::StatusOr<ModeSwitcher::Outcome> RunModeSwitchPass();
+  const ModeSwitcher& mode_switcher() const { return *mode_switcher_; }
 
  private:
   SchedulerServer(kube::KubeClient& client, const Clock& clock, SchedulerServerOptions options);
@@ -206,6 +215,7 @@ class SchedulerServer {
   std::unique_ptr<Extender> extender_;
   std::unique_ptr<Defragmenter> defragmenter_;
   std::unique_ptr<Requeuer> requeuer_;
+  std::unique_ptr<ModeSwitcher> mode_switcher_;
   std::unique_ptr<webhook::AdmissionHandler> admission_;
   std::unique_ptr<webhook::NodeCapacityIndex> node_capacity_;  // null: max_instances_per_node given
   std::unique_ptr<webhook::CertReloader> cert_reloader_;
@@ -224,6 +234,7 @@ class SchedulerServer {
   std::thread expiry_thread_;
   std::thread defrag_thread_;
   std::thread requeue_thread_;
+  std::thread mode_switch_thread_;
 };
 
 }  // namespace dynmig::scheduler
