@@ -97,6 +97,7 @@ int Run(const DevicePluginFlags& f, CliContext& ctx) {
   options.core.resource_name = config->resources.count;
   options.core.allowlist = config->allowlist;
   options.core.warm = config->warm_instances;
+  options.core.mode_switching = config->mig_mode_switching;
   options.core.state_file = f.state_file;
   options.core.cdi_dir = f.cdi_dir;
   options.kubelet_dir = f.kubelet_dir;

@@ -23,6 +23,12 @@ inline constexpr std::string_view kCrashAfterGpuInstance = "after-gpu-instance";
 inline constexpr std::string_view kCrashAfterComputeInstance = "after-compute-instance";
 inline constexpr std::string_view kCrashBeforeRollback = "before-rollback";
 inline constexpr std::string_view kCrashAfterAnnotation = "after-annotation";
+// A MIG mode switch (mode_switch.h) stops at these the same way (its step returns at once).
+inline constexpr std::string_view kCrashModeBeforeSet = "mode-before-set";
+inline constexpr std::string_view kCrashModeAfterSet = "mode-after-set";
+inline constexpr std::string_view kCrashModeBeforeReset = "mode-before-reset";
+inline constexpr std::string_view kCrashModeBeforeSetBack = "mode-before-set-back";
+inline constexpr std::string_view kCrashModeBeforePublish = "mode-before-publish";
 
 struct PluginCoreOptions {
   std::string node_name;
@@ -37,6 +43,9 @@ struct PluginCoreOptions {
   // Warm instances (device-config.yaml nvidia.migWarmInstances): an ended pod's instance is kept
   // idle for reuse. Off by default.
   protocol::WarmInstances warm;
+  // MIG mode switching (device-config.yaml nvidia.migModeSwitching, mode_switch.h). Absent
+  // (`present` false): dynmig.io/gpu-mode is never written and no request is carried out.
+  protocol::MigModeSwitching mode_switching;
   // Attempts of the optimistic-concurrency loop that writes the pod annotation.
   int annotation_attempts = 5;
   // Wall time (timestamps, TTLs, the in-progress window) and monotonic time (durations); must

@@ -60,19 +60,22 @@ bool PluginCore::RefreshDevices() {
                              g.unhealthy_reason));
     }
   }
+  if (switcher_.configured()) switcher_.ApplyHealth();  // a GPU mid-switch takes nothing
   UpdateDevices();
   return true;
 }
 
 NodeSnapshot PluginCore::SnapshotLocked() const {
-  return NodeSnapshot{ns_.inventory.RegisterDevices(), ns_.Held(), ns_.Idle()};
+  NodeSnapshot snapshot{ns_.inventory.RegisterDevices(), ns_.Held(), ns_.Idle(), std::nullopt};
+  if (switcher_.configured()) snapshot.modes = switcher_.Statuses();
+  return snapshot;
 }
 
 absl::Status PluginCore::PublishNode() {
   dynmig::MutexLock order(&publish_mu_);
   NodeSnapshot snapshot;
   {
-    dynmig::MutexLock lock(&ns_.mu);
+    NodeLock lock(this);
     snapshot = SnapshotLocked();
   }
   return publisher_.Publish(std::move(snapshot));

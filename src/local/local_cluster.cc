@@ -874,6 +874,7 @@ absl::Status LocalCluster::StartDevicePluginLocked(Node& node) {
   o.core.resource_name = config->resources.count;
   o.core.allowlist = config->allowlist;
   o.core.warm = config->warm_instances;
+  o.core.mode_switching = config->mig_mode_switching;
   o.core.state_file = node.dir + "/device-plugin-state.json";
   o.kubelet_dir = node.kubelet_dir;
   o.pod_resources_socket = node.kubelet->pod_resources_socket();
