@@ -46,7 +46,7 @@ uint64_t PluginCore::WaitForDeviceChange(uint64_t seen, absl::Duration timeout) 
 void PluginCore::CloseDeviceWatches() { devices_.Close(); }
 
 bool PluginCore::RefreshDevices() {
-  dynmig::MutexLock lock(&ns_.mu);
+  NodeLock lock(this);
   std::vector<bool> before;
   for (const auto& g : ns_.inventory.gpus) before.push_back(g.healthy);
   // A GPU whose discovery failed at start is discovered once NVML answers.
