@@ -30,6 +30,7 @@ struct ChaosFlags {
   size_t max_pods = 10;
   bool verbose = false;
   bool handover = false;
+  bool mode_switches = false;
   std::string handover_geometry = "1g.5gb=2,2g.10gb=1";
 };
 
@@ -43,6 +44,7 @@ int RunChaosCommand(const ChaosFlags& f, CliContext& ctx) {
   o.nodes = f.nodes;
   o.max_pods = f.max_pods;
   o.handover = f.handover;
+  o.mode_switches = f.mode_switches;
   o.handover_geometry = f.handover_geometry;
   if (!absl::ParseDuration(f.duration, &o.duration) || o.duration < absl::ZeroDuration()) {
     return bad("--duration: '" + f.duration + "' is not a duration such as 90s or 30m");
@@ -116,6 +118,9 @@ void RegisterChaosCommand(CLI::App& root, CliContext& ctx) {
                 "start with a legacy world on the first node (--handover-geometry, NVIDIA's "
                 "device-plugin stand-in, legacy pods), hand it over to dynmig, and restart its "
                 "kubelet stand-in among the faults");
+  cmd->add_flag("--mode-switches", f->mode_switches,
+                "MIG mode switching on: random dynmig.io/gpu-mode-request writes and switch crash "
+                "points, checked: nothing in use is switched, no mode left pending");
   cmd->add_option("--handover-geometry", f->handover_geometry,
                   "the first node's fixed geometry for --handover (its GPUs' model must offer it)")
       ->capture_default_str();

@@ -9,8 +9,11 @@
 #include <ostream>
 
 #include "cli/cli.h"
+#include "common/clock.h"
+#include "fmt/format.h"
 #include "kube/kube_client.h"
 #include "ops/gpu_cordon.h"
+#include "ops/gpu_mode.h"
 #include "ops/report.h"
 
 namespace dynmig::cli {
@@ -64,11 +67,58 @@ int RunGpu(GpuFlags f, bool cordon, CliContext& ctx) {
   return kExitOk;
 }
 
+struct GpuModeFlags {
+  std::string kubeconfig;
+  bool in_cluster = false;
+  std::string output = "text";
+  std::string to;
+  ops::GpuModeOptions options;
+};
+
+int RunGpuMode(GpuModeFlags f, CliContext& ctx) {
+  auto fail = [&](const absl::Status& st) {
+    ctx.err << "dynmig gpu mode: " << st.message() << "\n";
+    return GpuExitFor(st);
+  };
+  auto format = ops::ParseOutputFormat(f.output);
+  if (!format.ok()) return fail(format.status());
+  if (f.to == "mig") {
+    f.options.to = protocol::GpuMode::kMig;
+  } else if (f.to == "hami-core") {
+    f.options.to = protocol::GpuMode::kWholeGpu;
+  } else if (!f.to.empty()) {
+    return fail(absl::InvalidArgumentError(
+        fmt::format("--to: must be mig or hami-core, got \"{}\"", f.to.substr(0, 64))));
+  }
+  if (f.options.by.empty()) {
+    if (const char* user = std::getenv("USER"); user != nullptr) f.options.by = user;
+  }
+  f.options.now = RealClock().Now();
+  auto client = ConnectKube(f.kubeconfig, f.in_cluster);
+  if (!client.ok()) return fail(client.status());
+  auto out = ops::RunGpuMode(**client, f.options);
+  if (!out.ok()) return fail(out.status());
+  switch (*format) {
+    case ops::OutputFormat::kText:
+      ctx.out << out->text;
+      break;
+    case ops::OutputFormat::kJson:
+      ctx.out << out->json.dump(2) << "\n";
+      break;
+    case ops::OutputFormat::kYaml:
+      ctx.out << ops::JsonToYaml(out->json);
+      break;
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 void RegisterGpuCommand(CLI::App& root, CliContext& ctx) {
   CLI::App* gpu = root.add_subcommand(
-      "gpu", "Per-GPU operations: cordon and uncordon one GPU of a node (hami.io/device-cordon)");
+      "gpu",
+      "Per-GPU operations: cordon and uncordon one GPU of a node (hami.io/device-cordon), its "
+      "MIG mode (dynmig.io/gpu-mode)");
   gpu->require_subcommand(1);
   for (const bool cordon : {true, false}) {
     auto f = std::make_shared<GpuFlags>();
@@ -90,6 +140,22 @@ void RegisterGpuCommand(CLI::App& root, CliContext& ctx) {
     }
     cmd->callback([f, cordon, &ctx] { ctx.exit_code = RunGpu(*f, cordon, ctx); });
   }
+  auto m = std::make_shared<GpuModeFlags>();
+  CLI::App* mode = gpu->add_subcommand(
+      "mode",
+      "Show each GPU's MIG mode status (dynmig.io/gpu-mode), or ask the device plugin to switch "
+      "one GPU (--gpu and --to: dynmig.io/gpu-mode-request)");
+  mode->add_option("--kubeconfig", m->kubeconfig,
+                   "kubeconfig file (default: $KUBECONFIG, in-cluster when available, "
+                   "~/.kube/config)");
+  mode->add_flag("--in-cluster", m->in_cluster, "use the pod's service account");
+  mode->add_option("-o,--output", m->output, "text, json or yaml")->capture_default_str();
+  mode->add_option("--node", m->options.node, "the node")->required();
+  mode->add_option("--gpu", m->options.gpu, "the GPU: its UUID or its index on the node");
+  mode->add_option("--to", m->to, "mig or hami-core (the whole GPU, MIG off)");
+  mode->add_option("--reason", m->options.reason, "why (recorded in the request)");
+  mode->add_option("--by", m->options.by, "who asks (default: $USER)");
+  mode->callback([m, &ctx] { ctx.exit_code = RunGpuMode(*m, ctx); });
 }
 
 }  // namespace dynmig::cli

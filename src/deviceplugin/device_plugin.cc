@@ -166,6 +166,8 @@ absl::Status DevicePlugin::Listen(const std::string& listen, std::string_view fl
 absl::Duration DevicePlugin::Cycle(absl::Duration& next_publish) {
   const bool changed = core_->RefreshDevices();
   core_->Reconcile();
+  // MIG mode switches the node's dynmig.io/gpu-mode-request asks for (publishes what it does).
+  core_->SwitchModes();
   const absl::Duration now = clock_.Monotonic();
   // Idle (warm) instances are published as they change, so the scheduler can prefer them; held
   // slices too (an instance whose destroy NVML refused with IN_USE, or one not reclaimed yet):

@@ -46,13 +46,20 @@ PluginCore::PluginCore(PluginCoreOptions options, nvml::Nvml& nvml, kube::KubeCl
       publisher_(options_.node_name, kube, metrics, *options_.clock),
       ops_(options_, nvml, kube, metrics, events, pod_resources, ns_, ledger_, publisher_),
       reclaimer_(ops_),
-      allocator_(ops_) {}
+      allocator_(ops_),
+      switcher_(ops_) {}
 
 absl::Status PluginCore::Start() {
   NodeLock lock(this);
   if (started_) return absl::FailedPreconditionError("device plugin core already started");
   started_ = true;
   DYNMIG_RETURN_IF_ERROR(LoadStateAndInventory());
+  if (switcher_.configured()) {
+    // Open switch intents are resumed or rolled back from what NVML shows (mode_switch.h).
+    switcher_.Recover();
+    RefreshHealth(ops_.nvml, ns_.inventory);
+    switcher_.ApplyHealth();
+  }
   UpdateDevices();
   DYNMIG_RETURN_IF_ERROR(ops_.Persist());
   auto pods = ops_.ListPods();

@@ -113,6 +113,7 @@
 #include "deviceplugin/inventory.h"
 #include "deviceplugin/ledger.h"
 #include "deviceplugin/metrics.h"
+#include "deviceplugin/mode_switch.h"
 #include "deviceplugin/node_ops.h"
 #include "deviceplugin/node_state.h"
 #include "deviceplugin/plugin_options.h"
@@ -180,6 +181,13 @@ class PluginCore {
   absl::Status PublishNode() ABSL_LOCKS_EXCLUDED(publish_mu_);
   // Re-reads GPU health; updates the device list and returns whether anything changed.
   bool RefreshDevices();
+  // MIG mode switches (mode_switch.h; only with nvidia.migModeSwitching configured): reads the
+  // node's dynmig.io/gpu-mode-request, publishes the GPUs it switches as "switching" (unhealthy),
+  // carries the switches out under the node state's lock, publishes the outcome. Returns whether
+  // it published. Sources: plugin_mode_switch.cc.
+  bool SwitchModes() ABSL_LOCKS_EXCLUDED(publish_mu_, ns_.mu);
+  // The statuses dynmig.io/gpu-mode carries (empty when switching is not configured).
+  std::vector<protocol::GpuModeStatus> ModeStatuses();
 
   // ---- observers ----
   // The node's NVML view as JSON (GET /nvml): GPUs, profiles, instances with their owners, intents,
@@ -230,7 +238,7 @@ class PluginCore {
                        nlohmann::json& item) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   nlohmann::json EvidenceView() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
   // What PublishNode writes, as the state is now.
-  NodeSnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
+  NodeSnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu, switcher_.mu());
   // Start(): the state file (moved aside when corrupt) and the NVML inventory.
   absl::Status LoadStateAndInventory() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu);
 
@@ -258,6 +266,7 @@ class PluginCore {
   NodeOps ops_;
   Reclaimer reclaimer_;
   Allocator allocator_;
+  ModeSwitcher switcher_;
 
   // The last NvmlView snapshot and when it was taken (written under ns_.mu too, taken inside it).
   mutable dynmig::Mutex view_mu_ ABSL_ACQUIRED_AFTER(ns_.mu);
@@ -278,7 +287,7 @@ class ABSL_SCOPED_LOCKABLE PluginCore::NodeLock {
  public:
   explicit NodeLock(PluginCore* core)
       ABSL_EXCLUSIVE_LOCK_FUNCTION(core->ns_.mu, core->ops_.ns.mu, core->allocator_.mu(),
-                                   core->reclaimer_.mu())
+                                   core->reclaimer_.mu(), core->switcher_.mu())
       : mu_(&core->ns_.mu) {
     mu_->Lock();
   }

@@ -23,6 +23,12 @@ inline constexpr std::string_view kCrashAfterGpuInstance = "after-gpu-instance";
 inline constexpr std::string_view kCrashAfterComputeInstance = "after-compute-instance";
 inline constexpr std::string_view kCrashBeforeRollback = "before-rollback";
 inline constexpr std::string_view kCrashAfterAnnotation = "after-annotation";
+// A MIG mode switch (mode_switch.h) stops at these the same way (its step returns at once).
+inline constexpr std::string_view kCrashModeBeforeSet = "mode-before-set";
+inline constexpr std::string_view kCrashModeAfterSet = "mode-after-set";
+inline constexpr std::string_view kCrashModeBeforeReset = "mode-before-reset";
+inline constexpr std::string_view kCrashModeBeforeSetBack = "mode-before-set-back";
+inline constexpr std::string_view kCrashModeBeforePublish = "mode-before-publish";
 
 struct PluginCoreOptions {
   std::string node_name;
@@ -37,8 +43,10 @@ struct PluginCoreOptions {
   // Warm instances (device-config.yaml nvidia.migWarmInstances): an ended pod's instance is kept
   // idle for reuse. Off by default.
   protocol::WarmInstances warm;
-  // Which GPUs may be handed out whole (device-config.yaml nvidia.migModeSwitching; inventory.h
-  // WholeGpuPolicy). Absent/off by default: every GPU is a MIG GPU, as before.
+  // MIG mode switching (device-config.yaml nvidia.migModeSwitching). Absent (`present` false):
+  // every GPU is a MIG GPU as before, dynmig.io/gpu-mode is never written and no request is
+  // carried out. Enabled: GPUs that may switch (inventory.h WholeGpuPolicy) are handed out whole
+  // while their MIG mode is off, and mode_switch.h carries out the scheduler's requests.
   protocol::MigModeSwitching mig_mode_switching;
   // Attempts of the optimistic-concurrency loop that writes the pod annotation.
   int annotation_attempts = 5;

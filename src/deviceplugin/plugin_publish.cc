@@ -47,7 +47,7 @@ uint64_t PluginCore::WaitForDeviceChange(uint64_t seen, absl::Duration timeout) 
 void PluginCore::CloseDeviceWatches() { devices_.Close(); }
 
 bool PluginCore::RefreshDevices() {
-  dynmig::MutexLock lock(&ns_.mu);
+  NodeLock lock(this);
   std::vector<bool> before;
   for (const auto& g : ns_.inventory.gpus) before.push_back(g.healthy);
   // A GPU whose discovery failed at start is discovered once NVML answers.
@@ -62,19 +62,22 @@ bool PluginCore::RefreshDevices() {
                              g.unhealthy_reason));
     }
   }
+  if (switcher_.configured()) switcher_.ApplyHealth();  // a GPU mid-switch takes nothing
   UpdateDevices();
   return true;
 }
 
 NodeSnapshot PluginCore::SnapshotLocked() const {
-  return NodeSnapshot{ns_.inventory.RegisterDevices(), ns_.Held(), ns_.Idle()};
+  NodeSnapshot snapshot{ns_.inventory.RegisterDevices(), ns_.Held(), ns_.Idle(), std::nullopt};
+  if (switcher_.configured()) snapshot.modes = switcher_.Statuses();
+  return snapshot;
 }
 
 absl::Status PluginCore::PublishNode() {
   dynmig::MutexLock order(&publish_mu_);
   NodeSnapshot snapshot;
   {
-    dynmig::MutexLock lock(&ns_.mu);
+    NodeLock lock(this);
     snapshot = SnapshotLocked();
   }
   return publisher_.Publish(std::move(snapshot));

@@ -27,6 +27,10 @@ absl::Status Publisher::Publish(NodeSnapshot snapshot) {
   patch[std::string(protocol::kNodeRegisterAnnotation)] = value;
   patch[std::string(protocol::kNodeHeldSlicesAnnotation)] = held_value;
   patch[std::string(protocol::kNodeIdleInstancesAnnotation)] = idle_value;
+  if (snapshot.modes.has_value()) {
+    patch[std::string(protocol::kGpuModeStatusAnnotation)] =
+        protocol::EncodeGpuModeStatuses(std::move(*snapshot.modes));
+  }
   auto st = kube_.PatchNodeAnnotations(node_name_, patch);
   metrics_.NodePublished(st.ok());
   if (!st.ok()) {

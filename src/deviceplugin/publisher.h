@@ -17,6 +17,7 @@
 // Thread-safe.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,7 @@
 #include "deviceplugin/metrics.h"
 #include "deviceplugin/state_store.h"
 #include "kube/kube_client.h"
+#include "protocol/gpu_mode_switch.h"
 #include "protocol/held_slices.h"
 #include "protocol/idle_instances.h"
 #include "protocol/node_register.h"
@@ -39,6 +41,9 @@ struct NodeSnapshot {
   std::vector<protocol::DeviceInfo> devices;  // hami.io/node-nvidia-register
   std::vector<protocol::HeldSlices> held;     // dynmig.io/mig-held
   std::vector<protocol::IdleInstance> idle;   // dynmig.io/idle-mig-instances
+  // dynmig.io/gpu-mode (mode_switch.h); absent: the key is not written at all (switching is not
+  // configured).
+  std::optional<std::vector<protocol::GpuModeStatus>> modes;
 };
 
 // The live instances a pod holds (idle ones excluded: no pod holds them), each with its pod,

@@ -156,6 +156,71 @@ void DecodeLedger(const Json& doc, Reader& r, PluginState& state) {
   }
 }
 
+std::string_view ModeName(bool mig) { return mig ? "mig" : "hami-core"; }
+
+bool ReadMode(Reader& r, const Json& j, const std::string& key, const std::string& path) {
+  const std::string v = r.String(j, key, path);
+  if (v != "mig" && v != "hami-core") {
+    r.Fail(fmt::format("{}.{}: must be \"mig\" or \"hami-core\"", path, key));
+  }
+  return v == "mig";
+}
+
+bool ReadBool(Reader& r, const Json& j, const std::string& key, const std::string& path) {
+  const Json* v = r.Field(j, key, path);
+  if (v != nullptr && !v->is_boolean()) r.Fail(fmt::format("{}.{}: must be a boolean", path, key));
+  return v != nullptr && v->is_boolean() && v->get<bool>();
+}
+
+// "modeSwitches" and "gpuModes" are optional (absent until a node switched a GPU's mode).
+void DecodeModes(const Json& doc, Reader& r, PluginState& state) {
+  if (doc.contains("modeSwitches")) {
+    const Json& list = doc.at("modeSwitches");
+    if (!list.is_array()) {
+      r.Fail("state.modeSwitches: must be an array");
+      return;
+    }
+    for (size_t k = 0; k < list.size(); ++k) {
+      const Json& j = list[k];
+      const std::string path = fmt::format("state.modeSwitches[{}]", k);
+      ModeSwitchIntent i;
+      i.gpu_uuid = r.String(j, "gpuUUID", path);
+      i.from_mig = ReadMode(r, j, "from", path);
+      i.to_mig = ReadMode(r, j, "to", path);
+      i.request_at_ms = r.Int(j, "requestAt", path);
+      i.step = r.String(j, "step", path);
+      if (i.step != "set-mode" && i.step != "reset" && i.step != "set-back") {
+        r.Fail(fmt::format("{}.step: must be set-mode, reset or set-back", path));
+      }
+      i.reason = r.String(j, "reason", path);
+      i.mark_unswitchable = ReadBool(r, j, "markUnswitchable", path);
+      state.mode_switches.push_back(std::move(i));
+    }
+  }
+  if (doc.contains("gpuModes")) {
+    const Json& list = doc.at("gpuModes");
+    if (!list.is_array()) {
+      r.Fail("state.gpuModes: must be an array");
+      return;
+    }
+    for (size_t k = 0; k < list.size(); ++k) {
+      const Json& j = list[k];
+      const std::string path = fmt::format("state.gpuModes[{}]", k);
+      GpuModeRecord m;
+      m.gpu_uuid = r.String(j, "gpuUUID", path);
+      m.mig = ReadMode(r, j, "mode", path);
+      m.since_ms = r.Int(j, "since", path);
+      m.phase = r.String(j, "phase", path);
+      if (m.phase != "steady" && m.phase != "refused") {
+        r.Fail(fmt::format("{}.phase: must be steady or refused", path));
+      }
+      m.answers_ms = r.Int(j, "answers", path);
+      m.reason = r.String(j, "reason", path);
+      state.gpu_modes.push_back(std::move(m));
+    }
+  }
+}
+
 }  // namespace
 
 nlohmann::json HoldersJson(const std::vector<InstanceHolder>& holders) {
@@ -225,6 +290,31 @@ std::string EncodeState(const PluginState& state) {
               {"instances", instances},
               {"intents", intents},
               {"ledger", ledger}};
+  if (!state.mode_switches.empty()) {
+    Json list = Json::array();
+    for (const auto& i : state.mode_switches) {
+      list.push_back(Json{{"gpuUUID", i.gpu_uuid},
+                          {"from", ModeName(i.from_mig)},
+                          {"to", ModeName(i.to_mig)},
+                          {"requestAt", i.request_at_ms},
+                          {"step", i.step},
+                          {"reason", i.reason},
+                          {"markUnswitchable", i.mark_unswitchable}});
+    }
+    doc["modeSwitches"] = std::move(list);
+  }
+  if (!state.gpu_modes.empty()) {
+    Json list = Json::array();
+    for (const auto& m : state.gpu_modes) {
+      list.push_back(Json{{"gpuUUID", m.gpu_uuid},
+                          {"mode", ModeName(m.mig)},
+                          {"since", m.since_ms},
+                          {"phase", m.phase},
+                          {"answers", m.answers_ms},
+                          {"reason", m.reason}});
+    }
+    doc["gpuModes"] = std::move(list);
+  }
   return doc.dump(1) + "\n";
 }
 
@@ -291,6 +381,8 @@ absl::StatusOr<PluginState> DecodeState(std::string_view text) {
   }
   if (!error.empty()) return absl::DataLossError(error);
   DecodeLedger(doc, r, state);
+  if (!error.empty()) return absl::DataLossError(error);
+  DecodeModes(doc, r, state);
   if (!error.empty()) return absl::DataLossError(error);
   return state;
 }

@@ -20,6 +20,12 @@
 // "deviceID","source"}]; absent = none (files written before handover existed). An instance whose
 // destroy NVML refused with IN_USE also has "destroyPending":{"attempts":2,"since":1800000000,
 // "nextAttemptMs":1800000004000,"error":"…"}; absent = not pending.
+// MIG mode switches (mode_switch.h), only once a switch happened on the node (absent otherwise, so
+// files stay as they were): "modeSwitches":[{"gpuUUID":"GPU-…","from":"mig","to":"hami-core",
+// "requestAt":1764820000000,"step":"set-mode","reason":"","markUnswitchable":false}] (the open
+// switch intents, one per GPU) and "gpuModes":[{"gpuUUID":"GPU-…","mode":"hami-core",
+// "since":1764820000000,"phase":"steady","answers":1764820000000,"reason":""}] (per GPU: since
+// when it is in its mode and the last request it answered).
 // Value types are thread-compatible; StateStore is thread-compatible (callers serialize).
 #pragma once
 
@@ -135,10 +141,41 @@ struct LedgerEntry {
   friend bool operator==(const LedgerEntry&, const LedgerEntry&) = default;
 };
 
+// A MIG mode switch under way on one GPU (mode_switch.h), recorded before each NVML call of it, so
+// a restart at any step resumes or rolls it back from what NVML shows.
+struct ModeSwitchIntent {
+  std::string gpu_uuid;
+  bool from_mig = true;  // the mode before the switch (MIG on)
+  bool to_mig = false;   // the mode asked for
+  int64_t request_at_ms = 0;
+  // The step about to run: "set-mode" (SetMigMode(to)), "reset" (ResetGpu), "set-back"
+  // (SetMigMode(from) after a refusal; `reason` says why, `mark_unswitchable` whether the GPU is
+  // marked not switchable for it).
+  std::string step;
+  std::string reason;
+  bool mark_unswitchable = false;
+
+  friend bool operator==(const ModeSwitchIntent&, const ModeSwitchIntent&) = default;
+};
+
+// Per GPU: the MIG mode as last seen, since when, and the last switch request answered.
+struct GpuModeRecord {
+  std::string gpu_uuid;
+  bool mig = true;
+  int64_t since_ms = 0;
+  std::string phase = "steady";  // "steady" or "refused" (a switch in progress is not recorded)
+  int64_t answers_ms = 0;
+  std::string reason;
+
+  friend bool operator==(const GpuModeRecord&, const GpuModeRecord&) = default;
+};
+
 struct PluginState {
   std::vector<ManagedInstance> instances;
   std::vector<Intent> intents;
   std::vector<LedgerEntry> ledger;
+  std::vector<ModeSwitchIntent> mode_switches;
+  std::vector<GpuModeRecord> gpu_modes;
   uint64_t next_intent_id = 1;
 
   friend bool operator==(const PluginState&, const PluginState&) = default;

@@ -18,8 +18,10 @@
 #include "local/local_cluster.h"
 #include "local/node_agent.h"
 #include "protocol/annotations.h"
+#include "protocol/gpu_mode_switch.h"
 #include "protocol/held_slices.h"
 #include "protocol/mig_allocations.h"
+#include "protocol/node_register.h"
 
 namespace dynmig::local {
 namespace {
@@ -60,6 +62,11 @@ constexpr std::string_view kCrashPoints[] = {
     deviceplugin::kCrashAfterIntent, deviceplugin::kCrashAfterGpuInstance,
     deviceplugin::kCrashAfterComputeInstance, deviceplugin::kCrashBeforeRollback,
     deviceplugin::kCrashAfterAnnotation};
+// Where a MIG mode switch can crash (deviceplugin/plugin_options.h), with mode_switches.
+constexpr std::string_view kModeCrashPoints[] = {
+    deviceplugin::kCrashModeBeforeSet, deviceplugin::kCrashModeAfterSet,
+    deviceplugin::kCrashModeBeforeReset, deviceplugin::kCrashModeBeforeSetBack,
+    deviceplugin::kCrashModeBeforePublish};
 
 // The components give up on an API request after this; a timeout fault delays one beyond it.
 constexpr absl::Duration kApiRequestTimeout = absl::Seconds(3);
@@ -110,6 +117,18 @@ class Chaos {
     c.election.retry_period = absl::Milliseconds(500);
     c.scheduler_clock = &clock_;
     c.log = o_.component_log;
+    if (o_.mode_switches) {
+      c.device_config_yaml = protocol::DefaultDeviceConfigYaml();
+      if (!c.device_config_yaml.empty() && c.device_config_yaml.back() != '\n')
+        c.device_config_yaml += '\n';
+      c.device_config_yaml += "  migModeSwitching: {enabled: true}\n";
+      auto parsed = protocol::ParseDeviceConfig(c.device_config_yaml);
+      if (!parsed.ok() || !parsed->mig_mode_switching.enabled) {
+        return absl::InternalError(
+            "chaos: cannot turn nvidia.migModeSwitching on in the default "
+            "device config");
+      }
+    }
     if (o_.handover) {
       c.legacy_geometry[nodes->front().name] = o_.handover_geometry;
       c.nvidia_standin_nodes = {nodes->front().name};
@@ -217,8 +236,35 @@ class Chaos {
       Log(fmt::format("chaos: restart of {}'s kubelet: {}", node, std::string(st.message())));
   }
 
+  // As `dynmig gpu mode` does: one request for a random GPU of a random node, the others kept.
+  void ModeRequest() {
+    const std::string& name = node_names_[Pick(node_names_.size())];
+    const bool to_mig = Chance(0.5);
+    auto node = kube_->GetNode(name);
+    if (!node.ok()) return;
+    auto gpus = protocol::DecodeNodeRegister(
+        kube::Annotation(*node, protocol::kNodeRegisterAnnotation).value_or("[]"));
+    if (!gpus.ok() || gpus->empty()) return;
+    const std::string uuid = (*gpus)[Pick(gpus->size())].id;
+    auto requests = protocol::DecodeGpuModeRequests(
+        kube::Annotation(*node, protocol::kGpuModeRequestAnnotation).value_or(""));
+    std::vector<protocol::GpuModeRequest> next;
+    if (requests.ok()) {
+      for (const auto& r : *requests) {
+        if (r.gpu_uuid != uuid) next.push_back(r);
+      }
+    }
+    next.push_back({uuid, to_mig ? protocol::GpuMode::kMig : protocol::GpuMode::kWholeGpu,
+                    absl::ToUnixMillis(base_clock_.Now()) + step_, "operator:chaos", "chaos"});
+    kube::KeyPatch patch;
+    patch[std::string(protocol::kGpuModeRequestAnnotation)] = protocol::EncodeGpuModeRequests(next);
+    if (kube_->PatchNodeAnnotations(name, patch, kube::ResourceVersion(*node)).ok())
+      Count(to_mig ? "mode request mig" : "mode request hami-core");
+  }
+
   void Act() {
     if (o_.handover && Chance(0.04)) RestartKubelet();
+    if (o_.mode_switches && Chance(0.08)) ModeRequest();
     // The kind of action comes from its own stream, one draw per step, so step k does the same
     // kind of thing in every run of a seed however the timing shifts the other draws.
     const size_t roll = std::uniform_int_distribution<size_t>(0, 99)(actions_rng_);
@@ -244,7 +290,9 @@ class Chaos {
       ApiOutage();
     } else if (roll < 87) {
       const std::string& node = node_names_[Pick(node_names_.size())];
-      const std::string_view point = kCrashPoints[Pick(std::size(kCrashPoints))];
+      const bool mode = o_.mode_switches && Chance(0.5);
+      const std::string_view point = mode ? kModeCrashPoints[Pick(std::size(kModeCrashPoints))]
+                                          : kCrashPoints[Pick(std::size(kCrashPoints))];
       if (cluster_->ArmDevicePluginCrash(node, point).ok())
         Count(fmt::format("crash armed {}", point));
     } else if (roll < 89) {
@@ -528,6 +576,8 @@ class Chaos {
       }
     }
 
+    if (o_.mode_switches) CheckModes(live, *before, *after);
+
     // No two reservations share a slice.
     struct Reserved {
       std::string pod;
@@ -546,6 +596,56 @@ class Chaos {
             a.a.placement.Overlaps(b.a.placement)) {
           Violation(fmt::format("pods {} and {} both reserve {} {} / {}", a.pod, b.pod,
                                 a.a.gpu_uuid, a.a.placement.ToString(), b.a.placement.ToString()));
+        }
+      }
+    }
+  }
+
+  // MIG modes: no live instance on a GPU with MIG off; a pod Running before and after the read
+  // is on GPUs whose MIG mode is on and not pending a change (nothing in use is ever switched).
+  void CheckModes(const std::vector<Live>& live, const kube::ObjectList& before,
+                  const kube::ObjectList& after) {
+    std::map<std::string, nvml::MigModeState> modes;  // by GPU UUID
+    for (const auto& node : node_names_) {
+      auto nvml = cluster_->OpenNvml(node);
+      if (!nvml.ok()) return;
+      auto count = (*nvml)->DeviceCount();
+      if (!count.ok()) return;
+      for (uint32_t i = 0; i < *count; ++i) {
+        auto gpu = (*nvml)->GetGpu(i);
+        if (!gpu.ok()) return;  // an injected fault: no verdict this round
+        modes[gpu->uuid] = gpu->mig;
+      }
+    }
+    for (const auto& [uuid, m] : modes) {
+      if (m.current != m.pending) continue;
+      auto [seen, fresh] = last_mig_.try_emplace(uuid, m.current);
+      if (!fresh && seen->second != m.current) {
+        Count(m.current ? "mode switched to mig" : "mode switched to hami-core");
+        seen->second = m.current;
+      }
+    }
+    for (const auto& l : live) {
+      auto it = modes.find(l.instance.gpu_uuid);
+      if (it != modes.end() && !it->second.current) {
+        Violation(fmt::format("instance {} lives on {}, whose MIG mode is off", l.instance.mig_uuid,
+                              l.instance.gpu_uuid));
+      }
+    }
+    std::set<std::string> running_before;
+    for (const auto& p : before.items) {
+      if (kube::Phase(p) == "Running" && !kube::IsBeingDeleted(p))
+        running_before.insert(kube::Uid(p));
+    }
+    for (const auto& p : after.items) {
+      if (kube::Phase(p) != "Running" || !running_before.contains(kube::Uid(p))) continue;
+      for (const auto& a : Allocations(p)) {
+        auto it = modes.find(a.gpu_uuid);
+        if (it != modes.end() && (!it->second.current || !it->second.pending)) {
+          Violation(
+              fmt::format("running pod {} is on {}, whose MIG mode was switched (current "
+                          "{}, pending {})",
+                          kube::Name(p), a.gpu_uuid, it->second.current, it->second.pending));
         }
       }
     }
@@ -601,6 +701,15 @@ class Chaos {
       if (!n.ok()) continue;
       if (auto lock = kube::Annotation(*n, protocol::kNodeLockAnnotation))
         left.push_back(fmt::format("lock on {} ({})", node, *lock));
+      if (o_.mode_switches) {
+        if (auto nvml = cluster_->OpenNvml(node); nvml.ok()) {
+          for (uint32_t i = 0; i < (*nvml)->DeviceCount().value_or(0); ++i) {
+            auto m = (*nvml)->GetMigMode(i);
+            if (m.ok() && m->current != m->pending)
+              left.push_back(fmt::format("GPU {} of {} has a pending MIG mode", i, node));
+          }
+        }
+      }
       if (auto held = kube::Annotation(*n, protocol::kNodeHeldSlicesAnnotation)) {
         auto decoded = protocol::DecodeHeldSlices(*held);
         if (!decoded.ok() || !decoded->empty())
@@ -612,6 +721,8 @@ class Chaos {
     return out;
   }
 
+  // mode_switches: each GPU's MIG mode as the last check saw it settled (switches counted).
+  std::map<std::string, bool> last_mig_;
   const ChaosOptions& o_;
   const Clock& base_clock_;  // the steps, the waits
   // The scheduler's clock: base_clock_ plus an offset that the chaos steps (an NTP step, a VM

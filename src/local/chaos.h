@@ -55,6 +55,13 @@ struct ChaosOptions {
   // it. Legacy pods are deleted like any pod (their instances must then be reclaimed).
   bool handover = false;
   std::string handover_geometry = "1g.5gb=2,2g.10gb=1";
+  // MIG mode switches (issue 31): nvidia.migModeSwitching on for every GPU; the random phase also
+  // writes dynmig.io/gpu-mode-request for a random GPU (to mig or hami-core, as `dynmig gpu mode`
+  // does) and arms the device plugins' switch crash points (before/after SetMigMode, before the
+  // reset, before the set-back, before publishing). Checked besides: a pod Running across a check
+  // is on a GPU whose MIG mode is on (never switched under it), and no live instance is on a GPU
+  // with MIG off; at quiescence no GPU is left with a pending mode.
+  bool mode_switches = false;
   // Progress and every violation, one line each. May be empty.
   std::function<void(const std::string&)> log;
   // The components' event lines (LocalClusterOptions::log), for debugging a seed. May be empty.

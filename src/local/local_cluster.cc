@@ -1402,6 +1402,7 @@ absl::StatusOr<std::vector<LiveInstance>> LocalCluster::Instances(std::string_vi
   for (uint32_t g = 0; g < *count; ++g) {
     auto gpu = n.GetGpu(g);
     if (!gpu.ok()) return gpu.status();
+    if (!gpu->mig.current) continue;  // MIG off (a whole GPU, issue 31): NVML lists no instance
     auto gis = n.ListGpuInstances(g);
     if (!gis.ok()) return gis.status();
     for (const auto& gi : *gis) {

@@ -283,6 +283,7 @@ absl::StatusOr<MigModeSwitching> ParseMigModeSwitching(const YAML::Node& n) {
                                                "[{{models: [H100]}}]}}, got {}",
                                                Describe(n)));
   }
+  sw.present = true;
   sw.enabled = true;
   for (auto it = n.begin(); it != n.end(); ++it) {
     const std::string key = SwitchKey(it);

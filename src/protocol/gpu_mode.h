@@ -59,6 +59,9 @@ struct MigModeSwitching {
   static constexpr size_t kMaxSelectorLabels = 16;  // per rule
   static constexpr size_t kMaxModelLength = 96;     // NVML names are at most 96 bytes
 
+  // The key is in the file at all (even with `enabled: false`): the device plugin then publishes
+  // dynmig.io/gpu-mode; absent, nothing about modes is written (today's node annotations).
+  bool present = false;
   bool enabled = false;
   absl::Duration min_mode_duration = absl::Minutes(10);
   std::vector<MigModeSwitchRule> rules;  // empty: every GPU on every node

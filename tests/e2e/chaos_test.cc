@@ -79,6 +79,31 @@ TEST(ChaosTest, HandoverSeedKeepsEveryInvariant) {
   EXPECT_FALSE(std::filesystem::exists(o.state_dir));
 }
 
+// MIG mode switching on (issue 31): random mode requests, the switch crash points armed among the
+// other faults; nothing in use is ever switched, no mode is left pending.
+TEST(ChaosTest, ModeSwitchSeedKeepsEveryInvariant) {
+  spdlog::set_level(spdlog::level::off);
+  ChaosOptions o;
+  o.seed = 7;
+  o.mode_switches = true;
+  o.duration = absl::Seconds(50);
+  o.max_pods = 10;
+  o.quiesce_timeout = absl::Seconds(90);
+  o.state_dir = (std::filesystem::temp_directory_path() /
+                 ("dynmig-chaos-modes-" + std::to_string(::getpid())))
+                    .string();
+  o.log = [](const std::string& line) { std::cerr << line << "\n"; };
+  auto report = RunChaos(o, RealClock());
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->ok()) << report->Summary();
+  std::cerr << report->Summary();
+  EXPECT_GT(report->Total("mode request"), 0) << report->Summary();
+  EXPECT_GT(report->Total("mode switched"), 0) << report->Summary();
+  EXPECT_GT(report->Total("crash armed mode-"), 0) << report->Summary();
+  EXPECT_GT(report->checks, 50) << report->Summary();
+  EXPECT_FALSE(std::filesystem::exists(o.state_dir));
+}
+
 TEST(ChaosTest, BadFlagsAreNamed) {
   std::ostringstream out, err;
   EXPECT_EQ(cli::RunCli({"chaos", "--duration", "soon"}, out, err), cli::kExitBadInput);

@@ -49,6 +49,9 @@ TEST(MigModeSwitchingConfigTest, AbsentIsTodaysBehaviour) {
   auto off = WithSwitching("{enabled: false, rules: [{models: [H100]}]}");
   ASSERT_TRUE(off.ok()) << off.status();
   EXPECT_FALSE(off->mig_mode_switching.MaySwitch("NVIDIA H100 80GB HBM3", {}));
+  // Present though off (the device plugin then reports modes), unlike absent.
+  EXPECT_TRUE(off->mig_mode_switching.present);
+  EXPECT_FALSE(cfg->mig_mode_switching.present);
 }
 
 TEST(MigModeSwitchingConfigTest, RulesMatchModelsAndNodeLabels) {
