@@ -581,10 +581,10 @@ absl::StatusOr<std::vector<std::string>> ExpandPools(std::string_view pools,
   std::vector<std::string> out;
   if (pools == "sweep" || pools.starts_with("sweep:")) {
     uint64_t step = cluster.gpus_per_node;
-    if (pools.size() > 6) {
+    if (pools.starts_with("sweep:")) {
       const std::string_view s = pools.substr(6);
       auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), step);
-      if (s.size() > 9 || ec != std::errc() || ptr != s.data() + s.size() || step == 0) {
+      if (s.empty() || s.size() > 9 || ec != std::errc() || ptr != s.data() + s.size() || step == 0) {
         return absl::InvalidArgumentError(
             fmt::format("--pools \"{}\": sweep:STEP takes a whole number of GPUs above 0",
                         pools.substr(0, 64)));
