@@ -28,7 +28,7 @@ struct SimulateFlags {
   std::string gpus = "A100-SXM4-40GBx1000";
   uint32_t gpus_per_node = 8;
   std::string policy;
-  std::string mode;  // reject by default; queue for the mode-switching policies
+  std::string mode;   // reject by default; queue for the mode-switching policies
   std::string pools;  // --pools: fixed whole/MIG splits beside dynmig:mode-switch
   std::string nvml_latency = "realistic";
   std::string warm;  // --warm-instances TTL,MAX_PER_GPU
@@ -131,10 +131,10 @@ absl::StatusOr<std::vector<std::string>> ModePolicies(const SimulateFlags& f,
   bool any_pools = false;
   for (const auto& p : SplitTrimmed(f.policy, ',')) {
     if (!sim::IsModePolicy(p)) {
-      return absl::InvalidArgumentError(fmt::format(
-          "--policy: \"{}\" cannot run beside the MIG mode policies (pools:K, "
-          "dynmig:mode-switch): every GPU there has a mode; run it separately",
-          p.substr(0, 64)));
+      return absl::InvalidArgumentError(
+          fmt::format("--policy: \"{}\" cannot run beside the MIG mode policies (pools:K, "
+                      "dynmig:mode-switch): every GPU there has a mode; run it separately",
+                      p.substr(0, 64)));
     }
     auto spec = sim::ParseModePolicy(p, cluster);
     if (!spec.ok()) return spec.status();
@@ -316,7 +316,8 @@ void RegisterSimulateCommand(CLI::App& root, CliContext& ctx) {
       "--policy", flags->policy,
       "comma-separated policies (default: dynmig, dynmig:defrag, hami-v2.10, hami-newest, "
       "first-fit, best-fit, "
-      "static:all-balanced/all-1g/all-2g/all-3g/all-7g, repack); pools:K and dynmig:mode-switch[+min-10m][+interval-2s] compare per-GPU MIG modes (queue mode)");
+      "static:all-balanced/all-1g/all-2g/all-3g/all-7g, repack); pools:K and "
+      "dynmig:mode-switch[+min-10m][+interval-2s] compare per-GPU MIG modes (queue mode)");
   cmd->add_option("--mode", flags->mode,
                   "reject | queue | fill (default reject; queue with the MIG mode policies)");
   cmd->add_option("--pools", flags->pools,

@@ -124,8 +124,8 @@ absl::StatusOr<std::vector<MixEntry>> ParseWholeMix(std::string_view value) {
   for (const auto& item : SplitTrimmed(value, '/')) {
     const size_t colon = item.find(':');
     if (colon == std::string::npos) {
-      return absl::InvalidArgumentError(fmt::format(
-          "--generate: wholemix: \"{}\" has no weight (expected GPUS:WEIGHT)", item));
+      return absl::InvalidArgumentError(
+          fmt::format("--generate: wholemix: \"{}\" has no weight (expected GPUS:WEIGHT)", item));
     }
     auto gpus = ParseDouble("wholemix", std::string_view(item).substr(0, colon));
     if (!gpus.ok()) return gpus.status();

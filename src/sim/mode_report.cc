@@ -35,11 +35,11 @@ std::string FormatModeText(const ModeSimResult& r) {
   out += fmt::format("switch   MIG mode change per GPU: {}\n", times);
   size_t w = 6;
   for (const auto& p : r.policies) w = std::max(w, p.name.size() + 2);
-  out += fmt::format("{:<{}}  {:>6}  {:>8}  {:>8}  {:>9}  {:>9}  {:>8}  {:>8}  {:>7}  {:>12}  "
-                     "{:>10}  {:>10}  {:>7}\n",
-                     "policy", w, "whole0", "accepted", "GPU-time", "whole acc", "MIG acc",
-                     "p50 wait", "p99 wait", "waiting", "switches w/m", "lost GPU-h",
-                     "mean whole", "run");
+  out += fmt::format(
+      "{:<{}}  {:>6}  {:>8}  {:>8}  {:>9}  {:>9}  {:>8}  {:>8}  {:>7}  {:>12}  "
+      "{:>10}  {:>10}  {:>7}\n",
+      "policy", w, "whole0", "accepted", "GPU-time", "whole acc", "MIG acc", "p50 wait", "p99 wait",
+      "waiting", "switches w/m", "lost GPU-h", "mean whole", "run");
   for (size_t k = 0; k < r.policies.size(); ++k) {
     const auto& p = r.policies[k];
     const std::string name = p.name + (static_cast<int>(k) == r.best_pools ? " *" : "");
@@ -112,12 +112,12 @@ std::string FormatModeCsv(const ModeSimResult& r) {
       "pendingP50Seconds,pendingP99Seconds,neverStarted,switchesToWhole,switchesToMig,"
       "switchGpuHours,meanWholeGpus,seconds\n";
   for (const auto& p : r.policies) {
-    out += fmt::format("{},{},{},{:.6f},{:.6f},{:.6f},{:.6f},{:.3f},{:.3f},{},{},{},{:.6f},{:.3f},"
-                       "{:.3f}\n",
-                       p.name, p.whole_gpus_at_start, p.accepted, p.accepted_count,
-                       p.accepted_gpu_time, p.whole_gpu_time, p.mig_gpu_time, p.pending_p50,
-                       p.pending_p99, p.never_started, p.switches_to_whole, p.switches_to_mig,
-                       p.switch_gpu_hours, p.mean_whole_gpus, p.seconds);
+    out += fmt::format(
+        "{},{},{},{:.6f},{:.6f},{:.6f},{:.6f},{:.3f},{:.3f},{},{},{},{:.6f},{:.3f},"
+        "{:.3f}\n",
+        p.name, p.whole_gpus_at_start, p.accepted, p.accepted_count, p.accepted_gpu_time,
+        p.whole_gpu_time, p.mig_gpu_time, p.pending_p50, p.pending_p99, p.never_started,
+        p.switches_to_whole, p.switches_to_mig, p.switch_gpu_hours, p.mean_whole_gpus, p.seconds);
   }
   return out;
 }

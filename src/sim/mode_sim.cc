@@ -59,10 +59,10 @@ absl::StatusOr<absl::Duration> OptionDuration(std::string_view opt, std::string_
 // outside MIG mode (or switching) so that the policy places nothing on it.
 struct ModePods {
   std::vector<SimPod> pods;
-  std::vector<uint8_t> whole;   // by pod
-  std::vector<uint32_t> cls;    // retry class: whole pods by GPU count, MIG pods by request
-  std::vector<double> gpus;     // GPUs a pod asks for (MIG: asked slices / a GPU's slices)
-  uint32_t phantom_first = 0;   // pods[phantom_first + g] holds GPU g
+  std::vector<uint8_t> whole;  // by pod
+  std::vector<uint32_t> cls;   // retry class: whole pods by GPU count, MIG pods by request
+  std::vector<double> gpus;    // GPUs a pod asks for (MIG: asked slices / a GPU's slices)
+  uint32_t phantom_first = 0;  // pods[phantom_first + g] holds GPU g
   uint32_t classes = 0;
   double total_gpu_time = 0, whole_gpu_time = 0, mig_gpu_time = 0;
 };
@@ -76,9 +76,8 @@ absl::StatusOr<ModePods> CollectModePods(const Trace& trace, const Cluster& clus
   uint32_t slots = 0;
   for (const auto& tp : trace.pods) {
     if (tp.count == 0 || tp.count > kMaxInstancesPerPod || tp.percent == 0 || tp.percent > 100) {
-      return absl::InvalidArgumentError(
-          fmt::format("{}: pod at line {} asks for {} GPU(s) of {}%", trace.source, tp.line,
-                      tp.count, tp.percent));
+      return absl::InvalidArgumentError(fmt::format("{}: pod at line {} asks for {} GPU(s) of {}%",
+                                                    trace.source, tp.line, tp.count, tp.percent));
     }
     if ((tp.whole && tp.count > cluster.gpus_per_node) ||
         (!tp.whole && !cluster.Servable(tp.percent))) {
@@ -181,7 +180,8 @@ class ModeRun {
   }
 
   absl::Status Violation(const std::string& what) const {
-    return absl::InternalError(fmt::format("invariant violated by policy {}: {}", spec_.name, what));
+    return absl::InternalError(
+        fmt::format("invariant violated by policy {}: {}", spec_.name, what));
   }
 
   void Advance(double t) {
@@ -226,8 +226,8 @@ class ModeRun {
       const uint32_t g = g0 + k;
       if (!WholeFree(g)) continue;
       if (gpu_[g].instances != 0) {
-        return Violation(fmt::format("GPU {} is whole but holds {} MIG instance(s)", g,
-                                     gpu_[g].instances));
+        return Violation(
+            fmt::format("GPU {} is whole but holds {} MIG instance(s)", g, gpu_[g].instances));
       }
       gpu_[g].whole_pod = pod;
       gpus.push_back(g);
@@ -377,9 +377,9 @@ class ModeRun {
     GpuMode& m = gpu_[g];
     if (!spec_.switching) return Violation(fmt::format("fixed pools switched GPU {}", g));
     if (m.switching || m.whole_pod >= 0 || m.instances != 0 || m.mode == to) {
-      return Violation(fmt::format("GPU {} switched while {}", g,
-                                   m.switching ? "switching" : (m.mode == to ? "already in the mode"
-                                                                             : "in use")));
+      return Violation(fmt::format(
+          "GPU {} switched while {}", g,
+          m.switching ? "switching" : (m.mode == to ? "already in the mode" : "in use")));
     }
     if (m.since + min_s_ > t + 1e-3) {
       return Violation(fmt::format("GPU {} switched {:.1f} s after its last switch (minimum {} s)",
@@ -396,8 +396,8 @@ class ModeRun {
     m.switching = true;
     m.to = to;
     const std::string& model = cluster_.group_of_gpu(g).cap().model;
-    const double took = absl::ToDoubleSeconds(
-        latency_.MigModeSwitch(model, !mig::SwitchesWithoutReset(model)));
+    const double took =
+        absl::ToDoubleSeconds(latency_.MigModeSwitch(model, !mig::SwitchesWithoutReset(model)));
     out_.switch_gpu_hours += took / 3600.0;
     Push(t + took, kSwitchDone, g);
     return absl::OkStatus();
@@ -562,11 +562,12 @@ absl::StatusOr<ModePolicySpec> ParseModePolicy(std::string_view spec, const Clus
   for (size_t k = 1; k < parts.size(); ++k) {
     const std::string& opt = parts[k];
     if (opt.starts_with("min-")) {
-      DYNMIG_ASSIGN_OR_RETURN(out.min_mode_duration,
-                              OptionDuration(opt, opt.substr(4), absl::Seconds(10), absl::Hours(24)));
+      DYNMIG_ASSIGN_OR_RETURN(
+          out.min_mode_duration,
+          OptionDuration(opt, opt.substr(4), absl::Seconds(10), absl::Hours(24)));
     } else if (opt.starts_with("interval-")) {
-      DYNMIG_ASSIGN_OR_RETURN(out.interval,
-                              OptionDuration(opt, opt.substr(9), absl::Seconds(1), absl::Minutes(10)));
+      DYNMIG_ASSIGN_OR_RETURN(
+          out.interval, OptionDuration(opt, opt.substr(9), absl::Seconds(1), absl::Minutes(10)));
     } else {
       return absl::InvalidArgumentError(
           fmt::format("policy {}: unknown option \"{}\" (known: min-DURATION, interval-DURATION)",
@@ -584,7 +585,8 @@ absl::StatusOr<std::vector<std::string>> ExpandPools(std::string_view pools,
     if (pools.starts_with("sweep:")) {
       const std::string_view s = pools.substr(6);
       auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), step);
-      if (s.empty() || s.size() > 9 || ec != std::errc() || ptr != s.data() + s.size() || step == 0) {
+      if (s.empty() || s.size() > 9 || ec != std::errc() || ptr != s.data() + s.size() ||
+          step == 0) {
         return absl::InvalidArgumentError(
             fmt::format("--pools \"{}\": sweep:STEP takes a whole number of GPUs above 0",
                         pools.substr(0, 64)));
@@ -606,7 +608,8 @@ absl::StatusOr<std::vector<std::string>> ExpandPools(std::string_view pools,
   }
   for (const auto& p : out) {
     auto spec = ParseModePolicy(p, cluster);
-    if (!spec.ok()) return absl::InvalidArgumentError("--pools: " + std::string(spec.status().message()));
+    if (!spec.ok())
+      return absl::InvalidArgumentError("--pools: " + std::string(spec.status().message()));
   }
   return out;
 }
@@ -631,12 +634,12 @@ absl::StatusOr<ModeSimResult> SimulateModes(const Trace& trace, const Cluster& c
   for (const auto& g : cluster.groups) {
     const std::string& model = g.cap().model;
     const bool reset = !mig::SwitchesWithoutReset(model);
-    res.cluster += fmt::format("{}{} x {}", res.cluster.empty() ? "" : " + ", ShortModel(model),
-                               g.gpus);
-    res.switch_times.push_back(fmt::format(
-        "{} {}{}", ShortModel(model),
-        absl::FormatDuration(options.nvml_latency.MigModeSwitch(model, reset)),
-        reset ? " (with a GPU reset)" : ""));
+    res.cluster +=
+        fmt::format("{}{} x {}", res.cluster.empty() ? "" : " + ", ShortModel(model), g.gpus);
+    res.switch_times.push_back(
+        fmt::format("{} {}{}", ShortModel(model),
+                    absl::FormatDuration(options.nvml_latency.MigModeSwitch(model, reset)),
+                    reset ? " (with a GPU reset)" : ""));
   }
   DYNMIG_ASSIGN_OR_RETURN(const ModePods set, CollectModePods(trace, cluster, res));
   for (size_t k = 0; k < specs.size(); ++k) {

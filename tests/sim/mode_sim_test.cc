@@ -100,7 +100,7 @@ TEST(ModeSimTest, HysteresisHoldsTheModeForMinModeDuration) {
   EXPECT_EQ(ten_min.accepted, 2u);
   EXPECT_EQ(ten_min.switches_to_whole, 1u);
   EXPECT_EQ(ten_min.switches_to_mig, 1u);
-  EXPECT_DOUBLE_EQ(ten_min.pending_p50, 4.0);                // the whole-GPU pod
+  EXPECT_DOUBLE_EQ(ten_min.pending_p50, 4.0);                 // the whole-GPU pod
   EXPECT_DOUBLE_EQ(ten_min.pending_p99, 4 + 600 + 2 - 20.0);  // the MIG pod
   const auto one_min = RunModePolicy(t, c, "dynmig:mode-switch+min-1m");
   EXPECT_DOUBLE_EQ(one_min.pending_p99, 4 + 60 + 2 - 20.0);
@@ -115,8 +115,8 @@ TEST(ModeSimTest, BusyGpuIsNotSwitched) {
   EXPECT_EQ(r.accepted, 2u);
   EXPECT_DOUBLE_EQ(r.pending_p99, 1000 + 2 - 10.0);
   // With the horizon before the MIG pod ends, nothing ever switches.
-  const auto early = RunModePolicy(ModeTrace({{0, 1000, false, 1, kSmallMig}, {10, 20, true}}, 900), c,
-                            "dynmig:mode-switch+min-10s");
+  const auto early = RunModePolicy(ModeTrace({{0, 1000, false, 1, kSmallMig}, {10, 20, true}}, 900),
+                                   c, "dynmig:mode-switch+min-10s");
   EXPECT_EQ(early.switches_to_whole, 0u);
   EXPECT_EQ(early.never_started, 1u);
 }
@@ -176,8 +176,7 @@ TEST(ModeSimTest, ResultsAndBestPools) {
   EXPECT_TRUE(sw.switching);
   EXPECT_GT(sw.switches_to_whole, 0u);
   // Every switch on an A100 costs 12 s of its GPU.
-  EXPECT_NEAR(sw.switch_gpu_hours, (sw.switches_to_whole + sw.switches_to_mig) * 12.0 / 3600,
-              1e-9);
+  EXPECT_NEAR(sw.switch_gpu_hours, (sw.switches_to_whole + sw.switches_to_mig) * 12.0 / 3600, 1e-9);
   EXPECT_EQ(r->policies[0].whole_accepted, 0u);
   auto j = nlohmann::json::parse(FormatModeJson(*r));
   EXPECT_EQ(j["policies"].size(), 4u);

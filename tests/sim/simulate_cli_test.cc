@@ -170,10 +170,10 @@ TEST_F(SimulateCliTest, BadInput) {
 }
 
 TEST_F(SimulateCliTest, MigModePoliciesSideBySide) {
-  ASSERT_EQ(Run({"simulate", "--generate", "pods=300,load=0.8,whole=0.3", "--gpus",
-                 "A100-SXM4-40GBx16", "--policy", "dynmig:mode-switch", "--pools", "0,8", "-o",
-                 "json"}),
-            kExitOk)
+  ASSERT_EQ(
+      Run({"simulate", "--generate", "pods=300,load=0.8,whole=0.3", "--gpus", "A100-SXM4-40GBx16",
+           "--policy", "dynmig:mode-switch", "--pools", "0,8", "-o", "json"}),
+      kExitOk)
       << err_.str();
   auto j = nlohmann::json::parse(out_.str());
   ASSERT_EQ(j["policies"].size(), 3u);
