@@ -13,6 +13,7 @@
 #include "fmt/format.h"
 #include "sim/cluster.h"
 #include "sim/generator.h"
+#include "sim/mode_sim.h"
 #include "sim/policies.h"
 #include "sim/report.h"
 #include "sim/simulator.h"
@@ -27,7 +28,8 @@ struct SimulateFlags {
   std::string gpus = "A100-SXM4-40GBx1000";
   uint32_t gpus_per_node = 8;
   std::string policy;
-  std::string mode = "reject";
+  std::string mode;   // reject by default; queue for the mode-switching policies
+  std::string pools;  // --pools: fixed whole/MIG splits beside dynmig:mode-switch
   std::string nvml_latency = "realistic";
   std::string warm;  // --warm-instances TTL,MAX_PER_GPU
   uint64_t seed = 1;
@@ -100,13 +102,103 @@ class ProgressBar {
   absl::Duration t0_;
 };
 
+// The workload: --generate, else --trace (or the default trace).
+absl::StatusOr<sim::Trace> LoadWorkload(const SimulateFlags& f, const sim::Cluster& cluster) {
+  if (!f.generate.empty()) return sim::GenerateTrace(f.generate, f.seed, cluster);
+  sim::TraceLookup lookup;
+  lookup.flag = f.trace;
+  if (const char* dir = std::getenv("DYNMIG_TRACE_DIR"); dir != nullptr) lookup.env_dir = dir;
+  lookup.roots = SearchRoots();
+  auto path = sim::ResolveTracePath(lookup);
+  if (!path.ok()) return path.status();
+  return sim::LoadTrace(*path);
+}
+
+// Whether the run compares per-GPU MIG modes (--pools, or a policy of sim/mode_sim.h).
+bool IsModeRun(const SimulateFlags& f) {
+  if (!f.pools.empty()) return true;
+  for (const auto& p : SplitTrimmed(f.policy, ',')) {
+    if (sim::IsModePolicy(p)) return true;
+  }
+  return false;
+}
+
+// The policies of a mode run: --policy's (all of sim/mode_sim.h) and --pools' fixed splits;
+// without --pools and without a pools:K policy, every split in steps of a node.
+absl::StatusOr<std::vector<std::string>> ModePolicies(const SimulateFlags& f,
+                                                      const sim::Cluster& cluster) {
+  std::vector<std::string> policies;
+  bool any_pools = false;
+  for (const auto& p : SplitTrimmed(f.policy, ',')) {
+    if (!sim::IsModePolicy(p)) {
+      return absl::InvalidArgumentError(
+          fmt::format("--policy: \"{}\" cannot run beside the MIG mode policies (pools:K, "
+                      "dynmig:mode-switch): every GPU there has a mode; run it separately",
+                      p.substr(0, 64)));
+    }
+    auto spec = sim::ParseModePolicy(p, cluster);
+    if (!spec.ok()) return spec.status();
+    any_pools = any_pools || !spec->switching;
+    policies.push_back(p);
+  }
+  if (f.policy.empty()) policies.push_back("dynmig:mode-switch");
+  if (!f.pools.empty() || !any_pools) {
+    auto pools = sim::ExpandPools(f.pools.empty() ? "sweep" : f.pools, cluster);
+    if (!pools.ok()) return pools.status();
+    policies.insert(policies.begin(), pools->begin(), pools->end());
+  }
+  return policies;
+}
+
+// `dynmig simulate` with per-GPU MIG modes: fixed pools against switching on demand.
+void RunModeSimulate(const SimulateFlags& f, CliContext& ctx, const Clock& clock,
+                     const sim::Cluster& cluster, const mig::NvmlLatency& latency) {
+  auto fail = [&](const absl::Status& s) {
+    ctx.err << "dynmig simulate: " << s.message() << "\n";
+    ctx.exit_code = SimulateExitFor(s);
+  };
+  if (!f.mode.empty() && f.mode != "queue") {
+    return fail(absl::InvalidArgumentError(fmt::format(
+        "--mode {}: the MIG mode policies need pods that wait (a switch serves a pending pod): "
+        "only queue",
+        f.mode.substr(0, 32))));
+  }
+  if (!f.warm.empty() || !f.svg.empty()) {
+    return fail(absl::InvalidArgumentError(
+        "--warm-instances and --svg do not apply to the MIG mode policies"));
+  }
+  auto policies = ModePolicies(f, cluster);
+  if (!policies.ok()) return fail(policies.status());
+  auto trace = LoadWorkload(f, cluster);
+  if (!trace.ok()) return fail(trace.status());
+  if (trace->snapshot) {
+    return fail(absl::InvalidArgumentError(fmt::format(
+        "--trace {}: the pod list has no creation_time column: a snapshot without timing, which "
+        "the MIG mode policies cannot replay",
+        trace->source)));
+  }
+  ProgressBar bar(&ctx.err == &std::cerr && isatty(STDERR_FILENO) != 0, clock);
+  sim::ModeSimOptions options;
+  options.nvml_latency = latency;
+  options.progress = [&](double x) { bar.Update(x); };
+  auto result = sim::SimulateModes(*trace, cluster, *policies, options, clock);
+  if (!result.ok()) return fail(result.status());
+  if (f.output == "json") {
+    ctx.out << sim::FormatModeJson(*result);
+  } else if (f.output == "csv") {
+    ctx.out << sim::FormatModeCsv(*result);
+  } else {
+    ctx.out << sim::FormatModeText(*result);
+  }
+}
+
 void RunSimulate(const SimulateFlags& f, CliContext& ctx, const Clock& clock) {
   auto fail = [&](const absl::Status& s) {
     ctx.err << "dynmig simulate: " << s.message() << "\n";
     ctx.exit_code = SimulateExitFor(s);
   };
   sim::SimOptions options;
-  if (f.mode == "reject") {
+  if (f.mode.empty() || f.mode == "reject") {
     options.mode = sim::Mode::kReject;
   } else if (f.mode == "queue") {
     options.mode = sim::Mode::kQueue;
@@ -122,7 +214,7 @@ void RunSimulate(const SimulateFlags& f, CliContext& ctx, const Clock& clock) {
         absl::InvalidArgumentError("--nvml-latency: " + std::string(latency.status().message())));
   }
   options.nvml_latency = *latency;
-  if (!f.warm.empty()) {
+  if (!f.warm.empty() && !IsModeRun(f)) {
     auto warm = sim::ParseWarmConfig(f.warm);
     if (!warm.ok()) return fail(warm.status());
     options.warm = *warm;
@@ -136,6 +228,7 @@ void RunSimulate(const SimulateFlags& f, CliContext& ctx, const Clock& clock) {
   }
   auto cluster = sim::BuildCluster(f.gpus, f.gpus_per_node, SplitTrimmed(f.allow, ','));
   if (!cluster.ok()) return fail(cluster.status());
+  if (IsModeRun(f)) return RunModeSimulate(f, ctx, clock, *cluster, options.nvml_latency);
 
   std::vector<std::string> policies;
   if (f.policy.empty()) {
@@ -166,18 +259,7 @@ void RunSimulate(const SimulateFlags& f, CliContext& ctx, const Clock& clock) {
     }
   }
 
-  absl::StatusOr<sim::Trace> trace;
-  if (!f.generate.empty()) {
-    trace = sim::GenerateTrace(f.generate, f.seed, *cluster);
-  } else {
-    sim::TraceLookup lookup;
-    lookup.flag = f.trace;
-    if (const char* dir = std::getenv("DYNMIG_TRACE_DIR"); dir != nullptr) lookup.env_dir = dir;
-    lookup.roots = SearchRoots();
-    auto path = sim::ResolveTracePath(lookup);
-    if (!path.ok()) return fail(path.status());
-    trace = sim::LoadTrace(*path);
-  }
+  absl::StatusOr<sim::Trace> trace = LoadWorkload(f, *cluster);
   if (!trace.ok()) return fail(trace.status());
   if (trace->snapshot && options.mode != sim::Mode::kFill) {
     return fail(absl::InvalidArgumentError(fmt::format(
@@ -224,7 +306,8 @@ void RegisterSimulateCommand(CLI::App& root, CliContext& ctx) {
                   "../shared/data/alibaba-gpu-v2023/");
   cmd->add_option("--generate", flags->generate,
                   "generated workload: pods=N,mix=1g:0.5/2g:0.2/3g:0.2/7g:0.1,"
-                  "arrival=poisson|daily|burst,rate=R|load=L,life=lognormal:MU,SIGMA,burst=B");
+                  "arrival=poisson|daily|burst,rate=R|load=L,life=lognormal:MU,SIGMA,burst=B,"
+                  "whole=SHARE,wholemix=1:0.7/2:0.15/4:0.1/8:0.05");
   cmd->add_option("--gpus", flags->gpus,
                   "GPU models and counts, e.g. A100-SXM4-40GBx100,H100 80GBx50")
       ->capture_default_str();
@@ -233,8 +316,14 @@ void RegisterSimulateCommand(CLI::App& root, CliContext& ctx) {
       "--policy", flags->policy,
       "comma-separated policies (default: dynmig, dynmig:defrag, hami-v2.10, hami-newest, "
       "first-fit, best-fit, "
-      "static:all-balanced/all-1g/all-2g/all-3g/all-7g, repack)");
-  cmd->add_option("--mode", flags->mode, "reject | queue | fill")->capture_default_str();
+      "static:all-balanced/all-1g/all-2g/all-3g/all-7g, repack); pools:K and "
+      "dynmig:mode-switch[+min-10m][+interval-2s] compare per-GPU MIG modes (queue mode)");
+  cmd->add_option("--mode", flags->mode,
+                  "reject | queue | fill (default reject; queue with the MIG mode policies)");
+  cmd->add_option("--pools", flags->pools,
+                  "fixed whole/MIG splits compared with dynmig:mode-switch: K1,K2,... whole GPUs "
+                  "(the first K), or sweep[:STEP] (0 to every GPU in steps of a node; the default "
+                  "with dynmig:mode-switch)");
   cmd->add_option("--nvml-latency", flags->nvml_latency,
                   "instance create/destroy time added to each pod's time to Running: none, "
                   "realistic (about 1.5 s per instance) or [MODEL:]OP=DURATION items")

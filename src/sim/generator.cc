@@ -113,7 +113,50 @@ struct GenSpec {
   double fixed_life = 0;         // > 0: every pod lives this long
   uint64_t burst = 50;
   double optin = 0, optout = 0;  // shares of pods that opt in to / out of moves
+  double whole = 0;              // share of whole-GPU pods
+  std::string wholemix = "1:0.7/2:0.15/4:0.1/8:0.05";  // their GPU counts and weights
 };
+
+// wholemix=1:0.7/2:0.15/4:0.1/8:0.05: GPU counts (1..kMaxInstancesPerPod) and weights, normalized.
+absl::StatusOr<std::vector<MixEntry>> ParseWholeMix(std::string_view value) {
+  std::vector<MixEntry> mix;
+  double total = 0;
+  for (const auto& item : SplitTrimmed(value, '/')) {
+    const size_t colon = item.find(':');
+    if (colon == std::string::npos) {
+      return absl::InvalidArgumentError(
+          fmt::format("--generate: wholemix: \"{}\" has no weight (expected GPUS:WEIGHT)", item));
+    }
+    auto gpus = ParseDouble("wholemix", std::string_view(item).substr(0, colon));
+    if (!gpus.ok()) return gpus.status();
+    if (*gpus < 1 || *gpus > kMaxInstancesPerPod || *gpus != std::floor(*gpus)) {
+      return absl::InvalidArgumentError(
+          fmt::format("--generate: wholemix: \"{}\": GPUs per pod must be a whole number from 1 "
+                      "to {}",
+                      item, kMaxInstancesPerPod));
+    }
+    auto weight = ParseDouble("wholemix", std::string_view(item).substr(colon + 1));
+    if (!weight.ok()) return weight.status();
+    if (*weight < 0) {
+      return absl::InvalidArgumentError(
+          fmt::format("--generate: wholemix: negative weight in \"{}\"", item));
+    }
+    MixEntry e;
+    e.count = static_cast<uint32_t>(*gpus);
+    e.percent = 100;
+    e.weight = *weight;
+    total += e.weight;
+    mix.push_back(e);
+    if (mix.size() > 64) {
+      return absl::InvalidArgumentError("--generate: wholemix: more than 64 entries");
+    }
+  }
+  if (mix.empty() || total <= 0) {
+    return absl::InvalidArgumentError("--generate: wholemix: no entry with a positive weight");
+  }
+  for (auto& e : mix) e.weight /= total;
+  return mix;
+}
 
 // SPEC's key=value pairs. Split on ',' but keep pieces without '=' with the previous value
 // (life=lognormal:mu,sigma).
@@ -205,10 +248,22 @@ absl::Status ApplyKey(const std::string& key, const std::string& value, GenSpec&
       return absl::InvalidArgumentError(fmt::format("--generate: {} must be from 0 to 1", key));
     }
     (key == "optin" ? g.optin : g.optout) = *v;
+  } else if (key == "whole") {
+    auto v = ParseDouble(key, value);
+    if (!v.ok()) return v.status();
+    if (!(*v >= 0 && *v <= 1)) {
+      return absl::InvalidArgumentError("--generate: whole must be a share from 0 to 1");
+    }
+    g.whole = *v;
+  } else if (key == "wholemix") {
+    if (value.size() > 1024) {
+      return absl::InvalidArgumentError("--generate: wholemix is longer than 1024 characters");
+    }
+    g.wholemix = value;
   } else {
     return absl::InvalidArgumentError(fmt::format(
         "--generate: unknown key \"{}\" (known: pods, mix, arrival, rate, load, life, burst, "
-        "optin, optout)",
+        "optin, optout, whole, wholemix)",
         key));
   }
   return absl::OkStatus();
@@ -274,6 +329,8 @@ absl::StatusOr<Trace> GenerateTrace(std::string_view spec, uint64_t seed, const 
   }
   auto mix = ParseMix(g.mix, ref);
   if (!mix.ok()) return mix.status();
+  auto wholemix = ParseWholeMix(g.wholemix);
+  if (!wholemix.ok()) return wholemix.status();
   if (g.optin + g.optout > 1) {
     return absl::InvalidArgumentError("--generate: optin + optout must be at most 1");
   }
@@ -284,6 +341,9 @@ absl::StatusOr<Trace> GenerateTrace(std::string_view spec, uint64_t seed, const 
         g.fixed_life > 0 ? g.fixed_life : std::exp(g.mu + g.sigma * g.sigma / 2);
     double mean_units = 0;
     for (const auto& e : *mix) mean_units += e.weight * cluster.AskedUnits(e.count, e.percent);
+    double whole_units = 0;
+    for (const auto& e : *wholemix) whole_units += e.weight * cluster.AskedUnits(e.count, 100);
+    mean_units = (1 - g.whole) * mean_units + g.whole * whole_units;
     if (mean_units <= 0) return absl::InvalidArgumentError("--generate: the mix asks for nothing");
     rate = g.load * static_cast<double>(cluster.total_units) / (mean_units * mean_life);
   }
@@ -298,6 +358,25 @@ absl::StatusOr<Trace> GenerateTrace(std::string_view spec, uint64_t seed, const 
       pod.defrag = u < g.optin              ? DefragChoice::kOptIn
                    : u < g.optin + g.optout ? DefragChoice::kOptOut
                                             : DefragChoice::kDefault;
+    }
+  }
+  if (g.whole > 0) {
+    // A stream of its own: the pods chosen to be whole-GPU pods keep their arrival and lifetime.
+    Rng pick(seed ^ 0xd1b54a32d192ed03ULL);
+    for (auto& pod : trace.pods) {
+      if (pick.Uniform() >= g.whole) continue;
+      double u = pick.Uniform();
+      const MixEntry* e = &wholemix->back();
+      for (const auto& m : *wholemix) {
+        if (u < m.weight) {
+          e = &m;
+          break;
+        }
+        u -= m.weight;
+      }
+      pod.whole = true;
+      pod.count = e->count;
+      pod.percent = 100;
     }
   }
   // The horizon is the last arrival: utilization and waits are measured while pods arrive (a

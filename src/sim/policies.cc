@@ -201,6 +201,15 @@ class DynamicBase : public Policy {
     return out;
   }
 
+  std::vector<uint32_t> GpusOf(uint32_t pod) const override {
+    std::vector<uint32_t> out;
+    if (pod >= pods_.size() || !live_[pod]) return out;
+    for (uint32_t k = 0; k < pods_[pod].count; ++k) {
+      out.push_back(inst_[pods_[pod].inst_offset + k].gpu);
+    }
+    return out;
+  }
+
  protected:
   struct Inst {
     uint32_t gpu = 0;

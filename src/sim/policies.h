@@ -140,6 +140,9 @@ class Policy {
   virtual uint32_t NodeOf(uint32_t pod) const = 0;
   // Every live instance (slow; for tests and dumps).
   virtual std::vector<LiveInstance> Snapshot() const = 0;
+  // The GPUs of a placed pod's instances, one per instance (empty when it is not placed or the
+  // policy does not say).
+  virtual std::vector<uint32_t> GpusOf(uint32_t /*pod*/) const { return {}; }
   // Every idle (warm) instance; `pod` is the last pod that had it (tests and dumps).
   virtual std::vector<LiveInstance> IdleSnapshot() const { return {}; }
   // Simulated time moves to `seconds` (never backwards): warm instances idle past their TTL are

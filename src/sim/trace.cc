@@ -131,6 +131,7 @@ absl::StatusOr<Trace> ParseAlibabaCsv(std::string_view text, std::string_view so
     pod.departure = never_deleted ? std::numeric_limits<double>::infinity() : deleted;
     pod.count = num_gpu;
     pod.percent = (milli == 0 || milli >= 1000) ? 100 : (milli + 9) / 10;
+    pod.whole = milli == 0 || milli >= 1000;
     pod.line = line_no;
     if (never_deleted) {
       ++trace.never_deleted;

@@ -29,6 +29,10 @@ struct TracePod {
   uint32_t percent = 100;  // memory per instance, percent of the GPU (1..100)
   uint32_t line = 0;       // line in the source file (1-based); 0 for generated pods
   DefragChoice defrag = DefragChoice::kDefault;
+  // A whole-GPU pod: `count` whole GPUs (the trace's gpu_milli 0 or 1000, the generator's
+  // `whole` share). Only the mode-switching simulation (sim/mode_sim.h) gives it GPUs outside MIG
+  // mode; the placement policies run it as `count` full-GPU instances (percent 100), as before.
+  bool whole = false;
 };
 
 struct Trace {

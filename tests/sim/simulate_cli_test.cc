@@ -169,5 +169,51 @@ TEST_F(SimulateCliTest, BadInput) {
   EXPECT_THAT(err_.str(), HasSubstr("bad.csv:2: creation_time \"zero\" is not a number"));
 }
 
+TEST_F(SimulateCliTest, MigModePoliciesSideBySide) {
+  ASSERT_EQ(
+      Run({"simulate", "--generate", "pods=300,load=0.8,whole=0.3", "--gpus", "A100-SXM4-40GBx16",
+           "--policy", "dynmig:mode-switch", "--pools", "0,8", "-o", "json"}),
+      kExitOk)
+      << err_.str();
+  auto j = nlohmann::json::parse(out_.str());
+  ASSERT_EQ(j["policies"].size(), 3u);
+  EXPECT_EQ(j["policies"][0]["name"], "pools:0");
+  EXPECT_EQ(j["policies"][1]["name"], "pools:8");
+  EXPECT_EQ(j["policies"][2]["name"], "dynmig:mode-switch");
+  EXPECT_EQ(j["mode"], "queue");
+  EXPECT_GT(j["wholePods"].get<int>(), 0);
+  // Without --pools, every split in steps of a node; text output by default.
+  ASSERT_EQ(Run({"simulate", "--generate", "pods=300,whole=0.3", "--gpus", "A100-SXM4-40GBx16",
+                 "--policy", "dynmig:mode-switch+min-1m"}),
+            kExitOk)
+      << err_.str();
+  EXPECT_THAT(out_.str(), HasSubstr("pools:16"));
+  EXPECT_THAT(out_.str(), HasSubstr("dynmig:mode-switch+min-1m"));
+  EXPECT_THAT(out_.str(), HasSubstr("switches w/m"));
+}
+
+TEST_F(SimulateCliTest, MigModePoliciesRefuseWhatDoesNotApply) {
+  const std::vector<std::string> base = {"simulate", "--trace", trace_, "--gpus",
+                                         "A100-SXM4-40GBx8"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return Run(a);
+  };
+  EXPECT_EQ(with({"--policy", "dynmig:mode-switch", "--mode", "reject"}), kExitBadInput);
+  EXPECT_THAT(err_.str(), HasSubstr("only queue"));
+  EXPECT_EQ(with({"--policy", "dynmig,dynmig:mode-switch"}), kExitBadInput);
+  EXPECT_THAT(err_.str(), HasSubstr("cannot run beside"));
+  EXPECT_EQ(with({"--pools", "9"}), kExitBadInput);
+  EXPECT_THAT(err_.str(), HasSubstr("from 0 to 8"));
+  EXPECT_EQ(with({"--pools", "sweep:0"}), kExitBadInput);
+  EXPECT_EQ(with({"--policy", "dynmig:mode-switch+min-1s"}), kExitBadInput);
+  EXPECT_EQ(with({"--pools", "4", "--svg", (dir_ / "x.svg").string()}), kExitBadInput);
+  // The trace's pods run: --pools alone adds dynmig:mode-switch.
+  ASSERT_EQ(with({"--pools", "4", "-o", "csv"}), kExitOk) << err_.str();
+  EXPECT_THAT(out_.str(), HasSubstr("pools:4,4,"));
+  EXPECT_THAT(out_.str(), HasSubstr("dynmig:mode-switch,0,"));
+}
+
 }  // namespace
 }  // namespace dynmig::cli
