@@ -2145,38 +2145,6 @@ def defrag_evicts_the_blocking_pod(s):
         remove_replica_sets(s)
 
 
-def departed_slices_wait_for_the_node(s):
-    """A pod waiting for the slices of a pod being deleted is not placed there before the node's device plugin has
-    reported after the deletion (docs/scheduler.md, "Slices of departed pods"): with another NVML client holding
-    the old instance, it waits until the holder lets go instead of failing at Allocate."""
-    s.step("a 1g pod runs; another NVML client (DCGM) holds its GPU instance open")
-    s.create(s.mig_pod("departing-1g", 4000))
-    pod, allocs = s.running("departing-1g")
-    gi = allocs[0]["gpuInstanceID"]
-    dynmig_cli(s, "nvml", "--state", s.b.sim_state, "hold", "--gpu", "0", "--gi", str(gi), "--holder", "dcgm")
-    try:
-        s.step("a 7g pod, which needs every slice, waits")
-        s.create(s.mig_pod("after-departure", 39000))
-        s.pending_reason("after-departure")
-        s.step("delete the 1g pod: for 15 s the 7g pod is not placed over the instance still held")
-        s.delete("departing-1g")
-        s.gone("departing-1g")
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            p = s.k.pod("after-departure")
-            if p["status"].get("phase") != "Pending" or p["spec"].get("nodeName"):
-                raise StepFailed("after-departure was placed while the old instance is held: phase %s on %r: %s"
-                                 % (p["status"].get("phase"), p["spec"].get("nodeName"),
-                                    json.dumps(p["status"])[:800]))
-            time.sleep(0.5)
-    finally:
-        s.step("the holder lets go")
-        dynmig_cli(s, "nvml", "--state", s.b.sim_state, "release", "--gpu", "0", "--gi", str(gi), check=False)
-    s.step("the instance is destroyed and the 7g pod runs")
-    pod, got = s.running("after-departure", timeout=POD_TIMEOUT + 60)
-    s.expect_realized("after-departure", pod, got, "7g.40gb")
-
-
 SCENARIOS = [
     ("scenario 1: create and delete one 1g pod", scenario1_create_and_delete_one_1g),
     ("scenario 2: several non-overlapping 1g on one GPU", scenario2_several_non_overlapping_1g),
@@ -2207,8 +2175,6 @@ SCENARIOS = [
     ("handover: HAMi's legacy MIG pods kept without draining (handover_hami)", handover_hami),
     ("defragmentation: a waiting 3g pod gets the slices of an evicted ReplicaSet pod, opted-out pods stay",
      defrag_evicts_the_blocking_pod),
-    ("departed slices: a waiting pod is not placed over a deleted pod's instance still held",
-     departed_slices_wait_for_the_node),
 ]
 # The scenarios in which the defragmenter may evict; after every other one main() checks it did not.
 DEFRAG_SCENARIOS = {defrag_evicts_the_blocking_pod}
