@@ -89,8 +89,7 @@ absl::Status SchedulerServer::Init() {
   options_.extender.lock_queue.max_waiters =
       std::max(1, std::min(options_.extender.lock_queue.max_waiters, options_.threads * 3 / 4));
   options_.admission.resources = options_.state.resources;
-  // With the clock: a departed pod's realized slices stay occupied until its node reports.
-  state_ = std::make_unique<ClusterState>(options_.state, &clock_);
+  state_ = std::make_unique<ClusterState>(options_.state);
   metrics_ = std::make_unique<SchedulerMetrics>();
   events_ = std::make_unique<EventRecorder>(client_, clock_, options_.events);
   extender_ = std::make_unique<Extender>(client_, *state_, clock_, events_.get(), metrics_.get(),
