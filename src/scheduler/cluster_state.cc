@@ -109,7 +109,10 @@ std::optional<absl::Time> ParseHandshakeReported(const std::string& value) {
   return std::nullopt;
 }
 
-ClusterState::ClusterState(ClusterStateOptions options) : options_(std::move(options)) {}
+ClusterState::ClusterState(ClusterStateOptions options, const Clock* clock)
+    : options_(std::move(options)),
+      clock_(clock),
+      tombstones_(clock != nullptr ? options_.report_timeout : absl::ZeroDuration()) {}
 
 std::shared_ptr<const mig::GpuPlanner> ClusterState::PlannerFor(const protocol::DeviceInfo& info) {
   if (info.mode.find("mig") == std::string::npos || info.mig_profiles.empty()) return nullptr;
@@ -263,6 +266,7 @@ void ClusterState::UpsertNode(const json& node) {
       entry.held_error = std::string(held.status().message());
     }
   }
+  if (clock_ != nullptr) tombstones_.Reported(name, entry.reported_at, entry.held, clock_->Now());
   std::erase_if(defrag_holds_, [&](const auto& h) { return h.second == name; });
   entry.defrag.clear();
   entry.defrag_error.clear();
@@ -331,6 +335,7 @@ void ClusterState::RemoveNode(const std::string& name) {
     for (const auto& gpu : entry->gpus) Uncount(gpu.info.type);
   }
   std::erase_if(defrag_holds_, [&](const auto& h) { return h.second == name; });
+  tombstones_.ForgetNode(name);
   index_.erase(name);
   if (nodes_.erase(name) > 0) ++nodes_generation_;
 }
@@ -350,6 +355,7 @@ void ClusterState::UpsertPod(const json& pod) {
   const std::string name = Str(pod, {"metadata", "name"});
   const std::string key = ns + "/" + name;
   dynmig::MutexLock lock(&mu_);
+  if (kube::IsTerminated(pod)) Bury(key);
   Unlink(key);
   if (kube::IsTerminated(pod)) {
     // A terminated pod releases its reservation; so does its assumption.
@@ -399,9 +405,29 @@ void ClusterState::UpsertPod(const json& pod) {
 void ClusterState::RemovePod(const std::string& ns, const std::string& name) {
   const std::string key = ns + "/" + name;
   dynmig::MutexLock lock(&mu_);
+  Bury(key);
   Unlink(key);
   released_.erase(key);
   if (auto a = assumed_.find(key); a != assumed_.end()) DropAssumed(a);
+}
+
+void ClusterState::Bury(const std::string& pod_key) {
+  if (clock_ == nullptr) return;
+  auto it = pods_.find(pod_key);
+  if (it == pods_.end() || !it->second.allocations.ok()) return;
+  const NodeEntry* node = FindNode(it->second.node);
+  if (node == nullptr) return;
+  // Only slices of the node's registered GPUs, within their axis.
+  std::vector<protocol::MigAllocation> realized;
+  for (const auto& a : *it->second.allocations) {
+    for (const auto& g : node->gpus) {
+      if (g.info.id == a.gpu_uuid && g.planner != nullptr && a.runtime.has_value() &&
+          a.placement.end() <= g.planner->units()) {
+        realized.push_back(a);
+      }
+    }
+  }
+  tombstones_.Bury(node->name, pod_key, realized, clock_->Now());
 }
 
 void ClusterState::FailClosedOnEvidence(const NodeEntry& node, const PodEntry& pod,
@@ -551,6 +577,22 @@ void ClusterState::CollectHeldSlices(RebuildState& st) {
   }
 }
 
+void ClusterState::CollectTombstones(RebuildState& st, absl::Time now) const {
+  const NodeEntry& node = st.node;
+  for (const auto& t : tombstones_.Alive(node.name, now)) {
+    const int g = st.GpuIndex(t.gpu_uuid);
+    if (g < 0 || node.gpus[g].planner == nullptr) continue;
+    const mig::GpuPlanner& planner = *node.gpus[g].planner;
+    if (t.placement.end() > planner.units()) continue;
+    st.held_mask[g] |= t.placement.Mask();
+    st.held_profiles[g].push_back(planner.ProfileIndex(t.profile));
+    st.report.gpus[g].reservations.push_back(
+        {fmt::format("(left by {}, until the node reports)", t.pod), t.profile, t.placement, false,
+         std::nullopt});
+  }
+  st.next_expiry = std::min(st.next_expiry, tombstones_.NextExpiry(node.name, now));
+}
+
 void ClusterState::CollectDefragHolds(RebuildState& st, absl::Time now) const {
   const NodeEntry& node = st.node;
   if (!node.defrag_error.empty()) {
@@ -679,6 +721,7 @@ void ClusterState::Rebuild(NodeEntry& node, absl::Time now) const {
   RebuildState st(node, node.report);
   CollectReservations(st);
   CollectHeldSlices(st);
+  CollectTombstones(st, now);
   CollectDefragHolds(st, now);
   node.next_defrag_expiry = st.next_expiry;
   view.gpus.reserve(node.gpus.size());

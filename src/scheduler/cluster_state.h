@@ -40,6 +40,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "mig/allowlist.h"
 #include "mig/node_planner.h"
@@ -53,6 +54,7 @@
 #include "protocol/mig_allocations.h"
 #include "protocol/node_register.h"
 #include "protocol/pod_request.h"
+#include "scheduler/tombstones.h"
 
 namespace dynmig::scheduler {
 
@@ -162,7 +164,11 @@ struct FilterDecision {
 
 class ClusterState {
  public:
-  explicit ClusterState(ClusterStateOptions options);
+  // With `clock` (the scheduler's own state), the realized slices of a pod that left (deleted or
+  // terminated) stay occupied until its node's device plugin has reported after it left, at most
+  // the report timeout (scheduler/tombstones.h); without (copies made for one analysis), they
+  // are free at once. `clock` must outlive the state.
+  explicit ClusterState(ClusterStateOptions options, const Clock* clock = nullptr);
 
   // Informer events.
   void UpsertNode(const nlohmann::json& node) ABSL_LOCKS_EXCLUDED(mu_);
@@ -400,6 +406,10 @@ class ClusterState {
   struct RebuildState;
   void CollectReservations(RebuildState& st) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   static void CollectHeldSlices(RebuildState& st);
+  // The node's tombstones (slices of departed pods not reported since): occupied as held slices.
+  void CollectTombstones(RebuildState& st, absl::Time now) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The pod's realized reservations become tombstones (it left its node now).
+  void Bury(const std::string& pod_key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CollectDefragHolds(RebuildState& st, absl::Time now) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The pod placed into its defragmentation reservation, when it has one that nothing else
   // overlaps any more and its request fits there; nullopt otherwise (plan as usual).
@@ -484,6 +494,7 @@ class ClusterState {
       const ABSL_SHARED_LOCKS_REQUIRED(mu_) ABSL_LOCKS_EXCLUDED(resolve_mu_);
 
   const ClusterStateOptions options_;
+  const Clock* const clock_;  // null: no tombstones
   // Readers (filters planning, reports) share it; informer events and commits hold it alone.
   mutable dynmig::Mutex mu_;
   // Sorted: reports list nodes by name. Entries never move (index_ and plans point at them).
@@ -503,6 +514,7 @@ class ClusterState {
   std::map<std::string, PodEntry> pods_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, AssumedEntry> assumed_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> released_ ABSL_GUARDED_BY(mu_);  // ReleaseUnrealized
+  Tombstones tombstones_ ABSL_GUARDED_BY(mu_);
   // Pod key -> the node whose dynmig.io/defrag-reservation names it.
   std::map<std::string, std::string> defrag_holds_ ABSL_GUARDED_BY(mu_);
   // By capability key.

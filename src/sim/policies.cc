@@ -1573,6 +1573,12 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec, const 
         } else if (opt == "node-total") {
           defrag.trigger = DefragConfig::Trigger::kNodeTotal;
           defrag_options = true;
+        } else if (opt == "big-first") {
+          defrag.bigger_first = true;
+          defrag_options = true;
+        } else if (opt == "gain") {
+          defrag.gain = true;
+          defrag_options = true;
 
         } else if (opt == "warm") {
           with_warm = true;
@@ -1596,16 +1602,16 @@ absl::StatusOr<std::unique_ptr<Policy>> MakePolicy(std::string_view spec, const 
           return absl::InvalidArgumentError(fmt::format(
               "--policy {}: unknown option \"{}\" (gpu-binpack, gpu-spread, node-binpack, "
               "node-spread, binds-in-flight-N, warm, defrag with wait-DURATION, grace-DURATION, "
-              "restart-DURATION, rate-N, tries-N, evict-N, per-gpu, node-total, any-move; joined "
-              "with '+')",
+              "restart-DURATION, rate-N, tries-N, evict-N, per-gpu, node-total, any-move, "
+              "big-first, gain; joined with '+')",
               spec, opt));
         }
       }
     }
     if (defrag_options && !with_defrag) {
       return absl::InvalidArgumentError(fmt::format(
-          "--policy {}: wait-, grace-, restart-, rate-, tries-, evict-, per-gpu, node-total and "
-          "any-move are options of defrag (add +defrag)",
+          "--policy {}: wait-, grace-, restart-, rate-, tries-, evict-, per-gpu, node-total, "
+          "any-move, big-first and gain are options of defrag (add +defrag)",
           spec));
     }
     auto policy = std::make_unique<DynmigPolicy>(name, cluster, pods, gpu, node, bind_window,

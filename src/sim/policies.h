@@ -106,6 +106,13 @@ struct DefragConfig {
   uint32_t max_evicted = 0;
   // Moves only when every evicted pod would be placed again at once ("any-move" turns it off).
   bool moved_must_fit = true;
+  // No move while a pod asking for more instances than the waiting one waits ("big-first"), for
+  // comparison (docs/simulate.md).
+  bool bigger_first = false;
+  // An oracle, for comparison ("gain"): a move only when the waiting pod's slice-time (asked
+  // slices x lifetime) exceeds what the evicted pods lose (asked slices x (grace + restart), at
+  // most their time left). The simulator knows lifetimes; the scheduler's defragmenter does not.
+  bool gain = false;
 };
 // Applies one "dynmig:" option of the defragmenter with a value ("wait-90s", "grace-30s",
 // "restart-2m", "rate-4", "tries-8", "evict-2"); false when `opt` is not one;

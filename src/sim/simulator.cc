@@ -234,6 +234,11 @@ class Run {
   // is allowed, the planned pods are evicted and the freed placement is reserved for it.
   absl::StatusOr<bool> TryMove(uint32_t pod, double t) {
     if (pods_[pod].count != 1 || !policy_.MayMoveFor(pod)) return false;
+    if (defrag_->bigger_first && std::any_of(queue_.begin(), queue_.end(), [&](uint32_t q) {
+          return pods_[q].count > pods_[pod].count;
+        })) {
+      return false;  // a pod asking for more instances waits: it goes first
+    }
     MoveInput in;
     in.cluster = &cluster_;
     in.pods = &pods_;
@@ -245,8 +250,18 @@ class Run {
     }
     in.budget = [&](uint32_t node) { return Budget(node, t); };
     in.tries = defrag_->plans_tried;
-    if (defrag_->max_evicted > 0) {
-      in.allow = [&](const MovePlan& m) { return m.evict.size() <= defrag_->max_evicted; };
+    if (defrag_->max_evicted > 0 || defrag_->gain) {
+      in.allow = [&](const MovePlan& m) {
+        if (defrag_->max_evicted > 0 && m.evict.size() > defrag_->max_evicted) return false;
+        if (!defrag_->gain) return true;
+        const SimPod& w = pods_[pod];
+        double lost = 0;
+        for (uint32_t e : m.evict) {
+          lost += static_cast<double>(pods_[e].asked_units) *
+                  std::min(defrag_->grace_s + defrag_->restart_s, std::max(0.0, dep_[e] - t));
+        }
+        return static_cast<double>(w.asked_units) * (w.departure - w.arrival) > lost;
+      };
     }
     if (defrag_->moved_must_fit) {
       in.accept = [&](const MovePlan& m) {

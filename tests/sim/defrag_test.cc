@@ -1,6 +1,7 @@
 // dynmig:defrag in the simulator: the defragmenter's rules (moves only for pods that fit nowhere
 // now and only when the evicted pods fit elsewhere, the plans tried, the eviction cap, never
-// opted-out pods, the per-node rate, reserved slices, restart time).
+// opted-out pods, the per-node rate, reserved slices, restart time; the comparison options
+// big-first and gain).
 #include "sim/defrag.h"
 
 #include <gmock/gmock.h>
@@ -277,6 +278,48 @@ TEST(Defrag, ReservedSlicesAreNotTakenByOthers) {
   EXPECT_EQ(free, 1u);
 }
 
+// gain (an oracle, for comparison): a move only when the waiting pod's slice-time exceeds what
+// the evicted pods lose (asked slices x (grace + restart), at most their time left). A 3g.20gb
+// (four slices) for 1 s does not outweigh a 1g.5gb losing 150 s; for 220 s it does.
+TEST(Defrag, GainWeighsTheWaitingPodAgainstTheEvictedOnes) {
+  Cluster c = A100(1);
+  std::vector<P> brief = FragmentedGpu(1000);
+  brief.back().departure = 21;
+  SimResult r = RunSim(MakeTrace(brief), c, {"dynmig:defrag", "dynmig:defrag+gain"}, Mode::kReject);
+  EXPECT_EQ(r.policies[0].evictions, 1u);  // without the rule it moves
+  EXPECT_EQ(r.policies[1].evictions, 0u);  // refused: 4 x 1 s < 1 x 150 s
+  EXPECT_EQ(r.policies[1].accepted, 7u);
+  r = RunSim(MakeTrace(FragmentedGpu(1000)), c, {"dynmig:defrag+gain"}, Mode::kReject);
+  EXPECT_EQ(r.policies[0].evictions, 1u);  // allowed: 4 x 220 s > 1 x 150 s
+  EXPECT_EQ(r.policies[0].accepted, 8u);
+  // An evicted pod about to end anyway loses only its time left: 4 x 30 s < 1 x 150 s, but the
+  // pods to evict end at 60, 40 s after the check: 4 x 30 s > 1 x 40 s.
+  std::vector<P> ending = FragmentedGpu(60);
+  ending.back().departure = 50;
+  r = RunSim(MakeTrace(ending), c, {"dynmig:defrag+gain+wait-0s"}, Mode::kQueue);
+  EXPECT_EQ(r.policies[0].evictions, 1u);
+}
+
+// big-first: no move for a pod while a pod asking for more instances waits (queue mode; in
+// reject mode nothing waits). Two GPUs fragmented by 1g.5gb pods, a two-GPU pod waiting from 19,
+// a 3g.20gb from 20.
+TEST(Defrag, BigFirstHoldsMovesWhileALargerPodWaits) {
+  Cluster c = A100(2, 2);
+  std::vector<P> ps;
+  for (int i = 0; i < 14; ++i) ps.push_back({double(i), i % 2 == 0 ? 15.0 : 1000.0, k1g5});
+  ps.push_back({19, 2000, kWhole, 2});
+  ps.push_back({20, 500, k3g20});
+  Trace t = MakeTrace(ps);
+  SimResult r =
+      RunSim(t, c, {"dynmig:defrag+wait-0s", "dynmig:defrag+wait-0s+big-first"}, Mode::kQueue);
+  EXPECT_GE(r.policies[0].evictions, 1u);  // allowed without the rule
+  EXPECT_EQ(r.policies[1].evictions, 0u);  // refused: the two-GPU pod waits
+  // Without the two-GPU pod the rule allows the move.
+  ps.erase(ps.end() - 2);
+  r = RunSim(MakeTrace(ps), c, {"dynmig:defrag+wait-0s+big-first"}, Mode::kQueue);
+  EXPECT_GE(r.policies[0].evictions, 1u);
+}
+
 TEST(Defrag, Options) {
   Cluster c = A100(1);
   std::vector<SimPod> none;
@@ -298,16 +341,36 @@ TEST(Defrag, Options) {
   EXPECT_EQ((*more)->defrag()->max_evicted, 2u);
   EXPECT_EQ((*MakePolicy("dynmig:defrag+node-total", c, none))->defrag()->trigger,
             DefragConfig::Trigger::kNodeTotal);
+  EXPECT_FALSE(d->bigger_first);
+  EXPECT_FALSE(d->gain);
+  auto compare = MakePolicy("dynmig:defrag+big-first+gain", c, none);
+  ASSERT_TRUE(compare.ok()) << compare.status();
+  EXPECT_TRUE((*compare)->defrag()->bigger_first);
+  EXPECT_TRUE((*compare)->defrag()->gain);
   EXPECT_EQ((*MakePolicy("dynmig", c, none))->defrag(), nullptr);
   // Attacks: bad, huge, negative or overlong values, options without defrag.
-  for (const char* bad :
-       {"dynmig:defrag+rate-0", "dynmig:defrag+rate-1001", "dynmig:defrag+rate-99999999999",
-        "dynmig:defrag+rate-", "dynmig:defrag+wait-25h", "dynmig:defrag+wait--1s",
-        "dynmig:defrag+grace-2h", "dynmig:defrag+restart-soon", "dynmig:rate-4",
-        "dynmig:defrag+wait-1000000000000000000000000s", "dynmig:defrag+tries-0",
-        "dynmig:defrag+tries-1001", "dynmig:defrag+evict-0", "dynmig:defrag+evict-x",
-        "dynmig:defrag+evict-", "dynmig:defrag+evict-99999999999999999999", "dynmig:per-gpu",
-        "dynmig:evict-2"}) {
+  for (const char* bad : {"dynmig:defrag+rate-0",
+                          "dynmig:defrag+rate-1001",
+                          "dynmig:defrag+rate-99999999999",
+                          "dynmig:defrag+rate-",
+                          "dynmig:defrag+wait-25h",
+                          "dynmig:defrag+wait--1s",
+                          "dynmig:defrag+grace-2h",
+                          "dynmig:defrag+restart-soon",
+                          "dynmig:rate-4",
+                          "dynmig:defrag+wait-1000000000000000000000000s",
+                          "dynmig:defrag+tries-0",
+                          "dynmig:defrag+tries-1001",
+                          "dynmig:defrag+evict-0",
+                          "dynmig:defrag+evict-x",
+                          "dynmig:defrag+evict-",
+                          "dynmig:defrag+evict-99999999999999999999",
+                          "dynmig:per-gpu",
+                          "dynmig:evict-2",
+                          "dynmig:big-first",
+                          "dynmig:gain",
+                          "dynmig:defrag+big-first-2",
+                          "dynmig:defrag+gain-1"}) {
     auto r = MakePolicy(bad, c, none);
     EXPECT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
