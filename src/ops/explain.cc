@@ -724,9 +724,16 @@ void ExplainWhole(const Explanation& e) {
   for (const auto& [node, reason] : decision->failed) {
     e.text += fmt::format("  {}: {}\n", node, reason);
   }
-  e.text +=
-      "A GPU in MIG mode is switched to whole-GPU mode only by the scheduler's mode "
-      "decisions (when idle and allowed by nvidia.migModeSwitching).\n";
+  // Why each GPU in MIG mode does or does not switch for it (needs a reboot, in use, hysteresis..).
+  auto modes = ExplainModeSwitches(e.snap, e.config.mig_mode_switching, mig::ModeKind::kWhole, e.now);
+  if (!modes.text.empty()) {
+    e.text += modes.text;
+    e.j["modeSwitching"] = std::move(modes.json);
+  } else {
+    e.text +=
+        "A GPU in MIG mode is switched to whole-GPU mode only by the scheduler's mode "
+        "decisions (when idle and allowed by nvidia.migModeSwitching).\n";
+  }
 }
 
 }  // namespace

@@ -1322,6 +1322,7 @@ void Fault(WholeGpuReport& w, std::string_view code, const std::string& why) {
 // device plugin's word, except what would make a reservation ambiguous or unwritable (`duplicate`:
 // its UUID is published again); those GPUs take no pod. `cordon`: why it is cordoned, if it is.
 WholeGpuReport WholeGpuOf(const protocol::DeviceInfo& d, bool duplicate,
+                          const std::optional<std::string>& switching,
                           const std::optional<std::string>& cordon) {
   WholeGpuReport w;
   w.uuid = d.id;
@@ -1341,6 +1342,7 @@ WholeGpuReport WholeGpuOf(const protocol::DeviceInfo& d, bool duplicate,
     Fault(w, "bad-device",
           fmt::format("the register's devmem {} MiB is out of range", d.devmem_mib));
   }
+  if (switching.has_value()) Fault(w, "switching", *switching);
   if (!d.health) Fault(w, "device-unhealthy", "the device plugin reports this GPU unhealthy");
   if (cordon.has_value()) Fault(w, "cordoned", *cordon);
   return w;
@@ -1366,7 +1368,21 @@ void ClusterState::CollectWholeGpus(const NodeEntry& node, NodeReport& report) c
                    ? std::string("cordoned (hami.io/device-cordon)")
                    : fmt::format("cordoned (hami.io/device-cordon): {}", why->second);
     }
-    report.whole_gpus.push_back(WholeGpuOf(d, seen[d.id] > 1 || mig_ids.count(d.id) > 0, cordon));
+    // Held for a mode switch (a request its status does not answer yet): takes no pod, as a MIG
+    // GPU in SwitchFault.
+    std::optional<std::string> switching;
+    if (node.mode_requests_unreadable) {
+      switching = "held for a mode switch: unreadable " + node.mode_error;
+    } else if (auto request = node.mode_requests.find(d.id); request != node.mode_requests.end()) {
+      auto status = node.mode_statuses.find(d.id);
+      if (protocol::HeldForSwitch(request->second,
+                                  status == node.mode_statuses.end() ? nullptr : &status->second)) {
+        switching = fmt::format("GPU {} is switching to {}", d.id,
+                                protocol::GpuModeName(request->second.to));
+      }
+    }
+    report.whole_gpus.push_back(
+        WholeGpuOf(d, seen[d.id] > 1 || mig_ids.count(d.id) > 0, switching, cordon));
   }
   auto find = [&](const std::string& uuid) -> WholeGpuReport* {
     for (auto& w : report.whole_gpus) {

@@ -206,10 +206,12 @@ mig::ModePlanInput ModeSwitcher::BuildInput(const Cluster& c, absl::Time now) co
     const auto labels = kube::Labels(*n.object);
     const std::map<std::string, std::string, std::less<>> node_labels(labels.begin(), labels.end());
     std::map<std::string, const GpuReport*> gpu_reports;
+    std::map<std::string, const WholeGpuReport*> whole_reports;
     bool node_healthy = false;
     if (auto it = reports.find(n.name); it != reports.end()) {
       node_healthy = it->second->healthy;
       for (const auto& g : it->second->gpus) gpu_reports[g.uuid] = &g;
+      for (const auto& g : it->second->whole_gpus) whole_reports[g.uuid] = &g;
     }
     std::map<std::string, const protocol::GpuModeRequest*> requests;
     for (const auto& r : n.requests) requests[r.gpu_uuid] = &r;
@@ -254,12 +256,19 @@ mig::ModePlanInput ModeSwitcher::BuildInput(const Cluster& c, absl::Time now) co
       }
       // Idle: nothing of the scheduler's view and no pod's devices on it.
       const auto report = gpu_reports.find(uuid);
+      const auto whole = whole_reports.find(uuid);
       if (!n.registered.count(uuid)) {
         g.busy_reason = "the device plugin does not publish it";
       } else if (!node_healthy) {
         g.busy_reason = "its node is unhealthy";
       } else if (n.named.count(uuid)) {
         g.busy_reason = "a pod's devices name it";
+      } else if (whole != whole_reports.end() && !whole->second->holder.empty()) {
+        // A whole GPU reserved for a pod (its reservation may not be on the pod yet: assumed).
+        g.busy_reason = "reserved for pod " + whole->second->holder;
+      } else if (whole != whole_reports.end() && !whole->second->healthy &&
+                 whole->second->unhealthy_code != "switching") {
+        g.busy_reason = "kept out of scheduling: " + whole->second->unhealthy_reason;
       } else if (report != gpu_reports.end() && !report->second->reservations.empty()) {
         g.busy_reason =
             fmt::format("{} reservation(s) or held slices", report->second->reservations.size());
@@ -363,6 +372,12 @@ void ModeSwitcher::Request(const Cluster& c, const mig::ModeSwitchDecision& d, a
           for (const auto& g : n.gpus) {
             if (g.uuid == d.gpu_uuid && (!g.reservations.empty() || !g.idle.empty())) {
               return absl::FailedPreconditionError("a reservation came on it since the plan");
+            }
+          }
+          for (const auto& g : n.whole_gpus) {
+            if (g.uuid == d.gpu_uuid && !g.holder.empty()) {
+              return absl::FailedPreconditionError("pod " + g.holder +
+                                                   " was given it whole since the plan");
             }
           }
         }

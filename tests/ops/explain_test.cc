@@ -4,6 +4,7 @@
 
 #include "ops/ops_test_util.h"
 #include "protocol/gpu_mode.h"
+#include "protocol/gpu_mode_switch.h"
 
 namespace dynmig::ops::testing {
 namespace {
@@ -179,6 +180,43 @@ TEST_F(WholeExplainTest, SaysWhereAWholeGpuPodIsAndWhyAnotherWaits) {
   r = RunJson({"explain", "waits"}, 0);
   EXPECT_EQ(r["status"], "fits-now") << r.dump(2);
   EXPECT_EQ(r["wouldPlace"], "whole GPU GPU-w1 on node-w");
+}
+
+TEST_F(WholeExplainTest, SaysWhyTheGpuInMigModeDoesNotSwitchForIt) {
+  AddDeviceConfig(std::string(kDeviceConfig) + "  migModeSwitching: {enabled: true}\n");
+  json holder = WholePod("holder", "node-w");
+  Annotate(holder, protocol::kVgpuNodeAnnotation, "node-w");
+  Annotate(holder, protocol::kBindPhaseAnnotation, "success");
+  Annotate(holder, protocol::kDevicesAllocatedAnnotation,
+           "GPU-w1,NVIDIA H100 80GB HBM3,81559,100:;");
+  Annotate(holder, protocol::kDevicesToAllocateAnnotation, ";");
+  Add(holder);
+  Add(WholePod("waits", ""));
+  // The device plugin refused GPU-m0's last switch: its host needs a reboot.
+  protocol::GpuModeStatus m0;
+  m0.gpu_uuid = "GPU-m0";
+  m0.mode = protocol::GpuMode::kMig;
+  m0.mig_capable = true;
+  m0.switchable = false;
+  m0.phase = protocol::GpuModePhase::kRefused;
+  m0.reason = "needs a reboot (not switchable until the device plugin restarts)";
+  protocol::GpuModeStatus w1;
+  w1.gpu_uuid = "GPU-w1";
+  w1.mode = protocol::GpuMode::kWholeGpu;
+  w1.mig_capable = true;
+  w1.switchable = true;
+  kube::KeyPatch patch;
+  patch[std::string(protocol::kGpuModeStatusAnnotation)] =
+      protocol::EncodeGpuModeStatuses({m0, w1});
+  ASSERT_TRUE(client_->PatchNodeAnnotations("node-w", patch).ok());
+  json r = RunJson({"explain", "waits"}, 0);
+  EXPECT_EQ(r["status"], "pending") << r.dump(2);
+  ASSERT_TRUE(r.contains("modeSwitching")) << r.dump(2);
+  ASSERT_EQ(r["modeSwitching"]["gpus"].size(), 1u) << r.dump(2);  // GPU-w1 is whole already
+  EXPECT_NE(r["modeSwitching"]["gpus"][0].dump().find("needs a reboot"), std::string::npos)
+      << r.dump(2);
+  auto text = Run({"explain", "waits"});
+  EXPECT_NE(text.out.find("needs a reboot"), std::string::npos) << text.out;
 }
 
 TEST_F(WholeExplainTest, OffWithoutMigModeSwitchingAndInvalidRequestsSaySo) {

@@ -337,6 +337,43 @@ TEST_F(ModeSwitcherTest, MigPodsThatFitNoMigGpuSwitchAnIdleWholeGpu) {
   EXPECT_THAT(Requests(), SizeIs(1));
 }
 
+TEST_F(ModeSwitcherTest, AWholeGpuReservedForAPodIsInUseAndNeverSwitched) {
+  // node-a: GPU-0 whole, GPU-1 in MIG mode and full; a whole-GPU pod's reservation on GPU-0 is
+  // only assumed (the filter's, not on the pod yet) when MIG demand comes.
+  const auto& cap = (*mig::FindModel("A100-SXM4-40GB"))->capability;
+  std::vector<const mig::ProfileSpec*> base;
+  for (const auto& p : cap.profiles) {
+    if (p.name.find_first_of("+-") == std::string::npos) base.push_back(&p);
+  }
+  kube::Object node = MigNode("node-a", {});
+  node["metadata"]["annotations"][std::string(protocol::kNodeRegisterAnnotation)] =
+      protocol::EncodeNodeRegister(
+          {protocol::WholeGpuDeviceInfo({"GPU-0", 0, 0, true}, "NVIDIA A100-SXM4-40GB", 40960),
+           protocol::MigDeviceInfo({"GPU-1", 1, 0, true}, cap, base)});
+  CreateNode(node);
+  SchedulerServer* s = StartScheduler(SwitchOptions());
+  WaitForNodes(s, {"node-a"});
+  const int64_t hour_ago = NowMs() - 3600 * 1000;
+  SetStatuses({Status("GPU-0", protocol::GpuMode::kWholeGpu, hour_ago),
+               Status("GPU-1", protocol::GpuMode::kMig, hour_ago)});
+  kube::Object full = MigPod("full", 39000);
+  full["metadata"]["annotations"][std::string(protocol::kMigAllocationsAnnotation)] =
+      Alloc("GPU-1", "7g.40gb", 0, 8);
+  full["metadata"]["annotations"][std::string(protocol::kVgpuNodeAnnotation)] = "node-a";
+  full["spec"]["nodeName"] = "node-a";
+  CreatePod(full);
+  WaitForReservationSeen(s, "default/full");
+  auto whole = protocol::ParseWholeGpuRequest(WholeGpuPod("train"));
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  auto reserved = s->state().PlanAndReserveWhole("default/train", *whole, {"node-a"}, clock_.Now());
+  ASSERT_TRUE(reserved.ok() && reserved->reservation.has_value());
+  CreatePod(MigPod("small", 4000));
+  Pass(s);
+  EXPECT_THAT(Pass(s).requested, IsEmpty());
+  EXPECT_EQ(VerdictCode(s, "GPU-0"), "in-use");
+  EXPECT_FALSE(NodeAnnotation(protocol::kGpuModeRequestAnnotation).has_value());
+}
+
 TEST(RefusalCodeTest, NamesTheKindOfRefusal) {
   EXPECT_EQ(RefusalCode("needs a reboot (RESET_REQUIRED)"), "needs-reboot");
   EXPECT_EQ(RefusalCode("needs a GPU reset the node cannot do"), "needs-reset");

@@ -6,6 +6,7 @@
 #include "protocol/device_cordon.h"
 #include "protocol/devices.h"
 #include "protocol/gpu_mode.h"
+#include "protocol/gpu_mode_switch.h"
 #include "scheduler/cluster_state.h"
 #include "scheduler_test_util.h"
 
@@ -111,7 +112,8 @@ TEST(WholeGpuStateTest, AMixedNodeGivesWholeGpusToWholePodsAndSlicesToMigPods) {
             "use by default/w");
   EXPECT_EQ(second->verdict, mig::Verdict::kCapacityExhausted);
   // The report shows the holder, assumed.
-  const WholeGpuReport* w = FindWhole(state.Report(kAt), "GPU-w1");
+  const std::vector<NodeReport> report = state.Report(kAt);
+  const WholeGpuReport* w = FindWhole(report, "GPU-w1");
   ASSERT_NE(w, nullptr);
   EXPECT_EQ(w->holder, "default/w");
   EXPECT_TRUE(w->assumed);
@@ -202,7 +204,8 @@ TEST(WholeGpuStateTest, AnnotatedPodsHoldTheirGpusUntilTheyEnd) {
   const std::string devices = "GPU-w1,NVIDIA H100 80GB HBM3,81559,100:;";
   json running = Placed(WholePod("run"), "node-a", devices);
   state.UpsertPod(running);
-  const WholeGpuReport* w = FindWhole(state.Report(kAt), "GPU-w1");
+  const std::vector<NodeReport> report = state.Report(kAt);
+  const WholeGpuReport* w = FindWhole(report, "GPU-w1");
   ASSERT_NE(w, nullptr);
   EXPECT_EQ(w->holder, "default/run");
   EXPECT_FALSE(w->assumed);
@@ -264,6 +267,38 @@ TEST(WholeGpuStateTest, CordonedAndUnhealthyWholeGpusTakeNothing) {
   state.FreedSince(&seq, kAt);
   state.UpsertNode(NodeWith("node-a", {Whole("GPU-c", 0), sick}));
   EXPECT_THAT(state.FreedSince(&seq, kAt), ElementsAre("node-a"));
+}
+
+TEST(WholeGpuStateTest, AWholeGpuHeldForAModeSwitchTakesNoPodUntilTheStatusAnswers) {
+  ClusterState state(StateOptions());
+  json node = NodeWith("node-a", {Whole("GPU-w0", 0)});
+  protocol::GpuModeRequest request;
+  request.gpu_uuid = "GPU-w0";
+  request.to = protocol::GpuMode::kMig;
+  request.at_ms = absl::ToUnixMillis(kAt);
+  request.by = "scheduler";
+  node["metadata"]["annotations"][std::string(protocol::kGpuModeRequestAnnotation)] =
+      protocol::EncodeGpuModeRequests({request});
+  state.UpsertNode(node);
+  auto d = state.PlanAndReserveWhole("default/w", Request(WholePod("w")), {"node-a"}, kAt);
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->reservation.has_value()) << d->reservation->summary;
+  EXPECT_THAT(d->failed["node-a"], HasSubstr("1 switching"));
+  const std::vector<NodeReport> report = state.Report(kAt);
+  const WholeGpuReport* w = FindWhole(report, "GPU-w0");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->unhealthy_code, "switching");
+  EXPECT_EQ(w->unhealthy_reason, "GPU GPU-w0 is switching to mig");
+  // An unreadable request annotation holds every GPU of the node (fails closed).
+  node["metadata"]["annotations"][std::string(protocol::kGpuModeRequestAnnotation)] = "[{";
+  state.UpsertNode(node);
+  EXPECT_EQ(FindWhole(state.Report(kAt), "GPU-w0")->unhealthy_code, "switching");
+  // The request withdrawn: the GPU takes the pod.
+  node["metadata"]["annotations"].erase(std::string(protocol::kGpuModeRequestAnnotation));
+  state.UpsertNode(node);
+  d = state.PlanAndReserveWhole("default/w", Request(WholePod("w")), {"node-a"}, kAt);
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(d->reservation.has_value()) << d->failed["node-a"];
 }
 
 // --- Attacks ----------------------------------------------------------------------------------
