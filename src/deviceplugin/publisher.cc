@@ -30,6 +30,10 @@ absl::Status Publisher::Publish(NodeSnapshot snapshot) {
   if (snapshot.modes.has_value()) {
     patch[std::string(protocol::kGpuModeStatusAnnotation)] =
         protocol::EncodeGpuModeStatuses(std::move(*snapshot.modes));
+  } else {
+    // Switching not configured: a status a configured plugin left is removed (the scheduler then
+    // knows no request is carried out here); a no-op where there was none.
+    patch[std::string(protocol::kGpuModeStatusAnnotation)] = std::nullopt;
   }
   auto st = kube_.PatchNodeAnnotations(node_name_, patch);
   metrics_.NodePublished(st.ok());

@@ -50,8 +50,13 @@ std::string Words(const mig::ModeGpuVerdict& v, const protocol::GpuModeStatus& s
   }
   if (v.code == "not-switchable") {
     const std::string code = scheduler::RefusalCode(s.reason);
-    if (code == "needs-reboot") return "needs a reboot: " + s.reason;
-    if (code == "needs-reset") return "needs a GPU reset the node cannot do: " + s.reason;
+    // The device plugin's reason, when it says it already (its refusals do: mode_switch.h).
+    auto said = [&](std::string_view words) {
+      return s.reason.find(words) != std::string::npos ? s.reason
+                                                       : std::string(words) + ": " + s.reason;
+    };
+    if (code == "needs-reboot") return said("needs a reboot");
+    if (code == "needs-reset") return said("needs a GPU reset");
     return "the device plugin reports it cannot switch" + (s.reason.empty() ? "" : ": " + s.reason);
   }
   if (v.code == "switching") return v.detail;

@@ -188,6 +188,9 @@ void ClusterState::ReadModeSwitch(const json& node, NodeEntry& entry) {
   entry.mode_statuses.clear();
   entry.mode_error.clear();
   entry.mode_requests_unreadable = false;
+  // A node whose device plugin publishes no dynmig.io/gpu-mode carries out no request (switching
+  // is not configured there, or was turned off): a request left on it holds nothing.
+  if (Annotation(node, protocol::kGpuModeStatusAnnotation).empty()) return;
   if (auto requests =
           protocol::DecodeGpuModeRequests(Annotation(node, protocol::kGpuModeRequestAnnotation));
       requests.ok()) {

@@ -284,6 +284,19 @@ TEST_F(ModeSwitchTest, AbsentConfigWritesNoAnnotationAndSwitchesNothing) {
   EXPECT_TRUE(state.mode_switches.empty());
 }
 
+TEST_F(ModeSwitchTest, TurnedOffTheStatusALastRunPublishedIsRemoved) {
+  ASSERT_NE(Start(), nullptr);
+  DP_ASSERT_OK(plugin_->core().PublishNode());
+  ASSERT_TRUE(StatusValue().has_value());
+  // The operator removes nvidia.migModeSwitching; the plugin restarts: the scheduler must not read
+  // a status (and so a request) that nobody answers any more.
+  present_ = false;
+  enabled_ = false;
+  ASSERT_NE(Start(), nullptr);
+  DP_ASSERT_OK(plugin_->core().PublishNode());
+  EXPECT_FALSE(StatusValue().has_value());
+}
+
 TEST_F(ModeSwitchTest, HostileRequestsChangeNothing) {
   ASSERT_NE(Start(), nullptr);
   const GpuModeStatus before = Status(0);

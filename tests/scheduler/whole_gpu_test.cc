@@ -279,6 +279,19 @@ TEST(WholeGpuStateTest, AWholeGpuHeldForAModeSwitchTakesNoPodUntilTheStatusAnswe
   request.by = "scheduler";
   node["metadata"]["annotations"][std::string(protocol::kGpuModeRequestAnnotation)] =
       protocol::EncodeGpuModeRequests({request});
+  // Without the device plugin's dynmig.io/gpu-mode nobody carries the request out: no hold.
+  state.UpsertNode(node);
+  {
+    const std::vector<NodeReport> report = state.Report(kAt);
+    EXPECT_TRUE(FindWhole(report, "GPU-w0")->healthy);
+  }
+  protocol::GpuModeStatus status;
+  status.gpu_uuid = "GPU-w0";
+  status.mode = protocol::GpuMode::kWholeGpu;
+  status.mig_capable = true;
+  status.switchable = true;
+  node["metadata"]["annotations"][std::string(protocol::kGpuModeStatusAnnotation)] =
+      protocol::EncodeGpuModeStatuses({status});
   state.UpsertNode(node);
   auto d = state.PlanAndReserveWhole("default/w", Request(WholePod("w")), {"node-a"}, kAt);
   ASSERT_TRUE(d.ok());
