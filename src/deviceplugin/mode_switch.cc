@@ -147,9 +147,9 @@ void ModeSwitcher::Done(const GpuEntry& gpu, bool mig, int64_t answers) {
   r.reason.clear();
   ops_.PersistOrLog("mode switch");
   const std::string message =
-      changed ? fmt::format("GPU {} ({}) switched to MIG mode {} (request {})", gpu.info.index,
+      changed ? fmt::format("GPU {} ({}) switched to mode {} (request {})", gpu.info.index,
                             gpu.info.uuid, ModeWord(mig), answers)
-              : fmt::format("GPU {} ({}) already is in MIG mode {} (request {})", gpu.info.index,
+              : fmt::format("GPU {} ({}) already is in mode {} (request {})", gpu.info.index,
                             gpu.info.uuid, ModeWord(mig), answers);
   spdlog::info("{}", message);
   if (changed) ops_.Event(nullptr, "Normal", kReasonModeSwitched, message);
@@ -164,7 +164,7 @@ void ModeSwitcher::Refuse(const GpuEntry& gpu, int64_t answers, const std::strin
   if (mark) marked_[gpu.info.uuid] = reason;
   ops_.PersistOrLog("mode switch refusal");
   const std::string message =
-      fmt::format("GPU {} ({}) keeps MIG mode {}: the switch (request {}) is refused: {}",
+      fmt::format("GPU {} ({}) keeps mode {}: the switch (request {}) is refused: {}",
                   gpu.info.index, gpu.info.uuid, ModeWord(r.mig), answers, reason);
   spdlog::warn("{}", message);
   ops_.Event(nullptr, "Warning", kReasonModeRefused, message);

@@ -285,8 +285,9 @@ class Round {
       if (best == SIZE_MAX) return;
       const uint64_t slots = std::max<uint32_t>(gpus_[best].gpu->mig_slots, 1);
       Choose(best, ModeKind::kMig, pods,
-             fmt::format("{} MIG pod{} wait ({}) and no MIG GPU fits them", pods.size(),
-                         pods.size() == 1 ? "" : "s", PodList(pods)));
+             fmt::format("{} MIG pod{} ({}) and no MIG GPU fits {}", pods.size(),
+                         pods.size() == 1 ? " waits" : "s wait", PodList(pods),
+                         pods.size() == 1 ? "it" : "them"));
       wanted = wanted > slots ? wanted - slots : 0;
     }
   }
