@@ -13,6 +13,7 @@ the scenario and step and prints the objects and logs that explain it. Standard 
 Ends with the line "N passed, N failed".
 """
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -117,9 +118,11 @@ class LocalBackend(Backend):
     name = "local"
     node = "node-a"
 
-    def __init__(self, dynmig, kubectl, defrag=True):
+    def __init__(self, dynmig, kubectl, defrag=True, node="node-a", gpus="A100-SXM4-40GBx1", device_config=None):
         self.dynmig, self.kubectl = dynmig, kubectl
         self.defrag = defrag  # the suite's defragmenter settings (DEFRAG_ARGS), or dynmig local's default: off
+        self.node, self.gpus = node, gpus
+        self.device_config = device_config  # a device-config.yaml path (None: dynmig local's default)
         self.proc = None
 
     @staticmethod
@@ -133,9 +136,11 @@ class LocalBackend(Backend):
         self.control = self.free_port()
         nvml_port = self.free_port()
         self.log_path = os.path.join(self.dir, "local.log")
-        cmd = [self.dynmig, "local", "--listen", "127.0.0.1:0", "--nodes", self.node + "=A100-SXM4-40GBx1",
+        cmd = [self.dynmig, "local", "--listen", "127.0.0.1:0", "--nodes", "%s=%s" % (self.node, self.gpus),
                "--state-dir", os.path.join(self.dir, "state"), "--control", "127.0.0.1:%d" % self.control,
                "--nvml-port", str(nvml_port)] + (DEFRAG_ARGS if self.defrag else [])
+        if self.device_config:
+            cmd += ["--device-config", self.device_config]
         log("starting %s" % " ".join(cmd))
         self.out = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -191,6 +196,25 @@ class LocalBackend(Backend):
 
     def restart_device_plugin(self):
         self.control_post("restart/device-plugin/" + self.node)
+
+    @contextlib.contextmanager
+    def mode_node(self, s):
+        """Issue 31's node (mig_mode_per_gpu): a second `dynmig local` with one node of MODE_SIM, the default device
+        config plus MODE_SWITCHING, GPU 1's MIG mode off before its device plugin starts. Yields a ModeNode."""
+        d = tempfile.mkdtemp(prefix="dynmig-mode-")
+        config = os.path.join(d, "device-config.yaml")
+        with open(config, "w") as f:
+            f.write(with_mode_switching(dynmig_cli(s, "config", "default").stdout))
+        b = LocalBackend(self.dynmig, self.kubectl, defrag=False, node="node-m", gpus=MODE_SIM, device_config=config)
+        b.start()
+        try:
+            ms = Suite(b, s.image)
+            m = ModeNode(ms, b.sim_state)
+            m.nvml("mig-mode", "--gpu", "1", "--mode", "disabled")
+            yield m
+        finally:
+            b.stop()
+            shutil.rmtree(d, ignore_errors=True)
 
     # The handover scenario's parts (see handover_no_drain).
     @property
@@ -445,6 +469,94 @@ class RealBackend(Backend):
                     return True
             return False
         wait_for("a new device-plugin pod Ready", new_ready, 120)
+
+    MODE_STATE = "/var/lib/kubelet/device-plugins/dynmig/sim-nvml-mode.json"
+
+    def scheduler_pods(self):
+        pods = self.kube.json("-n", "dynmig-system", "get", "pods", "-l", "app.kubernetes.io/component=scheduler")
+        return [p for p in pods["items"] if p["metadata"].get("deletionTimestamp") is None]
+
+    @staticmethod
+    def ready_pod_not_in(pods, old):
+        return any(p["metadata"]["uid"] not in old and any(
+            c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", [])) for p in pods)
+
+    def reconfigure(self, configs, plugin_args):
+        """The device config's ConfigMaps and the device plugin's args set; the plugin's pod (the DaemonSet rolls
+        it) and the scheduler's (deleted: the Deployment recreates it) restart together, reading the config again;
+        waits until both are Ready and the extender answers."""
+        plugins = {p["metadata"]["uid"] for p in self.plugin_pod()}
+        schedulers = {p["metadata"]["uid"] for p in self.scheduler_pods()}
+        self.set_device_configs(configs)
+        self.set_plugin_args(plugin_args)
+        self.kube.run("-n", "dynmig-system", "delete", "pod", "-l", "app.kubernetes.io/component=scheduler",
+                      "--wait=false")
+        wait_for("a new scheduler pod Ready", lambda: self.ready_pod_not_in(self.scheduler_pods(), schedulers), 120)
+        wait_for("a new device-plugin pod Ready", lambda: self.ready_pod_not_in(self.plugin_pod(), plugins), 120)
+        wait_for("the extender answering", lambda: https_get(self.extender_url + "/metrics")[0] == 200, 60)
+
+    def plugin_args(self):
+        ds = self.kube.json("-n", "dynmig-system", "get", "daemonset", "dynmig-device-plugin")
+        return ds["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    def set_plugin_args(self, args):
+        patch = [{"op": "replace", "path": "/spec/template/spec/containers/0/args", "value": args}]
+        self.kube.run("-n", "dynmig-system", "patch", "daemonset", "dynmig-device-plugin", "--type=json", "-p",
+                      json.dumps(patch))
+
+    def device_configs(self):
+        """{name: data} of the device-config ConfigMaps (kustomize names them dynmig-device-config-<hash>)."""
+        items = self.kube.json("-n", "dynmig-system", "get", "configmaps")["items"]
+        return {c["metadata"]["name"]: c.get("data", {}) for c in items
+                if c["metadata"]["name"].startswith("dynmig-device-config")}
+
+    def set_device_configs(self, configs):
+        for name, data in configs.items():
+            self.kube.run("-n", "dynmig-system", "patch", "configmap", name, "--type=merge", "-p",
+                          json.dumps({"data": data}))
+
+    @contextlib.contextmanager
+    def mode_node(self, s):
+        """Issue 31's node (mig_mode_per_gpu) on the real cluster: the device config's ConfigMap gets
+        MODE_SWITCHING, the device plugin's DaemonSet simulates MODE_SIM on a state file of its own (GPU 1's MIG mode
+        off before it starts), the scheduler restarts to read the config; all of it restored afterwards."""
+        configs = self.device_configs()
+        if not configs:
+            raise StepFailed("no dynmig-device-config ConfigMap in dynmig-system")
+        args = self.plugin_args()
+        if "--sim" not in args or "--sim-state" not in args:
+            raise StepFailed("the device plugin's DaemonSet does not run --sim/--sim-state: %s" % args)
+        changed = {n: {k: with_mode_switching(v) for k, v in d.items()} for n, d in configs.items()}
+        mode_args = list(args)
+        mode_args[mode_args.index("--sim") + 1] = MODE_SIM
+        mode_args[mode_args.index("--sim-state") + 1] = self.MODE_STATE
+        if os.path.exists(self.MODE_STATE):
+            os.remove(self.MODE_STATE)
+        subprocess.run([self.dynmig, "nvml", "--sim", MODE_SIM, "--seed", self.node, "--state", self.MODE_STATE,
+                        "mig-mode", "--gpu", "1", "--mode", "disabled"], check=True, capture_output=True, timeout=60)
+        t = time.monotonic()
+        try:
+            s.step("[setup] device config with migModeSwitching; the device plugin on %s; the scheduler restarted"
+                   % MODE_SIM)
+            self.reconfigure(changed, mode_args)
+            log("    reconfigured in %.1f s" % (time.monotonic() - t))
+            yield ModeNode(s, self.MODE_STATE)
+        finally:
+            keep = os.environ.get("E2E_MODE_LOGS")  # a directory: the components' logs before they restart
+            if keep:
+                for comp in ("device-plugin", "scheduler"):
+                    p = self.kube.run("-n", "dynmig-system", "logs", "-l", "app.kubernetes.io/component=" + comp,
+                                      "--tail=-1", check=False)
+                    with open(os.path.join(keep, comp + ".log"), "w") as f:
+                        f.write(p.stdout + p.stderr)
+            log("    mode node cleanup: the device config, the device plugin and the scheduler as they were")
+            t = time.monotonic()
+            self.reconfigure(configs, args)
+            wait_for("the node's register without the mode node's GPUs", lambda: "H100" not in self.kube.json(
+                "get", "node", self.node)["metadata"].get("annotations", {}).get(REGISTER, "H100"), 60)
+            if os.path.exists(self.MODE_STATE):
+                os.remove(self.MODE_STATE)
+            log("    restored in %.1f s" % (time.monotonic() - t))
 
     def diagnostics(self):
         out = []
@@ -2145,6 +2257,201 @@ def defrag_evicts_the_blocking_pod(s):
         remove_replica_sets(s)
 
 
+# --- issue 31: MIG mode per GPU ------------------------------------------------------------------------------------
+GPU_MODE = "dynmig.io/gpu-mode"
+GPU_MODE_REQUEST = "dynmig.io/gpu-mode-request"
+MODE_SIM = "H100 80GBx2"
+# Switching on for H100s, 10 s of hysteresis (the shortest the config takes), so a GPU may switch back soon.
+MODE_SWITCHING = ("  migModeSwitching:\n    enabled: true\n    minModeDuration: 10s\n    rules:\n"
+                  "      - models: [\"H100\"]\n")
+
+
+def with_mode_switching(text):
+    """device-config.yaml with MODE_SWITCHING added under its top-level nvidia: section."""
+    if "migModeSwitching" in text:
+        raise StepFailed("the device config already has migModeSwitching")
+    m = re.search(r"(?m)^nvidia:\s*\n", text)
+    if not m:
+        raise StepFailed("the device config has no top-level nvidia: section")
+    return text[:m.end()] + MODE_SWITCHING + text[m.end():]
+
+
+class ModeNode:
+    """The node mig_mode_per_gpu runs on: `s` the Suite that reaches it, the simulator's state file behind it."""
+
+    def __init__(self, s, sim_state):
+        self.s, self.sim_state = s, sim_state
+
+    def nvml(self, *args):
+        return dynmig_cli(self.s, "nvml", "--state", self.sim_state, *args).stdout
+
+    @property
+    def uuids(self):
+        """GPU UUIDs by NVML index."""
+        return re.findall(r"(?m)^GPU \d+: .*\(UUID: (GPU-[0-9a-f-]+)", self.nvml("list"))
+
+
+def whole_pod(s, name):
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "annotations": {"nvidia.com/vgpu-mode": "hami-core"}},
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 2,
+                     "containers": [{"name": "workload", "image": s.image, "command": ["sh", "-c", "sleep 3600"],
+                                     "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
+
+
+def gpu_modes(s):
+    """{uuid: status entry} of dynmig.io/gpu-mode, {uuid: request} of dynmig.io/gpu-mode-request, {uuid: register
+    device} of hami.io/node-nvidia-register."""
+    ann = s.k.json("get", "node", s.b.node)["metadata"].get("annotations", {})
+    status = {e["gpuUUID"]: e for e in json.loads(ann.get(GPU_MODE) or "[]")}
+    req = {e["gpuUUID"]: e for e in json.loads(ann.get(GPU_MODE_REQUEST) or "[]")}
+    reg = {d.get("id"): d for d in json.loads(ann.get(REGISTER) or "[]")}
+    return status, req, reg
+
+
+def wait_mode(s, uuid, mode, timeout=90):
+    def check():
+        status, _, reg = gpu_modes(s)
+        st, d = status.get(uuid), reg.get(uuid)
+        if st and d and st.get("mode") == mode and st.get("phase") == "steady" and d.get("mode") == mode and \
+                d.get("health", True):
+            return st
+        return None
+    return wait_for("GPU %s in mode %s (status and register)" % (uuid, mode), check, timeout)
+
+
+def whole_running(s, name, timeout=POD_TIMEOUT):
+    """Waits until the whole-GPU pod runs; returns (pod, the GPU UUID its reservation names)."""
+    pod = plain_running(s, name, timeout)
+    ann = pod["metadata"].get("annotations", {})
+    if ann.get(BIND_PHASE) != "success":
+        pod = wait_for("pod %s bind-phase success" % name,
+                       lambda: (lambda p: p if p["metadata"]["annotations"].get(BIND_PHASE) == "success" else None)(
+                           s.k.pod(name)), 30)
+        ann = pod["metadata"]["annotations"]
+    if ALLOC in ann and json.loads(ann[ALLOC] or "[]"):
+        raise StepFailed("whole-GPU pod %s has MIG allocations: %s" % (name, ann[ALLOC]))
+    devs = [d for d in ann.get("hami.io/vgpu-devices-allocated", "").replace(";", ":").split(":") if d]
+    if len(devs) != 1:
+        raise StepFailed("pod %s: hami.io/vgpu-devices-allocated is %r, expected one whole GPU" %
+                         (name, ann.get("hami.io/vgpu-devices-allocated")))
+    uuid = devs[0].split(",")[0]
+    seen = wait_for("the container of %s to see its GPU" % name, lambda: s.b.visible_devices(pod), 30)
+    if seen != [uuid]:
+        raise StepFailed("the container of %s sees %s, its reservation names %s" % (name, seen, uuid))
+    return pod, uuid
+
+
+def mig_mode_per_gpu(outer):
+    """Issue 31 on a node of two simulated H100s (Hopper: a switch needs no GPU reset), switching allowed by the
+    device config. GPU 1 starts with MIG off. A whole-GPU pod runs on it beside MIG pods on GPU 0; a waiting MIG pod
+    switches the idle whole GPU to MIG (never while the whole-GPU pod uses it); a whole-GPU pod later switches the
+    idle MIG GPU 0 back; a GPU whose host needs a reboot for a switch is reported, keeps its mode, and explain says
+    so. Local backend: a second `dynmig local`; real: the device plugin and the config changed, then restored."""
+    with outer.b.mode_node(outer) as m:
+        s = m.s
+        try:
+            mode_steps(s, m)
+        finally:
+            s.cleanup()
+
+
+def mode_steps(s, m):
+    uuids = m.uuids
+    if len(uuids) != 2:
+        raise StepFailed("the mode node's simulator lists %s, expected two GPUs" % uuids)
+    s.step("GPU 0 is published as a MIG GPU, GPU 1 (MIG off) as a whole GPU; both may switch")
+    wait_mode(s, uuids[0], "mig")
+    st = wait_mode(s, uuids[1], "hami-core")
+    if not st.get("switchable"):
+        raise StepFailed("GPU 1's status says it may not switch: %s" % st)
+    s.step("a whole-GPU pod runs on GPU 1 beside two 3g pods on GPU 0")
+    s.create(whole_pod(s, "whole-a"))
+    s.create(s.mig_pod("mig-a", 40000))
+    s.create(s.mig_pod("mig-b", 40000))
+    _, got = whole_running(s, "whole-a")
+    if got != uuids[1]:
+        raise StepFailed("whole-a got %s, expected the whole GPU %s" % (got, uuids[1]))
+    a = s.running("mig-a")[1][0]
+    b = s.running("mig-b")[1][0]
+    if {a["gpuUUID"], b["gpuUUID"]} != {uuids[0]}:
+        raise StepFailed("the MIG pods are on %s, expected GPU 0 only" % {a["gpuUUID"], b["gpuUUID"]})
+    s.step("a third 3g pod waits; GPU 1 is in use, so nothing switches")
+    s.create(s.mig_pod("mig-c", 40000))
+    s.pending_reason("mig-c")
+    # Until GPU 1's hysteresis (10 s from its "since") is over and two decision rounds (2 s each) more.
+    since = gpu_modes(s)[0][uuids[1]]["since"] / 1000.0
+    time.sleep(min(15, max(5, since + 10 + 5 - time.time())))
+    status, req, _ = gpu_modes(s)
+    if req or status[uuids[1]]["mode"] != "hami-core":
+        raise StepFailed("a GPU in use was asked to switch: requests %s, status %s" % (req, status))
+    s.step("whole-a ends: the idle whole GPU switches to MIG and mig-c runs there")
+    t = time.monotonic()
+    s.delete("whole-a")
+    s.gone("whole-a")
+    wait_mode(s, uuids[1], "mig", timeout=120)
+    log("    GPU 1 published in MIG mode %.1f s after whole-a's deletion" % (time.monotonic() - t))
+    c_pod, c_allocs = s.running("mig-c", timeout=120)
+    c = c_allocs[0]
+    if c["gpuUUID"] != uuids[1]:
+        raise StepFailed("mig-c runs on %s, expected the switched GPU %s" % (c["gpuUUID"], uuids[1]))
+    s.expect_realized("mig-c", c_pod, c_allocs, "3g.40gb")
+    log("    mig-c Running on the switched GPU %.1f s after whole-a's deletion" % (time.monotonic() - t))
+    s.step("a whole-GPU pod waits; mig-a and mig-b end: GPU 0 switches to a whole GPU for it")
+    s.create(whole_pod(s, "whole-b"))
+    s.pending_reason("whole-b")
+    t = time.monotonic()
+    s.delete("mig-a", "mig-b")
+    s.gone("mig-a", "mig-b")
+    s.reclaimed([a["migUUID"], b["migUUID"]])
+    log("    their instances reclaimed %.1f s after the deletion" % (time.monotonic() - t))
+    wait_mode(s, uuids[0], "hami-core", timeout=120)
+    log("    GPU 0 published whole %.1f s after the deletion" % (time.monotonic() - t))
+    _, got = whole_running(s, "whole-b", timeout=120)
+    if got != uuids[0]:
+        raise StepFailed("whole-b got %s, expected GPU 0 %s" % (got, uuids[0]))
+    log("    whole-b Running on GPU 0 %.1f s after the MIG pods' deletion" % (time.monotonic() - t))
+    s.step("mig-c kept its instance through both switches")
+    pod, allocs = s.running("mig-c", timeout=30)
+    if allocs[0]["migUUID"] != c["migUUID"]:
+        raise StepFailed("mig-c's instance changed: %s -> %s" % (c["migUUID"], allocs[0]["migUUID"]))
+    s.expect_realized("mig-c", pod, allocs)
+    s.step("GPU 1's host needs a reboot for a switch: a waiting whole-GPU pod gets it refused, reported, kept")
+    s.delete("mig-c")
+    s.gone("mig-c")
+    s.reclaimed([c["migUUID"]])
+    m.nvml("reboot-required", "--gpu", "1")
+    s.create(whole_pod(s, "whole-c"))
+
+    def refused():
+        status, _, _ = gpu_modes(s)
+        st = status.get(uuids[1], {})
+        return st if st.get("phase") == "refused" and "reboot" in st.get("reason", "") else None
+    st = wait_for("GPU 1's status: refused, needs a reboot", refused, 120)
+    log("    status: %s" % json.dumps(st))
+    if st.get("mode") != "mig" or st.get("switchable"):
+        raise StepFailed("after the refusal GPU 1 should stay MIG and not switchable: %s" % st)
+    mode = m.nvml("mig-mode", "--gpu", "1")
+    if "MIG enabled" not in mode or "pending" in mode:
+        raise StepFailed("GPU 1's MIG mode was left changed: %s" % mode.strip())
+    log("    NVML: %s" % mode.strip())
+    s.step("explain says why whole-c waits: GPU 1 needs a reboot")
+    want = "needs a reboot"
+    last = []
+
+    def said():
+        p = dynmig_cli(s, "explain", "-n", NS, "whole-c", "--kubeconfig", s.k.kubeconfig, check=False)
+        last[:] = [p.stdout + p.stderr]
+        return p.stdout if want in p.stdout else None
+    try:
+        text = wait_for("explain naming the reboot", said, 30)
+    except StepFailed as e:
+        raise StepFailed("%s: %r not in:\n%s" % (e, want, last[0] if last else ""))
+    log("    explain: %s" % [l.strip() for l in text.splitlines() if want in l][0])
+    if s.k.pod("whole-c")["status"].get("phase") != "Pending":
+        raise StepFailed("whole-c is not Pending")
+
+
 SCENARIOS = [
     ("scenario 1: create and delete one 1g pod", scenario1_create_and_delete_one_1g),
     ("scenario 2: several non-overlapping 1g on one GPU", scenario2_several_non_overlapping_1g),
@@ -2175,6 +2482,9 @@ SCENARIOS = [
     ("handover: HAMi's legacy MIG pods kept without draining (handover_hami)", handover_hami),
     ("defragmentation: a waiting 3g pod gets the slices of an evicted ReplicaSet pod, opted-out pods stay",
      defrag_evicts_the_blocking_pod),
+    # Last: it changes the device config and the device plugin's GPUs for a while and restores them.
+    ("MIG mode per GPU: whole-GPU and MIG pods side by side, idle GPUs switched, a reboot reported",
+     mig_mode_per_gpu),
 ]
 # The scenarios in which the defragmenter may evict; after every other one main() checks it did not.
 DEFRAG_SCENARIOS = {defrag_evicts_the_blocking_pod}
