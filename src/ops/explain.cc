@@ -725,7 +725,8 @@ void ExplainWhole(const Explanation& e) {
     e.text += fmt::format("  {}: {}\n", node, reason);
   }
   // Why each GPU in MIG mode does or does not switch for it (needs a reboot, in use, hysteresis..).
-  auto modes = ExplainModeSwitches(e.snap, e.config.mig_mode_switching, mig::ModeKind::kWhole, e.now);
+  auto modes =
+      ExplainModeSwitches(e.snap, e.config.mig_mode_switching, mig::ModeKind::kWhole, e.now);
   if (!modes.text.empty()) {
     e.text += modes.text;
     e.j["modeSwitching"] = std::move(modes.json);
