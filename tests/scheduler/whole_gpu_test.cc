@@ -74,13 +74,15 @@ protocol::WholeGpuRequest Request(const kube::Object& pod) {
   return r.ok() ? *r : protocol::WholeGpuRequest{};
 }
 
-const WholeGpuReport* FindWhole(const std::vector<NodeReport>& report, const std::string& uuid) {
+// A copy (a report is a temporary more often than not): nullopt when the GPU is not in it.
+std::optional<WholeGpuReport> FindWhole(const std::vector<NodeReport>& report,
+                                        const std::string& uuid) {
   for (const auto& n : report) {
     for (const auto& w : n.whole_gpus) {
-      if (w.uuid == uuid) return &w;
+      if (w.uuid == uuid) return w;
     }
   }
-  return nullptr;
+  return std::nullopt;
 }
 
 // --- ClusterState ---------------------------------------------------------------------------
@@ -113,8 +115,8 @@ TEST(WholeGpuStateTest, AMixedNodeGivesWholeGpusToWholePodsAndSlicesToMigPods) {
   EXPECT_EQ(second->verdict, mig::Verdict::kCapacityExhausted);
   // The report shows the holder, assumed.
   const std::vector<NodeReport> report = state.Report(kAt);
-  const WholeGpuReport* w = FindWhole(report, "GPU-w1");
-  ASSERT_NE(w, nullptr);
+  const std::optional<WholeGpuReport> w = FindWhole(report, "GPU-w1");
+  ASSERT_TRUE(w.has_value());
   EXPECT_EQ(w->holder, "default/w");
   EXPECT_TRUE(w->assumed);
   EXPECT_TRUE(w->healthy);
@@ -205,8 +207,8 @@ TEST(WholeGpuStateTest, AnnotatedPodsHoldTheirGpusUntilTheyEnd) {
   json running = Placed(WholePod("run"), "node-a", devices);
   state.UpsertPod(running);
   const std::vector<NodeReport> report = state.Report(kAt);
-  const WholeGpuReport* w = FindWhole(report, "GPU-w1");
-  ASSERT_NE(w, nullptr);
+  const std::optional<WholeGpuReport> w = FindWhole(report, "GPU-w1");
+  ASSERT_TRUE(w.has_value());
   EXPECT_EQ(w->holder, "default/run");
   EXPECT_FALSE(w->assumed);
   EXPECT_EQ(state.ReservedNode("default/run"), "node-a");
@@ -298,8 +300,8 @@ TEST(WholeGpuStateTest, AWholeGpuHeldForAModeSwitchTakesNoPodUntilTheStatusAnswe
   EXPECT_FALSE(d->reservation.has_value()) << d->reservation->summary;
   EXPECT_THAT(d->failed["node-a"], HasSubstr("1 switching"));
   const std::vector<NodeReport> report = state.Report(kAt);
-  const WholeGpuReport* w = FindWhole(report, "GPU-w0");
-  ASSERT_NE(w, nullptr);
+  const std::optional<WholeGpuReport> w = FindWhole(report, "GPU-w0");
+  ASSERT_TRUE(w.has_value());
   EXPECT_EQ(w->unhealthy_code, "switching");
   EXPECT_EQ(w->unhealthy_reason, "GPU GPU-w0 is switching to mig");
   // An unreadable request annotation holds every GPU of the node (fails closed).
@@ -438,8 +440,8 @@ TEST_F(WholeGpuSchedulerTest, FilterAndBindWriteHamisReservationWithoutMigAlloca
   EXPECT_THAT(*lock, HasSubstr(",default,w," + kube::Uid(bound)));
   // The watch takes the annotation over from the assumption: still held, not assumed.
   ASSERT_TRUE(kube::testing::Eventually([&] {
-    const WholeGpuReport* w = FindWhole(s->state().Report(clock_.Now()), "GPU-w1");
-    return w != nullptr && w->holder == "default/w" && !w->assumed;
+    const std::optional<WholeGpuReport> w = FindWhole(s->state().Report(clock_.Now()), "GPU-w1");
+    return w.has_value() && w->holder == "default/w" && !w->assumed;
   }));
   // The next whole-GPU pod waits, with the reason in its event; a MIG pod still fits.
   HttpResult second = Filter(s, CreatePod(WholePod("w2")), {"node-a"});
@@ -504,8 +506,8 @@ TEST_F(WholeGpuSchedulerTest, UnboundReservationsExpireAndTheGpuIsFreeAgain) {
   ASSERT_TRUE(
       client_->PatchPodAnnotations("default", "q", {{"hami.io/bind-phase", "failed"}}).ok());
   ASSERT_TRUE(kube::testing::Eventually([&] {
-    const WholeGpuReport* w = FindWhole(s->state().Report(clock_.Now()), "GPU-w1");
-    return w != nullptr && w->holder == "default/q" && !w->assumed;
+    const std::optional<WholeGpuReport> w = FindWhole(s->state().Report(clock_.Now()), "GPU-w1");
+    return w.has_value() && w->holder == "default/q" && !w->assumed;
   }));
   clock_.Advance(absl::Minutes(5));
   EXPECT_THAT(s->ExpireReservations().released, IsEmpty());  // within the TTL
