@@ -49,9 +49,10 @@ void SetHealth(GpuEntry& gpu, const absl::StatusOr<nvml::GpuInfo>& info) {
     gpu.healthy = false;
     gpu.unhealthy_reason =
         info->mig.pending
-            ? "MIG mode is enabled but pending a GPU reset; dynmig never resets a GPU: reset it"
-            : "MIG mode is disabled; dynmig never toggles MIG mode: enable it (nvidia-smi -i "
-              "<gpu> -mig 1) while the GPU is idle";
+            ? "MIG mode is enabled but pending a GPU reset, which dynmig does not do here: reset "
+              "it"
+            : "MIG mode is disabled and nvidia.migModeSwitching does not let dynmig switch this "
+              "GPU: enable it (nvidia-smi -i <gpu> -mig 1) while the GPU is idle";
   } else {
     gpu.healthy = true;
     gpu.unhealthy_reason.clear();
