@@ -211,15 +211,17 @@ void ClusterState::ReadModeSwitch(const json& node, NodeEntry& entry) {
 void ClusterState::SwitchFault(const NodeEntry& node, const std::string& uuid, GpuReport& gr,
                                GpuFault& fault) {
   auto status = node.mode_statuses.find(uuid);
-  if (status != node.mode_statuses.end()) gr.mode_status = status->second;
+  if (status != node.mode_statuses.end()) {
+    gr.mode_status = std::make_shared<const protocol::GpuModeStatus>(status->second);
+  }
   if (node.mode_requests_unreadable) {
     fault.Set("switching", "held for a mode switch: unreadable " + node.mode_error);
     return;
   }
   auto request = node.mode_requests.find(uuid);
   if (request == node.mode_requests.end()) return;
-  gr.mode_request = request->second;
-  if (protocol::HeldForSwitch(request->second, gr.mode_status ? &*gr.mode_status : nullptr)) {
+  gr.mode_request = std::make_shared<const protocol::GpuModeRequest>(request->second);
+  if (protocol::HeldForSwitch(request->second, gr.mode_status.get())) {
     fault.Set("switching", fmt::format("GPU {} is switching to {}", uuid,
                                        protocol::GpuModeName(request->second.to)));
   }

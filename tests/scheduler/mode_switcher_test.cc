@@ -150,7 +150,7 @@ TEST_F(ModeSwitcherTest, AnAnsweredRequestIsRemovedAndItsTimeCounted) {
   EXPECT_TRUE(kube::testing::Eventually([&] {
     for (const auto& n : s->state().Report(clock_.Now())) {
       for (const auto& g : n.gpus) {
-        if (g.uuid == "GPU-0") return !g.mode_request.has_value() && g.mode_status.has_value();
+        if (g.uuid == "GPU-0") return g.mode_request == nullptr && g.mode_status != nullptr;
       }
     }
     return false;
