@@ -33,6 +33,13 @@ uint32_t FreeUnits(const scheduler::GpuReport& gpu) {
                      units, static_cast<uint32_t>(std::popcount(used & mig::FullMask(units))));
 }
 
+// A whole GPU's state in words: "free", "held by ns/p", "held by ns/p (assumed: ...)".
+std::string WholeState(const scheduler::WholeGpuReport& w) {
+  if (w.holder.empty()) return "free";
+  return fmt::format("held by {}{}", w.holder,
+                     w.assumed ? " (assumed: reservation not written yet)" : "");
+}
+
 constexpr std::string_view kCss = R"CSS(
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:1.5em;color:#222}
 h1{font-size:1.4em;margin-bottom:.2em}
@@ -52,6 +59,9 @@ text-overflow:ellipsis;border:1px solid rgba(0,0,0,.25);text-align:center}
 .res.pending{border-style:dashed}
 .reason{color:#b00020;font-size:.8em;margin-top:.3em}
 .idle{color:#2e6b30;font-size:.8em;margin-top:.3em}
+.whole{grid-row:1;border-radius:3px;padding:.2em .3em;font-size:.8em;text-align:center;
+border:1px solid rgba(0,0,0,.25)}
+.whole.free{border:1px dashed #ccc;background:#fafafa;color:#777}
 )CSS";
 
 }  // namespace
@@ -68,6 +78,54 @@ std::string ShortPodName(const std::string& pod_key) {
   return slash == std::string::npos ? pod_key : pod_key.substr(slash + 1);
 }
 
+namespace {
+
+// A node's whole GPUs (MIG off, given to one pod each) by NVML index, to be drawn among its MIG
+// GPUs in index order.
+std::vector<const scheduler::WholeGpuReport*> WholeByIndex(const scheduler::NodeReport& n) {
+  std::vector<const scheduler::WholeGpuReport*> out;
+  for (const auto& w : n.whole_gpus) out.push_back(&w);
+  std::stable_sort(out.begin(), out.end(),
+                   [](const auto* a, const auto* b) { return a->index < b->index; });
+  return out;
+}
+
+// One whole GPU's row: one bar across it.
+void WholeGpuRowHtml(const scheduler::NodeReport& n, const scheduler::WholeGpuReport& w,
+                     std::string& out) {
+  out += fmt::format(
+      "<tr class=\"gpu whole{}\" data-node=\"{}\" data-gpu=\"{}\">\n<th>GPU {}<small>{}</small>"
+      "<small>{}</small><small>whole GPU (MIG off), {} MiB</small></th>\n",
+      w.healthy ? "" : " unhealthy", HtmlEscape(n.name), HtmlEscape(w.uuid), w.index,
+      HtmlEscape(w.model), HtmlEscape(w.uuid), w.memory_mib);
+  out += "<td><div class=\"axis\" style=\"grid-template-columns:1fr\">\n";
+  if (w.holder.empty()) {
+    out += "<span class=\"whole free\" title=\"whole GPU free\">free</span>\n";
+  } else {
+    out += fmt::format(
+        "<span class=\"whole{}\" data-pod=\"{}\" style=\"background:{}\" title=\"{}\">whole "
+        "GPU &middot; {}</span>\n",
+        w.assumed ? " pending" : "", HtmlEscape(w.holder), ColorOf(w.holder),
+        HtmlEscape(WholeState(w)), HtmlEscape(ShortPodName(w.holder)));
+  }
+  out += "</div>\n";
+  if (!w.healthy) {
+    out +=
+        fmt::format("<div class=\"reason\">unhealthy: {}</div>\n", HtmlEscape(w.unhealthy_reason));
+  }
+  out += "</td>\n</tr>\n";
+}
+
+// One whole GPU's lines of the terminal picture.
+std::string WholeGpuText(const scheduler::WholeGpuReport& w) {
+  std::string out = fmt::format("  GPU {}  {}  {}  whole GPU (MIG off, {} MiB): {}\n", w.index,
+                                w.model, w.uuid, w.memory_mib, WholeState(w));
+  if (!w.healthy) out += fmt::format("  UNHEALTHY: {}\n", w.unhealthy_reason);
+  return out;
+}
+
+}  // namespace
+
 std::string RenderLayoutHtml(const std::vector<scheduler::NodeReport>& nodes, absl::Time now) {
   std::string out;
   out += "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
@@ -76,8 +134,9 @@ std::string RenderLayoutHtml(const std::vector<scheduler::NodeReport>& nodes, ab
   out += "</style>\n</head>\n<body>\n<h1>dynmig MIG layout</h1>\n";
   size_t gpus = 0, reservations = 0;
   for (const auto& n : nodes) {
-    gpus += n.gpus.size();
+    gpus += n.gpus.size() + n.whole_gpus.size();
     for (const auto& g : n.gpus) reservations += g.reservations.size();
+    for (const auto& w : n.whole_gpus) reservations += w.holder.empty() ? 0 : 1;
   }
   out += fmt::format(
       "<p class=\"generated\">{} nodes, {} GPUs, {} reservations &middot; snapshot {}</p>\n",
@@ -90,12 +149,15 @@ std::string RenderLayoutHtml(const std::vector<scheduler::NodeReport>& nodes, ab
       out +=
           fmt::format("<span class=\"bad\">unhealthy: {}</span>", HtmlEscape(n.unhealthy_reason));
     out += "</h2>\n";
-    if (n.gpus.empty()) {
+    if (n.gpus.empty() && n.whole_gpus.empty()) {
       out += "<p>No MIG GPU registered.</p>\n</section>\n";
       continue;
     }
     out += "<table class=\"gpus\">\n";
+    const auto whole = WholeByIndex(n);
+    size_t wi = 0;
     for (const auto& g : n.gpus) {
+      while (wi < whole.size() && whole[wi]->index < g.index) WholeGpuRowHtml(n, *whole[wi++], out);
       const uint32_t units = DrawnUnits(g);
       out += fmt::format(
           "<tr class=\"gpu{}\" data-node=\"{}\" data-gpu=\"{}\">\n<th>GPU {}<small>{}</small>"
@@ -148,6 +210,7 @@ std::string RenderLayoutHtml(const std::vector<scheduler::NodeReport>& nodes, ab
       }
       out += "</td>\n</tr>\n";
     }
+    while (wi < whole.size()) WholeGpuRowHtml(n, *whole[wi++], out);
     out += "</table>\n</section>\n";
   }
   out += "</body>\n</html>\n";
@@ -160,8 +223,11 @@ std::string RenderLayoutText(const std::vector<scheduler::NodeReport>& nodes,
   const std::string indent = "    ";
   for (const auto& n : nodes) {
     out += fmt::format("{}{}\n", n.name, n.healthy ? "" : "  UNHEALTHY: " + n.unhealthy_reason);
-    if (n.gpus.empty()) out += "  no MIG GPU registered\n";
+    if (n.gpus.empty() && n.whole_gpus.empty()) out += "  no MIG GPU registered\n";
+    const auto whole = WholeByIndex(n);
+    size_t wi = 0;
     for (const auto& g : n.gpus) {
+      while (wi < whole.size() && whole[wi]->index < g.index) out += WholeGpuText(*whole[wi++]);
       const uint32_t units = DrawnUnits(g);
       out += fmt::format("  GPU {}  {}  {}  {} of {} units free{}\n", g.index, g.model, g.uuid,
                          FreeUnits(g), units, g.allowlisted ? "" : "  (not allowlisted)");
@@ -184,6 +250,7 @@ std::string RenderLayoutText(const std::vector<scheduler::NodeReport>& nodes,
       }
       if (!rows.empty()) out += RenderTable({"SLICES", "PROFILE", "POD", "INSTANCE"}, rows, indent);
     }
+    while (wi < whole.size()) out += WholeGpuText(*whole[wi++]);
     out += "\n";
   }
   if (nodes.empty()) out += "no node registers MIG GPUs\n";
@@ -227,10 +294,22 @@ nlohmann::json LayoutJson(const std::vector<scheduler::NodeReport>& nodes) {
                        {"reservations", res},
                        {"idle", idle}});
     }
+    nlohmann::json jwhole = nlohmann::json::array();
+    for (const auto& w : n.whole_gpus) {
+      jwhole.push_back({{"uuid", w.uuid},
+                        {"index", w.index},
+                        {"model", w.model},
+                        {"memoryMiB", w.memory_mib},
+                        {"pod", w.holder},
+                        {"assumed", w.assumed},
+                        {"healthy", w.healthy},
+                        {"reason", w.unhealthy_reason}});
+    }
     jnodes.push_back({{"name", n.name},
                       {"healthy", n.healthy},
                       {"reason", n.unhealthy_reason},
-                      {"gpus", jgpus}});
+                      {"gpus", jgpus},
+                      {"wholeGpus", jwhole}});
   }
   return {{"nodes", jnodes}};
 }

@@ -124,6 +124,55 @@ TEST_F(LayoutTest, HtmlPageHasARowPerGpuAndASpanPerReservation) {
   EXPECT_EQ(dash.out.rfind("<!DOCTYPE html>", 0), 0u);
 }
 
+// Whole GPUs (MIG off, one pod each) are drawn among the node's MIG GPUs in index order, with the
+// pod that holds them; the register's words are escaped on the page.
+TEST_F(OpsTest, LayoutShowsWholeGpusAndWhoHoldsThem) {
+  AddDeviceConfig(std::string(kDeviceConfig) + "  migModeSwitching: {enabled: true}\n");
+  auto infos = protocol::DecodeNodeRegister(Register({{"GPU-m0"}}));
+  ASSERT_TRUE(infos.ok());
+  infos->push_back(
+      protocol::WholeGpuDeviceInfo({"GPU-w1", 1, 0, true}, "NVIDIA H100 80GB HBM3", 81559));
+  infos->push_back(protocol::WholeGpuDeviceInfo({"GPU-w2", 2, 0, true}, "H100 <i>x</i>", 1024));
+  Add(Node("node-w", protocol::EncodeNodeRegister(*infos)));
+  json holder = Pod("holder", "node-w", 0);
+  holder["spec"]["containers"][0]["resources"]["limits"].erase("nvidia.com/gpumem");
+  Annotate(holder, protocol::kVgpuModeAnnotation, "hami-core");
+  Annotate(holder, protocol::kVgpuNodeAnnotation, "node-w");
+  Annotate(holder, protocol::kBindPhaseAnnotation, "success");
+  Annotate(holder, protocol::kDevicesAllocatedAnnotation,
+           "GPU-w1,NVIDIA H100 80GB HBM3,81559,100:;");
+  Annotate(holder, protocol::kDevicesToAllocateAnnotation, ";");
+  Add(holder);
+  auto text = Run({"layout"});
+  ASSERT_EQ(text.code, 0) << text.err;
+  const size_t mig = text.out.find("GPU 0  NVIDIA A100");
+  const size_t w1 = text.out.find(
+      "GPU 1  NVIDIA H100 80GB HBM3  GPU-w1  whole GPU (MIG off, 81559 MiB): held by "
+      "default/holder\n");
+  const size_t w2 =
+      text.out.find("GPU 2  H100 <i>x</i>  GPU-w2  whole GPU (MIG off, 1024 MiB): free");
+  ASSERT_NE(mig, std::string::npos) << text.out;
+  ASSERT_NE(w1, std::string::npos) << text.out;
+  ASSERT_NE(w2, std::string::npos) << text.out;
+  EXPECT_LT(mig, w1);
+  EXPECT_LT(w1, w2);
+  const json j = RunJson({"layout"}, 0);
+  ASSERT_EQ(j["nodes"][0]["wholeGpus"].size(), 2u) << j.dump(2);
+  EXPECT_EQ(j["nodes"][0]["wholeGpus"][0]["uuid"], "GPU-w1");
+  EXPECT_EQ(j["nodes"][0]["wholeGpus"][0]["pod"], "default/holder");
+  EXPECT_EQ(j["nodes"][0]["wholeGpus"][0]["assumed"], false);
+  EXPECT_EQ(j["nodes"][0]["wholeGpus"][1]["pod"], "");
+  EXPECT_EQ(j["nodes"][0]["gpus"].size(), 1u);
+  auto page = Run({"layout", "--html", "-"});
+  ASSERT_EQ(page.code, 0) << page.err;
+  EXPECT_NE(page.out.find("3 GPUs"), std::string::npos) << page.out;
+  EXPECT_NE(page.out.find("data-gpu=\"GPU-w1\""), std::string::npos);
+  EXPECT_NE(page.out.find("whole GPU &middot; holder</span>"), std::string::npos) << page.out;
+  EXPECT_NE(page.out.find("title=\"whole GPU free\">free</span>"), std::string::npos);
+  EXPECT_EQ(page.out.find("<i>x</i>"), std::string::npos);  // escaped
+  EXPECT_LT(page.out.find("data-gpu=\"GPU-m0\""), page.out.find("data-gpu=\"GPU-w1\""));
+}
+
 TEST(LayoutHtmlTest, LibraryFunctionForTheScheduler) {
   scheduler::NodeReport n;
   n.name = "n1";
