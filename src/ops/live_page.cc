@@ -121,6 +121,26 @@ void RenderLiveGpu(const scheduler::NodeReport& node, const scheduler::GpuReport
   out += "</div>\n";
 }
 
+// A whole GPU (MIG off, given to one pod): its line and who holds it.
+void RenderLiveWholeGpu(const scheduler::NodeReport& node, const scheduler::WholeGpuReport& w,
+                        std::string& out) {
+  const std::string state = w.holder.empty() ? std::string("free")
+                                             : fmt::format("held by {}{}", w.holder,
+                                                           w.assumed ? " (not written yet)" : "");
+  out += fmt::format(
+      "<div class=\"gpu whole{}\" data-node=\"{}\" data-gpu=\"{}\" data-index=\"{}\" "
+      "data-model=\"{}\" data-pod=\"{}\">\n<h4>GPU {} <span class=\"model\">{}</span> "
+      "<span class=\"uuid\">{}</span> <span class=\"freecount\">whole GPU (MIG off, {} MiB): "
+      "{}</span></h4>\n",
+      w.healthy ? "" : " unhealthy", HtmlEscape(node.name), HtmlEscape(w.uuid), w.index,
+      HtmlEscape(w.model), HtmlEscape(w.holder), w.index, HtmlEscape(w.model), HtmlEscape(w.uuid),
+      w.memory_mib, HtmlEscape(state));
+  if (!w.healthy) {
+    out += fmt::format("<p class=\"reason\">no new pod: {}</p>\n", HtmlEscape(w.unhealthy_reason));
+  }
+  out += "</div>\n";
+}
+
 constexpr std::string_view kLiveScript = R"JS("use strict";
 // dynmig live page: fetch the body every data-refresh-ms and swap it in (no library; same origin).
 (function () {
@@ -182,8 +202,9 @@ std::string RenderLiveBody(const scheduler::LiveSnapshot& s) {
   std::string out;
   size_t gpus = 0, reservations = 0;
   for (const auto& n : s.nodes) {
-    gpus += n.gpus.size();
+    gpus += n.gpus.size() + n.whole_gpus.size();
     for (const auto& g : n.gpus) reservations += g.reservations.size();
+    for (const auto& w : n.whole_gpus) reservations += w.holder.empty() ? 0 : 1;
   }
   out += fmt::format(
       "<p id=\"snapshot\" data-time=\"{}\">{} UTC: {} nodes, {} GPUs, {} reservations, {} pending "
@@ -202,10 +223,16 @@ std::string RenderLiveBody(const scheduler::LiveSnapshot& s) {
           fmt::format(" <span class=\"bad\">unhealthy: {}</span>", HtmlEscape(n.unhealthy_reason));
     }
     out += "</h3>\n";
-    if (n.gpus.empty()) out += "<p class=\"note\">no MIG GPU registered</p>\n";
+    if (n.gpus.empty() && n.whole_gpus.empty()) {
+      out += "<p class=\"note\">no MIG GPU registered</p>\n";
+    }
     for (const auto& g : n.gpus) {
       if (drawn++ >= kLiveMaxGpus) break;
       RenderLiveGpu(n, g, out);
+    }
+    for (const auto& w : n.whole_gpus) {
+      if (drawn++ >= kLiveMaxGpus) break;
+      RenderLiveWholeGpu(n, w, out);
     }
     out += "</div>\n";
   }

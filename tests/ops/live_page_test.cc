@@ -83,6 +83,31 @@ TEST(LivePageTest, OneElementPerGpuWithItsSlicesAndOwners) {
   EXPECT_THAT(body, HasSubstr("1 nodes, 2 GPUs, 2 reservations, 1 pending pods"));
 }
 
+TEST(LivePageTest, WholeGpusAreDrawnWithTheirPod) {
+  scheduler::LiveSnapshot s = LiveSnapshotForTest();
+  scheduler::WholeGpuReport w;
+  w.uuid = "GPU-w";
+  w.index = 2;
+  w.model = "H100 <b>";
+  w.memory_mib = 81559;
+  w.holder = "default/<train>";
+  s.nodes[0].whole_gpus.push_back(w);
+  scheduler::WholeGpuReport sick = w;
+  sick.uuid = "GPU-s";
+  sick.holder.clear();
+  sick.healthy = false;
+  sick.unhealthy_reason = "GPU GPU-s is switching to mig";
+  s.nodes[0].whole_gpus.push_back(sick);
+  const std::string body = RenderLiveBody(s);
+  EXPECT_EQ(LiveCount(body, "<div class=\"gpu whole"), 2u);
+  EXPECT_THAT(body, HasSubstr("whole GPU (MIG off, 81559 MiB): held by default/&lt;train&gt;"));
+  EXPECT_THAT(body, HasSubstr("<div class=\"gpu whole unhealthy\""));
+  EXPECT_THAT(body, HasSubstr("no new pod: GPU GPU-s is switching to mig"));
+  EXPECT_THAT(body, Not(HasSubstr("H100 <b>")));
+  EXPECT_THAT(body, Not(HasSubstr("<train>")));
+  EXPECT_THAT(body, HasSubstr("1 nodes, 4 GPUs, 3 reservations"));
+}
+
 TEST(LivePageTest, PageLoadsItsOwnScriptAndStyleAndHasNoInlineOnes) {
   const std::string page = RenderLivePage(LiveSnapshotForTest());
   EXPECT_EQ(page.rfind("<!DOCTYPE html>", 0), 0u);
