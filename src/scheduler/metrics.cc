@@ -77,6 +77,9 @@ std::vector<prometheus::MetricFamily> CapacityFamilies(const std::vector<NodeRep
                                   "The longest run of adjacent free slices of a MIG GPU");
   auto lock_held = GaugeFamily("dynmig_scheduler_node_lock_held_seconds",
                                "How long a node's bind lock (hami.io/mutex.lock) has been held");
+  auto whole_in_use = GaugeFamily("dynmig_scheduler_whole_gpu_in_use",
+                                  "A GPU in whole-GPU mode (MIG off): 1 while a pod holds or is "
+                                  "reserved it, 0 while free");
   for (const auto& node : nodes) {
     if (node.locked_at.has_value()) {
       lock_held.metric.push_back(Gauge(std::max(0.0, absl::ToDoubleSeconds(now - *node.locked_at)),
@@ -99,9 +102,17 @@ std::vector<prometheus::MetricFamily> CapacityFamilies(const std::vector<NodeRep
           Gauge(static_cast<double>(units - std::popcount(occupied & all)), labels()));
       largest_free.metric.push_back(Gauge(LongestFreeRun(occupied, units), labels()));
     }
+    for (const auto& w : node.whole_gpus) {
+      whole_in_use.metric.push_back(
+          Gauge(w.holder.empty() ? 0 : 1, {{"node", node.name},
+                                           {"device_uuid", w.uuid},
+                                           {"device_index", std::to_string(w.index)}}));
+    }
   }
   std::vector<prometheus::MetricFamily> out;
-  for (auto* f : {&slices, &free_slices, &largest_free, &lock_held}) out.push_back(std::move(*f));
+  for (auto* f : {&slices, &free_slices, &largest_free, &lock_held, &whole_in_use}) {
+    out.push_back(std::move(*f));
+  }
   return out;
 }
 
@@ -349,6 +360,14 @@ std::string SchedulerMetrics::Render(const std::vector<NodeReport>& nodes, bool 
     if (!node.healthy) {
       node_unhealthy.metric.push_back(
           Gauge(1, {{"node", node.name}, {"reason", node.unhealthy_code}}));
+    }
+    for (const auto& w : node.whole_gpus) {
+      if (!w.healthy) {
+        fail_closed.metric.push_back(Gauge(1, {{"node", node.name},
+                                               {"device_uuid", w.uuid},
+                                               {"device_index", std::to_string(w.index)},
+                                               {"reason", w.unhealthy_code}}));
+      }
     }
     for (const auto& gpu : node.gpus) {
       if (!gpu.healthy) {

@@ -38,6 +38,9 @@
 //   dynmig_scheduler_gpu_slices{node,device_uuid,device_index}, ..._gpu_free_slices{...},
 //   ..._gpu_largest_free_run_slices{...}           per allowlisted GPU: its slices, those no
 //       reservation or held instance covers, and the longest run of adjacent free slices
+//   dynmig_scheduler_whole_gpu_in_use{node,device_uuid,device_index} 0|1   per GPU in whole-GPU
+//       mode (MIG off): whether a pod holds or is reserved it (whole GPUs fail closed with the
+//       others in dynmig_scheduler_gpu_fail_closed)
 //   dynmig_scheduler_node_lock_held_seconds{node}  how long a node's bind lock has been held
 //
 // No series carries a pod or namespace name (reasons are codes; the full reasons, which name pods,

@@ -443,6 +443,10 @@ TEST_F(WholeGpuSchedulerTest, FilterAndBindWriteHamisReservationWithoutMigAlloca
     const std::optional<WholeGpuReport> w = FindWhole(s->state().Report(clock_.Now()), "GPU-w1");
     return w.has_value() && w->holder == "default/w" && !w->assumed;
   }));
+  // /metrics: the whole GPU is in use.
+  EXPECT_THAT(s->MetricsText(), HasSubstr("dynmig_scheduler_whole_gpu_in_use{node=\"node-a\","
+                                          "device_uuid=\"GPU-w1\",device_index=\"1\"} "
+                                          "1"));
   // The next whole-GPU pod waits, with the reason in its event; a MIG pod still fits.
   HttpResult second = Filter(s, CreatePod(WholePod("w2")), {"node-a"});
   EXPECT_THAT(second.body["NodeNames"], IsEmpty());
