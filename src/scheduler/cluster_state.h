@@ -94,7 +94,8 @@ struct GpuReport {
   // the device plugin's status of it (dynmig.io/gpu-mode), when the node carries them. While the
   // request is not answered (protocol::HeldForSwitch) the GPU takes no reservation ("switching").
   // Pointers, null when absent: a report has one entry per GPU of the cluster, and with switching
-  // off (the default) both are always absent (two optionals cost ~200 bytes a GPU, 8 MiB at 40,000).
+  // off (the default) both are always absent (two optionals cost ~200 bytes a GPU, 8 MiB at
+  // 40,000).
   std::shared_ptr<const protocol::GpuModeRequest> mode_request;
   std::shared_ptr<const protocol::GpuModeStatus> mode_status;
   std::vector<ReservationReport> reservations;
