@@ -2107,8 +2107,17 @@ def fragment_gpu(s):
             return None
         free = re.search(r'(?m)^dynmig_scheduler_gpu_free_slices\{[^}]*node="%s"[^}]*\} (\S+)$' % s.b.node, body)
         total = re.search(r'(?m)^dynmig_scheduler_gpu_slices\{[^}]*node="%s"[^}]*\} (\S+)$' % s.b.node, body)
-        return free and total and float(free.group(1)) == float(total.group(1)) and not defrag_holds(s.k, s.b.node)
+        ok = free and total and float(free.group(1)) == float(total.group(1)) and not defrag_holds(s.k, s.b.node)
+        if not ok and not first_busy:
+            # What holds the slices, for the log if the wait is long (it once took 64 s, untraced).
+            p = dynmig_cli(s, "layout", "--node", s.b.node, "-o", "json", "--kubeconfig", s.k.kubeconfig, check=False)
+            first_busy.append((time.monotonic(), p.stdout[-3000:] + p.stderr[-500:]))
+        return ok
+    first_busy = []
+    t0 = time.monotonic()
     wait_for("every slice of %s's GPU free (dynmig_scheduler_gpu_free_slices)" % s.b.node, all_free, 90)
+    if first_busy and time.monotonic() - t0 > 15:
+        log("    slow (%.1f s): the layout when the wait began: %s" % (time.monotonic() - t0, first_busy[0][1]))
     s.step("ReplicaSet defrag-mover: its 1g pod takes slice 0")
     s.k.run("-n", NS, "create", "-f", "-", input=json.dumps(replica_set(s, "defrag-mover")))
     mover, mover_allocs = rs_running(s, "defrag-mover")
