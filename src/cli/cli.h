@@ -17,7 +17,9 @@
 #include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "mig/nvml_latency.h"
+#include "nlohmann/json.hpp"
 #include "nvml/nvml.h"
+#include "ops/report.h"
 
 namespace CLI {
 class App;
@@ -105,6 +107,10 @@ absl::StatusOr<std::unique_ptr<nvml::Nvml>> OpenNodeNvml(const NodeNvmlFlags& fl
 // The defragmenter's flags (--defrag, --defrag-wait, ...), shared by `dynmig scheduler` and
 // `dynmig local` (cmd_scheduler.cc).
 void AddDefragOptions(CLI::App* cmd, scheduler::DefragFlags& flags);
+
+// A command's answer in the -o format: `text`, or `json` as JSON or YAML (cmd_ops.cc).
+void PrintOutput(CliContext& ctx, ops::OutputFormat format, const nlohmann::json& json,
+                 const std::string& text);
 
 // `dynmig layout`'s terminal picture of these nodes (cmd_ops.cc), for other commands.
 std::string RenderLayoutText(const std::vector<scheduler::NodeReport>& nodes);

@@ -53,17 +53,7 @@ int RunGpu(GpuFlags f, bool cordon, CliContext& ctx) {
   if (!client.ok()) return fail(client.status());
   auto out = ops::RunGpuCordon(**client, f.options);
   if (!out.ok()) return fail(out.status());
-  switch (*format) {
-    case ops::OutputFormat::kText:
-      ctx.out << out->text;
-      break;
-    case ops::OutputFormat::kJson:
-      ctx.out << out->json.dump(2) << "\n";
-      break;
-    case ops::OutputFormat::kYaml:
-      ctx.out << ops::JsonToYaml(out->json);
-      break;
-  }
+  PrintOutput(ctx, *format, out->json, out->text);
   return kExitOk;
 }
 
@@ -82,33 +72,23 @@ int RunGpuMode(GpuModeFlags f, CliContext& ctx) {
   };
   auto format = ops::ParseOutputFormat(f.output);
   if (!format.ok()) return fail(format.status());
-  if (f.to == "mig") {
-    f.options.to = protocol::GpuMode::kMig;
-  } else if (f.to == "hami-core") {
-    f.options.to = protocol::GpuMode::kWholeGpu;
-  } else if (!f.to.empty()) {
-    return fail(absl::InvalidArgumentError(
-        fmt::format("--to: must be mig or hami-core, got \"{}\"", f.to.substr(0, 64))));
+  if (!f.to.empty()) {
+    auto to = protocol::GpuModeFromName(f.to);
+    if (!to.has_value()) {
+      return fail(absl::InvalidArgumentError(
+          fmt::format("--to: must be mig or hami-core, got \"{}\"", f.to.substr(0, 64))));
+    }
+    f.options.to = *to;
   }
   if (f.options.by.empty()) {
     if (const char* user = std::getenv("USER"); user != nullptr) f.options.by = user;
   }
-  f.options.now = RealClock().Now();
+  f.options.now = ctx.clock.Now();
   auto client = ConnectKube(f.kubeconfig, f.in_cluster);
   if (!client.ok()) return fail(client.status());
   auto out = ops::RunGpuMode(**client, f.options);
   if (!out.ok()) return fail(out.status());
-  switch (*format) {
-    case ops::OutputFormat::kText:
-      ctx.out << out->text;
-      break;
-    case ops::OutputFormat::kJson:
-      ctx.out << out->json.dump(2) << "\n";
-      break;
-    case ops::OutputFormat::kYaml:
-      ctx.out << ops::JsonToYaml(out->json);
-      break;
-  }
+  PrintOutput(ctx, *format, out->json, out->text);
   return kExitOk;
 }
 

@@ -91,8 +91,10 @@ ops::SlicePainter Painter() {
       }};
 }
 
-void Print(CliContext& ctx, ops::OutputFormat format, const nlohmann::json& json,
-           const std::string& text) {
+}  // namespace
+
+void PrintOutput(CliContext& ctx, ops::OutputFormat format, const nlohmann::json& json,
+                 const std::string& text) {
   switch (format) {
     case ops::OutputFormat::kText:
       ctx.out << text;
@@ -105,6 +107,8 @@ void Print(CliContext& ctx, ops::OutputFormat format, const nlohmann::json& json
       break;
   }
 }
+
+namespace {
 
 // Parses -o, connects; on failure prints the error and returns nullopt with `code` set.
 struct Session {
@@ -161,14 +165,14 @@ int RunInventoryCommand(const InventoryFlags& f, CliContext& ctx) {
   ops::InventoryOptions options{f.out, f.force, Query(f.common)};
   auto out = ops::RunInventory(*s->client, nvml.get(), options, ctx.clock.Now());
   if (!out.ok()) return Fail(ctx, "inventory", out.status());
-  Print(ctx, s->format, out->json, out->text);
+  PrintOutput(ctx, s->format, out->json, out->text);
   return kExitOk;
 }
 
 // ---- preflight / validate ----
 
 int PrintReport(CliContext& ctx, ops::OutputFormat format, const ops::CheckReport& report) {
-  Print(ctx, format, report.ToJson(), report.ToText());
+  PrintOutput(ctx, format, report.ToJson(), report.ToText());
   return report.failed() ? kExitFailure : kExitOk;
 }
 
@@ -273,7 +277,7 @@ int RunHandoverCommand(const HandoverFlags& f, const std::string& verb, CliConte
   if (verb == "plan") {
     auto out = ops::RunHandoverPlan(*s->client, nvml.get(), options, ctx.clock.Now());
     if (!out.ok()) return Fail(ctx, command, out.status());
-    Print(ctx, s->format, out->json, out->text);
+    PrintOutput(ctx, s->format, out->json, out->text);
     return kExitOk;
   }
   auto report = ops::RunHandoverCheck(*s->client, nvml.get(), options, ctx.clock.Now());
@@ -299,7 +303,7 @@ int RunExplainCommand(const ExplainFlags& f, CliContext& ctx) {
   options.config = Query(f.common);
   auto out = ops::RunExplain(*s->client, options, Painter(), ctx.clock.Now());
   if (!out.ok()) return Fail(ctx, "explain", out.status());
-  Print(ctx, s->format, out->json, out->text);
+  PrintOutput(ctx, s->format, out->json, out->text);
   return kExitOk;
 }
 
@@ -341,7 +345,7 @@ int RunLayoutCommand(const LayoutFlags& f, CliContext& ctx) {
     }
     ctx.err << "dynmig layout: wrote " << f.html << "\n";
   }
-  Print(ctx, s->format, ops::LayoutJson(reports), ops::RenderLayoutText(reports, Painter()));
+  PrintOutput(ctx, s->format, ops::LayoutJson(reports), ops::RenderLayoutText(reports, Painter()));
   return kExitOk;
 }
 
@@ -371,7 +375,7 @@ int RunDefragCommand(const DefragFlags& f, CliContext& ctx) {
     a.flags = f.limits;
     auto out = ops::RunDefragApply(*s->client, a, ctx.clock);
     if (!out.ok()) return Fail(ctx, "defrag", out.status());
-    Print(ctx, s->format, out->json, out->text);
+    PrintOutput(ctx, s->format, out->json, out->text);
     return kExitOk;
   }
   ops::DefragOptions options;
@@ -381,7 +385,7 @@ int RunDefragCommand(const DefragFlags& f, CliContext& ctx) {
   options.alternatives = f.alternatives;
   auto out = ops::RunDefrag(*s->client, options, Painter(), ctx.clock.Now());
   if (!out.ok()) return Fail(ctx, "defrag", out.status());
-  Print(ctx, s->format, out->json, out->text);
+  PrintOutput(ctx, s->format, out->json, out->text);
   return kExitOk;
 }
 
@@ -461,18 +465,18 @@ int RunRollbackCommand(const RollbackFlags& f, const std::string& verb, CliConte
   if (verb == "plan") {
     auto out = ops::RunRollbackPlan(*s->client, options, now);
     if (!out.ok()) return Fail(ctx, command, out.status());
-    Print(ctx, s->format, out->json, out->text);
+    PrintOutput(ctx, s->format, out->json, out->text);
     return kExitOk;
   }
   if (verb == "check") {
     auto out = ops::RunRollbackCheck(*s->client, options, now);
     if (!out.ok()) return Fail(ctx, command, out.status());
-    Print(ctx, s->format, out->ToJson(), out->ToText());
+    PrintOutput(ctx, s->format, out->ToJson(), out->ToText());
     return out->report.failed() ? kExitFailure : kExitOk;
   }
   auto out = ops::RunRollbackApply(*s->client, options, now);
   if (!out.ok()) return Fail(ctx, command, out.status());
-  Print(ctx, s->format, out->output.json, out->output.text);
+  PrintOutput(ctx, s->format, out->output.json, out->output.text);
   return out->refused ? kExitFailure : kExitOk;
 }
 

@@ -116,35 +116,13 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> Allocator::WholeAnswer(
       if (seen.insert(p).second) paths.push_back(std::move(p));
     }
   }
-  if (!ops_.cdi.enabled()) {
-    (*response.mutable_envs())[std::string(protocol::kVisibleDevicesEnv)] =
-        fmt::format("{}", fmt::join(uuids, ","));
-    for (const auto& p : paths) {
-      v1beta1::DeviceSpec* spec = response.add_devices();
-      spec->set_container_path(p);
-      spec->set_host_path(p);
-      spec->set_permissions("rw");
-    }
-  }
+  if (!ops_.cdi.enabled()) SetVisibleDevices(uuids, paths, response);
   return response;
 }
 
 absl::Status Allocator::ConsumeWholeReservation(const PodMig& pod, int container, bool* done) {
-  kube::Object current = pod.pod;
   for (int attempt = 0; attempt < ops_.options.annotation_attempts; ++attempt) {
-    if (attempt > 0) {
-      auto fresh = ops_.kube.GetPod(pod.ns, pod.name);
-      if (!fresh.ok()) return Annotate(fresh.status(), fmt::format("re-read pod {}", pod.key));
-      current = std::move(*fresh);
-    }
-    if (kube::Uid(current) != pod.uid) {
-      return absl::AbortedError(
-          fmt::format("pod {} was replaced (uid {} -> {})", pod.key, pod.uid, kube::Uid(current)));
-    }
-    if (!IsActive(current)) {
-      return absl::FailedPreconditionError(
-          fmt::format("pod {} is terminating or finished", pod.key));
-    }
+    DYNMIG_ASSIGN_OR_RETURN(const kube::Object current, ops_.PodForAttempt(pod, attempt));
     if (kube::Annotation(current, protocol::kMigAllocationsAnnotation).has_value()) {
       return absl::FailedPreconditionError(fmt::format(
           "pod {} gained {} meanwhile: a pod gets whole GPUs or MIG devices, never both", pod.key,

@@ -454,17 +454,21 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> Allocator::Answer(
       if (seen.insert(p).second) paths.push_back(p);
     }
   }
-  if (!ops_.cdi.enabled()) {
-    (*response.mutable_envs())[std::string(protocol::kVisibleDevicesEnv)] =
-        fmt::format("{}", fmt::join(uuids, ","));
-    for (const auto& p : paths) {
-      v1beta1::DeviceSpec* spec = response.add_devices();
-      spec->set_container_path(p);
-      spec->set_host_path(p);
-      spec->set_permissions("rw");
-    }
-  }
+  if (!ops_.cdi.enabled()) SetVisibleDevices(uuids, paths, response);
   return response;
+}
+
+void Allocator::SetVisibleDevices(const std::vector<std::string>& uuids,
+                                  const std::vector<std::string>& paths,
+                                  v1beta1::ContainerAllocateResponse& response) {
+  (*response.mutable_envs())[std::string(protocol::kVisibleDevicesEnv)] =
+      fmt::format("{}", fmt::join(uuids, ","));
+  for (const auto& p : paths) {
+    v1beta1::DeviceSpec* spec = response.add_devices();
+    spec->set_container_path(p);
+    spec->set_host_path(p);
+    spec->set_permissions("rw");
+  }
 }
 
 absl::Status Allocator::Refuse(const PodMig& pod, std::string_view reason, absl::Status status,

@@ -154,6 +154,10 @@ class Allocator {
   absl::Status ConsumeWholeReservation(const PodMig& pod, int container, bool* done);
   absl::StatusOr<v1beta1::ContainerAllocateResponse> Answer(
       const std::vector<ManagedInstance>& instances) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_.ns.mu);
+  // Without CDI, both answers' tail: NVIDIA_VISIBLE_DEVICES=<uuids> and each device node path.
+  static void SetVisibleDevices(const std::vector<std::string>& uuids,
+                                const std::vector<std::string>& paths,
+                                v1beta1::ContainerAllocateResponse& response);
   // A failed step after the intents: rolls back what this call created, reports, fails the pod.
   absl::Status Abort(const PodMig& pod, const AllocationPlan& plan, std::vector<Created>& created,
                      const absl::Status& st, std::string_view step)

@@ -246,24 +246,28 @@ absl::StatusOr<std::vector<protocol::MigAllocation>> NodeOps::WithIdentities(
   return allocations;
 }
 
+absl::StatusOr<kube::Object> NodeOps::PodForAttempt(const PodMig& pod, int attempt) {
+  kube::Object current = pod.pod;
+  if (attempt > 0) {
+    auto fresh = kube.GetPod(pod.ns, pod.name);
+    if (!fresh.ok()) return Annotate(fresh.status(), fmt::format("re-read pod {}", pod.key));
+    current = std::move(*fresh);
+  }
+  if (kube::Uid(current) != pod.uid) {
+    return absl::AbortedError(
+        fmt::format("pod {} was replaced (uid {} -> {})", pod.key, pod.uid, kube::Uid(current)));
+  }
+  if (!IsActive(current)) {
+    return absl::FailedPreconditionError(fmt::format("pod {} is terminating or finished", pod.key));
+  }
+  return current;
+}
+
 absl::Status NodeOps::WriteRuntimeIdentity(const PodMig& pod, int container,
                                            const std::map<int, protocol::RuntimeIdentity>& entries,
                                            bool consume, bool* done) {
-  kube::Object current = pod.pod;
   for (int attempt = 0; attempt < options.annotation_attempts; ++attempt) {
-    if (attempt > 0) {
-      auto fresh = kube.GetPod(pod.ns, pod.name);
-      if (!fresh.ok()) return Annotate(fresh.status(), fmt::format("re-read pod {}", pod.key));
-      current = std::move(*fresh);
-    }
-    if (kube::Uid(current) != pod.uid) {
-      return absl::AbortedError(
-          fmt::format("pod {} was replaced (uid {} -> {})", pod.key, pod.uid, kube::Uid(current)));
-    }
-    if (!IsActive(current)) {
-      return absl::FailedPreconditionError(
-          fmt::format("pod {} is terminating or finished", pod.key));
-    }
+    DYNMIG_ASSIGN_OR_RETURN(const kube::Object current, PodForAttempt(pod, attempt));
     bool already = false;
     DYNMIG_ASSIGN_OR_RETURN(auto allocations,
                             WithIdentities(pod, current, container, entries, already));

@@ -99,6 +99,10 @@ class NodeOps {
   absl::Status WriteRuntimeIdentity(const PodMig& pod, int container,
                                     const std::map<int, protocol::RuntimeIdentity>& entries,
                                     bool consume, bool* done);
+  // The pod as attempt `attempt` of an optimistic annotation write sees it: as identified on the
+  // first, re-read after; kAborted when it was replaced (another uid), kFailedPrecondition when it
+  // is terminating or finished.
+  absl::StatusOr<kube::Object> PodForAttempt(const PodMig& pod, int attempt);
   // The device nodes a container needs for MIG device (gi, ci) of `gpu`: none when the NVML
   // backend has no device nodes on the host (simulated GPUs).
   absl::StatusOr<std::vector<std::string>> DeviceNodes(const GpuEntry& gpu, uint32_t gi,

@@ -48,6 +48,12 @@ std::string_view GpuModeName(GpuMode mode) {
   return mode == GpuMode::kMig ? kVgpuModeMig : kVgpuModeHamiCore;
 }
 
+std::optional<GpuMode> GpuModeFromName(std::string_view name) {
+  if (name == kVgpuModeMig) return GpuMode::kMig;
+  if (name == kVgpuModeHamiCore) return GpuMode::kWholeGpu;
+  return std::nullopt;
+}
+
 bool MigModeSwitching::MaySwitch(
     std::string_view nvml_name,
     const std::map<std::string, std::string, std::less<>>& node_labels) const {

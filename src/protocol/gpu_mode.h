@@ -29,6 +29,8 @@ enum class GpuMode : uint8_t {
 
 // "mig" / "hami-core": the `mode` of HAMi's DeviceInfo and the value of nvidia.com/vgpu-mode.
 std::string_view GpuModeName(GpuMode mode);
+// The inverse of GpuModeName: "mig" or "hami-core" exactly; nullopt for anything else.
+std::optional<GpuMode> GpuModeFromName(std::string_view name);
 
 // --- device-config.yaml: nvidia.migModeSwitching ---------------------------------------------
 

@@ -57,8 +57,7 @@ absl::StatusOr<std::string> UuidField(const json& obj, std::string_view ctx,
 absl::StatusOr<GpuMode> ModeField(const json& obj, std::string_view key, std::string_view ctx) {
   auto s = internal::RequiredStringField(obj, key, ctx);
   if (!s.ok()) return s.status();
-  if (*s == kVgpuModeMig) return GpuMode::kMig;
-  if (*s == kVgpuModeHamiCore) return GpuMode::kWholeGpu;
+  if (auto mode = GpuModeFromName(*s)) return *mode;
   return Invalid(internal::FieldPath(ctx, key),
                  fmt::format("must be \"{}\" or \"{}\"", kVgpuModeMig, kVgpuModeHamiCore));
 }

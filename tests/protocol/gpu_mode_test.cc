@@ -206,6 +206,12 @@ TEST(WholeGpuDeviceTest, ModesOfANodeWithBoth) {
   }
   EXPECT_EQ(GpuModeName(GpuMode::kMig), "mig");
   EXPECT_EQ(GpuModeName(GpuMode::kWholeGpu), "hami-core");
+  // The inverse takes the two names exactly, nothing near them.
+  EXPECT_EQ(GpuModeFromName("mig"), GpuMode::kMig);
+  EXPECT_EQ(GpuModeFromName("hami-core"), GpuMode::kWholeGpu);
+  for (const char* mode : {"", "MIG", "hami-core ", "Hami-Core", "mig,hami-core", "whole"}) {
+    EXPECT_EQ(GpuModeFromName(mode), std::nullopt) << mode;
+  }
 }
 
 // --- pod request -----------------------------------------------------------------------------
