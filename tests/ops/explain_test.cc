@@ -139,24 +139,12 @@ class WholeExplainTest : public OpsTest {
         protocol::WholeGpuDeviceInfo({"GPU-w1", 1, 0, true}, "NVIDIA H100 80GB HBM3", 81559));
     Add(Node("node-w", protocol::EncodeNodeRegister(*infos)));
   }
-  static json WholePod(const std::string& name, const std::string& node) {
-    json p = Pod(name, node, 0, node.empty() ? "Pending" : "Running");
-    p["spec"]["containers"][0]["resources"]["limits"].erase("nvidia.com/gpumem");
-    Annotate(p, protocol::kVgpuModeAnnotation, "hami-core");
-    return p;
-  }
 };
 
 TEST_F(WholeExplainTest, SaysWhereAWholeGpuPodIsAndWhyAnotherWaits) {
   AddDeviceConfig(std::string(kDeviceConfig) + "  migModeSwitching: {enabled: true}\n");
-  json holder = WholePod("holder", "node-w");
-  Annotate(holder, protocol::kVgpuNodeAnnotation, "node-w");
-  Annotate(holder, protocol::kBindPhaseAnnotation, "success");
-  Annotate(holder, protocol::kDevicesAllocatedAnnotation,
-           "GPU-w1,NVIDIA H100 80GB HBM3,81559,100:;");
-  Annotate(holder, protocol::kDevicesToAllocateAnnotation, ";");
-  Add(holder);
-  Add(WholePod("waits", ""));
+  Add(PlacedWholeGpuPod("holder", "node-w", "GPU-w1,NVIDIA H100 80GB HBM3,81559,100:;"));
+  Add(WholeGpuPod("waits", ""));
   json r = RunJson({"explain", "waits"}, 0);
   EXPECT_EQ(r["status"], "pending") << r.dump(2);
   EXPECT_EQ(r["mode"], "hami-core");
@@ -184,14 +172,8 @@ TEST_F(WholeExplainTest, SaysWhereAWholeGpuPodIsAndWhyAnotherWaits) {
 
 TEST_F(WholeExplainTest, SaysWhyTheGpuInMigModeDoesNotSwitchForIt) {
   AddDeviceConfig(std::string(kDeviceConfig) + "  migModeSwitching: {enabled: true}\n");
-  json holder = WholePod("holder", "node-w");
-  Annotate(holder, protocol::kVgpuNodeAnnotation, "node-w");
-  Annotate(holder, protocol::kBindPhaseAnnotation, "success");
-  Annotate(holder, protocol::kDevicesAllocatedAnnotation,
-           "GPU-w1,NVIDIA H100 80GB HBM3,81559,100:;");
-  Annotate(holder, protocol::kDevicesToAllocateAnnotation, ";");
-  Add(holder);
-  Add(WholePod("waits", ""));
+  Add(PlacedWholeGpuPod("holder", "node-w", "GPU-w1,NVIDIA H100 80GB HBM3,81559,100:;"));
+  Add(WholeGpuPod("waits", ""));
   // The device plugin refused GPU-m0's last switch: its host needs a reboot.
   protocol::GpuModeStatus m0;
   m0.gpu_uuid = "GPU-m0";
@@ -221,7 +203,7 @@ TEST_F(WholeExplainTest, SaysWhyTheGpuInMigModeDoesNotSwitchForIt) {
 
 TEST_F(WholeExplainTest, OffWithoutMigModeSwitchingAndInvalidRequestsSaySo) {
   AddDeviceConfig();
-  Add(WholePod("waits", ""));
+  Add(WholeGpuPod("waits", ""));
   json r = RunJson({"explain", "waits"}, 0);
   EXPECT_EQ(r["status"], "whole-gpu-off") << r.dump(2);
   EXPECT_NE(Run({"explain", "waits"}).out.find("only while nvidia.migModeSwitching is enabled"),
@@ -230,7 +212,7 @@ TEST_F(WholeExplainTest, OffWithoutMigModeSwitchingAndInvalidRequestsSaySo) {
       client_->Delete(kube::Resource::kConfigMaps, "kube-system", "hami-scheduler-device", {})
           .ok());
   AddDeviceConfig(std::string(kDeviceConfig) + "  migModeSwitching: {enabled: true}\n");
-  json bad = WholePod("bad", "");
+  json bad = WholeGpuPod("bad", "");
   bad["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem-percentage"] = "50";
   Add(bad);
   r = RunJson({"explain", "bad"}, 0);

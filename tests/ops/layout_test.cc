@@ -134,15 +134,7 @@ TEST_F(OpsTest, LayoutShowsWholeGpusAndWhoHoldsThem) {
       protocol::WholeGpuDeviceInfo({"GPU-w1", 1, 0, true}, "NVIDIA H100 80GB HBM3", 81559));
   infos->push_back(protocol::WholeGpuDeviceInfo({"GPU-w2", 2, 0, true}, "H100 <i>x</i>", 1024));
   Add(Node("node-w", protocol::EncodeNodeRegister(*infos)));
-  json holder = Pod("holder", "node-w", 0);
-  holder["spec"]["containers"][0]["resources"]["limits"].erase("nvidia.com/gpumem");
-  Annotate(holder, protocol::kVgpuModeAnnotation, "hami-core");
-  Annotate(holder, protocol::kVgpuNodeAnnotation, "node-w");
-  Annotate(holder, protocol::kBindPhaseAnnotation, "success");
-  Annotate(holder, protocol::kDevicesAllocatedAnnotation,
-           "GPU-w1,NVIDIA H100 80GB HBM3,81559,100:;");
-  Annotate(holder, protocol::kDevicesToAllocateAnnotation, ";");
-  Add(holder);
+  Add(PlacedWholeGpuPod("holder", "node-w", "GPU-w1,NVIDIA H100 80GB HBM3,81559,100:;"));
   auto text = Run({"layout"});
   ASSERT_EQ(text.code, 0) << text.err;
   const size_t mig = text.out.find("GPU 0  NVIDIA A100");

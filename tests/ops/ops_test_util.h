@@ -134,6 +134,26 @@ inline json& Annotate(json& obj, std::string_view key, const std::string& value)
   return obj;
 }
 
+// A whole-GPU pod (nvidia.com/vgpu-mode: hami-core, one GPU) on `node` (empty: unscheduled).
+inline json WholeGpuPod(const std::string& name, const std::string& node) {
+  json p = Pod(name, node, 0, node.empty() ? "Pending" : "Running");
+  p["spec"]["containers"][0]["resources"]["limits"].erase("nvidia.com/gpumem");
+  Annotate(p, protocol::kVgpuModeAnnotation, "hami-core");
+  return p;
+}
+
+// A whole-GPU pod bound to `node` and given the whole GPU of `devices` (HAMi's device list, e.g.
+// "GPU-w1,NVIDIA H100 80GB HBM3,81559,100:;"), its reservation realized.
+inline json PlacedWholeGpuPod(const std::string& name, const std::string& node,
+                              const std::string& devices) {
+  json p = WholeGpuPod(name, node);
+  Annotate(p, protocol::kVgpuNodeAnnotation, node);
+  Annotate(p, protocol::kBindPhaseAnnotation, "success");
+  Annotate(p, protocol::kDevicesAllocatedAnnotation, devices);
+  Annotate(p, protocol::kDevicesToAllocateAnnotation, ";");
+  return p;
+}
+
 // A pod the scheduler placed (and the device plugin realized when the allocations carry runtime
 // identities): allocations, vgpu-node, devices-allocated, bind-phase.
 inline json PlacedPod(const std::string& name, const std::string& node, uint64_t gpumem,

@@ -87,6 +87,34 @@ class ModeSwitcherTest : public SchedulerTest {
     }
     return "";
   }
+  // node-a publishing GPU-0 whole and GPU-1 (an A100) in MIG mode, both for an hour, GPU-1 full
+  // with the 7g pod "full"; a scheduler that has seen it.
+  SchedulerServer* WholeGpuAndFullMigGpu() {
+    const auto& cap = (*mig::FindModel("A100-SXM4-40GB"))->capability;
+    std::vector<const mig::ProfileSpec*> base;
+    for (const auto& p : cap.profiles) {
+      if (p.name.find_first_of("+-") == std::string::npos) base.push_back(&p);
+    }
+    kube::Object node = MigNode("node-a", {});
+    node["metadata"]["annotations"][std::string(protocol::kNodeRegisterAnnotation)] =
+        protocol::EncodeNodeRegister(
+            {protocol::WholeGpuDeviceInfo({"GPU-0", 0, 0, true}, "NVIDIA A100-SXM4-40GB", 40960),
+             protocol::MigDeviceInfo({"GPU-1", 1, 0, true}, cap, base)});
+    CreateNode(node);
+    SchedulerServer* s = StartScheduler(SwitchOptions());
+    WaitForNodes(s, {"node-a"});
+    const int64_t hour_ago = NowMs() - 3600 * 1000;
+    SetStatuses({Status("GPU-0", protocol::GpuMode::kWholeGpu, hour_ago),
+                 Status("GPU-1", protocol::GpuMode::kMig, hour_ago)});
+    kube::Object full = MigPod("full", 39000);
+    full["metadata"]["annotations"][std::string(protocol::kMigAllocationsAnnotation)] =
+        Alloc("GPU-1", "7g.40gb", 0, 8);
+    full["metadata"]["annotations"][std::string(protocol::kVgpuNodeAnnotation)] = "node-a";
+    full["spec"]["nodeName"] = "node-a";
+    CreatePod(full);
+    WaitForReservationSeen(s, "default/full");
+    return s;
+  }
   // Two passes; the request the second wrote.
   protocol::GpuModeRequest RequestAfterTwoPasses(SchedulerServer* s) {
     EXPECT_THAT(Pass(s).requested, IsEmpty());
@@ -299,30 +327,8 @@ TEST_F(ModeSwitcherTest, AnUnreadableRequestHoldsEveryGpuAndIsRemoved) {
 }
 
 TEST_F(ModeSwitcherTest, MigPodsThatFitNoMigGpuSwitchAnIdleWholeGpu) {
-  // node-a publishes GPU-0 whole and GPU-1 in MIG mode, full with a 7g pod; a 1g pod waits.
-  const auto& cap = (*mig::FindModel("A100-SXM4-40GB"))->capability;
-  std::vector<const mig::ProfileSpec*> base;
-  for (const auto& p : cap.profiles) {
-    if (p.name.find_first_of("+-") == std::string::npos) base.push_back(&p);
-  }
-  kube::Object node = MigNode("node-a", {});
-  node["metadata"]["annotations"][std::string(protocol::kNodeRegisterAnnotation)] =
-      protocol::EncodeNodeRegister(
-          {protocol::WholeGpuDeviceInfo({"GPU-0", 0, 0, true}, "NVIDIA A100-SXM4-40GB", 40960),
-           protocol::MigDeviceInfo({"GPU-1", 1, 0, true}, cap, base)});
-  CreateNode(node);
-  SchedulerServer* s = StartScheduler(SwitchOptions());
-  WaitForNodes(s, {"node-a"});
-  const int64_t hour_ago = NowMs() - 3600 * 1000;
-  SetStatuses({Status("GPU-0", protocol::GpuMode::kWholeGpu, hour_ago),
-               Status("GPU-1", protocol::GpuMode::kMig, hour_ago)});
-  kube::Object full = MigPod("full", 39000);
-  full["metadata"]["annotations"][std::string(protocol::kMigAllocationsAnnotation)] =
-      Alloc("GPU-1", "7g.40gb", 0, 8);
-  full["metadata"]["annotations"][std::string(protocol::kVgpuNodeAnnotation)] = "node-a";
-  full["spec"]["nodeName"] = "node-a";
-  CreatePod(full);
-  WaitForReservationSeen(s, "default/full");
+  // GPU-0 whole, GPU-1 in MIG mode and full with a 7g pod; a 1g pod waits.
+  SchedulerServer* s = WholeGpuAndFullMigGpu();
   CreatePod(MigPod("small", 4000));
   EXPECT_THAT(Pass(s).requested, IsEmpty());
   EXPECT_EQ(VerdictCode(s, "GPU-0"), "demand-unconfirmed");
@@ -338,31 +344,9 @@ TEST_F(ModeSwitcherTest, MigPodsThatFitNoMigGpuSwitchAnIdleWholeGpu) {
 }
 
 TEST_F(ModeSwitcherTest, AWholeGpuReservedForAPodIsInUseAndNeverSwitched) {
-  // node-a: GPU-0 whole, GPU-1 in MIG mode and full; a whole-GPU pod's reservation on GPU-0 is
-  // only assumed (the filter's, not on the pod yet) when MIG demand comes.
-  const auto& cap = (*mig::FindModel("A100-SXM4-40GB"))->capability;
-  std::vector<const mig::ProfileSpec*> base;
-  for (const auto& p : cap.profiles) {
-    if (p.name.find_first_of("+-") == std::string::npos) base.push_back(&p);
-  }
-  kube::Object node = MigNode("node-a", {});
-  node["metadata"]["annotations"][std::string(protocol::kNodeRegisterAnnotation)] =
-      protocol::EncodeNodeRegister(
-          {protocol::WholeGpuDeviceInfo({"GPU-0", 0, 0, true}, "NVIDIA A100-SXM4-40GB", 40960),
-           protocol::MigDeviceInfo({"GPU-1", 1, 0, true}, cap, base)});
-  CreateNode(node);
-  SchedulerServer* s = StartScheduler(SwitchOptions());
-  WaitForNodes(s, {"node-a"});
-  const int64_t hour_ago = NowMs() - 3600 * 1000;
-  SetStatuses({Status("GPU-0", protocol::GpuMode::kWholeGpu, hour_ago),
-               Status("GPU-1", protocol::GpuMode::kMig, hour_ago)});
-  kube::Object full = MigPod("full", 39000);
-  full["metadata"]["annotations"][std::string(protocol::kMigAllocationsAnnotation)] =
-      Alloc("GPU-1", "7g.40gb", 0, 8);
-  full["metadata"]["annotations"][std::string(protocol::kVgpuNodeAnnotation)] = "node-a";
-  full["spec"]["nodeName"] = "node-a";
-  CreatePod(full);
-  WaitForReservationSeen(s, "default/full");
+  // A whole-GPU pod's reservation on GPU-0 is only assumed (the filter's, not on the pod yet) when
+  // MIG demand comes.
+  SchedulerServer* s = WholeGpuAndFullMigGpu();
   auto whole = protocol::ParseWholeGpuRequest(WholeGpuPod("train"));
   ASSERT_TRUE(whole.ok()) << whole.status();
   auto reserved = s->state().PlanAndReserveWhole("default/train", *whole, {"node-a"}, clock_.Now());
