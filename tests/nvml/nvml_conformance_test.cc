@@ -11,8 +11,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <regex>
 #include <set>
@@ -251,6 +253,61 @@ TEST_P(NvmlConformanceTest, ReadOnlySimulatedProfilesMatchTheCatalogue) {
     EXPECT_EQ(info->jpegs, want->jpegs);
     EXPECT_EQ(info->ofas, want->ofas);
   }
+}
+
+// The catalogue (data/mig-profiles.json, which the simulator serves) against a driver: every GPU
+// whose NVML name the catalogue knows reports the catalogued profiles at the same indices with the
+// same IDs, slices, instance counts, SM and engine counts and placements. Profile info and
+// placements answer with MIG disabled too (an H200 on driver 580.159.04 did), so this needs no
+// MIG-enabled GPU. Memory per profile depends on the driver version (mig-profiles.json records the
+// basis of each figure): it may differ by at most 1 %, and every difference is printed.
+TEST_P(NvmlConformanceTest, ReadOnlyRealProfilesMatchTheCatalogue) {
+  // Fake/ runs it too (DlopenNvml over the stand-in library, which serves the catalogue), so the
+  // test is exercised in every `make test`; Sim/ compares in
+  // ReadOnlySimulatedProfilesMatchTheCatalogue.
+  if (GetParam().kind == Kind::kSim)
+    GTEST_SKIP() << "compared in ReadOnlySimulatedProfilesMatchTheCatalogue";
+  ASSERT_OK_AND_ASSIGN(const uint32_t count, nvml().DeviceCount());
+  int compared = 0;
+  for (uint32_t gpu = 0; gpu < count; ++gpu) {
+    ASSERT_OK_AND_ASSIGN(const GpuInfo info, nvml().GetGpu(gpu));
+    const mig::CatalogueModel* want_model = mig::FindModelByNvmlName(info.name);
+    if (want_model == nullptr || !info.mig.supported) continue;
+    SCOPED_TRACE(info.name + " (GPU " + std::to_string(gpu) + ")");
+    ++compared;
+    for (uint32_t index = 0; index < kGpuInstanceProfileCount; ++index) {
+      const mig::ProfileSpec* want = nullptr;
+      for (const auto& p : want_model->capability.profiles) {
+        if (p.nvml_index == index) want = &p;
+      }
+      auto got = nvml().GetGpuInstanceProfileInfo(gpu, index);
+      if (want == nullptr) {
+        EXPECT_FALSE(got.ok() && got->instance_count > 0)
+            << "the driver has a profile at index " << index << " (ID " << got->id
+            << ") that the catalogue lacks";
+        continue;
+      }
+      ASSERT_TRUE(got.ok()) << want->name << ": " << got.status();
+      EXPECT_EQ(got->id, want->nvml_id) << want->name;
+      EXPECT_EQ(got->slice_count, want->compute_slices) << want->name;
+      EXPECT_EQ(got->instance_count, want->instance_count) << want->name;
+      EXPECT_EQ(got->multiprocessor_count, want->multiprocessor_count) << want->name;
+      EXPECT_EQ(got->copy_engines, want->copy_engines) << want->name;
+      EXPECT_EQ(got->decoders, want->decoders) << want->name;
+      EXPECT_EQ(got->jpegs, want->jpegs) << want->name;
+      EXPECT_EQ(got->ofas, want->ofas) << want->name;
+      if (got->memory_mib != want->memory_mib) {
+        std::cout << info.name << " " << want->name << ": the driver reports " << got->memory_mib
+                  << " MiB, the catalogue " << want->memory_mib << " MiB\n";
+      }
+      const double diff = std::abs(static_cast<double>(got->memory_mib) - want->memory_mib);
+      EXPECT_LE(diff, 0.01 * want->memory_mib) << want->name << ": " << got->memory_mib << " MiB";
+      ASSERT_OK_AND_ASSIGN(const auto placements,
+                           nvml().GetGpuInstancePossiblePlacements(gpu, got->id));
+      EXPECT_EQ(placements, want->placements) << want->name;
+    }
+  }
+  if (compared == 0) GTEST_SKIP() << "no GPU of a catalogued model with MIG support";
 }
 
 TEST_P(NvmlConformanceTest, ReadOnlyDiscoveryNamesProfilesLikeGoNvlib) {
