@@ -1549,6 +1549,18 @@ def handover_steps(s, extra):
           end="", flush=True)
     s.step("NVIDIA's device plugin (stand-in, mixed strategy) serves the node")
     b.start_legacy_allocator()
+    # Every profile the legacy pods ask for, as many as they ask: the stand-in registers one resource per
+    # profile, one after the other, and a pod created before its resource is advertised gets a
+    # FailedScheduling Warning (seen on the real cluster under load), which the suite counts against the pod.
+    wanted = {}
+    for profile in LEGACY.values():
+        wanted["nvidia.com/mig-" + profile] = wanted.get("nvidia.com/mig-" + profile, 0) + 1
+
+    def all_advertised():
+        alloc = node_mig_resources(s)["allocatable"]
+        return all(int(alloc.get(k, "0")) >= n for k, n in wanted.items())
+    wait_for("the kubelet advertising %s" % ", ".join("%s=%d" % kv for kv in sorted(wanted.items())),
+             all_advertised, 60)
     s.step("legacy pods requesting nvidia.com/mig-<profile> run (default scheduler)")
     for n, profile in LEGACY.items():
         s.create(legacy_pod(s, n, profile))
