@@ -76,6 +76,16 @@ class ModeSwitcherTest : public SchedulerTest {
   kube::Object WholeGpuPod(const std::string& name) {
     return MigPod(name, 0, {{"nvidia.com/vgpu-mode", "hami-core"}});
   }
+  // A MIG pod already bound to node-a with its instance recorded: it keeps `gpu` busy.
+  kube::Object PlacedMigPod(const std::string& name, int64_t mem, const std::string& gpu,
+                            const std::string& profile, uint32_t start, uint32_t size) {
+    kube::Object pod = MigPod(name, mem);
+    pod["metadata"]["annotations"][std::string(protocol::kMigAllocationsAnnotation)] =
+        Alloc(gpu, profile, start, size);
+    pod["metadata"]["annotations"][std::string(protocol::kVgpuNodeAnnotation)] = "node-a";
+    pod["spec"]["nodeName"] = "node-a";
+    return pod;
+  }
   ModeSwitcher::Outcome Pass(SchedulerServer* s) {
     auto out = s->RunModeSwitchPass();
     EXPECT_TRUE(out.ok()) << out.status();
@@ -106,12 +116,7 @@ class ModeSwitcherTest : public SchedulerTest {
     const int64_t hour_ago = NowMs() - 3600 * 1000;
     SetStatuses({Status("GPU-0", protocol::GpuMode::kWholeGpu, hour_ago),
                  Status("GPU-1", protocol::GpuMode::kMig, hour_ago)});
-    kube::Object full = MigPod("full", 39000);
-    full["metadata"]["annotations"][std::string(protocol::kMigAllocationsAnnotation)] =
-        Alloc("GPU-1", "7g.40gb", 0, 8);
-    full["metadata"]["annotations"][std::string(protocol::kVgpuNodeAnnotation)] = "node-a";
-    full["spec"]["nodeName"] = "node-a";
-    CreatePod(full);
+    CreatePod(PlacedMigPod("full", 39000, "GPU-1", "7g.40gb", 0, 8));
     WaitForReservationSeen(s, "default/full");
     return s;
   }
@@ -190,12 +195,7 @@ TEST_F(ModeSwitcherTest, ARefusedGpuIsNotAskedAgainWhileNotSwitchable) {
   CreatePod(WholeGpuPod("train"));
   protocol::GpuModeRequest r = RequestAfterTwoPasses(s);
   // GPU-1 is busy, so only GPU-0 could serve; the plugin refuses: a reboot is needed.
-  kube::Object busy = MigPod("busy", 4000);
-  busy["metadata"]["annotations"][std::string(protocol::kMigAllocationsAnnotation)] =
-      Alloc("GPU-1", "1g.5gb", 0, 1);
-  busy["metadata"]["annotations"][std::string(protocol::kVgpuNodeAnnotation)] = "node-a";
-  busy["spec"]["nodeName"] = "node-a";
-  CreatePod(busy);
+  CreatePod(PlacedMigPod("busy", 4000, "GPU-1", "1g.5gb", 0, 1));
   protocol::GpuModeStatus refused = Status("GPU-0", protocol::GpuMode::kMig, 0);
   refused.phase = protocol::GpuModePhase::kRefused;
   refused.answers_ms = r.at_ms;
