@@ -32,6 +32,12 @@ const ModeSwitchIntent* FindIntent(const std::vector<ModeSwitchIntent>& intents,
   return nullptr;
 }
 
+// Whether a refusal's reason held only until the device plugin restarts: the GPU was marked (a
+// reset this node cannot do, a host that needs a reboot), or a later request was refused for it.
+bool HeldUntilRestart(std::string_view reason) {
+  return reason == kNeedsReboot || reason == kNeedsReset || reason.ends_with(kUntilRestart);
+}
+
 }  // namespace
 
 ModeSwitcher::ModeSwitcher(NodeOps& ops)
@@ -70,7 +76,7 @@ std::string ModeSwitcher::NotAllowed(const GpuEntry& gpu) const {
                        ops_.options.node_name);
   }
   if (auto it = marked_.find(gpu.info.uuid); it != marked_.end()) {
-    return fmt::format("{} (not switchable until the device plugin restarts)", it->second);
+    return it->second + std::string(kUntilRestart);
   }
   return "";
 }
@@ -177,7 +183,20 @@ bool ModeSwitcher::Recover() {
   }
   bool changed = ResolveIntents();
   for (const auto& gpu : ops_.ns.inventory.gpus) {
-    if (gpu.exposed) Record(gpu);
+    if (!gpu.exposed) continue;
+    GpuModeRecord& r = Record(gpu);
+    // A refusal that held only until the plugin restarts (a reset this node cannot do, a host that
+    // needs a reboot), recorded by the previous run: this run may try again, so the status no
+    // longer says it (the request it answered stays answered). One an interrupted set-back has
+    // just recorded again (ResolveIntents) is this run's and stays.
+    if (r.phase == "refused" && marked_.count(gpu.info.uuid) == 0 && HeldUntilRestart(r.reason)) {
+      spdlog::info(
+          "GPU {} ({}): the refusal of the previous run ({}) is cleared: it may switch again",
+          gpu.info.index, gpu.info.uuid, r.reason);
+      r.phase = "steady";
+      r.reason.clear();
+      changed = true;
+    }
   }
   ops_.PersistOrLog("mode records");
   return changed;

@@ -54,6 +54,9 @@ inline constexpr std::string_view kReasonModeRequestInvalid = "GpuModeRequestInv
 // The reasons that mark a GPU not switchable until the plugin restarts.
 inline constexpr std::string_view kNeedsReset = "needs a GPU reset this node cannot do";
 inline constexpr std::string_view kNeedsReboot = "needs a reboot";
+// Appended to the reason of a GPU marked not switchable until the plugin restarts.
+inline constexpr std::string_view kUntilRestart =
+    " (not switchable until the device plugin restarts)";
 
 class ModeSwitcher {
  public:

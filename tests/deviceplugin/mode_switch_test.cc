@@ -186,10 +186,12 @@ TEST_F(ModeSwitchTest, AmpereWithoutAResetIsSetBackAndMarkedUntilRestart) {
   EXPECT_EQ(Status(0).phase, GpuModePhase::kRefused);
   EXPECT_EQ(Status(0).answers_ms, 2000);
   EXPECT_NE(Status(0).reason.find("until the device plugin restarts"), std::string::npos);
-  // The mark lasts until the plugin restarts.
+  // The mark lasts until the plugin restarts, and the status says so no longer.
   ASSERT_TRUE(sim_->ClearFaults().ok());
   ASSERT_NE(Start(), nullptr);
   EXPECT_TRUE(Status(0).switchable);
+  EXPECT_EQ(Status(0).phase, GpuModePhase::kSteady);
+  EXPECT_EQ(Status(0).answers_ms, 2000);
 }
 
 TEST_F(ModeSwitchTest, RebootRequiredIsSetBackAndReported) {
@@ -203,6 +205,18 @@ TEST_F(ModeSwitchTest, RebootRequiredIsSetBackAndReported) {
   EXPECT_EQ(s.reason, kNeedsReboot);
   EXPECT_FALSE(s.switchable);
   EXPECT_EQ(s.mode, GpuMode::kMig);
+  // After a restart (the host rebooted, say) the refusal no longer holds: the status is steady,
+  // still answering the request, and the GPU may switch again.
+  ASSERT_TRUE(sim_->SetRebootRequired(0, false).ok());
+  ASSERT_NE(Start(), nullptr);
+  s = Status(0);
+  EXPECT_EQ(s.phase, GpuModePhase::kSteady);
+  EXPECT_EQ(s.reason, "");
+  EXPECT_EQ(s.answers_ms, 1000);
+  EXPECT_TRUE(s.switchable);
+  Request(0, GpuMode::kWholeGpu, 3000);
+  EXPECT_TRUE(plugin_->core().SwitchModes());
+  EXPECT_EQ(Mode(0), (nvml::MigModeState{true, false, false}));
 }
 
 TEST_F(ModeSwitchTest, BusyGpuIsRefusedNamingWhatUsesIt) {
