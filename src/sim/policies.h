@@ -109,13 +109,17 @@ struct DefragConfig {
   // No move while a pod asking for more instances than the waiting one waits ("big-first"), for
   // comparison (docs/simulate.md).
   bool bigger_first = false;
+  // Moves only while the cluster keeps this share of its placement units free once the waiting pod
+  // runs ("headroom-N", N percent; 0: no such rule): trunk reservation, the small pods' room kept
+  // under load. The scheduler's defragmenter can know it (the cluster state's free slices).
+  uint32_t headroom_pct = 0;
   // An oracle, for comparison ("gain"): a move only when the waiting pod's slice-time (asked
   // slices x lifetime) exceeds what the evicted pods lose (asked slices x (grace + restart), at
   // most their time left). The simulator knows lifetimes; the scheduler's defragmenter does not.
   bool gain = false;
 };
 // Applies one "dynmig:" option of the defragmenter with a value ("wait-90s", "grace-30s",
-// "restart-2m", "rate-4", "tries-8", "evict-2"); false when `opt` is not one;
+// "restart-2m", "rate-4", "tries-8", "evict-2", "headroom-10"); false when `opt` is not one;
 // kInvalidArgument when its value is bad.
 absl::StatusOr<bool> ParseDefragOption(std::string_view opt, DefragConfig& config);
 

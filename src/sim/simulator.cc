@@ -243,6 +243,17 @@ class Run {
     in.cluster = &cluster_;
     in.pods = &pods_;
     in.live = policy_.Snapshot();
+    if (defrag_->headroom_pct > 0) {
+      uint64_t used = pods_[pod].asked_units;
+      for (const LiveInstance& l : in.live) used += l.placement.size;
+      for (const Move& m : moves_) {
+        if (!m.done) used += m.placement.size;
+      }
+      const uint64_t total = cluster_.total_units;
+      if (used >= total || (total - used) * 100 < uint64_t{defrag_->headroom_pct} * total) {
+        return false;  // the room kept for the pods to come
+      }
+    }
     in.pinned = terminating_;
     in.started = last_start_;
     for (const Move& m : moves_) {

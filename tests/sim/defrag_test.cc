@@ -182,6 +182,29 @@ TEST(Defrag, EvictionCapPerPlan) {
   EXPECT_EQ(r.policies[1].accepted, 8u);
 }
 
+// headroom-N: a move only while N percent of the cluster's placement units stay free once the
+// waiting pod runs. One A100 with 1g pods at slices 1, 3 and 6: the 3g.20gb's move (pod 6 to a
+// free slice, slices 4-7 reserved) leaves one slice of eight free: 12.5 %.
+TEST(Defrag, HeadroomKeepsMovesOutOfAFullCluster) {
+  Cluster c = A100(1);
+  std::vector<P> ps;
+  for (int i = 0; i < 7; ++i)
+    ps.push_back({double(i), i == 1 || i == 3 || i == 6 ? 1000.0 : 15.0, k1g5});
+  ps.push_back({20, 240, k3g20});
+  Trace t = MakeTrace(ps);
+  SimResult r = RunSim(t, c,
+                       {"dynmig:defrag", "dynmig:defrag+headroom-12", "dynmig:defrag+headroom-13",
+                        "dynmig:defrag+headroom-100"},
+                       Mode::kReject);
+  EXPECT_EQ(r.policies[0].evictions, 1u);
+  EXPECT_EQ(r.policies[0].accepted, 8u);
+  EXPECT_EQ(r.policies[1].evictions, 1u);  // 12.5 % free is at least 12 %
+  EXPECT_EQ(r.policies[1].accepted, 8u);
+  EXPECT_EQ(r.policies[2].evictions, 0u);  // but not 13 %
+  EXPECT_EQ(r.policies[2].accepted, 7u);
+  EXPECT_EQ(r.policies[3].evictions, 0u);
+}
+
 // Two GPUs of one node fragmented alike, two 3g.20gb waiting: the second move needs two more
 // evictions, which the rate allows only from 3 per node per hour.
 TEST(Defrag, RateLimitPerNodeIsRespected) {
@@ -365,6 +388,11 @@ TEST(Defrag, Options) {
                           "dynmig:defrag+evict-x",
                           "dynmig:defrag+evict-",
                           "dynmig:defrag+evict-99999999999999999999",
+                          "dynmig:defrag+headroom-0",
+                          "dynmig:defrag+headroom-101",
+                          "dynmig:defrag+headroom-",
+                          "dynmig:defrag+headroom-5%",
+                          "dynmig:headroom-1",
                           "dynmig:per-gpu",
                           "dynmig:evict-2",
                           "dynmig:big-first",
