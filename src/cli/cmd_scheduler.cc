@@ -225,6 +225,10 @@ void AddDefragOptions(CLI::App* cmd, scheduler::DefragFlags& f) {
       ->capture_default_str();
   cmd->add_option("--defrag-interval", f.interval, "how often the leader's defragmenter looks")
       ->capture_default_str();
+  cmd->add_option("--defrag-headroom", f.headroom_percent,
+                  "moves only while this percent of the GPUs' slices stay free once the waiting "
+                  "pod runs (0: no such rule; docs/simulate.md, \"Headroom\")")
+      ->capture_default_str();
 }
 
 void RegisterSchedulerCommand(CLI::App& root, CliContext& ctx) {

@@ -165,6 +165,17 @@ std::vector<size_t> DueWaitingPods(std::span<const WaitingPod> pods, int64_t now
   return out;
 }
 
+std::string HeadroomRefusal(uint64_t total, uint64_t used, uint64_t asked, uint32_t percent) {
+  if (percent == 0) return "";
+  const uint64_t taken = used + asked;
+  const uint64_t free = taken >= total ? 0 : total - taken;
+  if (total > 0 && free * 100 >= uint64_t{percent} * total) return "";
+  return fmt::format(
+      "the cluster would keep {} of its {} slices free once the pod runs, under the {}% kept free "
+      "for the pods to come (--defrag-headroom)",
+      free, total, percent);
+}
+
 std::string RateLimitRefusal(std::span<const EvictionRecord> history, int64_t now,
                              const EvictionLimits& limits, const std::string& node,
                              std::span<const std::string> namespaces) {

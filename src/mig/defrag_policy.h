@@ -111,6 +111,12 @@ struct EvictionLimits {
   int64_t per_namespace_per_hour = 4;  // 0: no evictions at all
 };
 
+// Trunk reservation for moves (--defrag-headroom): "" when, once a pod asking `asked` units runs,
+// at least `percent` of the `total` placement units of the schedulable GPUs stay free (`used`
+// units are reserved or held now; the moved pods take as many elsewhere as they free); else how
+// far from it the cluster is. `percent` 0: no such rule.
+std::string HeadroomRefusal(uint64_t total, uint64_t used, uint64_t asked, uint32_t percent);
+
 // "" when evicting `pods` (namespace of each) on `node` at `now` stays within the limits counting
 // the records of the last hour, else which limit it would break.
 std::string RateLimitRefusal(std::span<const EvictionRecord> history, int64_t now,

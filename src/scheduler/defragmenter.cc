@@ -95,6 +95,11 @@ absl::Status ApplyDefragFlags(const DefragFlags& flags, DefragmenterOptions& opt
       return absl::InvalidArgumentError(fmt::format("{}: {} is not in 0..1000", flag, value));
     }
   }
+  if (flags.headroom_percent < 0 || flags.headroom_percent > 100) {
+    return absl::InvalidArgumentError(
+        fmt::format("--defrag-headroom: {} is not a percentage in 0..100", flags.headroom_percent));
+  }
+  o.headroom_percent = static_cast<uint32_t>(flags.headroom_percent);
   o.limits.per_node_per_hour = flags.per_node_per_hour;
   o.limits.per_namespace_per_hour = flags.per_namespace_per_hour;
   options = std::move(o);
@@ -447,6 +452,21 @@ bool Defragmenter::Admissible(const Cluster& c, const Object& pod, Planned& p, a
   p.best = *chosen;
   const mig::DefragGpu& gpu = in.gpus[p.best.gpu];
   const mig::EvictionPlan& plan = p.best.plan;
+  if (options_.headroom_percent > 0) {
+    uint64_t total = 0, used = 0;
+    for (size_t i = 0; i < in.gpus.size(); ++i) {
+      if (in.gpus[i].planner == nullptr) continue;
+      total += in.reports[i]->units;
+      for (const auto& r : in.gpus[i].reservations) used += r.placement.size;
+    }
+    if (std::string full =
+            mig::HeadroomRefusal(total, used, plan.placement.size, options_.headroom_percent);
+        !full.empty()) {
+      why = "headroom: " + full;
+      if (metrics_ != nullptr) metrics_->CountDefragPlan("headroom");
+      return false;
+    }
+  }
   std::vector<std::string> namespaces;
   for (const auto& o : plan.owners) namespaces.push_back(o.substr(0, o.find('/')));
   const int64_t now_s = absl::ToUnixSeconds(now);
@@ -635,7 +655,9 @@ absl::StatusOr<Defragmenter::Outcome> Defragmenter::RunOnce() {
       break;
     }
     out.notes.push_back(fmt::format("{}: {}", Key(pod), why));
-    if (metrics_ != nullptr && !why.starts_with("rate limit")) metrics_->CountDefragPlan("no-plan");
+    if (metrics_ != nullptr && !why.starts_with("rate limit") && !why.starts_with("headroom")) {
+      metrics_->CountDefragPlan("no-plan");
+    }
   }
   return out;
 }

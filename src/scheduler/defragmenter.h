@@ -57,6 +57,7 @@ struct DefragFlags {
   int64_t per_namespace_per_hour = 4;
   std::string reservation_ttl = "10m";
   std::string interval = "15s";
+  int64_t headroom_percent = 0;
 };
 struct DefragmenterOptions;
 // Errors: kInvalidArgument naming the flag (--defrag, --defrag-wait, ...). Limits 0..1000.
@@ -67,6 +68,9 @@ struct DefragmenterOptions {
   DefragMode mode = DefragMode::kOff;
   absl::Duration wait_threshold = absl::Minutes(5);
   mig::EvictionLimits limits;
+  // Moves only while this percent of the schedulable GPUs' slices stay free once the waiting pod
+  // runs (mig::HeadroomRefusal); 0: no such rule.
+  uint32_t headroom_percent = 0;
   // How long freed slices stay reserved for the waiting pod.
   absl::Duration reservation_ttl = absl::Minutes(10);
   std::string scheduler_name = "dynmig-scheduler";

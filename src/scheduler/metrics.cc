@@ -170,7 +170,7 @@ SchedulerMetrics::SchedulerMetrics() : registry_(std::make_shared<prometheus::Re
                              .Name("dynmig_scheduler_defrag_plans_total")
                              .Help("Defragmentation plans for waiting pods, by outcome")
                              .Register(*registry_);
-  for (const char* o : {"executed", "dry-run", "no-plan", "rate-limited", "failed"}) {
+  for (const char* o : {"executed", "dry-run", "no-plan", "rate-limited", "headroom", "failed"}) {
     defrag_plans_total_->Add({{"outcome", o}});
   }
   for (const char* a : {"released", "forgotten", "bind-failed"}) {

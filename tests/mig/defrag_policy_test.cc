@@ -210,5 +210,18 @@ TEST(RateLimitTest, PerNodeAndPerNamespaceWithinTheLastHour) {
   EXPECT_THAT(RateLimitRefusal({}, 0, {0, 5}, "node-a", one_z), HasSubstr("limit 0"));
 }
 
+TEST(HeadroomRefusal, KeepsTheShareFreeOnceThePodRuns) {
+  EXPECT_EQ(HeadroomRefusal(16, 4, 8, 0), "");   // no rule
+  EXPECT_EQ(HeadroomRefusal(16, 4, 8, 25), "");  // 4 of 16 stay free: 25 %
+  EXPECT_THAT(HeadroomRefusal(16, 4, 8, 26),
+              HasSubstr("would keep 4 of its 16 slices free once the pod runs, under the 26%"));
+  EXPECT_THAT(HeadroomRefusal(16, 12, 8, 1), HasSubstr("keep 0 of its 16"));  // over-full
+  EXPECT_THAT(HeadroomRefusal(0, 0, 1, 1), HasSubstr("keep 0 of its 0"));     // no GPU
+  EXPECT_EQ(HeadroomRefusal(1600, 1576, 8, 1), "");  // 16 of 1600 free: 1 %
+  EXPECT_THAT(HeadroomRefusal(1600, 1577, 8, 1), HasSubstr("keep 15 of its 1600"));
+  // Huge counts do not overflow.
+  EXPECT_THAT(HeadroomRefusal(uint64_t{1} << 40, 0, 8, 100), HasSubstr("under the 100%"));
+}
+
 }  // namespace
 }  // namespace dynmig::mig

@@ -7,6 +7,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
+
 #include "protocol/defrag.h"
 #include "scheduler/scheduler_test_util.h"
 
@@ -19,9 +21,10 @@ using ::testing::IsEmpty;
 
 class DefragmenterTest : public SchedulerTest {
  protected:
-  SchedulerServerOptions Options(DefragMode mode) {
+  SchedulerServerOptions Options(DefragMode mode, uint32_t headroom_percent = 0) {
     SchedulerServerOptions o = DefaultOptions();
     o.defrag.mode = mode;
+    o.defrag.headroom_percent = headroom_percent;
     o.defrag.wait_threshold = absl::Minutes(1);
     o.defrag_interval = absl::ZeroDuration();  // passes by hand
     return o;
@@ -67,9 +70,9 @@ class DefragmenterTest : public SchedulerTest {
 
   // node-a: GPU-0 holds a (covered by a budget that allows one disruption) and b; GPU-1 holds c
   // (opted out) and d (its budget allows none). A 7g pod waits.
-  SchedulerServer* Cluster(DefragMode mode) {
+  SchedulerServer* Cluster(DefragMode mode, uint32_t headroom_percent = 0) {
     CreateNode(MigNode("node-a", {"GPU-0", "GPU-1"}));
-    SchedulerServer* s = StartScheduler(Options(mode));
+    SchedulerServer* s = StartScheduler(Options(mode, headroom_percent));
     WaitForNodes(s, {"node-a"});
     RunningSmall("a", "GPU-0", 0, {{"app", "web"}});
     RunningSmall("b", "GPU-0", 1);
@@ -182,6 +185,33 @@ TEST_F(DefragmenterTest, APlanWhosePodsFitNowhereGivesWayToTheNextPlan) {
   EXPECT_TRUE(Exists("x"));
 }
 
+// --defrag-headroom: the move leaves 4 of node-a's 16 slices free (the 7g takes GPU-0's 8, c and d
+// keep 2, a and b take 2 elsewhere): 25 %. Kept free 26 %: no move, the reason noted and counted.
+TEST_F(DefragmenterTest, HeadroomRefusesAMoveThatWouldFillTheCluster) {
+  SchedulerServer* s = Cluster(DefragMode::kOn, 26);
+  auto out = s->RunDefragPass();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_FALSE(out->executed);
+  EXPECT_EQ(out->pod, "");
+  ASSERT_EQ(out->notes.size(), 1u);
+  EXPECT_THAT(out->notes[0], HasSubstr("headroom: the cluster would keep 4 of its 16 slices free "
+                                       "once the pod runs, under the 26% kept free"));
+  for (const char* p : {"a", "b", "c", "d"}) EXPECT_TRUE(Exists(p)) << p;
+  EXPECT_THAT(Holds(), IsEmpty());
+  EXPECT_THAT(s->MetricsText(),
+              HasSubstr("dynmig_scheduler_defrag_plans_total{outcome=\"headroom\"} 1"));
+  EXPECT_THAT(s->MetricsText(),
+              HasSubstr("dynmig_scheduler_defrag_plans_total{outcome=\"no-plan\"} 0"));
+}
+
+TEST_F(DefragmenterTest, HeadroomAllowsAMoveThatKeepsItsShareFree) {
+  SchedulerServer* s = Cluster(DefragMode::kOn, 25);
+  auto out = s->RunDefragPass();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(out->executed) << ::testing::PrintToString(out->notes);
+  EXPECT_THAT(out->evicted, ElementsAre("default/a", "default/b"));
+}
+
 TEST_F(DefragmenterTest, OffEvictsNothing) {
   SchedulerServer* s = Cluster(DefragMode::kOff);
   auto out = s->RunDefragPass();
@@ -236,6 +266,29 @@ TEST_F(DefragmenterTest, ExpiredReservationsAreTidied) {
   EXPECT_THAT(out->tidied, ElementsAre(HasSubstr("default/big (expired)")));
   EXPECT_THAT(Holds(), IsEmpty());
   EXPECT_THAT(EventMessages("big", "DefragReservationExpired"), ::testing::SizeIs(1));
+}
+
+// The flag: a percentage 0..100; anything else is refused naming the flag, the options untouched.
+TEST(DefragFlagsTest, HeadroomIsAPercentage) {
+  for (int64_t ok : {0, 1, 100}) {
+    DefragFlags f;
+    f.headroom_percent = ok;
+    DefragmenterOptions o;
+    absl::Duration every;
+    ASSERT_TRUE(ApplyDefragFlags(f, o, every).ok()) << ok;
+    EXPECT_EQ(o.headroom_percent, static_cast<uint32_t>(ok));
+  }
+  for (int64_t bad : {int64_t{-1}, int64_t{101}, int64_t{1} << 40, INT64_MIN}) {
+    DefragFlags f;
+    f.headroom_percent = bad;
+    DefragmenterOptions o;
+    o.headroom_percent = 7;
+    absl::Duration every;
+    auto st = ApplyDefragFlags(f, o, every);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(st.message()), HasSubstr("--defrag-headroom")) << bad;
+    EXPECT_EQ(o.headroom_percent, 7u);
+  }
 }
 
 }  // namespace
