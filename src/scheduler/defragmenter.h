@@ -57,7 +57,7 @@ struct DefragFlags {
   int64_t per_namespace_per_hour = 4;
   std::string reservation_ttl = "10m";
   std::string interval = "15s";
-  int64_t headroom_percent = 0;
+  int64_t headroom_percent = 1;
 };
 struct DefragmenterOptions;
 // Errors: kInvalidArgument naming the flag (--defrag, --defrag-wait, ...). Limits 0..1000.
@@ -69,8 +69,8 @@ struct DefragmenterOptions {
   absl::Duration wait_threshold = absl::Minutes(5);
   mig::EvictionLimits limits;
   // Moves only while this percent of the schedulable GPUs' slices stay free once the waiting pod
-  // runs (mig::HeadroomRefusal); 0: no such rule.
-  uint32_t headroom_percent = 0;
+  // runs (mig::HeadroomRefusal); 0: no such rule. 1 by default (docs/simulate.md, "Headroom").
+  uint32_t headroom_percent = 1;
   // How long freed slices stay reserved for the waiting pod.
   absl::Duration reservation_ttl = absl::Minutes(10);
   std::string scheduler_name = "dynmig-scheduler";

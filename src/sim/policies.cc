@@ -1521,7 +1521,7 @@ absl::StatusOr<bool> ParseDefragOption(std::string_view opt, DefragConfig& confi
       {"rate-", &config.per_node_hour, 1, 1000, "the evictions per node per hour"},
       {"tries-", &config.plans_tried, 1, 1000, "the plans whose moved pods are tried"},
       {"evict-", &config.max_evicted, 1, 1000, "the most pods one move evicts"},
-      {"headroom-", &config.headroom_pct, 1, 100,
+      {"headroom-", &config.headroom_pct, 0, 100,
        "the percent of the cluster's placement units kept free"},
   };
   for (const Counted& c : counted) {

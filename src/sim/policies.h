@@ -110,9 +110,9 @@ struct DefragConfig {
   // comparison (docs/simulate.md).
   bool bigger_first = false;
   // Moves only while the cluster keeps this share of its placement units free once the waiting pod
-  // runs ("headroom-N", N percent; 0: no such rule): trunk reservation, the small pods' room kept
-  // under load. The scheduler's defragmenter can know it (the cluster state's free slices).
-  uint32_t headroom_pct = 0;
+  // runs ("headroom-N", N percent; "headroom-0": no such rule): trunk reservation, the small pods'
+  // room kept under load. The scheduler's --defrag-headroom, with its default.
+  uint32_t headroom_pct = 1;
   // An oracle, for comparison ("gain"): a move only when the waiting pod's slice-time (asked
   // slices x lifetime) exceeds what the evicted pods lose (asked slices x (grace + restart), at
   // most their time left). The simulator knows lifetimes; the scheduler's defragmenter does not.

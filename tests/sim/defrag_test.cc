@@ -133,26 +133,30 @@ std::vector<P> WholeGpuAcrossGpus() {
 TEST(Defrag, DefaultTriggerMovesForAPodThatFitsNowhere) {
   Cluster c = A100(3, 3);
   Trace t = MakeTrace(WholeGpuAcrossGpus());
-  SimResult r =
-      RunSim(t, c,
-             {"dynmig", "dynmig:defrag", "dynmig:defrag+per-gpu", "dynmig:defrag+node-total",
-              "dynmig:defrag+tries-1", "dynmig:defrag+tries-2"},
-             Mode::kReject);
+  SimResult r = RunSim(t, c,
+                       {"dynmig", "dynmig:defrag+headroom-0", "dynmig:defrag+per-gpu+headroom-0",
+                        "dynmig:defrag+node-total+headroom-0", "dynmig:defrag+tries-1+headroom-0",
+                        "dynmig:defrag+tries-2+headroom-0", "dynmig:defrag"},
+                       Mode::kReject);
   EXPECT_EQ(PolicyResultOf(r, "dynmig").accepted, 5u);
-  const auto& moved = PolicyResultOf(r, "dynmig:defrag");
+  // Without the headroom rule (the move fills the cluster, which the default 1 % refuses: below).
+  const auto& moved = PolicyResultOf(r, "dynmig:defrag+headroom-0");
   EXPECT_EQ(moved.accepted, 6u);
   EXPECT_EQ(moved.evictions, 1u);
   EXPECT_EQ(moved.restarts, 1u);  // the 3g.20gb runs again next to the other one
   EXPECT_EQ(moved.evicted_waiting, 0u);
   // Only the per-GPU "fragmented" verdict: no GPU has eight free slices, nothing moves.
-  EXPECT_EQ(PolicyResultOf(r, "dynmig:defrag+per-gpu").evictions, 0u);
-  EXPECT_EQ(PolicyResultOf(r, "dynmig:defrag+per-gpu").accepted, 5u);
+  EXPECT_EQ(PolicyResultOf(r, "dynmig:defrag+per-gpu+headroom-0").evictions, 0u);
+  EXPECT_EQ(PolicyResultOf(r, "dynmig:defrag+per-gpu+headroom-0").accepted, 5u);
   // The node has eight slices free in total.
-  EXPECT_EQ(PolicyResultOf(r, "dynmig:defrag+node-total").accepted, 6u);
+  EXPECT_EQ(PolicyResultOf(r, "dynmig:defrag+node-total+headroom-0").accepted, 6u);
   // The best plan alone (the whole-GPU pod) is refused: its pod fits nowhere else.
-  EXPECT_EQ(PolicyResultOf(r, "dynmig:defrag+tries-1").evictions, 0u);
-  EXPECT_EQ(PolicyResultOf(r, "dynmig:defrag+tries-1").accepted, 5u);
-  EXPECT_EQ(PolicyResultOf(r, "dynmig:defrag+tries-2").evictions, 1u);
+  EXPECT_EQ(PolicyResultOf(r, "dynmig:defrag+tries-1+headroom-0").evictions, 0u);
+  EXPECT_EQ(PolicyResultOf(r, "dynmig:defrag+tries-1+headroom-0").accepted, 5u);
+  EXPECT_EQ(PolicyResultOf(r, "dynmig:defrag+tries-2+headroom-0").evictions, 1u);
+  // The default keeps 1 % of the cluster free: no slice would be, so nothing moves.
+  EXPECT_EQ(PolicyResultOf(r, "dynmig:defrag").evictions, 0u);
+  EXPECT_EQ(PolicyResultOf(r, "dynmig:defrag").accepted, 5u);
 }
 
 // The same cluster full of whole-GPU pods: a waiting one fits nowhere, but no evicted pod would
@@ -388,7 +392,6 @@ TEST(Defrag, Options) {
                           "dynmig:defrag+evict-x",
                           "dynmig:defrag+evict-",
                           "dynmig:defrag+evict-99999999999999999999",
-                          "dynmig:defrag+headroom-0",
                           "dynmig:defrag+headroom-101",
                           "dynmig:defrag+headroom-",
                           "dynmig:defrag+headroom-5%",
