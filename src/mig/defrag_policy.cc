@@ -165,11 +165,21 @@ std::vector<size_t> DueWaitingPods(std::span<const WaitingPod> pods, int64_t now
   return out;
 }
 
-std::string HeadroomRefusal(uint64_t total, uint64_t used, uint64_t asked, uint32_t percent) {
-  if (percent == 0) return "";
+namespace {
+uint64_t FreeAfter(uint64_t total, uint64_t used, uint64_t asked) {
   const uint64_t taken = used + asked;
-  const uint64_t free = taken >= total ? 0 : total - taken;
-  if (total > 0 && free * 100 >= uint64_t{percent} * total) return "";
+  return taken >= total ? 0 : total - taken;
+}
+}  // namespace
+
+bool KeepsHeadroom(uint64_t total, uint64_t used, uint64_t asked, uint32_t percent) {
+  return percent == 0 ||
+         (total > 0 && FreeAfter(total, used, asked) * 100 >= uint64_t{percent} * total);
+}
+
+std::string HeadroomRefusal(uint64_t total, uint64_t used, uint64_t asked, uint32_t percent) {
+  if (KeepsHeadroom(total, used, asked, percent)) return "";
+  const uint64_t free = FreeAfter(total, used, asked);
   return fmt::format(
       "the cluster would keep {} of its {} slices free once the pod runs, under the {}% kept free "
       "for the pods to come (--defrag-headroom)",

@@ -114,7 +114,9 @@ struct EvictionLimits {
 // Trunk reservation for moves (--defrag-headroom): "" when, once a pod asking `asked` units runs,
 // at least `percent` of the `total` placement units of the schedulable GPUs stay free (`used`
 // units are reserved or held now; the moved pods take as many elsewhere as they free); else how
-// far from it the cluster is. `percent` 0: no such rule.
+// far from it the cluster is. `percent` 0: no such rule. KeepsHeadroom: the same test without the
+// message (the simulator's loop).
+bool KeepsHeadroom(uint64_t total, uint64_t used, uint64_t asked, uint32_t percent);
 std::string HeadroomRefusal(uint64_t total, uint64_t used, uint64_t asked, uint32_t percent);
 
 // "" when evicting `pods` (namespace of each) on `node` at `now` stays within the limits counting

@@ -427,11 +427,28 @@ bool Defragmenter::Admissible(const Cluster& c, const Object& pod, Planned& p, a
   const DefragInput& in = p.in;
   // Every pod of the plan must fit elsewhere now (otherwise the cluster lacks the capacity): the
   // plans are tried best first until one's pods do.
+  // A plan whose pod would leave less than --defrag-headroom of the slices free is not tried (its
+  // profile's size decides; the moved pods take as many slices elsewhere as they free).
+  uint64_t total = 0, used = 0;
+  if (options_.headroom_percent > 0) {
+    for (size_t i = 0; i < in.gpus.size(); ++i) {
+      if (in.gpus[i].planner == nullptr) continue;
+      total += in.reports[i]->units;
+      for (const auto& r : in.gpus[i].reservations) used += r.placement.size;
+    }
+  }
   const mig::DefragChoice* chosen = nullptr;
   std::vector<std::string> tried;
+  std::string full;  // the last headroom refusal
   for (const auto& choice : p.choices) {
     const mig::DefragGpu& g = in.gpus[choice.gpu];
     const mig::EvictionPlan& pl = choice.plan;
+    if (std::string r =
+            mig::HeadroomRefusal(total, used, pl.placement.size, options_.headroom_percent);
+        !r.empty()) {
+      full = std::move(r);
+      continue;
+    }
     const auto moves = PlaceMovedPods(c.nodes, c.pods, options_.state, pl.owners, g.node, g.uuid,
                                       pl.profile, pl.placement, p.candidates, now);
     std::vector<std::string> stuck;
@@ -444,29 +461,19 @@ bool Defragmenter::Admissible(const Cluster& c, const Object& pod, Planned& p, a
     }
     tried.push_back(fmt::format("{}: {}", Where(g.node, g.index, g.uuid), fmt::join(stuck, "; ")));
   }
+  if (chosen == nullptr && tried.empty() && !full.empty()) {
+    why = "headroom: " + full;
+    if (metrics_ != nullptr) metrics_->CountDefragPlan("headroom");
+    return false;
+  }
   if (chosen == nullptr) {
     why = fmt::format("the pods to move would not run elsewhere now, in any of {} plan(s): {}",
-                      p.choices.size(), fmt::join(tried, " | "));
+                      tried.size(), fmt::join(tried, " | "));
     return false;
   }
   p.best = *chosen;
   const mig::DefragGpu& gpu = in.gpus[p.best.gpu];
   const mig::EvictionPlan& plan = p.best.plan;
-  if (options_.headroom_percent > 0) {
-    uint64_t total = 0, used = 0;
-    for (size_t i = 0; i < in.gpus.size(); ++i) {
-      if (in.gpus[i].planner == nullptr) continue;
-      total += in.reports[i]->units;
-      for (const auto& r : in.gpus[i].reservations) used += r.placement.size;
-    }
-    if (std::string full =
-            mig::HeadroomRefusal(total, used, plan.placement.size, options_.headroom_percent);
-        !full.empty()) {
-      why = "headroom: " + full;
-      if (metrics_ != nullptr) metrics_->CountDefragPlan("headroom");
-      return false;
-    }
-  }
   std::vector<std::string> namespaces;
   for (const auto& o : plan.owners) namespaces.push_back(o.substr(0, o.find('/')));
   const int64_t now_s = absl::ToUnixSeconds(now);

@@ -7,6 +7,7 @@
 
 #include "common/status_macros.h"
 #include "fmt/format.h"
+#include "mig/defrag_policy.h"
 #include "sim/defrag.h"
 #include "sim/policies.h"
 
@@ -244,13 +245,13 @@ class Run {
     in.pods = &pods_;
     in.live = policy_.Snapshot();
     if (defrag_->headroom_pct > 0) {
-      uint64_t used = pods_[pod].asked_units;
+      uint64_t used = 0;
       for (const LiveInstance& l : in.live) used += l.placement.size;
       for (const Move& m : moves_) {
         if (!m.done) used += m.placement.size;
       }
-      const uint64_t total = cluster_.total_units;
-      if (used >= total || (total - used) * 100 < uint64_t{defrag_->headroom_pct} * total) {
+      if (!mig::KeepsHeadroom(cluster_.total_units, used, pods_[pod].asked_units,
+                              defrag_->headroom_pct)) {
         return false;  // the room kept for the pods to come
       }
     }

@@ -219,6 +219,11 @@ TEST(HeadroomRefusal, KeepsTheShareFreeOnceThePodRuns) {
   EXPECT_THAT(HeadroomRefusal(0, 0, 1, 1), HasSubstr("keep 0 of its 0"));     // no GPU
   EXPECT_EQ(HeadroomRefusal(1600, 1576, 8, 1), "");  // 16 of 1600 free: 1 %
   EXPECT_THAT(HeadroomRefusal(1600, 1577, 8, 1), HasSubstr("keep 15 of its 1600"));
+  // The test alone, as the simulator asks it.
+  EXPECT_TRUE(KeepsHeadroom(16, 4, 8, 25));
+  EXPECT_FALSE(KeepsHeadroom(16, 4, 8, 26));
+  EXPECT_TRUE(KeepsHeadroom(0, 0, 1, 0));
+  EXPECT_FALSE(KeepsHeadroom(0, 0, 1, 1));
   // Huge counts do not overflow.
   EXPECT_THAT(HeadroomRefusal(uint64_t{1} << 40, 0, 8, 100), HasSubstr("under the 100%"));
 }
